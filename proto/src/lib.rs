@@ -1,0 +1,139 @@
+//! The `edgebeat.v1` wire contract: protobuf messages shared by every transport.
+//!
+//! The Rust code in `src/gen/` is generated from `edgebeat/v1/heartbeat.proto` by
+//! `tonic-prost-build` (through the pure-Rust `protox` compiler) and committed, so building
+//! needs no `protoc`. The test `tests/generated.rs` fails when the committed code is stale;
+//! run it with `EDGEBEAT_REGENERATE=1` to rewrite it.
+//!
+//! Features: `grpc-client` adds the tonic client for the `Heartbeat` service (agent side),
+//! `grpc-server` the tonic server (gateway side). Without either, only the messages are
+//! compiled, which is all an MQTT-only agent needs.
+
+/// The `edgebeat.v1` package: messages, and the `Heartbeat` service behind features.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod v1 {
+    include!("gen/edgebeat.v1.rs");
+}
+
+pub use v1::*;
+
+/// Largest encoded [`AgentMessage`] a receiver accepts, in bytes (64 KiB).
+///
+/// A full NodeStatus is well under 2 KiB; the limit only has to stop abuse. Every decode
+/// path (gRPC max message size, MQTT max packet size) uses this value.
+pub const MAX_AGENT_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Length of a binary boot ID in [`Header::boot_id`], in bytes (a UUID).
+pub const BOOT_ID_BYTES: usize = 16;
+
+/// Encodes a textual boot ID (`/proc/sys/kernel/random/boot_id`, e.g.
+/// `"0f8fad5b-d9cb-469f-a165-70867728950e"`) into the 16-byte form of [`Header::boot_id`].
+///
+/// A string that is not a hyphenated or plain 32-hex-digit UUID is carried as its UTF-8
+/// bytes instead, so nothing is lost; [`boot_id_to_string`] reverses both forms.
+pub fn boot_id_to_bytes(boot_id: &str) -> Vec<u8> {
+    let hex: Vec<u8> = boot_id.bytes().filter(|b| *b != b'-').collect();
+    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    if hex.len() == 2 * BOOT_ID_BYTES && boot_id.len() <= 36 {
+        let mut out = Vec::with_capacity(BOOT_ID_BYTES);
+        for pair in hex.chunks_exact(2) {
+            match (nibble(pair[0]), nibble(pair[1])) {
+                (Some(hi), Some(lo)) => out.push(hi << 4 | lo),
+                _ => return boot_id.as_bytes().to_vec(),
+            }
+        }
+        return out;
+    }
+    boot_id.as_bytes().to_vec()
+}
+
+/// Renders [`Header::boot_id`] as kubelet reports `nodeInfo.bootID`: 16 bytes become the
+/// lower-case hyphenated UUID (8-4-4-4-12), anything else is read as UTF-8 (lossy).
+pub fn boot_id_to_string(bytes: &[u8]) -> String {
+    if bytes.len() != BOOT_ID_BYTES {
+        return String::from_utf8_lossy(bytes).into_owned();
+    }
+    let mut s = String::with_capacity(36);
+    for (i, b) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
+        s.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
+    }
+    s
+}
+
+impl AgentMessage {
+    /// The [`Header`] of whichever message this is, or `None` when the `kind` is unset or
+    /// unknown to this version (a newer agent) or the header is missing.
+    pub fn header(&self) -> Option<&Header> {
+        match self.kind.as_ref()? {
+            agent_message::Kind::Register(m) => m.header.as_ref(),
+            agent_message::Kind::Status(m) => m.header.as_ref(),
+            agent_message::Kind::Lease(m) => m.header.as_ref(),
+        }
+    }
+
+    /// Short name of the message kind for logs and metric labels: `register`, `status`,
+    /// `lease`, or `unknown`.
+    pub fn kind_name(&self) -> &'static str {
+        match &self.kind {
+            Some(agent_message::Kind::Register(_)) => "register",
+            Some(agent_message::Kind::Status(_)) => "status",
+            Some(agent_message::Kind::Lease(_)) => "lease",
+            None => "unknown",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn boot_id_round_trips_through_16_bytes() {
+        let text = "0f8fad5b-d9cb-469f-a165-70867728950e";
+        let bytes = boot_id_to_bytes(text);
+        assert_eq!(bytes.len(), 16);
+        assert_eq!(bytes[0], 0x0f);
+        assert_eq!(boot_id_to_string(&bytes), text);
+    }
+
+    #[test]
+    fn non_uuid_boot_id_is_kept_as_text() {
+        for text in ["not-a-uuid", "", "0f8fad5b-d9cb-469f-a165-70867728950z"] {
+            assert_eq!(boot_id_to_string(&boot_id_to_bytes(text)), text);
+        }
+    }
+
+    #[test]
+    fn lease_renewal_is_tens_of_bytes() {
+        let msg = AgentMessage {
+            kind: Some(agent_message::Kind::Lease(LeaseRenewal {
+                header: Some(Header {
+                    node_name: "edge-0001".into(),
+                    boot_id: boot_id_to_bytes("0f8fad5b-d9cb-469f-a165-70867728950e"),
+                    seq: 86_400_000_000 * 30,
+                    wall_time_ms: 1_780_000_000_000,
+                }),
+                lease_duration_seconds: 40,
+            })),
+        };
+        let len = msg.encoded_len();
+        assert!(len < 64, "renewal is {len} bytes");
+        let back = AgentMessage::decode(msg.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(back, msg);
+        assert_eq!(back.kind_name(), "lease");
+    }
+
+    #[test]
+    fn unknown_fields_and_kinds_do_not_break_decoding() {
+        // Field 99 (varint) appended to an empty AgentMessage: a newer agent's kind.
+        let bytes = [0xf8, 0x06, 0x01];
+        let msg = AgentMessage::decode(bytes.as_slice()).unwrap();
+        assert!(msg.header().is_none());
+        assert_eq!(msg.kind_name(), "unknown");
+    }
+}

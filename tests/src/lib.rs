@@ -1,0 +1,1 @@
+//! edgebeat test harness (placeholder).
