@@ -1,1 +1,11 @@
-//! placeholder
+//! edgebeat gateway: receives agent heartbeats over gRPC (and MQTT) and writes Node status
+//! and Leases to the kube-apiserver with kube-rs, with kubelet's calls
+//! (`docs/kubelet-heartbeats.md` §1, §2, §6).
+//!
+//! - [`gateway`]: the per-message checks and apiserver writes ([`Gateway`]).
+//! - [`patch`]: the Node, status patch, Lease and Event bodies.
+
+pub mod gateway;
+pub mod patch;
+
+pub use gateway::{Gateway, GatewayOptions, kube_client};

@@ -1,1 +1,28 @@
-//! Host facts (placeholder).
+//! Host facts for edgebeat: what kubelet would report about this node.
+//!
+//! [`read_host_facts`] reads `/proc`, `/sys` and `/etc` under a [`HostRoot`] (so a container
+//! can read the host through a bind mount and tests can read fixture trees) and returns raw
+//! [`HostFacts`]: identity, capacity, and the eviction signals' inputs. Turning them into a
+//! NodeStatus is the agent's job. The text formats are parsed by pure functions in
+//! [`parse`], table-tested without a host. [`Clock`] puts wall time and boot time behind a
+//! trait tests replace.
+//!
+//! The rules follow `docs/kubelet-heartbeats.md` §3; each item's docs name its upstream
+//! source.
+
+mod arch;
+mod clock;
+mod error;
+mod facts;
+pub mod parse;
+mod read;
+mod root;
+
+pub use arch::{go_arch, host_go_arch};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{HwError, ParseError};
+pub use facts::{
+    CgroupMode, FsStats, HostFacts, HugePages, MemoryFacts, PidStats, Psi, PsiLine, PsiResource,
+};
+pub use read::{ReadOptions, fs_stats, read_host_facts};
+pub use root::HostRoot;

@@ -1,1 +1,21 @@
-//! placeholder
+//! Transports between edgebeat agents and the gateway.
+//!
+//! Two halves with one contract (`edgebeat.v1`):
+//! - **Uplink** (agent side, feature `uplink` via `grpc-uplink`/`mqtt-uplink`): an
+//!   [`uplink::Uplink`] handle that the agent's loops use to send one message and await the
+//!   gateway's [`Ack`](edgebeat_proto::Ack), and a driver task per transport that owns the
+//!   connection, registers first on every connect and reconnects with jittered exponential
+//!   backoff. Messages are never queued while disconnected: a heartbeat that cannot be sent
+//!   now fails at once, because a late heartbeat would hide a dead node.
+//! - **Ingress** (gateway side, feature `ingress` via `grpc-ingress`/`mqtt-ingress`): servers
+//!   that decode messages, attach the [`ingress::Peer`] they came from and hand them to an
+//!   [`ingress::Handler`], which answers each with an `Ack`.
+
+#[cfg(feature = "uplink")]
+pub mod uplink;
+
+#[cfg(feature = "ingress")]
+pub mod ingress;
+
+#[cfg(any(feature = "grpc-uplink", feature = "grpc-ingress"))]
+pub mod grpc;

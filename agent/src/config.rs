@@ -1,0 +1,686 @@
+//! The agent's configuration file: YAML with `apiVersion`/`kind` and KubeletConfiguration
+//! field names, parsed once at load into typed values.
+//!
+//! ```yaml
+//! apiVersion: edgebeat.io/v1alpha1
+//! kind: AgentConfiguration
+//! nodeName: edge-01
+//! nodeStatusUpdateFrequency: 10s
+//! nodeLeaseDurationSeconds: 40
+//! evictionHard: {memory.available: 100Mi, nodefs.available: 10%}
+//! transport: {kind: grpc, endpoint: "http://gateway.example:7443"}
+//! ```
+//!
+//! Unknown fields are rejected; every error names the field and how to fix it. Defaults
+//! are kubelet's (`pkg/kubelet/apis/config/v1beta1/defaults.go`).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::quantity::{Amount, parse_amount, parse_millicores};
+
+/// `apiVersion` the agent accepts.
+pub const API_VERSION: &str = "edgebeat.io/v1alpha1";
+/// `kind` the agent accepts.
+pub const KIND: &str = "AgentConfiguration";
+
+/// A configuration error: which field, what is wrong, and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The config file path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The YAML is malformed or has an unknown field or a value of the wrong type.
+    #[error("parsing the agent configuration: {0}")]
+    Syntax(String),
+    /// A field has a value the agent cannot use.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The field's path, e.g. `transport.endpoint` or `evictionHard["memory.available"]`.
+        field: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// The eviction signals kubelet knows (`pkg/kubelet/eviction/api/types.go`).
+pub const EVICTION_SIGNALS: [&str; 6] = [
+    "memory.available",
+    "nodefs.available",
+    "nodefs.inodesFree",
+    "imagefs.available",
+    "imagefs.inodesFree",
+    "pid.available",
+];
+
+/// A registration taint (core/v1 Taint), applied once when the Node is created.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Taint {
+    /// Taint key, e.g. `example.com/edge`.
+    pub key: String,
+    /// Taint value (may be empty).
+    #[serde(default)]
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
+}
+
+/// Which transport carries heartbeats, with its settings.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TransportConfig {
+    /// gRPC to the gateway (`transport.kind: grpc`).
+    Grpc {
+        /// `transport.endpoint`: gateway URL, `http://host:port`.
+        endpoint: String,
+        /// `transport.keepalive`: HTTP/2 keepalive ping interval (default 30 s).
+        keepalive: Duration,
+    },
+}
+
+/// The validated agent configuration. Durations are parsed, quantities resolved to typed
+/// values, defaults applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// Node name; defaults to the host's hostname (lower-cased) when empty.
+    pub node_name: Option<String>,
+    /// `nodeStatusUpdateFrequency`: how often status is computed (default 10 s).
+    pub node_status_update_frequency: Duration,
+    /// `nodeStatusReportFrequency`: longest time between status reports when nothing
+    /// changed (default 5 min, or `nodeStatusUpdateFrequency` when only that is set).
+    pub node_status_report_frequency: Duration,
+    /// `nodeLeaseDurationSeconds` (default 40); renewals every duration × 0.25.
+    pub node_lease_duration_seconds: u32,
+    /// `registerNode` (default true): create the Node if it does not exist.
+    pub register_node: bool,
+    /// `registerSchedulable` (default true); false adds `spec.unschedulable` at creation.
+    pub register_schedulable: bool,
+    /// `registerWithTaints`: taints set at creation only.
+    pub register_with_taints: Vec<Taint>,
+    /// `nodeLabels`: labels added at registration; they override the defaults.
+    pub node_labels: BTreeMap<String, String>,
+    /// `evictionHard`: signal → threshold (default kubelet's Linux hard thresholds).
+    pub eviction_hard: BTreeMap<String, Amount>,
+    /// `evictionPressureTransitionPeriod`: how long a pressure condition is held after the
+    /// signal last crossed its threshold (default 5 min).
+    pub eviction_pressure_transition_period: Duration,
+    /// `systemReserved`: resource → amount subtracted from allocatable (cpu in millicores,
+    /// others in bytes / count).
+    pub system_reserved: BTreeMap<String, u64>,
+    /// `kubeReserved`: as `systemReserved`.
+    pub kube_reserved: BTreeMap<String, u64>,
+    /// `maxPods` (default 110).
+    pub max_pods: u32,
+    /// `podsPerCore` (default 0 = off).
+    pub pods_per_core: u32,
+    /// `nodeIP` (kubelet `--node-ip`): the InternalIP to report.
+    pub node_ip: Option<IpAddr>,
+    /// `hostRoot`: where the host's `/` is mounted (default `/`).
+    pub host_root: PathBuf,
+    /// `rootDir` (kubelet `--root-dir`, default `/var/lib/kubelet`): its filesystem is
+    /// nodefs and gives `ephemeral-storage` capacity.
+    pub root_dir: PathBuf,
+    /// `imageFsDir`: the container image filesystem (imagefs), if separate.
+    pub image_fs_dir: Option<PathBuf>,
+    /// `transport`: how heartbeats reach the gateway. Required unless running `--once`.
+    pub transport: Option<TransportConfig>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            node_name: None,
+            node_status_update_frequency: Duration::from_secs(10),
+            node_status_report_frequency: Duration::from_secs(300),
+            node_lease_duration_seconds: 40,
+            register_node: true,
+            register_schedulable: true,
+            register_with_taints: Vec::new(),
+            node_labels: BTreeMap::new(),
+            eviction_hard: default_eviction_hard(),
+            eviction_pressure_transition_period: Duration::from_secs(300),
+            system_reserved: BTreeMap::new(),
+            kube_reserved: BTreeMap::new(),
+            max_pods: 110,
+            pods_per_core: 0,
+            node_ip: None,
+            host_root: PathBuf::from("/"),
+            root_dir: PathBuf::from("/var/lib/kubelet"),
+            image_fs_dir: None,
+            transport: None,
+        }
+    }
+}
+
+/// Kubelet's default hard eviction thresholds on Linux
+/// (`pkg/kubelet/eviction/defaults_linux.go`).
+pub fn default_eviction_hard() -> BTreeMap<String, Amount> {
+    BTreeMap::from([
+        (
+            "memory.available".to_owned(),
+            Amount::Absolute(100 * 1024 * 1024),
+        ),
+        ("nodefs.available".to_owned(), Amount::Percentage(0.1)),
+        ("nodefs.inodesFree".to_owned(), Amount::Percentage(0.05)),
+        ("imagefs.available".to_owned(), Amount::Percentage(0.15)),
+    ])
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawConfig {
+    api_version: Option<String>,
+    kind: Option<String>,
+    node_name: Option<String>,
+    node_status_update_frequency: Option<String>,
+    node_status_report_frequency: Option<String>,
+    node_lease_duration_seconds: Option<i64>,
+    register_node: Option<bool>,
+    register_schedulable: Option<bool>,
+    register_with_taints: Option<Vec<Taint>>,
+    node_labels: Option<BTreeMap<String, String>>,
+    eviction_hard: Option<BTreeMap<String, String>>,
+    eviction_pressure_transition_period: Option<String>,
+    system_reserved: Option<BTreeMap<String, String>>,
+    kube_reserved: Option<BTreeMap<String, String>>,
+    max_pods: Option<i64>,
+    pods_per_core: Option<i64>,
+    #[serde(rename = "nodeIP")]
+    node_ip: Option<String>,
+    host_root: Option<PathBuf>,
+    root_dir: Option<PathBuf>,
+    image_fs_dir: Option<PathBuf>,
+    transport: Option<RawTransport>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawTransport {
+    kind: Option<String>,
+    endpoint: Option<String>,
+    keepalive: Option<String>,
+}
+
+impl AgentConfig {
+    /// Reads and validates the YAML file at `path`.
+    ///
+    /// Errors: [`ConfigError::Read`], [`ConfigError::Syntax`] (with serde's line and
+    /// column), [`ConfigError::Invalid`] naming the field.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_yaml(&text)
+    }
+
+    /// Parses and validates a YAML document (see the module docs for the shape).
+    ///
+    /// Errors: as [`AgentConfig::load`], without `Read`.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+        Self::validate(raw)
+    }
+
+    fn validate(raw: RawConfig) -> Result<Self, ConfigError> {
+        let mut c = AgentConfig::default();
+        match raw.api_version.as_deref() {
+            Some(API_VERSION) => {}
+            other => {
+                return Err(invalid(
+                    "apiVersion",
+                    format!("got {other:?}; set apiVersion: {API_VERSION}"),
+                ));
+            }
+        }
+        match raw.kind.as_deref() {
+            Some(KIND) => {}
+            other => return Err(invalid("kind", format!("got {other:?}; set kind: {KIND}"))),
+        }
+        if let Some(name) = raw.node_name.filter(|n| !n.is_empty()) {
+            validate_node_name(&name).map_err(|m| invalid("nodeName", m))?;
+            c.node_name = Some(name);
+        }
+        if let Some(v) = raw.node_status_update_frequency {
+            let d = parse_positive_duration("nodeStatusUpdateFrequency", &v)?;
+            c.node_status_update_frequency = d;
+            // kubelet: the report period follows an explicitly set update period.
+            c.node_status_report_frequency = d;
+        }
+        if let Some(v) = raw.node_status_report_frequency {
+            c.node_status_report_frequency =
+                parse_positive_duration("nodeStatusReportFrequency", &v)?;
+        }
+        if let Some(v) = raw.node_lease_duration_seconds {
+            c.node_lease_duration_seconds =
+                u32::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| {
+                    invalid(
+                        "nodeLeaseDurationSeconds",
+                        format!("got {v}; must be a positive number of seconds, e.g. 40"),
+                    )
+                })?;
+        }
+        c.register_node = raw.register_node.unwrap_or(true);
+        c.register_schedulable = raw.register_schedulable.unwrap_or(true);
+        if let Some(taints) = raw.register_with_taints {
+            for (i, t) in taints.iter().enumerate() {
+                if !matches!(
+                    t.effect.as_str(),
+                    "NoSchedule" | "PreferNoSchedule" | "NoExecute"
+                ) {
+                    return Err(invalid(
+                        format!("registerWithTaints[{i}].effect"),
+                        format!(
+                            "got {:?}; use NoSchedule, PreferNoSchedule or NoExecute",
+                            t.effect
+                        ),
+                    ));
+                }
+                if t.key.is_empty() {
+                    return Err(invalid(
+                        format!("registerWithTaints[{i}].key"),
+                        "must not be empty",
+                    ));
+                }
+            }
+            c.register_with_taints = taints;
+        }
+        if let Some(labels) = raw.node_labels {
+            c.node_labels = labels;
+        }
+        if let Some(hard) = raw.eviction_hard {
+            // kubelet: setting any evictionHard key drops the other defaults.
+            c.eviction_hard = BTreeMap::new();
+            for (signal, value) in hard {
+                let field = format!("evictionHard[{signal:?}]");
+                if !EVICTION_SIGNALS.contains(&signal.as_str()) {
+                    return Err(invalid(
+                        field,
+                        format!("unknown signal; use one of {}", EVICTION_SIGNALS.join(", ")),
+                    ));
+                }
+                let amount =
+                    parse_amount(&value, true).map_err(|e| invalid(&field, e.to_string()))?;
+                c.eviction_hard.insert(signal, amount);
+            }
+        }
+        if let Some(v) = raw.eviction_pressure_transition_period {
+            c.eviction_pressure_transition_period =
+                parse_duration(&v).map_err(|m| invalid("evictionPressureTransitionPeriod", m))?;
+        }
+        c.system_reserved = parse_reserved("systemReserved", raw.system_reserved)?;
+        c.kube_reserved = parse_reserved("kubeReserved", raw.kube_reserved)?;
+        if let Some(v) = raw.max_pods {
+            c.max_pods = u32::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| {
+                invalid("maxPods", format!("got {v}; must be positive, e.g. 110"))
+            })?;
+        }
+        if let Some(v) = raw.pods_per_core {
+            c.pods_per_core = u32::try_from(v).map_err(|_| {
+                invalid(
+                    "podsPerCore",
+                    format!("got {v}; must be 0 (off) or positive"),
+                )
+            })?;
+        }
+        if let Some(ip) = raw.node_ip {
+            let parsed: IpAddr = ip
+                .parse()
+                .map_err(|_| invalid("nodeIP", format!("{ip:?} is not an IP address")))?;
+            if parsed.is_loopback()
+                || parsed.is_multicast()
+                || parsed.is_unspecified()
+                || is_link_local(&parsed)
+            {
+                return Err(invalid(
+                    "nodeIP",
+                    format!(
+                        "{ip} is loopback, link-local, multicast or unspecified; use the node's own address (kubelet validateNodeIP)"
+                    ),
+                ));
+            }
+            c.node_ip = Some(parsed);
+        }
+        if let Some(p) = raw.host_root {
+            c.host_root = p;
+        }
+        if let Some(p) = raw.root_dir {
+            if !p.is_absolute() {
+                return Err(invalid(
+                    "rootDir",
+                    "must be an absolute path on the host, e.g. /var/lib/kubelet",
+                ));
+            }
+            c.root_dir = p;
+        }
+        if let Some(p) = raw.image_fs_dir {
+            if !p.is_absolute() {
+                return Err(invalid(
+                    "imageFsDir",
+                    "must be an absolute path on the host",
+                ));
+            }
+            c.image_fs_dir = Some(p);
+        }
+        if let Some(t) = raw.transport {
+            c.transport = Some(validate_transport(t)?);
+        }
+        Ok(c)
+    }
+
+    /// Lease renew interval: `nodeLeaseDurationSeconds` × 0.25 (kubelet
+    /// `nodeLeaseRenewIntervalFraction`), 10 s by default.
+    pub fn lease_renew_interval(&self) -> Duration {
+        Duration::from_millis(u64::from(self.node_lease_duration_seconds) * 250)
+    }
+}
+
+fn validate_transport(t: RawTransport) -> Result<TransportConfig, ConfigError> {
+    match t.kind.as_deref() {
+        Some("grpc") => {
+            let endpoint = t.endpoint.ok_or_else(|| {
+                invalid(
+                    "transport.endpoint",
+                    "required for kind: grpc, e.g. http://gateway.example:7443",
+                )
+            })?;
+            if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+                return Err(invalid(
+                    "transport.endpoint",
+                    format!("{endpoint:?} must start with http:// or https://"),
+                ));
+            }
+            let keepalive = match t.keepalive {
+                Some(v) => parse_positive_duration("transport.keepalive", &v)?,
+                None => Duration::from_secs(30),
+            };
+            Ok(TransportConfig::Grpc {
+                endpoint,
+                keepalive,
+            })
+        }
+        Some(other) => Err(invalid(
+            "transport.kind",
+            format!("{other:?} is not supported by this build; use grpc"),
+        )),
+        None => Err(invalid("transport.kind", "required; use grpc")),
+    }
+}
+
+fn parse_reserved(
+    field: &str,
+    map: Option<BTreeMap<String, String>>,
+) -> Result<BTreeMap<String, u64>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for (resource, value) in map.unwrap_or_default() {
+        let f = format!("{field}[{resource:?}]");
+        let v = match resource.as_str() {
+            "cpu" => parse_millicores(&value).map_err(|e| invalid(&f, e.to_string()))?,
+            "memory" | "ephemeral-storage" | "pid" => {
+                match parse_amount(&value, false).map_err(|e| invalid(&f, e.to_string()))? {
+                    Amount::Absolute(v) => v,
+                    Amount::Percentage(_) => {
+                        return Err(invalid(&f, "percentages are not allowed here"));
+                    }
+                }
+            }
+            _ => {
+                return Err(invalid(
+                    &f,
+                    "unknown resource; use cpu, memory, ephemeral-storage or pid",
+                ));
+            }
+        };
+        out.insert(resource, v);
+    }
+    Ok(out)
+}
+
+fn is_link_local(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+/// Checks a Node name: a DNS-1123 subdomain (lower-case alphanumerics, `-` and `.`, at most
+/// 253 characters, starting and ending alphanumeric), as the apiserver validates it.
+///
+/// Errors: a message saying what is wrong.
+pub fn validate_node_name(name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if name.is_empty()
+        || name.len() > 253
+        || !name.chars().all(ok_char)
+        || !edge_ok(name.chars().next())
+        || !edge_ok(name.chars().last())
+    {
+        return Err(format!(
+            "{name:?} is not a valid node name: use lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters"
+        ));
+    }
+    Ok(())
+}
+
+fn parse_positive_duration(field: &str, text: &str) -> Result<Duration, ConfigError> {
+    let d = parse_duration(text).map_err(|m| invalid(field, m))?;
+    if d.is_zero() {
+        return Err(invalid(
+            field,
+            format!("{text:?} must be greater than zero"),
+        ));
+    }
+    Ok(d)
+}
+
+/// Parses a Go duration (`metav1.Duration` as in KubeletConfiguration): a sequence of
+/// decimal numbers with units `ns`, `us`/`µs`, `ms`, `s`, `m`, `h`, e.g. `"10s"`, `"1m30s"`,
+/// `"1.5h"`, `"300ms"`; `"0"` alone is zero.
+///
+/// Errors: a message with the rejected text and an example of the expected form.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let err = || {
+        format!("invalid duration {text:?}; use a Go duration such as \"10s\", \"5m\" or \"1m30s\"")
+    };
+    let t = text.trim();
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if t.is_empty() {
+        return Err(err());
+    }
+    let mut rest = t;
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(err)?;
+        if num_end == 0 {
+            return Err(err());
+        }
+        let value: f64 = rest[..num_end].parse().map_err(|_| err())?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(err()),
+        };
+        total += value * seconds;
+        rest = &rest[unit_end..];
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| err())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\n";
+
+    #[test]
+    fn defaults_are_kubelets() {
+        let c = AgentConfig::from_yaml(MINIMAL).unwrap();
+        assert_eq!(c, AgentConfig::default());
+        assert_eq!(c.node_status_update_frequency, Duration::from_secs(10));
+        assert_eq!(c.node_status_report_frequency, Duration::from_secs(300));
+        assert_eq!(c.lease_renew_interval(), Duration::from_secs(10));
+        assert_eq!(c.eviction_hard.len(), 4);
+    }
+
+    #[test]
+    fn explicit_update_frequency_carries_the_report_frequency() {
+        let c =
+            AgentConfig::from_yaml(&format!("{MINIMAL}nodeStatusUpdateFrequency: 20s\n")).unwrap();
+        assert_eq!(c.node_status_report_frequency, Duration::from_secs(20));
+        let c = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}nodeStatusUpdateFrequency: 20s\nnodeStatusReportFrequency: 1m\n"
+        ))
+        .unwrap();
+        assert_eq!(c.node_status_report_frequency, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let yaml = format!(
+            "{MINIMAL}nodeName: edge-01\nnodeLeaseDurationSeconds: 20\nregisterWithTaints:\n- {{key: example.com/edge, value: \"true\", effect: NoSchedule}}\nnodeLabels: {{site: plant-3}}\nevictionHard: {{memory.available: 200Mi, pid.available: 10%}}\nevictionPressureTransitionPeriod: 1m30s\nsystemReserved: {{cpu: 250m, memory: 128Mi}}\nmaxPods: 20\nnodeIP: 10.0.3.7\nhostRoot: /host\nrootDir: /var/lib/edgebeat\ntransport: {{kind: grpc, endpoint: \"http://gw:7443\", keepalive: 20s}}\n"
+        );
+        let c = AgentConfig::from_yaml(&yaml).unwrap();
+        assert_eq!(c.node_name.as_deref(), Some("edge-01"));
+        assert_eq!(c.lease_renew_interval(), Duration::from_secs(5));
+        assert_eq!(c.register_with_taints[0].effect, "NoSchedule");
+        assert_eq!(
+            c.eviction_hard.len(),
+            2,
+            "setting evictionHard drops the other defaults"
+        );
+        assert_eq!(c.eviction_hard["pid.available"], Amount::Percentage(0.1));
+        assert_eq!(
+            c.eviction_pressure_transition_period,
+            Duration::from_secs(90)
+        );
+        assert_eq!(c.system_reserved["cpu"], 250);
+        assert_eq!(c.system_reserved["memory"], 128 << 20);
+        assert_eq!(c.node_ip, Some("10.0.3.7".parse().unwrap()));
+        assert_eq!(
+            c.transport,
+            Some(TransportConfig::Grpc {
+                endpoint: "http://gw:7443".into(),
+                keepalive: Duration::from_secs(20)
+            })
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (
+                "nodeStatusUpdateFrequency: 10x\n",
+                "nodeStatusUpdateFrequency",
+            ),
+            (
+                "nodeStatusUpdateFrequency: 0s\n",
+                "nodeStatusUpdateFrequency",
+            ),
+            ("nodeLeaseDurationSeconds: 0\n", "nodeLeaseDurationSeconds"),
+            (
+                "evictionHard: {memory.free: 1Gi}\n",
+                "evictionHard[\"memory.free\"]",
+            ),
+            (
+                "evictionHard: {memory.available: lots}\n",
+                "evictionHard[\"memory.available\"]",
+            ),
+            (
+                "registerWithTaints: [{key: a, effect: Sometimes}]\n",
+                "registerWithTaints[0].effect",
+            ),
+            ("nodeName: Edge_01\n", "nodeName"),
+            ("nodeIP: 127.0.0.1\n", "nodeIP"),
+            ("transport: {kind: grpc}\n", "transport.endpoint"),
+            ("transport: {kind: carrier-pigeon}\n", "transport.kind"),
+            (
+                "transport: {kind: grpc, endpoint: gw:7443}\n",
+                "transport.endpoint",
+            ),
+            ("systemReserved: {gpu: 1}\n", "systemReserved[\"gpu\"]"),
+        ];
+        for (body, field) in cases {
+            let err = AgentConfig::from_yaml(&format!("{MINIMAL}{body}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with(&format!("{field}: ")),
+                "{body:?} gave {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_wrong_kind_are_rejected() {
+        let err = AgentConfig::from_yaml(&format!("{MINIMAL}nodeStatusUpdateFrequncy: 10s\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nodeStatusUpdateFrequncy"), "{err}");
+        let err = AgentConfig::from_yaml("apiVersion: v1\nkind: AgentConfiguration\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("apiVersion: "), "{err}");
+        let err = AgentConfig::from_yaml("apiVersion: edgebeat.io/v1alpha1\nkind: Pod\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("kind: "), "{err}");
+        assert!(AgentConfig::from_yaml("{ not yaml").is_err());
+        let err = AgentConfig::from_yaml(&format!("{MINIMAL}maxPods: many\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("maxPods") || err.contains("line"), "{err}");
+    }
+
+    #[test]
+    fn go_durations() {
+        let cases = [
+            ("10s", 10.0),
+            ("5m", 300.0),
+            ("1m30s", 90.0),
+            ("1.5h", 5400.0),
+            ("300ms", 0.3),
+            ("0", 0.0),
+            ("2h45m", 9900.0),
+        ];
+        for (text, secs) in cases {
+            assert_eq!(
+                parse_duration(text).unwrap(),
+                Duration::from_secs_f64(secs),
+                "{text}"
+            );
+        }
+        for bad in ["", "10", "s", "10x", "-1s", "1m-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

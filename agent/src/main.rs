@@ -1,0 +1,102 @@
+//! `edgebeat-agent`: see the crate docs of `edgebeat_agent`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use edgebeat_agent::{Agent, AgentConfig, run, status, view::NodeStatusView};
+use edgebeat_hw::{Clock, SystemClock};
+use tokio_util::sync::CancellationToken;
+
+/// Reports this host to Kubernetes as a Node, as kubelet would: NodeStatus and the node
+/// Lease, through an edgebeat gateway.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Agent configuration file (YAML, kind AgentConfiguration).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Read host facts under this directory instead of `/` (overrides `hostRoot`), like
+    /// node_exporter's --path.rootfs.
+    #[arg(long, value_name = "DIR")]
+    host_root: Option<PathBuf>,
+    /// Node name (overrides `nodeName`; kubelet --hostname-override).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Print the NodeStatus the agent would send, as JSON, and exit.
+    #[arg(long)]
+    once: bool,
+    /// Log filter: a level (info, debug…) or `target=level,…`.
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter: tracing_subscriber::filter::Targets = args
+        .log_level
+        .parse()
+        .with_context(|| format!("--log-level {:?}", args.log_level))?;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
+        .init();
+
+    let mut config = match &args.config {
+        Some(path) => AgentConfig::load(path)?,
+        None => AgentConfig::default(),
+    };
+    if let Some(root) = args.host_root {
+        config.host_root = root;
+    }
+    if let Some(name) = args.node_name {
+        edgebeat_agent::config::validate_node_name(&name)
+            .map_err(|m| anyhow::anyhow!("--node-name: {m}"))?;
+        config.node_name = Some(name);
+    }
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+
+    if args.once {
+        let facts = run::read_facts(&config)?;
+        let computed = status::compute(&facts, &config, None, clock.boottime());
+        let json = serde_json::to_string_pretty(&NodeStatusView::new(&computed))?;
+        println!("{json}");
+        return Ok(());
+    }
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async move {
+        let agent = Agent::new(config, clock)?;
+        let cancel = CancellationToken::new();
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            stop.cancel();
+        });
+        agent.run(cancel).await?;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the agent");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,457 @@
+//! NodeStatus computation: a pure function of host facts, the previous result and the boot
+//! clock, mirroring kubelet's setters (`pkg/kubelet/nodestatus/setters.go`) and its eviction
+//! manager's pressure conditions (`pkg/kubelet/eviction/eviction_manager.go`).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use edgebeat_hw::HostFacts;
+use edgebeat_proto as pb;
+
+use crate::config::AgentConfig;
+use crate::quantity::{Amount, format_binary, format_millicores};
+
+/// `nodeInfo.kubeletVersion` the agent reports: the Kubernetes API level it follows, tagged
+/// with edgebeat's own version so `kubectl get nodes` tells edgebeat nodes apart.
+pub const KUBELET_VERSION: &str = concat!("v1.33.0-edgebeat.", env!("CARGO_PKG_VERSION"));
+
+/// Status of a NodeCondition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConditionStatus {
+    /// `"True"`.
+    True,
+    /// `"False"`.
+    False,
+}
+
+impl ConditionStatus {
+    /// The API string, `"True"` or `"False"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+        }
+    }
+}
+
+/// One computed NodeCondition with its transition on the agent's boot clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    /// `MemoryPressure`, `DiskPressure`, `PIDPressure` or `Ready`.
+    pub type_: &'static str,
+    /// True or False (the agent never writes Unknown: the node lifecycle controller owns it).
+    pub status: ConditionStatus,
+    /// kubelet's reason, e.g. `KubeletHasSufficientMemory`.
+    pub reason: &'static str,
+    /// kubelet's message.
+    pub message: String,
+    /// When `status` last changed, as time since boot (CLOCK_BOOTTIME).
+    pub last_transition: Duration,
+}
+
+/// When each pressure signal last crossed its threshold, as time since boot: the memory of
+/// kubelet's `nodeConditionsLastObservedAt` that implements the transition period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PressureObserved {
+    /// memory.available below threshold.
+    pub memory: Option<Duration>,
+    /// nodefs/imagefs available or inodesFree below threshold.
+    pub disk: Option<Duration>,
+    /// pid.available below threshold.
+    pub pid: Option<Duration>,
+}
+
+/// A computed NodeStatus plus the state the next computation needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ComputedStatus {
+    /// `status.capacity`: resource → canonical quantity.
+    pub capacity: BTreeMap<String, String>,
+    /// `status.allocatable`: capacity − systemReserved − kubeReserved − hard-eviction
+    /// reservation (− hugepages for memory), floored at 0.
+    pub allocatable: BTreeMap<String, String>,
+    /// MemoryPressure, DiskPressure, PIDPressure, Ready — Ready last.
+    pub conditions: Vec<Condition>,
+    /// `status.addresses`: (type, address), InternalIP first then Hostname.
+    pub addresses: Vec<(&'static str, String)>,
+    /// `status.nodeInfo`.
+    pub node_info: pb::NodeSystemInfo,
+    /// Pressure memory for hysteresis.
+    pub observed: PressureObserved,
+}
+
+/// Computes the NodeStatus for `facts` at boot-clock time `now`, carrying condition
+/// transitions and pressure hysteresis over from `previous` (kubelet's setters run on the
+/// previous Node object the same way).
+///
+/// Rules: pressure conditions turn True when a hard threshold is crossed and stay True until
+/// `evictionPressureTransitionPeriod` has passed since it was last crossed; Ready is False
+/// with reason `KubeletNotReady` when cpu, memory, pods or ephemeral-storage capacity is
+/// missing; `lastTransitionTime` is kept while a condition's status is unchanged.
+pub fn compute(
+    facts: &HostFacts,
+    config: &AgentConfig,
+    previous: Option<&ComputedStatus>,
+    now: Duration,
+) -> ComputedStatus {
+    let capacity = capacity(facts, config);
+    let allocatable = allocatable(facts, config, &capacity);
+    let prev_observed = previous.map(|p| p.observed).unwrap_or_default();
+    let met = thresholds_met(facts, config);
+    let observed = PressureObserved {
+        memory: if met.memory {
+            Some(now)
+        } else {
+            prev_observed.memory
+        },
+        disk: if met.disk {
+            Some(now)
+        } else {
+            prev_observed.disk
+        },
+        pid: if met.pid {
+            Some(now)
+        } else {
+            prev_observed.pid
+        },
+    };
+    let period = config.eviction_pressure_transition_period;
+    let held =
+        |at: Option<Duration>| at.is_some_and(|t| now.saturating_sub(t) < period || now == t);
+
+    let mut conditions = Vec::with_capacity(4);
+    let mut push =
+        |type_: &'static str, pressure: bool, texts: [(&'static str, &'static str); 2]| {
+            let (status, (reason, message)) = if pressure {
+                (ConditionStatus::True, texts[0])
+            } else {
+                (ConditionStatus::False, texts[1])
+            };
+            conditions.push(carry(
+                previous,
+                type_,
+                status,
+                reason,
+                message.to_owned(),
+                now,
+            ));
+        };
+    push(
+        "MemoryPressure",
+        held(observed.memory),
+        [
+            (
+                "KubeletHasInsufficientMemory",
+                "kubelet has insufficient memory available",
+            ),
+            (
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            ),
+        ],
+    );
+    push(
+        "DiskPressure",
+        held(observed.disk),
+        [
+            ("KubeletHasDiskPressure", "kubelet has disk pressure"),
+            ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+        ],
+    );
+    push(
+        "PIDPressure",
+        held(observed.pid),
+        [
+            (
+                "KubeletHasInsufficientPID",
+                "kubelet has insufficient PID available",
+            ),
+            (
+                "KubeletHasSufficientPID",
+                "kubelet has sufficient PID available",
+            ),
+        ],
+    );
+    let missing: Vec<&str> = ["cpu", "memory", "pods", "ephemeral-storage"]
+        .into_iter()
+        .filter(|r| !capacity.contains_key(*r))
+        .collect();
+    let ready = if missing.is_empty() {
+        carry(
+            previous,
+            "Ready",
+            ConditionStatus::True,
+            "KubeletReady",
+            "kubelet is posting ready status".into(),
+            now,
+        )
+    } else {
+        let message = format!(
+            "missing node capacity for resources: {}",
+            missing.join(", ")
+        );
+        carry(
+            previous,
+            "Ready",
+            ConditionStatus::False,
+            "KubeletNotReady",
+            message,
+            now,
+        )
+    };
+    conditions.push(ready);
+
+    ComputedStatus {
+        capacity,
+        allocatable,
+        conditions,
+        addresses: addresses(facts, config),
+        node_info: node_info(facts),
+        observed,
+    }
+}
+
+fn carry(
+    previous: Option<&ComputedStatus>,
+    type_: &'static str,
+    status: ConditionStatus,
+    reason: &'static str,
+    message: String,
+    now: Duration,
+) -> Condition {
+    let last_transition = previous
+        .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
+        .filter(|c| c.status == status)
+        .map_or(now, |c| c.last_transition);
+    Condition {
+        type_,
+        status,
+        reason,
+        message,
+        last_transition,
+    }
+}
+
+/// kubelet's `nodeStatusHasChanged` for what the agent computes: true when anything but the
+/// heartbeat differs. Transition times move only with a status change, so comparing
+/// everything else is equivalent.
+pub fn has_changed(old: &ComputedStatus, new: &ComputedStatus) -> bool {
+    old.capacity != new.capacity
+        || old.allocatable != new.allocatable
+        || old.addresses != new.addresses
+        || old.node_info != new.node_info
+        || old.conditions.len() != new.conditions.len()
+        || old.conditions.iter().zip(&new.conditions).any(|(a, b)| {
+            a.type_ != b.type_
+                || a.status != b.status
+                || a.reason != b.reason
+                || a.message != b.message
+        })
+}
+
+struct Met {
+    memory: bool,
+    disk: bool,
+    pid: bool,
+}
+
+/// Which hard eviction thresholds the facts cross (`evictionHard`, operator LessThan).
+/// A signal that cannot be observed crosses nothing, as in kubelet.
+fn thresholds_met(facts: &HostFacts, config: &AgentConfig) -> Met {
+    let below = |signal: &str, observed: Option<u64>, capacity: Option<u64>| -> bool {
+        match (config.eviction_hard.get(signal), observed, capacity) {
+            (Some(threshold), Some(value), Some(cap)) => value < threshold.resolve(cap),
+            _ => false,
+        }
+    };
+    let mem = &facts.memory;
+    let nodefs = facts.nodefs.as_ref();
+    let imagefs = facts.imagefs.as_ref();
+    Met {
+        memory: below(
+            "memory.available",
+            mem.available_bytes,
+            Some(mem.total_bytes),
+        ),
+        disk: below(
+            "nodefs.available",
+            nodefs.map(|f| f.available_bytes),
+            nodefs.map(|f| f.capacity_bytes),
+        ) || below(
+            "nodefs.inodesFree",
+            nodefs.map(|f| f.inodes_free),
+            nodefs.map(|f| f.inodes),
+        ) || below(
+            "imagefs.available",
+            imagefs.map(|f| f.available_bytes),
+            imagefs.map(|f| f.capacity_bytes),
+        ) || below(
+            "imagefs.inodesFree",
+            imagefs.map(|f| f.inodes_free),
+            imagefs.map(|f| f.inodes),
+        ),
+        pid: below(
+            "pid.available",
+            facts.pid.as_ref().map(|p| p.available()),
+            facts.pid.as_ref().map(|p| p.max_pid),
+        ),
+    }
+}
+
+/// Hugepage resource name for a page size: `hugepages-2Mi`, `hugepages-1Gi`.
+fn hugepage_resource(page_size_bytes: u64) -> String {
+    format!("hugepages-{}", format_binary(page_size_bytes))
+}
+
+/// `status.capacity` (kubelet `CapacityFromMachineInfo` and the MachineInfo setter).
+fn capacity(facts: &HostFacts, config: &AgentConfig) -> BTreeMap<String, String> {
+    let mut cap = BTreeMap::new();
+    if facts.logical_cpus > 0 {
+        cap.insert(
+            "cpu".to_owned(),
+            format_millicores(u64::from(facts.logical_cpus) * 1000),
+        );
+    }
+    if facts.memory.total_bytes > 0 {
+        cap.insert("memory".to_owned(), format_binary(facts.memory.total_bytes));
+    }
+    let mut pods = config.max_pods;
+    if config.pods_per_core > 0 {
+        pods = pods.min(facts.logical_cpus.saturating_mul(config.pods_per_core));
+    }
+    cap.insert("pods".to_owned(), pods.to_string());
+    if let Some(nodefs) = &facts.nodefs {
+        cap.insert(
+            "ephemeral-storage".to_owned(),
+            format_binary(nodefs.capacity_bytes),
+        );
+    }
+    for hp in &facts.hugepages {
+        cap.insert(
+            hugepage_resource(hp.page_size_bytes),
+            format_binary(hp.page_size_bytes.saturating_mul(hp.pages)),
+        );
+    }
+    cap
+}
+
+/// `status.allocatable` (kubelet `GetNodeAllocatableReservation`, `hardEvictionReservation`).
+fn allocatable(
+    facts: &HostFacts,
+    config: &AgentConfig,
+    capacity: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let reserved = |resource: &str| -> u64 {
+        config.system_reserved.get(resource).copied().unwrap_or(0)
+            + config.kube_reserved.get(resource).copied().unwrap_or(0)
+    };
+    let eviction = |signal: &str, cap: u64| {
+        config
+            .eviction_hard
+            .get(signal)
+            .map_or(0, |a: &Amount| a.resolve(cap))
+    };
+    let mut out = capacity.clone();
+    if capacity.contains_key("cpu") {
+        let millis = u64::from(facts.logical_cpus) * 1000;
+        out.insert(
+            "cpu".into(),
+            format_millicores(millis.saturating_sub(reserved("cpu"))),
+        );
+    }
+    if capacity.contains_key("memory") {
+        let cap = facts.memory.total_bytes;
+        let hugepages: u64 = facts
+            .hugepages
+            .iter()
+            .map(|h| h.page_size_bytes.saturating_mul(h.pages))
+            .sum();
+        let v = cap
+            .saturating_sub(reserved("memory"))
+            .saturating_sub(eviction("memory.available", cap))
+            .saturating_sub(hugepages);
+        out.insert("memory".into(), format_binary(v));
+    }
+    if let Some(nodefs) = &facts.nodefs {
+        let cap = nodefs.capacity_bytes;
+        let v = cap
+            .saturating_sub(reserved("ephemeral-storage"))
+            .saturating_sub(eviction("nodefs.available", cap));
+        out.insert("ephemeral-storage".into(), format_binary(v));
+    }
+    out
+}
+
+/// `status.addresses` without a cloud provider (kubelet `NodeAddress` setter): the
+/// configured `nodeIP`, else the hostname if it is an IP, else the default-route
+/// interface's address; then the Hostname entry.
+fn addresses(facts: &HostFacts, config: &AgentConfig) -> Vec<(&'static str, String)> {
+    let hostname = facts
+        .hostname
+        .as_deref()
+        .map(str::to_lowercase)
+        .or_else(|| config.node_name.clone());
+    let ip: Option<IpAddr> = config
+        .node_ip
+        .or_else(|| hostname.as_deref().and_then(|h| h.parse().ok()))
+        .or(facts.default_route_ip);
+    let mut out = Vec::with_capacity(2);
+    if let Some(ip) = ip {
+        out.push(("InternalIP", ip.to_string()));
+    }
+    if let Some(h) = hostname {
+        out.push(("Hostname", h));
+    }
+    out
+}
+
+fn node_info(facts: &HostFacts) -> pb::NodeSystemInfo {
+    pb::NodeSystemInfo {
+        machine_id: facts.machine_id.clone().unwrap_or_default(),
+        system_uuid: facts.system_uuid.clone().unwrap_or_default(),
+        boot_id: facts.boot_id.clone(),
+        kernel_version: facts.kernel_version.clone().unwrap_or_default(),
+        os_image: facts.os_image.clone(),
+        container_runtime_version: String::new(),
+        kubelet_version: KUBELET_VERSION.to_owned(),
+        operating_system: facts.operating_system.to_owned(),
+        architecture: facts.architecture.to_owned(),
+    }
+}
+
+impl ComputedStatus {
+    /// The wire form, with each condition's transition made relative to `now` (boot clock):
+    /// `seconds_since_transition = now − last_transition`, whole seconds.
+    pub fn to_proto(&self, now: Duration) -> pb::NodeStatus {
+        pb::NodeStatus {
+            capacity: self.capacity.clone().into_iter().collect(),
+            allocatable: self.allocatable.clone().into_iter().collect(),
+            conditions: self
+                .conditions
+                .iter()
+                .map(|c| pb::NodeCondition {
+                    r#type: c.type_.to_owned(),
+                    status: c.status.as_str().to_owned(),
+                    reason: c.reason.to_owned(),
+                    message: c.message.clone(),
+                    seconds_since_transition: now.saturating_sub(c.last_transition).as_secs(),
+                })
+                .collect(),
+            addresses: self
+                .addresses
+                .iter()
+                .map(|(t, a)| pb::NodeAddress {
+                    r#type: (*t).to_owned(),
+                    address: a.clone(),
+                })
+                .collect(),
+            node_info: Some(self.node_info.clone()),
+            kubelet_endpoint_port: 0,
+        }
+    }
+
+    /// The Ready condition, if computed.
+    pub fn ready(&self) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == "Ready")
+    }
+}

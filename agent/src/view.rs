@@ -1,0 +1,92 @@
+//! The NodeStatus as Kubernetes JSON (`core/v1` field names), for `--once`.
+//!
+//! Times are absent on purpose: the agent never stamps them, the gateway does with its own
+//! clock. Everything else is what the gateway writes.
+
+use serde::Serialize;
+
+use crate::status::ComputedStatus;
+
+/// `core/v1` NodeStatus fields the agent computes, serialized with Kubernetes' names.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatusView<'a> {
+    capacity: &'a std::collections::BTreeMap<String, String>,
+    allocatable: &'a std::collections::BTreeMap<String, String>,
+    conditions: Vec<ConditionView<'a>>,
+    addresses: Vec<AddressView<'a>>,
+    node_info: NodeInfoView<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct ConditionView<'a> {
+    #[serde(rename = "type")]
+    type_: &'a str,
+    status: &'a str,
+    reason: &'a str,
+    message: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+struct AddressView<'a> {
+    #[serde(rename = "type")]
+    type_: &'a str,
+    address: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeInfoView<'a> {
+    #[serde(rename = "machineID")]
+    machine_id: &'a str,
+    #[serde(rename = "systemUUID")]
+    system_uuid: &'a str,
+    #[serde(rename = "bootID")]
+    boot_id: &'a str,
+    kernel_version: &'a str,
+    os_image: &'a str,
+    container_runtime_version: &'a str,
+    kubelet_version: &'a str,
+    operating_system: &'a str,
+    architecture: &'a str,
+}
+
+impl<'a> NodeStatusView<'a> {
+    /// Borrows `status` as Kubernetes-shaped JSON.
+    pub fn new(status: &'a ComputedStatus) -> Self {
+        let i = &status.node_info;
+        Self {
+            capacity: &status.capacity,
+            allocatable: &status.allocatable,
+            conditions: status
+                .conditions
+                .iter()
+                .map(|c| ConditionView {
+                    type_: c.type_,
+                    status: c.status.as_str(),
+                    reason: c.reason,
+                    message: &c.message,
+                })
+                .collect(),
+            addresses: status
+                .addresses
+                .iter()
+                .map(|(t, a)| AddressView {
+                    type_: t,
+                    address: a,
+                })
+                .collect(),
+            node_info: NodeInfoView {
+                machine_id: &i.machine_id,
+                system_uuid: &i.system_uuid,
+                boot_id: &i.boot_id,
+                kernel_version: &i.kernel_version,
+                os_image: &i.os_image,
+                container_runtime_version: &i.container_runtime_version,
+                kubelet_version: &i.kubelet_version,
+                operating_system: &i.operating_system,
+                architecture: &i.architecture,
+            },
+        }
+    }
+}

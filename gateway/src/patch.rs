@@ -1,0 +1,387 @@
+//! Building kubelet's apiserver bodies from `edgebeat.v1` messages: the initial Node, the
+//! strategic-merge status patch, the Lease and Events.
+
+use std::collections::BTreeMap;
+
+use edgebeat_proto as pb;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    Event, EventSource, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo,
+    ObjectReference, Taint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
+
+/// Namespace of node Leases (`kube-node-lease`).
+pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// Namespace of Events about Nodes: Node is cluster-scoped, so kubelet's events land in
+/// `default`.
+pub const EVENT_NAMESPACE: &str = "default";
+
+/// What the gateway remembers of one condition: its status and when it last changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownCondition {
+    /// `"True"`, `"False"` or `"Unknown"`.
+    pub status: String,
+    /// lastTransitionTime as written.
+    pub last_transition: Timestamp,
+}
+
+/// Truncates to whole seconds: `metav1.Time` keeps second precision only.
+pub fn whole_seconds(t: Timestamp) -> Timestamp {
+    Timestamp::from_second(t.as_second()).unwrap_or(t)
+}
+
+/// Maps the agent's conditions onto the gateway clock (`now`), keeping `lastTransitionTime`
+/// for every condition whose status equals what `known` says was written (kubelet keeps it
+/// when the status is unchanged) and otherwise placing the transition
+/// `seconds_since_transition` before `now`. Order is the agent's (Ready last).
+pub fn conditions(
+    status: &pb::NodeStatus,
+    now: Timestamp,
+    known: &BTreeMap<String, KnownCondition>,
+) -> Vec<NodeCondition> {
+    let now = whole_seconds(now);
+    status
+        .conditions
+        .iter()
+        .map(|c| {
+            let transition = match known.get(&c.r#type) {
+                Some(k) if k.status == c.status => k.last_transition,
+                _ => {
+                    let ago = SignedDuration::from_secs(
+                        i64::try_from(c.seconds_since_transition).unwrap_or(i64::MAX),
+                    );
+                    now.checked_sub(ago).unwrap_or(now)
+                }
+            };
+            NodeCondition {
+                type_: c.r#type.clone(),
+                status: c.status.clone(),
+                reason: Some(c.reason.clone()),
+                message: Some(c.message.clone()),
+                last_heartbeat_time: Some(Time(now)),
+                last_transition_time: Some(Time(transition)),
+            }
+        })
+        .collect()
+}
+
+fn quantities(map: &std::collections::HashMap<String, String>) -> BTreeMap<String, Quantity> {
+    map.iter()
+        .map(|(k, v)| (k.clone(), Quantity(v.clone())))
+        .collect()
+}
+
+/// The `core/v1` NodeStatus for a reported status, with conditions from [`conditions`].
+pub fn node_status(status: &pb::NodeStatus, conditions: Vec<NodeCondition>) -> NodeStatus {
+    let info = status.node_info.clone().unwrap_or_default();
+    NodeStatus {
+        capacity: Some(quantities(&status.capacity)),
+        allocatable: Some(quantities(&status.allocatable)),
+        conditions: Some(conditions),
+        addresses: Some(
+            status
+                .addresses
+                .iter()
+                .map(|a| NodeAddress {
+                    type_: a.r#type.clone(),
+                    address: a.address.clone(),
+                })
+                .collect(),
+        ),
+        node_info: Some(NodeSystemInfo {
+            machine_id: info.machine_id,
+            system_uuid: info.system_uuid,
+            boot_id: info.boot_id,
+            kernel_version: info.kernel_version,
+            os_image: info.os_image,
+            container_runtime_version: info.container_runtime_version,
+            kubelet_version: info.kubelet_version,
+            kube_proxy_version: String::new(),
+            operating_system: info.operating_system,
+            architecture: info.architecture,
+            ..Default::default()
+        }),
+        daemon_endpoints: (status.kubelet_endpoint_port > 0).then_some(
+            k8s_openapi::api::core::v1::NodeDaemonEndpoints {
+                kubelet_endpoint: Some(k8s_openapi::api::core::v1::DaemonEndpoint {
+                    port: status.kubelet_endpoint_port,
+                }),
+            },
+        ),
+        ..Default::default()
+    }
+}
+
+/// The Node kubelet POSTs at registration (`initialNode`): name, labels, taints,
+/// unschedulable, and the full status.
+pub fn initial_node(name: &str, register: &pb::Register, status: NodeStatus) -> Node {
+    let labels: BTreeMap<String, String> = register.labels.clone().into_iter().collect();
+    let taints: Vec<Taint> = register
+        .taints
+        .iter()
+        .map(|t| Taint {
+            key: t.key.clone(),
+            value: Some(t.value.clone()).filter(|v| !v.is_empty()),
+            effect: t.effect.clone(),
+            time_added: None,
+        })
+        .collect();
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            taints: (!taints.is_empty()).then_some(taints),
+            unschedulable: register.unschedulable.then_some(true),
+            ..Default::default()
+        }),
+        status: Some(status),
+    }
+}
+
+/// The body of `PATCH nodes/{name}/status` (`application/strategic-merge-patch+json`), in
+/// kubelet's shape: conditions merge by `type` with a `$setElementOrder/conditions`
+/// directive keeping Ready last; addresses are replaced whole with `{"$patch":"replace"}`
+/// (kubelet `fixupPatchForNodeStatusAddresses`); capacity and allocatable merge per key.
+///
+/// Errors: serialization failure (not expected for these types).
+pub fn status_patch(
+    status: &NodeStatus,
+    labels: Option<&BTreeMap<String, String>>,
+) -> Result<serde_json::Value, serde_json::Error> {
+    let mut body = serde_json::to_value(status)?;
+    if let serde_json::Value::Object(map) = &mut body {
+        let order: Vec<serde_json::Value> = status
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| {
+                serde_json::Value::Object(serde_json::Map::from_iter([(
+                    "type".to_owned(),
+                    c.type_.clone().into(),
+                )]))
+            })
+            .collect();
+        map.insert(
+            "$setElementOrder/conditions".to_owned(),
+            serde_json::Value::Array(order),
+        );
+        if let Some(serde_json::Value::Array(addresses)) = map.get_mut("addresses") {
+            addresses.push(serde_json::Value::Object(serde_json::Map::from_iter([(
+                "$patch".to_owned(),
+                "replace".into(),
+            )])));
+        }
+    }
+    let mut root = serde_json::Map::new();
+    root.insert("status".to_owned(), body);
+    if let Some(labels) = labels {
+        let meta = serde_json::json!({ "labels": labels });
+        root.insert("metadata".to_owned(), meta);
+    }
+    Ok(serde_json::Value::Object(root))
+}
+
+/// A node Lease as kubelet's lease controller builds it (`newLease`): name and holder are
+/// the node name, no acquireTime or leaseTransitions, ownerReference to the Node with no
+/// `controller`/`blockOwnerDeletion` (kubelet `SetNodeOwnerFunc`).
+pub fn new_lease(name: &str, node_uid: &str, duration_seconds: i32, renew: Timestamp) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(LEASE_NAMESPACE.to_owned()),
+            owner_references: Some(vec![owner_reference(name, node_uid)]),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(name.to_owned()),
+            lease_duration_seconds: Some(duration_seconds),
+            renew_time: Some(MicroTime(renew)),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The Lease's ownerReference to its Node.
+pub fn owner_reference(name: &str, node_uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name: name.to_owned(),
+        uid: node_uid.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// `base` renewed: fresh `renewTime`, duration re-applied, holder set, ownerReference added
+/// when missing and the Node's UID is known (kubelet `retryUpdateLease` + `SetNodeOwnerFunc`).
+/// Keeps `metadata.resourceVersion`, so the PUT is conditional.
+pub fn renewed_lease(
+    base: &Lease,
+    name: &str,
+    node_uid: Option<&str>,
+    duration_seconds: i32,
+    renew: Timestamp,
+) -> Lease {
+    let mut lease = base.clone();
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    spec.renew_time = Some(MicroTime(renew));
+    spec.lease_duration_seconds = Some(duration_seconds);
+    spec.holder_identity = Some(name.to_owned());
+    if lease
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_none_or(Vec::is_empty)
+        && let Some(uid) = node_uid
+    {
+        lease.metadata.owner_references = Some(vec![owner_reference(name, uid)]);
+    }
+    lease
+}
+
+/// A `core/v1` Event about Node `name`, as kubelet records it: involvedObject Kind Node with
+/// UID = node name (kubelet's `nodeRef`), source component `kubelet` on host `name`, in
+/// namespace `default`. `type_` is `Normal` or `Warning`.
+pub fn node_event(name: &str, type_: &str, reason: &str, message: String, now: Timestamp) -> Event {
+    let nanos = now.as_nanosecond();
+    Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{name}.{:x}", nanos)),
+            namespace: Some(EVENT_NAMESPACE.to_owned()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            kind: Some("Node".into()),
+            name: Some(name.to_owned()),
+            uid: Some(name.to_owned()),
+            ..Default::default()
+        },
+        reason: Some(reason.to_owned()),
+        message: Some(message),
+        type_: Some(type_.to_owned()),
+        count: Some(1),
+        first_timestamp: Some(Time(whole_seconds(now))),
+        last_timestamp: Some(Time(whole_seconds(now))),
+        source: Some(EventSource {
+            component: Some("kubelet".into()),
+            host: Some(name.to_owned()),
+        }),
+        reporting_component: Some("kubelet".into()),
+        reporting_instance: Some(name.to_owned()),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> pb::NodeStatus {
+        pb::NodeStatus {
+            capacity: [("cpu".to_owned(), "4".to_owned())].into(),
+            allocatable: [("cpu".to_owned(), "4".to_owned())].into(),
+            conditions: ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]
+                .iter()
+                .map(|t| pb::NodeCondition {
+                    r#type: (*t).into(),
+                    status: if *t == "Ready" { "True" } else { "False" }.into(),
+                    reason: "R".into(),
+                    message: "m".into(),
+                    seconds_since_transition: 30,
+                })
+                .collect(),
+            addresses: vec![pb::NodeAddress {
+                r#type: "InternalIP".into(),
+                address: "10.0.3.7".into(),
+            }],
+            node_info: Some(pb::NodeSystemInfo {
+                boot_id: "b".into(),
+                ..Default::default()
+            }),
+            kubelet_endpoint_port: 0,
+        }
+    }
+
+    #[test]
+    fn transitions_map_onto_the_gateway_clock_and_are_kept_when_unchanged() {
+        let now: Timestamp = "2026-11-21T10:00:00.750Z".parse().unwrap();
+        let earlier: Timestamp = "2026-11-20T08:00:00Z".parse().unwrap();
+        let known = BTreeMap::from([
+            (
+                "Ready".to_owned(),
+                KnownCondition {
+                    status: "True".into(),
+                    last_transition: earlier,
+                },
+            ),
+            (
+                "MemoryPressure".to_owned(),
+                KnownCondition {
+                    status: "True".into(),
+                    last_transition: earlier,
+                },
+            ),
+        ]);
+        let c = conditions(&report(), now, &known);
+        assert_eq!(c.len(), 4);
+        assert_eq!(c[3].type_, "Ready", "Ready last");
+        assert_eq!(
+            c[3].last_transition_time.as_ref().unwrap().0,
+            earlier,
+            "unchanged status keeps the time"
+        );
+        let moved: Timestamp = "2026-11-21T09:59:30Z".parse().unwrap();
+        assert_eq!(
+            c[0].last_transition_time.as_ref().unwrap().0,
+            moved,
+            "changed status maps the age"
+        );
+        assert_eq!(
+            c[1].last_heartbeat_time.as_ref().unwrap().0,
+            "2026-11-21T10:00:00Z".parse::<Timestamp>().unwrap()
+        );
+    }
+
+    #[test]
+    fn status_patch_has_kubelets_directives() {
+        let now: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
+        let s = node_status(&report(), conditions(&report(), now, &BTreeMap::new()));
+        let patch = status_patch(&s, None).unwrap();
+        let status = &patch["status"];
+        assert_eq!(
+            status["$setElementOrder/conditions"],
+            serde_json::json!([{"type":"MemoryPressure"},{"type":"DiskPressure"},{"type":"PIDPressure"},{"type":"Ready"}])
+        );
+        assert_eq!(
+            status["addresses"][1],
+            serde_json::json!({"$patch": "replace"})
+        );
+        assert_eq!(
+            status["conditions"][3]["lastHeartbeatTime"],
+            "2026-11-21T10:00:00Z"
+        );
+        assert!(patch.get("metadata").is_none());
+        assert!(status.get("daemonEndpoints").is_none());
+    }
+
+    #[test]
+    fn lease_has_kubelets_shape_and_micro_time() {
+        let t: Timestamp = "2026-11-21T10:00:00.123456789Z".parse().unwrap();
+        let lease = new_lease("edge-01", "uid-1", 40, t);
+        let v = serde_json::to_value(&lease).unwrap();
+        assert_eq!(v["spec"]["renewTime"], "2026-11-21T10:00:00.123456Z");
+        assert_eq!(v["spec"]["holderIdentity"], "edge-01");
+        assert!(v["spec"].get("acquireTime").is_none());
+        assert_eq!(
+            v["metadata"]["ownerReferences"],
+            serde_json::json!([{"apiVersion":"v1","kind":"Node","name":"edge-01","uid":"uid-1"}])
+        );
+    }
+}

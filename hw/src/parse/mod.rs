@@ -1,0 +1,23 @@
+//! Pure parsers for the kernel and distribution text formats hw reads.
+//!
+//! No I/O here: each function takes a file's contents, so every format is table-tested
+//! without a host. Malformed input gives a [`ParseError`](crate::ParseError) (or `None` where
+//! the value is optional by nature); nothing panics.
+
+mod cgroup;
+mod cpu;
+mod meminfo;
+mod net;
+mod os_release;
+mod proc;
+mod psi;
+
+pub use cgroup::{parse_memory_stat, working_set_bytes};
+pub use cpu::{parse_cpu_list, parse_cpuinfo_processors};
+pub use meminfo::{Meminfo, parse_meminfo};
+pub use net::{
+    Inet6Addr, Route, default_route_ipv4, parse_fib_trie_local, parse_if_inet6, parse_route,
+};
+pub use os_release::{os_image, parse_os_release};
+pub use proc::{parse_hugepages_dir, parse_id, parse_loadavg, parse_u64};
+pub use psi::parse_psi;
