@@ -1,1 +1,9 @@
-//! edgebeat test harness (placeholder).
+//! edgebeat test harness (publish = false).
+//!
+//! - [`standin`]: a stand-in for the kube-apiserver's Node/Lease subset. It is a test double,
+//!   not a kube-apiserver: see its module docs for what it does and does not do.
+//! - [`harness`]: starts the stand-in, a gateway and in-process agents for end-to-end tests
+//!   and the demo.
+
+pub mod harness;
+pub mod standin;

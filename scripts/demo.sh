@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Local demo on this host's real facts: stand-in apiserver + gateway + agent over gRPC.
+# Extra arguments go to edgebeat-demo (e.g. --duration 65, --port 6443).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v cc >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc; }
+exec cargo run --locked --quiet -p edgebeat-tests --bin edgebeat-demo -- "$@"

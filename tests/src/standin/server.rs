@@ -1,0 +1,896 @@
+//! HTTP/1.1 serving: accept loop, the request pipeline (record, latency, faults), routing
+//! and the REST handlers, including streaming watches.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, watch};
+
+use super::discovery;
+use super::kinds::{Kind, meta};
+use super::query::{Query, Selectors};
+use super::smp;
+use super::status::ApiError;
+use super::store::{Store, Sub, WatchRecord};
+use super::table::{self, IncludeObject};
+use super::validation::{FieldError, check_micro_times, q as quote};
+use super::{FaultAction, RecordedRequest};
+
+/// The kube-apiserver's default request body limit (3 MiB).
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// State shared by the server tasks and every handle.
+pub(crate) struct Shared {
+    store: Mutex<Store>,
+    /// Bumped after every state change (objects, requests, faults): wakes `wait_until`.
+    pub(crate) changed: watch::Sender<u64>,
+    pub(crate) shutdown: watch::Sender<bool>,
+    pub(crate) addr: SocketAddr,
+}
+
+impl Shared {
+    pub(crate) fn new(addr: SocketAddr) -> Self {
+        Shared {
+            store: Mutex::new(Store::new()),
+            changed: watch::Sender::new(0),
+            shutdown: watch::Sender::new(false),
+            addr,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the store, then wakes waiters.
+    pub(crate) fn mutate<R>(&self, f: impl FnOnce(&mut Store) -> R) -> R {
+        let r = f(&mut self.lock());
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+        r
+    }
+}
+
+/// The service error that makes hyper close the connection without a response.
+#[derive(Debug)]
+pub(crate) struct DropConnection;
+
+impl std::fmt::Display for DropConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stand-in: connection dropped by an injected fault")
+    }
+}
+
+impl std::error::Error for DropConnection {}
+
+async fn wait_shutdown(rx: &mut watch::Receiver<bool>) {
+    // An error means every sender is gone: treat that as shutdown too.
+    let _ = rx.wait_for(|down| *down).await;
+}
+
+/// Accepts connections until shutdown; each connection shuts down gracefully with it.
+pub(crate) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            _ = wait_shutdown(&mut shutdown) => break,
+            r = listener.accept() => r,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::debug!("stand-in accept failed: {e}");
+                // Out of descriptors and the like: do not spin.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        let mut conn_shutdown = shared.shutdown.subscribe();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| handle(shared.clone(), req));
+            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = wait_shutdown(&mut conn_shutdown) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.as_mut().await;
+                }
+            }
+        });
+    }
+}
+
+fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, DropConnection> {
+    let (parts, body) = req.into_parts();
+    let mut record = RecordedRequest {
+        method: parts.method.clone(),
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().map(str::to_string),
+        content_type: header_str(&parts.headers, "content-type"),
+        body: Bytes::new(),
+        impersonate_user: header_str(&parts.headers, "impersonate-user"),
+        impersonate_groups: parts
+            .headers
+            .get_all("impersonate-group")
+            .iter()
+            .filter_map(|v| v.to_str().ok().map(str::to_string))
+            .collect(),
+        status: 0,
+        warnings: Vec::new(),
+    };
+    let body = match Limited::new(body, MAX_BODY).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            let resp = error_response(&ApiError::too_large());
+            record.status = resp.status().as_u16();
+            shared.mutate(|s| s.requests.push(record));
+            return Ok(resp);
+        }
+        // The client went away mid-body: nothing to answer.
+        Err(_) => return Err(DropConnection),
+    };
+    record.body = body.clone();
+
+    let latency = shared.lock().latency;
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let fault = shared.mutate(|s| s.take_fault(&parts.method, parts.uri.path()));
+    let resp = match fault {
+        Some(FaultAction::Drop) => {
+            tracing::debug!(method = %parts.method, path = parts.uri.path(), "stand-in: dropping connection");
+            shared.mutate(|s| s.requests.push(record));
+            return Err(DropConnection);
+        }
+        Some(FaultAction::Status(code)) => {
+            let target = match route(parts.uri.path()) {
+                Route::Resource(r) => r.name.map(|n| (r.kind, n)),
+                _ => None,
+            };
+            error_response(&ApiError::injected(
+                code,
+                target.as_ref().map(|(k, n)| (*k, n.as_str())),
+            ))
+        }
+        None => dispatch(&shared, &parts.method, &parts.uri, &parts.headers, &body),
+    };
+    record.status = resp.status().as_u16();
+    record.warnings = resp
+        .headers()
+        .get_all(header::WARNING)
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect();
+    tracing::debug!(method = %record.method, path = %record.path, status = record.status, "stand-in");
+    shared.mutate(|s| s.requests.push(record));
+    Ok(resp)
+}
+
+fn full(bytes: Bytes) -> Body {
+    UnsyncBoxBody::new(Full::new(bytes))
+}
+
+fn json_response(code: u16, value: &Value, warnings: &[String]) -> Response<Body> {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut resp = Response::new(full(Bytes::from(body)));
+    *resp.status_mut() =
+        http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    for w in warnings {
+        let text = format!("299 - {}", quote(&format!("unknown field {}", quote(w))));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            h.append(header::WARNING, v);
+        }
+    }
+    resp
+}
+
+fn error_response(e: &ApiError) -> Response<Body> {
+    let mut resp = json_response(e.code, &e.to_json(), &[]);
+    if let Some(ra) = e.retry_after
+        && let Ok(v) = HeaderValue::from_str(&ra.to_string())
+    {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    resp
+}
+
+/// A parsed request path.
+#[derive(Debug)]
+enum Route {
+    Version,
+    ApiVersions,
+    CoreResources,
+    ApiGroups,
+    Coordination,
+    CoordinationResources,
+    Resource(ResourcePath),
+    NotFound,
+}
+
+#[derive(Debug)]
+struct ResourcePath {
+    kind: Kind,
+    namespace: Option<String>,
+    name: Option<String>,
+    status: bool,
+}
+
+fn route(path: &str) -> Route {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match segs.as_slice() {
+        ["version"] => Route::Version,
+        ["api"] => Route::ApiVersions,
+        ["api", "v1"] => Route::CoreResources,
+        ["apis"] => Route::ApiGroups,
+        ["apis", "coordination.k8s.io"] => Route::Coordination,
+        ["apis", "coordination.k8s.io", "v1"] => Route::CoordinationResources,
+        ["api", "v1", rest @ ..] => resource_route("", rest),
+        ["apis", group, "v1", rest @ ..] => resource_route(group, rest),
+        _ => Route::NotFound,
+    }
+}
+
+fn resource_route(group: &str, rest: &[&str]) -> Route {
+    let kind = |r: &str| Kind::from_group_resource(group, r);
+    let r = |kind: Kind, ns: Option<&str>, name: Option<&str>, status: bool| {
+        Route::Resource(ResourcePath {
+            kind,
+            namespace: ns.map(str::to_string),
+            name: name.map(str::to_string),
+            status,
+        })
+    };
+    match rest {
+        [res] => kind(res).map_or(Route::NotFound, |k| r(k, None, None, false)),
+        ["namespaces", ns, res] => match kind(res) {
+            Some(k) if k.namespaced() => r(k, Some(ns), None, false),
+            _ => Route::NotFound,
+        },
+        ["namespaces", ns, res, name] => match kind(res) {
+            Some(k) if k.namespaced() => r(k, Some(ns), Some(name), false),
+            _ => Route::NotFound,
+        },
+        [res, name] => match kind(res) {
+            Some(k) if !k.namespaced() => r(k, None, Some(name), false),
+            _ => Route::NotFound,
+        },
+        [res, name, "status"] => match kind(res) {
+            Some(Kind::Node) => r(Kind::Node, None, Some(name), true),
+            _ => Route::NotFound,
+        },
+        _ => Route::NotFound,
+    }
+}
+
+/// How a GET answer is rendered, from the Accept header.
+#[derive(Clone, Copy, Debug)]
+enum Render {
+    Object,
+    Table(&'static str),
+    PartialMetadata,
+}
+
+fn negotiate(headers: &HeaderMap) -> Result<Render, ApiError> {
+    let accept = header_str(headers, "accept").unwrap_or_default();
+    if accept.trim().is_empty() {
+        return Ok(Render::Object);
+    }
+    for clause in accept.split(',') {
+        let mut parts = clause.split(';').map(str::trim);
+        let mime = parts.next().unwrap_or("").to_ascii_lowercase();
+        if !matches!(mime.as_str(), "application/json" | "*/*" | "application/*") {
+            continue;
+        }
+        let params: Vec<(String, String)> = parts
+            .filter_map(|p| p.split_once('='))
+            .map(|(k, v)| {
+                (
+                    k.trim().to_ascii_lowercase(),
+                    v.trim().trim_matches('"').to_string(),
+                )
+            })
+            .collect();
+        let param = |k: &str| {
+            params
+                .iter()
+                .find(|(pk, _)| pk == k)
+                .map(|(_, v)| v.as_str())
+        };
+        match (param("as"), param("g"), param("v")) {
+            (None, _, _) => return Ok(Render::Object),
+            (Some("Table"), Some("meta.k8s.io"), Some("v1")) => {
+                return Ok(Render::Table("meta.k8s.io/v1"));
+            }
+            (Some("Table"), Some("meta.k8s.io"), Some("v1beta1")) => {
+                return Ok(Render::Table("meta.k8s.io/v1beta1"));
+            }
+            (
+                Some("PartialObjectMetadata" | "PartialObjectMetadataList"),
+                Some("meta.k8s.io"),
+                Some("v1"),
+            ) => {
+                return Ok(Render::PartialMetadata);
+            }
+            _ => continue,
+        }
+    }
+    Err(ApiError::not_acceptable(
+        "only the following media types are accepted: application/json",
+    ))
+}
+
+fn dispatch(
+    shared: &Arc<Shared>,
+    method: &Method,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Response<Body> {
+    let r = route(uri.path());
+    let get_only = |v: Value| {
+        if method == Method::GET {
+            json_response(200, &v, &[])
+        } else {
+            error_response(&ApiError::method_not_allowed())
+        }
+    };
+    match r {
+        Route::Version => get_only(discovery::version()),
+        Route::ApiVersions => get_only(discovery::api_versions(shared.addr)),
+        Route::CoreResources => get_only(discovery::core_resources()),
+        Route::ApiGroups => get_only(discovery::api_groups()),
+        Route::Coordination => get_only(discovery::coordination()),
+        Route::CoordinationResources => get_only(discovery::coordination_resources()),
+        Route::NotFound => error_response(&ApiError::path_not_found()),
+        Route::Resource(rp) => {
+            let q = Query::parse(uri.query());
+            resource(shared, method, &rp, &q, headers, body).unwrap_or_else(|e| error_response(&e))
+        }
+    }
+}
+
+/// `fieldValidation`: Warn is the server default.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FieldValidation {
+    Ignore,
+    Warn,
+    Strict,
+}
+
+fn field_validation(q: &Query) -> FieldValidation {
+    match q.get("fieldValidation") {
+        Some("Strict") => FieldValidation::Strict,
+        Some("Ignore") => FieldValidation::Ignore,
+        _ => FieldValidation::Warn,
+    }
+}
+
+fn mime(headers: &HeaderMap) -> String {
+    header_str(headers, "content-type")
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+fn strict_error(unknown: &[String]) -> String {
+    format!(
+        "strict decoding error: {}",
+        unknown
+            .iter()
+            .map(|f| format!("unknown field {}", quote(f)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Decodes a POST/PUT body: a body that does not decode is 400 BadRequest, as the real
+/// server's decoder answers (`<Kind> in version "v1" cannot be handled as a <Kind>: …`).
+fn decode_body(
+    kind: Kind,
+    headers: &HeaderMap,
+    body: &[u8],
+    fv: FieldValidation,
+) -> Result<(Value, Vec<String>), ApiError> {
+    if mime(headers) != "application/json" {
+        return Err(ApiError::unsupported_media_type(
+            "the body of the request was in an unknown format - accepted media types include: application/json",
+        ));
+    }
+    let raw: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+    })?;
+    if !raw.is_object() {
+        return Err(ApiError::bad_request(
+            "couldn't get version/kind; json parse error: the body is not a JSON object",
+        ));
+    }
+    let cannot = |e: String| {
+        ApiError::bad_request(format!(
+            "{k} in version \"v1\" cannot be handled as a {k}: {e}",
+            k = kind.kind()
+        ))
+    };
+    check_micro_times(kind, &raw).map_err(cannot)?;
+    let (obj, unknown) = kind.normalize(&raw).map_err(cannot)?;
+    if fv == FieldValidation::Strict && !unknown.is_empty() {
+        return Err(ApiError::bad_request(strict_error(&unknown)));
+    }
+    Ok((
+        obj,
+        if fv == FieldValidation::Warn {
+            unknown
+        } else {
+            Vec::new()
+        },
+    ))
+}
+
+fn dry_run(q: &Query) -> bool {
+    q.get("dryRun") == Some("All")
+}
+
+fn strip_type_meta(mut v: Value) -> Value {
+    if let Some(m) = v.as_object_mut() {
+        m.remove("kind");
+        m.remove("apiVersion");
+    }
+    v
+}
+
+fn resource(
+    shared: &Arc<Shared>,
+    method: &Method,
+    rp: &ResourcePath,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response<Body>, ApiError> {
+    let kind = rp.kind;
+    let ns = rp.namespace.as_deref();
+    let sub = if rp.status { Sub::Status } else { Sub::Main };
+    match (&rp.name, method) {
+        (None, &Method::GET) => {
+            let render = negotiate(headers)?;
+            if q.flag("watch") {
+                start_watch(shared, kind, ns, q, render)
+            } else {
+                list(shared, kind, ns, q, render)
+            }
+        }
+        (None, &Method::POST) if kind.namespaced() == ns.is_some() => {
+            let fv = field_validation(q);
+            let (obj, warnings) = decode_body(kind, headers, body, fv)?;
+            let created = shared.mutate(|s| s.create(kind, ns, obj, dry_run(q)))?;
+            Ok(json_response(201, &created, &warnings))
+        }
+        (Some(name), &Method::GET) => {
+            let render = negotiate(headers)?;
+            let store = shared.lock();
+            let obj = store
+                .get(kind, ns, name)
+                .cloned()
+                .ok_or_else(|| ApiError::not_found(kind, name))?;
+            drop(store);
+            render_one(kind, &obj, render, q)
+        }
+        (Some(name), &Method::PUT) if kind.writable() => {
+            let fv = field_validation(q);
+            let (obj, warnings) = decode_body(kind, headers, body, fv)?;
+            let (code, stored) =
+                shared.mutate(|s| s.update(kind, ns, name, obj, sub, dry_run(q), false))?;
+            Ok(json_response(code, &stored, &warnings))
+        }
+        (Some(name), &Method::PATCH) if kind.writable() => {
+            patch(shared, kind, ns, name, sub, q, headers, body)
+        }
+        (Some(name), &Method::DELETE) if !rp.status && kind.writable() => {
+            let opts: Value = if body.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(body)
+                    .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
+            };
+            let pre_uid = opts.pointer("/preconditions/uid").and_then(Value::as_str);
+            let pre_rv = opts
+                .pointer("/preconditions/resourceVersion")
+                .and_then(Value::as_str);
+            let dry = dry_run(q)
+                || opts
+                    .get("dryRun")
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| a.iter().any(|v| v == "All"));
+            let status = shared.mutate(|s| s.delete(kind, ns, name, pre_uid, pre_rv, dry))?;
+            Ok(json_response(200, &status, &[]))
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn render_one(
+    kind: Kind,
+    obj: &Value,
+    render: Render,
+    q: &Query,
+) -> Result<Response<Body>, ApiError> {
+    Ok(match render {
+        Render::Object => json_response(200, obj, &[]),
+        Render::PartialMetadata => json_response(200, &table::partial_metadata(obj), &[]),
+        Render::Table(api_version) => {
+            let include =
+                IncludeObject::parse(q.get("includeObject")).map_err(ApiError::bad_request)?;
+            let rv = meta::resource_version(obj).to_string();
+            json_response(
+                200,
+                &table::table(kind, std::slice::from_ref(obj), &rv, include, api_version),
+                &[],
+            )
+        }
+    })
+}
+
+fn list(
+    shared: &Arc<Shared>,
+    kind: Kind,
+    ns: Option<&str>,
+    q: &Query,
+    render: Render,
+) -> Result<Response<Body>, ApiError> {
+    let sel = Selectors::parse(kind, q).map_err(ApiError::bad_request)?;
+    let (items, rv) = {
+        let store = shared.lock();
+        (store.list(kind, ns, &sel), store.rv.to_string())
+    };
+    let body = match render {
+        Render::Object => json!({
+            "kind": format!("{}List", kind.kind()),
+            "apiVersion": kind.api_version(),
+            "metadata": {"resourceVersion": rv},
+            "items": items.into_iter().map(strip_type_meta).collect::<Vec<_>>(),
+        }),
+        Render::PartialMetadata => json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": rv},
+            "items": items.iter().map(table::partial_metadata).collect::<Vec<_>>(),
+        }),
+        Render::Table(api_version) => {
+            let include =
+                IncludeObject::parse(q.get("includeObject")).map_err(ApiError::bad_request)?;
+            table::table(kind, &items, &rv, include, api_version)
+        }
+    };
+    Ok(json_response(200, &body, &[]))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn patch(
+    shared: &Arc<Shared>,
+    kind: Kind,
+    ns: Option<&str>,
+    name: &str,
+    sub: Sub,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response<Body>, ApiError> {
+    #[derive(Clone, Copy)]
+    enum PatchType {
+        Strategic,
+        Merge,
+        Json,
+    }
+    let pt = match mime(headers).as_str() {
+        "application/strategic-merge-patch+json" => PatchType::Strategic,
+        "application/merge-patch+json" => PatchType::Merge,
+        "application/json-patch+json" => PatchType::Json,
+        "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
+            return Err(ApiError::unsupported_media_type(
+                "the edgebeat stand-in does not implement server-side apply; accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+            ));
+        }
+        _ => {
+            return Err(ApiError::unsupported_media_type(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+            ));
+        }
+    };
+    let patch_json: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let patch_text = String::from_utf8_lossy(body).into_owned();
+    let invalid_patch = |msg: String| {
+        ApiError::invalid(
+            "",
+            "",
+            "",
+            "",
+            &[FieldError::invalid("patch", quote(&patch_text), msg)],
+        )
+    };
+    let fv = field_validation(q);
+    let dry = dry_run(q);
+    shared.mutate(|s| {
+        let current = s
+            .get(kind, ns, name)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(kind, name))?;
+        let patched = match pt {
+            PatchType::Strategic => smp::strategic_merge(kind.merge_lists(), &current, &patch_json)
+                .map_err(|e| match e {
+                    smp::SmpError::BadRequest(m) => ApiError::bad_request(m),
+                    smp::SmpError::Unprocessable(m) => {
+                        let mut e = ApiError::unclassified(m);
+                        e.code = 422;
+                        e.reason = "Invalid";
+                        e
+                    }
+                    smp::SmpError::Internal(m) => ApiError::unclassified(m),
+                })?,
+            PatchType::Merge => {
+                if !patch_json.is_object() {
+                    return Err(ApiError::bad_request("Invalid JSON Patch"));
+                }
+                let mut doc = current.clone();
+                json_patch::merge(&mut doc, &patch_json);
+                doc
+            }
+            PatchType::Json => {
+                let ops: json_patch::Patch = serde_json::from_value(patch_json.clone())
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?;
+                let mut doc = current.clone();
+                json_patch::patch(&mut doc, &ops).map_err(|e| {
+                    let mut err = ApiError::unclassified(e.to_string());
+                    err.code = 422;
+                    err.reason = "Invalid";
+                    err
+                })?;
+                doc
+            }
+        };
+        check_micro_times(kind, &patched).map_err(invalid_patch)?;
+        let (obj, unknown) = kind.normalize(&patched).map_err(invalid_patch)?;
+        if fv == FieldValidation::Strict && !unknown.is_empty() {
+            return Err(invalid_patch(strict_error(&unknown)));
+        }
+        let (_, stored) = s.update(kind, ns, name, obj, sub, dry, true)?;
+        let warnings = if fv == FieldValidation::Warn {
+            unknown
+        } else {
+            Vec::new()
+        };
+        Ok(json_response(200, &stored, &warnings))
+    })
+}
+
+/// What a watch sends and how.
+struct WatchFilter {
+    kind: Kind,
+    namespace: Option<String>,
+    selectors: Selectors,
+    render: Render,
+    include: IncludeObject,
+}
+
+impl WatchFilter {
+    fn encode(&self, event: &str, obj: &Value) -> Bytes {
+        let object = match self.render {
+            Render::Object => obj.clone(),
+            Render::PartialMetadata => table::partial_metadata(obj),
+            Render::Table(api_version) => table::table(
+                self.kind,
+                std::slice::from_ref(obj),
+                meta::resource_version(obj),
+                self.include,
+                api_version,
+            ),
+        };
+        let mut line =
+            serde_json::to_vec(&json!({"type": event, "object": object})).unwrap_or_default();
+        line.push(b'\n');
+        Bytes::from(line)
+    }
+
+    /// The event this watcher sees for `rec`, if any (selector transitions turn MODIFIED
+    /// into ADDED or DELETED, as the watch cache does).
+    fn apply(&self, rec: &WatchRecord) -> Option<Bytes> {
+        if rec.kind != self.kind
+            || self
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| *ns != rec.namespace)
+        {
+            return None;
+        }
+        let now = self.selectors.matches(self.kind, &rec.object);
+        let event = match rec.event {
+            "MODIFIED" => {
+                let before = rec
+                    .prev
+                    .as_ref()
+                    .is_some_and(|p| self.selectors.matches(self.kind, p));
+                match (before, now) {
+                    (true, true) => "MODIFIED",
+                    (false, true) => "ADDED",
+                    (true, false) => "DELETED",
+                    (false, false) => return None,
+                }
+            }
+            other if now => other,
+            _ => return None,
+        };
+        Some(self.encode(event, &rec.object))
+    }
+}
+
+struct WatchState {
+    pending: VecDeque<Bytes>,
+    rx: broadcast::Receiver<Arc<WatchRecord>>,
+    shutdown: watch::Receiver<bool>,
+    deadline: Option<tokio::time::Instant>,
+    filter: WatchFilter,
+    done: bool,
+}
+
+impl WatchState {
+    async fn next(&mut self) -> Option<Bytes> {
+        if let Some(b) = self.pending.pop_front() {
+            return Some(b);
+        }
+        if self.done {
+            return None;
+        }
+        loop {
+            let deadline = self.deadline;
+            let timeout = async move {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let item = tokio::select! {
+                r = self.rx.recv() => r,
+                _ = wait_shutdown(&mut self.shutdown) => return None,
+                _ = timeout => return None,
+            };
+            match item {
+                Ok(rec) => {
+                    if let Some(b) = self.filter.apply(&rec) {
+                        return Some(b);
+                    }
+                }
+                // Fell too far behind, or the store is gone: end the watch; clients re-list.
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
+fn start_watch(
+    shared: &Arc<Shared>,
+    kind: Kind,
+    ns: Option<&str>,
+    q: &Query,
+    render: Render,
+) -> Result<Response<Body>, ApiError> {
+    let selectors = Selectors::parse(kind, q).map_err(ApiError::bad_request)?;
+    let include = IncludeObject::parse(q.get("includeObject")).map_err(ApiError::bad_request)?;
+    let rv_param = q.get("resourceVersion").unwrap_or("");
+    let send_initial = q.flag("sendInitialEvents");
+    let deadline = q
+        .get("timeoutSeconds")
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    let filter = WatchFilter {
+        kind,
+        namespace: ns.map(str::to_string),
+        selectors,
+        render,
+        include,
+    };
+    let mut pending = VecDeque::new();
+    let mut done = false;
+    let rx = {
+        let store = shared.lock();
+        // Subscribing under the lock: nothing committed after the snapshot is missed.
+        let rx = store.subscribe();
+        if send_initial || rv_param.is_empty() || rv_param == "0" {
+            for obj in store.list(kind, ns, &filter.selectors) {
+                pending.push_back(filter.encode("ADDED", &obj));
+            }
+            if send_initial {
+                let bookmark = json!({
+                    "kind": kind.kind(),
+                    "apiVersion": kind.api_version(),
+                    "metadata": {
+                        "resourceVersion": store.rv.to_string(),
+                        "annotations": {"k8s.io/initial-events-end": "true"},
+                    },
+                });
+                let mut line = serde_json::to_vec(&json!({"type": "BOOKMARK", "object": bookmark}))
+                    .unwrap_or_default();
+                line.push(b'\n');
+                pending.push_back(Bytes::from(line));
+            }
+        } else {
+            let since: u64 = rv_param.parse().map_err(|_| {
+                ApiError::bad_request(format!("invalid resource version: {}", quote(rv_param)))
+            })?;
+            if since < store.compacted_rv {
+                let mut gone = ApiError::unclassified(format!(
+                    "too old resource version: {since} ({})",
+                    store.compacted_rv + 1
+                ));
+                gone.code = 410;
+                gone.reason = "Expired";
+                let mut line =
+                    serde_json::to_vec(&json!({"type": "ERROR", "object": gone.to_json()}))
+                        .unwrap_or_default();
+                line.push(b'\n');
+                pending.push_back(Bytes::from(line));
+                done = true;
+            } else {
+                pending.extend(store.history_after(since).filter_map(|r| filter.apply(r)));
+            }
+        }
+        rx
+    };
+    let state = WatchState {
+        pending,
+        rx,
+        shutdown: shared.shutdown.subscribe(),
+        deadline,
+        filter,
+        done,
+    };
+    let stream = futures_util::stream::unfold(state, |mut st| async move {
+        let next = st.next().await?;
+        Some((Ok::<_, Infallible>(Frame::data(next)), st))
+    });
+    let mut resp = Response::new(UnsyncBoxBody::new(StreamBody::new(stream)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    Ok(resp)
+}

@@ -1,0 +1,451 @@
+//! End-to-end: agent → transport → gateway → stand-in apiserver, over real sockets.
+//!
+//! Each scenario is an `async fn` taking the transport; the `scenarios!` macro instantiates
+//! it once per transport so both run the same assertions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use edgebeat_tests::harness::{Cluster, Transport, fixture, fixture_copy};
+use edgebeat_tests::standin::RecordedRequest;
+use http::Method;
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+
+fn is_lease_put(r: &RecordedRequest, node: &str) -> bool {
+    r.method == Method::PUT && r.path == format!("{LEASES}/{node}")
+}
+
+fn is_lease_get(r: &RecordedRequest, node: &str) -> bool {
+    r.method == Method::GET && r.path == format!("{LEASES}/{node}")
+}
+
+fn is_status_patch(r: &RecordedRequest, node: &str) -> bool {
+    r.method == Method::PATCH && r.path == format!("/api/v1/nodes/{node}/status")
+}
+
+fn renew_time(r: &RecordedRequest) -> Timestamp {
+    let lease: Lease = serde_json::from_slice(&r.body).unwrap();
+    lease.spec.unwrap().renew_time.unwrap().0
+}
+
+fn condition<'a>(
+    node: &'a k8s_openapi::api::core::v1::Node,
+    type_: &str,
+) -> &'a k8s_openapi::api::core::v1::NodeCondition {
+    node.status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap()
+}
+
+async fn registers_with_labels_facts_and_conditions(transport: Transport) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let mut config = cluster.agent_config("rpi4-edge-01", &fixture("rpi4-cgroup1"));
+    config.node_labels.insert("site".into(), "plant-3".into());
+    config
+        .register_with_taints
+        .push(edgebeat_agent::config::Taint {
+            key: "example.com/edge".into(),
+            value: "true".into(),
+            effect: "NoSchedule".into(),
+        });
+    let agent = cluster.start_agent(config).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "node registered and leased", |v| {
+            v.node("rpi4-edge-01").is_some() && v.lease("kube-node-lease", "rpi4-edge-01").is_some()
+        })
+        .await
+        .unwrap();
+    let node = cluster.standin.node("rpi4-edge-01").unwrap();
+    let labels = node.metadata.labels.clone().unwrap();
+    assert_eq!(labels["kubernetes.io/hostname"], "rpi4-edge-01");
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert_eq!(labels["kubernetes.io/arch"], edgebeat_hw::host_go_arch());
+    assert_eq!(
+        labels["beta.kubernetes.io/arch"],
+        edgebeat_hw::host_go_arch()
+    );
+    assert_eq!(labels["site"], "plant-3");
+    let taints = node.spec.as_ref().unwrap().taints.clone().unwrap();
+    assert_eq!(taints.len(), 1);
+    assert_eq!(taints[0].key, "example.com/edge");
+
+    let status = node.status.as_ref().unwrap();
+    let info = status.node_info.as_ref().unwrap();
+    assert_eq!(info.boot_id, "5b3f0e2a-9c41-4d7e-8f26-1a7c3e9d0b54");
+    assert_eq!(info.machine_id, "9e4c2b7a51d04f3e8a6b0c1d2e3f4a5b");
+    assert_eq!(info.kernel_version, "5.15.84-v8+");
+    assert_eq!(info.os_image, "Debian GNU/Linux 11 (bullseye)");
+    assert_eq!(info.operating_system, "linux");
+    let capacity = status.capacity.as_ref().unwrap();
+    assert_eq!(capacity["cpu"].0, "4");
+    assert_eq!(capacity["memory"].0, "3885540Ki"); // 3978792960 bytes
+    assert_eq!(capacity["pods"].0, "110");
+    let allocatable = status.allocatable.as_ref().unwrap();
+    assert_eq!(
+        allocatable["memory"].0, "3783140Ki",
+        "capacity − 100Mi hard eviction"
+    );
+    let types: Vec<_> = status
+        .conditions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert_eq!(
+        types,
+        ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"],
+        "Ready last"
+    );
+    let ready = condition(&node, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_deref()),
+        ("True", Some("KubeletReady"))
+    );
+    assert_eq!(
+        condition(&node, "MemoryPressure").reason.as_deref(),
+        Some("KubeletHasSufficientMemory")
+    );
+    let addresses: Vec<_> = status
+        .addresses
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|a| (a.type_.as_str(), a.address.as_str()))
+        .collect();
+    assert_eq!(
+        addresses,
+        [("InternalIP", "192.168.1.42"), ("Hostname", "rpi4-edge-01")]
+    );
+
+    let lease = cluster
+        .standin
+        .lease("kube-node-lease", "rpi4-edge-01")
+        .unwrap();
+    let spec = lease.spec.as_ref().unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("rpi4-edge-01"));
+    assert_eq!(spec.lease_duration_seconds, Some(1));
+    let owner = &lease.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("Node", "rpi4-edge-01")
+    );
+    assert_eq!(Some(&owner.uid), node.metadata.uid.as_ref());
+
+    let posts = cluster
+        .standin
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == Method::POST && r.path == "/api/v1/nodes")
+        .count();
+    assert_eq!(posts, 1, "one registration POST");
+    agent.stop().await.unwrap();
+}
+
+async fn lease_renews_at_cadence_without_gets(transport: Transport) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let agent = cluster
+        .start_agent(cluster.agent_config("jetson-07", &fixture("jetson-cgroup2")))
+        .unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "8 lease renewals", |v| {
+            v.requests()
+                .iter()
+                .filter(|r| is_lease_put(r, "jetson-07") && r.status == 200)
+                .count()
+                >= 8
+        })
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let requests = cluster.standin.requests();
+    let puts: Vec<_> = requests
+        .iter()
+        .filter(|r| is_lease_put(r, "jetson-07"))
+        .collect();
+    let times: Vec<Timestamp> = puts.iter().map(|r| renew_time(r)).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] < w[1]),
+        "renewTime strictly increases: {times:?}"
+    );
+    for r in &puts {
+        assert!(
+            std::str::from_utf8(&r.body)
+                .unwrap()
+                .contains("\"resourceVersion\""),
+            "every PUT carries the cached resourceVersion"
+        );
+    }
+    // Renewals are never closer than the renew interval (1 s × 0.25), minus clock granularity.
+    let gaps: Vec<_> = times
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]))
+        .collect();
+    assert!(
+        gaps.iter()
+            .all(|g| *g >= jiff::SignedDuration::from_millis(240)),
+        "renew cadence: {gaps:?}"
+    );
+    let gets = requests
+        .iter()
+        .filter(|r| is_lease_get(r, "jetson-07"))
+        .count();
+    assert_eq!(
+        gets, 1,
+        "one GET when the gateway first sees the lease (it does not exist yet), none on the happy path"
+    );
+    let creates = requests
+        .iter()
+        .filter(|r| r.method == Method::POST && r.path == LEASES)
+        .count();
+    assert_eq!(creates, 1);
+}
+
+async fn steady_node_patches_status_once_then_per_report_period(transport: Transport) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let config = cluster.agent_config("nuc-lab-03", &fixture("nuc-hybrid"));
+    let report_period = config.node_status_report_frequency;
+    let agent = cluster.start_agent(config).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "two status patches", |v| {
+            v.requests()
+                .iter()
+                .filter(|r| is_status_patch(r, "nuc-lab-03"))
+                .count()
+                >= 2
+        })
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let requests = cluster.standin.requests();
+    let patches: Vec<_> = requests
+        .iter()
+        .filter(|r| is_status_patch(r, "nuc-lab-03"))
+        .collect();
+    assert_eq!(
+        patches[0].content_type.as_deref(),
+        Some("application/strategic-merge-patch+json")
+    );
+    // Status is computed every 100 ms; with nothing changing, the second PATCH waits for the
+    // report period. Heartbeat times are gateway-stamped, whole seconds.
+    let heartbeat = |r: &RecordedRequest| -> Timestamp {
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        v["status"]["conditions"][3]["lastHeartbeatTime"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let gap = heartbeat(patches[1]).duration_since(heartbeat(patches[0]));
+    assert!(
+        gap >= jiff::SignedDuration::try_from(report_period).unwrap()
+            - jiff::SignedDuration::from_secs(1),
+        "second PATCH only after the report period, got {gap:?}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&patches[0].body).unwrap();
+    assert_eq!(
+        v["status"]["$setElementOrder/conditions"][3]["type"],
+        "Ready"
+    );
+}
+
+async fn conflict_leads_to_one_get_and_recovery(transport: Transport) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let agent = cluster
+        .start_agent(cluster.agent_config("rpi4-edge-01", &fixture("rpi4-cgroup1")))
+        .unwrap();
+    let put_ok = |v: &edgebeat_tests::standin::StandInView<'_>| {
+        v.requests()
+            .iter()
+            .filter(|r| is_lease_put(r, "rpi4-edge-01") && r.status == 200)
+            .count()
+    };
+    cluster
+        .standin
+        .wait_until(DEADLINE, "first renewals", |v| put_ok(v) >= 2)
+        .await
+        .unwrap();
+    let before = cluster.standin.requests().len();
+    assert!(
+        cluster
+            .standin
+            .bump_lease("kube-node-lease", "rpi4-edge-01"),
+        "another writer touched the lease"
+    );
+    let mark = cluster
+        .standin
+        .requests()
+        .iter()
+        .filter(|r| is_lease_put(r, "rpi4-edge-01") && r.status == 200)
+        .count();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "renewals after the conflict", |v| {
+            put_ok(v) >= mark + 3
+        })
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let after: Vec<_> = cluster
+        .standin
+        .requests()
+        .into_iter()
+        .skip(before)
+        .collect();
+    let conflicts = after
+        .iter()
+        .filter(|r| is_lease_put(r, "rpi4-edge-01") && r.status == 409)
+        .count();
+    let gets = after
+        .iter()
+        .filter(|r| is_lease_get(r, "rpi4-edge-01"))
+        .count();
+    assert_eq!(conflicts, 1, "the stale resourceVersion is refused once");
+    assert_eq!(gets, 1, "exactly one GET after the 409");
+}
+
+async fn reboot_yields_rebooted_event_and_new_boot_id(transport: Transport) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let config = cluster.agent_config("rpi4-edge-01", host.path());
+    let agent = cluster.start_agent(config.clone()).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "registered", |v| {
+            v.lease("kube-node-lease", "rpi4-edge-01").is_some()
+        })
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let new_boot = "0c5e7d1a-2b3c-4d5e-8f90-a1b2c3d4e5f6";
+    std::fs::write(
+        host.path().join("proc/sys/kernel/random/boot_id"),
+        format!("{new_boot}\n"),
+    )
+    .unwrap();
+    let agent = cluster.start_agent(config).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "new boot ID reported", |v| {
+            v.node("rpi4-edge-01")
+                .and_then(|n| {
+                    n.status
+                        .as_ref()?
+                        .node_info
+                        .as_ref()
+                        .map(|i| i.boot_id == new_boot)
+                })
+                .unwrap_or(false)
+        })
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let rebooted: Vec<_> = cluster
+        .standin
+        .events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Rebooted"))
+        .collect();
+    assert_eq!(rebooted.len(), 1);
+    assert_eq!(rebooted[0].type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        rebooted[0].message.as_deref(),
+        Some(format!("Node rpi4-edge-01 has been rebooted, boot id: {new_boot}").as_str())
+    );
+    assert_eq!(rebooted[0].involved_object.kind.as_deref(), Some("Node"));
+    assert_eq!(rebooted[0].metadata.namespace.as_deref(), Some("default"));
+}
+
+async fn transitions_keep_last_transition_time_when_unchanged(transport: Transport) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let agent = cluster
+        .start_agent(cluster.agent_config("rpi4-edge-01", host.path()))
+        .unwrap();
+    let patches = |v: &edgebeat_tests::standin::StandInView<'_>| {
+        v.requests()
+            .iter()
+            .filter(|r| is_status_patch(r, "rpi4-edge-01"))
+            .count()
+    };
+    cluster
+        .standin
+        .wait_until(DEADLINE, "first status patch", |v| patches(v) >= 1)
+        .await
+        .unwrap();
+    let first = cluster.standin.node("rpi4-edge-01").unwrap();
+    let ready_since = condition(&first, "Ready").last_transition_time.clone();
+    assert_eq!(condition(&first, "MemoryPressure").status, "False");
+    // Memory pressure: the root cgroup's usage now leaves less than 100Mi available.
+    let usage = 3_978_792_960u64 - 50 * 1024 * 1024 + 991_285_248; // + total_inactive_file
+    let cgroup = host.path().join("sys/fs/cgroup/memory");
+    let stat = std::fs::read_to_string(cgroup.join("memory.stat")).unwrap();
+    assert!(
+        stat.contains("total_inactive_file 991285248"),
+        "fixture changed: {stat}"
+    );
+    std::fs::write(cgroup.join("memory.usage_in_bytes"), format!("{usage}\n")).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "MemoryPressure=True", |v| {
+            v.node("rpi4-edge-01")
+                .is_some_and(|n| condition(&n, "MemoryPressure").status == "True")
+        })
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let node = cluster.standin.node("rpi4-edge-01").unwrap();
+    let pressure = condition(&node, "MemoryPressure");
+    assert_eq!(
+        pressure.reason.as_deref(),
+        Some("KubeletHasInsufficientMemory")
+    );
+    assert_eq!(
+        condition(&node, "Ready").last_transition_time,
+        ready_since,
+        "Ready unchanged keeps lastTransitionTime"
+    );
+    assert!(pressure.last_transition_time.as_ref().unwrap().0 >= ready_since.unwrap().0);
+    let ready_events = cluster
+        .standin
+        .events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("NodeReady"))
+        .count();
+    assert_eq!(ready_events, 1, "one NodeReady event, at registration");
+}
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        mod grpc {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Transport::Grpc).await;
+                }
+            )*
+        }
+    };
+}
+
+scenarios!(
+    registers_with_labels_facts_and_conditions,
+    lease_renews_at_cadence_without_gets,
+    steady_node_patches_status_once_then_per_report_period,
+    conflict_leads_to_one_get_and_recovery,
+    reboot_yields_rebooted_event_and_new_boot_id,
+    transitions_keep_last_transition_time_when_unchanged,
+);
