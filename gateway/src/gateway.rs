@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 
+use crate::freshness::Freshness;
 use crate::patch::{self, KnownCondition, LEASE_NAMESPACE};
 
 /// Gateway behaviour settings.
@@ -62,8 +63,8 @@ pub struct Counters {
 struct NodeSlot {
     boot_id: Vec<u8>,
     last_seq: u64,
-    /// Smallest (gateway monotonic µs − agent seq) seen this boot, and when.
-    offset: Option<(i128, Instant)>,
+    /// Age estimator for this boot's messages.
+    freshness: Option<Freshness>,
     registered: bool,
     uid: Option<String>,
     /// nodeInfo.bootID the apiserver holds (for the Rebooted event).
@@ -159,7 +160,7 @@ impl Gateway {
             // A new boot (or the first message seen): sequence and clock offset restart.
             slot.boot_id = header.boot_id.clone();
             slot.last_seq = 0;
-            slot.offset = None;
+            slot.freshness = None;
         } else if seq <= slot.last_seq {
             return self.reject(
                 seq,
@@ -170,7 +171,14 @@ impl Gateway {
             );
         }
         slot.last_seq = seq;
-        let age = self.age(&mut slot, seq);
+        let now = Instant::now();
+        let age = match &mut slot.freshness {
+            Some(f) => f.observe(seq, now, self.options.drift_ppm),
+            None => {
+                slot.freshness = Some(Freshness::new(self.started, seq, now));
+                Duration::ZERO
+            }
+        };
         match message.kind {
             Some(Kind::Register(register)) => self.register(&mut slot, name, seq, &register).await,
             Some(Kind::Status(report)) => {
@@ -188,26 +196,6 @@ impl Gateway {
             }
             None => self.reject(seq, "malformed: unknown message kind".into()),
         }
-    }
-
-    /// How old a message is: its (gateway − agent) clock offset above the smallest offset
-    /// seen this boot (the least-delayed message), with the minimum allowed to creep up by
-    /// `drift_ppm` so clock drift between board and gateway is not taken for delay.
-    fn age(&self, slot: &mut NodeSlot, seq: u64) -> Duration {
-        let now = Instant::now();
-        let gateway_us = now.duration_since(self.started).as_micros() as i128;
-        let offset = gateway_us - i128::from(seq);
-        let min = match slot.offset {
-            Some((min, at)) => {
-                let drift = now.duration_since(at).as_micros() as i128
-                    * i128::from(self.options.drift_ppm)
-                    / 1_000_000;
-                (min + drift).min(offset)
-            }
-            None => offset,
-        };
-        slot.offset = Some((min, now));
-        Duration::from_micros(u64::try_from(offset - min).unwrap_or(0))
     }
 
     /// kubelet `registerWithAPIServer`: POST the Node; on AlreadyExists GET it and reconcile

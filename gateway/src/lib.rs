@@ -3,8 +3,10 @@
 //! (`docs/kubelet-heartbeats.md` §1, §2, §6).
 //!
 //! - [`gateway`]: the per-message checks and apiserver writes ([`Gateway`]).
+//! - [`freshness`]: message age from the agent's boot clock, for dropping stale renewals.
 //! - [`patch`]: the Node, status patch, Lease and Event bodies.
 
+pub mod freshness;
 pub mod gateway;
 pub mod patch;
 

@@ -219,15 +219,11 @@ impl ApiError {
                 e
             }
             500 => Self::internal("injected fault"),
-            503 => {
-                let mut e = Self::new(
-                    503,
-                    "ServiceUnavailable",
-                    "the server is currently unable to handle the request",
-                );
-                e.retry_after = Some(1);
-                e
-            }
+            503 => Self::new(
+                503,
+                "ServiceUnavailable",
+                "the server is currently unable to handle the request",
+            ),
             504 => Self::new(
                 504,
                 "Timeout",

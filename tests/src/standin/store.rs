@@ -373,9 +373,9 @@ impl Store {
         Ok(())
     }
 
-    /// POST: create. Errors: 422 Invalid, 404 for a missing namespace (the
-    /// NamespaceLifecycle admission plugin), 500 if a resourceVersion is set (etcd3 store),
-    /// 409 AlreadyExists.
+    /// POST: create. Errors: 404 for a missing namespace (the NamespaceLifecycle admission
+    /// plugin), 422 Invalid, 500 if a resourceVersion is set (etcd3 store), 409
+    /// AlreadyExists.
     pub(crate) fn create(
         &mut self,
         kind: Kind,
@@ -387,14 +387,15 @@ impl Store {
             return Err(ApiError::method_not_allowed());
         }
         let body_rv = meta::resource_version(&obj).to_string();
+        // NamespaceLifecycle is a mutating admission plugin: it runs before BeforeCreate.
+        if kind.namespaced() {
+            self.require_namespace(url_ns.unwrap_or(""))?;
+        }
         self.prepare_create(kind, url_ns, &mut obj)?;
         let name = meta::name(&obj).to_string();
         let errs = validation::validate(kind, &obj, None);
         if !errs.is_empty() {
             return Err(ApiError::invalid_object(kind, &name, &errs));
-        }
-        if kind.namespaced() {
-            self.require_namespace(meta::namespace(&obj))?;
         }
         if !body_rv.is_empty() {
             return Err(ApiError::unclassified(

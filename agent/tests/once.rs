@@ -1,0 +1,87 @@
+//! `edgebeat-agent --once` on the committed fixture trees prints what the tree implies.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
+}
+
+fn once(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_edgebeat-agent"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn once_prints_the_jetson_fixture_status() {
+    let root = fixture("jetson-cgroup2");
+    let (ok, stdout, stderr) = once(&["--once", "--host-root", root.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["capacity"]["cpu"], "8");
+    assert_eq!(v["capacity"]["memory"], "15656828Ki"); // 16032591872 bytes
+    assert_eq!(v["capacity"]["hugepages-2Mi"], "256Mi"); // 128 pages
+    assert_eq!(v["capacity"]["hugepages-1Gi"], "0");
+    assert_eq!(v["capacity"]["pods"], "110");
+    // 16032591872 − 100Mi − 256Mi of hugepages
+    assert_eq!(v["allocatable"]["memory"], "15292284Ki");
+    assert_eq!(
+        v["nodeInfo"]["bootID"],
+        "c2a8e4f1-3b6d-4a9e-b07c-5d2f8e1a6c39"
+    );
+    assert_eq!(
+        v["nodeInfo"]["machineID"],
+        "4f8a1c3e9b2d47e6a05c7d9e1b3f5a72"
+    );
+    assert_eq!(v["nodeInfo"]["kernelVersion"], "5.15.136-tegra");
+    assert_eq!(v["nodeInfo"]["osImage"], "Ubuntu 22.04.4 LTS");
+    assert_eq!(v["nodeInfo"]["systemUUID"], "");
+    assert_eq!(
+        v["addresses"],
+        serde_json::json!([
+            {"type": "InternalIP", "address": "192.168.50.23"},
+            {"type": "Hostname", "address": "jetson-orin-nx-07"}
+        ])
+    );
+    let conditions: Vec<_> = v["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["type"].as_str().unwrap(), c["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        conditions,
+        [
+            ("MemoryPressure", "False"),
+            ("DiskPressure", "False"),
+            ("PIDPressure", "False"),
+            ("Ready", "True")
+        ]
+    );
+}
+
+#[test]
+fn bad_config_names_the_field_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.yaml");
+    std::fs::write(&path, "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeLeaseDurationSeconds: -5\n").unwrap();
+    let (ok, _, stderr) = once(&["--once", "--config", path.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(stderr.contains("nodeLeaseDurationSeconds"), "{stderr}");
+}
+
+#[test]
+fn missing_host_root_is_a_clear_error() {
+    let (ok, _, stderr) = once(&["--once", "--host-root", "/nonexistent/edgebeat"]);
+    assert!(!ok);
+    assert!(stderr.contains("boot_id"), "{stderr}");
+}

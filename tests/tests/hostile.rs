@@ -1,0 +1,212 @@
+//! Bad input at the gateway: malformed, foreign, replayed and stale messages are rejected and
+//! counted, nothing is written for them, and a legitimate node keeps renewing meanwhile.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use edgebeat_gateway::GatewayOptions;
+use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
+use edgebeat_tests::harness::{Cluster, Transport, fixture};
+use edgebeat_transports::grpc::{GrpcUplinkOptions, run_uplink};
+use edgebeat_transports::uplink::{Uplink, channel};
+use http::Method;
+use tokio_util::sync::CancellationToken;
+
+const T: Duration = Duration::from_secs(10);
+const BOOT: &str = "0f8fad5b-d9cb-469f-a165-70867728950e";
+
+fn header(node: &str, seq: u64) -> pb::Header {
+    pb::Header {
+        node_name: node.into(),
+        boot_id: pb::boot_id_to_bytes(BOOT),
+        seq,
+        wall_time_ms: 0,
+    }
+}
+
+fn register(node: &str, seq: u64) -> pb::AgentMessage {
+    let status = pb::NodeStatus {
+        capacity: [("cpu".to_owned(), "1".to_owned())].into(),
+        conditions: vec![pb::NodeCondition {
+            r#type: "Ready".into(),
+            status: "True".into(),
+            reason: "KubeletReady".into(),
+            message: "kubelet is posting ready status".into(),
+            seconds_since_transition: 0,
+        }],
+        node_info: Some(pb::NodeSystemInfo {
+            boot_id: BOOT.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    pb::AgentMessage {
+        kind: Some(Kind::Register(pb::Register {
+            header: Some(header(node, seq)),
+            status: Some(status),
+            ..Default::default()
+        })),
+    }
+}
+
+fn renewal(node: &str, seq: u64) -> pb::AgentMessage {
+    pb::AgentMessage {
+        kind: Some(Kind::Lease(pb::LeaseRenewal {
+            header: Some(header(node, seq)),
+            lease_duration_seconds: 40,
+        })),
+    }
+}
+
+/// A hand-driven uplink: registers `node` with `seq` on connect, then sends what the test says.
+async fn raw_uplink(
+    cluster: &Cluster,
+    node: &'static str,
+    seq: u64,
+) -> (Uplink, CancellationToken) {
+    let (uplink, driver) = channel(4);
+    let cancel = CancellationToken::new();
+    let register: edgebeat_transports::uplink::RegisterFn = Arc::new(move || register(node, seq));
+    tokio::spawn(run_uplink(
+        GrpcUplinkOptions::new(cluster.grpc_url.clone()),
+        register,
+        driver,
+        cancel.clone(),
+    ));
+    let mut registered = uplink.registered();
+    tokio::time::timeout(T, registered.wait_for(|r| *r))
+        .await
+        .unwrap()
+        .unwrap();
+    (uplink, cancel)
+}
+
+fn code(ack: &pb::Ack) -> AckCode {
+    AckCode::try_from(ack.code).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_messages_are_rejected_counted_and_others_keep_renewing() {
+    let cluster = Cluster::start(Transport::Grpc).await.unwrap();
+    let good = cluster
+        .start_agent(cluster.agent_config("nuc-lab-03", &fixture("nuc-hybrid")))
+        .unwrap();
+    let (uplink, cancel) = raw_uplink(&cluster, "rogue-01", 1_000_000).await;
+
+    let no_kind = uplink
+        .send(pb::AgentMessage { kind: None }, T)
+        .await
+        .unwrap();
+    assert_eq!(code(&no_kind), AckCode::Rejected);
+    assert!(
+        no_kind.reason.starts_with("malformed"),
+        "{}",
+        no_kind.reason
+    );
+
+    let bad_name = uplink
+        .send(renewal("Not_A_Node!", 2_000_000), T)
+        .await
+        .unwrap();
+    assert_eq!(code(&bad_name), AckCode::Rejected);
+
+    let ok = uplink
+        .send(renewal("rogue-01", 3_000_000), T)
+        .await
+        .unwrap();
+    assert_eq!(code(&ok), AckCode::Ok, "{}", ok.reason);
+    let replay = uplink
+        .send(renewal("rogue-01", 3_000_000), T)
+        .await
+        .unwrap();
+    assert_eq!(code(&replay), AckCode::Rejected);
+    assert!(replay.reason.contains("replayed"), "{}", replay.reason);
+    let older = uplink
+        .send(renewal("rogue-01", 2_500_000), T)
+        .await
+        .unwrap();
+    assert_eq!(code(&older), AckCode::Rejected, "reordered");
+
+    // The legitimate node kept renewing throughout.
+    let before = cluster
+        .standin
+        .requests()
+        .iter()
+        .filter(|r| r.method == Method::PUT && r.path.ends_with("/leases/nuc-lab-03"))
+        .count();
+    cluster
+        .standin
+        .wait_until(T, "good node renews", |v| {
+            v.requests()
+                .iter()
+                .filter(|r| r.method == Method::PUT && r.path.ends_with("/leases/nuc-lab-03"))
+                .count()
+                > before + 2
+        })
+        .await
+        .unwrap();
+    cancel.cancel();
+    good.stop().await.unwrap();
+    let rejected = cluster.gateway.counters.rejected.load(Ordering::Relaxed);
+    assert_eq!(rejected, 4, "each bad message counted once");
+    let rogue_writes = cluster
+        .standin
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.path.contains("/leases")
+                && r.method != Method::GET
+                && String::from_utf8_lossy(&r.body).contains("\"rogue-01\"")
+        })
+        .count();
+    assert_eq!(
+        rogue_writes, 1,
+        "only the one valid renewal was written (it created the lease)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_renewals_are_dropped_not_written() {
+    // No delay tolerated at all: any renewal whose boot clock advanced less than the
+    // gateway's clock since the reference message is stale.
+    let options = GatewayOptions {
+        max_renewal_age: Duration::ZERO,
+        drift_ppm: 0,
+    };
+    let cluster = Cluster::start_with(Transport::Grpc, options).await.unwrap();
+    let (uplink, cancel) = raw_uplink(&cluster, "late-01", 1_000_000_000).await;
+    // Sent "1 µs after" registration by the agent's clock, but it arrives later than that.
+    let late = uplink
+        .send(renewal("late-01", 1_000_000_001), T)
+        .await
+        .unwrap();
+    assert_eq!(code(&late), AckCode::Rejected);
+    assert!(late.reason.starts_with("stale"), "{}", late.reason);
+    // Claims 10 s elapsed on the agent: newer than anything seen, so fresh.
+    let fresh = uplink
+        .send(renewal("late-01", 1_010_000_000), T)
+        .await
+        .unwrap();
+    assert_eq!(code(&fresh), AckCode::Ok, "{}", fresh.reason);
+    cancel.cancel();
+    assert_eq!(
+        cluster
+            .gateway
+            .counters
+            .stale_renewals
+            .load(Ordering::Relaxed),
+        1
+    );
+    let lease_writes = cluster
+        .standin
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/leases") && r.method != Method::GET)
+        .count();
+    assert_eq!(
+        lease_writes, 1,
+        "one create for the fresh renewal, nothing for the stale one"
+    );
+}

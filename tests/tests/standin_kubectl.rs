@@ -1,0 +1,267 @@
+//! The stand-in seen through the real kubectl (skipped when kubectl is not on PATH).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use edgebeat_tests::standin::{StandIn, StandInHandle};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+
+fn find_kubectl() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("kubectl"))
+        .find(|p| p.is_file())
+}
+
+struct Kubectl {
+    bin: PathBuf,
+    server: String,
+    cache: tempfile::TempDir,
+}
+
+struct Output {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Kubectl {
+    async fn run(&self, args: &[&str]) -> Output {
+        let mut cmd = std::process::Command::new(&self.bin);
+        cmd.env("KUBECONFIG", "/dev/null")
+            .arg("--server")
+            .arg(&self.server)
+            .arg("--request-timeout=10s")
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .args(args);
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::task::spawn_blocking(move || cmd.output()),
+        )
+        .await
+        .expect("kubectl finished in time")
+        .unwrap()
+        .expect("kubectl runs");
+        let out = Output {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        eprintln!("$ kubectl {}\n{}{}", args.join(" "), out.stdout, out.stderr);
+        out
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args).await;
+        assert!(out.ok, "kubectl {args:?} failed: {}", out.stderr);
+        out.stdout
+    }
+}
+
+/// Seeds a node, its lease and an event through kube-rs, as a gateway would.
+async fn seed(standin: &StandInHandle) {
+    let client = kube::Client::try_from(kube::Config::new(standin.url().parse().unwrap())).unwrap();
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "rpi4-edge-01", "labels": {"kubernetes.io/hostname": "rpi4-edge-01", "kubernetes.io/os": "linux",
+                     "kubernetes.io/arch": "arm64", "node-role.kubernetes.io/edge": ""}},
+        "status": {
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory",
+                 "lastHeartbeatTime": "2025-05-14T09:20:00Z", "lastTransitionTime": "2025-05-14T09:20:00Z"},
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
+                 "lastHeartbeatTime": "2025-05-14T09:20:00Z", "lastTransitionTime": "2025-05-14T09:20:00Z"}],
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.21"}, {"type": "Hostname", "address": "rpi4-edge-01"}],
+            "nodeInfo": {"machineID": "m", "systemUUID": "s", "bootID": "b", "kernelVersion": "6.6.31+rpt-rpi-v8",
+                         "osImage": "Debian GNU/Linux 12 (bookworm)", "containerRuntimeVersion": "containerd://1.7.13",
+                         "kubeletVersion": "v1.30.2", "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "arm64"},
+        },
+    }))
+    .unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = nodes.create(&PostParams::default(), &node).await.unwrap();
+    let second: Node = serde_json::from_value(json!({"metadata": {"name": "jetson-edge-02"},
+        "status": {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}],
+                   "nodeInfo": {"machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "", "osImage": "",
+                                "containerRuntimeVersion": "", "kubeletVersion": "v1.31.1", "kubeProxyVersion": "",
+                                "operatingSystem": "linux", "architecture": "arm64"}}}))
+    .unwrap();
+    nodes.create(&PostParams::default(), &second).await.unwrap();
+    let hb = json!({"status": {"$setElementOrder/conditions": [{"type": "MemoryPressure"}, {"type": "Ready"}],
+        "conditions": [{"type": "MemoryPressure", "lastHeartbeatTime": "2025-05-14T09:25:03Z"},
+                       {"type": "Ready", "lastHeartbeatTime": "2025-05-14T09:25:03Z"}]}});
+    nodes
+        .patch_status(
+            "rpi4-edge-01",
+            &PatchParams::default(),
+            &Patch::Strategic(hb),
+        )
+        .await
+        .unwrap();
+
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "rpi4-edge-01",
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "rpi4-edge-01", "uid": node.metadata.uid}]},
+        "spec": {"holderIdentity": "rpi4-edge-01", "leaseDurationSeconds": 40, "renewTime": "2025-05-14T09:21:07.482913Z"},
+    }))
+    .unwrap();
+    Api::<Lease>::namespaced(client.clone(), "kube-node-lease")
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"name": "rpi4-edge-01.17f0a1b2c3d4e5f6"},
+        "involvedObject": {"kind": "Node", "name": "rpi4-edge-01", "uid": "rpi4-edge-01"},
+        "reason": "Rebooted", "message": "Node rpi4-edge-01 has been rebooted, boot id: b", "type": "Warning",
+        "source": {"component": "kubelet", "host": "rpi4-edge-01"},
+        "firstTimestamp": "2025-05-14T09:20:00Z", "lastTimestamp": "2025-05-14T09:20:00Z", "count": 1,
+    }))
+    .unwrap();
+    Api::<Event>::namespaced(client, "default")
+        .create(&PostParams::default(), &event)
+        .await
+        .unwrap();
+}
+
+async fn setup() -> Option<(StandInHandle, Kubectl)> {
+    let Some(bin) = find_kubectl() else {
+        eprintln!("kubectl is not on PATH: skipping the kubectl fidelity test");
+        return None;
+    };
+    let standin = StandIn::start().await.unwrap();
+    seed(&standin).await;
+    let kubectl = Kubectl {
+        bin,
+        server: standin.url(),
+        cache: tempfile::tempdir().unwrap(),
+    };
+    Some((standin, kubectl))
+}
+
+fn line_with<'a>(out: &'a str, needle: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{out}"))
+}
+
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+#[tokio::test]
+async fn kubectl_explore() {
+    let Some((_standin, k)) = setup().await else {
+        return;
+    };
+    for args in [
+        &["version", "-o", "json"][..],
+        &["get", "nodes"],
+        &["get", "nodes", "-o", "wide"],
+        &["get", "node", "rpi4-edge-01", "-o", "yaml"],
+        &["get", "lease", "-n", "kube-node-lease"],
+        &[
+            "get",
+            "lease",
+            "-n",
+            "kube-node-lease",
+            "rpi4-edge-01",
+            "-o",
+            "yaml",
+        ],
+        &["get", "events", "-A"],
+        &["get", "events", "-A", "-o", "wide"],
+        &["get", "ns"],
+        &["get", "leases", "-A"],
+        &["get", "nodes", "-l", "node-role.kubernetes.io/edge"],
+        &[
+            "get",
+            "nodes",
+            "--field-selector",
+            "metadata.name=jetson-edge-02",
+        ],
+        &["get", "node", "nope"],
+        &["api-resources"],
+        &["describe", "lease", "-n", "kube-node-lease", "rpi4-edge-01"],
+    ] {
+        k.run(args).await;
+    }
+    let k132 = Kubectl {
+        bin: PathBuf::from("/usr/lib/google-cloud-sdk/bin/kubectl.1.32"),
+        server: k.server.clone(),
+        cache: tempfile::tempdir().unwrap(),
+    };
+    if k132.bin.exists() {
+        k132.run(&["version"]).await;
+        k132.run(&["get", "nodes", "-o", "wide"]).await;
+        k132.run(&["get", "lease", "-A"]).await;
+        k132.run(&["get", "events", "-A"]).await;
+    }
+    let mut seen: Vec<String> = _standin
+        .requests()
+        .iter()
+        .map(|r| format!("{} {} {} {:?}", r.method, r.path, r.status, r.query))
+        .collect();
+    seen.sort();
+    seen.dedup();
+    eprintln!("{}", seen.join("\n"));
+    let _ = (words(""), line_with("x", "x"), Path::new("/"));
+}
+
+#[tokio::test]
+async fn kubectl_watch_explore() {
+    let Some((standin, k)) = setup().await else {
+        return;
+    };
+    let mut cmd = std::process::Command::new(&k.bin);
+    cmd.env("KUBECONFIG", "/dev/null")
+        .args(["--server", &k.server, "--cache-dir"])
+        .arg(k.cache.path())
+        .args(["get", "nodes", "-w"]);
+    let child = tokio::task::spawn_blocking(move || cmd.output());
+    standin
+        .wait_until(Duration::from_secs(10), "kubectl watching", |v| {
+            v.requests()
+                .iter()
+                .any(|r| r.query.as_deref().is_some_and(|q| q.contains("watch=true")))
+        })
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(kube::Config::new(standin.url().parse().unwrap())).unwrap();
+    let cond = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}});
+    Api::<Node>::all(client)
+        .patch_status(
+            "rpi4-edge-01",
+            &PatchParams::default(),
+            &Patch::Strategic(cond),
+        )
+        .await
+        .unwrap();
+    standin
+        .wait_until(Duration::from_secs(10), "patched", |v| {
+            v.requests().iter().any(|r| {
+                r.method == http::Method::PATCH && r.status == 200 && r.path.contains("rpi4")
+            })
+        })
+        .await
+        .unwrap();
+    standin.shutdown();
+    let out = tokio::time::timeout(Duration::from_secs(20), child)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for r in standin.requests() {
+        eprintln!("{} {} {:?} {}", r.method, r.path, r.query, r.status);
+    }
+}
