@@ -308,6 +308,7 @@ impl Agent {
     pub async fn lease_loop(self: Arc<Self>, uplink: Uplink, cancel: CancellationToken) {
         let mut registered = uplink.registered();
         let mut backoff = None;
+        let mut lease_state = Vec::new();
         loop {
             // Lease only after the Node exists (its ownerReference needs the Node).
             while !*registered.borrow_and_update() {
@@ -316,7 +317,7 @@ impl Agent {
                     changed = registered.changed() => if changed.is_err() { return },
                 }
             }
-            let delay = if self.renew(&uplink).await {
+            let delay = if self.renew(&uplink, &mut lease_state).await {
                 backoff = None;
                 jittered(self.config.lease_renew_interval())
             } else {
@@ -334,16 +335,27 @@ impl Agent {
         }
     }
 
-    async fn renew(&self, uplink: &Uplink) -> bool {
+    /// One renewal tick. `lease_state` is the gateway's opaque Lease state from the last
+    /// successful renewal, echoed so any gateway replica can PUT without a GET.
+    async fn renew(&self, uplink: &Uplink, lease_state: &mut Vec<u8>) -> bool {
         for attempt in 0..ATTEMPTS_PER_TICK {
             let message = pb::AgentMessage {
                 kind: Some(Kind::Lease(pb::LeaseRenewal {
                     header: Some(self.headers.next()),
                     lease_duration_seconds: i32::try_from(self.config.node_lease_duration_seconds)
                         .unwrap_or(i32::MAX),
+                    lease_state: lease_state.clone(),
                 })),
             };
-            match outcome(uplink.send(message, self.ack_timeout()).await) {
+            let answer = uplink.send(message, self.ack_timeout()).await;
+            if let Ok(ack) = &answer {
+                if !ack.lease_state.is_empty() {
+                    lease_state.clone_from(&ack.lease_state);
+                } else if ack.register_again {
+                    lease_state.clear();
+                }
+            }
+            match outcome(answer) {
                 Outcome::Ok => return true,
                 Outcome::Retry(why) => {
                     tracing::debug!(attempt, %why, "lease renewal not written; retrying")

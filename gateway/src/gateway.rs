@@ -191,8 +191,14 @@ impl Gateway {
                     tracing::info!(node = name, ?age, "dropping a stale lease renewal");
                     return ack(seq, AckCode::Rejected, format!("stale: {age:?} old"));
                 }
-                self.renew(&mut slot, name, seq, renewal.lease_duration_seconds)
-                    .await
+                self.renew(
+                    &mut slot,
+                    name,
+                    seq,
+                    renewal.lease_duration_seconds,
+                    &renewal.lease_state,
+                )
+                .await
             }
             None => self.reject(seq, "malformed: unknown message kind".into()),
         }
@@ -237,24 +243,7 @@ impl Gateway {
             }
             Err(e) if api_code(&e) == Some(409) => match self.nodes.get(name).await {
                 Ok(existing) => {
-                    slot.uid = existing.metadata.uid.clone();
-                    if let Some(existing_status) = &existing.status {
-                        for c in existing_status.conditions.iter().flatten() {
-                            if let Some(t) = &c.last_transition_time {
-                                slot.conditions.insert(
-                                    c.type_.clone(),
-                                    KnownCondition {
-                                        status: c.status.clone(),
-                                        last_transition: t.0,
-                                    },
-                                );
-                            }
-                        }
-                        slot.known_boot_id = existing_status
-                            .node_info
-                            .as_ref()
-                            .map(|i| i.boot_id.clone());
-                    }
+                    seed(slot, &existing);
                     if let Err(e) = self.reconcile_labels(name, &existing, register).await {
                         return ack(seq, AckCode::Retry, format!("reconciling node labels: {e}"));
                     }
@@ -368,12 +357,8 @@ impl Gateway {
         let Some(status) = status else {
             return self.reject(seq, "malformed: StatusReport without status".into());
         };
-        if !slot.registered {
-            return ack(
-                seq,
-                AckCode::Retry,
-                "node not registered through this gateway yet",
-            );
+        if let Err(answer) = self.ensure_known(slot, name, seq).await {
+            return answer;
         }
         let now = self.now();
         let conditions = patch::conditions(status, now, &slot.conditions);
@@ -390,14 +375,14 @@ impl Gateway {
             Ok(node) => {
                 slot.uid = node.metadata.uid.clone().or(slot.uid.take());
                 self.remember(slot, &conditions, now, name).await;
+                seed_conditions(slot, &node);
                 slot.known_boot_id = status.node_info.as_ref().map(|i| i.boot_id.clone());
                 self.counters.status_reports.fetch_add(1, Ordering::Relaxed);
                 ack(seq, AckCode::Ok, "")
             }
             Err(e) => {
                 if api_code(&e) == Some(404) {
-                    // The Node was deleted: register again on the next Register.
-                    slot.registered = false;
+                    return self.forget(slot, seq);
                 }
                 ack(seq, AckCode::Retry, format!("patching node status: {e}"))
             }
@@ -419,28 +404,53 @@ impl Gateway {
         t
     }
 
-    /// kubelet's lease controller: PUT the cached Lease with a fresh renewTime (no GET on the
-    /// happy path); on 409 or no cache, GET (or create when missing) and retry; up to 5
-    /// attempts.
-    async fn renew(&self, slot: &mut NodeSlot, name: &str, seq: u64, duration: i32) -> Ack {
-        if !slot.registered {
-            return ack(
-                seq,
-                AckCode::Retry,
-                "node not registered through this gateway yet",
-            );
-        }
+    /// kubelet's lease controller: PUT the Lease with a fresh renewTime and the
+    /// resourceVersion of the last write (no GET on the happy path); on 409 or with nothing
+    /// cached, GET (or create when missing) and retry; up to 5 attempts.
+    ///
+    /// The last write is known from this replica's cache or from the agent's echoed
+    /// `lease_state` (see [`LeaseState`]), whichever is newer.
+    async fn renew(
+        &self,
+        slot: &mut NodeSlot,
+        name: &str,
+        seq: u64,
+        duration: i32,
+        lease_state: &[u8],
+    ) -> Ack {
         if duration <= 0 {
             return self.reject(
                 seq,
                 format!("leaseDurationSeconds must be > 0, got {duration}"),
             );
         }
+        if let Err(answer) = self.ensure_known(slot, name, seq).await {
+            return answer;
+        }
+        let mut echoed = LeaseState::decode(lease_state);
+        if let Some(state) = &echoed
+            && slot.last_renew.is_none_or(|last| last < state.renew_time)
+        {
+            slot.last_renew = Some(state.renew_time);
+        }
         let mut last_error = String::new();
         for _ in 0..5 {
-            let base = match slot.latest_lease.take() {
-                Some(lease) => lease,
-                None => match self.leases.get_opt(name).await {
+            let cached = slot.latest_lease.take();
+            let base = match (cached, echoed.take(), slot.uid.clone()) {
+                (Some(lease), Some(state), _)
+                    if lease.metadata.resource_version.as_deref()
+                        == Some(state.resource_version.as_str()) =>
+                {
+                    lease
+                }
+                (_, Some(state), Some(uid)) => {
+                    // Another replica (or this one before a restart) wrote last.
+                    let mut lease = patch::new_lease(name, &uid, duration, state.renew_time);
+                    lease.metadata.resource_version = Some(state.resource_version);
+                    lease
+                }
+                (Some(lease), _, _) => lease,
+                (None, _, _) => match self.leases.get_opt(name).await {
                     Ok(Some(lease)) => lease,
                     Ok(None) => return self.create_lease(slot, name, seq, duration).await,
                     Err(e) => {
@@ -456,11 +466,7 @@ impl Gateway {
                 .replace(name, &PostParams::default(), &lease)
                 .await
             {
-                Ok(written) => {
-                    slot.latest_lease = Some(written);
-                    self.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
-                    return ack(seq, AckCode::Ok, "");
-                }
+                Ok(written) => return self.renewed(slot, seq, written, renew),
                 Err(e) => {
                     last_error = format!("updating lease: {e}");
                     match api_code(&e) {
@@ -476,10 +482,60 @@ impl Gateway {
         ack(seq, AckCode::Retry, last_error)
     }
 
+    fn renewed(&self, slot: &mut NodeSlot, seq: u64, written: Lease, renew: Timestamp) -> Ack {
+        let state = LeaseState {
+            resource_version: written
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_default(),
+            renew_time: renew,
+        };
+        slot.latest_lease = Some(written);
+        self.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
+        Ack {
+            lease_state: state.encode(),
+            ..ack(seq, AckCode::Ok, "")
+        }
+    }
+
+    /// Makes sure this replica knows the node: a GET the first time it sees a node it did
+    /// not register (after a restart, or when a shared subscription hands it another
+    /// replica's node), seeding the UID, boot ID and condition times from the apiserver.
+    ///
+    /// Errors: the [`Ack`] to answer with — `register_again` when the Node does not exist.
+    async fn ensure_known(&self, slot: &mut NodeSlot, name: &str, seq: u64) -> Result<(), Ack> {
+        if slot.registered {
+            return Ok(());
+        }
+        match self.nodes.get_opt(name).await {
+            Ok(Some(node)) => {
+                seed(slot, &node);
+                slot.registered = true;
+                Ok(())
+            }
+            Ok(None) => Err(self.forget(slot, seq)),
+            Err(e) => Err(ack(seq, AckCode::Retry, format!("reading node: {e}"))),
+        }
+    }
+
+    /// The Node is gone: forget it and ask the agent to register again.
+    fn forget(&self, slot: &mut NodeSlot, seq: u64) -> Ack {
+        slot.registered = false;
+        slot.uid = None;
+        slot.latest_lease = None;
+        slot.conditions.clear();
+        Ack {
+            register_again: true,
+            ..ack(seq, AckCode::Retry, "node not found: register first")
+        }
+    }
+
     async fn create_lease(&self, slot: &mut NodeSlot, name: &str, seq: u64, duration: i32) -> Ack {
         let uid = match &slot.uid {
             Some(uid) => uid.clone(),
             None => match self.nodes.get(name).await {
+                Err(e) if api_code(&e) == Some(404) => return self.forget(slot, seq),
                 Ok(node) => match node.metadata.uid {
                     Some(uid) => {
                         slot.uid = Some(uid.clone());
@@ -506,11 +562,7 @@ impl Gateway {
             )
             .await
         {
-            Ok(created) => {
-                slot.latest_lease = Some(created);
-                self.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
-                ack(seq, AckCode::Ok, "")
-            }
+            Ok(created) => self.renewed(slot, seq, created, renew),
             Err(e) => {
                 self.counters.lease_failures.fetch_add(1, Ordering::Relaxed);
                 ack(seq, AckCode::Retry, format!("creating lease: {e}"))
@@ -523,6 +575,71 @@ impl Gateway {
         if let Err(error) = self.events.create(&PostParams::default(), &event).await {
             tracing::warn!(node = name, reason, %error, "could not record event");
         }
+    }
+}
+
+/// Takes the UID, boot ID and condition times of `node` as this replica's knowledge.
+fn seed(slot: &mut NodeSlot, node: &Node) {
+    slot.uid = node.metadata.uid.clone();
+    seed_conditions(slot, node);
+    if let Some(info) = node.status.as_ref().and_then(|s| s.node_info.as_ref()) {
+        slot.known_boot_id = Some(info.boot_id.clone());
+    }
+}
+
+/// Takes the condition statuses and transition times the apiserver holds.
+fn seed_conditions(slot: &mut NodeSlot, node: &Node) {
+    for c in node
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+    {
+        if let Some(t) = &c.last_transition_time {
+            slot.conditions.insert(
+                c.type_.clone(),
+                KnownCondition {
+                    status: c.status.clone(),
+                    last_transition: t.0,
+                },
+            );
+        }
+    }
+}
+
+/// The gateway's Lease state, echoed by the agent (`LeaseRenewal.lease_state`): the
+/// resourceVersion and renewTime of the last successful write. Encoding: renewTime as
+/// 8 bytes big-endian microseconds since the epoch, then the resourceVersion as UTF-8
+/// (at most 64 bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseState {
+    /// `metadata.resourceVersion` returned by the last write.
+    pub resource_version: String,
+    /// `spec.renewTime` of the last write.
+    pub renew_time: Timestamp,
+}
+
+impl LeaseState {
+    /// The wire form (see the type docs).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.resource_version.len());
+        out.extend_from_slice(&self.renew_time.as_microsecond().to_be_bytes());
+        out.extend_from_slice(self.resource_version.as_bytes());
+        out
+    }
+
+    /// Parses the wire form; `None` for empty or malformed input (the agent's echo is not
+    /// trusted: a bad one only costs a GET).
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let (time, rv) = bytes.split_first_chunk::<8>()?;
+        if rv.is_empty() || rv.len() > 64 {
+            return None;
+        }
+        let resource_version = std::str::from_utf8(rv).ok()?.to_owned();
+        let renew_time = Timestamp::from_microsecond(i64::from_be_bytes(*time)).ok()?;
+        Some(Self {
+            resource_version,
+            renew_time,
+        })
     }
 }
 
@@ -574,4 +691,36 @@ pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, k
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&limit)
         .build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_state_round_trips_and_rejects_garbage() {
+        let state = LeaseState {
+            resource_version: "884213".into(),
+            renew_time: "2026-11-21T10:00:00.123456Z".parse().unwrap(),
+        };
+        let bytes = state.encode();
+        assert_eq!(bytes.len(), 14, "8 bytes of time + the resourceVersion");
+        assert_eq!(LeaseState::decode(&bytes), Some(state));
+        assert_eq!(LeaseState::decode(&[]), None);
+        assert_eq!(LeaseState::decode(&[0; 8]), None, "no resourceVersion");
+        assert_eq!(LeaseState::decode(&[0; 80]), None, "too long");
+        let mut bad = vec![0; 8];
+        bad.extend_from_slice(&[0xff, 0xfe]);
+        assert_eq!(LeaseState::decode(&bad), None, "not UTF-8");
+    }
+
+    #[test]
+    fn node_names_follow_dns_1123() {
+        for ok in ["edge-01", "a", "node.example.com"] {
+            assert!(validate_node_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Edge", "-a", "a-", "a_b", &"a".repeat(254)] {
+            assert!(validate_node_name(bad).is_err(), "{bad}");
+        }
+    }
 }

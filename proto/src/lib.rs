@@ -119,6 +119,7 @@ mod tests {
                     wall_time_ms: 1_780_000_000_000,
                 }),
                 lease_duration_seconds: 40,
+                lease_state: Vec::new(),
             })),
         };
         let len = msg.encoded_len();

@@ -56,6 +56,7 @@ fn renewal(node: &str, seq: u64) -> pb::AgentMessage {
         kind: Some(Kind::Lease(pb::LeaseRenewal {
             header: Some(header(node, seq)),
             lease_duration_seconds: 40,
+            lease_state: Vec::new(),
         })),
     }
 }

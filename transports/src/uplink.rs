@@ -163,6 +163,7 @@ mod tests {
                     ..Default::default()
                 }),
                 lease_duration_seconds: 40,
+                lease_state: Vec::new(),
             })),
         }
     }
@@ -224,5 +225,198 @@ mod tests {
         // Capped at max (plus at most the jitter of one max delay).
         assert!(delays.iter().all(|d| *d <= Duration::from_secs(14)));
         assert!(delays[11] >= Duration::from_secs(7));
+    }
+}
+
+/// What a driver must do after [`Session::on_ack`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterAck {
+    /// Nothing.
+    Nothing,
+    /// Send `Register` again now (the gateway asked: it does not know the node).
+    RegisterNow,
+    /// Send `Register` again after this delay (registration was refused for now).
+    RegisterAfter(Duration),
+}
+
+/// Per-connection protocol state shared by every uplink driver, with no I/O: which
+/// requests await an [`Ack`], whether `Register` was accepted, and the registration backoff
+/// (kubelet's: 100 ms doubling to 7 s). Drivers feed it sends and acks and act on what it
+/// returns.
+pub struct Session {
+    pending: std::collections::HashMap<u64, oneshot::Sender<Result<Ack, UplinkError>>>,
+    register_seq: Option<u64>,
+    registered: bool,
+    backoff: Box<dyn Iterator<Item = Duration> + Send>,
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Session {
+    /// A fresh session for a new connection: nothing pending, not registered.
+    pub fn new() -> Self {
+        Self {
+            pending: std::collections::HashMap::new(),
+            register_seq: None,
+            registered: false,
+            backoff: Box::new(reconnect_backoff(
+                Duration::from_millis(100),
+                Duration::from_secs(7),
+            )),
+        }
+    }
+
+    /// Whether the gateway accepted `Register` on this connection.
+    pub fn registered(&self) -> bool {
+        self.registered
+    }
+
+    /// Records that `Register` with `seq` was sent.
+    pub fn register_sent(&mut self, seq: Option<u64>) {
+        self.register_seq = seq;
+    }
+
+    /// Records a request sent with `seq` whose answer goes to `reply`; forgets requests
+    /// whose caller gave up (timed out).
+    pub fn track(&mut self, seq: u64, reply: oneshot::Sender<Result<Ack, UplinkError>>) {
+        self.pending.retain(|_, r| !r.is_closed());
+        self.pending.insert(seq, reply);
+    }
+
+    /// Handles one [`Ack`]: answers the waiting request, updates the registration state
+    /// (raising `driver.registered` and `driver.status_requested` as the gateway says) and
+    /// says whether to register again.
+    pub fn on_ack(&mut self, ack: Ack, driver: &UplinkDriver) -> AfterAck {
+        if ack.resend_status {
+            driver.status_requested.notify_one();
+        }
+        if Some(ack.seq) == self.register_seq {
+            if ack.registered {
+                self.registered = true;
+                self.backoff = Box::new(reconnect_backoff(
+                    Duration::from_millis(100),
+                    Duration::from_secs(7),
+                ));
+                driver.registered.send_replace(true);
+                return AfterAck::Nothing;
+            }
+            let delay = self.backoff.next().unwrap_or(Duration::from_secs(7));
+            tracing::warn!(reason = %ack.reason, ?delay, "registration not accepted; retrying");
+            return AfterAck::RegisterAfter(delay);
+        }
+        let again = ack.register_again;
+        if let Some(reply) = self.pending.remove(&ack.seq) {
+            let _ = reply.send(Ok(ack));
+        }
+        if again && self.registered {
+            tracing::info!("gateway does not know this node; registering again");
+            self.registered = false;
+            driver.registered.send_replace(false);
+            return AfterAck::RegisterNow;
+        }
+        AfterAck::Nothing
+    }
+
+    /// Ends the session: `driver.registered` goes false and every pending request fails
+    /// with [`UplinkError::Disconnected`].
+    pub fn close(&mut self, driver: &UplinkDriver) {
+        self.registered = false;
+        driver.registered.send_replace(false);
+        for (_, reply) in self.pending.drain() {
+            let _ = reply.send(Err(UplinkError::Disconnected));
+        }
+    }
+}
+
+#[cfg(test)]
+mod session_tests {
+    use super::*;
+    use edgebeat_proto::AckCode;
+
+    #[test]
+    fn register_ack_raises_registered_and_others_answer_requests() {
+        let (uplink, driver) = channel(4);
+        let mut s = Session::new();
+        s.register_sent(Some(10));
+        let ok = Ack {
+            seq: 10,
+            code: AckCode::Ok.into(),
+            registered: true,
+            ..Default::default()
+        };
+        assert_eq!(s.on_ack(ok, &driver), AfterAck::Nothing);
+        assert!(*uplink.registered().borrow());
+        let (tx, mut rx) = oneshot::channel();
+        s.track(11, tx);
+        assert_eq!(
+            s.on_ack(
+                Ack {
+                    seq: 11,
+                    ..Default::default()
+                },
+                &driver
+            ),
+            AfterAck::Nothing
+        );
+        assert_eq!(rx.try_recv().unwrap().unwrap().seq, 11);
+    }
+
+    #[test]
+    fn refused_registration_backs_off_and_register_again_resets() {
+        let (uplink, driver) = channel(4);
+        let mut s = Session::new();
+        s.register_sent(Some(1));
+        let refused = Ack {
+            seq: 1,
+            code: AckCode::Retry.into(),
+            ..Default::default()
+        };
+        match s.on_ack(refused.clone(), &driver) {
+            AfterAck::RegisterAfter(d) => {
+                assert!(d >= Duration::from_millis(100) && d <= Duration::from_millis(200))
+            }
+            other => panic!("{other:?}"),
+        }
+        match s.on_ack(refused, &driver) {
+            AfterAck::RegisterAfter(d) => assert!(d >= Duration::from_millis(200)),
+            other => panic!("{other:?}"),
+        }
+        s.on_ack(
+            Ack {
+                seq: 1,
+                registered: true,
+                ..Default::default()
+            },
+            &driver,
+        );
+        let (tx, mut rx) = oneshot::channel();
+        s.track(2, tx);
+        let again = Ack {
+            seq: 2,
+            code: AckCode::Retry.into(),
+            register_again: true,
+            ..Default::default()
+        };
+        assert_eq!(s.on_ack(again, &driver), AfterAck::RegisterNow);
+        assert!(!*uplink.registered().borrow());
+        assert!(
+            rx.try_recv().unwrap().unwrap().register_again,
+            "the caller still gets its answer"
+        );
+    }
+
+    #[test]
+    fn close_fails_pending_requests() {
+        let (uplink, driver) = channel(4);
+        let mut s = Session::new();
+        let (tx, mut rx) = oneshot::channel();
+        s.track(5, tx);
+        s.close(&driver);
+        assert_eq!(rx.try_recv().unwrap(), Err(UplinkError::Disconnected));
+        assert!(!*uplink.registered().borrow());
     }
 }

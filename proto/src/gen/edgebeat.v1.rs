@@ -149,6 +149,12 @@ pub struct LeaseRenewal {
     /// spec.leaseDurationSeconds, re-applied on every renewal (> 0).
     #[prost(int32, tag = "2")]
     pub lease_duration_seconds: i32,
+    /// Opaque to the agent: Ack.lease_state from the last successful renewal, echoed back.
+    /// It lets any gateway replica PUT the Lease with the right resourceVersion and a strictly
+    /// increasing renewTime without a GET, even when an MQTT shared subscription hands
+    /// consecutive renewals of one node to different replicas. Empty when unknown.
+    #[prost(bytes = "vec", tag = "3")]
+    pub lease_state: ::prost::alloc::vec::Vec<u8>,
 }
 /// Everything an agent sends.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -186,6 +192,13 @@ pub struct Ack {
     /// Set on a successful Register: the agent may start renewing its Lease.
     #[prost(bool, tag = "5")]
     pub registered: bool,
+    /// On a successful Lease renewal: the state to echo in the next LeaseRenewal.lease_state.
+    #[prost(bytes = "vec", tag = "6")]
+    pub lease_state: ::prost::alloc::vec::Vec<u8>,
+    /// The gateway cannot find this node (never registered, or the Node was deleted): the
+    /// agent sends Register (with its full status) before anything else.
+    #[prost(bool, tag = "7")]
+    pub register_again: bool,
 }
 /// Everything the gateway sends back.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -167,7 +167,7 @@ async fn main() -> anyhow::Result<()> {
     let mut last_ready = None;
     let mut renewals = 0u32;
     while !cancel.is_cancelled() {
-        let seen = last_renew.clone();
+        let seen = last_renew;
         let ready_seen = last_ready.clone();
         let name2 = name.clone();
         let changed = tokio::select! {

@@ -130,7 +130,11 @@ async fn handle(
     let mut record = RecordedRequest {
         method: parts.method.clone(),
         path: parts.uri.path().to_string(),
-        query: parts.uri.query().map(str::to_string),
+        query: parts
+            .uri
+            .query()
+            .filter(|q| !q.is_empty())
+            .map(str::to_string),
         content_type: header_str(&parts.headers, "content-type"),
         body: Bytes::new(),
         impersonate_user: header_str(&parts.headers, "impersonate-user"),
@@ -784,6 +788,8 @@ impl WatchState {
                 }
             };
             let item = tokio::select! {
+                // Events committed before a shutdown are still delivered.
+                biased;
                 r = self.rx.recv() => r,
                 _ = wait_shutdown(&mut self.shutdown) => return None,
                 _ = timeout => return None,

@@ -289,15 +289,16 @@ pub(crate) fn object_meta_update(new: &Value, old: &Value, errs: &mut Vec<FieldE
 /// Kind-specific validation; `old` is the stored object on update.
 pub(crate) fn validate(kind: Kind, obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
     let mut errs = Vec::new();
+    // The real validators start with ValidateObjectMeta, then check the type's fields.
+    object_meta(obj, kind, &mut errs);
+    if let Some(old) = old {
+        object_meta_update(obj, old, &mut errs);
+    }
     match kind {
         Kind::Node => node(obj, old, &mut errs),
         Kind::Lease => lease(obj, &mut errs),
         Kind::Event => event(obj, &mut errs),
         Kind::Namespace => {}
-    }
-    object_meta(obj, kind, &mut errs);
-    if let Some(old) = old {
-        object_meta_update(obj, old, &mut errs);
     }
     errs
 }

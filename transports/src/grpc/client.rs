@@ -1,15 +1,15 @@
-use std::collections::HashMap;
 use std::time::Duration;
 
 use edgebeat_proto::heartbeat_client::HeartbeatClient;
-use edgebeat_proto::{Ack, AckCode, MAX_AGENT_MESSAGE_BYTES, gateway_message};
-use tokio::sync::{mpsc, oneshot};
+use edgebeat_proto::{MAX_AGENT_MESSAGE_BYTES, gateway_message};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 
 use crate::uplink::{
-    RegisterFn, UplinkDriver, UplinkError, reconnect_backoff, refuse_while_waiting,
+    AfterAck, RegisterFn, Session, UplinkDriver, UplinkError, reconnect_backoff,
+    refuse_while_waiting,
 };
 
 /// Settings of the agent's gRPC uplink.
@@ -137,7 +137,7 @@ async fn session(
     let mut client =
         HeartbeatClient::new(channel).max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES);
     let (out, out_rx) = mpsc::channel(8);
-    let mut register_seq = send_register(&out, register).await;
+    let register_seq = send_register(&out, register).await;
     let mut inbound = match client.connect(ReceiverStream::new(out_rx)).await {
         Ok(response) => response.into_inner(),
         Err(status) => {
@@ -145,10 +145,8 @@ async fn session(
             return SessionEnd::Failed { registered: false };
         }
     };
-    let mut pending: HashMap<u64, oneshot::Sender<Result<Ack, UplinkError>>> = HashMap::new();
-    let mut registered = false;
-    let mut register_backoff =
-        reconnect_backoff(Duration::from_millis(100), Duration::from_secs(7));
+    let mut state = Session::new();
+    state.register_sent(register_seq);
     let register_retry = tokio::time::sleep(Duration::MAX);
     tokio::pin!(register_retry);
     let mut retry_armed = false;
@@ -157,51 +155,38 @@ async fn session(
             () = cancel.cancelled() => break SessionEnd::Cancelled,
             () = &mut register_retry, if retry_armed => {
                 retry_armed = false;
-                register_seq = send_register(&out, register).await;
+                state.register_sent(send_register(&out, register).await);
             }
             request = driver.requests.recv() => {
                 let Some(request) = request else { break SessionEnd::Closed };
                 let seq = request.message.header().map_or(0, |h| h.seq);
-                pending.retain(|_, reply| !reply.is_closed());
                 if out.send(request.message).await.is_err() {
                     let _ = request.reply.send(Err(UplinkError::Disconnected));
-                    break SessionEnd::Failed { registered };
+                    break SessionEnd::Failed { registered: state.registered() };
                 }
-                pending.insert(seq, request.reply);
+                state.track(seq, request.reply);
             }
             message = inbound.message() => match message {
                 Ok(Some(message)) => {
                     let Some(gateway_message::Kind::Ack(ack)) = message.kind else { continue };
-                    if ack.resend_status {
-                        driver.status_requested.notify_one();
-                    }
-                    if Some(ack.seq) == register_seq {
-                        if ack.registered {
-                            registered = true;
-                            register_backoff = reconnect_backoff(Duration::from_millis(100), Duration::from_secs(7));
-                            driver.registered.send_replace(true);
-                        } else {
-                            let delay = register_backoff.next().unwrap_or(Duration::from_secs(7));
-                            tracing::warn!(code = ?AckCode::try_from(ack.code), reason = %ack.reason, ?delay, "registration not accepted; retrying");
+                    match state.on_ack(ack, driver) {
+                        AfterAck::Nothing => {}
+                        AfterAck::RegisterNow => state.register_sent(send_register(&out, register).await),
+                        AfterAck::RegisterAfter(delay) => {
                             register_retry.as_mut().reset(tokio::time::Instant::now() + delay);
                             retry_armed = true;
                         }
-                    } else if let Some(reply) = pending.remove(&ack.seq) {
-                        let _ = reply.send(Ok(ack));
                     }
                 }
-                Ok(None) => break SessionEnd::Failed { registered },
+                Ok(None) => break SessionEnd::Failed { registered: state.registered() },
                 Err(status) => {
                     tracing::warn!(%status, "gRPC stream broke");
-                    break SessionEnd::Failed { registered };
+                    break SessionEnd::Failed { registered: state.registered() };
                 }
             },
         }
     };
-    driver.registered.send_replace(false);
-    for (_, reply) in pending.drain() {
-        let _ = reply.send(Err(UplinkError::Disconnected));
-    }
+    state.close(driver);
     end
 }
 
