@@ -679,13 +679,16 @@ impl Handler for Gateway {
 }
 
 /// Builds the kube-rs client the gateway writes with: `config` with a 10 s read/write
-/// timeout (kubelet's heartbeat client timeout) and a client-side rate limit of `qps`
+/// timeout (kubelet's heartbeat client timeout), kube's own 429/5xx retries off, and a client-side rate limit of `qps`
 /// requests per second (tower `RateLimitLayer`), so a reconnect storm of thousands of
 /// agents cannot flood the apiserver.
 ///
 /// Errors: kube's error when the config cannot produce a client (bad TLS material).
 pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, kube::Error> {
     config.read_timeout = Some(Duration::from_secs(10));
+    // No retries inside the client: a heartbeat retried late would be written late and hide
+    // a dead node. The agent retries with a fresh message instead (kubelet's own loops).
+    config.default_retry = false;
     config.write_timeout = Some(Duration::from_secs(10));
     let limit = tower::limit::RateLimitLayer::new(qps.max(1), Duration::from_secs(1));
     Ok(kube::client::ClientBuilder::try_from(config)?

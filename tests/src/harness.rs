@@ -106,25 +106,9 @@ impl Cluster {
     /// Errors: binding or client construction failures.
     pub async fn start_with(transport: Transport, options: GatewayOptions) -> anyhow::Result<Self> {
         let standin = StandIn::start().await?;
-        let client = kube_client(kube::Config::new(standin.url().parse()?), 1000)?;
-        let gateway = Arc::new(Gateway::new(client, Arc::new(SystemClock), options));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let grpc_url = format!("http://{}", listener.local_addr()?);
-        let cancel = CancellationToken::new();
-        let stop = cancel.clone();
-        let handler = gateway.clone();
-        let server = tokio::spawn(async move {
-            if let Err(error) = serve(
-                listener,
-                handler,
-                GrpcServerOptions::default(),
-                stop.cancelled_owned(),
-            )
-            .await
-            {
-                tracing::error!(%error, "gRPC server failed");
-            }
-        });
+        let (gateway, cancel, server) = spawn_gateway(&standin, options, listener)?;
         Ok(Self {
             standin,
             gateway,
@@ -133,6 +117,23 @@ impl Cluster {
             cancel,
             server: Some(server),
         })
+    }
+
+    /// Replaces the gateway with a fresh one (no memory of any node) on the same address,
+    /// as a gateway restart would.
+    ///
+    /// Errors: the address cannot be bound again.
+    pub async fn restart_gateway(&mut self, options: GatewayOptions) -> anyhow::Result<()> {
+        self.stop_gateway().await;
+        let addr = self.grpc_url.trim_start_matches("http://").to_owned();
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("rebinding {addr}"))?;
+        let (gateway, cancel, server) = spawn_gateway(&self.standin, options, listener)?;
+        self.gateway = gateway;
+        self.cancel = cancel;
+        self.server = Some(server);
+        Ok(())
     }
 
     /// An agent configuration for `node_name` reading host facts from `host_root`, with
@@ -178,6 +179,31 @@ impl Cluster {
             let _ = server.await;
         }
     }
+}
+
+fn spawn_gateway(
+    standin: &StandInHandle,
+    options: GatewayOptions,
+    listener: tokio::net::TcpListener,
+) -> anyhow::Result<(Arc<Gateway>, CancellationToken, JoinHandle<()>)> {
+    let client = kube_client(kube::Config::new(standin.url().parse()?), 1000)?;
+    let gateway = Arc::new(Gateway::new(client, Arc::new(SystemClock), options));
+    let cancel = CancellationToken::new();
+    let stop = cancel.clone();
+    let handler = gateway.clone();
+    let server = tokio::spawn(async move {
+        if let Err(error) = serve(
+            listener,
+            handler,
+            GrpcServerOptions::default(),
+            stop.cancelled_owned(),
+        )
+        .await
+        {
+            tracing::error!(%error, "gRPC server failed");
+        }
+    });
+    Ok((gateway, cancel, server))
 }
 
 impl Drop for Cluster {

@@ -5,5 +5,6 @@
 //! - [`harness`]: starts the stand-in, a gateway and in-process agents for end-to-end tests
 //!   and the demo.
 
+pub mod broker;
 pub mod harness;
 pub mod standin;

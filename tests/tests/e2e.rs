@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use edgebeat_tests::harness::{Cluster, Transport, fixture, fixture_copy};
-use edgebeat_tests::standin::RecordedRequest;
+use edgebeat_tests::standin::{FaultRule, RecordedRequest};
 use http::Method;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -428,6 +428,138 @@ async fn transitions_keep_last_transition_time_when_unchanged(transport: Transpo
     assert_eq!(ready_events, 1, "one NodeReady event, at registration");
 }
 
+async fn gateway_restart_costs_no_lease_get(transport: Transport) {
+    let mut cluster = Cluster::start(transport).await.unwrap();
+    let agent = cluster
+        .start_agent(cluster.agent_config("jetson-07", &fixture("jetson-cgroup2")))
+        .unwrap();
+    let puts = |v: &edgebeat_tests::standin::StandInView<'_>| {
+        v.requests()
+            .iter()
+            .filter(|r| is_lease_put(r, "jetson-07") && r.status == 200)
+            .count()
+    };
+    cluster
+        .standin
+        .wait_until(DEADLINE, "renewing", |v| puts(v) >= 2)
+        .await
+        .unwrap();
+    cluster.restart_gateway(Default::default()).await.unwrap();
+    let before = cluster.standin.requests().len();
+    let mark = cluster
+        .standin
+        .requests()
+        .iter()
+        .filter(|r| is_lease_put(r, "jetson-07") && r.status == 200)
+        .count();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "renewing through the new gateway", |v| {
+            puts(v) >= mark + 3
+        })
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let after: Vec<_> = cluster
+        .standin
+        .requests()
+        .into_iter()
+        .skip(before)
+        .collect();
+    assert_eq!(
+        after
+            .iter()
+            .filter(|r| is_lease_get(r, "jetson-07"))
+            .count(),
+        0,
+        "the agent's echoed lease state replaces the GET"
+    );
+    assert_eq!(
+        after
+            .iter()
+            .filter(|r| is_lease_put(r, "jetson-07") && r.status == 409)
+            .count(),
+        0
+    );
+    let node_gets = after
+        .iter()
+        .filter(|r| r.method == Method::GET && r.path == "/api/v1/nodes/jetson-07")
+        .count();
+    assert_eq!(
+        node_gets, 1,
+        "one GET to learn the node (registration found it existing)"
+    );
+    assert_eq!(
+        cluster
+            .standin
+            .events()
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("Rebooted"))
+            .count(),
+        0,
+        "same boot: no Rebooted"
+    );
+}
+
+async fn apiserver_errors_are_retried_with_fresh_renewals(transport: Transport) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let agent = cluster
+        .start_agent(cluster.agent_config("rpi4-edge-01", &fixture("rpi4-cgroup1")))
+        .unwrap();
+    let ok = |v: &edgebeat_tests::standin::StandInView<'_>| {
+        v.requests()
+            .iter()
+            .filter(|r| is_lease_put(r, "rpi4-edge-01") && r.status == 200)
+            .count()
+    };
+    cluster
+        .standin
+        .wait_until(DEADLINE, "renewing", |v| ok(v) >= 1)
+        .await
+        .unwrap();
+    cluster.standin.inject(FaultRule::status(
+        Some(Method::PUT),
+        "/leases/rpi4-edge-01",
+        503,
+        3,
+    ));
+    let mark = cluster
+        .standin
+        .requests()
+        .iter()
+        .filter(|r| is_lease_put(r, "rpi4-edge-01") && r.status == 200)
+        .count();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "renewing after the outage", |v| ok(v) >= mark + 2)
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let requests = cluster.standin.requests();
+    let failed: Vec<_> = requests
+        .iter()
+        .filter(|r| is_lease_put(r, "rpi4-edge-01") && r.status == 503)
+        .collect();
+    assert_eq!(failed.len(), 3, "each injected 503 hit one PUT");
+    let times: Vec<Timestamp> = requests
+        .iter()
+        .filter(|r| is_lease_put(r, "rpi4-edge-01"))
+        .map(renew_time)
+        .collect();
+    assert!(
+        times.windows(2).all(|w| w[0] < w[1]),
+        "every attempt, failed or not, carries a newer renewTime"
+    );
+    assert_eq!(
+        cluster
+            .gateway
+            .counters
+            .lease_failures
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod grpc {
@@ -448,4 +580,6 @@ scenarios!(
     conflict_leads_to_one_get_and_recovery,
     reboot_yields_rebooted_event_and_new_boot_id,
     transitions_keep_last_transition_time_when_unchanged,
+    gateway_restart_costs_no_lease_get,
+    apiserver_errors_are_retried_with_fresh_renewals,
 );

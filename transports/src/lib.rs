@@ -10,6 +10,8 @@
 //! - **Ingress** (gateway side, feature `ingress` via `grpc-ingress`/`mqtt-ingress`): servers
 //!   that decode messages, attach the [`ingress::Peer`] they came from and hand them to an
 //!   [`ingress::Handler`], which answers each with an `Ack`.
+//! - **MQTT** (features `mqtt-uplink`/`mqtt-ingress`, module `mqtt`): both halves over an
+//!   MQTT 5 broker, one topic per node and kind, gateways on a shared subscription.
 
 #[cfg(feature = "uplink")]
 pub mod uplink;
@@ -19,3 +21,6 @@ pub mod ingress;
 
 #[cfg(any(feature = "grpc-uplink", feature = "grpc-ingress"))]
 pub mod grpc;
+
+#[cfg(any(feature = "mqtt-uplink", feature = "mqtt-ingress"))]
+pub mod mqtt;

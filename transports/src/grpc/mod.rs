@@ -9,7 +9,7 @@ mod client;
 mod server;
 
 #[cfg(feature = "grpc-uplink")]
-pub use client::{GrpcUplinkOptions, run_uplink};
+pub use client::{GrpcUplinkError, GrpcUplinkOptions, run_uplink};
 #[cfg(feature = "grpc-ingress")]
 pub use server::{GrpcServerOptions, serve};
 

@@ -35,6 +35,8 @@ impl Default for GrpcServerOptions {
 
 struct Service<H> {
     handler: Arc<H>,
+    /// Fires at shutdown so open streams end and tonic's graceful shutdown can finish.
+    closing: tokio_util::sync::CancellationToken,
 }
 
 #[tonic::async_trait]
@@ -53,9 +55,14 @@ impl<H: Handler> Heartbeat for Service<H> {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(8);
         let handler = self.handler.clone();
+        let closing = self.closing.clone();
         tokio::spawn(async move {
             loop {
-                match inbound.message().await {
+                let next = tokio::select! {
+                    () = closing.cancelled() => break,
+                    next = inbound.message() => next,
+                };
+                match next {
                     Ok(Some(message)) => {
                         let ack = handler.handle(&peer, message).await;
                         let reply = GatewayMessage {
@@ -83,7 +90,8 @@ impl<H: Handler> Heartbeat for Service<H> {
 }
 
 /// Serves the `edgebeat.v1.Heartbeat` gRPC service on `listener` until `shutdown`
-/// resolves, handing every decoded message to `handler`.
+/// resolves, handing every decoded message to `handler`. At shutdown every open stream is
+/// ended (agents reconnect elsewhere) and the call returns once connections have closed.
 ///
 /// Takes the listener (not an address) so callers bind port 0 in tests. Errors: the
 /// transport error tonic reports when serving fails (listener broken).
@@ -93,8 +101,16 @@ pub async fn serve<H: Handler>(
     options: GrpcServerOptions,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let service = HeartbeatServer::new(Service { handler })
-        .max_decoding_message_size(options.max_message_bytes);
+    let closing = tokio_util::sync::CancellationToken::new();
+    let service = HeartbeatServer::new(Service {
+        handler,
+        closing: closing.clone(),
+    })
+    .max_decoding_message_size(options.max_message_bytes);
+    let shutdown = async move {
+        shutdown.await;
+        closing.cancel();
+    };
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(options.keepalive))
         .http2_keepalive_timeout(Some(options.keepalive_timeout))

@@ -1,0 +1,241 @@
+//! A real MQTT broker for tests: Debian's Mosquitto, run as a child process with its own
+//! configuration and log in a temporary directory, on a free loopback port.
+//!
+//! Install it with `apt-get install mosquitto` (2.0.11 on Debian 12: MQTT 5, shared
+//! subscriptions, Last Will, Message Expiry).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+
+/// Attempts to find a port the broker can bind (another process may take the probed port
+/// before Mosquitto binds it).
+const PORT_ATTEMPTS: usize = 5;
+
+/// How long the broker may take to accept TCP connections.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running Mosquitto; killed when dropped.
+pub struct Broker {
+    child: Option<Child>,
+    binary: PathBuf,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Broker {
+    /// Starts Mosquitto on a free port of 127.0.0.1 and waits until it accepts connections.
+    ///
+    /// The configuration: `listener PORT 127.0.0.1`, `allow_anonymous true`,
+    /// `persistence false`, `max_queued_messages 1000`, everything logged to a file (see
+    /// [`Broker::log`]).
+    ///
+    /// Errors: Mosquitto is not installed (the message says how to install it), the
+    /// temporary directory cannot be written, or the broker did not start (its log is in the
+    /// error).
+    pub async fn start() -> anyhow::Result<Broker> {
+        let binary = find_mosquitto()?;
+        let dir = tempfile::Builder::new()
+            .prefix("edgebeat-mosquitto-")
+            .tempdir()
+            .context("creating the broker's directory")?;
+        let mut broker = Broker {
+            child: None,
+            binary,
+            port: 0,
+            dir,
+        };
+        for _ in 0..PORT_ATTEMPTS {
+            broker.port = free_port()?;
+            broker.write_config()?;
+            if broker.spawn().await? {
+                return Ok(broker);
+            }
+            tracing::debug!(
+                port = broker.port,
+                "Mosquitto could not take the port; retrying"
+            );
+        }
+        bail!(
+            "Mosquitto did not start after {PORT_ATTEMPTS} attempts; log:\n{}",
+            broker.log()
+        )
+    }
+
+    /// The broker's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The broker's host, `127.0.0.1`.
+    pub fn host(&self) -> &str {
+        "127.0.0.1"
+    }
+
+    /// Stops the broker and waits for it to exit. It is killed outright (SIGKILL): with
+    /// persistence off there is nothing to save, and to its clients it looks like a crash,
+    /// which is what restart tests want.
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Stops the broker and starts it again on the same port with the same configuration
+    /// (no sessions or messages survive: persistence is off).
+    ///
+    /// Errors: the broker did not come back (its log is in the error).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop().await;
+        if self.spawn().await? {
+            return Ok(());
+        }
+        bail!(
+            "Mosquitto did not restart on port {}; log:\n{}",
+            self.port,
+            self.log()
+        )
+    }
+
+    /// The broker's log so far (connections, subscriptions, every packet), for assertion
+    /// messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("mosquitto.log")
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join("mosquitto.conf")
+    }
+
+    fn write_config(&self) -> anyhow::Result<()> {
+        // `user root`: started as root, Mosquitto would switch to the `mosquitto` user, who
+        // cannot write the log in our directory; it has no effect for other users.
+        let config = format!(
+            "listener {port} 127.0.0.1\n\
+             allow_anonymous true\n\
+             persistence false\n\
+             max_queued_messages 1000\n\
+             user root\n\
+             log_dest file {log}\n\
+             log_type all\n\
+             log_timestamp true\n",
+            port = self.port,
+            log = self.log_path().display(),
+        );
+        std::fs::write(self.config_path(), config).context("writing mosquitto.conf")
+    }
+
+    /// Spawns Mosquitto and waits until it accepts TCP connections. `Ok(false)` when it
+    /// exited first (typically: the port was taken).
+    async fn spawn(&mut self) -> anyhow::Result<bool> {
+        let child = Command::new(&self.binary)
+            .arg("-c")
+            .arg(self.config_path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", self.binary.display()))?;
+        self.child = Some(child);
+        // Waiting for an external process to listen: nothing to subscribe to, so poll its
+        // port with short sleeps until a deadline (the one place a sleep loop is acceptable).
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            if tokio::net::TcpStream::connect((self.host(), self.port))
+                .await
+                .is_ok()
+            {
+                return Ok(true);
+            }
+            let exited = match self.child.as_mut() {
+                Some(child) => child.try_wait().ok().flatten().is_some(),
+                None => true,
+            };
+            if exited {
+                self.child = None;
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.stop().await;
+        bail!(
+            "Mosquitto did not accept connections on port {} within {READY_TIMEOUT:?}; log:\n{}",
+            self.port,
+            self.log()
+        )
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+    }
+}
+
+/// `mosquitto` from `PATH`, else `/usr/sbin/mosquitto` (Debian's location, often not in a
+/// user's `PATH`).
+fn find_mosquitto() -> anyhow::Result<PathBuf> {
+    let in_path = std::env::var_os("PATH")
+        .map(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("mosquitto"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_default();
+    let fallback = Path::new("/usr/sbin/mosquitto");
+    match in_path {
+        Some(path) => Ok(path),
+        None if fallback.is_file() => Ok(fallback.to_path_buf()),
+        None => bail!("mosquitto not found in PATH or /usr/sbin: apt-get install mosquitto"),
+    }
+}
+
+/// A loopback port that was free a moment ago (bound to port 0, then released).
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("probing a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn starts_restarts_and_logs() {
+        let mut broker = Broker::start().await.unwrap();
+        let port = broker.port();
+        assert!(
+            tokio::net::TcpStream::connect((broker.host(), port))
+                .await
+                .is_ok()
+        );
+        broker.restart().await.unwrap();
+        assert_eq!(broker.port(), port);
+        assert!(
+            tokio::net::TcpStream::connect((broker.host(), port))
+                .await
+                .is_ok()
+        );
+        assert!(
+            broker.log().contains("mosquitto version"),
+            "{}",
+            broker.log()
+        );
+        broker.stop().await;
+        assert!(
+            tokio::net::TcpStream::connect((broker.host(), port))
+                .await
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,580 @@
+//! The agent's MQTT uplink: one rumqttc v5 client and event loop, owned by one task.
+
+use std::time::Duration;
+
+use edgebeat_proto::{
+    Ack, AckCode, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, gateway_message,
+};
+use prost::Message;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{
+    LastWill, Packet, Publish, PublishProperties, SubscribeReasonCode,
+};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    CONNECT_TIMEOUT_SECS, DEFAULT_KEEPALIVE, DEFAULT_TOPIC_PREFIX, WILL_KIND, acks_topic,
+    check_keepalive, check_level, check_prefix, disconnect, next_event, node_topic,
+};
+use crate::uplink::{
+    AfterAck, RegisterFn, Request, Session, UplinkDriver, UplinkError, reconnect_backoff,
+    refuse_while_waiting,
+};
+
+/// Capacity of rumqttc's own request queue. Requests are only handed to it while connected
+/// and with `try_*` (a full queue refuses the message instead of delaying it), so this only
+/// has to absorb one burst: the subscription, a Register and the agent loops' messages.
+const REQUEST_QUEUE: usize = 16;
+
+/// Cap of the growing wait for an answer to Register before sending it again.
+const REGISTER_TIMEOUT_MAX: Duration = Duration::from_secs(60);
+
+/// Settings of the agent's MQTT uplink.
+#[derive(Debug, Clone)]
+pub struct MqttUplinkOptions {
+    /// Broker host name or address.
+    pub host: String,
+    /// Broker port (1883 for plain MQTT).
+    pub port: u16,
+    /// MQTT client identifier (default `edgebeat-agent-{node}`). Must be unique per broker:
+    /// a second connection with the same id takes the session over.
+    pub client_id: String,
+    /// Username and password for the broker, if it wants them.
+    pub credentials: Option<(String, String)>,
+    /// Prefix of every topic (default [`DEFAULT_TOPIC_PREFIX`]); see [the module docs](super).
+    pub topic_prefix: String,
+    /// MQTT keepalive (default [`DEFAULT_KEEPALIVE`], 30 s; at least 5 s): how long a silent
+    /// link lasts before either side calls it dead. See [`DEFAULT_KEEPALIVE`] for why 30 s.
+    pub keepalive: Duration,
+    /// Message Expiry Interval of Lease renewals (default 10 s, kubelet's renew interval;
+    /// at least 1 s, fractions dropped): the broker discards a renewal it could not deliver
+    /// in time instead of handing a gateway a backlog of stale ones. Set it to the renew
+    /// interval or less. Register and status messages carry no expiry.
+    pub lease_expiry: Duration,
+    /// First reconnect delay (default 200 ms); doubles with jitter up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Largest reconnect delay (default 7 s, kubelet's lease backoff cap).
+    pub backoff_max: Duration,
+    /// Largest encoded message sent or ack accepted, in bytes (default
+    /// [`MAX_AGENT_MESSAGE_BYTES`], the gateway's limit). A larger message is not sent: the
+    /// caller gets a `REJECTED` [`Ack`] made locally, whose reason says so.
+    pub max_packet_bytes: usize,
+    /// How long to wait for the gateway's answer to Register before sending it again
+    /// (default 5 s), doubling with jitter up to 60 s and starting over on every connection.
+    /// Over a broker a Register can vanish while the connection stays up (no gateway
+    /// subscribed at that moment, a gateway restart), and the agent's loops wait for
+    /// registration, so it is resent rather than awaited forever.
+    pub register_timeout: Duration,
+}
+
+impl MqttUplinkOptions {
+    /// Options for the broker at `host:port` and the node `node_name`, with the defaults
+    /// documented on each field.
+    pub fn new(host: impl Into<String>, port: u16, node_name: &str) -> Self {
+        Self {
+            host: host.into(),
+            port,
+            client_id: format!("edgebeat-agent-{node_name}"),
+            credentials: None,
+            topic_prefix: DEFAULT_TOPIC_PREFIX.to_owned(),
+            keepalive: DEFAULT_KEEPALIVE,
+            lease_expiry: Duration::from_secs(10),
+            backoff_min: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(7),
+            max_packet_bytes: MAX_AGENT_MESSAGE_BYTES,
+            register_timeout: Duration::from_secs(5),
+        }
+    }
+
+    fn check(&self, node_name: &str) -> Result<(), MqttUplinkError> {
+        let invalid = |option, reason| MqttUplinkError::InvalidOption { option, reason };
+        check_level(node_name).map_err(|r| invalid("node_name", r))?;
+        check_prefix(&self.topic_prefix).map_err(|r| invalid("topic_prefix", r))?;
+        check_keepalive(self.keepalive).map_err(|r| invalid("keepalive", r))?;
+        if self.client_id.is_empty() {
+            return Err(invalid("client_id", "must not be empty"));
+        }
+        if self.host.is_empty() {
+            return Err(invalid("host", "must not be empty"));
+        }
+        if self.lease_expiry < Duration::from_secs(1) {
+            return Err(invalid("lease_expiry", "must be at least 1 s"));
+        }
+        if self.lease_expiry.as_secs() > u64::from(u32::MAX) {
+            return Err(invalid("lease_expiry", "must fit in 32-bit seconds"));
+        }
+        if self.backoff_min.is_zero() || self.backoff_min > self.backoff_max {
+            return Err(invalid("backoff_min", "must be > 0 and <= backoff_max"));
+        }
+        if self.register_timeout.is_zero() {
+            return Err(invalid("register_timeout", "must be > 0"));
+        }
+        if self.max_packet_bytes == 0 || u32::try_from(self.max_packet_bytes).is_err() {
+            return Err(invalid(
+                "max_packet_bytes",
+                "must be > 0 and fit in 32 bits",
+            ));
+        }
+        Ok(())
+    }
+
+    fn mqtt_options(&self) -> MqttOptions {
+        let mut mqtt = MqttOptions::new(&self.client_id, &self.host, self.port);
+        mqtt.set_keep_alive(self.keepalive)
+            // A fresh session on every connect: nothing queued at the broker while away.
+            .set_clean_start(true)
+            .set_connection_timeout(CONNECT_TIMEOUT_SECS)
+            .set_max_packet_size(u32::try_from(self.max_packet_bytes).ok());
+        if let Some((username, password)) = &self.credentials {
+            mqtt.set_credentials(username, password);
+        }
+        mqtt
+    }
+}
+
+/// Why the MQTT uplink could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MqttUplinkError {
+    /// An option (or the node name) cannot work; checked before connecting.
+    #[error("invalid MQTT uplink option {option}: {reason}")]
+    InvalidOption {
+        /// The option's field name (`node_name` for the node name).
+        option: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+/// Topics of one node.
+struct Topics {
+    register: String,
+    status: String,
+    lease: String,
+    will: String,
+    acks: String,
+}
+
+impl Topics {
+    fn new(prefix: &str, node: &str) -> Self {
+        Self {
+            register: node_topic(prefix, node, "register"),
+            status: node_topic(prefix, node, "status"),
+            lease: node_topic(prefix, node, "lease"),
+            will: node_topic(prefix, node, WILL_KIND),
+            acks: acks_topic(prefix, node),
+        }
+    }
+
+    fn for_kind(&self, kind: &str) -> Option<&str> {
+        match kind {
+            "register" => Some(&self.register),
+            "status" => Some(&self.status),
+            "lease" => Some(&self.lease),
+            _ => None,
+        }
+    }
+}
+
+/// Runs the agent's MQTT connection until `cancel` fires or every
+/// [`crate::uplink::Uplink`] handle is dropped.
+///
+/// On every CONNACK (clean start) it starts a new [`Session`], subscribes to
+/// `P/acks/{node}` and then publishes `register()`; it publishes Register again when the
+/// gateway asks, when registration was refused (with [`Session`]'s backoff), or when no
+/// answer came within `register_timeout` (doubling). Requests go to the topic of their kind
+/// (QoS 1, not retained; Lease renewals with a Message Expiry Interval of `lease_expiry`)
+/// and are answered by the acks the gateway publishes back. The Last Will
+/// (`P/nodes/{node}/will`, the `Header` of a fresh `register()`, refreshed before each
+/// connection attempt) tells gateways about a connection that died.
+///
+/// A message is only handed to rumqttc while connected: before the CONNACK and while
+/// backing off (jittered exponential, `backoff_min` to `backoff_max`) requests are refused
+/// with [`UplinkError::NotConnected`], and what rumqttc kept to resend after a lost
+/// connection is discarded, since a late heartbeat would hide a dead node. A lost connection
+/// fails pending requests with [`UplinkError::Disconnected`]. A message larger than
+/// `max_packet_bytes`, or with no kind, is answered with a `REJECTED` [`Ack`] made locally
+/// (it would be rejected by the gateway anyway). Malformed ack payloads are logged at debug
+/// level and ignored.
+///
+/// On shutdown it sends DISCONNECT (so the broker discards the Last Will) and waits up to
+/// 2 s for the broker to close the connection.
+///
+/// Errors: [`MqttUplinkError::InvalidOption`] when an option or `node_name` cannot work
+/// (checked before connecting).
+pub async fn run_uplink(
+    options: MqttUplinkOptions,
+    node_name: String,
+    register: RegisterFn,
+    mut driver: UplinkDriver,
+    cancel: CancellationToken,
+) -> Result<(), MqttUplinkError> {
+    options.check(&node_name)?;
+    let topics = Topics::new(&options.topic_prefix, &node_name);
+    let mut mqtt = options.mqtt_options();
+    mqtt.set_last_will(last_will(&topics, &node_name, &register));
+    let (client, eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
+    let mut link = Link::new(&options, topics, client, register);
+    let mut backoff = reconnect_backoff(options.backoff_min, options.backoff_max);
+    let mut next = next_event(eventloop);
+    let register_timer = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(register_timer);
+    let mut timer_armed = false;
+    loop {
+        let change = tokio::select! {
+            () = cancel.cancelled() => break,
+            () = &mut register_timer, if timer_armed => Timer::Arm(link.send_register()),
+            request = driver.requests.recv() => {
+                let Some(request) = request else { break };
+                link.send(request);
+                Timer::Keep
+            }
+            (mut eventloop, result) = &mut next => match result {
+                Ok(event) => {
+                    next = next_event(eventloop);
+                    link.on_event(event, &driver)
+                }
+                Err(error) => {
+                    let was_registered = link.close(&driver).unwrap_or(false);
+                    // rumqttc keeps unacknowledged publishes and queued requests to resend
+                    // on a resumed session; these heartbeats are stale by now.
+                    eventloop.pending.clear();
+                    if was_registered {
+                        backoff = reconnect_backoff(options.backoff_min, options.backoff_max);
+                    }
+                    let delay = backoff.next().unwrap_or(options.backoff_max);
+                    tracing::warn!(%error, ?delay, broker = %options.host, "MQTT connection lost; reconnecting");
+                    if !refuse_while_waiting(&mut driver.requests, delay, &cancel).await {
+                        return Ok(());
+                    }
+                    let will = last_will(&link.topics, &node_name, &link.register);
+                    eventloop.options.set_last_will(will);
+                    // rumqttc reconnects on this poll.
+                    next = next_event(eventloop);
+                    Timer::Disarm
+                }
+            },
+        };
+        match change {
+            Timer::Keep => {}
+            Timer::Disarm => timer_armed = false,
+            Timer::Arm(delay) => {
+                register_timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + delay);
+                timer_armed = true;
+            }
+        }
+    }
+    if link.close(&driver).is_some() {
+        disconnect(&link.client, next).await;
+    }
+    Ok(())
+}
+
+/// What to do with the Register timer.
+#[derive(Debug, PartialEq, Eq)]
+enum Timer {
+    Keep,
+    Disarm,
+    Arm(Duration),
+}
+
+/// The connection's protocol side: topics, the client handle and the current [`Session`]
+/// (`None` while not connected).
+struct Link {
+    topics: Topics,
+    client: AsyncClient,
+    register: RegisterFn,
+    session: Option<Session>,
+    register_timeouts: Box<dyn Iterator<Item = Duration> + Send>,
+    register_timeout: Duration,
+    lease_properties: PublishProperties,
+    max_packet_bytes: usize,
+}
+
+impl Link {
+    fn new(
+        options: &MqttUplinkOptions,
+        topics: Topics,
+        client: AsyncClient,
+        register: RegisterFn,
+    ) -> Self {
+        let expiry = u32::try_from(options.lease_expiry.as_secs()).unwrap_or(u32::MAX);
+        Self {
+            topics,
+            client,
+            register,
+            session: None,
+            register_timeouts: register_timeouts(options.register_timeout),
+            register_timeout: options.register_timeout,
+            lease_properties: PublishProperties {
+                message_expiry_interval: Some(expiry),
+                ..PublishProperties::default()
+            },
+            max_packet_bytes: options.max_packet_bytes,
+        }
+    }
+
+    fn on_event(&mut self, event: Event, driver: &UplinkDriver) -> Timer {
+        match event {
+            Event::Incoming(Packet::ConnAck(_)) => {
+                tracing::info!(topic = %self.topics.acks, "connected to the MQTT broker");
+                self.session = Some(Session::new());
+                self.register_timeouts = register_timeouts(self.register_timeout);
+                // Subscribed before Register goes out: the broker handles packets of one
+                // connection in order, so the answer cannot arrive before the subscription.
+                if let Err(error) = self
+                    .client
+                    .try_subscribe(&self.topics.acks, QoS::AtLeastOnce)
+                {
+                    tracing::warn!(%error, "could not queue the acks subscription");
+                }
+                Timer::Arm(self.send_register())
+            }
+            Event::Incoming(Packet::Publish(publish)) => self.on_publish(&publish, driver),
+            Event::Incoming(Packet::SubAck(suback)) => {
+                for code in &suback.return_codes {
+                    if !matches!(code, SubscribeReasonCode::Success(_)) {
+                        tracing::error!(
+                            topic = %self.topics.acks,
+                            ?code,
+                            "the broker refused the acks subscription; no answer will arrive"
+                        );
+                    }
+                }
+                Timer::Keep
+            }
+            _ => Timer::Keep,
+        }
+    }
+
+    fn on_publish(&mut self, publish: &Publish, driver: &UplinkDriver) -> Timer {
+        if publish.topic != self.topics.acks.as_bytes() {
+            tracing::debug!(topic = ?publish.topic, "ignoring a message on an unexpected topic");
+            return Timer::Keep;
+        }
+        let Some(session) = self.session.as_mut() else {
+            return Timer::Keep;
+        };
+        let ack = match GatewayMessage::decode(publish.payload.as_ref()) {
+            Ok(GatewayMessage {
+                kind: Some(gateway_message::Kind::Ack(ack)),
+            }) => ack,
+            Ok(_) => {
+                tracing::debug!("ignoring a gateway message that is not an ack");
+                return Timer::Keep;
+            }
+            Err(error) => {
+                tracing::debug!(%error, bytes = publish.payload.len(), "ignoring a malformed ack");
+                return Timer::Keep;
+            }
+        };
+        let was_registered = session.registered();
+        match session.on_ack(ack, driver) {
+            AfterAck::Nothing if session.registered() && !was_registered => {
+                self.register_timeouts = register_timeouts(self.register_timeout);
+                Timer::Disarm
+            }
+            AfterAck::Nothing => Timer::Keep,
+            AfterAck::RegisterNow => Timer::Arm(self.send_register()),
+            AfterAck::RegisterAfter(delay) => Timer::Arm(delay),
+        }
+    }
+
+    /// Publishes a fresh Register; returns how long to wait for its answer.
+    fn send_register(&mut self) -> Duration {
+        let timeout = self
+            .register_timeouts
+            .next()
+            .unwrap_or(REGISTER_TIMEOUT_MAX);
+        let Some(session) = self.session.as_mut() else {
+            return timeout;
+        };
+        let message = (self.register)();
+        let seq = message.header().map(|h| h.seq);
+        let payload = message.encode_to_vec();
+        if payload.len() > self.max_packet_bytes {
+            tracing::error!(
+                bytes = payload.len(),
+                limit = self.max_packet_bytes,
+                "Register is larger than max_packet_bytes; the gateway will reject it"
+            );
+        }
+        if let Err(error) =
+            self.client
+                .try_publish(&self.topics.register, QoS::AtLeastOnce, false, payload)
+        {
+            tracing::warn!(%error, "could not queue Register; retrying");
+        }
+        session.register_sent(seq);
+        timeout
+    }
+
+    fn send(&mut self, request: Request) {
+        let Some(session) = self.session.as_mut() else {
+            let _ = request.reply.send(Err(UplinkError::NotConnected));
+            return;
+        };
+        let message = request.message;
+        let seq = message.header().map_or(0, |h| h.seq);
+        let kind = message.kind_name();
+        let Some(topic) = self.topics.for_kind(kind) else {
+            let _ = request
+                .reply
+                .send(Ok(local_reject(seq, "message has no kind".into())));
+            return;
+        };
+        let payload = message.encode_to_vec();
+        if payload.len() > self.max_packet_bytes {
+            let reason = format!(
+                "not sent: {} bytes exceed max_packet_bytes ({})",
+                payload.len(),
+                self.max_packet_bytes
+            );
+            let _ = request.reply.send(Ok(local_reject(seq, reason)));
+            return;
+        }
+        let queued = if kind == "lease" {
+            self.client.try_publish_with_properties(
+                topic,
+                QoS::AtLeastOnce,
+                false,
+                payload,
+                self.lease_properties.clone(),
+            )
+        } else {
+            self.client
+                .try_publish(topic, QoS::AtLeastOnce, false, payload)
+        };
+        match queued {
+            Ok(()) => session.track(seq, request.reply),
+            Err(error) => {
+                // rumqttc's queue is full (the broker stopped acknowledging): refuse rather
+                // than wait, the caller retries with a fresh message.
+                tracing::debug!(%error, kind, "MQTT request queue full; message refused");
+                let _ = request.reply.send(Err(UplinkError::NotConnected));
+            }
+        }
+    }
+
+    /// Ends the current session, if any; returns whether it was registered.
+    fn close(&mut self, driver: &UplinkDriver) -> Option<bool> {
+        let mut session = self.session.take()?;
+        let registered = session.registered();
+        session.close(driver);
+        Some(registered)
+    }
+}
+
+fn register_timeouts(first: Duration) -> Box<dyn Iterator<Item = Duration> + Send> {
+    Box::new(reconnect_backoff(first, REGISTER_TIMEOUT_MAX.max(first)))
+}
+
+/// The Last Will: the `Header` of a fresh Register (node name, boot ID, and a seq lower than
+/// any message of the coming connection), QoS 1, not retained.
+fn last_will(topics: &Topics, node_name: &str, register: &RegisterFn) -> LastWill {
+    let header = register().header().cloned().unwrap_or_else(|| Header {
+        node_name: node_name.to_owned(),
+        ..Header::default()
+    });
+    LastWill::new(
+        topics.will.clone(),
+        header.encode_to_vec(),
+        QoS::AtLeastOnce,
+        false,
+        None,
+    )
+}
+
+/// An answer made by the agent itself for a message it did not send.
+fn local_reject(seq: u64, reason: String) -> Ack {
+    Ack {
+        seq,
+        code: AckCode::Rejected.into(),
+        reason,
+        ..Ack::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edgebeat_proto::AgentMessage;
+
+    #[test]
+    fn options_are_checked_before_connecting() {
+        let ok = MqttUplinkOptions::new("127.0.0.1", 1883, "edge-1");
+        assert_eq!(ok.client_id, "edgebeat-agent-edge-1");
+        assert!(ok.check("edge-1").is_ok());
+        let err = |o: &MqttUplinkOptions, node: &str| match o.check(node) {
+            Err(MqttUplinkError::InvalidOption { option, .. }) => option,
+            Ok(()) => "ok",
+        };
+        assert_eq!(err(&ok, "a/b"), "node_name");
+        assert_eq!(err(&ok, "+"), "node_name");
+        let mut o = ok.clone();
+        o.lease_expiry = Duration::from_millis(999);
+        assert_eq!(err(&o, "edge-1"), "lease_expiry");
+        let mut o = ok.clone();
+        o.keepalive = Duration::from_secs(1);
+        assert_eq!(err(&o, "edge-1"), "keepalive");
+        let mut o = ok.clone();
+        o.topic_prefix = "edgebeat/v1/".into();
+        assert_eq!(err(&o, "edge-1"), "topic_prefix");
+        let mut o = ok;
+        o.backoff_min = Duration::from_secs(8);
+        assert_eq!(err(&o, "edge-1"), "backoff_min");
+    }
+
+    #[test]
+    fn each_kind_has_its_topic() {
+        let t = Topics::new("p", "n");
+        assert_eq!(t.for_kind("register"), Some("p/nodes/n/register"));
+        assert_eq!(t.for_kind("status"), Some("p/nodes/n/status"));
+        assert_eq!(t.for_kind("lease"), Some("p/nodes/n/lease"));
+        assert_eq!(t.for_kind("unknown"), None);
+        assert_eq!(t.will, "p/nodes/n/will");
+        assert_eq!(t.acks, "p/acks/n");
+    }
+
+    #[test]
+    fn lease_expiry_is_whole_seconds_rounded_down() {
+        let mut o = MqttUplinkOptions::new("h", 1, "n");
+        o.lease_expiry = Duration::from_millis(10_900);
+        let (client, _eventloop) = AsyncClient::new(o.mqtt_options(), 1);
+        let register: RegisterFn = std::sync::Arc::new(AgentMessage::default);
+        let link = Link::new(&o, Topics::new("p", "n"), client, register);
+        assert_eq!(link.lease_properties.message_expiry_interval, Some(10));
+    }
+
+    #[test]
+    fn will_carries_the_register_header() {
+        let register: RegisterFn = std::sync::Arc::new(|| AgentMessage {
+            kind: Some(edgebeat_proto::agent_message::Kind::Register(
+                edgebeat_proto::Register {
+                    header: Some(Header {
+                        node_name: "n".into(),
+                        boot_id: vec![1; 16],
+                        seq: 42,
+                        wall_time_ms: 0,
+                    }),
+                    ..Default::default()
+                },
+            )),
+        });
+        let will = last_will(&Topics::new("p", "n"), "n", &register);
+        assert_eq!(will.topic, "p/nodes/n/will".as_bytes());
+        assert!(!will.retain);
+        assert_eq!(will.qos, QoS::AtLeastOnce);
+        let header = Header::decode(will.message.as_ref()).unwrap();
+        assert_eq!((header.node_name.as_str(), header.seq), ("n", 42));
+        // Without a header the node name still identifies the session.
+        let empty: RegisterFn = std::sync::Arc::new(AgentMessage::default);
+        let will = last_will(&Topics::new("p", "n"), "n", &empty);
+        assert_eq!(
+            Header::decode(will.message.as_ref()).unwrap().node_name,
+            "n"
+        );
+    }
+}

@@ -1,0 +1,249 @@
+//! MQTT 5 transport through a broker (rumqttc's v5 client).
+//!
+//! Topics, under a configurable prefix `P` (default [`DEFAULT_TOPIC_PREFIX`]):
+//!
+//! | topic                        | direction        | payload                          | notes |
+//! |------------------------------|------------------|----------------------------------|-------|
+//! | `P/nodes/{node}/register`    | agent → gateway  | protobuf `AgentMessage`          | QoS 1 |
+//! | `P/nodes/{node}/status`      | agent → gateway  | protobuf `AgentMessage`          | QoS 1 |
+//! | `P/nodes/{node}/lease`       | agent → gateway  | protobuf `AgentMessage`          | QoS 1, Message Expiry Interval |
+//! | `P/nodes/{node}/will`        | broker → gateway | protobuf `Header` (Last Will)    | QoS 1 |
+//! | `P/acks/{node}`              | gateway → agent  | protobuf `GatewayMessage`        | QoS 1 |
+//!
+//! Nothing is retained: a retained heartbeat would be stale by the time anyone read it. The
+//! whole `AgentMessage` oneof is the payload on every agent topic, so the gateway has one
+//! decoder; the topic only routes, and the gateway checks that it agrees with the message.
+//! Gateways subscribe with the shared subscription `$share/{group}/P/nodes/+/+`, so replicas
+//! split the fleet (see [`gateway_filter`]).
+//!
+//! Both sides own one rumqttc `EventLoop` in one task and keep its `poll()` future alive
+//! across `select!` iterations (see `next_event`), so an unrelated branch winning never
+//! cancels a half-written packet.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use rumqttc::Outgoing;
+use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop};
+
+#[cfg(feature = "mqtt-uplink")]
+mod client;
+#[cfg(feature = "mqtt-ingress")]
+mod server;
+
+#[cfg(feature = "mqtt-uplink")]
+pub use client::{MqttUplinkError, MqttUplinkOptions, run_uplink};
+#[cfg(feature = "mqtt-ingress")]
+pub use server::{
+    MqttIngressError, MqttIngressOptions, REJECT_MALFORMED, REJECT_MISMATCH, REJECT_QUEUE_FULL,
+    REJECT_TOO_LARGE, REJECT_UNKNOWN_TOPIC, serve,
+};
+
+/// Default topic prefix, `edgebeat/v1` (the wire package's version).
+pub const DEFAULT_TOPIC_PREFIX: &str = "edgebeat/v1";
+
+/// Default shared-subscription group of gateway replicas, `edgebeat-gateway`.
+pub const DEFAULT_SHARE_GROUP: &str = "edgebeat-gateway";
+
+/// Default MQTT keepalive on both sides, 30 s.
+///
+/// Tuned for flaky links: the broker declares a silent client dead after 1.5 × keepalive
+/// (45 s, then the Last Will goes out) and rumqttc after a ping unanswered for one keepalive,
+/// so a dead cellular link is noticed about one lease duration (40 s) later, while a few
+/// seconds of lost signal (which TCP retransmission rides out) does not tear the session down
+/// and make every agent of a cell re-register at once. A ping costs 2 bytes each way.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// Time allowed for TCP connect plus CONNECT/CONNACK, 10 s (rumqttc's default of 5 s is short
+/// for a congested cellular uplink).
+pub(crate) const CONNECT_TIMEOUT_SECS: u64 = 10;
+
+/// Longest a clean shutdown waits for the DISCONNECT to go out.
+pub(crate) const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The three agent message kinds with a topic each, as [`edgebeat_proto::AgentMessage::kind_name`]
+/// names them.
+pub const MESSAGE_KINDS: [&str; 3] = ["register", "status", "lease"];
+
+/// Last segment of the Last Will topic, `P/nodes/{node}/will`.
+pub const WILL_KIND: &str = "will";
+
+/// Topic of one agent message kind (`register`, `status`, `lease`) or of the Last Will
+/// (`will`): `{prefix}/nodes/{node}/{kind}`.
+pub fn node_topic(prefix: &str, node: &str, kind: &str) -> String {
+    format!("{prefix}/nodes/{node}/{kind}")
+}
+
+/// Topic the gateway answers one node on: `{prefix}/acks/{node}`.
+pub fn acks_topic(prefix: &str, node: &str) -> String {
+    format!("{prefix}/acks/{node}")
+}
+
+/// Shared-subscription filter of gateway replicas: `$share/{group}/{prefix}/nodes/+/+`.
+pub fn gateway_filter(prefix: &str, group: &str) -> String {
+    format!("$share/{group}/{prefix}/nodes/+/+")
+}
+
+/// Splits `{prefix}/nodes/{node}/{kind}` into `(node, kind)`; `None` for any other topic.
+pub fn parse_node_topic<'t>(prefix: &str, topic: &'t str) -> Option<(&'t str, &'t str)> {
+    let rest = topic.strip_prefix(prefix)?.strip_prefix("/nodes/")?;
+    let (node, kind) = rest.split_once('/')?;
+    if node.is_empty() || kind.is_empty() || kind.contains('/') {
+        return None;
+    }
+    Some((node, kind))
+}
+
+/// Checks a topic prefix: not empty, no wildcard, no `$` start (reserved for the broker), no
+/// leading or trailing `/`, no NUL.
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), &'static str> {
+    if prefix.is_empty() {
+        return Err("must not be empty");
+    }
+    if prefix.starts_with('$') {
+        return Err("must not start with '$' (reserved by MQTT)");
+    }
+    if prefix.starts_with('/') || prefix.ends_with('/') {
+        return Err("must not start or end with '/'");
+    }
+    if prefix.contains(['+', '#', '\0']) {
+        return Err("must not contain '+', '#' or NUL");
+    }
+    Ok(())
+}
+
+/// Checks one topic level (node name, share group): not empty, no `/`, wildcard or NUL.
+pub(crate) fn check_level(level: &str) -> Result<(), &'static str> {
+    if level.is_empty() {
+        return Err("must not be empty");
+    }
+    if level.contains(['/', '+', '#', '\0']) {
+        return Err("must not contain '/', '+', '#' or NUL");
+    }
+    Ok(())
+}
+
+/// Checks a keepalive for rumqttc (which panics below 5 s) and MQTT (16-bit seconds).
+pub(crate) fn check_keepalive(keepalive: Duration) -> Result<(), &'static str> {
+    if keepalive < Duration::from_secs(5) {
+        return Err("must be at least 5 s");
+    }
+    if keepalive.as_secs() > u64::from(u16::MAX) {
+        return Err("must be at most 65535 s");
+    }
+    Ok(())
+}
+
+/// One `EventLoop::poll()` that owns the event loop and hands it back with the result.
+pub(crate) type NextEvent =
+    Pin<Box<dyn Future<Output = (EventLoop, Result<Event, ConnectionError>)> + Send>>;
+
+/// Starts the next `poll()`. The future is kept across `select!` iterations and only
+/// replaced once it completed: dropping `poll()` halfway could lose a packet rumqttc had
+/// already taken from its queue and counted as in flight.
+pub(crate) fn next_event(mut eventloop: EventLoop) -> NextEvent {
+    Box::pin(async move {
+        let result = eventloop.poll().await;
+        (eventloop, result)
+    })
+}
+
+/// Sends DISCONNECT (normal disconnection: the broker discards the Last Will) and drives the
+/// event loop until the broker closed the connection or [`DISCONNECT_TIMEOUT`] passed.
+///
+/// Waiting for the broker's close (rather than dropping the socket as soon as DISCONNECT is
+/// flushed) avoids a TCP reset racing the DISCONNECT when unread data is pending.
+pub(crate) async fn disconnect(client: &AsyncClient, mut next: NextEvent) {
+    let deadline = tokio::time::sleep(DISCONNECT_TIMEOUT);
+    tokio::pin!(deadline);
+    let request = client.disconnect();
+    tokio::pin!(request);
+    let mut requested = false;
+    let mut sent = false;
+    loop {
+        tokio::select! {
+            () = &mut deadline => {
+                tracing::debug!(sent, "MQTT disconnect did not finish in time");
+                return;
+            }
+            result = &mut request, if !requested => {
+                requested = true;
+                if result.is_err() {
+                    return;
+                }
+            }
+            (eventloop, result) = &mut next => match result {
+                Ok(Event::Outgoing(Outgoing::Disconnect)) => {
+                    sent = true;
+                    next = next_event(eventloop);
+                }
+                Ok(_) => next = next_event(eventloop),
+                // Before DISCONNECT went out this is a broken connection (nothing more to
+                // do); after it, the broker closing its end: done either way. Polling again
+                // would reconnect.
+                Err(_) => return,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_follow_the_contract() {
+        assert_eq!(
+            node_topic("edgebeat/v1", "edge-1", "lease"),
+            "edgebeat/v1/nodes/edge-1/lease"
+        );
+        assert_eq!(
+            acks_topic("edgebeat/v1", "edge-1"),
+            "edgebeat/v1/acks/edge-1"
+        );
+        assert_eq!(
+            gateway_filter("edgebeat/v1", "edgebeat-gateway"),
+            "$share/edgebeat-gateway/edgebeat/v1/nodes/+/+"
+        );
+    }
+
+    #[test]
+    fn node_topics_parse_back() {
+        let p = "site/a";
+        assert_eq!(
+            parse_node_topic(p, "site/a/nodes/n1/status"),
+            Some(("n1", "status"))
+        );
+        assert_eq!(
+            parse_node_topic(p, "site/a/nodes/n1/will"),
+            Some(("n1", "will"))
+        );
+        for bad in [
+            "site/a/nodes/n1",
+            "site/a/nodes//lease",
+            "site/a/nodes/n1/",
+            "site/a/nodes/n1/lease/x",
+            "site/b/nodes/n1/lease",
+            "site/ab/nodes/n1/lease",
+            "site/a/acks/n1",
+        ] {
+            assert_eq!(parse_node_topic(p, bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn prefixes_and_levels_are_checked() {
+        assert!(check_prefix("edgebeat/v1").is_ok());
+        for bad in ["", "$SYS/x", "/a", "a/", "a/+/b", "a/#"] {
+            assert!(check_prefix(bad).is_err(), "{bad}");
+        }
+        assert!(check_level("edge-0001.site").is_ok());
+        for bad in ["", "a/b", "+", "#", "a\0"] {
+            assert!(check_level(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_keepalive(Duration::from_secs(4)).is_err());
+        assert!(check_keepalive(Duration::from_secs(30)).is_ok());
+        assert!(check_keepalive(Duration::from_secs(70_000)).is_err());
+    }
+}

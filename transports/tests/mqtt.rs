@@ -1,0 +1,986 @@
+//! The MQTT transport against a real Mosquitto (Debian's `mosquitto` package), one broker
+//! per test on a free loopback port.
+#![cfg(all(feature = "mqtt-uplink", feature = "mqtt-ingress"))]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use edgebeat_proto::{
+    Ack, AckCode, AgentMessage, Header, LeaseRenewal, Register, StatusReport, agent_message::Kind,
+};
+use edgebeat_transports::ingress::{Handler, Peer, TransportKind};
+use edgebeat_transports::mqtt::{
+    self, MqttIngressError, MqttIngressOptions, MqttUplinkError, MqttUplinkOptions,
+};
+use edgebeat_transports::uplink::{self, RegisterFn, Uplink, UplinkError};
+use prost::Message;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use broker::Mosquitto;
+
+const PREFIX: &str = "edgebeat/v1";
+/// Upper bound for anything that should happen "soon" (reconnects included).
+const DEADLINE: Duration = Duration::from_secs(20);
+const BOOT_ID: [u8; 16] = [0x0f; 16];
+
+// ---------------------------------------------------------------------------------------
+// An agent's messages.
+
+struct Node {
+    name: String,
+    seq: AtomicU64,
+}
+
+impl Node {
+    fn new(name: &str) -> Arc<Self> {
+        Arc::new(Self {
+            name: name.into(),
+            seq: AtomicU64::new(1),
+        })
+    }
+
+    fn header(&self) -> Header {
+        Header {
+            node_name: self.name.clone(),
+            boot_id: BOOT_ID.to_vec(),
+            seq: self.seq.fetch_add(1, Ordering::SeqCst),
+            wall_time_ms: 1_780_000_000_000,
+        }
+    }
+
+    fn register(&self) -> AgentMessage {
+        AgentMessage {
+            kind: Some(Kind::Register(Register {
+                header: Some(self.header()),
+                ..Register::default()
+            })),
+        }
+    }
+
+    fn lease(&self) -> AgentMessage {
+        AgentMessage {
+            kind: Some(Kind::Lease(LeaseRenewal {
+                header: Some(self.header()),
+                lease_duration_seconds: 40,
+                lease_state: Vec::new(),
+            })),
+        }
+    }
+
+    fn status(&self) -> AgentMessage {
+        AgentMessage {
+            kind: Some(Kind::Status(StatusReport {
+                header: Some(self.header()),
+                status: None,
+            })),
+        }
+    }
+
+    fn register_fn(self: &Arc<Self>) -> RegisterFn {
+        let me = self.clone();
+        Arc::new(move || me.register())
+    }
+}
+
+fn seq_of(message: &AgentMessage) -> u64 {
+    message.header().unwrap().seq
+}
+
+// ---------------------------------------------------------------------------------------
+// A gateway's handler that records everything.
+
+#[derive(Debug, Clone)]
+struct Seen {
+    peer: Peer,
+    node: String,
+    kind: &'static str,
+    seq: u64,
+}
+
+struct Recorder {
+    seen: Mutex<Vec<Seen>>,
+    rejected: Mutex<Vec<String>>,
+    changes: watch::Sender<u64>,
+    /// Messages of this node wait for a permit before they are handled.
+    hold: Option<(String, Arc<tokio::sync::Semaphore>)>,
+}
+
+impl Recorder {
+    fn new() -> Arc<Self> {
+        Self::sharing(watch::channel(0).0)
+    }
+
+    /// A recorder that signals its changes on `changes` (shared by replicas).
+    fn sharing(changes: watch::Sender<u64>) -> Arc<Self> {
+        Arc::new(Self {
+            seen: Mutex::new(Vec::new()),
+            rejected: Mutex::new(Vec::new()),
+            changes,
+            hold: None,
+        })
+    }
+
+    /// A recorder whose handling of `node` waits for permits on the returned semaphore.
+    fn holding(node: &str) -> (Arc<Self>, Arc<tokio::sync::Semaphore>) {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let recorder = Arc::new(Self {
+            seen: Mutex::new(Vec::new()),
+            rejected: Mutex::new(Vec::new()),
+            changes: watch::channel(0).0,
+            hold: Some((node.to_owned(), gate.clone())),
+        });
+        (recorder, gate)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn rejected(&self) -> Vec<String> {
+        self.rejected.lock().unwrap().clone()
+    }
+
+    fn count(&self, node: &str, kind: &str) -> usize {
+        self.seen()
+            .iter()
+            .filter(|s| s.node == node && s.kind == kind)
+            .count()
+    }
+
+    /// Waits (up to [`DEADLINE`]) until `condition` holds, re-checking on every message.
+    async fn until(&self, what: &str, broker: &Mosquitto, condition: impl Fn(&Self) -> bool) {
+        let mut changes = self.changes.subscribe();
+        let waited = tokio::time::timeout(DEADLINE, changes.wait_for(|_| condition(self))).await;
+        assert!(
+            waited.is_ok(),
+            "timed out waiting for {what}; seen {:?}, rejected {:?}\nbroker log:\n{}",
+            self.seen(),
+            self.rejected(),
+            broker.log()
+        );
+    }
+}
+
+impl Handler for Recorder {
+    async fn handle(&self, peer: &Peer, message: AgentMessage) -> Ack {
+        let header = message.header().cloned().unwrap_or_default();
+        let kind = message.kind_name();
+        if let Some((node, gate)) = &self.hold
+            && *node == header.node_name
+        {
+            gate.acquire().await.unwrap().forget();
+        }
+        self.seen.lock().unwrap().push(Seen {
+            peer: peer.clone(),
+            node: header.node_name,
+            kind,
+            seq: header.seq,
+        });
+        self.changes.send_modify(|n| *n += 1);
+        Ack {
+            seq: header.seq,
+            code: AckCode::Ok.into(),
+            registered: kind == "register",
+            lease_state: if kind == "lease" {
+                b"rv-1".to_vec()
+            } else {
+                Vec::new()
+            },
+            ..Ack::default()
+        }
+    }
+
+    fn rejected(&self, _peer: &Peer, reason: &str) {
+        self.rejected.lock().unwrap().push(reason.to_owned());
+        self.changes.send_modify(|n| *n += 1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Starting both halves.
+
+fn uplink_options(broker: &Mosquitto, node: &Node) -> MqttUplinkOptions {
+    let mut options = MqttUplinkOptions::new(broker.host(), broker.port(), &node.name);
+    options.backoff_min = Duration::from_millis(50);
+    options.backoff_max = Duration::from_millis(500);
+    options.register_timeout = Duration::from_millis(500);
+    options
+}
+
+struct Agent {
+    uplink: Uplink,
+    cancel: CancellationToken,
+    task: JoinHandle<Result<(), MqttUplinkError>>,
+}
+
+fn start_agent(options: MqttUplinkOptions, node: &Arc<Node>) -> Agent {
+    let (uplink, driver) = uplink::channel(8);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(mqtt::run_uplink(
+        options,
+        node.name.clone(),
+        node.register_fn(),
+        driver,
+        cancel.clone(),
+    ));
+    Agent {
+        uplink,
+        cancel,
+        task,
+    }
+}
+
+impl Agent {
+    async fn until_registered(&self, broker: &Mosquitto) {
+        let mut registered = self.uplink.registered();
+        let waited = tokio::time::timeout(DEADLINE, registered.wait_for(|r| *r)).await;
+        assert!(
+            waited.is_ok(),
+            "agent never registered\nbroker log:\n{}",
+            broker.log()
+        );
+    }
+}
+
+struct Gateway {
+    cancel: CancellationToken,
+    task: JoinHandle<Result<(), MqttIngressError>>,
+}
+
+fn start_gateway(options: MqttIngressOptions, handler: &Arc<Recorder>) -> Gateway {
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(mqtt::serve(
+        options,
+        handler.clone(),
+        cancel.clone().cancelled_owned(),
+    ));
+    Gateway { cancel, task }
+}
+
+impl Gateway {
+    async fn stop(self) {
+        self.cancel.cancel();
+        let result = tokio::time::timeout(DEADLINE, self.task).await;
+        assert!(matches!(result, Ok(Ok(Ok(())))), "{result:?}");
+    }
+}
+
+/// A plain rumqttc client: publishes raw bytes and, with `filter`, forwards what it
+/// receives. Returns once the broker acknowledged the connection (and the subscription).
+async fn raw_client(
+    broker: &Mosquitto,
+    id: &str,
+    filter: Option<&str>,
+) -> (AsyncClient, mpsc::UnboundedReceiver<Publish>) {
+    let (client, mut eventloop) =
+        AsyncClient::new(MqttOptions::new(id, broker.host(), broker.port()), 64);
+    if let Some(filter) = filter {
+        client.subscribe(filter, QoS::AtLeastOnce).await.unwrap();
+    }
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let want_suback = filter.is_some();
+    tokio::spawn(async move {
+        let mut ready_tx = Some(ready_tx);
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) if !want_suback => {
+                    ready_tx.take().map(|r| r.send(()));
+                }
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    ready_tx.take().map(|r| r.send(()));
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    if tx.send(p).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    tokio::time::timeout(DEADLINE, ready)
+        .await
+        .expect("raw client ready")
+        .expect("raw client event loop");
+    (client, rx)
+}
+
+async fn next_publish(rx: &mut mpsc::UnboundedReceiver<Publish>, broker: &Mosquitto) -> Publish {
+    match tokio::time::timeout(DEADLINE, rx.recv()).await {
+        Ok(Some(p)) => p,
+        other => panic!("no publish: {other:?}\nbroker log:\n{}", broker.log()),
+    }
+}
+
+fn topic(p: &Publish) -> String {
+    String::from_utf8_lossy(&p.topic).into_owned()
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests.
+
+/// Uplink ↔ ingress through the broker: Register goes first, a lease gets its Ack (with
+/// the gateway's lease state), and the gateway sees an MQTT peer with no address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uplink_and_ingress_exchange_register_and_lease_acks() {
+    let broker = Mosquitto::start().await;
+    let handler = Recorder::new();
+    let gateway = start_gateway(
+        MqttIngressOptions::new(broker.host(), broker.port(), "gw-0"),
+        &handler,
+    );
+    let node = Node::new("edge-0001");
+    let agent = start_agent(uplink_options(&broker, &node), &node);
+    agent.until_registered(&broker).await;
+
+    let lease = node.lease();
+    let seq = seq_of(&lease);
+    let ack = agent
+        .uplink
+        .send(lease, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(ack.seq, seq);
+    assert_eq!(ack.code, i32::from(AckCode::Ok));
+    assert_eq!(ack.lease_state, b"rv-1");
+    let status = node.status();
+    let ack = agent
+        .uplink
+        .send(status.clone(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(ack.seq, seq_of(&status));
+
+    let seen = handler.seen();
+    assert_eq!(seen[0].kind, "register", "{seen:?}");
+    let kinds: Vec<_> = seen.iter().map(|s| s.kind).collect();
+    assert_eq!(kinds, ["register", "lease", "status"]);
+    for s in &seen {
+        assert_eq!(s.node, "edge-0001");
+        assert_eq!(
+            s.peer,
+            Peer {
+                transport: TransportKind::Mqtt,
+                remote: None,
+                identity: None
+            }
+        );
+    }
+    assert!(handler.rejected().is_empty());
+
+    agent.cancel.cancel();
+    assert!(matches!(agent.task.await, Ok(Ok(()))));
+    gateway.stop().await;
+}
+
+/// Lease renewals carry a Message Expiry Interval (so the broker never delivers a stale
+/// backlog); Register and status carry none; nothing is retained. Also measures a
+/// renewal's size on the wire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_publishes_carry_message_expiry() {
+    let broker = Mosquitto::start().await;
+    let (_spy, mut spied) = raw_client(&broker, "spy", Some(&format!("{PREFIX}/nodes/+/+"))).await;
+    let node = Node::new("edge-0002");
+    let mut options = uplink_options(&broker, &node);
+    options.lease_expiry = Duration::from_secs(7);
+    options.register_timeout = Duration::from_secs(60);
+    let agent = start_agent(options, &node);
+
+    // Connected once Register shows up (no gateway here: nobody answers).
+    let register = next_publish(&mut spied, &broker).await;
+    assert_eq!(
+        topic(&register),
+        format!("{PREFIX}/nodes/edge-0002/register")
+    );
+    assert_eq!(
+        AgentMessage::decode(register.payload.as_ref())
+            .unwrap()
+            .kind_name(),
+        "register"
+    );
+
+    let lease = node.lease();
+    let lease_bytes = lease.encoded_len();
+    let answer = agent.uplink.send(lease, Duration::from_millis(200)).await;
+    assert_eq!(
+        answer,
+        Err(UplinkError::Timeout(Duration::from_millis(200)))
+    );
+    let status = node.status();
+    let _ = agent.uplink.send(status, Duration::from_millis(200)).await;
+
+    let lease = next_publish(&mut spied, &broker).await;
+    assert_eq!(topic(&lease), format!("{PREFIX}/nodes/edge-0002/lease"));
+    let expiry = lease
+        .properties
+        .as_ref()
+        .and_then(|p| p.message_expiry_interval);
+    // Mosquitto forwards the remaining lifetime: 7, or 6 if a second boundary passed.
+    assert!(matches!(expiry, Some(6 | 7)), "{:?}", lease.properties);
+    let status = next_publish(&mut spied, &broker).await;
+    assert_eq!(topic(&status), format!("{PREFIX}/nodes/edge-0002/status"));
+    for p in [&register, &lease, &status] {
+        assert_eq!(p.qos, QoS::AtLeastOnce);
+        assert!(!p.retain);
+    }
+    for p in [&register, &status] {
+        assert_eq!(
+            p.properties
+                .as_ref()
+                .and_then(|p| p.message_expiry_interval),
+            None
+        );
+    }
+
+    // PUBLISH on the wire: fixed header (1 + remaining-length varint), topic (2 + len),
+    // packet id (2), properties (length byte + expiry property 5), payload.
+    let topic_len = lease.topic.len();
+    let remaining = 2 + topic_len + 2 + 1 + 5 + lease_bytes;
+    let wire = 1 + if remaining < 128 { 1 } else { 2 } + remaining;
+    assert_eq!(lease.payload.len(), lease_bytes);
+    assert!(lease_bytes < 64, "renewal payload {lease_bytes} bytes");
+    eprintln!(
+        "lease renewal: payload {lease_bytes} B, topic {topic_len} B, PUBLISH {wire} B on the wire"
+    );
+
+    agent.cancel.cancel();
+    assert!(matches!(agent.task.await, Ok(Ok(()))));
+}
+
+/// Two gateway replicas on the shared subscription split the messages: each one is
+/// handled exactly once in total, and both replicas get some.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_subscription_splits_messages_between_replicas() {
+    let broker = Mosquitto::start().await;
+    let changes = watch::channel(0).0;
+    let a = Recorder::sharing(changes.clone());
+    let b = Recorder::sharing(changes);
+    // Each node publishes in a burst here: room for all of it (flooding is another test).
+    let replica = |id: &str| {
+        let mut options = MqttIngressOptions::new(broker.host(), broker.port(), id);
+        options.per_node_queue = 64;
+        options
+    };
+    let gw_a = start_gateway(replica("gw-a"), &a);
+    let gw_b = start_gateway(replica("gw-b"), &b);
+    let (publisher, _) = raw_client(&broker, "publisher", None).await;
+    let probes = |a: &Recorder, b: &Recorder| a.count("probe", "lease") + b.count("probe", "lease");
+
+    // Both replicas are subscribed once each has handled a probe (the broker hands
+    // messages round-robin to the subscribed members of a group). A probe published before
+    // any replica subscribed is lost, so one that is not handled within a second is
+    // followed by another.
+    let probe = Node::new("probe");
+    let mut sent = 0;
+    while a.count("probe", "lease") == 0 || b.count("probe", "lease") == 0 {
+        assert!(sent < 100, "a replica never got a probe\n{}", broker.log());
+        let before = probes(&a, &b);
+        publisher
+            .publish(
+                mqtt::node_topic(PREFIX, "probe", "lease"),
+                QoS::AtLeastOnce,
+                false,
+                probe.lease().encode_to_vec(),
+            )
+            .await
+            .unwrap();
+        sent += 1;
+        let mut changes = a.changes.subscribe();
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            changes.wait_for(|_| probes(&a, &b) > before),
+        )
+        .await;
+    }
+
+    const PER_NODE: u64 = 10;
+    let nodes: Vec<_> = (0..4).map(|i| Node::new(&format!("edge-{i:04}"))).collect();
+    for _ in 0..PER_NODE {
+        for node in &nodes {
+            let kind = if node.seq.load(Ordering::SeqCst) % 2 == 0 {
+                node.status()
+            } else {
+                node.lease()
+            };
+            publisher
+                .publish(
+                    mqtt::node_topic(PREFIX, &node.name, kind.kind_name()),
+                    QoS::AtLeastOnce,
+                    false,
+                    kind.encode_to_vec(),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let fleet = |r: &Recorder| -> Vec<(String, u64)> {
+        r.seen()
+            .into_iter()
+            .filter(|s| s.node != "probe")
+            .map(|s| (s.node, s.seq))
+            .collect()
+    };
+    let expected = nodes.len() * PER_NODE as usize;
+    a.until("all messages handled", &broker, |a| {
+        fleet(a).len() + fleet(&b).len() >= expected
+    })
+    .await;
+    let (from_a, from_b) = (fleet(&a), fleet(&b));
+    let unique: HashSet<_> = from_a.iter().chain(&from_b).cloned().collect();
+    assert_eq!(from_a.len() + from_b.len(), nodes.len() * PER_NODE as usize);
+    assert_eq!(unique.len(), nodes.len() * PER_NODE as usize, "duplicates");
+    assert!(
+        !from_a.is_empty() && !from_b.is_empty(),
+        "a got {}, b got {}",
+        from_a.len(),
+        from_b.len()
+    );
+    eprintln!(
+        "replica a handled {}, replica b {}",
+        from_a.len(),
+        from_b.len()
+    );
+    assert!(a.rejected().is_empty() && b.rejected().is_empty());
+    gw_a.stop().await;
+    gw_b.stop().await;
+}
+
+/// Malformed, oversized, mismatched and unknown-topic publishes are reported through
+/// `Handler::rejected`, and a legitimate node keeps getting acks meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_publishes_are_rejected_and_good_nodes_keep_going() {
+    let broker = Mosquitto::start().await;
+    let handler = Recorder::new();
+    let mut options = MqttIngressOptions::new(broker.host(), broker.port(), "gw-0");
+    options.max_packet_bytes = 1024;
+    let gateway = start_gateway(options, &handler);
+    let good = Node::new("good");
+    let agent = start_agent(uplink_options(&broker, &good), &good);
+    agent.until_registered(&broker).await;
+    let ack = agent
+        .uplink
+        .send(good.lease(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(ack.code, i32::from(AckCode::Ok));
+
+    let (publisher, _) = raw_client(&broker, "intruder", None).await;
+    let intruder = Node::new("intruder");
+    let bad: [(String, Vec<u8>, &str); 5] = [
+        (
+            mqtt::node_topic(PREFIX, "evil", "lease"),
+            vec![0xff, 0xff, 0xff],
+            mqtt::REJECT_MALFORMED,
+        ),
+        (
+            mqtt::node_topic(PREFIX, "good", "lease"),
+            intruder.lease().encode_to_vec(),
+            mqtt::REJECT_MISMATCH,
+        ),
+        (
+            mqtt::node_topic(PREFIX, "intruder", "status"),
+            intruder.lease().encode_to_vec(),
+            mqtt::REJECT_MISMATCH,
+        ),
+        (
+            mqtt::node_topic(PREFIX, "evil", "lease"),
+            vec![0x0a; 2000],
+            mqtt::REJECT_TOO_LARGE,
+        ),
+        (
+            mqtt::node_topic(PREFIX, "evil", "bogus"),
+            intruder.lease().encode_to_vec(),
+            mqtt::REJECT_UNKNOWN_TOPIC,
+        ),
+    ];
+    for (topic, payload, _) in &bad {
+        publisher
+            .publish(topic.clone(), QoS::AtLeastOnce, false, payload.clone())
+            .await
+            .unwrap();
+    }
+    handler
+        .until("every bad publish rejected", &broker, |h| {
+            h.rejected().len() >= bad.len()
+        })
+        .await;
+    let mut reasons = handler.rejected();
+    let mut expected: Vec<_> = bad.iter().map(|(_, _, r)| r.to_string()).collect();
+    reasons.sort();
+    expected.sort();
+    assert_eq!(reasons, expected);
+
+    for _ in 0..3 {
+        let lease = good.lease();
+        let seq = seq_of(&lease);
+        let ack = agent
+            .uplink
+            .send(lease, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!((ack.seq, ack.code), (seq, i32::from(AckCode::Ok)));
+    }
+    assert!(
+        handler.seen().iter().all(|s| s.node == "good"),
+        "nothing foreign reached the handler"
+    );
+    agent.cancel.cancel();
+    gateway.stop().await;
+}
+
+/// One node flooding the gateway (its handler stuck) loses its excess messages as
+/// "per-node queue full", while another node keeps getting acks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_node_does_not_starve_others() {
+    let broker = Mosquitto::start().await;
+    let (handler, gate) = Recorder::holding("flood");
+    let mut options = MqttIngressOptions::new(broker.host(), broker.port(), "gw-0");
+    options.per_node_queue = 4;
+    let gateway = start_gateway(options, &handler);
+    let good = Node::new("good");
+    let agent = start_agent(uplink_options(&broker, &good), &good);
+    agent.until_registered(&broker).await;
+
+    let (publisher, _) = raw_client(&broker, "flood", None).await;
+    let flood = Node::new("flood");
+    const FLOOD: usize = 30;
+    for _ in 0..FLOOD {
+        publisher
+            .publish(
+                mqtt::node_topic(PREFIX, "flood", "lease"),
+                QoS::AtLeastOnce,
+                false,
+                flood.lease().encode_to_vec(),
+            )
+            .await
+            .unwrap();
+    }
+    // One message is being handled (stuck), `per_node_queue` wait, the rest are dropped.
+    let dropped = FLOOD - 1 - 4;
+    handler
+        .until("the flood's excess dropped", &broker, |h| {
+            h.rejected().len() >= dropped
+        })
+        .await;
+    assert!(
+        handler
+            .rejected()
+            .iter()
+            .all(|r| r == mqtt::REJECT_QUEUE_FULL)
+    );
+    for _ in 0..3 {
+        let ack = agent
+            .uplink
+            .send(good.lease(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(ack.code, i32::from(AckCode::Ok));
+    }
+    // Released, the flood's queued messages are handled in order.
+    gate.add_permits(FLOOD);
+    handler
+        .until("the queued flood handled", &broker, |h| {
+            h.count("flood", "lease") == FLOOD - dropped
+        })
+        .await;
+    let seqs: Vec<_> = handler
+        .seen()
+        .iter()
+        .filter(|s| s.node == "flood")
+        .map(|s| s.seq)
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert_eq!(handler.rejected().len(), dropped);
+    agent.cancel.cancel();
+    gateway.stop().await;
+}
+
+/// A broker restart: the uplink notices, reconnects with backoff, registers again on the
+/// new connection, and sends get acks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uplink_reconnects_and_reregisters_after_broker_restart() {
+    let mut broker = Mosquitto::start().await;
+    let handler = Recorder::new();
+    let gateway = start_gateway(
+        MqttIngressOptions::new(broker.host(), broker.port(), "gw-0"),
+        &handler,
+    );
+    let node = Node::new("edge-0005");
+    let agent = start_agent(uplink_options(&broker, &node), &node);
+    agent.until_registered(&broker).await;
+    let registers_before = handler.count("edge-0005", "register");
+    assert!(
+        agent
+            .uplink
+            .send(node.lease(), Duration::from_secs(5))
+            .await
+            .is_ok()
+    );
+
+    let mut registered = agent.uplink.registered();
+    registered.borrow_and_update();
+    broker.restart().await;
+    // The connection loss is noticed (registered drops; it may be back up already) ...
+    let dropped = tokio::time::timeout(DEADLINE, registered.changed()).await;
+    assert!(dropped.is_ok(), "uplink did not notice the restart");
+    // ... and a new connection registers again.
+    handler
+        .until("a second Register", &broker, |h| {
+            h.count("edge-0005", "register") > registers_before
+        })
+        .await;
+    agent.until_registered(&broker).await;
+
+    let lease = node.lease();
+    let seq = seq_of(&lease);
+    let ack = agent
+        .uplink
+        .send(lease, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!((ack.seq, ack.code), (seq, i32::from(AckCode::Ok)));
+
+    agent.cancel.cancel();
+    assert!(matches!(agent.task.await, Ok(Ok(()))));
+    gateway.stop().await;
+}
+
+/// With no broker, requests are refused at once and never queued: after the broker comes
+/// up, the gateway sees Register first and none of the refused messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_refused_not_queued_while_disconnected() {
+    let mut broker = Mosquitto::start().await;
+    broker.stop();
+    let node = Node::new("edge-0007");
+    let agent = start_agent(uplink_options(&broker, &node), &node);
+    let mut refused = Vec::new();
+    for _ in 0..3 {
+        let lease = node.lease();
+        refused.push(seq_of(&lease));
+        let answer = agent.uplink.send(lease, Duration::from_secs(5)).await;
+        assert_eq!(answer, Err(UplinkError::NotConnected));
+    }
+
+    broker.restart().await;
+    let handler = Recorder::new();
+    let gateway = start_gateway(
+        MqttIngressOptions::new(broker.host(), broker.port(), "gw-0"),
+        &handler,
+    );
+    agent.until_registered(&broker).await;
+    let ack = agent
+        .uplink
+        .send(node.lease(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(ack.code, i32::from(AckCode::Ok));
+    let seen = handler.seen();
+    assert_eq!(seen[0].kind, "register", "{seen:?}");
+    assert!(
+        seen.iter().all(|s| !refused.contains(&s.seq)),
+        "a refused message was delivered late: {seen:?}"
+    );
+    agent.cancel.cancel();
+    gateway.stop().await;
+}
+
+/// A clean shutdown sends DISCONNECT, so the broker discards the Last Will; an abrupt end
+/// (task aborted, socket closed) makes the broker publish it, with the session's Header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_will_only_on_abrupt_disconnect() {
+    let broker = Mosquitto::start().await;
+    let (_spy, mut spied) = raw_client(&broker, "spy", Some(&format!("{PREFIX}/nodes/+/+"))).await;
+
+    let clean = Node::new("clean");
+    let agent = start_agent(uplink_options(&broker, &clean), &clean);
+    let first = next_publish(&mut spied, &broker).await;
+    assert_eq!(topic(&first), format!("{PREFIX}/nodes/clean/register"));
+    agent.cancel.cancel();
+    let stopped = tokio::time::timeout(DEADLINE, agent.task).await;
+    assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
+
+    let abrupt = Node::new("abrupt");
+    let agent = start_agent(uplink_options(&broker, &abrupt), &abrupt);
+    // Everything the spy gets from here on: the broker delivers to one subscriber in
+    // order, so a will of "clean" (published when its connection ended) would come first.
+    let mut received = Vec::new();
+    loop {
+        let p = next_publish(&mut spied, &broker).await;
+        let t = topic(&p);
+        received.push(t.clone());
+        if t == format!("{PREFIX}/nodes/abrupt/register") {
+            break;
+        }
+    }
+    agent.task.abort();
+    assert!(agent.task.await.unwrap_err().is_cancelled());
+    let will = loop {
+        let p = next_publish(&mut spied, &broker).await;
+        let t = topic(&p);
+        received.push(t.clone());
+        if t.ends_with("/will") {
+            break p;
+        }
+    };
+    assert_eq!(topic(&will), format!("{PREFIX}/nodes/abrupt/will"));
+    assert!(!will.retain);
+    let header = Header::decode(will.payload.as_ref()).unwrap();
+    assert_eq!(header.node_name, "abrupt");
+    assert_eq!(header.boot_id, BOOT_ID);
+    assert!(
+        !received.iter().any(|t| t.contains("/clean/will")),
+        "clean shutdown published a will: {received:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// A tiny Mosquitto launcher (the fuller one lives in `edgebeat-tests`, which this crate
+/// cannot depend on).
+mod broker {
+    use std::path::PathBuf;
+    use std::process::{Child, Command, Stdio};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    pub struct Mosquitto {
+        child: Option<Child>,
+        port: u16,
+        dir: PathBuf,
+    }
+
+    impl Mosquitto {
+        /// Starts Mosquitto on a free loopback port (retrying if another process grabs
+        /// the port between our probe and Mosquitto's bind).
+        pub async fn start() -> Self {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "edgebeat-mqtt-test-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::SeqCst)
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            let mut broker = Self {
+                child: None,
+                port: 0,
+                dir,
+            };
+            for _ in 0..5 {
+                broker.port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port();
+                if broker.spawn().await {
+                    return broker;
+                }
+            }
+            panic!("Mosquitto did not start:\n{}", broker.log());
+        }
+
+        pub fn host(&self) -> &str {
+            "127.0.0.1"
+        }
+
+        pub fn port(&self) -> u16 {
+            self.port
+        }
+
+        pub fn log(&self) -> String {
+            std::fs::read_to_string(self.dir.join("mosquitto.log")).unwrap_or_default()
+        }
+
+        /// Kills the broker (like a crash: no goodbye to clients).
+        pub fn stop(&mut self) {
+            if let Some(mut child) = self.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+
+        /// Stops and starts again on the same port.
+        pub async fn restart(&mut self) {
+            self.stop();
+            assert!(
+                self.spawn().await,
+                "Mosquitto did not restart:\n{}",
+                self.log()
+            );
+        }
+
+        async fn spawn(&mut self) -> bool {
+            let config = self.dir.join("mosquitto.conf");
+            // `user root`: when run as root, Mosquitto would otherwise switch to the
+            // `mosquitto` user, who cannot write the log in our temp dir (no effect
+            // otherwise).
+            std::fs::write(
+                &config,
+                format!(
+                    "listener {} 127.0.0.1\nallow_anonymous true\npersistence false\n\
+                     max_queued_messages 1000\nuser root\nlog_dest file {}\nlog_type all\n",
+                    self.port,
+                    self.dir.join("mosquitto.log").display()
+                ),
+            )
+            .unwrap();
+            let binary = ["mosquitto", "/usr/sbin/mosquitto"]
+                .into_iter()
+                .find(|b| {
+                    Command::new(b)
+                        .arg("-h")
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status()
+                        .is_ok()
+                })
+                .expect("mosquitto not found: apt-get install mosquitto");
+            let child = Command::new(binary)
+                .arg("-c")
+                .arg(&config)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            self.child = Some(child);
+            // Waiting for an external process to listen: poll its port (with short sleeps,
+            // nothing to subscribe to), give up if it exits.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while tokio::time::Instant::now() < deadline {
+                if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                    .await
+                    .is_ok()
+                {
+                    return true;
+                }
+                let exited = self
+                    .child
+                    .as_mut()
+                    .is_none_or(|c| c.try_wait().ok().flatten().is_some());
+                if exited {
+                    self.child = None;
+                    return false;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            self.stop();
+            false
+        }
+    }
+
+    impl Drop for Mosquitto {
+        fn drop(&mut self) {
+            self.stop();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
