@@ -92,6 +92,26 @@ pub enum TransportConfig {
         /// `transport.keepalive`: HTTP/2 keepalive ping interval (default 30 s).
         keepalive: Duration,
     },
+    /// MQTT 5 through a broker (`transport.kind: mqtt`).
+    Mqtt(MqttTransport),
+}
+
+/// MQTT settings (`transport.kind: mqtt`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MqttTransport {
+    /// Broker host, from `transport.endpoint` (`mqtt://host:port`, port default 1883).
+    pub host: String,
+    /// Broker port.
+    pub port: u16,
+    /// `transport.clientID` (default `edgebeat-agent-<nodeName>`).
+    pub client_id: Option<String>,
+    /// `transport.username` and the contents of `transport.passwordFile` (trailing newline
+    /// removed), read at load.
+    pub credentials: Option<(String, String)>,
+    /// `transport.topicPrefix` (default `edgebeat/v1`).
+    pub topic_prefix: String,
+    /// `transport.keepalive`: MQTT keep alive (default 30 s, at least 5 s).
+    pub keepalive: Duration,
 }
 
 /// The validated agent configuration. Durations are parsed, quantities resolved to typed
@@ -215,6 +235,11 @@ struct RawTransport {
     kind: Option<String>,
     endpoint: Option<String>,
     keepalive: Option<String>,
+    #[serde(rename = "clientID")]
+    client_id: Option<String>,
+    username: Option<String>,
+    password_file: Option<PathBuf>,
+    topic_prefix: Option<String>,
 }
 
 impl AgentConfig {
@@ -393,35 +418,141 @@ impl AgentConfig {
 }
 
 fn validate_transport(t: RawTransport) -> Result<TransportConfig, ConfigError> {
+    let keepalive = match &t.keepalive {
+        Some(v) => parse_positive_duration("transport.keepalive", v)?,
+        None => Duration::from_secs(30),
+    };
+    let endpoint = |example: &str| {
+        t.endpoint.clone().ok_or_else(|| {
+            invalid(
+                "transport.endpoint",
+                format!(
+                    "required for kind: {}, e.g. {example}",
+                    t.kind.as_deref().unwrap_or("")
+                ),
+            )
+        })
+    };
     match t.kind.as_deref() {
         Some("grpc") => {
-            let endpoint = t.endpoint.ok_or_else(|| {
-                invalid(
-                    "transport.endpoint",
-                    "required for kind: grpc, e.g. http://gateway.example:7443",
-                )
-            })?;
+            for (field, set) in [
+                ("transport.clientID", t.client_id.is_some()),
+                ("transport.username", t.username.is_some()),
+                ("transport.passwordFile", t.password_file.is_some()),
+                ("transport.topicPrefix", t.topic_prefix.is_some()),
+            ] {
+                if set {
+                    return Err(invalid(
+                        field,
+                        "only valid with kind: mqtt; remove it or set kind: mqtt",
+                    ));
+                }
+            }
+            let endpoint = endpoint("http://gateway.example:7443")?;
             if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
                 return Err(invalid(
                     "transport.endpoint",
-                    format!("{endpoint:?} must start with http:// or https://"),
+                    format!("{endpoint:?} must start with http:// or https:// for kind: grpc"),
                 ));
             }
-            let keepalive = match t.keepalive {
-                Some(v) => parse_positive_duration("transport.keepalive", &v)?,
-                None => Duration::from_secs(30),
-            };
             Ok(TransportConfig::Grpc {
                 endpoint,
                 keepalive,
             })
         }
+        Some("mqtt") => {
+            let url = endpoint("mqtt://broker.example:1883")?;
+            let (host, port) =
+                parse_mqtt_url(&url).map_err(|m| invalid("transport.endpoint", m))?;
+            if keepalive < Duration::from_secs(5) {
+                return Err(invalid(
+                    "transport.keepalive",
+                    "must be at least 5s for MQTT",
+                ));
+            }
+            let credentials = match (t.username, t.password_file) {
+                (None, None) => None,
+                (Some(user), Some(file)) => {
+                    let password = std::fs::read_to_string(&file).map_err(|e| {
+                        invalid(
+                            "transport.passwordFile",
+                            format!("reading {}: {e}", file.display()),
+                        )
+                    })?;
+                    Some((user, password.trim_end_matches(['\r', '\n']).to_owned()))
+                }
+                (Some(_), None) => {
+                    return Err(invalid(
+                        "transport.passwordFile",
+                        "required when transport.username is set",
+                    ));
+                }
+                (None, Some(_)) => {
+                    return Err(invalid(
+                        "transport.username",
+                        "required when transport.passwordFile is set",
+                    ));
+                }
+            };
+            let topic_prefix = t.topic_prefix.unwrap_or_else(|| "edgebeat/v1".to_owned());
+            if topic_prefix.is_empty()
+                || topic_prefix.contains(['+', '#'])
+                || topic_prefix.starts_with('$')
+                || topic_prefix.ends_with('/')
+            {
+                return Err(invalid(
+                    "transport.topicPrefix",
+                    format!(
+                        "{topic_prefix:?} must be a plain topic path without wildcards, leading $ or trailing /, e.g. edgebeat/v1"
+                    ),
+                ));
+            }
+            if let Some(id) = &t.client_id
+                && (id.is_empty() || id.len() > 256)
+            {
+                return Err(invalid("transport.clientID", "must be 1 to 256 characters"));
+            }
+            Ok(TransportConfig::Mqtt(MqttTransport {
+                host,
+                port,
+                client_id: t.client_id,
+                credentials,
+                topic_prefix,
+                keepalive,
+            }))
+        }
         Some(other) => Err(invalid(
             "transport.kind",
-            format!("{other:?} is not supported by this build; use grpc"),
+            format!("{other:?} is not a transport; use grpc or mqtt"),
         )),
-        None => Err(invalid("transport.kind", "required; use grpc")),
+        None => Err(invalid("transport.kind", "required; use grpc or mqtt")),
     }
+}
+
+/// Splits `mqtt://host[:port]` into host and port (default 1883).
+///
+/// Errors: a message for other schemes (`mqtts://` is not supported yet), a path, or a bad
+/// port.
+fn parse_mqtt_url(url: &str) -> Result<(String, u16), String> {
+    let rest = url.strip_prefix("mqtt://").ok_or_else(|| {
+        format!("{url:?} must start with mqtt://, e.g. mqtt://broker.example:1883")
+    })?;
+    if rest.contains('/') {
+        return Err(format!("{url:?} must not have a path"));
+    }
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
+            h,
+            p.parse::<u16>()
+                .map_err(|_| format!("{url:?} has an invalid port"))?,
+        ),
+        _ => (rest, 1883),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok((host.to_owned(), port))
 }
 
 fn parse_reserved(
@@ -623,6 +754,31 @@ mod tests {
             ("nodeIP: 127.0.0.1\n", "nodeIP"),
             ("transport: {kind: grpc}\n", "transport.endpoint"),
             ("transport: {kind: carrier-pigeon}\n", "transport.kind"),
+            ("transport: {kind: mqtt}\n", "transport.endpoint"),
+            (
+                "transport: {kind: mqtt, endpoint: \"http://b:1883\"}\n",
+                "transport.endpoint",
+            ),
+            (
+                "transport: {kind: mqtt, endpoint: \"mqtt://b:99999\"}\n",
+                "transport.endpoint",
+            ),
+            (
+                "transport: {kind: mqtt, endpoint: \"mqtt://b\", topicPrefix: \"a/#\"}\n",
+                "transport.topicPrefix",
+            ),
+            (
+                "transport: {kind: mqtt, endpoint: \"mqtt://b\", username: u}\n",
+                "transport.passwordFile",
+            ),
+            (
+                "transport: {kind: mqtt, endpoint: \"mqtt://b\", keepalive: 1s}\n",
+                "transport.keepalive",
+            ),
+            (
+                "transport: {kind: grpc, endpoint: \"http://g:1\", topicPrefix: x}\n",
+                "transport.topicPrefix",
+            ),
             (
                 "transport: {kind: grpc, endpoint: gw:7443}\n",
                 "transport.endpoint",
@@ -659,6 +815,36 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("maxPods") || err.contains("line"), "{err}");
+    }
+
+    #[test]
+    fn mqtt_transport_parses() {
+        let dir = tempfile::tempdir().unwrap();
+        let password = dir.path().join("password");
+        std::fs::write(&password, "s3cret\n").unwrap();
+        let yaml = format!(
+            "{MINIMAL}transport: {{kind: mqtt, endpoint: \"mqtt://broker.plant:8883\", clientID: edge-01, username: edge, passwordFile: {}, topicPrefix: plant3/edgebeat, keepalive: 1m}}\n",
+            password.display()
+        );
+        let c = AgentConfig::from_yaml(&yaml).unwrap();
+        let Some(TransportConfig::Mqtt(m)) = c.transport else {
+            panic!("mqtt expected")
+        };
+        assert_eq!((m.host.as_str(), m.port), ("broker.plant", 8883));
+        assert_eq!(m.credentials, Some(("edge".into(), "s3cret".into())));
+        assert_eq!(m.topic_prefix, "plant3/edgebeat");
+        assert_eq!(m.keepalive, Duration::from_secs(60));
+        let c = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}transport: {{kind: mqtt, endpoint: \"mqtt://10.0.0.1\"}}\n"
+        ))
+        .unwrap();
+        let Some(TransportConfig::Mqtt(m)) = c.transport else {
+            panic!("mqtt expected")
+        };
+        assert_eq!(
+            (m.host.as_str(), m.port, m.topic_prefix.as_str()),
+            ("10.0.0.1", 1883, "edgebeat/v1")
+        );
     }
 
     #[test]

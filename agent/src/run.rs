@@ -23,6 +23,9 @@ pub const JITTER: f64 = 0.04;
 /// renewal (`maxUpdateRetries`).
 pub const ATTEMPTS_PER_TICK: u32 = 5;
 
+type TransportTask =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), AgentError>> + Send>>;
+
 /// Why the agent could not start or run.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -203,17 +206,46 @@ impl Agent {
                 let mut options = edgebeat_transports::grpc::GrpcUplinkOptions::new(endpoint);
                 options.keepalive = keepalive;
                 let cancel = cancel.clone();
-                async move {
+                Box::pin(async move {
                     edgebeat_transports::grpc::run_uplink(options, register, driver, cancel)
                         .await
                         .map_err(|e| AgentError::Transport(e.to_string()))
-                }
+                }) as TransportTask
             }
             #[cfg(not(feature = "grpc"))]
             Some(TransportConfig::Grpc { .. }) => {
                 drop((register, driver));
                 return Err(AgentError::Transport(
                     "this build has no gRPC support (feature grpc)".into(),
+                ));
+            }
+            #[cfg(feature = "mqtt")]
+            Some(TransportConfig::Mqtt(m)) => {
+                use edgebeat_transports::mqtt::{MqttUplinkOptions, run_uplink};
+                let name = self.node_name().to_owned();
+                let mut options = MqttUplinkOptions::new(m.host, m.port, &name);
+                if let Some(id) = m.client_id {
+                    options.client_id = id;
+                }
+                options.credentials = m.credentials;
+                options.topic_prefix = m.topic_prefix;
+                options.keepalive = m.keepalive;
+                // Message Expiry Interval: no longer than the renew interval (whole seconds,
+                // at least 1), so a broker never hands a gateway a backlog of stale renewals.
+                options.lease_expiry =
+                    Duration::from_secs(self.config.lease_renew_interval().as_secs().max(1));
+                let cancel = cancel.clone();
+                Box::pin(async move {
+                    run_uplink(options, name, register, driver, cancel)
+                        .await
+                        .map_err(|e| AgentError::Transport(e.to_string()))
+                }) as TransportTask
+            }
+            #[cfg(not(feature = "mqtt"))]
+            Some(TransportConfig::Mqtt(_)) => {
+                drop((register, driver));
+                return Err(AgentError::Transport(
+                    "this build has no MQTT support (feature mqtt)".into(),
                 ));
             }
         };

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Parser;
 use edgebeat_gateway::{Gateway, GatewayOptions, kube_client};
 use edgebeat_transports::grpc::{GrpcServerOptions, serve};
+use edgebeat_transports::mqtt::{MqttIngressOptions, serve as mqtt_serve};
 
 /// Receives edgebeat heartbeats and writes Node status and Leases to Kubernetes.
 #[derive(Parser, Debug)]
@@ -29,6 +30,24 @@ struct Args {
     /// Oldest lease renewal still written, in seconds; older ones are dropped.
     #[arg(long, default_value_t = 5)]
     max_renewal_age_seconds: u64,
+    /// MQTT broker to take heartbeats from, `mqtt://host:port`; off when not set.
+    #[arg(long, value_name = "URL")]
+    mqtt_endpoint: Option<String>,
+    /// MQTT client ID of this replica (default `edgebeat-gateway-<pid>`; unique per replica).
+    #[arg(long)]
+    mqtt_client_id: Option<String>,
+    /// MQTT topic prefix (as the agents' `transport.topicPrefix`).
+    #[arg(long, default_value = "edgebeat/v1")]
+    mqtt_topic_prefix: String,
+    /// MQTT 5 shared-subscription group: replicas in one group split the fleet.
+    #[arg(long, default_value = "edgebeat-gateway")]
+    mqtt_share_group: String,
+    /// MQTT username (with --mqtt-password-file).
+    #[arg(long, requires = "mqtt_password_file")]
+    mqtt_username: Option<String>,
+    /// File holding the MQTT password.
+    #[arg(long, requires = "mqtt_username")]
+    mqtt_password_file: Option<PathBuf>,
     /// Log filter: a level (info, debug…) or `target=level,…`.
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -75,14 +94,66 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.grpc_listen))?;
     tracing::info!(addr = %listener.local_addr()?, "gRPC listening");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mqtt = match &args.mqtt_endpoint {
+        Some(url) => {
+            let (host, port) = mqtt_host_port(url)?;
+            let client_id = args
+                .mqtt_client_id
+                .clone()
+                .unwrap_or_else(|| format!("edgebeat-gateway-{}", std::process::id()));
+            let mut options = MqttIngressOptions::new(host, port, client_id);
+            options.topic_prefix = args.mqtt_topic_prefix.clone();
+            options.share_group = args.mqtt_share_group.clone();
+            if let (Some(user), Some(file)) = (&args.mqtt_username, &args.mqtt_password_file) {
+                let password = std::fs::read_to_string(file)
+                    .with_context(|| format!("--mqtt-password-file {}", file.display()))?;
+                options.credentials = Some((
+                    user.clone(),
+                    password.trim_end_matches(['\r', '\n']).to_owned(),
+                ));
+            }
+            tracing::info!(%url, "taking heartbeats from MQTT");
+            let gateway = gateway.clone();
+            let stop = stop.clone();
+            Some(tokio::spawn(async move {
+                mqtt_serve(options, gateway, stop.cancelled_owned()).await
+            }))
+        }
+        None => None,
+    };
+    let signal = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        signal.cancel();
+    });
     serve(
         listener,
         gateway,
         GrpcServerOptions::default(),
-        shutdown_signal(),
+        stop.clone().cancelled_owned(),
     )
     .await?;
+    stop.cancel();
+    if let Some(mqtt) = mqtt {
+        mqtt.await.context("MQTT task")??;
+    }
     Ok(())
+}
+
+/// `mqtt://host[:port]` → (host, port), port 1883 by default.
+fn mqtt_host_port(url: &str) -> anyhow::Result<(String, u16)> {
+    let rest = url
+        .strip_prefix("mqtt://")
+        .with_context(|| format!("--mqtt-endpoint {url:?} must start with mqtt://"))?;
+    match rest.rsplit_once(':') {
+        Some((host, port)) => Ok((
+            host.to_owned(),
+            port.parse()
+                .with_context(|| format!("--mqtt-endpoint {url:?}: bad port"))?,
+        )),
+        None => Ok((rest.to_owned(), 1883)),
+    }
 }
 
 async fn shutdown_signal() {

@@ -1,22 +1,25 @@
-//! End-to-end harness: a stand-in apiserver, a gateway serving gRPC on a loopback port 0,
-//! and agents started in-process with short heartbeat intervals.
+//! End-to-end harness: a stand-in apiserver, gateway replicas, a real Mosquitto broker when
+//! the transport is MQTT, and agents started in-process with short heartbeat intervals.
 //!
 //! Everything talks over real sockets: the agent's tonic client to the gateway's tonic
-//! server, the gateway's kube-rs client to the stand-in over HTTP.
+//! server or rumqttc through Mosquitto, the gateway's kube-rs client to the stand-in over
+//! HTTP.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use edgebeat_agent::config::TransportConfig;
+use edgebeat_agent::config::{MqttTransport, TransportConfig};
 use edgebeat_agent::{Agent, AgentConfig};
 use edgebeat_gateway::{Gateway, GatewayOptions, kube_client};
 use edgebeat_hw::{Clock, SystemClock};
 use edgebeat_transports::grpc::{GrpcServerOptions, serve};
+use edgebeat_transports::mqtt::MqttIngressOptions;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::Broker;
 use crate::standin::{StandIn, StandInHandle};
 
 /// Which transport the agents of a [`Cluster`] use.
@@ -24,20 +27,30 @@ use crate::standin::{StandIn, StandInHandle};
 pub enum Transport {
     /// gRPC to the gateway's listener.
     Grpc,
+    /// MQTT 5 through a real Mosquitto broker; gateways share one subscription group.
+    Mqtt,
 }
 
-/// A stand-in apiserver plus a running gateway.
+/// One running gateway replica.
+pub struct Replica {
+    /// The gateway core, for its counters.
+    pub gateway: Arc<Gateway>,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// A stand-in apiserver, gateway replicas and (for MQTT) a broker.
 pub struct Cluster {
     /// The stand-in apiserver (a test double).
     pub standin: StandInHandle,
-    /// The gateway core, for its counters.
-    pub gateway: Arc<Gateway>,
+    /// The Mosquitto broker, for [`Transport::Mqtt`].
+    pub broker: Option<Broker>,
+    /// Gateway replicas by index; `None` once stopped. gRPC has only replica 0.
+    pub replicas: Vec<Option<Replica>>,
     /// `http://127.0.0.1:PORT` of the gateway's gRPC listener.
     pub grpc_url: String,
     /// Transport the agents use.
     pub transport: Transport,
-    cancel: CancellationToken,
-    server: Option<JoinHandle<()>>,
 }
 
 /// A running in-process agent.
@@ -93,47 +106,161 @@ fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Sends component logs to the test output when `EDGEBEAT_TEST_LOG` is set (a filter such
+/// as `debug` or `edgebeat_transports=debug`); safe to call from every test.
+pub fn init_test_logging() {
+    if let Ok(filter) = std::env::var("EDGEBEAT_TEST_LOG")
+        && let Ok(targets) = filter.parse::<tracing_subscriber::filter::Targets>()
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        let _ = tracing_subscriber::registry()
+            .with(tracing_subscriber::fmt::layer().with_test_writer())
+            .with(targets)
+            .try_init();
+    }
+}
+
 impl Cluster {
-    /// Starts a stand-in apiserver and a gateway with default options.
+    /// Starts a stand-in apiserver, a broker for MQTT, and one gateway with default options.
     ///
-    /// Errors: binding or client construction failures.
+    /// Errors: binding, broker start-up or client construction failures.
     pub async fn start(transport: Transport) -> anyhow::Result<Self> {
         Self::start_with(transport, GatewayOptions::default()).await
     }
 
     /// As [`Cluster::start`], with gateway options.
     ///
-    /// Errors: binding or client construction failures.
+    /// Errors: binding, broker start-up or client construction failures.
     pub async fn start_with(transport: Transport, options: GatewayOptions) -> anyhow::Result<Self> {
+        init_test_logging();
         let standin = StandIn::start().await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let grpc_url = format!("http://{}", listener.local_addr()?);
-        let (gateway, cancel, server) = spawn_gateway(&standin, options, listener)?;
-        Ok(Self {
+        let broker = match transport {
+            Transport::Grpc => None,
+            Transport::Mqtt => Some(Broker::start().await?),
+        };
+        let mut cluster = Self {
             standin,
-            gateway,
+            broker,
+            replicas: Vec::new(),
             grpc_url,
             transport,
-            cancel,
-            server: Some(server),
-        })
+        };
+        cluster.start_replica_on(options, Some(listener)).await?;
+        Ok(cluster)
     }
 
-    /// Replaces the gateway with a fresh one (no memory of any node) on the same address,
-    /// as a gateway restart would.
+    /// The first running gateway replica.
     ///
-    /// Errors: the address cannot be bound again.
+    /// # Panics
+    /// When every replica has been stopped (a test mistake).
+    pub fn gateway(&self) -> &Arc<Gateway> {
+        #[allow(clippy::expect_used)]
+        &self
+            .replicas
+            .iter()
+            .flatten()
+            .next()
+            .expect("a running gateway replica")
+            .gateway
+    }
+
+    /// Starts another gateway replica (MQTT: another member of the shared subscription) and
+    /// waits until it serves. Returns its index.
+    ///
+    /// Errors: client construction, or the replica not subscribing within 10 s.
+    pub async fn start_replica(&mut self, options: GatewayOptions) -> anyhow::Result<usize> {
+        let listener = match self.transport {
+            Transport::Grpc => {
+                let addr = self.grpc_url.trim_start_matches("http://").to_owned();
+                Some(
+                    tokio::net::TcpListener::bind(&addr)
+                        .await
+                        .with_context(|| format!("rebinding {addr}"))?,
+                )
+            }
+            Transport::Mqtt => None,
+        };
+        self.start_replica_on(options, listener).await
+    }
+
+    async fn start_replica_on(
+        &mut self,
+        options: GatewayOptions,
+        listener: Option<tokio::net::TcpListener>,
+    ) -> anyhow::Result<usize> {
+        let client = kube_client(kube::Config::new(self.standin.url().parse()?), 1000)?;
+        let gateway = Arc::new(Gateway::new(client, Arc::new(SystemClock), options));
+        let cancel = CancellationToken::new();
+        let index = self.replicas.len();
+        let (subscribed_tx, mut subscribed) = tokio::sync::watch::channel(false);
+        let mut tasks = Vec::new();
+        if let Some(listener) = listener {
+            let (handler, stop) = (gateway.clone(), cancel.clone());
+            tasks.push(tokio::spawn(async move {
+                if let Err(error) = serve(
+                    listener,
+                    handler,
+                    GrpcServerOptions::default(),
+                    stop.cancelled_owned(),
+                )
+                .await
+                {
+                    tracing::error!(%error, "gRPC server failed");
+                }
+            }));
+        }
+        if let Some(broker) = &self.broker {
+            let mut options = MqttIngressOptions::new(
+                broker.host(),
+                broker.port(),
+                format!("edgebeat-gateway-{index}"),
+            );
+            options.subscribed = Some(Arc::new(subscribed_tx));
+            let (handler, stop) = (gateway.clone(), cancel.clone());
+            tasks.push(tokio::spawn(async move {
+                if let Err(error) =
+                    edgebeat_transports::mqtt::serve(options, handler, stop.cancelled_owned()).await
+                {
+                    tracing::error!(%error, "MQTT ingress failed");
+                }
+            }));
+            tokio::time::timeout(Duration::from_secs(10), subscribed.wait_for(|s| *s))
+                .await
+                .context("gateway replica did not subscribe within 10 s")??;
+        }
+        let task = tokio::spawn(async move {
+            for task in tasks {
+                let _ = task.await;
+            }
+        });
+        self.replicas.push(Some(Replica {
+            gateway,
+            cancel,
+            task,
+        }));
+        Ok(index)
+    }
+
+    /// Stops replica `index` (its listener or subscription goes away) and waits for it.
+    pub async fn stop_replica(&mut self, index: usize) {
+        if let Some(replica) = self.replicas.get_mut(index).and_then(Option::take) {
+            replica.cancel.cancel();
+            let _ = replica.task.await;
+        }
+    }
+
+    /// Replaces every gateway replica by one fresh gateway (no memory of any node), as a
+    /// gateway restart would.
+    ///
+    /// Errors: as [`Cluster::start_replica`].
     pub async fn restart_gateway(&mut self, options: GatewayOptions) -> anyhow::Result<()> {
-        self.stop_gateway().await;
-        let addr = self.grpc_url.trim_start_matches("http://").to_owned();
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("rebinding {addr}"))?;
-        let (gateway, cancel, server) = spawn_gateway(&self.standin, options, listener)?;
-        self.gateway = gateway;
-        self.cancel = cancel;
-        self.server = Some(server);
-        Ok(())
+        for i in 0..self.replicas.len() {
+            self.stop_replica(i).await;
+        }
+        self.start_replica(options).await.map(|_| ())
     }
 
     /// An agent configuration for `node_name` reading host facts from `host_root`, with
@@ -146,8 +273,16 @@ impl Cluster {
             node_status_report_frequency: Duration::from_secs(2),
             node_lease_duration_seconds: 1,
             host_root: host_root.to_owned(),
-            transport: Some(match self.transport {
-                Transport::Grpc => TransportConfig::Grpc {
+            transport: Some(match (self.transport, &self.broker) {
+                (Transport::Mqtt, Some(broker)) => TransportConfig::Mqtt(MqttTransport {
+                    host: broker.host().to_owned(),
+                    port: broker.port(),
+                    client_id: None,
+                    credentials: None,
+                    topic_prefix: edgebeat_transports::mqtt::DEFAULT_TOPIC_PREFIX.to_owned(),
+                    keepalive: Duration::from_secs(30),
+                }),
+                _ => TransportConfig::Grpc {
                     endpoint: self.grpc_url.clone(),
                     keepalive: Duration::from_secs(30),
                 },
@@ -171,44 +306,13 @@ impl Cluster {
             task,
         })
     }
-
-    /// Stops the gateway's gRPC server and waits for it.
-    pub async fn stop_gateway(&mut self) {
-        self.cancel.cancel();
-        if let Some(server) = self.server.take() {
-            let _ = server.await;
-        }
-    }
-}
-
-fn spawn_gateway(
-    standin: &StandInHandle,
-    options: GatewayOptions,
-    listener: tokio::net::TcpListener,
-) -> anyhow::Result<(Arc<Gateway>, CancellationToken, JoinHandle<()>)> {
-    let client = kube_client(kube::Config::new(standin.url().parse()?), 1000)?;
-    let gateway = Arc::new(Gateway::new(client, Arc::new(SystemClock), options));
-    let cancel = CancellationToken::new();
-    let stop = cancel.clone();
-    let handler = gateway.clone();
-    let server = tokio::spawn(async move {
-        if let Err(error) = serve(
-            listener,
-            handler,
-            GrpcServerOptions::default(),
-            stop.cancelled_owned(),
-        )
-        .await
-        {
-            tracing::error!(%error, "gRPC server failed");
-        }
-    });
-    Ok((gateway, cancel, server))
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        self.cancel.cancel();
+        for replica in self.replicas.iter().flatten() {
+            replica.cancel.cancel();
+        }
         self.standin.shutdown();
     }
 }

@@ -150,7 +150,7 @@ async fn bad_messages_are_rejected_counted_and_others_keep_renewing() {
         .unwrap();
     cancel.cancel();
     good.stop().await.unwrap();
-    let rejected = cluster.gateway.counters.rejected.load(Ordering::Relaxed);
+    let rejected = cluster.gateway().counters.rejected.load(Ordering::Relaxed);
     assert_eq!(rejected, 4, "each bad message counted once");
     let rogue_writes = cluster
         .standin
@@ -194,7 +194,7 @@ async fn stale_renewals_are_dropped_not_written() {
     cancel.cancel();
     assert_eq!(
         cluster
-            .gateway
+            .gateway()
             .counters
             .stale_renewals
             .load(Ordering::Relaxed),

@@ -76,6 +76,9 @@ pub struct MqttIngressOptions {
     /// Messages waiting per node (default 8); when full, new ones are dropped and reported
     /// as [`REJECT_QUEUE_FULL`].
     pub per_node_queue: usize,
+    /// Set to `true` when the broker has granted the shared subscription, `false` when the
+    /// connection is lost: a readiness signal (tests wait on it; `/readyz` can report it).
+    pub subscribed: Option<Arc<tokio::sync::watch::Sender<bool>>>,
 }
 
 impl MqttIngressOptions {
@@ -92,6 +95,7 @@ impl MqttIngressOptions {
             keepalive: DEFAULT_KEEPALIVE,
             max_packet_bytes: MAX_AGENT_MESSAGE_BYTES,
             per_node_queue: 8,
+            subscribed: None,
         }
     }
 
@@ -220,6 +224,9 @@ pub async fn serve<H: Handler>(
                                     reason: format!("{code:?}"),
                                 });
                             }
+                            if let Some(subscribed) = &options.subscribed {
+                                subscribed.send_replace(true);
+                            }
                         }
                         Event::Incoming(Packet::Publish(publish)) => {
                             workers.dispatch(&publish, options.max_packet_bytes);
@@ -228,6 +235,9 @@ pub async fn serve<H: Handler>(
                     }
                 }
                 Err(error) => {
+                    if let Some(subscribed) = &options.subscribed {
+                        subscribed.send_replace(false);
+                    }
                     let delay = backoff.next().unwrap_or(BACKOFF_MAX);
                     tracing::warn!(%error, ?delay, broker = %options.host, "MQTT connection lost; reconnecting");
                     tokio::select! {
