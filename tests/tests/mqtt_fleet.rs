@@ -1,0 +1,275 @@
+//! MQTT-only scenarios: broker restart, gateway replicas on a shared subscription, and a
+//! gateway that was down longer than the renew interval. All against a real Mosquitto.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use edgebeat_tests::harness::{Cluster, Transport, fixture};
+use edgebeat_tests::standin::{RecordedRequest, StandInView};
+use http::Method;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::Lease;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn lease_put_ok(r: &RecordedRequest, node: &str) -> bool {
+    r.method == Method::PUT && r.path.ends_with(&format!("/leases/{node}")) && r.status == 200
+}
+
+fn renew_time(r: &RecordedRequest) -> Timestamp {
+    let lease: Lease = serde_json::from_slice(&r.body).unwrap();
+    lease.spec.unwrap().renew_time.unwrap().0
+}
+
+/// renewTimes written per node (successful writes only), in order.
+fn renewals(requests: &[RecordedRequest], nodes: &[&str]) -> BTreeMap<String, Vec<Timestamp>> {
+    nodes
+        .iter()
+        .map(|n| {
+            (
+                (*n).to_owned(),
+                requests
+                    .iter()
+                    .filter(|r| lease_put_ok(r, n))
+                    .map(renew_time)
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn max_gap(times: &[Timestamp]) -> SignedDuration {
+    times
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]))
+        .max()
+        .unwrap_or_default()
+}
+
+/// Lease duration 4 s (renew every 1 s): the lease must never go 4 s without a renewal.
+fn config(cluster: &Cluster, node: &str, tree: &str) -> edgebeat_agent::AgentConfig {
+    let mut c = cluster.agent_config(node, &fixture(tree));
+    c.node_lease_duration_seconds = 4;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_restart_does_not_let_the_lease_expire() {
+    let mut cluster = Cluster::start(Transport::Mqtt).await.unwrap();
+    let agent = cluster
+        .start_agent(config(&cluster, "rpi4-edge-01", "rpi4-cgroup1"))
+        .unwrap();
+    let count = |v: &StandInView<'_>| {
+        v.requests()
+            .iter()
+            .filter(|r| lease_put_ok(r, "rpi4-edge-01"))
+            .count()
+    };
+    cluster
+        .standin
+        .wait_until(DEADLINE, "renewing", |v| count(v) >= 2)
+        .await
+        .unwrap();
+    cluster.broker.as_mut().unwrap().restart().await.unwrap();
+    let mark = cluster
+        .standin
+        .requests()
+        .iter()
+        .filter(|r| lease_put_ok(r, "rpi4-edge-01"))
+        .count();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "renewing after the broker restart", |v| {
+            count(v) >= mark + 3
+        })
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let times = &renewals(&cluster.standin.requests(), &["rpi4-edge-01"])["rpi4-edge-01"];
+    let gap = max_gap(times);
+    assert!(
+        gap < SignedDuration::from_secs(4),
+        "lease would have expired: longest gap {gap:?} in {times:?}"
+    );
+    let node = cluster.standin.node("rpi4-edge-01").unwrap();
+    let ready = node
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.status, "True");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_split_the_fleet_write_each_renewal_once_and_survive_a_loss() {
+    let mut cluster = Cluster::start(Transport::Mqtt).await.unwrap();
+    cluster.start_replica(Default::default()).await.unwrap();
+    let nodes = ["rpi4-edge-01", "jetson-07", "nuc-lab-03"];
+    let trees = ["rpi4-cgroup1", "jetson-cgroup2", "nuc-hybrid"];
+    let agents: Vec<_> = nodes
+        .iter()
+        .zip(trees)
+        .map(|(n, t)| cluster.start_agent(config(&cluster, n, t)).unwrap())
+        .collect();
+    let each = |v: &StandInView<'_>, k: usize| {
+        nodes
+            .iter()
+            .all(|n| v.requests().iter().filter(|r| lease_put_ok(r, n)).count() >= k)
+    };
+    cluster
+        .standin
+        .wait_until(DEADLINE, "all nodes renewing", |v| each(v, 4))
+        .await
+        .unwrap();
+    let (a, b) = (
+        cluster.replicas[0].as_ref().unwrap().gateway.clone(),
+        cluster.replicas[1].as_ref().unwrap().gateway.clone(),
+    );
+    let (wrote_a, wrote_b) = (
+        a.counters.lease_renewals.load(Ordering::Relaxed),
+        b.counters.lease_renewals.load(Ordering::Relaxed),
+    );
+    assert!(
+        wrote_a > 0 && wrote_b > 0,
+        "both replicas carry renewals: {wrote_a} / {wrote_b}"
+    );
+
+    // Replica 0 dies; replica 1 carries every node.
+    cluster.stop_replica(0).await;
+    let marks: Vec<usize> = nodes
+        .iter()
+        .map(|n| {
+            cluster
+                .standin
+                .requests()
+                .iter()
+                .filter(|r| lease_put_ok(r, n))
+                .count()
+        })
+        .collect();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "every node renewing through the survivor", |v| {
+            nodes
+                .iter()
+                .zip(&marks)
+                .all(|(n, m)| v.requests().iter().filter(|r| lease_put_ok(r, n)).count() >= m + 3)
+        })
+        .await
+        .unwrap();
+    for agent in agents {
+        agent.stop().await.unwrap();
+    }
+    let requests = cluster.standin.requests();
+    for (node, times) in renewals(&requests, &nodes) {
+        assert!(
+            times.windows(2).all(|w| w[0] < w[1]),
+            "{node}: renewTime strictly increases across replicas: {times:?}"
+        );
+        let gap = max_gap(&times);
+        assert!(
+            gap < SignedDuration::from_secs(4),
+            "{node}: lease would have expired: longest gap {gap:?}"
+        );
+    }
+    // Exactly once: every renewal the gateways counted as written is one successful PUT
+    // or the initial create, and no write was repeated.
+    let written = a.counters.lease_renewals.load(Ordering::Relaxed)
+        + b.counters.lease_renewals.load(Ordering::Relaxed);
+    let puts_and_creates = requests
+        .iter()
+        .filter(|r| {
+            r.path.contains("/leases")
+                && matches!(r.method, Method::PUT | Method::POST)
+                && (r.status == 200 || r.status == 201)
+        })
+        .count() as u64;
+    assert_eq!(
+        written, puts_and_creates,
+        "each renewal written exactly once"
+    );
+    let lease_gets = requests
+        .iter()
+        .filter(|r| r.method == Method::GET && r.path.contains("/leases/"))
+        .count();
+    assert!(
+        lease_gets <= nodes.len() * 2,
+        "lease GETs stay rare with replicas alternating: {lease_gets}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_back_from_an_outage_writes_no_stale_renewal() {
+    let mut cluster = Cluster::start(Transport::Mqtt).await.unwrap();
+    let agent = cluster
+        .start_agent(config(&cluster, "jetson-07", "jetson-cgroup2"))
+        .unwrap();
+    let count = |v: &StandInView<'_>| {
+        v.requests()
+            .iter()
+            .filter(|r| lease_put_ok(r, "jetson-07"))
+            .count()
+    };
+    cluster
+        .standin
+        .wait_until(DEADLINE, "renewing", |v| count(v) >= 2)
+        .await
+        .unwrap();
+    cluster.stop_replica(0).await;
+    // Down for longer than the renew interval (1 s) and the message expiry (1 s): the
+    // agent keeps publishing renewals that nobody takes.
+    let down_since = Timestamp::now();
+    let sent = |c: &Cluster| c.standin.requests().len();
+    let before = sent(&cluster);
+    tokio::time::sleep(Duration::from_secs(3)).await; // the outage itself, not a wait for state
+    assert_eq!(
+        sent(&cluster),
+        before,
+        "nothing reaches the apiserver while the gateway is down"
+    );
+    let back_at = Timestamp::now();
+    let index = cluster.start_replica(Default::default()).await.unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "renewing again", |v| count(v) >= 5)
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let after: Vec<_> = cluster
+        .standin
+        .requests()
+        .into_iter()
+        .skip(before)
+        .filter(|r| lease_put_ok(r, "jetson-07"))
+        .collect();
+    let times: Vec<Timestamp> = after.iter().map(renew_time).collect();
+    // A backlog would show as a burst: several writes within moments of the restart.
+    let burst = times
+        .iter()
+        .filter(|t| t.duration_since(back_at) < SignedDuration::from_millis(500))
+        .count();
+    assert!(burst <= 1, "no backlog written on return: {times:?}");
+    assert!(
+        times
+            .windows(2)
+            .all(|w| w[1].duration_since(w[0]) >= SignedDuration::from_millis(900)),
+        "renewals keep their cadence: {times:?}"
+    );
+    assert!(
+        times.iter().all(|t| *t > down_since),
+        "renewTime is the gateway's clock at write time"
+    );
+    let stale = cluster.replicas[index]
+        .as_ref()
+        .unwrap()
+        .gateway
+        .counters
+        .stale_renewals
+        .load(Ordering::Relaxed);
+    assert_eq!(stale, 0, "expired messages never even reached the gateway");
+}
