@@ -133,8 +133,23 @@ impl Cluster {
     ///
     /// Errors: binding, broker start-up or client construction failures.
     pub async fn start_with(transport: Transport, options: GatewayOptions) -> anyhow::Result<Self> {
+        Self::start_on_port(transport, options, 0).await
+    }
+
+    /// As [`Cluster::start_with`], with the stand-in apiserver on `127.0.0.1:port`
+    /// (0: any free port), so a person can point kubectl at a known address.
+    ///
+    /// Errors: binding, broker start-up or client construction failures.
+    pub async fn start_on_port(
+        transport: Transport,
+        options: GatewayOptions,
+        port: u16,
+    ) -> anyhow::Result<Self> {
         init_test_logging();
-        let standin = StandIn::start().await?;
+        let standin_listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .with_context(|| format!("binding 127.0.0.1:{port}"))?;
+        let standin = StandIn::serve(standin_listener, std::future::pending()).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let grpc_url = format!("http://{}", listener.local_addr()?);
         let broker = match transport {

@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use edgebeat_agent::config::TransportConfig;
 use edgebeat_agent::{Agent, AgentConfig};
-use edgebeat_gateway::{Gateway, GatewayOptions, kube_client};
+use edgebeat_gateway::GatewayOptions;
 use edgebeat_hw::SystemClock;
-use edgebeat_tests::standin::StandIn;
-use edgebeat_transports::grpc::{GrpcServerOptions, serve};
+use edgebeat_tests::harness::{Cluster, Transport};
 use http::Method;
 use k8s_openapi::api::core::v1::Node;
 use tokio::time::Instant;
@@ -36,6 +34,9 @@ struct Args {
     /// Agent configuration file; its transport is replaced by the demo's gateway.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Transport between agent and gateway: grpc, or mqtt (through a local Mosquitto).
+    #[arg(long, default_value = "grpc")]
+    transport: String,
     /// Log filter for the components.
     #[arg(long, default_value = "warn")]
     log_level: String,
@@ -105,43 +106,40 @@ async fn main() -> anyhow::Result<()> {
         .with(filter)
         .init();
 
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
-        .await
-        .context("binding the stand-in")?;
+    let transport = match args.transport.as_str() {
+        "grpc" => Transport::Grpc,
+        "mqtt" => Transport::Mqtt,
+        other => anyhow::bail!("--transport {other:?}: use grpc or mqtt"),
+    };
     let cancel = CancellationToken::new();
-    let standin = StandIn::serve(listener, cancel.clone().cancelled_owned()).await?;
+    let cluster = Cluster::start_on_port(transport, GatewayOptions::default(), args.port).await?;
+    let standin = cluster.standin.clone();
     let url = standin.url();
-    let gateway = Arc::new(Gateway::new(
-        kube_client(kube::Config::new(url.parse()?), 50)?,
-        Arc::new(SystemClock),
-        GatewayOptions::default(),
-    ));
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let grpc_url = format!("http://{}", grpc.local_addr()?);
-    let server = tokio::spawn(serve(
-        grpc,
-        gateway.clone(),
-        GrpcServerOptions::default(),
-        cancel.clone().cancelled_owned(),
-    ));
 
     let mut config = match &args.config {
         Some(path) => AgentConfig::load(path)?,
         None => AgentConfig::default(),
     };
     config.host_root = args.host_root.clone();
-    config.transport = Some(TransportConfig::Grpc {
-        endpoint: grpc_url.clone(),
-        keepalive: Duration::from_secs(30),
-    });
+    // Kubelet's intervals (or the file's), the demo's own gateway.
+    config.transport = cluster.agent_config("demo", &args.host_root).transport;
     let agent = Agent::new(config, Arc::new(SystemClock))?;
     let name = agent.node_name().to_owned();
 
     println!("edgebeat demo — stand-in apiserver (a test double, not a kube-apiserver) at {url}");
-    println!(
-        "gateway gRPC at {grpc_url}; agent for node {name:?} reads host facts under {}",
-        args.host_root.display()
-    );
+    match &cluster.broker {
+        Some(b) => println!(
+            "agent → MQTT (Mosquitto at {}:{}) → gateway; node {name:?} reads host facts under {}",
+            b.host(),
+            b.port(),
+            args.host_root.display()
+        ),
+        None => println!(
+            "agent → gRPC ({}) → gateway; node {name:?} reads host facts under {}",
+            cluster.grpc_url,
+            args.host_root.display()
+        ),
+    }
     println!("point real kubectl at it:");
     println!("  kubectl --server {url} get nodes -o wide");
     println!("  kubectl --server {url} get lease -n kube-node-lease");
@@ -230,7 +228,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let _ = agent_task.await;
-    let _ = server.await;
+    drop(cluster);
 
     let requests = standin.requests();
     let lease_path =
