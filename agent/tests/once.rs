@@ -85,3 +85,16 @@ fn missing_host_root_is_a_clear_error() {
     assert!(!ok);
     assert!(stderr.contains("boot_id"), "{stderr}");
 }
+
+#[test]
+fn example_site_configs_load() {
+    for name in ["site-grpc.yaml", "site-mqtt.yaml"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/agent")
+            .join(name);
+        let config =
+            edgebeat_agent::AgentConfig::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(config.transport.is_some(), "{name}");
+        assert_eq!(config.register_with_taints.len(), 1, "{name}");
+    }
+}
