@@ -125,6 +125,9 @@ impl MqttUplinkOptions {
             // A fresh session on every connect: nothing queued at the broker while away.
             .set_clean_start(true)
             .set_connection_timeout(CONNECT_TIMEOUT_SECS)
+            // rumqttc preallocates one slot per possible in-flight packet id (65 536 by
+            // default, ~13 MB); an agent has at most a status report, a renewal and a Register in flight.
+            .set_outgoing_inflight_upper_limit(16)
             .set_max_packet_size(u32::try_from(self.max_packet_bytes).ok());
         if let Some((username, password)) = &self.credentials {
             mqtt.set_credentials(username, password);

@@ -125,6 +125,9 @@ impl MqttIngressOptions {
         mqtt.set_keep_alive(self.keepalive)
             .set_clean_start(true)
             .set_connection_timeout(CONNECT_TIMEOUT_SECS)
+            // rumqttc preallocates one slot per possible in-flight packet id (65 536 by
+            // default, ~13 MB); acks in flight across every node this replica serves.
+            .set_outgoing_inflight_upper_limit(1024)
             .set_max_packet_size(u32::try_from(max_packet).ok());
         if let Some((username, password)) = &self.credentials {
             mqtt.set_credentials(username, password);
