@@ -238,7 +238,7 @@ impl Gateway {
         match self.nodes.create(&PostParams::default(), &node).await {
             Ok(created) => {
                 slot.uid = created.metadata.uid.clone();
-                self.remember(slot, &conditions, now, name).await;
+                self.remember(slot, &created, now, name).await;
                 tracing::info!(node = name, "registered node");
             }
             Err(e) if api_code(&e) == Some(409) => match self.nodes.get(name).await {
@@ -310,40 +310,34 @@ impl Gateway {
             .map(|_| ())
     }
 
-    async fn remember(
-        &self,
-        slot: &mut NodeSlot,
-        written: &[k8s_openapi::api::core::v1::NodeCondition],
-        now: Timestamp,
-        name: &str,
-    ) {
-        for c in written {
-            let previous = slot.conditions.get(&c.type_).map(|k| k.status.clone());
-            if c.type_ == "Ready" && previous.as_deref() != Some(c.status.as_str()) {
-                let reason = if c.status == "True" {
-                    "NodeReady"
-                } else {
-                    "NodeNotReady"
-                };
-                self.event(
-                    name,
-                    "Normal",
-                    reason,
-                    format!("Node {name} status is now: {reason}"),
-                    now,
-                )
-                .await;
-            }
-            if let Some(t) = &c.last_transition_time {
-                slot.conditions.insert(
-                    c.type_.clone(),
-                    KnownCondition {
-                        status: c.status.clone(),
-                        last_transition: t.0,
-                    },
-                );
-            }
+    /// Takes what the apiserver returned after a write as this replica's knowledge, and
+    /// records kubelet's `NodeReady`/`NodeNotReady` event when Ready changed from what was
+    /// known (kubelet's `ReadyCondition` setter).
+    async fn remember(&self, slot: &mut NodeSlot, written: &Node, now: Timestamp, name: &str) {
+        let ready = written
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .find(|c| c.type_ == "Ready");
+        if let Some(ready) = ready
+            && slot.conditions.get("Ready").map(|k| k.status.as_str())
+                != Some(ready.status.as_str())
+        {
+            let reason = if ready.status == "True" {
+                "NodeReady"
+            } else {
+                "NodeNotReady"
+            };
+            self.event(
+                name,
+                "Normal",
+                reason,
+                format!("Node {name} status is now: {reason}"),
+                now,
+            )
+            .await;
         }
+        seed_conditions(slot, written);
     }
 
     /// kubelet `patchNodeStatus`: strategic-merge PATCH of `nodes/{name}/status`.
@@ -374,8 +368,7 @@ impl Gateway {
         {
             Ok(node) => {
                 slot.uid = node.metadata.uid.clone().or(slot.uid.take());
-                self.remember(slot, &conditions, now, name).await;
-                seed_conditions(slot, &node);
+                self.remember(slot, &node, now, name).await;
                 slot.known_boot_id = status.node_info.as_ref().map(|i| i.boot_id.clone());
                 self.counters.status_reports.fetch_add(1, Ordering::Relaxed);
                 ack(seq, AckCode::Ok, "")

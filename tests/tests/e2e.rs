@@ -7,29 +7,14 @@
 use std::time::Duration;
 
 use edgebeat_tests::harness::{Cluster, Transport, fixture, fixture_copy};
+use edgebeat_tests::requests::{LEASES, is_lease_get, is_lease_put, is_status_patch};
 use edgebeat_tests::standin::{FaultRule, RecordedRequest};
 use http::Method;
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::Lease;
 
 const DEADLINE: Duration = Duration::from_secs(20);
-const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
-
-fn is_lease_put(r: &RecordedRequest, node: &str) -> bool {
-    r.method == Method::PUT && r.path == format!("{LEASES}/{node}")
-}
-
-fn is_lease_get(r: &RecordedRequest, node: &str) -> bool {
-    r.method == Method::GET && r.path == format!("{LEASES}/{node}")
-}
-
-fn is_status_patch(r: &RecordedRequest, node: &str) -> bool {
-    r.method == Method::PATCH && r.path == format!("/api/v1/nodes/{node}/status")
-}
-
 fn renew_time(r: &RecordedRequest) -> Timestamp {
-    let lease: Lease = serde_json::from_slice(&r.body).unwrap();
-    lease.spec.unwrap().renew_time.unwrap().0
+    edgebeat_tests::requests::renew_time(r).unwrap()
 }
 
 fn condition<'a>(

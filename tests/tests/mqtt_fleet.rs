@@ -7,21 +7,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use edgebeat_tests::harness::{Cluster, Transport, fixture};
+use edgebeat_tests::requests::{is_lease_renewed, renew_time};
 use edgebeat_tests::standin::{RecordedRequest, StandInView};
 use http::Method;
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::coordination::v1::Lease;
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-fn lease_put_ok(r: &RecordedRequest, node: &str) -> bool {
-    r.method == Method::PUT && r.path.ends_with(&format!("/leases/{node}")) && r.status == 200
-}
-
-fn renew_time(r: &RecordedRequest) -> Timestamp {
-    let lease: Lease = serde_json::from_slice(&r.body).unwrap();
-    lease.spec.unwrap().renew_time.unwrap().0
-}
 
 /// renewTimes written per node (successful writes only), in order.
 fn renewals(requests: &[RecordedRequest], nodes: &[&str]) -> BTreeMap<String, Vec<Timestamp>> {
@@ -32,8 +23,8 @@ fn renewals(requests: &[RecordedRequest], nodes: &[&str]) -> BTreeMap<String, Ve
                 (*n).to_owned(),
                 requests
                     .iter()
-                    .filter(|r| lease_put_ok(r, n))
-                    .map(renew_time)
+                    .filter(|r| is_lease_renewed(r, n))
+                    .filter_map(renew_time)
                     .collect(),
             )
         })
@@ -64,7 +55,7 @@ async fn broker_restart_does_not_let_the_lease_expire() {
     let count = |v: &StandInView<'_>| {
         v.requests()
             .iter()
-            .filter(|r| lease_put_ok(r, "rpi4-edge-01"))
+            .filter(|r| is_lease_renewed(r, "rpi4-edge-01"))
             .count()
     };
     cluster
@@ -77,7 +68,7 @@ async fn broker_restart_does_not_let_the_lease_expire() {
         .standin
         .requests()
         .iter()
-        .filter(|r| lease_put_ok(r, "rpi4-edge-01"))
+        .filter(|r| is_lease_renewed(r, "rpi4-edge-01"))
         .count();
     cluster
         .standin
@@ -117,9 +108,13 @@ async fn replicas_split_the_fleet_write_each_renewal_once_and_survive_a_loss() {
         .map(|(n, t)| cluster.start_agent(config(&cluster, n, t)).unwrap())
         .collect();
     let each = |v: &StandInView<'_>, k: usize| {
-        nodes
-            .iter()
-            .all(|n| v.requests().iter().filter(|r| lease_put_ok(r, n)).count() >= k)
+        nodes.iter().all(|n| {
+            v.requests()
+                .iter()
+                .filter(|r| is_lease_renewed(r, n))
+                .count()
+                >= k
+        })
     };
     cluster
         .standin
@@ -148,17 +143,20 @@ async fn replicas_split_the_fleet_write_each_renewal_once_and_survive_a_loss() {
                 .standin
                 .requests()
                 .iter()
-                .filter(|r| lease_put_ok(r, n))
+                .filter(|r| is_lease_renewed(r, n))
                 .count()
         })
         .collect();
     cluster
         .standin
         .wait_until(DEADLINE, "every node renewing through the survivor", |v| {
-            nodes
-                .iter()
-                .zip(&marks)
-                .all(|(n, m)| v.requests().iter().filter(|r| lease_put_ok(r, n)).count() >= m + 3)
+            nodes.iter().zip(&marks).all(|(n, m)| {
+                v.requests()
+                    .iter()
+                    .filter(|r| is_lease_renewed(r, n))
+                    .count()
+                    >= m + 3
+            })
         })
         .await
         .unwrap();
@@ -212,7 +210,7 @@ async fn a_gateway_back_from_an_outage_writes_no_stale_renewal() {
     let count = |v: &StandInView<'_>| {
         v.requests()
             .iter()
-            .filter(|r| lease_put_ok(r, "jetson-07"))
+            .filter(|r| is_lease_renewed(r, "jetson-07"))
             .count()
     };
     cluster
@@ -245,9 +243,9 @@ async fn a_gateway_back_from_an_outage_writes_no_stale_renewal() {
         .requests()
         .into_iter()
         .skip(before)
-        .filter(|r| lease_put_ok(r, "jetson-07"))
+        .filter(|r| is_lease_renewed(r, "jetson-07"))
         .collect();
-    let times: Vec<Timestamp> = after.iter().map(renew_time).collect();
+    let times: Vec<Timestamp> = after.iter().filter_map(renew_time).collect();
     // A backlog would show as a burst: several writes within moments of the restart.
     let burst = times
         .iter()
