@@ -349,6 +349,12 @@ impl AgentConfig {
         if let Some(v) = raw.eviction_pressure_transition_period {
             c.eviction_pressure_transition_period =
                 parse_duration(&v).map_err(|m| invalid("evictionPressureTransitionPeriod", m))?;
+            if c.eviction_pressure_transition_period > MAX_DURATION {
+                return Err(invalid(
+                    "evictionPressureTransitionPeriod",
+                    format!("{v:?} must be at most 24h"),
+                ));
+            }
         }
         c.system_reserved = parse_reserved("systemReserved", raw.system_reserved)?;
         c.kube_reserved = parse_reserved("kubeReserved", raw.kube_reserved)?;
@@ -611,12 +617,16 @@ pub fn validate_node_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Longest period any duration field accepts (one day); longer values are mistakes and
+/// would overflow timer arithmetic.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
 fn parse_positive_duration(field: &str, text: &str) -> Result<Duration, ConfigError> {
     let d = parse_duration(text).map_err(|m| invalid(field, m))?;
-    if d.is_zero() {
+    if d.is_zero() || d > MAX_DURATION {
         return Err(invalid(
             field,
-            format!("{text:?} must be greater than zero"),
+            format!("{text:?} must be greater than zero and at most 24h"),
         ));
     }
     Ok(d)

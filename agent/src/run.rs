@@ -173,6 +173,7 @@ impl Agent {
                     })
                     .collect(),
                 unschedulable: !self.config.register_schedulable,
+                skip_create: !self.config.register_node,
                 status: Some(status),
             })),
         }
@@ -250,12 +251,20 @@ impl Agent {
             }
         };
         tracing::info!(node = self.node_name(), "edgebeat agent starting");
-        let (t, (), ()) = tokio::join!(
-            transport,
-            self.clone().status_loop(uplink.clone(), cancel.clone()),
-            self.clone().lease_loop(uplink, cancel.clone()),
-        );
-        t
+        let loops = async {
+            tokio::join!(
+                self.clone().status_loop(uplink.clone(), cancel.clone()),
+                self.clone().lease_loop(uplink, cancel.clone()),
+            )
+        };
+        tokio::select! {
+            // The transport only returns at shutdown or on a fatal error: stop the loops too.
+            result = transport => {
+                cancel.cancel();
+                result
+            }
+            _ = loops => Ok(()),
+        }
     }
 
     /// Status loop (kubelet `syncNodeStatus` every `nodeStatusUpdateFrequency`): compute,
@@ -265,8 +274,10 @@ impl Agent {
         let mut registered = uplink.registered();
         let mut last_reported: Option<ComputedStatus> = None;
         let mut last_report_at: Option<Instant> = None;
-        let mut forced = false;
+        let mut requests = uplink.status_requests();
+        let mut served_request = *requests.borrow_and_update();
         let mut watch_registration = true;
+        let mut watch_requests = true;
         loop {
             let root = self.root.clone();
             let options = self.options.clone();
@@ -287,7 +298,8 @@ impl Agent {
             }
             if *registered.borrow() {
                 let latest = self.latest();
-                let due = forced
+                let request = *requests.borrow_and_update();
+                let due = request != served_request
                     || last_reported
                         .as_ref()
                         .is_none_or(|l| has_changed(l, &latest))
@@ -296,14 +308,16 @@ impl Agent {
                 if due && self.report(&uplink, &latest).await {
                     last_reported = Some(latest);
                     last_report_at = Some(Instant::now());
-                    forced = false;
+                    served_request = request;
                 }
             }
             let delay = jittered(self.config.node_status_update_frequency);
             tokio::select! {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(delay) => {}
-                () = uplink.status_requested() => forced = true,
+                changed = requests.changed(), if watch_requests => {
+                    if changed.is_err() { watch_requests = false; }
+                }
                 changed = registered.changed(), if watch_registration => {
                     if changed.is_err() { watch_registration = false; }
                 }
@@ -411,6 +425,10 @@ enum Outcome {
 
 fn outcome(result: Result<pb::Ack, UplinkError>) -> Outcome {
     match result {
+        // The transport registers again first; retrying now would only ask again.
+        Ok(ack) if ack.register_again => {
+            Outcome::GiveUp("the gateway asked to register again".into())
+        }
         Ok(ack) => match AckCode::try_from(ack.code) {
             Ok(AckCode::Ok) => Outcome::Ok,
             Ok(AckCode::Retry) => Outcome::Retry(ack.reason),
@@ -427,5 +445,5 @@ fn outcome(result: Result<pb::Ack, UplinkError>) -> Outcome {
 
 /// `period` plus up to `JITTER` × period of random extra (kubelet `wait.Jitter`).
 pub fn jittered(period: Duration) -> Duration {
-    period + period.mul_f64(JITTER * fastrand::f64())
+    period.saturating_add(period.mul_f64(JITTER * fastrand::f64()))
 }

@@ -1,9 +1,12 @@
-//! The gateway core: checks each agent message (shape, identity, sequence, freshness) and
-//! writes Node, status and Lease through kube-rs exactly as kubelet would.
+//! The gateway core: checks each agent message (shape, identity, boot, sequence, freshness)
+//! and writes Node, status and Lease through kube-rs exactly as kubelet would.
 //!
 //! Per node it keeps a small state slot (boot ID, last sequence number, the Lease returned by
-//! the last write, the conditions last written); one node's messages are handled one at a
-//! time, different nodes concurrently.
+//! the last write, the conditions the apiserver holds); one node's messages are handled one
+//! at a time, different nodes concurrently. The slot is a cache of the apiserver: it is
+//! refreshed with one Node GET when this gateway has not written for the node within
+//! [`GatewayOptions::knowledge_ttl`], because the node lifecycle controller may have set the
+//! node Unknown meanwhile.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,12 +28,18 @@ use crate::patch::{self, KnownCondition, LEASE_NAMESPACE};
 /// Gateway behaviour settings.
 #[derive(Debug, Clone)]
 pub struct GatewayOptions {
-    /// Oldest Lease renewal still written, measured on the agent's boot clock against the
-    /// freshest message seen from that boot (default 5 s). Older renewals are dropped,
-    /// never written late: a late renewal would hide a dead node (spec pitfall 4).
+    /// Oldest heartbeat (Lease renewal or status report) still written, measured on the
+    /// agent's boot clock against the freshest message seen from that boot (default 5 s).
+    /// Older ones are dropped, never written late: a late heartbeat would hide a dead node
+    /// (spec pitfall 4). A renewal whose write cannot start within this budget is abandoned
+    /// too.
     pub max_renewal_age: Duration,
     /// Clock-drift allowance for that measurement, in parts per million (default 1000).
     pub drift_ppm: u64,
+    /// How long this gateway trusts what it knows of a node without writing to it (default
+    /// 40 s, the node lifecycle controller's grace period before it writes Unknown). Past
+    /// that, the next message costs one Node GET.
+    pub knowledge_ttl: Duration,
 }
 
 impl Default for GatewayOptions {
@@ -38,34 +47,44 @@ impl Default for GatewayOptions {
         Self {
             max_renewal_age: Duration::from_secs(5),
             drift_ppm: 1000,
+            knowledge_ttl: Duration::from_secs(40),
         }
     }
 }
 
-/// Counters the gateway keeps (exported as metrics by the binary).
+/// Counters the gateway keeps, for logs, tests and a metrics endpoint.
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Lease renewals written.
     pub lease_renewals: AtomicU64,
-    /// Lease renewals that could not be written (apiserver errors).
+    /// Lease renewals that could not be written (apiserver errors, too late to write).
     pub lease_failures: AtomicU64,
-    /// Lease renewals dropped as stale.
+    /// Heartbeats (renewals and status reports) dropped as stale.
     pub stale_renewals: AtomicU64,
     /// Status PATCHes written.
     pub status_reports: AtomicU64,
-    /// Messages rejected (malformed, foreign, replayed, undecodable).
+    /// Messages rejected (malformed, foreign, replayed, superseded boot, undecodable).
     pub rejected: AtomicU64,
     /// Nodes created or reconciled.
     pub registrations: AtomicU64,
 }
 
+/// Superseded boot IDs remembered per node, so messages of an earlier boot are refused.
+const OLD_BOOTS: usize = 4;
+
 #[derive(Default)]
 struct NodeSlot {
     boot_id: Vec<u8>,
+    old_boots: Vec<Vec<u8>>,
     last_seq: u64,
     /// Age estimator for this boot's messages.
     freshness: Option<Freshness>,
+    /// The slot reflects the apiserver (set by registration or a Node GET).
     registered: bool,
+    /// Last successful write for this node; knowledge older than `knowledge_ttl` is stale.
+    last_write: Option<Instant>,
+    /// Ask the agent for a full status report with the next ack.
+    resend_status: bool,
     uid: Option<String>,
     /// nodeInfo.bootID the apiserver holds (for the Rebooted event).
     known_boot_id: Option<String>,
@@ -83,7 +102,8 @@ pub struct Gateway {
     options: GatewayOptions,
     started: Instant,
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<NodeSlot>>>>,
-    /// Counters, shared with the metrics endpoint.
+    event_seq: AtomicU64,
+    /// Counters of what the gateway did.
     pub counters: Arc<Counters>,
 }
 
@@ -103,6 +123,55 @@ fn api_code(e: &kube::Error) -> Option<u16> {
     }
 }
 
+/// Condition types the agent may report; anything else (NetworkUnavailable, made-up types)
+/// is refused: the gateway never writes a condition kubelet would not.
+const CONDITION_TYPES: [&str; 4] = ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"];
+
+/// Checks a reported NodeStatus: only kubelet's four conditions, each at most once, each
+/// True or False (Unknown belongs to the node lifecycle controller), with a reason.
+///
+/// Errors: a message naming the offending condition.
+pub fn validate_status(status: &pb::NodeStatus) -> Result<(), String> {
+    let mut seen = Vec::with_capacity(4);
+    for c in &status.conditions {
+        if !CONDITION_TYPES.contains(&c.r#type.as_str()) {
+            return Err(format!(
+                "malformed: condition type {:?} is not one kubelet reports",
+                c.r#type
+            ));
+        }
+        if seen.contains(&c.r#type.as_str()) {
+            return Err(format!("malformed: condition {} appears twice", c.r#type));
+        }
+        seen.push(c.r#type.as_str());
+        if c.status != "True" && c.status != "False" {
+            return Err(format!(
+                "malformed: condition {} has status {:?}; only True or False",
+                c.r#type, c.status
+            ));
+        }
+        if c.reason.is_empty() {
+            return Err(format!("malformed: condition {} has no reason", c.r#type));
+        }
+    }
+    Ok(())
+}
+
+/// kubelet's event reason for a condition reaching `status` (`pkg/kubelet/events`).
+fn transition_reason(type_: &str, status: &str) -> Option<&'static str> {
+    Some(match (type_, status) {
+        ("Ready", "True") => "NodeReady",
+        ("Ready", _) => "NodeNotReady",
+        ("MemoryPressure", "True") => "NodeHasInsufficientMemory",
+        ("MemoryPressure", "False") => "NodeHasSufficientMemory",
+        ("DiskPressure", "True") => "NodeHasDiskPressure",
+        ("DiskPressure", "False") => "NodeHasNoDiskPressure",
+        ("PIDPressure", "True") => "NodeHasInsufficientPID",
+        ("PIDPressure", "False") => "NodeHasSufficientPID",
+        _ => return None,
+    })
+}
+
 impl Gateway {
     /// A gateway writing through `client` (whose rate limit bounds apiserver QPS), stamping
     /// times from `clock`.
@@ -115,6 +184,7 @@ impl Gateway {
             options,
             started: Instant::now(),
             slots: Mutex::new(HashMap::new()),
+            event_seq: AtomicU64::new(0),
             counters: Arc::new(Counters::default()),
         }
     }
@@ -124,6 +194,9 @@ impl Gateway {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
+        if let Some(slot) = slots.get(name) {
+            return slot.clone();
+        }
         slots.entry(name.to_owned()).or_default().clone()
     }
 
@@ -138,11 +211,12 @@ impl Gateway {
     }
 
     async fn handle_message(&self, peer: &Peer, message: pb::AgentMessage) -> Ack {
-        let Some(header) = message.header().cloned() else {
+        let Some(header) = message.header() else {
             return self.reject(0, "malformed: no header or unknown message kind".into());
         };
         let seq = header.seq;
-        let name = header.node_name.as_str();
+        let name = header.node_name.clone();
+        let name = name.as_str();
         if let Err(why) = validate_node_name(name) {
             return self.reject(seq, why);
         }
@@ -154,11 +228,21 @@ impl Gateway {
                 format!("node {identity:?} may not speak for node {name:?}"),
             );
         }
+        let received = Instant::now();
         let slot = self.slot(name);
         let mut slot = slot.lock().await;
         if slot.boot_id != header.boot_id {
+            if slot.old_boots.contains(&header.boot_id) {
+                return self.reject(seq, "replayed: a message of an earlier boot".into());
+            }
             // A new boot (or the first message seen): sequence and clock offset restart.
-            slot.boot_id = header.boot_id.clone();
+            let old = std::mem::replace(&mut slot.boot_id, header.boot_id.clone());
+            if !old.is_empty() {
+                if slot.old_boots.len() == OLD_BOOTS {
+                    slot.old_boots.remove(0);
+                }
+                slot.old_boots.push(old);
+            }
             slot.last_seq = 0;
             slot.freshness = None;
         } else if seq <= slot.last_seq {
@@ -171,42 +255,72 @@ impl Gateway {
             );
         }
         slot.last_seq = seq;
-        let now = Instant::now();
         let age = match &mut slot.freshness {
-            Some(f) => f.observe(seq, now, self.options.drift_ppm),
+            Some(f) => f.observe(seq, received, self.options.drift_ppm),
             None => {
-                slot.freshness = Some(Freshness::new(self.started, seq, now));
+                slot.freshness = Some(Freshness::new(self.started, seq, received));
                 Duration::ZERO
             }
         };
-        match message.kind {
+        if slot.registered
+            && slot
+                .last_write
+                .is_none_or(|t| received.duration_since(t) > self.options.knowledge_ttl)
+        {
+            // The controller may have written Unknown since: learn the node again.
+            slot.registered = false;
+        }
+        let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
+        if heartbeat && age > self.options.max_renewal_age {
+            self.counters.stale_renewals.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                node = name,
+                ?age,
+                kind = message.kind_name(),
+                "dropping a stale heartbeat"
+            );
+            return ack(seq, AckCode::Rejected, format!("stale: {age:?} old"));
+        }
+        // Writes must start before the heartbeat would be stale (at least half a second, so a
+        // fresh one always gets its attempt).
+        let deadline = received
+            + self
+                .options
+                .max_renewal_age
+                .saturating_sub(age)
+                .max(Duration::from_millis(500));
+        let mut answer = match message.kind {
             Some(Kind::Register(register)) => self.register(&mut slot, name, seq, &register).await,
             Some(Kind::Status(report)) => {
                 self.report(&mut slot, name, seq, report.status.as_ref())
                     .await
             }
             Some(Kind::Lease(renewal)) => {
-                if age > self.options.max_renewal_age {
-                    self.counters.stale_renewals.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(node = name, ?age, "dropping a stale lease renewal");
-                    return ack(seq, AckCode::Rejected, format!("stale: {age:?} old"));
-                }
                 self.renew(
                     &mut slot,
                     name,
                     seq,
                     renewal.lease_duration_seconds,
                     &renewal.lease_state,
+                    deadline,
                 )
                 .await
             }
             None => self.reject(seq, "malformed: unknown message kind".into()),
+        };
+        if AckCode::try_from(answer.code) == Ok(AckCode::Ok) {
+            slot.last_write = Some(Instant::now());
+            if slot.resend_status {
+                slot.resend_status = false;
+                answer.resend_status = true;
+            }
         }
+        answer
     }
 
-    /// kubelet `registerWithAPIServer`: POST the Node; on AlreadyExists GET it and reconcile
-    /// the default labels (PATCH only if they differ); emit `Rebooted` when the boot ID
-    /// changed.
+    /// kubelet `registerWithAPIServer`: POST the Node (unless `skip_create`, kubelet's
+    /// `registerNode: false`); on AlreadyExists GET it and reconcile the default labels
+    /// (PATCH only if they differ); emit `Rebooted` when the boot ID changed.
     async fn register(
         &self,
         slot: &mut NodeSlot,
@@ -217,61 +331,83 @@ impl Gateway {
         let Some(status) = register.status.as_ref() else {
             return self.reject(seq, "malformed: Register without status".into());
         };
+        if let Err(why) = validate_status(status) {
+            return self.reject(seq, why);
+        }
         let new_boot = status
             .node_info
             .as_ref()
-            .map(|i| i.boot_id.clone())
+            .map(|i| i.boot_id.as_str())
             .unwrap_or_default();
-        if slot.registered && slot.known_boot_id.as_deref() == Some(new_boot.as_str()) {
-            return Ack {
-                registered: true,
-                ..ack(seq, AckCode::Ok, "")
-            };
+        let registered = |code| Ack {
+            registered: true,
+            ..ack(seq, code, "")
+        };
+        if slot.registered && slot.known_boot_id.as_deref() == Some(new_boot) {
+            return registered(AckCode::Ok);
         }
         let now = self.now();
-        let conditions = patch::conditions(status, now, &slot.conditions);
-        let node = patch::initial_node(
-            name,
-            register,
-            patch::node_status(status, conditions.clone()),
-        );
-        match self.nodes.create(&PostParams::default(), &node).await {
-            Ok(created) => {
-                slot.uid = created.metadata.uid.clone();
-                self.remember(slot, &created, now, name).await;
-                tracing::info!(node = name, "registered node");
-            }
-            Err(e) if api_code(&e) == Some(409) => match self.nodes.get(name).await {
-                Ok(existing) => {
-                    seed(slot, &existing);
-                    if let Err(e) = self.reconcile_labels(name, &existing, register).await {
-                        return ack(seq, AckCode::Retry, format!("reconciling node labels: {e}"));
-                    }
+        let existing = if register.skip_create {
+            match self.nodes.get_opt(name).await {
+                Ok(Some(node)) => node,
+                Ok(None) => {
+                    return ack(
+                        seq,
+                        AckCode::Retry,
+                        "node does not exist and registerNode is false",
+                    );
                 }
-                Err(e) => return ack(seq, AckCode::Retry, format!("reading existing node: {e}")),
-            },
-            Err(e) => return ack(seq, AckCode::Retry, format!("creating node: {e}")),
+                Err(e) => return ack(seq, AckCode::Retry, format!("reading node: {e}")),
+            }
+        } else {
+            let conditions = patch::conditions(status, seq, now, &slot.conditions);
+            let node = patch::initial_node(name, register, patch::node_status(status, conditions));
+            match self.nodes.create(&PostParams::default(), &node).await {
+                Ok(created) => {
+                    slot.uid = created.metadata.uid.clone();
+                    self.remember(slot, &created, now, name).await;
+                    slot.known_boot_id = Some(new_boot.to_owned());
+                    slot.registered = true;
+                    self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(node = name, "registered node");
+                    return registered(AckCode::Ok);
+                }
+                Err(e) if api_code(&e) == Some(409) => match self.nodes.get(name).await {
+                    Ok(node) => node,
+                    Err(e) => {
+                        return ack(seq, AckCode::Retry, format!("reading existing node: {e}"));
+                    }
+                },
+                Err(e) => return ack(seq, AckCode::Retry, format!("creating node: {e}")),
+            }
+        };
+        seed(slot, &existing);
+        if let Err(e) = self.reconcile_labels(name, &existing, register).await {
+            return ack(seq, AckCode::Retry, format!("reconciling node labels: {e}"));
         }
+        self.observe_boot(slot, name, new_boot, now).await;
+        slot.registered = true;
+        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+        registered(AckCode::Ok)
+    }
+
+    /// kubelet's reboot detection (`MachineInfo` setter): a Warning `Rebooted` event when
+    /// the boot ID differs from the one the apiserver holds.
+    async fn observe_boot(&self, slot: &mut NodeSlot, name: &str, boot: &str, now: Timestamp) {
         if let Some(old) = slot.known_boot_id.as_deref()
             && !old.is_empty()
-            && old != new_boot
+            && old != boot
         {
             self.event(
                 name,
                 "Warning",
                 "Rebooted",
-                format!("Node {name} has been rebooted, boot id: {new_boot}"),
+                format!("Node {name} has been rebooted, boot id: {boot}"),
                 now,
             )
             .await;
         }
-        slot.known_boot_id = Some(new_boot);
-        slot.registered = true;
-        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
-        Ack {
-            registered: true,
-            ..ack(seq, AckCode::Ok, "")
-        }
+        slot.known_boot_id = Some(boot.to_owned());
     }
 
     /// kubelet `updateDefaultLabels`: force the labels kubelet computes (hostname, os, arch
@@ -311,31 +447,30 @@ impl Gateway {
     }
 
     /// Takes what the apiserver returned after a write as this replica's knowledge, and
-    /// records kubelet's `NodeReady`/`NodeNotReady` event when Ready changed from what was
-    /// known (kubelet's `ReadyCondition` setter).
+    /// records kubelet's condition events (`NodeReady`, `NodeHasSufficientMemory`, …) for
+    /// every condition whose status changed from what was known. A condition seen for the
+    /// first time records nothing, as kubelet's setters do when they append one.
     async fn remember(&self, slot: &mut NodeSlot, written: &Node, now: Timestamp, name: &str) {
-        let ready = written
+        for c in written
             .status
             .iter()
             .flat_map(|s| s.conditions.iter().flatten())
-            .find(|c| c.type_ == "Ready");
-        if let Some(ready) = ready
-            && slot.conditions.get("Ready").map(|k| k.status.as_str())
-                != Some(ready.status.as_str())
         {
-            let reason = if ready.status == "True" {
-                "NodeReady"
-            } else {
-                "NodeNotReady"
+            let Some(known) = slot.conditions.get(&c.type_) else {
+                continue;
             };
-            self.event(
-                name,
-                "Normal",
-                reason,
-                format!("Node {name} status is now: {reason}"),
-                now,
-            )
-            .await;
+            if known.status != c.status
+                && let Some(reason) = transition_reason(&c.type_, &c.status)
+            {
+                self.event(
+                    name,
+                    "Normal",
+                    reason,
+                    format!("Node {name} status is now: {reason}"),
+                    now,
+                )
+                .await;
+            }
         }
         seed_conditions(slot, written);
     }
@@ -351,13 +486,15 @@ impl Gateway {
         let Some(status) = status else {
             return self.reject(seq, "malformed: StatusReport without status".into());
         };
+        if let Err(why) = validate_status(status) {
+            return self.reject(seq, why);
+        }
         if let Err(answer) = self.ensure_known(slot, name, seq).await {
             return answer;
         }
         let now = self.now();
-        let conditions = patch::conditions(status, now, &slot.conditions);
-        let body = match patch::status_patch(&patch::node_status(status, conditions.clone()), None)
-        {
+        let conditions = patch::conditions(status, seq, now, &slot.conditions);
+        let body = match patch::status_patch(&patch::node_status(status, conditions), None) {
             Ok(b) => b,
             Err(e) => return self.reject(seq, format!("cannot encode status: {e}")),
         };
@@ -369,16 +506,22 @@ impl Gateway {
             Ok(node) => {
                 slot.uid = node.metadata.uid.clone().or(slot.uid.take());
                 self.remember(slot, &node, now, name).await;
-                slot.known_boot_id = status.node_info.as_ref().map(|i| i.boot_id.clone());
+                if let Some(info) = &status.node_info {
+                    self.observe_boot(slot, name, &info.boot_id, now).await;
+                }
+                // This report is the full status: nothing left to resend.
+                slot.resend_status = false;
                 self.counters.status_reports.fetch_add(1, Ordering::Relaxed);
                 ack(seq, AckCode::Ok, "")
             }
-            Err(e) => {
-                if api_code(&e) == Some(404) {
-                    return self.forget(slot, seq);
+            Err(e) => match api_code(&e) {
+                Some(404) => self.forget(slot, seq),
+                // The apiserver refuses the content itself: resending it will not help.
+                Some(code @ (400 | 403 | 413 | 415 | 422)) => {
+                    self.reject(seq, format!("apiserver refused the status ({code}): {e}"))
                 }
-                ack(seq, AckCode::Retry, format!("patching node status: {e}"))
-            }
+                _ => ack(seq, AckCode::Retry, format!("patching node status: {e}")),
+            },
         }
     }
 
@@ -397,9 +540,20 @@ impl Gateway {
         t
     }
 
+    /// Raises the last renewTime known for this Lease to `t` (written by another replica or
+    /// before a restart), so the next one is later still.
+    fn saw_renew_time(slot: &mut NodeSlot, t: Option<Timestamp>) {
+        if let Some(t) = t
+            && slot.last_renew.is_none_or(|last| last < t)
+        {
+            slot.last_renew = Some(t);
+        }
+    }
+
     /// kubelet's lease controller: PUT the Lease with a fresh renewTime and the
     /// resourceVersion of the last write (no GET on the happy path); on 409 or with nothing
-    /// cached, GET (or create when missing) and retry; up to 5 attempts.
+    /// known, GET (or create when missing) and retry; up to 5 attempts, each started before
+    /// `deadline`.
     ///
     /// The last write is known from this replica's cache or from the agent's echoed
     /// `lease_state` (see [`LeaseState`]), whichever is newer.
@@ -410,6 +564,7 @@ impl Gateway {
         seq: u64,
         duration: i32,
         lease_state: &[u8],
+        deadline: Instant,
     ) -> Ack {
         if duration <= 0 {
             return self.reject(
@@ -420,53 +575,87 @@ impl Gateway {
         if let Err(answer) = self.ensure_known(slot, name, seq).await {
             return answer;
         }
-        let mut echoed = LeaseState::decode(lease_state);
-        if let Some(state) = &echoed
-            && slot.last_renew.is_none_or(|last| last < state.renew_time)
-        {
-            slot.last_renew = Some(state.renew_time);
-        }
+        let now = self.now();
+        // The echo is agent input: one from the future (beyond clock skew) is ignored.
+        let mut echoed = LeaseState::decode(lease_state).filter(|s| {
+            s.renew_time
+                <= now
+                    .checked_add(jiff::SignedDuration::from_secs(5))
+                    .unwrap_or(now)
+        });
+        Self::saw_renew_time(slot, echoed.as_ref().map(|s| s.renew_time));
         let mut last_error = String::new();
         for _ in 0..5 {
+            let Some(budget) = deadline
+                .checked_duration_since(Instant::now())
+                .filter(|b| !b.is_zero())
+            else {
+                last_error = "too late to write this renewal; waiting for a fresh one".into();
+                break;
+            };
             let cached = slot.latest_lease.take();
+            let cached_time = cached
+                .as_ref()
+                .and_then(|l| l.spec.as_ref()?.renew_time.as_ref())
+                .map(|t| t.0);
             let base = match (cached, echoed.take(), slot.uid.clone()) {
-                (Some(lease), Some(state), _)
-                    if lease.metadata.resource_version.as_deref()
-                        == Some(state.resource_version.as_str()) =>
+                // The echo is newer than this replica's cache: another replica wrote last.
+                (cached, Some(state), Some(uid))
+                    if cached
+                        .as_ref()
+                        .and_then(|l| l.metadata.resource_version.as_deref())
+                        != Some(state.resource_version.as_str())
+                        && cached_time.is_none_or(|t| t < state.renew_time) =>
                 {
-                    lease
-                }
-                (_, Some(state), Some(uid)) => {
-                    // Another replica (or this one before a restart) wrote last.
                     let mut lease = patch::new_lease(name, &uid, duration, state.renew_time);
                     lease.metadata.resource_version = Some(state.resource_version);
                     lease
                 }
                 (Some(lease), _, _) => lease,
-                (None, _, _) => match self.leases.get_opt(name).await {
-                    Ok(Some(lease)) => lease,
-                    Ok(None) => return self.create_lease(slot, name, seq, duration).await,
-                    Err(e) => {
+                (None, _, _) => match tokio::time::timeout(budget, self.leases.get_opt(name)).await
+                {
+                    Ok(Ok(Some(lease))) => {
+                        Self::saw_renew_time(
+                            slot,
+                            lease
+                                .spec
+                                .as_ref()
+                                .and_then(|s| s.renew_time.as_ref())
+                                .map(|t| t.0),
+                        );
+                        lease
+                    }
+                    Ok(Ok(None)) => return self.create_lease(slot, name, seq, duration).await,
+                    Ok(Err(e)) => {
                         last_error = format!("reading lease: {e}");
                         continue;
+                    }
+                    Err(_) => {
+                        last_error = "reading lease: deadline passed".into();
+                        break;
                     }
                 },
             };
             let renew = self.renew_time(slot);
-            let lease = patch::renewed_lease(&base, name, slot.uid.as_deref(), duration, renew);
-            match self
-                .leases
-                .replace(name, &PostParams::default(), &lease)
-                .await
+            let lease = patch::renewed_lease(base, name, slot.uid.as_deref(), duration, renew);
+            match tokio::time::timeout(
+                budget,
+                self.leases.replace(name, &PostParams::default(), &lease),
+            )
+            .await
             {
-                Ok(written) => return self.renewed(slot, seq, written, renew),
-                Err(e) => {
+                Ok(Ok(written)) => return self.renewed(slot, seq, written, renew),
+                Ok(Err(e)) => {
                     last_error = format!("updating lease: {e}");
                     match api_code(&e) {
                         // Conflict or gone: fall back to GET (kubelet backoffEnsureLease).
                         Some(409) | Some(404) => continue,
                         _ => break,
                     }
+                }
+                Err(_) => {
+                    last_error = "updating lease: deadline passed".into();
+                    break;
                 }
             }
         }
@@ -492,9 +681,13 @@ impl Gateway {
         }
     }
 
-    /// Makes sure this replica knows the node: a GET the first time it sees a node it did
-    /// not register (after a restart, or when a shared subscription hands it another
-    /// replica's node), seeding the UID, boot ID and condition times from the apiserver.
+    /// Makes sure this replica knows the node as the apiserver has it: a Node GET the first
+    /// time it sees a node it did not register (after a restart, or when a shared
+    /// subscription hands it another replica's node) and when its knowledge is older than
+    /// `knowledge_ttl`. Seeds the UID, boot ID and condition times; when the apiserver holds
+    /// an Unknown condition (the controller's, after an outage) the next ack asks the agent
+    /// for a full status report, so the node is Ready again within seconds, not at the next
+    /// report period.
     ///
     /// Errors: the [`Ack`] to answer with — `register_again` when the Node does not exist.
     async fn ensure_known(&self, slot: &mut NodeSlot, name: &str, seq: u64) -> Result<(), Ack> {
@@ -504,6 +697,9 @@ impl Gateway {
         match self.nodes.get_opt(name).await {
             Ok(Some(node)) => {
                 seed(slot, &node);
+                if slot.conditions.values().any(|c| c.status == "Unknown") {
+                    slot.resend_status = true;
+                }
                 slot.registered = true;
                 Ok(())
             }
@@ -524,28 +720,26 @@ impl Gateway {
         }
     }
 
+    /// Creates the Lease with an ownerReference to the Node, whose UID is read fresh (kubelet
+    /// `SetNodeOwnerFunc`): a cached UID could belong to a deleted Node, and the garbage
+    /// collector would delete the new Lease at once.
     async fn create_lease(&self, slot: &mut NodeSlot, name: &str, seq: u64, duration: i32) -> Ack {
-        let uid = match &slot.uid {
-            Some(uid) => uid.clone(),
-            None => match self.nodes.get(name).await {
-                Err(e) if api_code(&e) == Some(404) => return self.forget(slot, seq),
-                Ok(node) => match node.metadata.uid {
-                    Some(uid) => {
-                        slot.uid = Some(uid.clone());
-                        uid
-                    }
-                    None => return ack(seq, AckCode::Retry, "node has no uid yet"),
-                },
-                // kubelet skips creation this round when the owner Node cannot be read.
-                Err(e) => {
-                    return ack(
-                        seq,
-                        AckCode::Retry,
-                        format!("reading node for the lease owner: {e}"),
-                    );
-                }
+        let uid = match self.nodes.get(name).await {
+            Ok(node) => match node.metadata.uid {
+                Some(uid) => uid,
+                None => return ack(seq, AckCode::Retry, "node has no uid yet"),
             },
+            Err(e) if api_code(&e) == Some(404) => return self.forget(slot, seq),
+            // kubelet skips creation this round when the owner Node cannot be read.
+            Err(e) => {
+                return ack(
+                    seq,
+                    AckCode::Retry,
+                    format!("reading node for the lease owner: {e}"),
+                );
+            }
         };
+        slot.uid = Some(uid.clone());
         let renew = self.renew_time(slot);
         match self
             .leases
@@ -564,7 +758,8 @@ impl Gateway {
     }
 
     async fn event(&self, name: &str, type_: &str, reason: &str, message: String, now: Timestamp) {
-        let event = patch::node_event(name, type_, reason, message, now);
+        let unique = self.event_seq.fetch_add(1, Ordering::Relaxed);
+        let event = patch::node_event(name, type_, reason, message, now, unique);
         if let Err(error) = self.events.create(&PostParams::default(), &event).await {
             tracing::warn!(node = name, reason, %error, "could not record event");
         }
@@ -708,6 +903,29 @@ mod tests {
         let mut bad = vec![0; 8];
         bad.extend_from_slice(&[0xff, 0xfe]);
         assert_eq!(LeaseState::decode(&bad), None, "not UTF-8");
+    }
+
+    #[test]
+    fn only_kubelets_conditions_are_accepted() {
+        let cond = |t: &str, s: &str, r: &str| pb::NodeCondition {
+            r#type: t.into(),
+            status: s.into(),
+            reason: r.into(),
+            ..Default::default()
+        };
+        let status = |c: Vec<pb::NodeCondition>| pb::NodeStatus {
+            conditions: c,
+            ..Default::default()
+        };
+        assert!(validate_status(&status(vec![cond("Ready", "True", "KubeletReady")])).is_ok());
+        for bad in [
+            vec![cond("NetworkUnavailable", "False", "RouteCreated")],
+            vec![cond("Ready", "Unknown", "KubeletReady")],
+            vec![cond("Ready", "True", "")],
+            vec![cond("Ready", "True", "A"), cond("Ready", "False", "B")],
+        ] {
+            assert!(validate_status(&status(bad.clone())).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -127,16 +127,30 @@ async fn main() -> anyhow::Result<()> {
         shutdown_signal().await;
         signal.cancel();
     });
-    serve(
+    let grpc = serve(
         listener,
         gateway,
         GrpcServerOptions::default(),
         stop.clone().cancelled_owned(),
-    )
-    .await?;
-    stop.cancel();
-    if let Some(mqtt) = mqtt {
-        mqtt.await.context("MQTT task")??;
+    );
+    // Either ingress failing stops the gateway (and the other one) instead of leaving half
+    // the fleet silently unserved.
+    match mqtt {
+        None => grpc.await?,
+        Some(mqtt) => {
+            tokio::pin!(grpc);
+            tokio::select! {
+                result = &mut grpc => {
+                    stop.cancel();
+                    result?;
+                }
+                result = mqtt => {
+                    stop.cancel();
+                    grpc.await?;
+                    result.context("MQTT task")??;
+                }
+            }
+        }
     }
     Ok(())
 }

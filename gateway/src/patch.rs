@@ -34,27 +34,40 @@ pub fn whole_seconds(t: Timestamp) -> Timestamp {
     Timestamp::from_second(t.as_second()).unwrap_or(t)
 }
 
-/// Maps the agent's conditions onto the gateway clock (`now`), keeping `lastTransitionTime`
-/// for every condition whose status equals what `known` says was written (kubelet keeps it
-/// when the status is unchanged) and otherwise placing the transition
-/// `seconds_since_transition` before `now`. Order is the agent's (Ready last).
+/// Maps the agent's conditions onto the gateway clock (`now`).
+///
+/// A condition whose status equals what `known` says the apiserver holds keeps its
+/// `lastTransitionTime` (kubelet keeps it when the status is unchanged). Otherwise the
+/// transition is placed `seconds_since_transition` before `now` — clamped to the agent's
+/// uptime (`seq` is its boot clock in µs) and never before the known transition it
+/// replaces (say, the controller's Unknown during an outage). Order is the agent's (Ready
+/// last).
 pub fn conditions(
     status: &pb::NodeStatus,
+    seq: u64,
     now: Timestamp,
     known: &BTreeMap<String, KnownCondition>,
 ) -> Vec<NodeCondition> {
     let now = whole_seconds(now);
+    let uptime_s = seq / 1_000_000;
     status
         .conditions
         .iter()
         .map(|c| {
             let transition = match known.get(&c.r#type) {
                 Some(k) if k.status == c.status => k.last_transition,
-                _ => {
-                    let ago = SignedDuration::from_secs(
-                        i64::try_from(c.seconds_since_transition).unwrap_or(i64::MAX),
-                    );
-                    now.checked_sub(ago).unwrap_or(now)
+                k => {
+                    let ago =
+                        i64::try_from(c.seconds_since_transition.min(uptime_s)).unwrap_or(i64::MAX);
+                    let mapped = now
+                        .checked_sub(SignedDuration::from_secs(ago))
+                        .unwrap_or(now);
+                    match k {
+                        Some(k) if k.last_transition > mapped && k.last_transition <= now => {
+                            k.last_transition
+                        }
+                        _ => mapped,
+                    }
                 }
             };
             NodeCondition {
@@ -116,11 +129,13 @@ pub fn node_status(status: &pb::NodeStatus, conditions: Vec<NodeCondition>) -> N
     }
 }
 
-/// The Node kubelet POSTs at registration (`initialNode`): name, labels, taints,
-/// unschedulable, and the full status.
+/// The Node kubelet POSTs at registration (`initialNode`): name, labels, taints
+/// (`registerWithTaints`, plus `node.kubernetes.io/unschedulable:NoSchedule` when not
+/// schedulable), unschedulable, and the full status. The attach/detach annotation is left
+/// out: edgebeat nodes run no volume plugins.
 pub fn initial_node(name: &str, register: &pb::Register, status: NodeStatus) -> Node {
     let labels: BTreeMap<String, String> = register.labels.clone().into_iter().collect();
-    let taints: Vec<Taint> = register
+    let mut taints: Vec<Taint> = register
         .taints
         .iter()
         .map(|t| Taint {
@@ -130,6 +145,14 @@ pub fn initial_node(name: &str, register: &pb::Register, status: NodeStatus) -> 
             time_added: None,
         })
         .collect();
+    if register.unschedulable {
+        taints.push(Taint {
+            key: "node.kubernetes.io/unschedulable".into(),
+            value: None,
+            effect: "NoSchedule".into(),
+            time_added: None,
+        });
+    }
     Node {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -223,13 +246,13 @@ pub fn owner_reference(name: &str, node_uid: &str) -> OwnerReference {
 /// when missing and the Node's UID is known (kubelet `retryUpdateLease` + `SetNodeOwnerFunc`).
 /// Keeps `metadata.resourceVersion`, so the PUT is conditional.
 pub fn renewed_lease(
-    base: &Lease,
+    base: Lease,
     name: &str,
     node_uid: Option<&str>,
     duration_seconds: i32,
     renew: Timestamp,
 ) -> Lease {
-    let mut lease = base.clone();
+    let mut lease = base;
     let spec = lease.spec.get_or_insert_with(Default::default);
     spec.renew_time = Some(MicroTime(renew));
     spec.lease_duration_seconds = Some(duration_seconds);
@@ -249,11 +272,21 @@ pub fn renewed_lease(
 /// A `core/v1` Event about Node `name`, as kubelet records it: involvedObject Kind Node with
 /// UID = node name (kubelet's `nodeRef`), source component `kubelet` on host `name`, in
 /// namespace `default`. `type_` is `Normal` or `Warning`.
-pub fn node_event(name: &str, type_: &str, reason: &str, message: String, now: Timestamp) -> Event {
-    let nanos = now.as_nanosecond();
+///
+/// The object name is client-go's `<node>.<hex nanoseconds>`, with `unique` added to the
+/// nanoseconds so events recorded at one instant get distinct names.
+pub fn node_event(
+    name: &str,
+    type_: &str,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+    unique: u64,
+) -> Event {
+    let nanos = now.as_nanosecond().wrapping_add(i128::from(unique));
     Event {
         metadata: ObjectMeta {
-            name: Some(format!("{name}.{:x}", nanos)),
+            name: Some(format!("{name}.{nanos:x}")),
             namespace: Some(EVENT_NAMESPACE.to_owned()),
             ..Default::default()
         },
@@ -329,7 +362,7 @@ mod tests {
                 },
             ),
         ]);
-        let c = conditions(&report(), now, &known);
+        let c = conditions(&report(), 3600 * 1_000_000, now, &known);
         assert_eq!(c.len(), 4);
         assert_eq!(c[3].type_, "Ready", "Ready last");
         assert_eq!(
@@ -350,9 +383,50 @@ mod tests {
     }
 
     #[test]
+    fn transitions_are_clamped_to_uptime_and_never_before_the_known_one() {
+        let now: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
+        let mut r = report();
+        r.conditions[3].seconds_since_transition = 10_000_000_000; // centuries: agent input
+        let c = conditions(&r, 120 * 1_000_000, now, &BTreeMap::new());
+        let t = c[3].last_transition_time.as_ref().unwrap().0;
+        assert_eq!(
+            t,
+            "2026-11-21T09:58:00Z".parse::<Timestamp>().unwrap(),
+            "clamped to 120 s of uptime"
+        );
+        // The controller set Ready Unknown 10 s ago; the agent's Ready=True dates from 30 s
+        // ago (before the outage was noticed): the new transition is not earlier than that.
+        let unknown_at: Timestamp = "2026-11-21T09:59:50Z".parse().unwrap();
+        let known = BTreeMap::from([(
+            "Ready".to_owned(),
+            KnownCondition {
+                status: "Unknown".into(),
+                last_transition: unknown_at,
+            },
+        )]);
+        let c = conditions(&report(), 3600 * 1_000_000, now, &known);
+        assert_eq!(c[3].last_transition_time.as_ref().unwrap().0, unknown_at);
+    }
+
+    #[test]
+    fn unschedulable_registration_adds_kubelets_taint() {
+        let register = pb::Register {
+            unschedulable: true,
+            ..Default::default()
+        };
+        let node = initial_node("edge-01", &register, NodeStatus::default());
+        let taints = node.spec.unwrap().taints.unwrap();
+        assert_eq!(taints[0].key, "node.kubernetes.io/unschedulable");
+        assert_eq!(taints[0].effect, "NoSchedule");
+    }
+
+    #[test]
     fn status_patch_has_kubelets_directives() {
         let now: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
-        let s = node_status(&report(), conditions(&report(), now, &BTreeMap::new()));
+        let s = node_status(
+            &report(),
+            conditions(&report(), 3600 * 1_000_000, now, &BTreeMap::new()),
+        );
         let patch = status_patch(&s, None).unwrap();
         let status = &patch["status"];
         assert_eq!(

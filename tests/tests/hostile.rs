@@ -175,6 +175,7 @@ async fn stale_renewals_are_dropped_not_written() {
     let options = GatewayOptions {
         max_renewal_age: Duration::ZERO,
         drift_ppm: 0,
+        ..Default::default()
     };
     let cluster = Cluster::start_with(Transport::Grpc, options).await.unwrap();
     let (uplink, cancel) = raw_uplink(&cluster, "late-01", 1_000_000_000).await;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_proto::{Ack, AgentMessage};
-use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// Why a message did not get an [`Ack`].
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub type RegisterFn = Arc<dyn Fn() -> AgentMessage + Send + Sync>;
 pub struct Uplink {
     tx: mpsc::Sender<Request>,
     registered: watch::Receiver<bool>,
-    status_requested: Arc<Notify>,
+    status_requests: watch::Receiver<u64>,
 }
 
 /// The transport's half of an uplink: requests to send and signals to raise.
@@ -55,8 +55,10 @@ pub struct UplinkDriver {
     /// Set to `true` when the gateway acknowledged `Register` on the current connection,
     /// `false` whenever the connection is lost.
     pub registered: watch::Sender<bool>,
-    /// Notified when the gateway asks for a full status report (`Ack.resend_status`).
-    pub status_requested: Arc<Notify>,
+    /// Counts the gateway's requests for a full status report (`Ack.resend_status`); the
+    /// agent compares it with the count its last report answered, so a request is served
+    /// once, by whichever report comes next.
+    pub status_requests: watch::Sender<u64>,
 }
 
 /// Creates a connected pair of [`Uplink`] and [`UplinkDriver`]. `depth` bounds the
@@ -64,17 +66,17 @@ pub struct UplinkDriver {
 pub fn channel(depth: usize) -> (Uplink, UplinkDriver) {
     let (tx, requests) = mpsc::channel(depth.max(1));
     let (registered_tx, registered) = watch::channel(false);
-    let status_requested = Arc::new(Notify::new());
+    let (status_requests_tx, status_requests) = watch::channel(0);
     (
         Uplink {
             tx,
             registered,
-            status_requested: status_requested.clone(),
+            status_requests,
         },
         UplinkDriver {
             requests,
             registered: registered_tx,
-            status_requested,
+            status_requests: status_requests_tx,
         },
     )
 }
@@ -107,10 +109,12 @@ impl Uplink {
         self.registered.clone()
     }
 
-    /// Resolves when the gateway asks for a full status report (after its restart, or when
-    /// the Node was recreated). One pending request is remembered if nobody is waiting.
-    pub async fn status_requested(&self) {
-        self.status_requested.notified().await;
+    /// How many times the gateway has asked for a full status report on this uplink (it
+    /// does when the apiserver's copy of the node differs from what it last wrote, e.g. the
+    /// node lifecycle controller set it Unknown during an outage). The receiver changes on
+    /// every request.
+    pub fn status_requests(&self) -> watch::Receiver<u64> {
+        self.status_requests.clone()
     }
 }
 
@@ -288,11 +292,11 @@ impl Session {
     }
 
     /// Handles one [`Ack`]: answers the waiting request, updates the registration state
-    /// (raising `driver.registered` and `driver.status_requested` as the gateway says) and
+    /// (raising `driver.registered` and `driver.status_requests` as the gateway says) and
     /// says whether to register again.
     pub fn on_ack(&mut self, ack: Ack, driver: &UplinkDriver) -> AfterAck {
         if ack.resend_status {
-            driver.status_requested.notify_one();
+            driver.status_requests.send_modify(|n| *n += 1);
         }
         if Some(ack.seq) == self.register_seq {
             if ack.registered {

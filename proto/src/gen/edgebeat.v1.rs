@@ -111,8 +111,9 @@ pub struct Taint {
     #[prost(string, tag = "3")]
     pub effect: ::prost::alloc::string::String,
 }
-/// Sent when the agent connects: the gateway creates the Node (POST) or reconciles an
-/// existing one (kubelet's registerWithAPIServer), then writes `status`.
+/// Sent when the agent connects: the gateway creates the Node with `status` (POST) or
+/// reconciles an existing one (kubelet's registerWithAPIServer: default labels). The
+/// agent's first StatusReport then writes the current status.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Register {
     #[prost(message, optional, tag = "1")]
@@ -131,6 +132,10 @@ pub struct Register {
     pub unschedulable: bool,
     #[prost(message, optional, tag = "5")]
     pub status: ::core::option::Option<NodeStatus>,
+    /// registerNode: false — never create the Node; registration succeeds only once someone
+    /// else has created it.
+    #[prost(bool, tag = "6")]
+    pub skip_create: bool,
 }
 /// A NodeStatus report: sent on a meaningful change or every nodeStatusReportFrequency.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -185,8 +190,9 @@ pub struct Ack {
     /// Why, for RETRY and REJECTED: short, for logs.
     #[prost(string, tag = "3")]
     pub reason: ::prost::alloc::string::String,
-    /// The gateway has no current NodeStatus for this node (it restarted, or the Node was
-    /// recreated) and asks the agent to send a full StatusReport now.
+    /// The apiserver's copy of the node differs from what the agent last reported (the node
+    /// lifecycle controller set its conditions Unknown during an outage, or the Node was
+    /// recreated): the agent sends a full StatusReport now rather than at the next period.
     #[prost(bool, tag = "4")]
     pub resend_status: bool,
     /// Set on a successful Register: the agent may start renewing its Lease.
