@@ -72,8 +72,17 @@ pub struct Counters {
 /// Superseded boot IDs remembered per node, so messages of an earlier boot are refused.
 const OLD_BOOTS: usize = 4;
 
+/// A node silent this long loses its slot (what the gateway knows is re-read on its next
+/// message): keeps memory bounded by the nodes actually heard from.
+const SLOT_IDLE: Duration = Duration::from_secs(15 * 60);
+
+/// Idle slots are swept once per this many messages.
+const SWEEP_EVERY: u64 = 4096;
+
 #[derive(Default)]
 struct NodeSlot {
+    /// Last message for this node; idle slots are evicted after [`SLOT_IDLE`].
+    last_seen: Option<Instant>,
     boot_id: Vec<u8>,
     old_boots: Vec<Vec<u8>>,
     last_seq: u64,
@@ -103,6 +112,7 @@ pub struct Gateway {
     started: Instant,
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<NodeSlot>>>>,
     event_seq: AtomicU64,
+    messages: AtomicU64,
     /// Counters of what the gateway did.
     pub counters: Arc<Counters>,
 }
@@ -185,6 +195,7 @@ impl Gateway {
             started: Instant::now(),
             slots: Mutex::new(HashMap::new()),
             event_seq: AtomicU64::new(0),
+            messages: AtomicU64::new(0),
             counters: Arc::new(Counters::default()),
         }
     }
@@ -194,10 +205,28 @@ impl Gateway {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
+        if self.messages.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            let now = Instant::now();
+            // A slot in use (locked) is never idle; try_lock skips it.
+            slots.retain(|_, slot| {
+                slot.try_lock().map_or(true, |s| {
+                    s.last_seen
+                        .is_some_and(|t| now.duration_since(t) < SLOT_IDLE)
+                })
+            });
+        }
         if let Some(slot) = slots.get(name) {
             return slot.clone();
         }
         slots.entry(name.to_owned()).or_default().clone()
+    }
+
+    /// Number of nodes the gateway currently keeps state for.
+    pub fn tracked_nodes(&self) -> usize {
+        match self.slots.lock() {
+            Ok(g) => g.len(),
+            Err(poisoned) => poisoned.into_inner().len(),
+        }
     }
 
     fn now(&self) -> Timestamp {
@@ -231,6 +260,7 @@ impl Gateway {
         let received = Instant::now();
         let slot = self.slot(name);
         let mut slot = slot.lock().await;
+        slot.last_seen = Some(received);
         if slot.boot_id != header.boot_id {
             if slot.old_boots.contains(&header.boot_id) {
                 return self.reject(seq, "replayed: a message of an earlier boot".into());
