@@ -306,6 +306,27 @@ impl Cluster {
         }
     }
 
+    /// Waits until `node`'s Lease has been renewed (PUT answered 200) `more` times beyond
+    /// what the stand-in has recorded so far, or `timeout` passes.
+    ///
+    /// Errors: the timeout, with the stand-in's state.
+    pub async fn wait_for_renewals(
+        &self,
+        node: &str,
+        more: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let renewed = |requests: &[crate::standin::RecordedRequest]| {
+            crate::requests::count(requests, |r| crate::requests::is_lease_renewed(r, node))
+        };
+        let target = renewed(&self.standin.requests()) + more;
+        self.standin
+            .wait_until(timeout, &format!("{more} more renewals of {node}"), |v| {
+                renewed(v.requests()) >= target
+            })
+            .await
+    }
+
     /// Starts an in-process agent with `config`.
     ///
     /// Errors: the agent's start-up errors (unreadable host facts, bad node name).

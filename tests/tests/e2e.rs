@@ -270,17 +270,8 @@ async fn conflict_leads_to_one_get_and_recovery(transport: Transport) {
             .bump_lease("kube-node-lease", "rpi4-edge-01"),
         "another writer touched the lease"
     );
-    let mark = cluster
-        .standin
-        .requests()
-        .iter()
-        .filter(|r| is_lease_put(r, "rpi4-edge-01") && r.status == 200)
-        .count();
     cluster
-        .standin
-        .wait_until(DEADLINE, "renewals after the conflict", |v| {
-            put_ok(v) >= mark + 3
-        })
+        .wait_for_renewals("rpi4-edge-01", 3, DEADLINE)
         .await
         .unwrap();
     agent.stop().await.unwrap();
@@ -442,17 +433,8 @@ async fn gateway_restart_costs_no_lease_get(transport: Transport) {
         .unwrap();
     cluster.restart_gateway(Default::default()).await.unwrap();
     let before = cluster.standin.requests().len();
-    let mark = cluster
-        .standin
-        .requests()
-        .iter()
-        .filter(|r| is_lease_put(r, "jetson-07") && r.status == 200)
-        .count();
     cluster
-        .standin
-        .wait_until(DEADLINE, "renewing through the new gateway", |v| {
-            puts(v) >= mark + 3
-        })
+        .wait_for_renewals("jetson-07", 3, DEADLINE)
         .await
         .unwrap();
     agent.stop().await.unwrap();
@@ -523,15 +505,8 @@ async fn apiserver_errors_are_retried_with_fresh_renewals(transport: Transport) 
         503,
         3,
     ));
-    let mark = cluster
-        .standin
-        .requests()
-        .iter()
-        .filter(|r| is_lease_put(r, "rpi4-edge-01") && r.status == 200)
-        .count();
     cluster
-        .standin
-        .wait_until(DEADLINE, "renewing after the outage", |v| ok(v) >= mark + 2)
+        .wait_for_renewals("rpi4-edge-01", 2, DEADLINE)
         .await
         .unwrap();
     agent.stop().await.unwrap();

@@ -64,17 +64,8 @@ async fn broker_restart_does_not_let_the_lease_expire() {
         .await
         .unwrap();
     cluster.broker.as_mut().unwrap().restart().await.unwrap();
-    let mark = cluster
-        .standin
-        .requests()
-        .iter()
-        .filter(|r| is_lease_renewed(r, "rpi4-edge-01"))
-        .count();
     cluster
-        .standin
-        .wait_until(DEADLINE, "renewing after the broker restart", |v| {
-            count(v) >= mark + 3
-        })
+        .wait_for_renewals("rpi4-edge-01", 3, DEADLINE)
         .await
         .unwrap();
     agent.stop().await.unwrap();

@@ -274,6 +274,17 @@ impl Session {
         }
     }
 
+    /// A session on a new connection whose registration is still valid: for transports
+    /// where the connection is to a broker, not to the gateway (MQTT), a reconnect says
+    /// nothing about what the gateway knows, so the agent does not register again (the
+    /// gateway asks with `register_again` when it must).
+    pub fn resumed() -> Self {
+        Self {
+            registered: true,
+            ..Self::new()
+        }
+    }
+
     /// Whether the gateway accepted `Register` on this connection.
     pub fn registered(&self) -> bool {
         self.registered
@@ -330,6 +341,12 @@ impl Session {
     pub fn close(&mut self, driver: &UplinkDriver) {
         self.registered = false;
         driver.registered.send_replace(false);
+        self.fail_pending();
+    }
+
+    /// Fails every pending request with [`UplinkError::Disconnected`] and leaves the
+    /// registration as it is (see [`Session::resumed`]).
+    pub fn fail_pending(&mut self) {
         for (_, reply) in self.pending.drain() {
             let _ = reply.send(Err(UplinkError::Disconnected));
         }

@@ -290,6 +290,9 @@ struct Link {
     client: AsyncClient,
     register: RegisterFn,
     session: Option<Session>,
+    /// The gateway accepted our Register on an earlier broker connection; a reconnect to the
+    /// broker does not undo that (see `Session::resumed`).
+    resume: bool,
     register_timeouts: Box<dyn Iterator<Item = Duration> + Send>,
     register_timeout: Duration,
     lease_properties: PublishProperties,
@@ -309,6 +312,7 @@ impl Link {
             client,
             register,
             session: None,
+            resume: false,
             register_timeouts: register_timeouts(options.register_timeout),
             register_timeout: options.register_timeout,
             lease_properties: PublishProperties {
@@ -323,7 +327,6 @@ impl Link {
         match event {
             Event::Incoming(Packet::ConnAck(_)) => {
                 tracing::info!(topic = %self.topics.acks, "connected to the MQTT broker");
-                self.session = Some(Session::new());
                 self.register_timeouts = register_timeouts(self.register_timeout);
                 // Subscribed before Register goes out: the broker handles packets of one
                 // connection in order, so the answer cannot arrive before the subscription.
@@ -333,6 +336,11 @@ impl Link {
                 {
                     tracing::warn!(%error, "could not queue the acks subscription");
                 }
+                if self.resume {
+                    self.session = Some(Session::resumed());
+                    return Timer::Disarm;
+                }
+                self.session = Some(Session::new());
                 Timer::Arm(self.send_register())
             }
             Event::Incoming(Packet::Publish(publish)) => self.on_publish(&publish, driver),
@@ -461,11 +469,14 @@ impl Link {
         }
     }
 
-    /// Ends the current session, if any; returns whether it was registered.
-    fn close(&mut self, driver: &UplinkDriver) -> Option<bool> {
+    /// Ends the current broker connection's session, if any; returns whether it was
+    /// registered. A registration survives (the next connection resumes it); pending
+    /// requests fail.
+    fn close(&mut self, _driver: &UplinkDriver) -> Option<bool> {
         let mut session = self.session.take()?;
         let registered = session.registered();
-        session.close(driver);
+        self.resume = registered;
+        session.fail_pending();
         Some(registered)
     }
 }
