@@ -17,5 +17,12 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# The static ARM agents, run under qemu-user by tests/tests/cross_qemu.rs.
+EDGEBEAT_CROSS_AGENT_AARCH64=$(scripts/cross-agent.sh aarch64-unknown-linux-musl | tail -n 1)
+EDGEBEAT_CROSS_AGENT_ARMV7=$(scripts/cross-agent.sh armv7-unknown-linux-gnueabihf | tail -n 1)
+export EDGEBEAT_CROSS_AGENT_AARCH64 EDGEBEAT_CROSS_AGENT_ARMV7
+ls -l "$EDGEBEAT_CROSS_AGENT_AARCH64" "$EDGEBEAT_CROSS_AGENT_ARMV7"
+
 # kubectl, when present, is used as a real client against the stand-in apiserver.
 cargo test --workspace --locked
