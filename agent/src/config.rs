@@ -9,13 +9,14 @@
 //! nodeLeaseDurationSeconds: 40
 //! evictionHard: {memory.available: 100Mi, nodefs.available: 10%}
 //! transport: {kind: grpc, endpoint: "http://gateway.example:7443"}
+//! healthzBindAddress: 127.0.0.1:10248
 //! ```
 //!
 //! Unknown fields are rejected; every error names the field and how to fix it. Defaults
 //! are kubelet's (`pkg/kubelet/apis/config/v1beta1/defaults.go`).
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -160,6 +161,14 @@ pub struct AgentConfig {
     pub image_fs_dir: Option<PathBuf>,
     /// `transport`: how heartbeats reach the gateway. Required unless running `--once`.
     pub transport: Option<TransportConfig>,
+    /// `healthzBindAddress`: `IP:port` of the observe server (`/healthz`, `/readyz`,
+    /// `/metrics`), e.g. `127.0.0.1:10248`; off when not set (the default).
+    ///
+    /// kubelet splits this into `healthzBindAddress` (an IP) and `healthzPort` (10248); one
+    /// `IP:port` field keeps the agent's config small, and the name stays kubelet's because
+    /// what kubelet serves on that port is health. `/metrics` shares the port instead of
+    /// taking a second one (kubelet serves its metrics on the authenticated 10250).
+    pub healthz_bind_address: Option<SocketAddr>,
 }
 
 impl Default for AgentConfig {
@@ -184,6 +193,7 @@ impl Default for AgentConfig {
             root_dir: PathBuf::from("/var/lib/kubelet"),
             image_fs_dir: None,
             transport: None,
+            healthz_bind_address: None,
         }
     }
 }
@@ -227,6 +237,7 @@ struct RawConfig {
     root_dir: Option<PathBuf>,
     image_fs_dir: Option<PathBuf>,
     transport: Option<RawTransport>,
+    healthz_bind_address: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -413,6 +424,10 @@ impl AgentConfig {
         if let Some(t) = raw.transport {
             c.transport = Some(validate_transport(t)?);
         }
+        if let Some(a) = raw.healthz_bind_address {
+            c.healthz_bind_address =
+                Some(parse_bind_address(&a).map_err(|m| invalid("healthzBindAddress", m))?);
+        }
         Ok(c)
     }
 
@@ -533,6 +548,25 @@ fn validate_transport(t: RawTransport) -> Result<TransportConfig, ConfigError> {
         )),
         None => Err(invalid("transport.kind", "required; use grpc or mqtt")),
     }
+}
+
+/// Parses the observe server's address (`healthzBindAddress`, `--healthz-bind-address`): an
+/// `IP:port` (`[v6]:port` for IPv6) with a port other than 0. A host name is not accepted:
+/// the agent binds before any resolver is needed, as kubelet does.
+///
+/// Errors: a message with the rejected text and an example.
+pub fn parse_bind_address(text: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = text.trim().parse().map_err(|_| {
+        format!(
+            "{text:?} is not an IP:port address, e.g. 127.0.0.1:10248 or [::1]:10248 (remove the field to turn the server off)"
+        )
+    })?;
+    if addr.port() == 0 {
+        return Err(format!(
+            "{text:?} has port 0; use a fixed port such as 10248 so probes and scrapers can find it"
+        ));
+    }
+    Ok(addr)
 }
 
 /// Splits `mqtt://host[:port]` into host and port (default 1883).
@@ -794,6 +828,14 @@ mod tests {
                 "transport.endpoint",
             ),
             ("systemReserved: {gpu: 1}\n", "systemReserved[\"gpu\"]"),
+            (
+                "healthzBindAddress: localhost:10248\n",
+                "healthzBindAddress",
+            ),
+            ("healthzBindAddress: \"10248\"\n", "healthzBindAddress"),
+            ("healthzBindAddress: 127.0.0.1\n", "healthzBindAddress"),
+            ("healthzBindAddress: 127.0.0.1:0\n", "healthzBindAddress"),
+            ("healthzBindAddress: \"::1:10248\"\n", "healthzBindAddress"),
         ];
         for (body, field) in cases {
             let err = AgentConfig::from_yaml(&format!("{MINIMAL}{body}"))
@@ -855,6 +897,22 @@ mod tests {
             (m.host.as_str(), m.port, m.topic_prefix.as_str()),
             ("10.0.0.1", 1883, "edgebeat/v1")
         );
+    }
+
+    #[test]
+    fn healthz_bind_address_is_off_by_default_and_parses_ip_port() {
+        assert_eq!(AgentConfig::default().healthz_bind_address, None);
+        let c = AgentConfig::from_yaml(&format!("{MINIMAL}healthzBindAddress: 127.0.0.1:10248\n"))
+            .unwrap();
+        assert_eq!(
+            c.healthz_bind_address,
+            Some("127.0.0.1:10248".parse().unwrap())
+        );
+        let c = AgentConfig::from_yaml(&format!("{MINIMAL}healthzBindAddress: \"[::]:9100\"\n"))
+            .unwrap();
+        assert_eq!(c.healthz_bind_address, Some("[::]:9100".parse().unwrap()));
+        let err = parse_bind_address("0.0.0.0:0").unwrap_err();
+        assert!(err.contains("port 0"), "{err}");
     }
 
     #[test]

@@ -3,16 +3,25 @@
 //!
 //! - [`config`]: the YAML configuration (KubeletConfiguration field names).
 //! - [`status`]: the pure status computation `(facts, previous, now) -> NodeStatus`.
-//! - [`run`]: the status and Lease loops.
+//! - [`run`]: the status and Lease loops, the observe server and systemd notifications.
+//! - [`metrics`]: the Prometheus metrics (`edgebeat_agent_*`) served on `/metrics`.
+//! - [`systemd`]: `READY=1`, `WATCHDOG=1` and `STOPPING=1` under systemd.
 //! - [`header`]: per-boot sequence numbers.
 //! - [`view`]: Kubernetes-shaped JSON for `--once`.
 //! - [`quantity`]: resource quantity parsing and canonical formatting.
 
+#[cfg(not(any(feature = "grpc", feature = "mqtt")))]
+compile_error!(
+    "edgebeat-agent needs a transport: build with feature `grpc`, `mqtt` or both (the default)"
+);
+
 pub mod config;
 pub mod header;
+pub mod metrics;
 pub mod quantity;
 pub mod run;
 pub mod status;
+pub mod systemd;
 pub mod view;
 
 pub use config::AgentConfig;

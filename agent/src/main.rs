@@ -24,6 +24,10 @@ struct Args {
     /// Node name (overrides `nodeName`; kubelet --hostname-override).
     #[arg(long)]
     node_name: Option<String>,
+    /// Serve /healthz, /readyz and /metrics on this IP:port, e.g. 127.0.0.1:10248 (overrides
+    /// `healthzBindAddress`; off unless one of them is set).
+    #[arg(long, value_name = "IP:PORT", value_parser = edgebeat_agent::config::parse_bind_address)]
+    healthz_bind_address: Option<std::net::SocketAddr>,
     /// Print the NodeStatus the agent would send, as JSON, and exit.
     #[arg(long)]
     once: bool,
@@ -56,6 +60,9 @@ fn main() -> anyhow::Result<()> {
         edgebeat_agent::config::validate_node_name(&name)
             .map_err(|m| anyhow::anyhow!("--node-name: {m}"))?;
         config.node_name = Some(name);
+    }
+    if let Some(addr) = args.healthz_bind_address {
+        config.healthz_bind_address = Some(addr);
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
 

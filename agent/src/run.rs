@@ -1,6 +1,9 @@
 //! The agent's loops: status (compute every `nodeStatusUpdateFrequency`, report on change or
 //! every `nodeStatusReportFrequency`) and Lease (renew every duration × 0.25), both over one
-//! [`Uplink`], each an `async fn` stopped by a [`CancellationToken`].
+//! [`Uplink`], each an `async fn` stopped by a [`CancellationToken`]. Beside them, in
+//! [`Agent::run`]: the observe server (`healthzBindAddress`: `/healthz`, `/readyz` = registered
+//! with the gateway, `/metrics` from [`crate::metrics`]) and systemd notifications
+//! ([`crate::systemd`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -9,12 +12,17 @@ use std::time::Duration;
 use edgebeat_hw::{Clock, HostFacts, HostRoot, ReadOptions, read_host_facts};
 use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
 use edgebeat_transports::uplink::{Uplink, UplinkError, reconnect_backoff};
+use prometheus_client::registry::Registry;
+use prost::Message as _;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AgentConfig, TransportConfig, validate_node_name};
 use crate::header::HeaderFactory;
+use crate::metrics::{AgentMetrics, MessageKind};
 use crate::status::{ComputedStatus, compute, has_changed};
+use crate::systemd::{self, Liveness, Systemd};
 
 /// Jitter factor of both loops (kubelet `wait.JitterUntil(..., 0.04, sliding)`).
 pub const JITTER: f64 = 0.04;
@@ -43,6 +51,9 @@ pub enum AgentError {
     /// The transport could not start (bad endpoint).
     #[error("transport: {0}")]
     Transport(String),
+    /// The observe server could not bind `healthzBindAddress` (address in use, not local).
+    #[error("healthzBindAddress: {0}")]
+    Healthz(String),
 }
 
 /// Everything the loops share.
@@ -54,6 +65,9 @@ pub struct Agent {
     headers: HeaderFactory,
     labels: BTreeMap<String, String>,
     latest: Mutex<ComputedStatus>,
+    metrics: AgentMetrics,
+    registry: Arc<Registry>,
+    liveness: Liveness,
 }
 
 /// Reads host facts under `config.hostRoot` once (blocking file reads).
@@ -130,6 +144,13 @@ impl Agent {
         let name = node_name(&config, &facts)?;
         let labels = node_labels(&config, &facts, &name);
         let first = compute(&facts, &config, None, clock.boottime());
+        let transport = match &config.transport {
+            Some(TransportConfig::Grpc { .. }) => "grpc",
+            Some(TransportConfig::Mqtt(_)) => "mqtt",
+            None => "none",
+        };
+        let (metrics, registry) = AgentMetrics::new(&name, transport);
+        let liveness = Liveness::new(watchdog_bound(&config));
         Ok(Arc::new(Self {
             headers: HeaderFactory::new(name, &facts.boot_id, clock.clone()),
             root: HostRoot::new(&config.host_root),
@@ -138,12 +159,20 @@ impl Agent {
             clock,
             labels,
             latest: Mutex::new(first),
+            metrics,
+            registry: Arc::new(registry),
+            liveness,
         }))
     }
 
     /// The node name this agent speaks for.
     pub fn node_name(&self) -> &str {
         self.headers.node_name()
+    }
+
+    /// The registry `/metrics` serves (see [`crate::metrics`]).
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.clone()
     }
 
     fn latest(&self) -> ComputedStatus {
@@ -179,24 +208,32 @@ impl Agent {
         }
     }
 
-    /// Time allowed for one answer: min(`nodeStatusUpdateFrequency`, lease duration), as
-    /// kubelet's heartbeat client timeout (10 s by default).
     fn ack_timeout(&self) -> Duration {
-        self.config
-            .node_status_update_frequency
-            .min(Duration::from_secs(u64::from(
-                self.config.node_lease_duration_seconds,
-            )))
+        ack_timeout(&self.config)
     }
 
-    /// Runs the configured transport and both loops until `cancel` fires.
+    /// Runs the configured transport and both loops until `cancel` fires, with the observe
+    /// server when `healthzBindAddress` is set and systemd notifications under systemd.
     ///
-    /// Errors: [`AgentError::NoTransport`] or [`AgentError::Transport`] at start.
+    /// Errors: [`AgentError::NoTransport`] or [`AgentError::Transport`] at start, and
+    /// [`AgentError::Healthz`] when `healthzBindAddress` cannot be bound (fail fast: a
+    /// misconfigured probe port is found at deploy time, not by a prober later).
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) -> Result<(), AgentError> {
+        let observe_listener = match self.config.healthz_bind_address {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| AgentError::Healthz(format!("binding {addr}: {e}")))?,
+            ),
+            None => None,
+        };
         let (uplink, driver) = edgebeat_transports::uplink::channel(8);
         let me = self.clone();
-        let register: edgebeat_transports::uplink::RegisterFn =
-            Arc::new(move || me.register_message());
+        let register: edgebeat_transports::uplink::RegisterFn = Arc::new(move || {
+            let message = me.register_message();
+            me.metrics.message_sent(&message);
+            message
+        });
         let transport = match self.config.transport.clone() {
             None => return Err(AgentError::NoTransport),
             #[cfg(feature = "grpc")]
@@ -251,10 +288,49 @@ impl Agent {
             }
         };
         tracing::info!(node = self.node_name(), "edgebeat agent starting");
+        let observe = async {
+            let Some(listener) = observe_listener else {
+                return;
+            };
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+            }
+            let registered = uplink.registered();
+            let ready = move || {
+                if *registered.borrow() {
+                    Ok(())
+                } else {
+                    Err("not registered with the gateway (connecting or registering)".to_owned())
+                }
+            };
+            let shutdown = cancel.clone().cancelled_owned();
+            if let Err(error) =
+                edgebeat_transports::observe::serve(listener, self.registry(), ready, shutdown)
+                    .await
+            {
+                tracing::warn!(%error, "observe server stopped");
+            }
+        };
+        let notify = async {
+            let Some(systemd) = Systemd::from_env() else {
+                return;
+            };
+            systemd::notify(
+                Systemd::send,
+                systemd.watchdog_period,
+                uplink.registered(),
+                &self.liveness,
+                &cancel,
+            )
+            .await;
+        };
         let loops = async {
             tokio::join!(
+                self.count_registrations(uplink.registered(), &cancel),
+                observe,
+                notify,
                 self.clone().status_loop(uplink.clone(), cancel.clone()),
-                self.clone().lease_loop(uplink, cancel.clone()),
+                self.clone().lease_loop(uplink.clone(), cancel.clone()),
             )
         };
         tokio::select! {
@@ -325,7 +401,36 @@ impl Agent {
         }
     }
 
+    /// Counts registrations and lost registrations (`registered` turning true / false) until
+    /// `cancel` fires; see [`crate::metrics`] for what that does and does not see.
+    async fn count_registrations(
+        &self,
+        mut registered: watch::Receiver<bool>,
+        cancel: &CancellationToken,
+    ) {
+        // The channel starts false: a registration that happened before this first look
+        // still counts.
+        let mut last = false;
+        loop {
+            let now = *registered.borrow_and_update();
+            if now != last {
+                self.metrics.registration_changed(now);
+                last = now;
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                changed = registered.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
     async fn report(&self, uplink: &Uplink, status: &ComputedStatus) -> bool {
+        let ok = self.try_report(uplink, status).await;
+        self.metrics.status_report(ok);
+        ok
+    }
+
+    async fn try_report(&self, uplink: &Uplink, status: &ComputedStatus) -> bool {
         for attempt in 0..ATTEMPTS_PER_TICK {
             let message = pb::AgentMessage {
                 kind: Some(Kind::Status(pb::StatusReport {
@@ -333,7 +438,12 @@ impl Agent {
                     status: Some(status.to_proto(self.clock.boottime())),
                 })),
             };
-            match outcome(uplink.send(message, self.ack_timeout()).await) {
+            let bytes = message.encoded_len();
+            let answer = uplink.send(message, self.ack_timeout()).await;
+            if taken(&answer) {
+                self.metrics.bytes_sent(MessageKind::Status, bytes);
+            }
+            match outcome(answer) {
                 Outcome::Ok => return true,
                 Outcome::Retry(why) => {
                     tracing::debug!(attempt, %why, "status report not written; retrying")
@@ -357,11 +467,15 @@ impl Agent {
         let mut lease_state = Vec::new();
         loop {
             // Lease only after the Node exists (its ownerReference needs the Node).
-            while !*registered.borrow_and_update() {
-                tokio::select! {
-                    () = cancel.cancelled() => return,
-                    changed = registered.changed() => if changed.is_err() { return },
+            if !*registered.borrow_and_update() {
+                self.liveness.waiting(true);
+                while !*registered.borrow_and_update() {
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        changed = registered.changed() => if changed.is_err() { return },
+                    }
                 }
+                self.liveness.waiting(false);
             }
             let delay = if self.renew(&uplink, &mut lease_state).await {
                 backoff = None;
@@ -384,6 +498,13 @@ impl Agent {
     /// One renewal tick. `lease_state` is the gateway's opaque Lease state from the last
     /// successful renewal, echoed so any gateway replica can PUT without a GET.
     async fn renew(&self, uplink: &Uplink, lease_state: &mut Vec<u8>) -> bool {
+        let ok = self.try_renew(uplink, lease_state).await;
+        self.liveness.progress();
+        self.metrics.lease_renewal(ok, self.clock.now());
+        ok
+    }
+
+    async fn try_renew(&self, uplink: &Uplink, lease_state: &mut Vec<u8>) -> bool {
         for attempt in 0..ATTEMPTS_PER_TICK {
             let message = pb::AgentMessage {
                 kind: Some(Kind::Lease(pb::LeaseRenewal {
@@ -393,7 +514,11 @@ impl Agent {
                     lease_state: lease_state.clone(),
                 })),
             };
+            let bytes = message.encoded_len();
             let answer = uplink.send(message, self.ack_timeout()).await;
+            if taken(&answer) {
+                self.metrics.bytes_sent(MessageKind::Lease, bytes);
+            }
             if let Ok(ack) = &answer {
                 if !ack.lease_state.is_empty() {
                     lease_state.clone_from(&ack.lease_state);
@@ -415,6 +540,12 @@ impl Agent {
         tracing::warn!("failed {ATTEMPTS_PER_TICK} attempts to update lease");
         false
     }
+}
+
+/// Whether the transport took the message (it was answered, timed out, or lost with its
+/// connection), as opposed to refusing it unsent.
+fn taken(answer: &Result<pb::Ack, UplinkError>) -> bool {
+    !matches!(answer, Err(UplinkError::NotConnected | UplinkError::Closed))
 }
 
 enum Outcome {
@@ -443,7 +574,192 @@ fn outcome(result: Result<pb::Ack, UplinkError>) -> Outcome {
     }
 }
 
+/// Time allowed for one answer: min(`nodeStatusUpdateFrequency`, lease duration), as
+/// kubelet's heartbeat client timeout (10 s by default).
+fn ack_timeout(config: &AgentConfig) -> Duration {
+    config
+        .node_status_update_frequency
+        .min(Duration::from_secs(u64::from(
+            config.node_lease_duration_seconds,
+        )))
+}
+
+/// Longest time a Lease loop that is not stuck goes without finishing a tick: the longest
+/// pause between ticks (the jittered renew interval, or 14 s of failure backoff: 7 s plus
+/// its jitter) plus a tick whose every attempt times out. 64 s with the defaults.
+pub fn watchdog_bound(config: &AgentConfig) -> Duration {
+    let pause = config
+        .lease_renew_interval()
+        .mul_f64(1.0 + JITTER)
+        .max(Duration::from_secs(14));
+    pause + ack_timeout(config) * ATTEMPTS_PER_TICK
+}
+
 /// `period` plus up to `JITTER` × period of random extra (kubelet `wait.Jitter`).
 pub fn jittered(period: Duration) -> Duration {
     period.saturating_add(period.mul_f64(JITTER * fastrand::f64()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edgebeat_hw::SystemClock;
+
+    fn fixture_agent() -> Arc<Agent> {
+        let config = AgentConfig {
+            node_name: Some("edge-metrics".into()),
+            host_root: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests/fixtures/rpi4-cgroup1"),
+            transport: Some(TransportConfig::Grpc {
+                endpoint: "http://gateway.invalid:7443".into(),
+                keepalive: Duration::from_secs(30),
+            }),
+            ..AgentConfig::default()
+        };
+        Agent::new(config, Arc::new(SystemClock)).unwrap()
+    }
+
+    fn metrics_text(agent: &Agent) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &agent.registry()).unwrap();
+        out
+    }
+
+    /// The value of the sample line starting with `series ` (name and labels).
+    fn sample(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
+    /// A report and a renewal through an in-process uplink whose "gateway" acknowledges
+    /// everything (no network), then the families `/metrics` serves.
+    #[tokio::test]
+    async fn a_report_and_a_renewal_show_in_the_metrics() {
+        let agent = fixture_agent();
+        let (uplink, mut driver) = edgebeat_transports::uplink::channel(4);
+        let gateway = tokio::spawn(async move {
+            let mut sizes = Vec::new();
+            while let Some(request) = driver.requests.recv().await {
+                sizes.push((request.message.kind_name(), request.message.encoded_len()));
+                let seq = request.message.header().map_or(0, |h| h.seq);
+                let _ = request.reply.send(Ok(pb::Ack {
+                    seq,
+                    code: AckCode::Ok.into(),
+                    ..Default::default()
+                }));
+            }
+            sizes
+        });
+        let before = metrics_text(&agent);
+        assert_eq!(
+            sample(
+                &before,
+                "edgebeat_agent_status_reports_total{result=\"ok\"}"
+            ),
+            0.0
+        );
+
+        assert!(agent.report(&uplink, &agent.latest()).await);
+        assert!(agent.renew(&uplink, &mut Vec::new()).await);
+        drop(uplink);
+        let sizes = gateway.await.unwrap();
+
+        let text = metrics_text(&agent);
+        let expect = [
+            ("edgebeat_agent_status_reports_total{result=\"ok\"}", 1.0),
+            (
+                "edgebeat_agent_status_reports_total{result=\"failed\"}",
+                0.0,
+            ),
+            ("edgebeat_agent_lease_renewals_total{result=\"ok\"}", 1.0),
+            (
+                "edgebeat_agent_lease_renewals_total{result=\"failed\"}",
+                0.0,
+            ),
+            ("edgebeat_agent_registrations_total", 0.0),
+            ("edgebeat_agent_transport_reconnects_total", 0.0),
+            (
+                "edgebeat_agent_messages_sent_bytes_total{kind=\"register\"}",
+                0.0,
+            ),
+        ];
+        for (series, value) in expect {
+            assert_eq!(sample(&text, series), value, "{series}");
+        }
+        // Exactly the encoded sizes of what reached the transport.
+        for (kind, size) in sizes {
+            let series = format!("edgebeat_agent_messages_sent_bytes_total{{kind=\"{kind}\"}}");
+            assert_eq!(sample(&text, &series), size as f64, "{series}");
+        }
+        let renewed = sample(&text, "edgebeat_agent_last_lease_renewal_timestamp_seconds");
+        assert!(renewed > 1.7e9, "{renewed}");
+        assert!(
+            text.contains(&format!(
+                "edgebeat_agent_info{{node=\"edge-metrics\",transport=\"grpc\",version=\"{}\"}} 1\n",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{text}"
+        );
+        for family in [
+            "# TYPE edgebeat_agent_lease_renewals counter",
+            "# TYPE edgebeat_agent_status_reports counter",
+            "# TYPE edgebeat_agent_registrations counter",
+            "# TYPE edgebeat_agent_transport_reconnects counter",
+            "# TYPE edgebeat_agent_messages_sent_bytes counter",
+            "# TYPE edgebeat_agent_last_lease_renewal_timestamp_seconds gauge",
+            "# TYPE edgebeat_agent info",
+        ] {
+            assert!(text.contains(family), "missing {family:?}");
+        }
+    }
+
+    #[test]
+    fn watchdog_bound_covers_a_pause_and_a_tick_of_timeouts() {
+        assert_eq!(
+            watchdog_bound(&AgentConfig::default()),
+            Duration::from_secs(64)
+        );
+        let slow = AgentConfig {
+            node_lease_duration_seconds: 120,
+            ..AgentConfig::default()
+        };
+        // 30 s × 1.04 + 5 × 10 s
+        assert_eq!(watchdog_bound(&slow), Duration::from_millis(81_200));
+    }
+
+    #[tokio::test]
+    async fn refused_messages_count_no_bytes_and_fail_the_tick() {
+        let agent = fixture_agent();
+        let (uplink, mut driver) = edgebeat_transports::uplink::channel(4);
+        let gateway = tokio::spawn(async move {
+            while let Some(request) = driver.requests.recv().await {
+                let _ = request.reply.send(Err(UplinkError::NotConnected));
+            }
+        });
+        assert!(!agent.renew(&uplink, &mut Vec::new()).await);
+        drop(uplink);
+        gateway.await.unwrap();
+        let text = metrics_text(&agent);
+        assert_eq!(
+            sample(
+                &text,
+                "edgebeat_agent_lease_renewals_total{result=\"failed\"}"
+            ),
+            1.0
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "edgebeat_agent_messages_sent_bytes_total{kind=\"lease\"}"
+            ),
+            0.0
+        );
+        assert_eq!(
+            sample(&text, "edgebeat_agent_last_lease_renewal_timestamp_seconds"),
+            0.0
+        );
+    }
 }

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
@@ -20,9 +20,15 @@ use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::{Registry, Unit};
 use tokio::time::Instant;
 
 use crate::freshness::Freshness;
+use crate::metrics::{NodeMetrics, NodeSeries, clock_skew_seconds};
 use crate::patch::{self, KnownCondition, LEASE_NAMESPACE};
 
 /// Gateway behaviour settings.
@@ -52,7 +58,7 @@ impl Default for GatewayOptions {
     }
 }
 
-/// Counters the gateway keeps, for logs, tests and a metrics endpoint.
+/// Counters the gateway keeps, for logs, tests and `/metrics` (see [`crate::metrics`]).
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Lease renewals written.
@@ -100,6 +106,8 @@ struct NodeSlot {
     latest_lease: Option<Lease>,
     last_renew: Option<Timestamp>,
     conditions: BTreeMap<String, KnownCondition>,
+    /// This node's per-node metric series (removed with the slot).
+    series: NodeSeries,
 }
 
 /// The gateway: a [`Handler`] for every transport.
@@ -115,6 +123,7 @@ pub struct Gateway {
     messages: AtomicU64,
     /// Counters of what the gateway did.
     pub counters: Arc<Counters>,
+    node_metrics: NodeMetrics,
 }
 
 fn ack(seq: u64, code: AckCode, reason: impl Into<String>) -> Ack {
@@ -190,6 +199,7 @@ impl Gateway {
             nodes: Api::all(client.clone()),
             leases: Api::namespaced(client.clone(), LEASE_NAMESPACE),
             events: Api::namespaced(client, patch::EVENT_NAMESPACE),
+            node_metrics: NodeMetrics::new(clock.clone()),
             clock,
             options,
             started: Instant::now(),
@@ -207,18 +217,42 @@ impl Gateway {
         };
         if self.messages.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             let now = Instant::now();
-            // A slot in use (locked) is never idle; try_lock skips it.
-            slots.retain(|_, slot| {
-                slot.try_lock().map_or(true, |s| {
+            // A slot in use (locked) is never idle; try_lock skips it. An evicted node's
+            // metric series go with it.
+            slots.retain(|name, slot| {
+                let keep = slot.try_lock().map_or(true, |s| {
                     s.last_seen
                         .is_some_and(|t| now.duration_since(t) < SLOT_IDLE)
-                })
+                });
+                if !keep {
+                    self.node_metrics.remove(name);
+                }
+                keep
             });
         }
         if let Some(slot) = slots.get(name) {
             return slot.clone();
         }
         slots.entry(name.to_owned()).or_default().clone()
+    }
+
+    /// Registers the gateway's metrics (see [`crate::metrics`]) in `registry`: the
+    /// [`Counters`] and `tracked_nodes` through a collector read at scrape time (it holds a
+    /// weak reference: a dropped gateway reports nothing), and the per-node families.
+    pub fn register_metrics(self: &Arc<Self>, registry: &mut Registry) {
+        registry.register_collector(Box::new(GatewayCollector(Arc::downgrade(self))));
+        registry.register_with_unit(
+            "edgebeat_gateway_node_lease_age",
+            "Gateway wall clock minus the renewTime this replica last wrote for the node's Lease",
+            Unit::Seconds,
+            self.node_metrics.lease_age.clone(),
+        );
+        registry.register_with_unit(
+            "edgebeat_gateway_node_clock_skew",
+            "Gateway wall clock minus the agent's header wall time at receipt of its last accepted message; positive when the agent's clock is behind",
+            Unit::Seconds,
+            self.node_metrics.clock_skew.clone(),
+        );
     }
 
     /// Number of nodes the gateway currently keeps state for.
@@ -258,6 +292,8 @@ impl Gateway {
             );
         }
         let received = Instant::now();
+        let received_wall = self.clock.now();
+        let agent_wall_ms = header.wall_time_ms;
         let slot = self.slot(name);
         let mut slot = slot.lock().await;
         slot.last_seen = Some(received);
@@ -310,6 +346,14 @@ impl Gateway {
                 "dropping a stale heartbeat"
             );
             return ack(seq, AckCode::Rejected, format!("stale: {age:?} old"));
+        }
+        // Only messages that passed the replay and staleness checks: an old one would read
+        // as skew.
+        if let Some(skew) = clock_skew_seconds(received_wall, agent_wall_ms) {
+            slot.series
+                .clock_skew
+                .get_or_insert_with(|| self.node_metrics.clock_skew(name))
+                .set(skew);
         }
         // Writes must start before the heartbeat would be stale (at least half a second, so a
         // fresh one always gets its attempt).
@@ -674,7 +718,7 @@ impl Gateway {
             )
             .await
             {
-                Ok(Ok(written)) => return self.renewed(slot, seq, written, renew),
+                Ok(Ok(written)) => return self.renewed(slot, name, seq, written, renew),
                 Ok(Err(e)) => {
                     last_error = format!("updating lease: {e}");
                     match api_code(&e) {
@@ -694,7 +738,14 @@ impl Gateway {
         ack(seq, AckCode::Retry, last_error)
     }
 
-    fn renewed(&self, slot: &mut NodeSlot, seq: u64, written: Lease, renew: Timestamp) -> Ack {
+    fn renewed(
+        &self,
+        slot: &mut NodeSlot,
+        name: &str,
+        seq: u64,
+        written: Lease,
+        renew: Timestamp,
+    ) -> Ack {
         let state = LeaseState {
             resource_version: written
                 .metadata
@@ -705,6 +756,10 @@ impl Gateway {
         };
         slot.latest_lease = Some(written);
         self.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
+        slot.series
+            .lease_age
+            .get_or_insert_with(|| self.node_metrics.lease_age(name))
+            .renewed(renew);
         Ack {
             lease_state: state.encode(),
             ..ack(seq, AckCode::Ok, "")
@@ -779,7 +834,7 @@ impl Gateway {
             )
             .await
         {
-            Ok(created) => self.renewed(slot, seq, created, renew),
+            Ok(created) => self.renewed(slot, name, seq, created, renew),
             Err(e) => {
                 self.counters.lease_failures.fetch_add(1, Ordering::Relaxed);
                 ack(seq, AckCode::Retry, format!("creating lease: {e}"))
@@ -793,6 +848,69 @@ impl Gateway {
         if let Err(error) = self.events.create(&PostParams::default(), &event).await {
             tracing::warn!(node = name, reason, %error, "could not record event");
         }
+    }
+}
+
+/// Reads [`Counters`] and [`Gateway::tracked_nodes`] at scrape time.
+struct GatewayCollector(Weak<Gateway>);
+
+impl std::fmt::Debug for GatewayCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GatewayCollector")
+    }
+}
+
+impl Collector for GatewayCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(gateway) = self.0.upgrade() else {
+            return Ok(());
+        };
+        let c = &gateway.counters;
+        let counters = [
+            (
+                "edgebeat_gateway_lease_renewals",
+                "Lease renewals written.",
+                &c.lease_renewals,
+            ),
+            (
+                "edgebeat_gateway_lease_failures",
+                "Lease renewals that could not be written (apiserver errors, too late to write).",
+                &c.lease_failures,
+            ),
+            (
+                "edgebeat_gateway_stale_heartbeats",
+                "Heartbeats (Lease renewals and status reports) dropped as stale.",
+                &c.stale_renewals,
+            ),
+            (
+                "edgebeat_gateway_status_reports",
+                "Node status PATCHes written.",
+                &c.status_reports,
+            ),
+            (
+                "edgebeat_gateway_rejected_messages",
+                "Messages rejected (malformed, foreign, replayed, superseded boot, undecodable).",
+                &c.rejected,
+            ),
+            (
+                "edgebeat_gateway_registrations",
+                "Nodes created or reconciled.",
+                &c.registrations,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let counter = ConstCounter::new(value.load(Ordering::Relaxed));
+            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        let tracked = ConstGauge::new(i64::try_from(gateway.tracked_nodes()).unwrap_or(i64::MAX));
+        let metric = encoder.encode_descriptor(
+            "edgebeat_gateway_tracked_nodes",
+            "Nodes this gateway replica keeps state for (silent ones are dropped after 15 min).",
+            None,
+            tracked.metric_type(),
+        )?;
+        tracked.encode(metric)
     }
 }
 
@@ -956,6 +1074,94 @@ mod tests {
         ] {
             assert!(validate_status(&status(bad.clone())).is_err(), "{bad:?}");
         }
+    }
+
+    struct FixedClock(std::time::SystemTime);
+    impl Clock for FixedClock {
+        fn now(&self) -> std::time::SystemTime {
+            self.0
+        }
+        fn boottime(&self) -> Duration {
+            Duration::ZERO
+        }
+    }
+
+    fn scrape(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        out
+    }
+
+    /// Skew is recorded on receipt (before any apiserver call: this Register has no status
+    /// and is rejected without one), and an evicted node's series disappear with its slot.
+    #[tokio::test(start_paused = true)]
+    async fn skew_is_recorded_per_node_and_evicted_with_the_slot() {
+        let now = std::time::UNIX_EPOCH + Duration::from_millis(1_800_000_000_000);
+        // Never contacted: every message here is answered before any apiserver call.
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let gateway = Arc::new(Gateway::new(
+            client,
+            Arc::new(FixedClock(now)),
+            GatewayOptions::default(),
+        ));
+        let mut registry = Registry::default();
+        gateway.register_metrics(&mut registry);
+        let peer = Peer {
+            transport: edgebeat_transports::ingress::TransportKind::Grpc,
+            remote: None,
+            identity: None,
+        };
+        let register = |node: &str, seq, behind_ms: i64| pb::AgentMessage {
+            kind: Some(Kind::Register(pb::Register {
+                header: Some(pb::Header {
+                    node_name: node.into(),
+                    boot_id: vec![7; 16],
+                    seq,
+                    wall_time_ms: 1_800_000_000_000 - behind_ms,
+                }),
+                status: None,
+                ..Default::default()
+            })),
+        };
+        let answer = gateway
+            .handle_message(&peer, register("edge-old", 1, 2_500))
+            .await;
+        assert_eq!(AckCode::try_from(answer.code), Ok(AckCode::Rejected));
+        gateway
+            .handle_message(&peer, register("edge-fast", 1, -750))
+            .await;
+        // A replayed message (seq not increasing) does not move the skew.
+        gateway
+            .handle_message(&peer, register("edge-old", 1, 99_000))
+            .await;
+        let out = scrape(&registry);
+        for line in [
+            "edgebeat_gateway_node_clock_skew_seconds{node=\"edge-old\"} 2.5\n",
+            "edgebeat_gateway_node_clock_skew_seconds{node=\"edge-fast\"} -0.75\n",
+            "edgebeat_gateway_rejected_messages_total 3\n",
+            "edgebeat_gateway_tracked_nodes 2\n",
+            "edgebeat_gateway_lease_renewals_total 0\n",
+        ] {
+            assert!(out.contains(line), "missing {line:?} in\n{out}");
+        }
+        assert!(
+            !out.contains("edgebeat_gateway_node_lease_age_seconds{"),
+            "no renewal written, no age"
+        );
+
+        // edge-old goes silent past SLOT_IDLE; edge-fast keeps talking until a sweep.
+        tokio::time::advance(SLOT_IDLE + Duration::from_secs(1)).await;
+        for seq in 2..SWEEP_EVERY + 2 {
+            gateway
+                .handle_message(&peer, register("edge-fast", seq, 0))
+                .await;
+        }
+        assert_eq!(gateway.tracked_nodes(), 1);
+        let out = scrape(&registry);
+        assert!(!out.contains("edge-old"), "{out}");
+        assert!(out.contains("edgebeat_gateway_node_clock_skew_seconds{node=\"edge-fast\"} 0.0\n"));
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //! - [`gateway`]: the per-message checks and apiserver writes ([`Gateway`]).
 //! - [`freshness`]: message age from the agent's boot clock, for dropping stale renewals.
 //! - [`patch`]: the Node, status patch, Lease and Event bodies.
+//! - [`metrics`]: the Prometheus metrics (`edgebeat_gateway_*`) served on `/metrics`.
 
 pub mod freshness;
 pub mod gateway;
+pub mod metrics;
 pub mod patch;
 
 pub use gateway::{Gateway, GatewayOptions, kube_client};

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -18,6 +19,10 @@ struct Args {
     /// Address of the gRPC listener.
     #[arg(long, default_value = "0.0.0.0:7443")]
     grpc_listen: SocketAddr,
+    /// Address serving /healthz, /readyz (gRPC serving and, with --mqtt-endpoint, the MQTT
+    /// shared subscription granted) and Prometheus /metrics.
+    #[arg(long, default_value = "0.0.0.0:9102")]
+    metrics_listen: SocketAddr,
     /// kubeconfig file; without it: $KUBECONFIG, ~/.kube/config, then in-cluster config.
     #[arg(long, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
@@ -94,7 +99,13 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.grpc_listen))?;
     tracing::info!(addr = %listener.local_addr()?, "gRPC listening");
+    let observe_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
+    tracing::info!(addr = %observe_listener.local_addr()?, "serving /healthz, /readyz and /metrics");
     let stop = tokio_util::sync::CancellationToken::new();
+    let grpc_serving = Arc::new(AtomicBool::new(false));
+    let mut mqtt_subscribed = None;
     let mqtt = match &args.mqtt_endpoint {
         Some(url) => {
             let (host, port) = mqtt_host_port(url)?;
@@ -113,6 +124,9 @@ async fn main() -> anyhow::Result<()> {
                     password.trim_end_matches(['\r', '\n']).to_owned(),
                 ));
             }
+            let (subscribed, watch) = tokio::sync::watch::channel(false);
+            options.subscribed = Some(Arc::new(subscribed));
+            mqtt_subscribed = Some(watch);
             tracing::info!(%url, "taking heartbeats from MQTT");
             let gateway = gateway.clone();
             let stop = stop.clone();
@@ -127,12 +141,33 @@ async fn main() -> anyhow::Result<()> {
         shutdown_signal().await;
         signal.cancel();
     });
-    let grpc = serve(
-        listener,
-        gateway,
-        GrpcServerOptions::default(),
-        stop.clone().cancelled_owned(),
-    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    gateway.register_metrics(&mut registry);
+    let ready = readiness(stop.clone(), grpc_serving.clone(), mqtt_subscribed);
+    // Stops after the ingresses, so /readyz answers "shutting down" while they drain.
+    let observe_stop = tokio_util::sync::CancellationToken::new();
+    let observe = tokio::spawn(edgebeat_transports::observe::serve(
+        observe_listener,
+        Arc::new(registry),
+        ready,
+        observe_stop.clone().cancelled_owned(),
+    ));
+    let grpc = {
+        let serving = grpc_serving.clone();
+        let grpc = serve(
+            listener,
+            gateway,
+            GrpcServerOptions::default(),
+            stop.clone().cancelled_owned(),
+        );
+        // The listener is bound and tonic accepts from the moment it is polled.
+        async move {
+            serving.store(true, Ordering::Relaxed);
+            let result = grpc.await;
+            serving.store(false, Ordering::Relaxed);
+            result
+        }
+    };
     // Either ingress failing stops the gateway (and the other one) instead of leaving half
     // the fleet silently unserved.
     match mqtt {
@@ -152,7 +187,38 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+    stop.cancel();
+    observe_stop.cancel();
+    if let Err(error) = observe.await.context("observe task")? {
+        tracing::warn!(%error, "observe server failed");
+    }
     Ok(())
+}
+
+/// `/readyz`: not shutting down, the gRPC server running, and (with MQTT) the shared
+/// subscription granted by the broker.
+fn readiness(
+    stop: tokio_util::sync::CancellationToken,
+    grpc_serving: Arc<AtomicBool>,
+    mqtt_subscribed: Option<tokio::sync::watch::Receiver<bool>>,
+) -> impl Fn() -> Result<(), String> + Send + Sync + 'static {
+    move || {
+        if stop.is_cancelled() {
+            return Err("shutting down".into());
+        }
+        if !grpc_serving.load(Ordering::Relaxed) {
+            return Err("gRPC server not serving".into());
+        }
+        if let Some(subscribed) = &mqtt_subscribed
+            && !*subscribed.borrow()
+        {
+            return Err(
+                "MQTT shared subscription not granted yet (connecting to the broker or subscribing)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// `mqtt://host[:port]` → (host, port), port 1883 by default.

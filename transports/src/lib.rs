@@ -12,6 +12,8 @@
 //!   [`ingress::Handler`], which answers each with an `Ack`.
 //! - **MQTT** (features `mqtt-uplink`/`mqtt-ingress`, module `mqtt`): both halves over an
 //!   MQTT 5 broker, one topic per node and kind, gateways on a shared subscription.
+//! - **Observe** (feature `observe`, module [`observe`]): the small HTTP/1.1 server both
+//!   binaries run for `/healthz`, `/readyz` and Prometheus `/metrics`.
 
 #[cfg(feature = "uplink")]
 pub mod uplink;
@@ -24,3 +26,6 @@ pub mod grpc;
 
 #[cfg(any(feature = "mqtt-uplink", feature = "mqtt-ingress"))]
 pub mod mqtt;
+
+#[cfg(feature = "observe")]
+pub mod observe;

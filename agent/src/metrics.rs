@@ -1,0 +1,243 @@
+//! The agent's Prometheus metrics, all registered in [`AgentMetrics::new`] and served on
+//! `/metrics` by the observe server (`healthzBindAddress`).
+//!
+//! | metric | type | labels | what it counts |
+//! |---|---|---|---|
+//! | `edgebeat_agent_lease_renewals_total` | counter | `result="ok\|failed"` | Lease renewal ticks: `ok` when the gateway wrote the Lease, `failed` when every attempt of the tick failed (kubelet's 5) |
+//! | `edgebeat_agent_status_reports_total` | counter | `result="ok\|failed"` | status reports (one per report that was due), as above |
+//! | `edgebeat_agent_registrations_total` | counter | | times the agent became registered with the gateway (`Register` acknowledged) |
+//! | `edgebeat_agent_transport_reconnects_total` | counter | | times the agent lost its registration (see below) |
+//! | `edgebeat_agent_messages_sent_bytes_total` | counter | `kind="register\|status\|lease"` | encoded protobuf `AgentMessage` bytes handed to the transport (see below) |
+//! | `edgebeat_agent_last_lease_renewal_timestamp_seconds` | gauge | | wall-clock time of the last successful renewal, seconds since the epoch (0 before the first) |
+//! | `edgebeat_agent_info` | info | `node`, `transport`, `version` | always 1 |
+//!
+//! **Reconnects.** The agent's loops see the transport only through
+//! [`Uplink::registered`](edgebeat_transports::uplink::Uplink::registered), so
+//! `transport_reconnects_total` counts its true → false transitions: a gRPC connection lost
+//! after registering, or the gateway asking to register again (both make the transport
+//! connect or register anew). It does not count failed connection attempts while not
+//! registered, nor MQTT broker reconnects, which keep the registration (the broker, not the
+//! gateway, was the peer). A loss and re-registration faster than the agent's task is
+//! scheduled (sub-millisecond) can be missed; the gRPC backoff makes that practically
+//! impossible there.
+//!
+//! **Bytes.** `messages_sent_bytes_total` adds `prost::Message::encoded_len` of each message
+//! the transport took (answered, timed out or lost with its connection; not those refused with
+//! "not connected"). Framing is excluded — HTTP/2 and gRPC prefixes, MQTT headers and topic,
+//! TCP/IP; `BENCHMARKS.md` has the measured wire bytes (a ~60-byte renewal is ~75 B on the
+//! wire over gRPC, ~111 B over MQTT). `kind="register"` counts each `Register` built for the
+//! transport; the MQTT transport also builds one per broker connection for its Last Will, of
+//! which only the header goes out, so over MQTT it overstates by one `Register` per broker
+//! connection.
+//!
+//! The hot path only increments atomics: every counter of every label value is created here,
+//! once, and kept as a handle.
+
+use std::sync::atomic::AtomicU64;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use edgebeat_proto::{AgentMessage, agent_message::Kind};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+use prost::Message as _;
+
+type Labels = [(&'static str, &'static str); 1];
+
+/// Handles to the agent's metrics (see the module docs); cheap to use from the loops.
+#[derive(Debug, Clone)]
+pub struct AgentMetrics {
+    lease_ok: Counter,
+    lease_failed: Counter,
+    status_ok: Counter,
+    status_failed: Counter,
+    registrations: Counter,
+    reconnects: Counter,
+    sent_register: Counter,
+    sent_status: Counter,
+    sent_lease: Counter,
+    last_renewal: Gauge<f64, AtomicU64>,
+}
+
+impl AgentMetrics {
+    /// Creates every metric of the agent speaking for `node` over `transport` (`grpc`,
+    /// `mqtt` or `none`) and the registry that serves them.
+    pub fn new(node: &str, transport: &str) -> (Self, Registry) {
+        let mut registry = Registry::default();
+        let renewals = Family::<Labels, Counter>::default();
+        let reports = Family::<Labels, Counter>::default();
+        let sent = Family::<Labels, Counter>::default();
+        let get = |family: &Family<Labels, Counter>, key, value| {
+            family.get_or_create(&[(key, value)]).clone()
+        };
+        let metrics = Self {
+            lease_ok: get(&renewals, "result", "ok"),
+            lease_failed: get(&renewals, "result", "failed"),
+            status_ok: get(&reports, "result", "ok"),
+            status_failed: get(&reports, "result", "failed"),
+            registrations: Counter::default(),
+            reconnects: Counter::default(),
+            sent_register: get(&sent, "kind", "register"),
+            sent_status: get(&sent, "kind", "status"),
+            sent_lease: get(&sent, "kind", "lease"),
+            last_renewal: Gauge::default(),
+        };
+        registry.register(
+            "edgebeat_agent_lease_renewals",
+            "Lease renewal ticks by result: ok when the gateway wrote the Lease, failed when every attempt of the tick failed",
+            renewals,
+        );
+        registry.register(
+            "edgebeat_agent_status_reports",
+            "Node status reports by result: ok when the gateway wrote the status, failed when every attempt failed",
+            reports,
+        );
+        registry.register(
+            "edgebeat_agent_registrations",
+            "Times the gateway acknowledged this agent's Register",
+            metrics.registrations.clone(),
+        );
+        registry.register(
+            "edgebeat_agent_transport_reconnects",
+            "Times the agent lost its registration with the gateway (gRPC connection lost, or the gateway asked to register again); MQTT broker reconnects keep it and are not counted",
+            metrics.reconnects.clone(),
+        );
+        registry.register_with_unit(
+            "edgebeat_agent_messages_sent",
+            "Encoded protobuf AgentMessage bytes handed to the transport, by kind; transport framing excluded",
+            Unit::Bytes,
+            sent,
+        );
+        registry.register_with_unit(
+            "edgebeat_agent_last_lease_renewal_timestamp",
+            "Wall-clock time of the last successful Lease renewal, seconds since the epoch (0 before the first)",
+            Unit::Seconds,
+            metrics.last_renewal.clone(),
+        );
+        registry.register(
+            "edgebeat_agent",
+            "The node this agent speaks for, its transport and version",
+            Info::new([
+                ("node", node.to_owned()),
+                ("transport", transport.to_owned()),
+                ("version", env!("CARGO_PKG_VERSION").to_owned()),
+            ]),
+        );
+        (metrics, registry)
+    }
+
+    /// Records one Lease renewal tick; `ok` ones also set the last-renewal time to `now`.
+    pub fn lease_renewal(&self, ok: bool, now: SystemTime) {
+        if ok {
+            self.lease_ok.inc();
+            let seconds = now
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.last_renewal.set(seconds);
+        } else {
+            self.lease_failed.inc();
+        }
+    }
+
+    /// Records one status report (after its attempts).
+    pub fn status_report(&self, ok: bool) {
+        if ok {
+            self.status_ok.inc();
+        } else {
+            self.status_failed.inc();
+        }
+    }
+
+    /// Records a change of the registration: `true` counts a registration, `false` a lost
+    /// one (`transport_reconnects_total`).
+    pub fn registration_changed(&self, registered: bool) {
+        if registered {
+            self.registrations.inc();
+        } else {
+            self.reconnects.inc();
+        }
+    }
+
+    /// Adds the encoded size of `message` to `messages_sent_bytes_total` of its kind.
+    pub fn message_sent(&self, message: &AgentMessage) {
+        let kind = match &message.kind {
+            Some(Kind::Register(_)) => MessageKind::Register,
+            Some(Kind::Status(_)) => MessageKind::Status,
+            Some(Kind::Lease(_)) => MessageKind::Lease,
+            None => return,
+        };
+        self.bytes_sent(kind, message.encoded_len());
+    }
+
+    /// Adds `bytes` to `messages_sent_bytes_total{kind}` (for callers that measured the
+    /// message before handing it over).
+    pub fn bytes_sent(&self, kind: MessageKind, bytes: usize) {
+        let counter = match kind {
+            MessageKind::Register => &self.sent_register,
+            MessageKind::Status => &self.sent_status,
+            MessageKind::Lease => &self.sent_lease,
+        };
+        counter.inc_by(u64::try_from(bytes).unwrap_or(u64::MAX));
+    }
+}
+
+/// The `kind` label of `messages_sent_bytes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageKind {
+    /// `Register`.
+    Register,
+    /// `StatusReport`.
+    Status,
+    /// `LeaseRenewal`.
+    Lease,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn text(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn every_series_exists_from_the_start() {
+        let (_, registry) = AgentMetrics::new("edge-01", "grpc");
+        let out = text(&registry);
+        for line in [
+            "edgebeat_agent_lease_renewals_total{result=\"ok\"} 0",
+            "edgebeat_agent_lease_renewals_total{result=\"failed\"} 0",
+            "edgebeat_agent_status_reports_total{result=\"ok\"} 0",
+            "edgebeat_agent_status_reports_total{result=\"failed\"} 0",
+            "edgebeat_agent_registrations_total 0",
+            "edgebeat_agent_transport_reconnects_total 0",
+            "edgebeat_agent_messages_sent_bytes_total{kind=\"lease\"} 0",
+            "# UNIT edgebeat_agent_messages_sent_bytes bytes",
+            "edgebeat_agent_last_lease_renewal_timestamp_seconds 0.0",
+            "# TYPE edgebeat_agent info",
+            "edgebeat_agent_info{node=\"edge-01\",transport=\"grpc\",version=\"",
+        ] {
+            assert!(out.contains(line), "missing {line:?} in\n{out}");
+        }
+    }
+
+    #[test]
+    fn renewals_set_the_timestamp_and_registration_changes_count() {
+        let (m, registry) = AgentMetrics::new("edge-01", "mqtt");
+        m.lease_renewal(true, UNIX_EPOCH + Duration::from_millis(1_700_000_000_500));
+        m.lease_renewal(false, UNIX_EPOCH);
+        m.registration_changed(true);
+        m.registration_changed(false);
+        m.registration_changed(true);
+        let out = text(&registry);
+        assert!(out.contains("edgebeat_agent_last_lease_renewal_timestamp_seconds 1700000000.5\n"));
+        assert!(out.contains("edgebeat_agent_lease_renewals_total{result=\"failed\"} 1\n"));
+        assert!(out.contains("edgebeat_agent_registrations_total 2\n"));
+        assert!(out.contains("edgebeat_agent_transport_reconnects_total 1\n"));
+    }
+}

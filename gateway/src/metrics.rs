@@ -1,0 +1,264 @@
+//! The gateway's Prometheus metrics (`edgebeat_gateway_*`), registered by
+//! [`Gateway::register_metrics`](crate::Gateway::register_metrics) and served on `/metrics`
+//! (`--metrics-listen`).
+//!
+//! | metric | type | labels | meaning |
+//! |---|---|---|---|
+//! | `edgebeat_gateway_lease_renewals_total` | counter | | Lease renewals written |
+//! | `edgebeat_gateway_lease_failures_total` | counter | | renewals that could not be written (apiserver errors, too late) |
+//! | `edgebeat_gateway_stale_heartbeats_total` | counter | | renewals and status reports dropped as stale |
+//! | `edgebeat_gateway_status_reports_total` | counter | | status PATCHes written |
+//! | `edgebeat_gateway_rejected_messages_total` | counter | | messages rejected (malformed, foreign, replayed, superseded boot, undecodable) |
+//! | `edgebeat_gateway_registrations_total` | counter | | Nodes created or reconciled |
+//! | `edgebeat_gateway_tracked_nodes` | gauge | | nodes this replica keeps state for |
+//! | `edgebeat_gateway_node_lease_age_seconds` | gauge | `node` | gateway wall clock − the `renewTime` this replica last wrote for the node's Lease |
+//! | `edgebeat_gateway_node_clock_skew_seconds` | gauge | `node` | gateway wall clock − the agent's `Header.wall_time_ms`, at receipt of its last accepted message (signed: positive when the agent's clock is behind) |
+//!
+//! The counters and `tracked_nodes` are read from [`Counters`](crate::gateway::Counters)
+//! and the slot map at scrape time by a collector: the message path is unchanged.
+//!
+//! **Lease age** is computed at scrape time: the renewal path stores the written `renewTime`
+//! with one atomic store, and each scrape subtracts it from the gateway clock. Updating a
+//! gauge on write would be wrong (the age must grow while a node is silent, which is when it
+//! matters) and a timer refreshing every node's gauge would cost work per node per tick for
+//! no reader; scrape time costs one subtraction per node per scrape.
+//!
+//! **Clock skew** is set on receipt of each message that passed the replay and staleness
+//! checks (an old message would read as skew); it includes the one-way transit time
+//! (milliseconds on a LAN). Messages with `wall_time_ms` 0 (an agent clock before 1970) leave
+//! it unchanged. Agents' clocks are never used for the apiserver: this is for spotting boards
+//! without RTC or NTP.
+//!
+//! **Per replica.** With MQTT shared subscriptions or gRPC behind a load balancer, a node is
+//! served by one replica at a time; the others keep its last values until its slot is evicted.
+//! Aggregate with `min by (node)` for lease age. A node silent for 15 min loses its slot and
+//! both per-node series (`Family::remove`), so series follow the live fleet; a node that dies
+//! shows a growing lease age until then.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use edgebeat_hw::Clock;
+use jiff::Timestamp;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+
+/// Label set of the per-node families: `node="<name>"`.
+pub type NodeLabel = [(&'static str, String); 1];
+
+fn label(node: &str) -> NodeLabel {
+    [("node", node.to_owned())]
+}
+
+/// `gateway_now − agent wall clock` in seconds (positive: the agent's clock is behind), or
+/// `None` when the agent sent no wall time (0).
+pub fn clock_skew_seconds(gateway_now: SystemTime, agent_wall_ms: i64) -> Option<f64> {
+    if agent_wall_ms == 0 {
+        return None;
+    }
+    Some((epoch_micros(gateway_now) as f64 / 1e6) - (agent_wall_ms as f64 / 1e3))
+}
+
+/// `now − renewed` in seconds, where `renewed` is microseconds since the epoch (a Lease
+/// `renewTime`). Negative only if the gateway clock stepped back.
+pub fn lease_age_seconds(now: SystemTime, renewed_micros: i64) -> f64 {
+    (epoch_micros(now) - renewed_micros) as f64 / 1e6
+}
+
+/// Signed microseconds since the epoch.
+fn epoch_micros(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
+        Err(before) => -i64::try_from(before.duration().as_micros()).unwrap_or(i64::MAX),
+    }
+}
+
+/// One node's Lease age: the last written `renewTime`, turned into an age when scraped.
+#[derive(Clone)]
+pub struct LeaseAge {
+    renewed_micros: Arc<AtomicI64>,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for LeaseAge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseAge")
+            .field(
+                "renewed_micros",
+                &self.renewed_micros.load(Ordering::Relaxed),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseAge {
+    /// Records a successful renewal written with `renew_time`.
+    pub fn renewed(&self, renew_time: Timestamp) {
+        self.renewed_micros
+            .store(renew_time.as_microsecond(), Ordering::Relaxed);
+    }
+}
+
+impl TypedMetric for LeaseAge {
+    const TYPE: MetricType = MetricType::Gauge;
+}
+
+impl EncodeMetric for LeaseAge {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let renewed = self.renewed_micros.load(Ordering::Relaxed);
+        encoder.encode_gauge(&lease_age_seconds(self.clock.now(), renewed))
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// Makes [`LeaseAge`]s that read one clock.
+#[derive(Clone)]
+pub struct LeaseAgeConstructor(Arc<dyn Clock>);
+
+impl MetricConstructor<LeaseAge> for LeaseAgeConstructor {
+    fn new_metric(&self) -> LeaseAge {
+        LeaseAge {
+            renewed_micros: Arc::new(AtomicI64::new(0)),
+            clock: self.0.clone(),
+        }
+    }
+}
+
+/// A clock-skew gauge (seconds, `f64`).
+pub type SkewGauge = Gauge<f64, AtomicU64>;
+
+/// The per-node families. Series are created on a node's first accepted message (skew) or
+/// first written renewal (age) and removed with its slot.
+#[derive(Clone)]
+pub struct NodeMetrics {
+    /// `edgebeat_gateway_node_lease_age_seconds`.
+    pub lease_age: Family<NodeLabel, LeaseAge, LeaseAgeConstructor>,
+    /// `edgebeat_gateway_node_clock_skew_seconds`.
+    pub clock_skew: Family<NodeLabel, SkewGauge>,
+}
+
+impl NodeMetrics {
+    /// Empty families whose lease ages read `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            lease_age: Family::new_with_constructor(LeaseAgeConstructor(clock)),
+            clock_skew: Family::default(),
+        }
+    }
+
+    /// The lease-age series of `node` (created if missing), to keep in its slot.
+    pub fn lease_age(&self, node: &str) -> LeaseAge {
+        self.lease_age.get_or_create_owned(&label(node))
+    }
+
+    /// The clock-skew series of `node` (created if missing), to keep in its slot.
+    pub fn clock_skew(&self, node: &str) -> SkewGauge {
+        self.clock_skew.get_or_create_owned(&label(node))
+    }
+
+    /// Drops both series of `node` (its slot was evicted).
+    pub fn remove(&self, node: &str) {
+        let label = label(node);
+        self.lease_age.remove(&label);
+        self.clock_skew.remove(&label);
+    }
+}
+
+/// A node's series handles, kept in its slot so the message path only stores atomics.
+#[derive(Default)]
+pub struct NodeSeries {
+    /// Set on the first written renewal.
+    pub lease_age: Option<LeaseAge>,
+    /// Set on the first accepted message with a wall time.
+    pub clock_skew: Option<SkewGauge>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::registry::{Registry, Unit};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    struct Fixed(Mutex<SystemTime>);
+    impl Clock for Fixed {
+        fn now(&self) -> SystemTime {
+            *self.0.lock().unwrap()
+        }
+        fn boottime(&self) -> Duration {
+            Duration::ZERO
+        }
+    }
+
+    #[test]
+    fn skew_is_gateway_minus_agent_and_signed() {
+        let gw = UNIX_EPOCH + Duration::from_millis(1_700_000_010_250);
+        assert_eq!(clock_skew_seconds(gw, 1_700_000_000_000), Some(10.25));
+        assert_eq!(clock_skew_seconds(gw, 1_700_000_012_750), Some(-2.5));
+        assert_eq!(clock_skew_seconds(gw, 1_700_000_010_250), Some(0.0));
+        assert_eq!(clock_skew_seconds(gw, 0), None, "no wall time sent");
+        // An agent without RTC that booted in 1970.
+        assert!(clock_skew_seconds(gw, 5_000).unwrap() > 1.69e9);
+    }
+
+    #[test]
+    fn lease_age_is_now_minus_the_written_renew_time() {
+        let renew: Timestamp = "2026-11-21T10:00:00.250Z".parse().unwrap();
+        let now = SystemTime::from(renew) + Duration::from_millis(12_500);
+        assert_eq!(lease_age_seconds(now, renew.as_microsecond()), 12.5);
+        assert_eq!(
+            lease_age_seconds(SystemTime::from(renew), renew.as_microsecond()),
+            0.0
+        );
+    }
+
+    #[test]
+    fn families_compute_age_at_scrape_time_and_drop_removed_nodes() {
+        let renew: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
+        let clock = Arc::new(Fixed(Mutex::new(SystemTime::from(renew))));
+        let metrics = NodeMetrics::new(clock.clone());
+        let mut registry = Registry::default();
+        registry.register_with_unit(
+            "edgebeat_gateway_node_lease_age",
+            "age",
+            Unit::Seconds,
+            metrics.lease_age.clone(),
+        );
+        registry.register_with_unit(
+            "edgebeat_gateway_node_clock_skew",
+            "skew",
+            Unit::Seconds,
+            metrics.clock_skew.clone(),
+        );
+        let text = |r: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, r).unwrap();
+            out
+        };
+        for node in ["edge-01", "edge-02"] {
+            metrics.lease_age(node).renewed(renew);
+            metrics.clock_skew(node).set(-1.5);
+        }
+        *clock.0.lock().unwrap() += Duration::from_secs(7);
+        let out = text(&registry);
+        assert!(
+            out.contains("edgebeat_gateway_node_lease_age_seconds{node=\"edge-01\"} 7.0\n"),
+            "{out}"
+        );
+        assert!(out.contains("edgebeat_gateway_node_clock_skew_seconds{node=\"edge-02\"} -1.5\n"));
+        // Later scrapes see the age grow with no write.
+        *clock.0.lock().unwrap() += Duration::from_secs(33);
+        assert!(text(&registry).contains("{node=\"edge-01\"} 40.0\n"));
+
+        metrics.remove("edge-01");
+        let out = text(&registry);
+        assert!(!out.contains("edge-01"), "{out}");
+        assert!(out.contains("edgebeat_gateway_node_lease_age_seconds{node=\"edge-02\"} 40.0\n"));
+    }
+}

@@ -1,0 +1,339 @@
+//! Health, readiness and Prometheus metrics over HTTP/1.1, one small server for both binaries
+//! (feature `observe`).
+//!
+//! | request          | answer                                                                     |
+//! |------------------|----------------------------------------------------------------------------|
+//! | `GET /healthz`   | `200 ok` while the server runs (it runs alongside the process's loops and stops with them) |
+//! | `GET /readyz`    | `200 ok` when the readiness closure returns `Ok(())`, else `503` and its one-line reason |
+//! | `GET /metrics`   | `200`, the registry in the OpenMetrics text format ([`METRICS_CONTENT_TYPE`], ends with `# EOF`) |
+//! | other path       | `404`                                                                      |
+//! | other method     | `405` with `Allow: GET, HEAD` (on the three paths above)                   |
+//!
+//! `HEAD` is answered like `GET` without a body. Text bodies end with a newline. The server
+//! is hyper 1's HTTP/1 connection driver on tokio, with no router: three paths do not need
+//! one, and the agent's binary stays small. It is for a local scraper and kubelet-style
+//! probes, not the internet: at most [`MAX_CONNECTIONS`] connections at once (more are
+//! closed at accept) and [`HEADER_READ_TIMEOUT`] to send the request head.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::registry::Registry;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Content type of `/metrics`: prometheus-client writes the OpenMetrics 1.0 text format
+/// (which Prometheus asks for first and parses natively).
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Content type of the plain-text answers (`ok`, reasons, errors).
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// Most connections served at once; further ones are closed as soon as they are accepted.
+/// A scraper and a prober need two.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// Time a client has to send its request head before the connection is closed.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long shutdown waits for requests in progress to finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Pause after an accept error that is not about one connection (e.g. out of file
+/// descriptors), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// Serves `/healthz`, `/readyz` and `/metrics` (see the module docs) on `listener` until
+/// `shutdown` resolves, then stops accepting, lets requests in progress finish (up to 2 s)
+/// and returns `Ok(())`.
+///
+/// - `registry` is encoded on every `/metrics` request (collectors run then).
+/// - `ready` is called on every `/readyz` request: `Ok(())` answers `200 ok`, `Err(reason)`
+///   answers `503` with `reason` (one line; the caller keeps it short). It must not block.
+///
+/// Takes a bound listener (not an address) so callers report bind errors themselves and tests
+/// bind port 0.
+///
+/// Errors: the listener's error when it is unusable at start (it has no local address).
+/// Errors accepting one connection are logged and serving goes on; they never end the
+/// server.
+pub async fn serve(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    ready: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()> + Send,
+) -> io::Result<()> {
+    let local = listener.local_addr()?;
+    tracing::debug!(addr = %local, "observe server listening");
+    let ready: Readiness = Arc::new(ready);
+    let closing = CancellationToken::new();
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(error) if per_connection(&error) => {
+                tracing::debug!(%error, "observe server: accept failed");
+                continue;
+            }
+            Err(error) => {
+                tracing::warn!(%error, addr = %local, "observe server: accept failed; pausing");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        if connections.len() >= MAX_CONNECTIONS {
+            tracing::debug!("observe server: too many connections; closing a new one");
+            drop(stream);
+            continue;
+        }
+        connections.spawn(connection(
+            stream,
+            registry.clone(),
+            ready.clone(),
+            closing.clone(),
+        ));
+    }
+    closing.cancel();
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
+        tracing::debug!("observe server: closing connections still busy at shutdown");
+    }
+    // Dropping the JoinSet aborts whatever is left.
+    Ok(())
+}
+
+/// Accept errors that concern only the connection being accepted.
+fn per_connection(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+            | io::ErrorKind::TimedOut
+    )
+}
+
+async fn connection(
+    stream: TcpStream,
+    registry: Arc<Registry>,
+    ready: Readiness,
+    closing: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+        let response = answer(request.method(), request.uri().path(), &registry, &*ready);
+        std::future::ready(Ok::<_, Infallible>(response))
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = closing.cancelled() => {
+            // Finish the request in progress, if any, then close (idle keep-alive
+            // connections close at once).
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(error) = result {
+        tracing::debug!(%error, "observe server: connection ended with an error");
+    }
+}
+
+/// The answer to `method path` (pure apart from running `ready` and the registry's
+/// collectors).
+fn answer(
+    method: &Method,
+    path: &str,
+    registry: &Registry,
+    ready: &(dyn Fn() -> Result<(), String> + Send + Sync),
+) -> Response<Full<Bytes>> {
+    let known = matches!(path, "/healthz" | "/readyz" | "/metrics");
+    if !known {
+        return text(
+            StatusCode::NOT_FOUND,
+            "not found: try /healthz, /readyz or /metrics",
+        );
+    }
+    if method != Method::GET && method != Method::HEAD {
+        let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    match path {
+        "/healthz" => text(StatusCode::OK, "ok"),
+        "/readyz" => match ready() {
+            Ok(()) => text(StatusCode::OK, "ok"),
+            Err(reason) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                reason.lines().next().unwrap_or("not ready"),
+            ),
+        },
+        _ => {
+            let mut body = String::with_capacity(4096);
+            match prometheus_client::encoding::text::encode(&mut body, registry) {
+                Ok(()) => respond(StatusCode::OK, METRICS_CONTENT_TYPE, body),
+                Err(_) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "could not encode the metrics",
+                ),
+            }
+        }
+    }
+}
+
+fn text(status: StatusCode, line: &str) -> Response<Full<Bytes>> {
+    let mut body = String::with_capacity(line.len() + 1);
+    body.push_str(line);
+    body.push('\n');
+    respond(status, TEXT, body)
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::counter::Counter;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// One HTTP/1.1 request on a fresh connection; returns (status, headers, body).
+    async fn request(
+        addr: std::net::SocketAddr,
+        method: &str,
+        path: &str,
+    ) -> (u16, String, String) {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let head = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).await.unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (status, head.to_owned(), body.to_owned())
+    }
+
+    #[tokio::test]
+    async fn serves_health_readiness_metrics_and_404() {
+        let mut registry = Registry::default();
+        let counter: Counter = Counter::default();
+        registry.register("edgebeat_test_things", "Things counted", counter.clone());
+        counter.inc_by(3);
+        let ready = Arc::new(AtomicBool::new(false));
+        let flag = ready.clone();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            Arc::new(registry),
+            move || {
+                if flag.load(Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err("not registered yet\nsecond line dropped".into())
+                }
+            },
+            stop.clone().cancelled_owned(),
+        ));
+
+        assert_eq!(request(addr, "GET", "/healthz").await.0, 200);
+        assert_eq!(request(addr, "GET", "/healthz").await.2, "ok\n");
+
+        let (status, _, body) = request(addr, "GET", "/readyz").await;
+        assert_eq!((status, body.as_str()), (503, "not registered yet\n"));
+        ready.store(true, Ordering::SeqCst);
+        let (status, _, body) = request(addr, "GET", "/readyz").await;
+        assert_eq!((status, body.as_str()), (200, "ok\n"));
+
+        let (status, head, body) = request(addr, "GET", "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(
+            head.to_ascii_lowercase()
+                .contains(&format!("content-type: {METRICS_CONTENT_TYPE}")),
+            "{head}"
+        );
+        assert!(
+            body.contains("# TYPE edgebeat_test_things counter"),
+            "{body}"
+        );
+        assert!(body.contains("edgebeat_test_things_total 3\n"), "{body}");
+        assert!(body.ends_with("# EOF\n"), "{body}");
+
+        assert_eq!(request(addr, "GET", "/").await.0, 404);
+        assert_eq!(request(addr, "GET", "/metricsx").await.0, 404);
+        let (status, head, _) = request(addr, "POST", "/metrics").await;
+        assert_eq!(status, 405);
+        assert!(
+            head.to_ascii_lowercase().contains("allow: get, head"),
+            "{head}"
+        );
+        let (status, _, body) = request(addr, "HEAD", "/healthz").await;
+        assert_eq!((status, body.as_str()), (200, ""));
+
+        stop.cancel();
+        server.await.unwrap().unwrap();
+        assert!(
+            TcpStream::connect(addr).await.is_err(),
+            "the listener is closed after shutdown"
+        );
+    }
+
+    #[tokio::test]
+    async fn shutdown_closes_idle_keep_alive_connections() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            Arc::new(Registry::default()),
+            || Ok(()),
+            stop.clone().cancelled_owned(),
+        ));
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = vec![0; 1024];
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        // The connection stays open (keep-alive) until shutdown closes it.
+        stop.cancel();
+        server.await.unwrap().unwrap();
+        let mut rest = Vec::new();
+        stream.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+    }
+}
