@@ -70,8 +70,12 @@ fn main() -> anyhow::Result<()> {
         let facts = run::read_facts(&config)?;
         let computed = status::compute(&facts, &config, None, clock.boottime());
         let json = serde_json::to_string_pretty(&NodeStatusView::new(&computed))?;
-        println!("{json}");
-        return Ok(());
+        // A closed pipe (`| head`) is the reader's choice, not an error.
+        use std::io::Write;
+        return match writeln!(std::io::stdout().lock(), "{json}") {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+            _ => Ok(()),
+        };
     }
 
     let runtime = tokio::runtime::Builder::new_current_thread()
