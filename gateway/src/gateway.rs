@@ -46,6 +46,12 @@ pub struct GatewayOptions {
     /// 40 s, the node lifecycle controller's grace period before it writes Unknown). Past
     /// that, the next message costs one Node GET.
     pub knowledge_ttl: Duration,
+    /// Messages per second one node may send on average (default 2; a kubelet-like node
+    /// sends about 0.1). Beyond it messages are rejected before any apiserver call.
+    pub per_node_rate: f64,
+    /// Burst of messages one node may send at once (default 20: a reconnect sends a
+    /// Register, a status report and a renewal, and retries up to 5 times each).
+    pub per_node_burst: f64,
 }
 
 impl Default for GatewayOptions {
@@ -54,6 +60,8 @@ impl Default for GatewayOptions {
             max_renewal_age: Duration::from_secs(5),
             drift_ppm: 1000,
             knowledge_ttl: Duration::from_secs(40),
+            per_node_rate: 2.0,
+            per_node_burst: 20.0,
         }
     }
 }
@@ -89,6 +97,8 @@ const SWEEP_EVERY: u64 = 4096;
 struct NodeSlot {
     /// Last message for this node; idle slots are evicted after [`SLOT_IDLE`].
     last_seen: Option<Instant>,
+    /// Per-node rate limit.
+    bucket: crate::restriction::TokenBucket,
     boot_id: Vec<u8>,
     old_boots: Vec<Vec<u8>>,
     last_seq: u64,
@@ -297,6 +307,19 @@ impl Gateway {
         let slot = self.slot(name);
         let mut slot = slot.lock().await;
         slot.last_seen = Some(received);
+        if !slot.bucket.take(
+            received,
+            self.options.per_node_rate,
+            self.options.per_node_burst,
+        ) {
+            return self.reject(
+                header.seq,
+                format!(
+                    "rate limited: node {name:?} sends more than {}/s",
+                    self.options.per_node_rate
+                ),
+            );
+        }
         if slot.boot_id != header.boot_id {
             if slot.old_boots.contains(&header.boot_id) {
                 return self.reject(seq, "replayed: a message of an earlier boot".into());
@@ -405,7 +428,10 @@ impl Gateway {
         let Some(status) = register.status.as_ref() else {
             return self.reject(seq, "malformed: Register without status".into());
         };
-        if let Err(why) = validate_status(status) {
+        if let Err(why) = validate_status(status)
+            .and_then(|()| crate::restriction::validate_status_limits(status))
+            .and_then(|()| crate::restriction::validate_register(register))
+        {
             return self.reject(seq, why);
         }
         let new_boot = status
@@ -560,7 +586,9 @@ impl Gateway {
         let Some(status) = status else {
             return self.reject(seq, "malformed: StatusReport without status".into());
         };
-        if let Err(why) = validate_status(status) {
+        if let Err(why) = validate_status(status)
+            .and_then(|()| crate::restriction::validate_status_limits(status))
+        {
             return self.reject(seq, why);
         }
         if let Err(answer) = self.ensure_known(slot, name, seq).await {

@@ -4,6 +4,7 @@
 //!
 //! - [`gateway`]: the per-message checks and apiserver writes ([`Gateway`]).
 //! - [`freshness`]: message age from the agent's boot clock, for dropping stale renewals.
+//! - [`restriction`]: NodeRestriction's label rules, input limits and the per-node rate limit.
 //! - [`patch`]: the Node, status patch, Lease and Event bodies.
 //! - [`metrics`]: the Prometheus metrics (`edgebeat_gateway_*`) served on `/metrics`.
 
@@ -11,5 +12,6 @@ pub mod freshness;
 pub mod gateway;
 pub mod metrics;
 pub mod patch;
+pub mod restriction;
 
 pub use gateway::{Gateway, GatewayOptions, kube_client};

@@ -121,12 +121,23 @@ pub fn init_test_logging() {
     }
 }
 
+/// Gateway options for the harness: the defaults, but a per-node rate limit that fits the
+/// harness's short intervals (a renewal every 250 ms, status every 100 ms when changing).
+pub fn gateway_options() -> GatewayOptions {
+    GatewayOptions {
+        per_node_rate: 50.0,
+        per_node_burst: 100.0,
+        ..GatewayOptions::default()
+    }
+}
+
 impl Cluster {
-    /// Starts a stand-in apiserver, a broker for MQTT, and one gateway with default options.
+    /// Starts a stand-in apiserver, a broker for MQTT, and one gateway with
+    /// [`gateway_options`].
     ///
     /// Errors: binding, broker start-up or client construction failures.
     pub async fn start(transport: Transport) -> anyhow::Result<Self> {
-        Self::start_with(transport, GatewayOptions::default()).await
+        Self::start_with(transport, gateway_options()).await
     }
 
     /// As [`Cluster::start`], with gateway options.

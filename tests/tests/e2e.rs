@@ -431,7 +431,10 @@ async fn gateway_restart_costs_no_lease_get(transport: Transport) {
         .wait_until(DEADLINE, "renewing", |v| puts(v) >= 2)
         .await
         .unwrap();
-    cluster.restart_gateway(Default::default()).await.unwrap();
+    cluster
+        .restart_gateway(edgebeat_tests::harness::gateway_options())
+        .await
+        .unwrap();
     let before = cluster.standin.requests().len();
     cluster
         .wait_for_renewals("jetson-07", 3, DEADLINE)
@@ -539,7 +542,7 @@ async fn node_set_unknown_during_an_outage_is_ready_again_within_seconds(transpo
     // The gateway re-reads a node it has not written for a while; shortened here from 40 s.
     let options = edgebeat_gateway::GatewayOptions {
         knowledge_ttl: Duration::from_millis(600),
-        ..Default::default()
+        ..edgebeat_tests::harness::gateway_options()
     };
     let cluster = Cluster::start_with(transport, options).await.unwrap();
     let mut config = cluster.agent_config("rpi4-edge-01", &fixture("rpi4-cgroup1"));

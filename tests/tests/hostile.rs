@@ -175,7 +175,7 @@ async fn stale_renewals_are_dropped_not_written() {
     let options = GatewayOptions {
         max_renewal_age: Duration::ZERO,
         drift_ppm: 0,
-        ..Default::default()
+        ..edgebeat_tests::harness::gateway_options()
     };
     let cluster = Cluster::start_with(Transport::Grpc, options).await.unwrap();
     let (uplink, cancel) = raw_uplink(&cluster, "late-01", 1_000_000_000).await;
@@ -211,4 +211,98 @@ async fn stale_renewals_are_dropped_not_written() {
         lease_writes, 1,
         "one create for the fresh renewal, nothing for the stale one"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_node_is_rate_limited_and_others_keep_renewing() {
+    // Default per-node limits (2/s, burst 20), as in production.
+    let cluster = Cluster::start_with(Transport::Grpc, GatewayOptions::default())
+        .await
+        .unwrap();
+    let mut config = cluster.agent_config("nuc-lab-03", &fixture("nuc-hybrid"));
+    config.node_lease_duration_seconds = 8; // renew every 2 s: within the default limit
+    config.node_status_report_frequency = Duration::from_secs(3600);
+    let good = cluster.start_agent(config).unwrap();
+    let (uplink, cancel) = raw_uplink(&cluster, "flood-01", 1_000_000).await;
+    cluster.wait_for_renewals("nuc-lab-03", 1, T).await.unwrap();
+    let mut limited = 0;
+    for i in 0..300u64 {
+        let ack = uplink
+            .send(renewal("flood-01", 2_000_000 + i), T)
+            .await
+            .unwrap();
+        if ack.reason.starts_with("rate limited") {
+            limited += 1;
+        }
+    }
+    assert!(
+        limited >= 250,
+        "most of the flood is refused: {limited} of 300"
+    );
+    let flood_writes = cluster
+        .standin
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.path.ends_with("/leases/flood-01")
+                || (r.method == Method::POST
+                    && r.path.ends_with("/leases")
+                    && String::from_utf8_lossy(&r.body).contains("\"flood-01\""))
+        })
+        .count();
+    assert!(
+        flood_writes <= 30,
+        "the flood reached the apiserver only within its burst: {flood_writes}"
+    );
+    // The well-behaved node keeps renewing after the flood.
+    cluster.wait_for_renewals("nuc-lab-03", 2, T).await.unwrap();
+    cancel.cancel();
+    good.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forbidden_labels_are_refused_at_registration() {
+    use edgebeat_transports::ingress::{Handler, Peer, TransportKind};
+    let cluster = Cluster::start(Transport::Grpc).await.unwrap();
+    let peer = Peer {
+        transport: TransportKind::Grpc,
+        remote: None,
+        identity: None,
+    };
+    let mut message = register("rpi4-edge-01", 5_000_000);
+    let Some(Kind::Register(r)) = message.kind.as_mut() else {
+        unreachable!()
+    };
+    r.labels.insert(
+        "node-role.kubernetes.io/control-plane".into(),
+        String::new(),
+    );
+    let ack = cluster.gateway().handle(&peer, message).await;
+    assert_eq!(code(&ack), AckCode::Rejected);
+    assert!(
+        ack.reason.contains("node-role.kubernetes.io/control-plane"),
+        "{}",
+        ack.reason
+    );
+    assert!(
+        cluster.standin.requests().is_empty(),
+        "refused before any apiserver call"
+    );
+    // The same registration with a label a node may set is accepted.
+    let mut message = register("rpi4-edge-01", 6_000_000);
+    let Some(Kind::Register(r)) = message.kind.as_mut() else {
+        unreachable!()
+    };
+    r.labels
+        .insert("node.kubernetes.io/edge".into(), "true".into());
+    let ack = cluster.gateway().handle(&peer, message).await;
+    assert_eq!(code(&ack), AckCode::Ok, "{}", ack.reason);
+    let labels = cluster
+        .standin
+        .node("rpi4-edge-01")
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap();
+    assert_eq!(labels["node.kubernetes.io/edge"], "true");
 }

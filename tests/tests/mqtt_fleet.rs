@@ -90,7 +90,10 @@ async fn broker_restart_does_not_let_the_lease_expire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_split_the_fleet_write_each_renewal_once_and_survive_a_loss() {
     let mut cluster = Cluster::start(Transport::Mqtt).await.unwrap();
-    cluster.start_replica(Default::default()).await.unwrap();
+    cluster
+        .start_replica(edgebeat_tests::harness::gateway_options())
+        .await
+        .unwrap();
     let nodes = ["rpi4-edge-01", "jetson-07", "nuc-lab-03"];
     let trees = ["rpi4-cgroup1", "jetson-cgroup2", "nuc-hybrid"];
     let agents: Vec<_> = nodes
@@ -222,7 +225,10 @@ async fn a_gateway_back_from_an_outage_writes_no_stale_renewal() {
         "nothing reaches the apiserver while the gateway is down"
     );
     let back_at = Timestamp::now();
-    let index = cluster.start_replica(Default::default()).await.unwrap();
+    let index = cluster
+        .start_replica(edgebeat_tests::harness::gateway_options())
+        .await
+        .unwrap();
     cluster
         .standin
         .wait_until(DEADLINE, "renewing again", |v| count(v) >= 5)
