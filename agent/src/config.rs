@@ -12,6 +12,18 @@
 //! healthzBindAddress: 127.0.0.1:10248
 //! ```
 //!
+//! gRPC over TLS with a kubelet-style node certificate (CN=`system:node:<nodeName>`,
+//! O=`system:nodes`), KubeletConfiguration-like file names; the files are read at load:
+//!
+//! ```yaml
+//! transport:
+//!   kind: grpc
+//!   endpoint: "https://gateway.example:7443"
+//!   caFile: /etc/edgebeat/pki/ca.crt        # verifies the gateway (server name = URL host)
+//!   certFile: /etc/edgebeat/pki/node.crt    # with keyFile: mTLS client certificate
+//!   keyFile: /etc/edgebeat/pki/node.key
+//! ```
+//!
 //! Unknown fields are rejected; every error names the field and how to fix it. Defaults
 //! are kubelet's (`pkg/kubelet/apis/config/v1beta1/defaults.go`).
 
@@ -97,6 +109,46 @@ pub enum TransportConfig {
     Mqtt(MqttTransport),
 }
 
+/// TLS material of a gRPC transport on an `https://` endpoint, read and parsed at load
+/// (`transport.caFile`, `transport.certFile`, `transport.keyFile`). Certificates are not
+/// reloaded: after rotating the files, restart the agent.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TransportTls {
+    /// PEM CA certificate(s) from `transport.caFile`: the gateway's certificate must chain
+    /// to one of them and name the endpoint's host.
+    pub ca_pem: Vec<u8>,
+    /// PEM certificate chain (`transport.certFile`) and private key (`transport.keyFile`)
+    /// presented to the gateway, when both are set.
+    pub client: Option<ClientCertificate>,
+}
+
+/// A client certificate and its key, PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientCertificate {
+    /// PEM certificate chain, leaf first (`transport.certFile`).
+    pub cert_pem: Vec<u8>,
+    /// PEM private key (`transport.keyFile`).
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for TransportTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransportTls")
+            .field("ca_pem", &format_args!("{} bytes", self.ca_pem.len()))
+            .field("client", &self.client)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ClientCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCertificate")
+            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
+            .field("key_pem", &format_args!("<redacted>"))
+            .finish()
+    }
+}
+
 /// MQTT settings (`transport.kind: mqtt`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MqttTransport {
@@ -161,6 +213,10 @@ pub struct AgentConfig {
     pub image_fs_dir: Option<PathBuf>,
     /// `transport`: how heartbeats reach the gateway. Required unless running `--once`.
     pub transport: Option<TransportConfig>,
+    /// `transport.caFile`/`certFile`/`keyFile`: TLS for a gRPC transport on `https://`
+    /// (required there, refused elsewhere). Kept beside [`TransportConfig`] rather than in
+    /// its `Grpc` variant so code that builds that variant keeps compiling.
+    pub transport_tls: Option<TransportTls>,
     /// `healthzBindAddress`: `IP:port` of the observe server (`/healthz`, `/readyz`,
     /// `/metrics`), e.g. `127.0.0.1:10248`; off when not set (the default).
     ///
@@ -193,6 +249,7 @@ impl Default for AgentConfig {
             root_dir: PathBuf::from("/var/lib/kubelet"),
             image_fs_dir: None,
             transport: None,
+            transport_tls: None,
             healthz_bind_address: None,
         }
     }
@@ -251,6 +308,9 @@ struct RawTransport {
     username: Option<String>,
     password_file: Option<PathBuf>,
     topic_prefix: Option<String>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -422,7 +482,9 @@ impl AgentConfig {
             c.image_fs_dir = Some(p);
         }
         if let Some(t) = raw.transport {
-            c.transport = Some(validate_transport(t)?);
+            let (transport, tls) = validate_transport(t)?;
+            c.transport = Some(transport);
+            c.transport_tls = tls;
         }
         if let Some(a) = raw.healthz_bind_address {
             c.healthz_bind_address =
@@ -438,7 +500,9 @@ impl AgentConfig {
     }
 }
 
-fn validate_transport(t: RawTransport) -> Result<TransportConfig, ConfigError> {
+fn validate_transport(
+    t: RawTransport,
+) -> Result<(TransportConfig, Option<TransportTls>), ConfigError> {
     let keepalive = match &t.keepalive {
         Some(v) => parse_positive_duration("transport.keepalive", v)?,
         None => Duration::from_secs(30),
@@ -476,12 +540,28 @@ fn validate_transport(t: RawTransport) -> Result<TransportConfig, ConfigError> {
                     format!("{endpoint:?} must start with http:// or https:// for kind: grpc"),
                 ));
             }
-            Ok(TransportConfig::Grpc {
-                endpoint,
-                keepalive,
-            })
+            let tls = validate_grpc_tls(&endpoint, t.ca_file, t.cert_file, t.key_file)?;
+            Ok((
+                TransportConfig::Grpc {
+                    endpoint,
+                    keepalive,
+                },
+                tls,
+            ))
         }
         Some("mqtt") => {
+            for (field, set) in [
+                ("transport.caFile", t.ca_file.is_some()),
+                ("transport.certFile", t.cert_file.is_some()),
+                ("transport.keyFile", t.key_file.is_some()),
+            ] {
+                if set {
+                    return Err(invalid(
+                        field,
+                        "only valid with kind: grpc (MQTT over TLS is not supported yet); remove it",
+                    ));
+                }
+            }
             let url = endpoint("mqtt://broker.example:1883")?;
             let (host, port) =
                 parse_mqtt_url(&url).map_err(|m| invalid("transport.endpoint", m))?;
@@ -533,14 +613,17 @@ fn validate_transport(t: RawTransport) -> Result<TransportConfig, ConfigError> {
             {
                 return Err(invalid("transport.clientID", "must be 1 to 256 characters"));
             }
-            Ok(TransportConfig::Mqtt(MqttTransport {
-                host,
-                port,
-                client_id: t.client_id,
-                credentials,
-                topic_prefix,
-                keepalive,
-            }))
+            Ok((
+                TransportConfig::Mqtt(MqttTransport {
+                    host,
+                    port,
+                    client_id: t.client_id,
+                    credentials,
+                    topic_prefix,
+                    keepalive,
+                }),
+                None,
+            ))
         }
         Some(other) => Err(invalid(
             "transport.kind",
@@ -548,6 +631,93 @@ fn validate_transport(t: RawTransport) -> Result<TransportConfig, ConfigError> {
         )),
         None => Err(invalid("transport.kind", "required; use grpc or mqtt")),
     }
+}
+
+/// `transport.caFile`/`certFile`/`keyFile` for a gRPC endpoint: required CA on `https://`,
+/// nothing on `http://`, cert and key together; each file read and parsed now, so a bad
+/// file is reported at load with its field.
+fn validate_grpc_tls(
+    endpoint: &str,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+) -> Result<Option<TransportTls>, ConfigError> {
+    use rustls_pki_types::pem::PemObject as _;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+    if !endpoint.starts_with("https://") {
+        for (field, set) in [
+            ("transport.caFile", ca_file.is_some()),
+            ("transport.certFile", cert_file.is_some()),
+            ("transport.keyFile", key_file.is_some()),
+        ] {
+            if set {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "only valid with an https:// endpoint, but transport.endpoint is {endpoint:?}; use https:// or remove it"
+                    ),
+                ));
+            }
+        }
+        return Ok(None);
+    }
+    let read = |field: &str, path: &PathBuf| {
+        std::fs::read(path).map_err(|e| invalid(field, format!("reading {}: {e}", path.display())))
+    };
+    let certificates = |field: &str, path: &PathBuf| {
+        let pem = read(field, path)?;
+        let count = CertificateDer::pem_slice_iter(&pem)
+            .try_fold(0usize, |n, c| c.map(|_| n + 1))
+            .map_err(|e| invalid(field, format!("{}: not valid PEM: {e}", path.display())))?;
+        if count == 0 {
+            return Err(invalid(
+                field,
+                format!(
+                    "{}: no PEM CERTIFICATE block found; give a PEM certificate file",
+                    path.display()
+                ),
+            ));
+        }
+        Ok(pem)
+    };
+    let ca_file = ca_file.ok_or_else(|| {
+        invalid(
+            "transport.caFile",
+            "required for an https:// endpoint: the PEM CA certificate that signed the gateway's certificate",
+        )
+    })?;
+    let ca_pem = certificates("transport.caFile", &ca_file)?;
+    let client = match (cert_file, key_file) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            let cert_pem = certificates("transport.certFile", &cert)?;
+            let key_pem = read("transport.keyFile", &key)?;
+            PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+                invalid(
+                    "transport.keyFile",
+                    format!(
+                        "{}: no usable PEM private key (PKCS#8, RSA or EC): {e}",
+                        key.display()
+                    ),
+                )
+            })?;
+            Some(ClientCertificate { cert_pem, key_pem })
+        }
+        (Some(_), None) => {
+            return Err(invalid(
+                "transport.keyFile",
+                "required when transport.certFile is set (the client certificate's private key)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "transport.certFile",
+                "required when transport.keyFile is set (the client certificate)",
+            ));
+        }
+    };
+    Ok(Some(TransportTls { ca_pem, client }))
 }
 
 /// Parses the observe server's address (`healthzBindAddress`, `--healthz-bind-address`): an
@@ -897,6 +1067,138 @@ mod tests {
             (m.host.as_str(), m.port, m.topic_prefix.as_str()),
             ("10.0.0.1", 1883, "edgebeat/v1")
         );
+    }
+
+    /// Writes a CA certificate, a node certificate and its key as PEM files.
+    fn pki(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let node_key = rcgen::KeyPair::generate().unwrap();
+        let mut node = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        node.distinguished_name
+            .push(rcgen::DnType::CommonName, "system:node:edge-01");
+        node.distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        let node_cert = node.signed_by(&node_key, &issuer).unwrap();
+        let paths = (
+            dir.join("ca.crt"),
+            dir.join("node.crt"),
+            dir.join("node.key"),
+        );
+        std::fs::write(&paths.0, ca_cert.pem()).unwrap();
+        std::fs::write(&paths.1, node_cert.pem()).unwrap();
+        std::fs::write(&paths.2, node_key.serialize_pem()).unwrap();
+        paths
+    }
+
+    #[test]
+    fn grpc_tls_files_are_read_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki(dir.path());
+        let c = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}transport: {{kind: grpc, endpoint: \"https://gw.plant:7443\", caFile: {}, certFile: {}, keyFile: {}}}\n",
+            ca.display(),
+            cert.display(),
+            key.display()
+        ))
+        .unwrap();
+        let tls = c.transport_tls.unwrap();
+        assert_eq!(tls.ca_pem, std::fs::read(&ca).unwrap());
+        let client = tls.client.unwrap();
+        assert_eq!(client.key_pem, std::fs::read(&key).unwrap());
+        assert!(
+            !format!("{client:?}").contains("PRIVATE"),
+            "key not in Debug"
+        );
+        // Server-authenticated TLS only: a CA without a client certificate.
+        let c = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}transport: {{kind: grpc, endpoint: \"https://gw:7443\", caFile: {}}}\n",
+            ca.display()
+        ))
+        .unwrap();
+        assert_eq!(c.transport_tls.unwrap().client, None);
+        // Plain gRPC has no TLS material.
+        let c = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}transport: {{kind: grpc, endpoint: \"http://gw:7443\"}}\n"
+        ))
+        .unwrap();
+        assert_eq!(c.transport_tls, None);
+    }
+
+    #[test]
+    fn grpc_tls_errors_name_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki(dir.path());
+        let missing = dir.path().join("missing.crt");
+        let (ca, cert, key, missing) = (
+            ca.display().to_string(),
+            cert.display().to_string(),
+            key.display().to_string(),
+            missing.display().to_string(),
+        );
+        let https = "kind: grpc, endpoint: \"https://gw:7443\"";
+        let cases = [
+            (format!("{{{https}}}"), "transport.caFile", "required"),
+            (
+                format!("{{{https}, caFile: {ca}, certFile: {cert}}}"),
+                "transport.keyFile",
+                "required",
+            ),
+            (
+                format!("{{{https}, caFile: {ca}, keyFile: {key}}}"),
+                "transport.certFile",
+                "required",
+            ),
+            (
+                format!("{{kind: grpc, endpoint: \"http://gw:7443\", caFile: {ca}}}"),
+                "transport.caFile",
+                "https://",
+            ),
+            (
+                format!(
+                    "{{kind: grpc, endpoint: \"http://gw:7443\", certFile: {cert}, keyFile: {key}}}"
+                ),
+                "transport.certFile",
+                "https://",
+            ),
+            (
+                format!("{{kind: mqtt, endpoint: \"mqtt://b\", caFile: {ca}}}"),
+                "transport.caFile",
+                "kind: grpc",
+            ),
+            (
+                format!("{{{https}, caFile: {missing}}}"),
+                "transport.caFile",
+                "reading",
+            ),
+            (
+                format!("{{{https}, caFile: {key}}}"),
+                "transport.caFile",
+                "no PEM CERTIFICATE",
+            ),
+            (
+                format!("{{{https}, caFile: {ca}, certFile: {key}, keyFile: {key}}}"),
+                "transport.certFile",
+                "no PEM CERTIFICATE",
+            ),
+            (
+                format!("{{{https}, caFile: {ca}, certFile: {cert}, keyFile: {cert}}}"),
+                "transport.keyFile",
+                "private key",
+            ),
+        ];
+        for (transport, field, words) in cases {
+            let err = AgentConfig::from_yaml(&format!("{MINIMAL}transport: {transport}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with(&format!("{field}: ")) && err.contains(words),
+                "{transport}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -241,8 +241,16 @@ impl Agent {
                 endpoint,
                 keepalive,
             }) => {
-                let mut options = edgebeat_transports::grpc::GrpcUplinkOptions::new(endpoint);
+                use edgebeat_transports::grpc::{GrpcClientTls, GrpcUplinkOptions, TlsIdentity};
+                let mut options = GrpcUplinkOptions::new(endpoint);
                 options.keepalive = keepalive;
+                options.tls = self.config.transport_tls.clone().map(|tls| GrpcClientTls {
+                    ca_pem: tls.ca_pem,
+                    client_identity: tls.client.map(|c| TlsIdentity {
+                        cert_pem: c.cert_pem,
+                        key_pem: c.key_pem,
+                    }),
+                });
                 let cancel = cancel.clone();
                 Box::pin(async move {
                     edgebeat_transports::grpc::run_uplink(options, register, driver, cancel)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use edgebeat_gateway::{Gateway, GatewayOptions, kube_client};
-use edgebeat_transports::grpc::{GrpcServerOptions, serve};
+use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, serve, tls};
 use edgebeat_transports::mqtt::{MqttIngressOptions, serve as mqtt_serve};
 
 /// Receives edgebeat heartbeats and writes Node status and Leases to Kubernetes.
@@ -19,6 +19,30 @@ struct Args {
     /// Address of the gRPC listener.
     #[arg(long, default_value = "0.0.0.0:7443")]
     grpc_listen: SocketAddr,
+    /// PEM certificate chain of the gRPC listener (with --grpc-tls-key): serve gRPC over TLS.
+    /// Read once at start; restart to rotate.
+    #[arg(long, value_name = "FILE", requires = "grpc_tls_key")]
+    grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key of --grpc-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
+    grpc_tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) agents' client certificates must chain to (mTLS; needs
+    /// --grpc-tls-cert). The node name is taken from the certificate (CN=system:node:<name>,
+    /// O=system:nodes) and an agent may only speak for that node.
+    #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
+    grpc_client_ca: Option<PathBuf>,
+    /// Refuse gRPC streams without a node identity (UNAUTHENTICATED, counted as rejected).
+    /// Default: true with --grpc-client-ca, false without. `--require-node-identity=false`
+    /// with a client CA lets agents without a certificate in (unchecked), e.g. while a fleet
+    /// moves to mTLS; a certificate that is presented must still be a node's.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    require_node_identity: Option<bool>,
     /// Address serving /healthz, /readyz (gRPC serving and, with --mqtt-endpoint, the MQTT
     /// shared subscription granted) and Prometheus /metrics.
     #[arg(long, default_value = "0.0.0.0:9102")]
@@ -71,6 +95,9 @@ async fn main() -> anyhow::Result<()> {
         .with(tracing_subscriber::fmt::layer())
         .with(filter)
         .init();
+    // rustls on ring for every TLS user in the process (gRPC server, kube client).
+    tls::install_ring_provider();
+    let grpc_options = grpc_server_options(&args)?;
 
     let config = match (&args.server, &args.kubeconfig) {
         (Some(url), _) => {
@@ -157,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
         let grpc = serve(
             listener,
             gateway,
-            GrpcServerOptions::default(),
+            grpc_options,
             stop.clone().cancelled_owned(),
         );
         // The listener is bound and tonic accepts from the moment it is polled.
@@ -193,6 +220,56 @@ async fn main() -> anyhow::Result<()> {
         tracing::warn!(%error, "observe server failed");
     }
     Ok(())
+}
+
+/// The gRPC server's options from the TLS flags: files read and checked now, so a bad file
+/// stops the gateway at start with the flag named.
+fn grpc_server_options(args: &Args) -> anyhow::Result<GrpcServerOptions> {
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))
+    };
+    let require_node_identity = args
+        .require_node_identity
+        .unwrap_or(args.grpc_client_ca.is_some());
+    if require_node_identity && args.grpc_client_ca.is_none() {
+        anyhow::bail!(
+            "--require-node-identity needs --grpc-client-ca: node identities come from client certificates"
+        );
+    }
+    let tls = match (&args.grpc_tls_cert, &args.grpc_tls_key) {
+        (Some(cert), Some(key)) => {
+            let tls = GrpcServerTls {
+                cert_pem: read("--grpc-tls-cert", cert)?,
+                key_pem: read("--grpc-tls-key", key)?,
+                client_ca_pem: args
+                    .grpc_client_ca
+                    .as_ref()
+                    .map(|ca| read("--grpc-client-ca", ca))
+                    .transpose()?,
+            };
+            tls::parse_certificates(&tls.cert_pem)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("--grpc-tls-cert {}", cert.display()))?;
+            tls::parse_private_key(&tls.key_pem)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("--grpc-tls-key {}", key.display()))?;
+            tls.check()
+                .map_err(anyhow::Error::msg)
+                .context("--grpc-tls-cert, --grpc-tls-key, --grpc-client-ca")?;
+            tracing::info!(
+                mtls = tls.client_ca_pem.is_some(),
+                require_node_identity,
+                "gRPC over TLS"
+            );
+            Some(tls)
+        }
+        _ => None,
+    };
+    Ok(GrpcServerOptions {
+        tls,
+        require_node_identity,
+        ..GrpcServerOptions::default()
+    })
 }
 
 /// `/readyz`: not shutting down, the gRPC server running, and (with MQTT) the shared
@@ -245,5 +322,70 @@ async fn shutdown_signal() {
         }
     } else {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("edgebeat-gateway").chain(flags.iter().copied()))
+    }
+
+    #[test]
+    fn tls_flags_go_together() {
+        assert!(parse(&["--grpc-tls-cert", "c.pem"]).is_err());
+        assert!(parse(&["--grpc-tls-key", "k.pem"]).is_err());
+        assert!(parse(&["--grpc-client-ca", "ca.pem"]).is_err());
+        let args = parse(&[
+            "--grpc-tls-cert",
+            "c.pem",
+            "--grpc-tls-key",
+            "k.pem",
+            "--grpc-client-ca",
+            "ca.pem",
+        ])
+        .unwrap();
+        assert_eq!(args.require_node_identity, None);
+    }
+
+    #[test]
+    fn node_identity_is_required_by_default_only_with_a_client_ca() {
+        let plain = grpc_server_options(&parse(&[]).unwrap()).unwrap();
+        assert!(plain.tls.is_none() && !plain.require_node_identity);
+        assert_eq!(
+            parse(&["--require-node-identity"])
+                .unwrap()
+                .require_node_identity,
+            Some(true)
+        );
+        assert_eq!(
+            parse(&["--require-node-identity=false"])
+                .unwrap()
+                .require_node_identity,
+            Some(false)
+        );
+        let err = grpc_server_options(&parse(&["--require-node-identity"]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--grpc-client-ca"), "{err}");
+        let err = grpc_server_options(
+            &parse(&[
+                "--grpc-tls-cert",
+                "/nonexistent/c.pem",
+                "--grpc-tls-key",
+                "/nonexistent/k.pem",
+            ])
+            .unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("--grpc-tls-cert /nonexistent/c.pem"),
+            "{err}"
+        );
     }
 }

@@ -47,10 +47,12 @@ pub struct Cluster {
     pub broker: Option<Broker>,
     /// Gateway replicas by index; `None` once stopped. gRPC has only replica 0.
     pub replicas: Vec<Option<Replica>>,
-    /// `http://127.0.0.1:PORT` of the gateway's gRPC listener.
+    /// `http://127.0.0.1:PORT` of the gateway's gRPC listener (`https://` with TLS).
     pub grpc_url: String,
     /// Transport the agents use.
     pub transport: Transport,
+    /// gRPC server options every replica is started with (TLS, node identity).
+    grpc_options: GrpcServerOptions,
 }
 
 /// A running in-process agent.
@@ -156,13 +158,39 @@ impl Cluster {
         options: GatewayOptions,
         port: u16,
     ) -> anyhow::Result<Self> {
+        Self::start_inner(transport, options, port, GrpcServerOptions::default()).await
+    }
+
+    /// A gRPC cluster whose gateway serves with `grpc` options, e.g. TLS with a client CA
+    /// (mTLS) and `require_node_identity`; [`Cluster::grpc_url`] is then `https://`.
+    /// Agents need [`AgentConfig::transport_tls`] set to connect.
+    ///
+    /// Errors: binding or client construction failures.
+    pub async fn start_grpc_with(
+        grpc: GrpcServerOptions,
+        options: GatewayOptions,
+    ) -> anyhow::Result<Self> {
+        Self::start_inner(Transport::Grpc, options, 0, grpc).await
+    }
+
+    async fn start_inner(
+        transport: Transport,
+        options: GatewayOptions,
+        port: u16,
+        grpc_options: GrpcServerOptions,
+    ) -> anyhow::Result<Self> {
         init_test_logging();
         let standin_listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
             .with_context(|| format!("binding 127.0.0.1:{port}"))?;
         let standin = StandIn::serve(standin_listener, std::future::pending()).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let grpc_url = format!("http://{}", listener.local_addr()?);
+        let scheme = if grpc_options.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let grpc_url = format!("{scheme}://{}", listener.local_addr()?);
         let broker = match transport {
             Transport::Grpc => None,
             Transport::Mqtt => Some(Broker::start().await?),
@@ -173,6 +201,7 @@ impl Cluster {
             replicas: Vec::new(),
             grpc_url,
             transport,
+            grpc_options,
         };
         cluster.start_replica_on(options, Some(listener)).await?;
         Ok(cluster)
@@ -200,7 +229,11 @@ impl Cluster {
     pub async fn start_replica(&mut self, options: GatewayOptions) -> anyhow::Result<usize> {
         let listener = match self.transport {
             Transport::Grpc => {
-                let addr = self.grpc_url.trim_start_matches("http://").to_owned();
+                let addr = self
+                    .grpc_url
+                    .split_once("://")
+                    .map_or(self.grpc_url.as_str(), |(_, addr)| addr)
+                    .to_owned();
                 Some(
                     tokio::net::TcpListener::bind(&addr)
                         .await
@@ -225,14 +258,10 @@ impl Cluster {
         let mut tasks = Vec::new();
         if let Some(listener) = listener {
             let (handler, stop) = (gateway.clone(), cancel.clone());
+            let grpc_options = self.grpc_options.clone();
             tasks.push(tokio::spawn(async move {
-                if let Err(error) = serve(
-                    listener,
-                    handler,
-                    GrpcServerOptions::default(),
-                    stop.cancelled_owned(),
-                )
-                .await
+                if let Err(error) =
+                    serve(listener, handler, grpc_options, stop.cancelled_owned()).await
                 {
                     tracing::error!(%error, "gRPC server failed");
                 }

@@ -170,7 +170,9 @@ async fn replicas_split_the_fleet_write_each_renewal_once_and_survive_a_loss() {
         );
     }
     // Exactly once: every renewal the gateways counted as written is one successful PUT
-    // or the initial create, and no write was repeated.
+    // or the initial create, and no write was repeated. The one exception is the write the
+    // killed replica had in flight when it stopped: the apiserver took it, the replica never
+    // counted it.
     let written = a.counters.lease_renewals.load(Ordering::Relaxed)
         + b.counters.lease_renewals.load(Ordering::Relaxed);
     let puts_and_creates = requests
@@ -181,9 +183,9 @@ async fn replicas_split_the_fleet_write_each_renewal_once_and_survive_a_loss() {
                 && (r.status == 200 || r.status == 201)
         })
         .count() as u64;
-    assert_eq!(
-        written, puts_and_creates,
-        "each renewal written exactly once"
+    assert!(
+        puts_and_creates >= written && puts_and_creates <= written + 1,
+        "each renewal written exactly once: {written} counted, {puts_and_creates} written"
     );
     let lease_gets = requests
         .iter()

@@ -6,6 +6,12 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
+#[cfg(feature = "grpc-tls")]
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+
+use super::tls::GrpcClientTls;
+#[cfg(feature = "grpc-tls")]
+use super::tls::{self};
 
 use crate::uplink::{
     AfterAck, RegisterFn, Session, UplinkDriver, UplinkError, reconnect_backoff,
@@ -15,8 +21,13 @@ use crate::uplink::{
 /// Settings of the agent's gRPC uplink.
 #[derive(Debug, Clone)]
 pub struct GrpcUplinkOptions {
-    /// Gateway URL, `http://host:port` (or `https://` once TLS is configured).
+    /// Gateway URL: `http://host:port`, or `https://host:port` with [`Self::tls`] set.
     pub endpoint: String,
+    /// TLS for an `https://` endpoint (required there, refused with `http://`; needs
+    /// feature `grpc-tls`): the CA to verify the gateway against (server name = the URL's
+    /// host) and, for mTLS, the node's client certificate. Read once; rotating certificates
+    /// means restarting the uplink.
+    pub tls: Option<GrpcClientTls>,
     /// Interval of HTTP/2 keepalive pings, also sent while idle (default 30 s).
     pub keepalive: Duration,
     /// Time to wait for a ping's answer before the connection counts as dead (default 10 s).
@@ -34,6 +45,7 @@ impl GrpcUplinkOptions {
     pub fn new(endpoint: impl Into<String>) -> Self {
         Self {
             endpoint: endpoint.into(),
+            tls: None,
             keepalive: super::DEFAULT_KEEPALIVE,
             keepalive_timeout: super::DEFAULT_KEEPALIVE_TIMEOUT,
             connect_timeout: Duration::from_secs(10),
@@ -54,6 +66,15 @@ pub enum GrpcUplinkError {
         /// tonic's reason.
         source: tonic::transport::Error,
     },
+    /// The TLS settings do not fit the endpoint (`https://` without them, `http://` with
+    /// them) or the PEM material is unusable.
+    #[error("gRPC TLS for {endpoint:?}: {message}")]
+    Tls {
+        /// The endpoint.
+        endpoint: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 enum SessionEnd {
@@ -72,7 +93,8 @@ enum SessionEnd {
 /// (jittered exponential backoff from `backoff_min` to `backoff_max`), requests are refused
 /// with [`UplinkError::NotConnected`] rather than queued.
 ///
-/// Errors: [`GrpcUplinkError::Endpoint`] when the endpoint URL is invalid (checked before
+/// Errors: [`GrpcUplinkError::Endpoint`] when the endpoint URL is invalid,
+/// [`GrpcUplinkError::Tls`] when the TLS settings do not fit it (both checked before
 /// connecting).
 pub async fn run_uplink(
     options: GrpcUplinkOptions,
@@ -91,6 +113,7 @@ pub async fn run_uplink(
         .keep_alive_while_idle(true)
         .tcp_nodelay(true)
         .tcp_keepalive(Some(options.keepalive));
+    let endpoint = with_tls(endpoint, &options)?;
     let mut backoff = reconnect_backoff(options.backoff_min, options.backoff_max);
     loop {
         match session(&endpoint, &register, &mut driver, &cancel).await {
@@ -109,6 +132,83 @@ pub async fn run_uplink(
     }
 }
 
+/// Applies [`GrpcUplinkOptions::tls`] to `endpoint`: the CA, the client identity, and the
+/// URL's host as the server name checked against the gateway's certificate.
+fn with_tls(endpoint: Endpoint, options: &GrpcUplinkOptions) -> Result<Endpoint, GrpcUplinkError> {
+    let error = |message: String| GrpcUplinkError::Tls {
+        endpoint: options.endpoint.clone(),
+        message,
+    };
+    let https = endpoint.uri().scheme_str() == Some("https");
+    let tls = match (&options.tls, https) {
+        (None, false) => return Ok(endpoint),
+        (None, true) => {
+            return Err(error(
+                "an https:// endpoint needs TLS settings (at least the CA that signed the gateway's certificate)".into(),
+            ));
+        }
+        (Some(_), false) => {
+            return Err(error(
+                "TLS settings are given but the endpoint is not https://".into(),
+            ));
+        }
+        (Some(tls), true) => tls,
+    };
+    #[cfg(not(feature = "grpc-tls"))]
+    {
+        let _ = (endpoint, tls);
+        Err(error(
+            "this build has no TLS support (edgebeat-transports feature grpc-tls; the agent's feature tls)".into(),
+        ))
+    }
+    #[cfg(feature = "grpc-tls")]
+    with_tls_config(endpoint, tls, options.connect_timeout).map_err(error)
+}
+
+/// The TLS part of [`with_tls`]. Errors: what is unusable, for [`GrpcUplinkError::Tls`].
+#[cfg(feature = "grpc-tls")]
+fn with_tls_config(
+    endpoint: Endpoint,
+    tls: &GrpcClientTls,
+    connect_timeout: Duration,
+) -> Result<Endpoint, String> {
+    tls::install_ring_provider();
+    let host = endpoint
+        .uri()
+        .host()
+        .ok_or_else(|| "the endpoint has no host".to_owned())?;
+    // `Uri::host` keeps an IPv6 literal's brackets; the server name is the bare address.
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    // Checked here so a bad file is named precisely instead of as tonic's parse error.
+    tls::parse_certificates(&tls.ca_pem).map_err(|e| format!("CA: {e}"))?;
+    let mut config = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+        .domain_name(host)
+        .timeout(connect_timeout.min(super::TLS_HANDSHAKE_TIMEOUT));
+    if let Some(identity) = &tls.client_identity {
+        tls::parse_certificates(&identity.cert_pem)
+            .map_err(|e| format!("client certificate: {e}"))?;
+        tls::parse_private_key(&identity.key_pem).map_err(|e| format!("client key: {e}"))?;
+        config = config.identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem));
+    }
+    endpoint.tls_config(config).map_err(|e| error_chain(&e))
+}
+
+/// `error: cause: cause…`, since tonic's transport error alone says only "transport error".
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 async fn session(
     endpoint: &Endpoint,
     register: &RegisterFn,
@@ -124,7 +224,8 @@ async fn session(
             result = &mut connect => match result {
                 Ok(channel) => break channel,
                 Err(error) => {
-                    tracing::warn!(%error, "gRPC connect failed");
+                    // The chain carries the TLS reason (unknown CA, expired, name mismatch).
+                    tracing::warn!(error = %error_chain(&error), "gRPC connect failed");
                     return SessionEnd::Failed { registered: false };
                 }
             },
@@ -199,4 +300,66 @@ async fn send_register(
     // A full channel or closed stream shows up as a broken stream in the caller's loop.
     let _ = out.send(message).await;
     seq
+}
+
+#[cfg(all(test, feature = "grpc-tls"))]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::grpc::TlsIdentity;
+
+    fn ca_pem() -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).unwrap().pem().into_bytes()
+    }
+
+    fn options(endpoint: &str, tls: Option<GrpcClientTls>) -> GrpcUplinkOptions {
+        let mut options = GrpcUplinkOptions::new(endpoint);
+        options.tls = tls;
+        options
+    }
+
+    fn check(options: &GrpcUplinkOptions) -> Result<Endpoint, GrpcUplinkError> {
+        with_tls(
+            Endpoint::from_shared(options.endpoint.clone()).unwrap(),
+            options,
+        )
+    }
+
+    #[test]
+    fn tls_settings_must_fit_the_scheme() {
+        let tls = GrpcClientTls {
+            ca_pem: ca_pem(),
+            client_identity: None,
+        };
+        check(&options("http://gw:7443", None)).unwrap();
+        check(&options("https://gw:7443", Some(tls.clone()))).unwrap();
+        check(&options("https://[::1]:7443", Some(tls.clone()))).unwrap();
+        let err = check(&options("https://gw:7443", None)).unwrap_err();
+        assert!(err.to_string().contains("needs TLS settings"), "{err}");
+        let err = check(&options("http://gw:7443", Some(tls))).unwrap_err();
+        assert!(err.to_string().contains("not https://"), "{err}");
+    }
+
+    #[test]
+    fn unusable_pem_is_named() {
+        let bad_ca = GrpcClientTls {
+            ca_pem: b"not pem".to_vec(),
+            client_identity: None,
+        };
+        let err = check(&options("https://gw:7443", Some(bad_ca))).unwrap_err();
+        assert!(err.to_string().contains("CA: "), "{err}");
+        let bad_key = GrpcClientTls {
+            ca_pem: ca_pem(),
+            client_identity: Some(TlsIdentity {
+                cert_pem: ca_pem(),
+                key_pem: b"-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n".to_vec(),
+            }),
+        };
+        let err = check(&options("https://gw:7443", Some(bad_key))).unwrap_err();
+        assert!(err.to_string().contains("client key: "), "{err}");
+    }
 }

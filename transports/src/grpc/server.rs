@@ -5,9 +5,11 @@ use edgebeat_proto::heartbeat_server::{Heartbeat, HeartbeatServer};
 use edgebeat_proto::{AgentMessage, GatewayMessage, MAX_AGENT_MESSAGE_BYTES, gateway_message};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::tls::{self, GrpcServerTls};
 use crate::ingress::{Handler, Peer, TransportKind};
 
 /// Settings of the gateway's gRPC server.
@@ -21,6 +23,18 @@ pub struct GrpcServerOptions {
     /// [`MAX_AGENT_MESSAGE_BYTES`], 64 KiB); larger ones end that agent's stream with
     /// `RESOURCE_EXHAUSTED` and are counted through [`Handler::rejected`].
     pub max_message_bytes: usize,
+    /// TLS (default off: plain HTTP/2). With a client CA the transport sets
+    /// [`Peer::identity`] from the client certificate's node identity; a certificate
+    /// without one (CN=`system:node:<name>`, O=`system:nodes`) has its stream refused with
+    /// `UNAUTHENTICATED`, counted through [`Handler::rejected`].
+    pub tls: Option<GrpcServerTls>,
+    /// Refuse every stream that has no node identity, with `UNAUTHENTICATED` counted through
+    /// [`Handler::rejected`] (default false). With a client CA this also makes the client
+    /// certificate mandatory in the handshake; with it off, clients without a certificate
+    /// are let in with `identity: None` (e.g. while a fleet moves to mTLS), but one that
+    /// presents a certificate must still present a node identity. Without a client CA, no
+    /// stream can have an identity, so turning it on refuses everything.
+    pub require_node_identity: bool,
 }
 
 impl Default for GrpcServerOptions {
@@ -29,12 +43,17 @@ impl Default for GrpcServerOptions {
             keepalive: super::DEFAULT_KEEPALIVE,
             keepalive_timeout: super::DEFAULT_KEEPALIVE_TIMEOUT,
             max_message_bytes: MAX_AGENT_MESSAGE_BYTES,
+            tls: None,
+            require_node_identity: false,
         }
     }
 }
 
 struct Service<H> {
     handler: Arc<H>,
+    /// Client certificates are verified against a CA, so the leaf names a node.
+    client_ca: bool,
+    require_node_identity: bool,
     /// Fires at shutdown so open streams end and tonic's graceful shutdown can finish.
     closing: tokio_util::sync::CancellationToken,
 }
@@ -47,11 +66,22 @@ impl<H: Handler> Heartbeat for Service<H> {
         &self,
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        let peer = Peer {
+        let mut peer = Peer {
             transport: TransportKind::Grpc,
             remote: request.remote_addr(),
             identity: None,
         };
+        match self.authenticate(&request) {
+            Ok(identity) => peer.identity = identity,
+            Err(reason) => {
+                // Refused before any message is read: nothing from this stream reaches the
+                // handler, and the agent sees UNAUTHENTICATED (its own fault, not the link).
+                self.handler.rejected(&peer, &reason);
+                tracing::warn!(remote = ?peer.remote, %reason, "gRPC stream refused: unauthenticated");
+                return Err(Status::unauthenticated(reason));
+            }
+        }
+        tracing::debug!(remote = ?peer.remote, identity = ?peer.identity, "gRPC stream opened");
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(8);
         let handler = self.handler.clone();
@@ -89,12 +119,42 @@ impl<H: Handler> Heartbeat for Service<H> {
     }
 }
 
+impl<H> Service<H> {
+    /// The node identity of the stream's client certificate: `Ok(Some(name))`, `Ok(None)`
+    /// when there is no certificate and none is required, or the reason to refuse.
+    fn authenticate<T>(&self, request: &Request<T>) -> Result<Option<String>, String> {
+        let leaf = if self.client_ca {
+            request
+                .peer_certs()
+                .and_then(|chain| chain.first().map(|c| c.as_ref().to_vec()))
+        } else {
+            None
+        };
+        match leaf {
+            // A presented certificate chains to the client CA (rustls checked it); it must
+            // also say which node it is, whether or not identity is required.
+            Some(der) => tls::node_identity(&der).map(Some),
+            None if self.require_node_identity => Err(format!(
+                "a client certificate with a node identity is required (CN={}<nodeName>, O={})",
+                tls::NODE_USER_PREFIX,
+                tls::NODES_GROUP
+            )),
+            None => Ok(None),
+        }
+    }
+}
+
 /// Serves the `edgebeat.v1.Heartbeat` gRPC service on `listener` until `shutdown`
 /// resolves, handing every decoded message to `handler`. At shutdown every open stream is
 /// ended (agents reconnect elsewhere) and the call returns once connections have closed.
 ///
+/// With [`GrpcServerOptions::tls`], connections are TLS (rustls on ring); a failed
+/// handshake (no certificate, unknown CA, expired) closes that connection inside tonic
+/// before any request, so it never reaches `handler`.
+///
 /// Takes the listener (not an address) so callers bind port 0 in tests. Errors: the
-/// transport error tonic reports when serving fails (listener broken).
+/// transport error tonic reports when serving fails (listener broken) or when the TLS
+/// material is unusable (check it first with [`GrpcServerTls::check`]).
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
@@ -102,8 +162,14 @@ pub async fn serve<H: Handler>(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let closing = tokio_util::sync::CancellationToken::new();
+    let client_ca = options
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.client_ca_pem.is_some());
     let service = HeartbeatServer::new(Service {
         handler,
+        client_ca,
+        require_node_identity: options.require_node_identity,
         closing: closing.clone(),
     })
     .max_decoding_message_size(options.max_message_bytes);
@@ -111,11 +177,29 @@ pub async fn serve<H: Handler>(
         shutdown.await;
         closing.cancel();
     };
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(options.keepalive))
-        .http2_keepalive_timeout(Some(options.keepalive_timeout))
-        .tcp_nodelay(true)
+        .http2_keepalive_timeout(Some(options.keepalive_timeout));
+    if let Some(tls) = &options.tls {
+        tls::install_ring_provider();
+        let mut config = ServerTlsConfig::new()
+            .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+            .timeout(super::TLS_HANDSHAKE_TIMEOUT);
+        if let Some(ca) = &tls.client_ca_pem {
+            config = config
+                .client_ca_root(Certificate::from_pem(ca))
+                .client_auth_optional(!options.require_node_identity);
+        }
+        server = server.tls_config(config)?;
+    }
+    server
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        // TCP_NODELAY on the incoming stream itself: `Server::tcp_nodelay` is ignored by
+        // `serve_with_incoming*`, and with Nagle on, small acks (and the TLS handshake's
+        // last flight) can wait for a delayed ACK, ~40 ms on Linux.
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await
 }

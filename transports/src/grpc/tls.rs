@@ -1,0 +1,351 @@
+//! TLS for the gRPC transport: rustls on ring (never aws-lc), PEM material for both sides,
+//! and the kubelet-style node identity carried by an mTLS client certificate.
+//!
+//! The settings types are always here; what uses rustls needs feature `grpc-tls` (always on
+//! with `grpc-ingress`).
+//!
+//! A node's identity is what the apiserver's node authorizer accepts
+//! (`pkg/auth/nodeidentifier/default.go`): user `system:node:<nodeName>` **and** group
+//! `system:nodes`, i.e. a client certificate whose subject has CN=`system:node:<name>` and
+//! O=`system:nodes`. Without the group it is not a node.
+
+use std::fmt;
+
+#[cfg(feature = "grpc-tls")]
+use rustls::pki_types::pem::PemObject as _;
+#[cfg(feature = "grpc-tls")]
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Prefix of a node's user name (the certificate's CN): `system:node:<nodeName>`.
+pub const NODE_USER_PREFIX: &str = "system:node:";
+
+/// The group every node belongs to (the certificate's O).
+pub const NODES_GROUP: &str = "system:nodes";
+
+/// Makes ring the process-wide default rustls [`rustls::crypto::CryptoProvider`], so no
+/// code path picks (or panics choosing between) providers. Idempotent; a provider installed
+/// earlier is left in place.
+#[cfg(feature = "grpc-tls")]
+pub fn install_ring_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A certificate chain and its private key, both PEM (the first certificate is the leaf).
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsIdentity {
+    /// PEM certificate chain, leaf first.
+    pub cert_pem: Vec<u8>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_pem: Vec<u8>,
+}
+
+impl fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsIdentity")
+            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
+            .field("key_pem", &format_args!("<redacted>"))
+            .finish()
+    }
+}
+
+/// TLS settings of the agent's gRPC uplink (an `https://` endpoint).
+#[derive(Clone, PartialEq, Eq)]
+pub struct GrpcClientTls {
+    /// PEM CA certificate(s) the gateway's server certificate must chain to. The server
+    /// name checked is the endpoint URL's host (a DNS name or an IP address SAN).
+    pub ca_pem: Vec<u8>,
+    /// Client certificate and key presented to the gateway (mTLS); for a node identity the
+    /// certificate's subject is CN=`system:node:<nodeName>`, O=`system:nodes`.
+    pub client_identity: Option<TlsIdentity>,
+}
+
+impl fmt::Debug for GrpcClientTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcClientTls")
+            .field("ca_pem", &format_args!("{} bytes", self.ca_pem.len()))
+            .field("client_identity", &self.client_identity)
+            .finish()
+    }
+}
+
+/// TLS settings of the gateway's gRPC server.
+#[derive(Clone, PartialEq, Eq)]
+pub struct GrpcServerTls {
+    /// PEM server certificate chain, leaf first.
+    pub cert_pem: Vec<u8>,
+    /// PEM private key of the server certificate.
+    pub key_pem: Vec<u8>,
+    /// PEM CA certificate(s) client certificates must chain to. With it, clients present a
+    /// certificate (mTLS; optional only when node identity is not required) and the
+    /// transport reads the node identity from it; without it, TLS is server-side only.
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for GrpcServerTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcServerTls")
+            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
+            .field("key_pem", &format_args!("<redacted>"))
+            .field(
+                "client_ca_pem",
+                &self
+                    .client_ca_pem
+                    .as_ref()
+                    .map(|pem| format!("{} bytes", pem.len())),
+            )
+            .finish()
+    }
+}
+
+#[cfg(feature = "grpc-tls")]
+impl GrpcServerTls {
+    /// Checks the material before serving, so a bad file fails at start-up with a precise
+    /// message instead of at the first connection: every PEM parses, the key belongs to the
+    /// certificate, and the client CA (when set) holds at least one usable certificate.
+    ///
+    /// Errors: a message naming the part (`certificate`, `key`, `client CA`).
+    pub fn check(&self) -> Result<(), String> {
+        install_ring_provider();
+        let certs = parse_certificates(&self.cert_pem).map_err(|e| format!("certificate: {e}"))?;
+        let key = parse_private_key(&self.key_pem).map_err(|e| format!("key: {e}"))?;
+        let builder = rustls::ServerConfig::builder();
+        let builder = match &self.client_ca_pem {
+            None => builder.with_no_client_auth(),
+            Some(pem) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in parse_certificates(pem).map_err(|e| format!("client CA: {e}"))? {
+                    roots
+                        .add(cert)
+                        .map_err(|e| format!("client CA: not a usable CA certificate: {e}"))?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder(roots.into())
+                    .build()
+                    .map_err(|e| format!("client CA: {e}"))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        builder
+            .with_single_cert(certs, key)
+            .map_err(|e| format!("certificate and key: {e}"))?;
+        Ok(())
+    }
+}
+
+/// Parses every `CERTIFICATE` block of a PEM file.
+///
+/// Errors: a message when the text is not PEM or holds no certificate.
+#[cfg(feature = "grpc-tls")]
+pub fn parse_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not valid PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err("no PEM CERTIFICATE block found".into());
+    }
+    Ok(certs)
+}
+
+/// Parses the first private key (PKCS#8, PKCS#1 RSA or SEC1 EC) of a PEM file.
+///
+/// Errors: a message when there is none or it is malformed.
+#[cfg(feature = "grpc-tls")]
+pub fn parse_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => {
+            "no PEM PRIVATE KEY block found (PKCS#8, RSA or EC)".to_owned()
+        }
+        other => format!("not a valid PEM private key: {other}"),
+    })
+}
+
+/// The node name a client certificate (DER, the leaf of the verified chain) authenticates:
+/// `<name>` when the subject has exactly one CN, `system:node:<name>` with `<name>` a valid
+/// node name, and an O equal to `system:nodes` (other O values may be present, as other
+/// groups are for the apiserver).
+///
+/// Only identity is read here; chain, validity period and key usage were checked by rustls
+/// during the handshake.
+///
+/// Errors: a short reason (for logs, metrics and the `UNAUTHENTICATED` status) naming what
+/// is missing.
+#[cfg(feature = "grpc-ingress")]
+pub fn node_identity(leaf_der: &[u8]) -> Result<String, String> {
+    use x509_parser::prelude::{FromDer as _, X509Certificate};
+
+    let (_, cert) = X509Certificate::from_der(leaf_der)
+        .map_err(|e| format!("client certificate does not parse: {e}"))?;
+    let subject = cert.subject();
+    let text = |attr: &x509_parser::x509::AttributeTypeAndValue<'_>| {
+        attr.as_str()
+            .map(str::to_owned)
+            .map_err(|_| format!("client certificate subject {subject} has a non-string value"))
+    };
+    let common_names = subject
+        .iter_common_name()
+        .map(text)
+        .collect::<Result<Vec<_>, _>>()?;
+    let [common_name] = common_names.as_slice() else {
+        return Err(format!(
+            "client certificate subject {subject} must have exactly one CN ({NODE_USER_PREFIX}<nodeName>)"
+        ));
+    };
+    let Some(name) = common_name.strip_prefix(NODE_USER_PREFIX) else {
+        return Err(format!(
+            "client certificate CN {common_name:?} is not a node identity ({NODE_USER_PREFIX}<nodeName>)"
+        ));
+    };
+    if !is_node_name(name) {
+        return Err(format!(
+            "client certificate CN {common_name:?} does not name a valid node"
+        ));
+    }
+    let organizations = subject
+        .iter_organization()
+        .map(text)
+        .collect::<Result<Vec<_>, _>>()?;
+    if !organizations.iter().any(|o| o == NODES_GROUP) {
+        return Err(format!(
+            "client certificate for {common_name:?} lacks O={NODES_GROUP} (has {organizations:?}): not a node"
+        ));
+    }
+    Ok(name.to_owned())
+}
+
+/// A Node name as the apiserver validates it: a DNS-1123 subdomain.
+#[cfg(feature = "grpc-ingress")]
+fn is_node_name(name: &str) -> bool {
+    let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.';
+    let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    !name.is_empty()
+        && name.len() <= 253
+        && name.bytes().all(ok)
+        && edge(name.as_bytes().first())
+        && edge(name.as_bytes().last())
+}
+
+#[cfg(all(test, feature = "grpc-ingress"))]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use rcgen::{CertificateParams, DnType, KeyPair};
+
+    use super::*;
+
+    fn cert(subject: &[(DnType, &str)]) -> Vec<u8> {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        for (ty, value) in subject {
+            params.distinguished_name.push(ty.clone(), *value);
+        }
+        let key = KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn node_certificate_yields_the_node_name() {
+        let der = cert(&[
+            (DnType::OrganizationName, "system:nodes"),
+            (DnType::CommonName, "system:node:edge-01.plant-3"),
+        ]);
+        assert_eq!(node_identity(&der).unwrap(), "edge-01.plant-3");
+    }
+
+    #[test]
+    fn certificates_that_are_not_nodes_are_refused_with_a_reason() {
+        let cases = [
+            (
+                vec![(DnType::CommonName, "system:node:edge-01")],
+                "lacks O=system:nodes",
+            ),
+            (
+                vec![
+                    (DnType::OrganizationName, "system:masters"),
+                    (DnType::CommonName, "system:node:edge-01"),
+                ],
+                "lacks O=system:nodes",
+            ),
+            (
+                vec![
+                    (DnType::OrganizationName, "system:nodes"),
+                    (DnType::CommonName, "edge-01"),
+                ],
+                "not a node identity",
+            ),
+            (
+                vec![
+                    (DnType::OrganizationName, "system:nodes"),
+                    (DnType::CommonName, "system:node:"),
+                ],
+                "valid node",
+            ),
+            (
+                vec![
+                    (DnType::OrganizationName, "system:nodes"),
+                    (DnType::CommonName, "system:node:Edge_01"),
+                ],
+                "valid node",
+            ),
+            (
+                vec![(DnType::OrganizationName, "system:nodes")],
+                "exactly one CN",
+            ),
+        ];
+        for (subject, expected) in cases {
+            let err = node_identity(&cert(&subject)).unwrap_err();
+            assert!(err.contains(expected), "{subject:?}: {err}");
+        }
+        assert!(node_identity(b"not DER").is_err());
+    }
+
+    #[test]
+    fn server_material_is_checked_before_serving() {
+        let key = KeyPair::generate().unwrap();
+        let params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        let good = GrpcServerTls {
+            cert_pem: params.self_signed(&key).unwrap().pem().into_bytes(),
+            key_pem: key.serialize_pem().into_bytes(),
+            client_ca_pem: None,
+        };
+        good.check().unwrap();
+        let other_key = KeyPair::generate().unwrap();
+        let cases = [
+            (
+                GrpcServerTls {
+                    cert_pem: b"junk".to_vec(),
+                    ..good.clone()
+                },
+                "certificate: ",
+            ),
+            (
+                GrpcServerTls {
+                    key_pem: good.cert_pem.clone(),
+                    ..good.clone()
+                },
+                "key: ",
+            ),
+            (
+                GrpcServerTls {
+                    key_pem: other_key.serialize_pem().into_bytes(),
+                    ..good.clone()
+                },
+                "certificate and key: ",
+            ),
+            (
+                GrpcServerTls {
+                    client_ca_pem: Some(b"".to_vec()),
+                    ..good.clone()
+                },
+                "client CA: ",
+            ),
+        ];
+        for (tls, prefix) in cases {
+            let err = tls.check().unwrap_err();
+            assert!(err.starts_with(prefix), "{err}");
+        }
+        let debug = format!("{good:?}");
+        assert!(
+            debug.contains("<redacted>") && !debug.contains("PRIVATE"),
+            "{debug}"
+        );
+    }
+}
