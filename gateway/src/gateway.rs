@@ -1038,7 +1038,7 @@ impl Handler for Gateway {
 
     fn rejected(&self, peer: &Peer, reason: &str) {
         self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, reason, "undecodable message rejected");
+        tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, reason, "message refused by the transport (undecodable, oversized or unauthenticated)");
     }
 }
 
