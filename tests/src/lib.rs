@@ -4,9 +4,11 @@
 //!   not a kube-apiserver: see its module docs for what it does and does not do.
 //! - [`harness`]: starts the stand-in, a gateway and in-process agents for end-to-end tests
 //!   and the demo.
+//! - [`messages`]: hand-built `edgebeat.v1` messages for direct gateway tests.
 //! - [`requests`]: which recorded stand-in request is which kubelet call.
 
 pub mod broker;
 pub mod harness;
+pub mod messages;
 pub mod requests;
 pub mod standin;

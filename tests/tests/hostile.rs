@@ -9,57 +9,13 @@ use std::time::Duration;
 use edgebeat_gateway::GatewayOptions;
 use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
 use edgebeat_tests::harness::{Cluster, Transport, fixture};
+use edgebeat_tests::messages::{register, renewal};
 use edgebeat_transports::grpc::{GrpcUplinkOptions, run_uplink};
 use edgebeat_transports::uplink::{Uplink, channel};
 use http::Method;
 use tokio_util::sync::CancellationToken;
 
 const T: Duration = Duration::from_secs(10);
-const BOOT: &str = "0f8fad5b-d9cb-469f-a165-70867728950e";
-
-fn header(node: &str, seq: u64) -> pb::Header {
-    pb::Header {
-        node_name: node.into(),
-        boot_id: pb::boot_id_to_bytes(BOOT),
-        seq,
-        wall_time_ms: 0,
-    }
-}
-
-fn register(node: &str, seq: u64) -> pb::AgentMessage {
-    let status = pb::NodeStatus {
-        capacity: [("cpu".to_owned(), "1".to_owned())].into(),
-        conditions: vec![pb::NodeCondition {
-            r#type: "Ready".into(),
-            status: "True".into(),
-            reason: "KubeletReady".into(),
-            message: "kubelet is posting ready status".into(),
-            seconds_since_transition: 0,
-        }],
-        node_info: Some(pb::NodeSystemInfo {
-            boot_id: BOOT.into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    pb::AgentMessage {
-        kind: Some(Kind::Register(pb::Register {
-            header: Some(header(node, seq)),
-            status: Some(status),
-            ..Default::default()
-        })),
-    }
-}
-
-fn renewal(node: &str, seq: u64) -> pb::AgentMessage {
-    pb::AgentMessage {
-        kind: Some(Kind::Lease(pb::LeaseRenewal {
-            header: Some(header(node, seq)),
-            lease_duration_seconds: 40,
-            lease_state: Vec::new(),
-        })),
-    }
-}
 
 /// A hand-driven uplink: registers `node` with `seq` on connect, then sends what the test says.
 async fn raw_uplink(

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use edgebeat_agent::AgentConfig;
 use edgebeat_agent::config::{ClientCertificate, TransportTls};
 use edgebeat_gateway::GatewayOptions;
-use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
+use edgebeat_proto::{self as pb, AckCode};
 use edgebeat_tests::harness::{Cluster, fixture};
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls};
 use rcgen::{
@@ -173,33 +173,7 @@ async fn wait_for(what: &str, deadline: Duration, condition: impl Fn() -> bool) 
 }
 
 fn register(node: &str) -> pb::AgentMessage {
-    const BOOT: &str = "6a1f0c3e-2b7d-4e58-9a41-c0d2e3f4a5b6";
-    pb::AgentMessage {
-        kind: Some(Kind::Register(pb::Register {
-            header: Some(pb::Header {
-                node_name: node.into(),
-                boot_id: pb::boot_id_to_bytes(BOOT),
-                seq: 1,
-                wall_time_ms: 0,
-            }),
-            status: Some(pb::NodeStatus {
-                capacity: [("cpu".to_owned(), "1".to_owned())].into(),
-                conditions: vec![pb::NodeCondition {
-                    r#type: "Ready".into(),
-                    status: "True".into(),
-                    reason: "KubeletReady".into(),
-                    message: "kubelet is posting ready status".into(),
-                    seconds_since_transition: 0,
-                }],
-                node_info: Some(pb::NodeSystemInfo {
-                    boot_id: BOOT.into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })),
-    }
+    edgebeat_tests::messages::register(node, 1)
 }
 
 /// `error: cause: cause…`.
