@@ -252,15 +252,8 @@ async fn conflict_leads_to_one_get_and_recovery(transport: Transport) {
     let agent = cluster
         .start_agent(cluster.agent_config("rpi4-edge-01", &fixture("rpi4-cgroup1")))
         .unwrap();
-    let put_ok = |v: &edgebeat_tests::standin::StandInView<'_>| {
-        v.requests()
-            .iter()
-            .filter(|r| is_lease_put(r, "rpi4-edge-01") && r.status == 200)
-            .count()
-    };
     cluster
-        .standin
-        .wait_until(DEADLINE, "first renewals", |v| put_ok(v) >= 2)
+        .wait_for_renewals("rpi4-edge-01", 2, DEADLINE)
         .await
         .unwrap();
     let before = cluster.standin.requests().len();
@@ -420,15 +413,8 @@ async fn gateway_restart_costs_no_lease_get(transport: Transport) {
     let agent = cluster
         .start_agent(cluster.agent_config("jetson-07", &fixture("jetson-cgroup2")))
         .unwrap();
-    let puts = |v: &edgebeat_tests::standin::StandInView<'_>| {
-        v.requests()
-            .iter()
-            .filter(|r| is_lease_put(r, "jetson-07") && r.status == 200)
-            .count()
-    };
     cluster
-        .standin
-        .wait_until(DEADLINE, "renewing", |v| puts(v) >= 2)
+        .wait_for_renewals("jetson-07", 2, DEADLINE)
         .await
         .unwrap();
     cluster
@@ -491,15 +477,8 @@ async fn apiserver_errors_are_retried_with_fresh_renewals(transport: Transport) 
     let agent = cluster
         .start_agent(cluster.agent_config("rpi4-edge-01", &fixture("rpi4-cgroup1")))
         .unwrap();
-    let ok = |v: &edgebeat_tests::standin::StandInView<'_>| {
-        v.requests()
-            .iter()
-            .filter(|r| is_lease_put(r, "rpi4-edge-01") && r.status == 200)
-            .count()
-    };
     cluster
-        .standin
-        .wait_until(DEADLINE, "renewing", |v| ok(v) >= 1)
+        .wait_for_renewals("rpi4-edge-01", 1, DEADLINE)
         .await
         .unwrap();
     cluster.standin.inject(FaultRule::status(

@@ -52,15 +52,8 @@ async fn broker_restart_does_not_let_the_lease_expire() {
     let agent = cluster
         .start_agent(config(&cluster, "rpi4-edge-01", "rpi4-cgroup1"))
         .unwrap();
-    let count = |v: &StandInView<'_>| {
-        v.requests()
-            .iter()
-            .filter(|r| is_lease_renewed(r, "rpi4-edge-01"))
-            .count()
-    };
     cluster
-        .standin
-        .wait_until(DEADLINE, "renewing", |v| count(v) >= 2)
+        .wait_for_renewals("rpi4-edge-01", 2, DEADLINE)
         .await
         .unwrap();
     cluster.broker.as_mut().unwrap().restart().await.unwrap();
@@ -203,15 +196,8 @@ async fn a_gateway_back_from_an_outage_writes_no_stale_renewal() {
     let agent = cluster
         .start_agent(config(&cluster, "jetson-07", "jetson-cgroup2"))
         .unwrap();
-    let count = |v: &StandInView<'_>| {
-        v.requests()
-            .iter()
-            .filter(|r| is_lease_renewed(r, "jetson-07"))
-            .count()
-    };
     cluster
-        .standin
-        .wait_until(DEADLINE, "renewing", |v| count(v) >= 2)
+        .wait_for_renewals("jetson-07", 2, DEADLINE)
         .await
         .unwrap();
     cluster.stop_replica(0).await;
@@ -232,8 +218,7 @@ async fn a_gateway_back_from_an_outage_writes_no_stale_renewal() {
         .await
         .unwrap();
     cluster
-        .standin
-        .wait_until(DEADLINE, "renewing again", |v| count(v) >= 5)
+        .wait_for_renewals("jetson-07", 3, DEADLINE)
         .await
         .unwrap();
     agent.stop().await.unwrap();
