@@ -5,12 +5,14 @@
 //! [`HostFacts`]: identity, capacity, and the eviction signals' inputs. Turning them into a
 //! NodeStatus is the agent's job. The text formats are parsed by pure functions in
 //! [`parse`], table-tested without a host. [`Clock`] puts wall time and boot time behind a
-//! trait tests replace.
+//! trait tests replace. [`read_bounded`] reads operator-named files (configuration, secrets,
+//! PEM) with a size limit, so a wrong path cannot hang or exhaust memory.
 //!
 //! The rules follow `docs/kubelet-heartbeats.md` §3; each item's docs name its upstream
 //! source.
 
 mod arch;
+mod bounded;
 mod clock;
 mod error;
 mod facts;
@@ -19,6 +21,7 @@ mod read;
 mod root;
 
 pub use arch::{go_arch, host_go_arch};
+pub use bounded::{BoundedReadError, read_bounded};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{HwError, ParseError};
 pub use facts::{
