@@ -20,6 +20,7 @@ use tokio::sync::{broadcast, watch};
 
 use super::discovery;
 use super::kinds::{Kind, meta};
+use super::nodeauth::{self, NodeIdentity, Operation};
 use super::query::{Query, Selectors};
 use super::smp;
 use super::status::ApiError;
@@ -181,7 +182,20 @@ async fn handle(
                 target.as_ref().map(|(k, n)| (*k, n.as_str())),
             ))
         }
-        None => dispatch(&shared, &parts.method, &parts.uri, &parts.headers, &body),
+        None => {
+            let node = NodeIdentity::from_impersonation(
+                record.impersonate_user.as_deref(),
+                &record.impersonate_groups,
+            );
+            dispatch(
+                &shared,
+                &parts.method,
+                &parts.uri,
+                &parts.headers,
+                &body,
+                node.as_ref(),
+            )
+        }
     };
     record.status = resp.status().as_u16();
     record.warnings = resp
@@ -357,12 +371,15 @@ fn negotiate(headers: &HeaderMap) -> Result<Render, ApiError> {
     ))
 }
 
+/// Serves one request. `node` is the impersonated node identity, if any: its resource
+/// requests go through the Node authorizer first, and its writes through NodeRestriction.
 fn dispatch(
     shared: &Arc<Shared>,
     method: &Method,
     uri: &http::Uri,
     headers: &HeaderMap,
     body: &Bytes,
+    node: Option<&NodeIdentity>,
 ) -> Response<Body> {
     let r = route(uri.path());
     let get_only = |v: Value| {
@@ -382,7 +399,21 @@ fn dispatch(
         Route::NotFound => error_response(&ApiError::path_not_found()),
         Route::Resource(rp) => {
             let q = Query::parse(uri.query());
-            resource(shared, method, &rp, &q, headers, body).unwrap_or_else(|e| error_response(&e))
+            if let Some(node) = node {
+                let attrs = nodeauth::Attributes::new(
+                    method,
+                    rp.kind,
+                    rp.namespace.as_deref(),
+                    rp.name.as_deref(),
+                    rp.status,
+                    &q,
+                );
+                if let Err(e) = nodeauth::authorize(node, &attrs) {
+                    return error_response(&e);
+                }
+            }
+            resource(shared, method, &rp, &q, headers, body, node)
+                .unwrap_or_else(|e| error_response(&e))
         }
     }
 }
@@ -478,6 +509,16 @@ fn strip_type_meta(mut v: Value) -> Value {
     v
 }
 
+/// Whether a PUT/POST body's name and namespace agree with the URL: when they do not,
+/// the real server answers 400 before admission runs, and so does the store here.
+fn body_matches_url(kind: Kind, ns: Option<&str>, name: Option<&str>, obj: &Value) -> bool {
+    let body_name = meta::name(obj);
+    let body_ns = meta::namespace(obj);
+    name.is_none_or(|n| body_name.is_empty() || body_name == n)
+        && (!kind.namespaced() || body_ns.is_empty() || Some(body_ns) == ns)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn resource(
     shared: &Arc<Shared>,
     method: &Method,
@@ -485,6 +526,7 @@ fn resource(
     q: &Query,
     headers: &HeaderMap,
     body: &Bytes,
+    node: Option<&NodeIdentity>,
 ) -> Result<Response<Body>, ApiError> {
     let kind = rp.kind;
     let ns = rp.namespace.as_deref();
@@ -501,6 +543,21 @@ fn resource(
         (None, &Method::POST) if kind.namespaced() == ns.is_some() => {
             let fv = field_validation(q);
             let (obj, warnings) = decode_body(kind, headers, body, fv)?;
+            if let Some(node) = node
+                && body_matches_url(kind, ns, None, &obj)
+            {
+                // The create handler names the admission attributes after the object.
+                let name = meta::name(&obj);
+                nodeauth::admit(
+                    node,
+                    Operation::Create,
+                    kind,
+                    ns.unwrap_or(""),
+                    name,
+                    &obj,
+                    None,
+                )?;
+            }
             let created = shared.mutate(|s| s.create(kind, ns, obj, dry_run(q)))?;
             Ok(json_response(201, &created, &warnings))
         }
@@ -517,12 +574,26 @@ fn resource(
         (Some(name), &Method::PUT) if kind.writable() => {
             let fv = field_validation(q);
             let (obj, warnings) = decode_body(kind, headers, body, fv)?;
-            let (code, stored) =
-                shared.mutate(|s| s.update(kind, ns, name, obj, sub, dry_run(q), false))?;
+            let (code, stored) = shared.mutate(|s| {
+                if let Some(node) = node
+                    && body_matches_url(kind, ns, Some(name), &obj)
+                {
+                    // Admission runs before the registry's not-found and conflict checks; a
+                    // PUT of a missing object is a Create for it.
+                    let old = s.get(kind, ns, name).cloned();
+                    let op = if old.is_some() {
+                        Operation::Update
+                    } else {
+                        Operation::Create
+                    };
+                    nodeauth::admit(node, op, kind, ns.unwrap_or(""), name, &obj, old.as_ref())?;
+                }
+                s.update(kind, ns, name, obj, sub, dry_run(q), false)
+            })?;
             Ok(json_response(code, &stored, &warnings))
         }
         (Some(name), &Method::PATCH) if kind.writable() => {
-            patch(shared, kind, ns, name, sub, q, headers, body)
+            patch(shared, kind, ns, name, sub, q, headers, body, node)
         }
         (Some(name), &Method::DELETE) if !rp.status && kind.writable() => {
             let opts: Value = if body.is_empty() {
@@ -613,6 +684,7 @@ fn patch(
     q: &Query,
     headers: &HeaderMap,
     body: &Bytes,
+    node: Option<&NodeIdentity>,
 ) -> Result<Response<Body>, ApiError> {
     #[derive(Clone, Copy)]
     enum PatchType {
@@ -691,6 +763,19 @@ fn patch(
         let (obj, unknown) = kind.normalize(&patched).map_err(invalid_patch)?;
         if fv == FieldValidation::Strict && !unknown.is_empty() {
             return Err(invalid_patch(strict_error(&unknown)));
+        }
+        if let Some(node) = node {
+            // Mutating admission sees the patched object before the registry strategy
+            // (so a taint change sent to /status is still a taint change).
+            nodeauth::admit(
+                node,
+                Operation::Update,
+                kind,
+                ns.unwrap_or(""),
+                name,
+                &obj,
+                Some(&current),
+            )?;
         }
         let (_, stored) = s.update(kind, ns, name, obj, sub, dry, true)?;
         let warnings = if fv == FieldValidation::Warn {
