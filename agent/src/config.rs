@@ -24,6 +24,11 @@
 //!   keyFile: /etc/edgebeat/pki/node.key
 //! ```
 //!
+//! MQTT over TLS takes the same three fields with an `mqtts://` endpoint (default port
+//! 8883): `caFile` verifies the broker, `certFile`/`keyFile` are presented to it, and every
+//! message is then also signed end to end with `keyFile` (ECDSA P-256 or Ed25519), because
+//! the broker is a third party; the gateway verifies the signature against the site CA.
+//!
 //! Unknown fields are rejected; every error names the field and how to fix it. Defaults
 //! are kubelet's (`pkg/kubelet/apis/config/v1beta1/defaults.go`).
 
@@ -41,16 +46,27 @@ pub const API_VERSION: &str = "edgebeat.io/v1alpha1";
 /// `kind` the agent accepts.
 pub const KIND: &str = "AgentConfiguration";
 
+/// Largest configuration file [`AgentConfig::load`] reads, bytes (1 MiB): a real one is a
+/// few hundred bytes; a wrong path such as `/dev/zero` fails at once instead of hanging.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
+/// Largest `transport.passwordFile`, bytes (4 KiB): a password or token, not a document.
+pub const MAX_PASSWORD_FILE_BYTES: u64 = 4 * 1024;
+/// Largest `transport.caFile`, `certFile` or `keyFile`, bytes (1 MiB): room for a large CA
+/// bundle (the whole Mozilla root store is about 220 KiB of PEM).
+pub const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
+
 /// A configuration error: which field, what is wrong, and how to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("reading {path}: {source}")]
+    /// The file could not be read: missing, unreadable, a directory, or larger than
+    /// [`MAX_CONFIG_FILE_BYTES`], e.g. `agent configuration: /dev/zero: larger than 1048576
+    /// bytes; point it at a regular file of at most 1048576 bytes`.
+    #[error("agent configuration: {source}")]
     Read {
         /// The config file path.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
+        /// What went wrong, naming the path.
+        source: edgebeat_hw::BoundedReadError,
     },
     /// The YAML is malformed or has an unknown field or a value of the wrong type.
     #[error("parsing the agent configuration: {0}")]
@@ -109,13 +125,13 @@ pub enum TransportConfig {
     Mqtt(MqttTransport),
 }
 
-/// TLS material of a gRPC transport on an `https://` endpoint, read and parsed at load
+/// TLS material of a transport on an `https://` (gRPC) or `mqtts://` (MQTT) endpoint, read and parsed at load
 /// (`transport.caFile`, `transport.certFile`, `transport.keyFile`). Certificates are not
 /// reloaded: after rotating the files, restart the agent.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TransportTls {
-    /// PEM CA certificate(s) from `transport.caFile`: the gateway's certificate must chain
-    /// to one of them and name the endpoint's host.
+    /// PEM CA certificate(s) from `transport.caFile`: the server's (gateway's, broker's)
+    /// certificate must chain to one of them and name the endpoint's host.
     pub ca_pem: Vec<u8>,
     /// PEM certificate chain (`transport.certFile`) and private key (`transport.keyFile`)
     /// presented to the gateway, when both are set.
@@ -213,8 +229,9 @@ pub struct AgentConfig {
     pub image_fs_dir: Option<PathBuf>,
     /// `transport`: how heartbeats reach the gateway. Required unless running `--once`.
     pub transport: Option<TransportConfig>,
-    /// `transport.caFile`/`certFile`/`keyFile`: TLS for a gRPC transport on `https://`
-    /// (required there, refused elsewhere). Kept beside [`TransportConfig`] rather than in
+    /// `transport.caFile`/`certFile`/`keyFile`: TLS for a transport on `https://` or
+    /// `mqtts://` (required there, refused on plain endpoints); with MQTT the key also signs
+    /// every message. Kept beside [`TransportConfig`] rather than in
     /// its `Grpc` variant so code that builds that variant keeps compiling.
     pub transport_tls: Option<TransportTls>,
     /// `healthzBindAddress`: `IP:port` of the observe server (`/healthz`, `/readyz`,
@@ -316,12 +333,22 @@ struct RawTransport {
 impl AgentConfig {
     /// Reads and validates the YAML file at `path`.
     ///
+    /// The file may hold at most [`MAX_CONFIG_FILE_BYTES`] and must be UTF-8.
+    ///
     /// Errors: [`ConfigError::Read`], [`ConfigError::Syntax`] (with serde's line and
-    /// column), [`ConfigError::Invalid`] naming the field.
+    /// column, or for text that is not UTF-8), [`ConfigError::Invalid`] naming the field.
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
+        let bytes = edgebeat_hw::read_bounded(path, MAX_CONFIG_FILE_BYTES).map_err(|source| {
+            ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            ConfigError::Syntax(format!(
+                "{}: not UTF-8 text ({e}); save the file as UTF-8 YAML",
+                path.display()
+            ))
         })?;
         Self::from_yaml(&text)
     }
@@ -540,7 +567,7 @@ fn validate_transport(
                     format!("{endpoint:?} must start with http:// or https:// for kind: grpc"),
                 ));
             }
-            let tls = validate_grpc_tls(&endpoint, t.ca_file, t.cert_file, t.key_file)?;
+            let tls = validate_tls(&endpoint, "https://", t.ca_file, t.cert_file, t.key_file)?;
             Ok((
                 TransportConfig::Grpc {
                     endpoint,
@@ -550,21 +577,30 @@ fn validate_transport(
             ))
         }
         Some("mqtt") => {
-            for (field, set) in [
-                ("transport.caFile", t.ca_file.is_some()),
-                ("transport.certFile", t.cert_file.is_some()),
-                ("transport.keyFile", t.key_file.is_some()),
-            ] {
-                if set {
-                    return Err(invalid(
-                        field,
-                        "only valid with kind: grpc (MQTT over TLS is not supported yet); remove it",
-                    ));
-                }
-            }
             let url = endpoint("mqtt://broker.example:1883")?;
             let (host, port) =
                 parse_mqtt_url(&url).map_err(|m| invalid("transport.endpoint", m))?;
+            let tls = validate_tls(&url, "mqtts://", t.ca_file, t.cert_file, t.key_file)?;
+            #[cfg(feature = "mqtt-tls")]
+            if let Some(client) = tls.as_ref().and_then(|t| t.client.as_ref()) {
+                edgebeat_transports::signing::MessageSigner::from_pem(
+                    &client.cert_pem,
+                    &client.key_pem,
+                )
+                .map_err(|e| {
+                    invalid(
+                        "transport.keyFile",
+                        format!("cannot sign MQTT messages with it: {e}"),
+                    )
+                })?;
+            }
+            #[cfg(not(feature = "mqtt-tls"))]
+            if tls.is_some() {
+                return Err(invalid(
+                    "transport.endpoint",
+                    "this build has no MQTT TLS support (feature mqtt-tls); use mqtt:// or an agent built with TLS",
+                ));
+            }
             if keepalive < Duration::from_secs(5) {
                 return Err(invalid(
                     "transport.keepalive",
@@ -574,10 +610,15 @@ fn validate_transport(
             let credentials = match (t.username, t.password_file) {
                 (None, None) => None,
                 (Some(user), Some(file)) => {
-                    let password = std::fs::read_to_string(&file).map_err(|e| {
+                    let password = edgebeat_hw::read_bounded(&file, MAX_PASSWORD_FILE_BYTES)
+                        .map_err(|e| invalid("transport.passwordFile", e.to_string()))?;
+                    let password = String::from_utf8(password).map_err(|e| {
                         invalid(
                             "transport.passwordFile",
-                            format!("reading {}: {e}", file.display()),
+                            format!(
+                                "{}: not UTF-8 text ({e}); the password must be UTF-8",
+                                file.display()
+                            ),
                         )
                     })?;
                     Some((user, password.trim_end_matches(['\r', '\n']).to_owned()))
@@ -622,7 +663,7 @@ fn validate_transport(
                     topic_prefix,
                     keepalive,
                 }),
-                None,
+                tls,
             ))
         }
         Some(other) => Err(invalid(
@@ -633,11 +674,13 @@ fn validate_transport(
     }
 }
 
-/// `transport.caFile`/`certFile`/`keyFile` for a gRPC endpoint: required CA on `https://`,
-/// nothing on `http://`, cert and key together; each file read and parsed now, so a bad
+/// `transport.caFile`/`certFile`/`keyFile`: with an endpoint on `secure_scheme`
+/// (`https://` for gRPC, `mqtts://` for MQTT) the CA is required and cert and key go
+/// together; on a plain endpoint none is allowed. Each file is read and parsed now, so a bad
 /// file is reported at load with its field.
-fn validate_grpc_tls(
+fn validate_tls(
     endpoint: &str,
+    secure_scheme: &str,
     ca_file: Option<PathBuf>,
     cert_file: Option<PathBuf>,
     key_file: Option<PathBuf>,
@@ -645,7 +688,7 @@ fn validate_grpc_tls(
     use rustls_pki_types::pem::PemObject as _;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-    if !endpoint.starts_with("https://") {
+    if !endpoint.starts_with(secure_scheme) {
         for (field, set) in [
             ("transport.caFile", ca_file.is_some()),
             ("transport.certFile", cert_file.is_some()),
@@ -655,7 +698,7 @@ fn validate_grpc_tls(
                 return Err(invalid(
                     field,
                     format!(
-                        "only valid with an https:// endpoint, but transport.endpoint is {endpoint:?}; use https:// or remove it"
+                        "only valid with a {secure_scheme} endpoint, but transport.endpoint is {endpoint:?}; use {secure_scheme} or remove it"
                     ),
                 ));
             }
@@ -663,7 +706,8 @@ fn validate_grpc_tls(
         return Ok(None);
     }
     let read = |field: &str, path: &PathBuf| {
-        std::fs::read(path).map_err(|e| invalid(field, format!("reading {}: {e}", path.display())))
+        edgebeat_hw::read_bounded(path, MAX_PEM_FILE_BYTES)
+            .map_err(|e| invalid(field, e.to_string()))
     };
     let certificates = |field: &str, path: &PathBuf| {
         let pem = read(field, path)?;
@@ -684,7 +728,7 @@ fn validate_grpc_tls(
     let ca_file = ca_file.ok_or_else(|| {
         invalid(
             "transport.caFile",
-            "required for an https:// endpoint: the PEM CA certificate that signed the gateway's certificate",
+            format!("required for a {secure_scheme} endpoint: the PEM CA certificate that signed the server's certificate"),
         )
     })?;
     let ca_pem = certificates("transport.caFile", &ca_file)?;
@@ -739,14 +783,20 @@ pub fn parse_bind_address(text: &str) -> Result<SocketAddr, String> {
     Ok(addr)
 }
 
-/// Splits `mqtt://host[:port]` into host and port (default 1883).
+/// Splits `mqtt://host[:port]` (default port 1883) or `mqtts://host[:port]` (TLS, default
+/// port 8883) into host and port.
 ///
-/// Errors: a message for other schemes (`mqtts://` is not supported yet), a path, or a bad
-/// port.
+/// Errors: a message for other schemes, a path, or a bad port.
 fn parse_mqtt_url(url: &str) -> Result<(String, u16), String> {
-    let rest = url.strip_prefix("mqtt://").ok_or_else(|| {
-        format!("{url:?} must start with mqtt://, e.g. mqtt://broker.example:1883")
-    })?;
+    let (rest, default_port) = match (url.strip_prefix("mqtt://"), url.strip_prefix("mqtts://")) {
+        (Some(rest), _) => (rest, 1883),
+        (None, Some(rest)) => (rest, 8883),
+        (None, None) => {
+            return Err(format!(
+                "{url:?} must start with mqtt:// or mqtts:// (TLS), e.g. mqtts://broker.example:8883"
+            ));
+        }
+    };
     if rest.contains('/') {
         return Err(format!("{url:?} must not have a path"));
     }
@@ -756,7 +806,7 @@ fn parse_mqtt_url(url: &str) -> Result<(String, u16), String> {
             p.parse::<u16>()
                 .map_err(|_| format!("{url:?} has an invalid port"))?,
         ),
-        _ => (rest, 1883),
+        _ => (rest, default_port),
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() {
@@ -1069,6 +1119,64 @@ mod tests {
         );
     }
 
+    /// The regression: `passwordFile: /dev/zero` used to read forever at load.
+    #[test]
+    fn endless_password_file_is_refused_naming_the_field() {
+        let err = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}transport: {{kind: mqtt, endpoint: \"mqtt://b\", username: edge, passwordFile: /dev/zero}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "transport.passwordFile: /dev/zero: larger than 4096 bytes; point it at a regular file of at most 4096 bytes"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let err = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}transport: {{kind: mqtt, endpoint: \"mqtt://b\", username: edge, passwordFile: {}}}\n",
+            dir.path().display()
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("transport.passwordFile: ") && err.contains("is a directory"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn endless_pem_file_is_refused_naming_the_field() {
+        let err = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}transport: {{kind: grpc, endpoint: \"https://gw:7443\", caFile: /dev/zero}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("transport.caFile: /dev/zero: larger than 1048576 bytes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn load_refuses_an_endless_config_file() {
+        let err = AgentConfig::load(std::path::Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "agent configuration: /dev/zero: larger than 1048576 bytes; point it at a regular file of at most 1048576 bytes"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let err = AgentConfig::load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("is a directory"), "{err}");
+        let path = dir.path().join("agent.yaml");
+        std::fs::write(&path, MINIMAL).unwrap();
+        assert_eq!(AgentConfig::load(&path).unwrap(), AgentConfig::default());
+        std::fs::write(&path, b"kind: \xff\n").unwrap();
+        let err = AgentConfig::load(&path).unwrap_err().to_string();
+        assert!(err.contains("not UTF-8"), "{err}");
+    }
+
     /// Writes a CA certificate, a node certificate and its key as PEM files.
     fn pki(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
         let ca_key = rcgen::KeyPair::generate().unwrap();
@@ -1129,6 +1237,37 @@ mod tests {
     }
 
     #[test]
+    fn mqtt_tls_files_are_read_at_load_and_the_key_must_sign() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki(dir.path());
+        let yaml = |key: &std::path::Path| {
+            format!(
+                "{MINIMAL}transport: {{kind: mqtt, endpoint: \"mqtts://broker.plant\", caFile: {}, certFile: {}, keyFile: {}}}\n",
+                ca.display(),
+                cert.display(),
+                key.display()
+            )
+        };
+        let c = AgentConfig::from_yaml(&yaml(&key)).unwrap();
+        let Some(TransportConfig::Mqtt(m)) = &c.transport else {
+            panic!("mqtt expected");
+        };
+        assert_eq!((m.host.as_str(), m.port), ("broker.plant", 8883));
+        assert!(c.transport_tls.unwrap().client.is_some());
+        // A key that cannot sign compactly is refused at load, naming the field.
+        let p384 = dir.path().join("p384.key");
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+        std::fs::write(&p384, key.serialize_pem()).unwrap();
+        let err = AgentConfig::from_yaml(&yaml(&p384))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("transport.keyFile: cannot sign MQTT messages"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn grpc_tls_errors_name_the_field() {
         let dir = tempfile::tempdir().unwrap();
         let (ca, cert, key) = pki(dir.path());
@@ -1167,7 +1306,12 @@ mod tests {
             (
                 format!("{{kind: mqtt, endpoint: \"mqtt://b\", caFile: {ca}}}"),
                 "transport.caFile",
-                "kind: grpc",
+                "mqtts://",
+            ),
+            (
+                "{kind: mqtt, endpoint: \"mqtts://b\"}".to_owned(),
+                "transport.caFile",
+                "required for a mqtts:// endpoint",
             ),
             (
                 format!("{{{https}, caFile: {missing}}}"),

@@ -241,10 +241,10 @@ impl Agent {
                 endpoint,
                 keepalive,
             }) => {
-                use edgebeat_transports::grpc::{GrpcClientTls, GrpcUplinkOptions, TlsIdentity};
+                use edgebeat_transports::grpc::{ClientTls, GrpcUplinkOptions, TlsIdentity};
                 let mut options = GrpcUplinkOptions::new(endpoint);
                 options.keepalive = keepalive;
-                options.tls = self.config.transport_tls.clone().map(|tls| GrpcClientTls {
+                options.tls = self.config.transport_tls.clone().map(|tls| ClientTls {
                     ca_pem: tls.ca_pem,
                     client_identity: tls.client.map(|c| TlsIdentity {
                         cert_pem: c.cert_pem,
@@ -274,6 +274,26 @@ impl Agent {
                     options.client_id = id;
                 }
                 options.credentials = m.credentials;
+                #[cfg(feature = "mqtt-tls")]
+                if let Some(tls) = self.config.transport_tls.clone() {
+                    use edgebeat_transports::signing::MessageSigner;
+                    use edgebeat_transports::tls::{ClientTls, TlsIdentity};
+                    if let Some(client) = &tls.client {
+                        // Checked at load; an error here means the files changed since.
+                        let signer = MessageSigner::from_pem(&client.cert_pem, &client.key_pem)
+                            .map_err(|e| {
+                                AgentError::Transport(format!("transport.keyFile: {e}"))
+                            })?;
+                        options.signer = Some(Arc::new(signer));
+                    }
+                    options.tls = Some(ClientTls {
+                        ca_pem: tls.ca_pem,
+                        client_identity: tls.client.map(|c| TlsIdentity {
+                            cert_pem: c.cert_pem,
+                            key_pem: c.key_pem,
+                        }),
+                    });
+                }
                 options.topic_prefix = m.topic_prefix;
                 options.keepalive = m.keepalive;
                 // Message Expiry Interval: no longer than the renew interval (whole seconds,

@@ -18,8 +18,7 @@ use edgebeat_proto::{self as pb, Ack, AckCode, agent_message::Kind};
 use edgebeat_transports::ingress::{Handler, Peer};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Node;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -27,9 +26,10 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 use tokio::time::Instant;
 
+use crate::apiserver::Apiserver;
 use crate::freshness::Freshness;
-use crate::metrics::{NodeMetrics, NodeSeries, clock_skew_seconds};
-use crate::patch::{self, KnownCondition, LEASE_NAMESPACE};
+use crate::metrics::{NodeMetrics, NodeSeries, RejectReason, clock_skew_seconds};
+use crate::patch::{self, KnownCondition};
 
 /// Gateway behaviour settings.
 #[derive(Debug, Clone)]
@@ -52,6 +52,10 @@ pub struct GatewayOptions {
     /// Burst of messages one node may send at once (default 20: a reconnect sends a
     /// Register, a status report and a renewal, and retries up to 5 times each).
     pub per_node_burst: f64,
+    /// Write as each node (`Impersonate-User: system:node:<name>`, `Impersonate-Group:
+    /// system:nodes`; default false), so the apiserver's Node authorizer and NodeRestriction
+    /// apply too. See [`crate::apiserver`].
+    pub impersonate_nodes: bool,
 }
 
 impl Default for GatewayOptions {
@@ -62,6 +66,7 @@ impl Default for GatewayOptions {
             knowledge_ttl: Duration::from_secs(40),
             per_node_rate: 2.0,
             per_node_burst: 20.0,
+            impersonate_nodes: false,
         }
     }
 }
@@ -77,10 +82,25 @@ pub struct Counters {
     pub stale_renewals: AtomicU64,
     /// Status PATCHes written.
     pub status_reports: AtomicU64,
-    /// Messages rejected (malformed, foreign, replayed, superseded boot, undecodable).
+    /// Messages rejected, all reasons (malformed, foreign, replayed, unauthenticated…).
     pub rejected: AtomicU64,
+    /// Messages rejected, by [`RejectReason`] (indexed by `RejectReason as usize`).
+    pub rejected_by_reason: [AtomicU64; RejectReason::ALL.len()],
     /// Nodes created or reconciled.
     pub registrations: AtomicU64,
+}
+
+impl Counters {
+    /// Counts one rejection for `why` (and in the total).
+    pub fn count_rejection(&self, why: RejectReason) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.rejected_by_reason[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Rejections counted for `why` so far.
+    pub fn rejections(&self, why: RejectReason) -> u64 {
+        self.rejected_by_reason[why as usize].load(Ordering::Relaxed)
+    }
 }
 
 /// Superseded boot IDs remembered per node, so messages of an earlier boot are refused.
@@ -122,9 +142,7 @@ struct NodeSlot {
 
 /// The gateway: a [`Handler`] for every transport.
 pub struct Gateway {
-    nodes: Api<Node>,
-    leases: Api<Lease>,
-    events: Api<Event>,
+    api: Apiserver,
     clock: Arc<dyn Clock>,
     options: GatewayOptions,
     started: Instant,
@@ -206,9 +224,7 @@ impl Gateway {
     /// times from `clock`.
     pub fn new(client: kube::Client, clock: Arc<dyn Clock>, options: GatewayOptions) -> Self {
         Self {
-            nodes: Api::all(client.clone()),
-            leases: Api::namespaced(client.clone(), LEASE_NAMESPACE),
-            events: Api::namespaced(client, patch::EVENT_NAMESPACE),
+            api: Apiserver::new(client, options.impersonate_nodes),
             node_metrics: NodeMetrics::new(clock.clone()),
             clock,
             options,
@@ -277,27 +293,32 @@ impl Gateway {
         Timestamp::try_from(self.clock.now()).unwrap_or(Timestamp::UNIX_EPOCH)
     }
 
-    fn reject(&self, seq: u64, reason: String) -> Ack {
-        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(%reason, "message rejected");
+    fn reject(&self, seq: u64, why: RejectReason, reason: String) -> Ack {
+        self.counters.count_rejection(why);
+        tracing::warn!(why = why.as_str(), %reason, "message rejected");
         ack(seq, AckCode::Rejected, reason)
     }
 
     async fn handle_message(&self, peer: &Peer, message: pb::AgentMessage) -> Ack {
         let Some(header) = message.header() else {
-            return self.reject(0, "malformed: no header or unknown message kind".into());
+            return self.reject(
+                0,
+                RejectReason::Malformed,
+                "malformed: no header or unknown message kind".into(),
+            );
         };
         let seq = header.seq;
         let name = header.node_name.clone();
         let name = name.as_str();
         if let Err(why) = validate_node_name(name) {
-            return self.reject(seq, why);
+            return self.reject(seq, RejectReason::Malformed, why);
         }
         if let Some(identity) = &peer.identity
             && identity != name
         {
             return self.reject(
                 seq,
+                RejectReason::Foreign,
                 format!("node {identity:?} may not speak for node {name:?}"),
             );
         }
@@ -314,6 +335,7 @@ impl Gateway {
         ) {
             return self.reject(
                 header.seq,
+                RejectReason::RateLimited,
                 format!(
                     "rate limited: node {name:?} sends more than {}/s",
                     self.options.per_node_rate
@@ -322,7 +344,11 @@ impl Gateway {
         }
         if slot.boot_id != header.boot_id {
             if slot.old_boots.contains(&header.boot_id) {
-                return self.reject(seq, "replayed: a message of an earlier boot".into());
+                return self.reject(
+                    seq,
+                    RejectReason::Replayed,
+                    "replayed: a message of an earlier boot".into(),
+                );
             }
             // A new boot (or the first message seen): sequence and clock offset restart.
             let old = std::mem::replace(&mut slot.boot_id, header.boot_id.clone());
@@ -337,6 +363,7 @@ impl Gateway {
         } else if seq <= slot.last_seq {
             return self.reject(
                 seq,
+                RejectReason::Replayed,
                 format!(
                     "replayed or reordered: seq {seq} ≤ last accepted {}",
                     slot.last_seq
@@ -403,7 +430,11 @@ impl Gateway {
                 )
                 .await
             }
-            None => self.reject(seq, "malformed: unknown message kind".into()),
+            None => self.reject(
+                seq,
+                RejectReason::Malformed,
+                "malformed: unknown message kind".into(),
+            ),
         };
         if AckCode::try_from(answer.code) == Ok(AckCode::Ok) {
             slot.last_write = Some(Instant::now());
@@ -426,13 +457,17 @@ impl Gateway {
         register: &pb::Register,
     ) -> Ack {
         let Some(status) = register.status.as_ref() else {
-            return self.reject(seq, "malformed: Register without status".into());
+            return self.reject(
+                seq,
+                RejectReason::Malformed,
+                "malformed: Register without status".into(),
+            );
         };
         if let Err(why) = validate_status(status)
             .and_then(|()| crate::restriction::validate_status_limits(status))
             .and_then(|()| crate::restriction::validate_register(register))
         {
-            return self.reject(seq, why);
+            return self.reject(seq, RejectReason::Invalid, why);
         }
         let new_boot = status
             .node_info
@@ -448,7 +483,7 @@ impl Gateway {
         }
         let now = self.now();
         let existing = if register.skip_create {
-            match self.nodes.get_opt(name).await {
+            match self.api.get_node_opt(name).await {
                 Ok(Some(node)) => node,
                 Ok(None) => {
                     return ack(
@@ -462,7 +497,7 @@ impl Gateway {
         } else {
             let conditions = patch::conditions(status, seq, now, &slot.conditions);
             let node = patch::initial_node(name, register, patch::node_status(status, conditions));
-            match self.nodes.create(&PostParams::default(), &node).await {
+            match self.api.create_node(&node).await {
                 Ok(created) => {
                     slot.uid = created.metadata.uid.clone();
                     self.remember(slot, &created, now, name).await;
@@ -472,7 +507,7 @@ impl Gateway {
                     tracing::info!(node = name, "registered node");
                     return registered(AckCode::Ok);
                 }
-                Err(e) if api_code(&e) == Some(409) => match self.nodes.get(name).await {
+                Err(e) if api_code(&e) == Some(409) => match self.api.get_node(name).await {
                     Ok(node) => node,
                     Err(e) => {
                         return ack(seq, AckCode::Retry, format!("reading existing node: {e}"));
@@ -540,10 +575,7 @@ impl Gateway {
             return Ok(());
         }
         let body = serde_json::json!({ "metadata": { "labels": wanted } });
-        self.nodes
-            .patch_status(name, &PatchParams::default(), &Patch::Strategic(body))
-            .await
-            .map(|_| ())
+        self.api.patch_node_status(name, body).await.map(|_| ())
     }
 
     /// Takes what the apiserver returned after a write as this replica's knowledge, and
@@ -584,12 +616,16 @@ impl Gateway {
         status: Option<&pb::NodeStatus>,
     ) -> Ack {
         let Some(status) = status else {
-            return self.reject(seq, "malformed: StatusReport without status".into());
+            return self.reject(
+                seq,
+                RejectReason::Malformed,
+                "malformed: StatusReport without status".into(),
+            );
         };
         if let Err(why) = validate_status(status)
             .and_then(|()| crate::restriction::validate_status_limits(status))
         {
-            return self.reject(seq, why);
+            return self.reject(seq, RejectReason::Invalid, why);
         }
         if let Err(answer) = self.ensure_known(slot, name, seq).await {
             return answer;
@@ -598,13 +634,15 @@ impl Gateway {
         let conditions = patch::conditions(status, seq, now, &slot.conditions);
         let body = match patch::status_patch(&patch::node_status(status, conditions), None) {
             Ok(b) => b,
-            Err(e) => return self.reject(seq, format!("cannot encode status: {e}")),
+            Err(e) => {
+                return self.reject(
+                    seq,
+                    RejectReason::Malformed,
+                    format!("cannot encode status: {e}"),
+                );
+            }
         };
-        match self
-            .nodes
-            .patch_status(name, &PatchParams::default(), &Patch::Strategic(body))
-            .await
-        {
+        match self.api.patch_node_status(name, body).await {
             Ok(node) => {
                 slot.uid = node.metadata.uid.clone().or(slot.uid.take());
                 self.remember(slot, &node, now, name).await;
@@ -619,9 +657,11 @@ impl Gateway {
             Err(e) => match api_code(&e) {
                 Some(404) => self.forget(slot, seq),
                 // The apiserver refuses the content itself: resending it will not help.
-                Some(code @ (400 | 403 | 413 | 415 | 422)) => {
-                    self.reject(seq, format!("apiserver refused the status ({code}): {e}"))
-                }
+                Some(code @ (400 | 403 | 413 | 415 | 422)) => self.reject(
+                    seq,
+                    RejectReason::Invalid,
+                    format!("apiserver refused the status ({code}): {e}"),
+                ),
                 _ => ack(seq, AckCode::Retry, format!("patching node status: {e}")),
             },
         }
@@ -671,6 +711,7 @@ impl Gateway {
         if duration <= 0 {
             return self.reject(
                 seq,
+                RejectReason::Invalid,
                 format!("leaseDurationSeconds must be > 0, got {duration}"),
             );
         }
@@ -714,38 +755,34 @@ impl Gateway {
                     lease
                 }
                 (Some(lease), _, _) => lease,
-                (None, _, _) => match tokio::time::timeout(budget, self.leases.get_opt(name)).await
-                {
-                    Ok(Ok(Some(lease))) => {
-                        Self::saw_renew_time(
-                            slot,
+                (None, _, _) => {
+                    match tokio::time::timeout(budget, self.api.get_lease_opt(name)).await {
+                        Ok(Ok(Some(lease))) => {
+                            Self::saw_renew_time(
+                                slot,
+                                lease
+                                    .spec
+                                    .as_ref()
+                                    .and_then(|s| s.renew_time.as_ref())
+                                    .map(|t| t.0),
+                            );
                             lease
-                                .spec
-                                .as_ref()
-                                .and_then(|s| s.renew_time.as_ref())
-                                .map(|t| t.0),
-                        );
-                        lease
+                        }
+                        Ok(Ok(None)) => return self.create_lease(slot, name, seq, duration).await,
+                        Ok(Err(e)) => {
+                            last_error = format!("reading lease: {e}");
+                            continue;
+                        }
+                        Err(_) => {
+                            last_error = "reading lease: deadline passed".into();
+                            break;
+                        }
                     }
-                    Ok(Ok(None)) => return self.create_lease(slot, name, seq, duration).await,
-                    Ok(Err(e)) => {
-                        last_error = format!("reading lease: {e}");
-                        continue;
-                    }
-                    Err(_) => {
-                        last_error = "reading lease: deadline passed".into();
-                        break;
-                    }
-                },
+                }
             };
             let renew = self.renew_time(slot);
             let lease = patch::renewed_lease(base, name, slot.uid.as_deref(), duration, renew);
-            match tokio::time::timeout(
-                budget,
-                self.leases.replace(name, &PostParams::default(), &lease),
-            )
-            .await
-            {
+            match tokio::time::timeout(budget, self.api.replace_lease(name, &lease)).await {
                 Ok(Ok(written)) => return self.renewed(slot, name, seq, written, renew),
                 Ok(Err(e)) => {
                     last_error = format!("updating lease: {e}");
@@ -807,7 +844,7 @@ impl Gateway {
         if slot.registered {
             return Ok(());
         }
-        match self.nodes.get_opt(name).await {
+        match self.api.get_node_opt(name).await {
             Ok(Some(node)) => {
                 seed(slot, &node);
                 if slot.conditions.values().any(|c| c.status == "Unknown") {
@@ -837,7 +874,7 @@ impl Gateway {
     /// `SetNodeOwnerFunc`): a cached UID could belong to a deleted Node, and the garbage
     /// collector would delete the new Lease at once.
     async fn create_lease(&self, slot: &mut NodeSlot, name: &str, seq: u64, duration: i32) -> Ack {
-        let uid = match self.nodes.get(name).await {
+        let uid = match self.api.get_node(name).await {
             Ok(node) => match node.metadata.uid {
                 Some(uid) => uid,
                 None => return ack(seq, AckCode::Retry, "node has no uid yet"),
@@ -855,11 +892,8 @@ impl Gateway {
         slot.uid = Some(uid.clone());
         let renew = self.renew_time(slot);
         match self
-            .leases
-            .create(
-                &PostParams::default(),
-                &patch::new_lease(name, &uid, duration, renew),
-            )
+            .api
+            .create_lease(&patch::new_lease(name, &uid, duration, renew))
             .await
         {
             Ok(created) => self.renewed(slot, name, seq, created, renew),
@@ -873,7 +907,7 @@ impl Gateway {
     async fn event(&self, name: &str, type_: &str, reason: &str, message: String, now: Timestamp) {
         let unique = self.event_seq.fetch_add(1, Ordering::Relaxed);
         let event = patch::node_event(name, type_, reason, message, now, unique);
-        if let Err(error) = self.events.create(&PostParams::default(), &event).await {
+        if let Err(error) = self.api.create_event(name, &event).await {
             tracing::warn!(node = name, reason, %error, "could not record event");
         }
     }
@@ -916,11 +950,6 @@ impl Collector for GatewayCollector {
                 &c.status_reports,
             ),
             (
-                "edgebeat_gateway_rejected_messages",
-                "Messages rejected (malformed, foreign, replayed, superseded boot, undecodable).",
-                &c.rejected,
-            ),
-            (
                 "edgebeat_gateway_registrations",
                 "Nodes created or reconciled.",
                 &c.registrations,
@@ -930,6 +959,16 @@ impl Collector for GatewayCollector {
             let counter = ConstCounter::new(value.load(Ordering::Relaxed));
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
             counter.encode(metric)?;
+        }
+        let mut metric = encoder.encode_descriptor(
+            "edgebeat_gateway_rejected_messages",
+            "Messages rejected, by reason (see edgebeat_gateway::metrics::RejectReason).",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for why in RejectReason::ALL {
+            let counter = ConstCounter::new(c.rejections(why));
+            counter.encode(metric.encode_family(&[("reason", why.as_str())])?)?;
         }
         let tracked = ConstGauge::new(i64::try_from(gateway.tracked_nodes()).unwrap_or(i64::MAX));
         let metric = encoder.encode_descriptor(
@@ -1037,8 +1076,9 @@ impl Handler for Gateway {
     }
 
     fn rejected(&self, peer: &Peer, reason: &str) {
-        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, reason, "message refused by the transport (undecodable, oversized or unauthenticated)");
+        let why = RejectReason::from_transport(reason);
+        self.counters.count_rejection(why);
+        tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, why = why.as_str(), reason, "message refused by the transport");
     }
 }
 
@@ -1168,7 +1208,9 @@ mod tests {
         for line in [
             "edgebeat_gateway_node_clock_skew_seconds{node=\"edge-old\"} 2.5\n",
             "edgebeat_gateway_node_clock_skew_seconds{node=\"edge-fast\"} -0.75\n",
-            "edgebeat_gateway_rejected_messages_total 3\n",
+            "edgebeat_gateway_rejected_messages_total{reason=\"malformed\"} 2\n",
+            "edgebeat_gateway_rejected_messages_total{reason=\"replayed\"} 1\n",
+            "edgebeat_gateway_rejected_messages_total{reason=\"foreign\"} 0\n",
             "edgebeat_gateway_tracked_nodes 2\n",
             "edgebeat_gateway_lease_renewals_total 0\n",
         ] {

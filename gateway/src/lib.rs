@@ -3,11 +3,13 @@
 //! (`docs/kubelet-heartbeats.md` §1, §2, §6).
 //!
 //! - [`gateway`]: the per-message checks and apiserver writes ([`Gateway`]).
+//! - [`apiserver`]: the kube-rs calls, optionally impersonating each node.
 //! - [`freshness`]: message age from the agent's boot clock, for dropping stale renewals.
 //! - [`restriction`]: NodeRestriction's label rules, input limits and the per-node rate limit.
 //! - [`patch`]: the Node, status patch, Lease and Event bodies.
 //! - [`metrics`]: the Prometheus metrics (`edgebeat_gateway_*`) served on `/metrics`.
 
+pub mod apiserver;
 pub mod freshness;
 pub mod gateway;
 pub mod metrics;

@@ -10,7 +10,8 @@ use anyhow::Context;
 use clap::Parser;
 use edgebeat_gateway::{Gateway, GatewayOptions, kube_client};
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, serve, tls};
-use edgebeat_transports::mqtt::{MqttIngressOptions, serve as mqtt_serve};
+use edgebeat_transports::mqtt::{MqttIngressOptions, SignaturePolicy, serve as mqtt_serve};
+use edgebeat_transports::signing::CertificateVerifier;
 
 /// Receives edgebeat heartbeats and writes Node status and Leases to Kubernetes.
 #[derive(Parser, Debug)]
@@ -59,9 +60,41 @@ struct Args {
     /// Oldest lease renewal still written, in seconds; older ones are dropped.
     #[arg(long, default_value_t = 5)]
     max_renewal_age_seconds: u64,
-    /// MQTT broker to take heartbeats from, `mqtt://host:port`; off when not set.
+    /// MQTT broker to take heartbeats from: `mqtt://host[:1883]`, or `mqtts://host[:8883]`
+    /// for TLS (with --mqtt-ca-file); off when not set.
     #[arg(long, value_name = "URL")]
     mqtt_endpoint: Option<String>,
+    /// PEM CA certificate(s) the broker's certificate must chain to (`mqtts://`).
+    #[arg(long, value_name = "FILE")]
+    mqtt_ca_file: Option<PathBuf>,
+    /// PEM client certificate presented to the broker (with --mqtt-key-file; `mqtts://`).
+    #[arg(long, value_name = "FILE", requires = "mqtt_key_file")]
+    mqtt_cert_file: Option<PathBuf>,
+    /// PEM private key of --mqtt-cert-file.
+    #[arg(long, value_name = "FILE", requires = "mqtt_cert_file")]
+    mqtt_key_file: Option<PathBuf>,
+    /// PEM site CA that signs node certificates: verify agents' end-to-end message
+    /// signatures against the certificates they publish on `P/certificates/<node>`; a
+    /// verified message speaks only for the node its certificate names.
+    #[arg(long, value_name = "FILE")]
+    mqtt_node_ca: Option<PathBuf>,
+    /// Refuse unsigned MQTT messages (counted as rejected, reason `unsigned`). Default: true
+    /// with --mqtt-node-ca. `=false` accepts unsigned ones without an identity, while a fleet
+    /// moves to signing; signed ones are still verified.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    mqtt_require_signatures: Option<bool>,
+    /// Write as each node: every apiserver request carries `Impersonate-User:
+    /// system:node:<name>` and `Impersonate-Group: system:nodes`, so the apiserver's Node
+    /// authorizer and NodeRestriction apply too. Needs the RBAC in
+    /// deploy/gateway/impersonation.
+    #[arg(long)]
+    impersonate_nodes: bool,
     /// MQTT client ID of this replica (default `edgebeat-gateway-<pid>`; unique per replica).
     #[arg(long)]
     mqtt_client_id: Option<String>,
@@ -115,8 +148,10 @@ async fn main() -> anyhow::Result<()> {
     let client = kube_client(config, args.qps)?;
     let options = GatewayOptions {
         max_renewal_age: Duration::from_secs(args.max_renewal_age_seconds),
+        impersonate_nodes: args.impersonate_nodes,
         ..Default::default()
     };
+    let mqtt_options = mqtt_ingress_options(&args)?;
     let gateway = Arc::new(Gateway::new(
         client,
         Arc::new(edgebeat_hw::SystemClock),
@@ -133,28 +168,17 @@ async fn main() -> anyhow::Result<()> {
     let stop = tokio_util::sync::CancellationToken::new();
     let grpc_serving = Arc::new(AtomicBool::new(false));
     let mut mqtt_subscribed = None;
-    let mqtt = match &args.mqtt_endpoint {
-        Some(url) => {
-            let (host, port) = mqtt_host_port(url)?;
-            let client_id = args
-                .mqtt_client_id
-                .clone()
-                .unwrap_or_else(|| format!("edgebeat-gateway-{}", std::process::id()));
-            let mut options = MqttIngressOptions::new(host, port, client_id);
-            options.topic_prefix = args.mqtt_topic_prefix.clone();
-            options.share_group = args.mqtt_share_group.clone();
-            if let (Some(user), Some(file)) = (&args.mqtt_username, &args.mqtt_password_file) {
-                let password = std::fs::read_to_string(file)
-                    .with_context(|| format!("--mqtt-password-file {}", file.display()))?;
-                options.credentials = Some((
-                    user.clone(),
-                    password.trim_end_matches(['\r', '\n']).to_owned(),
-                ));
-            }
+    let mqtt = match mqtt_options {
+        Some(mut options) => {
             let (subscribed, watch) = tokio::sync::watch::channel(false);
             options.subscribed = Some(Arc::new(subscribed));
             mqtt_subscribed = Some(watch);
-            tracing::info!(%url, "taking heartbeats from MQTT");
+            tracing::info!(
+                broker = %options.host,
+                tls = options.tls.is_some(),
+                signatures = ?options.signatures.as_ref().map(|s| if s.required { "required" } else { "verified when present" }),
+                "taking heartbeats from MQTT"
+            );
             let gateway = gateway.clone();
             let stop = stop.clone();
             Some(tokio::spawn(async move {
@@ -222,11 +246,113 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Largest --mqtt-password-file, bytes (4 KiB): a password or token, not a document; a wrong
+/// path such as `/dev/zero` fails at start instead of hanging.
+const MAX_PASSWORD_FILE_BYTES: u64 = 4 * 1024;
+/// Largest --grpc-tls-cert, --grpc-tls-key or --grpc-client-ca file, bytes (1 MiB): room for
+/// a long chain or a large CA bundle.
+const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
+
+/// The MQTT password from --mqtt-password-file: at most [`MAX_PASSWORD_FILE_BYTES`] of
+/// UTF-8, trailing CR/LF removed.
+fn read_password_file(file: &std::path::Path) -> anyhow::Result<String> {
+    let bytes = edgebeat_hw::read_bounded(file, MAX_PASSWORD_FILE_BYTES)
+        .with_context(|| format!("--mqtt-password-file {}", file.display()))?;
+    let password = String::from_utf8(bytes).with_context(|| {
+        format!(
+            "--mqtt-password-file {}: not UTF-8 text; the password must be UTF-8",
+            file.display()
+        )
+    })?;
+    Ok(password.trim_end_matches(['\r', '\n']).to_owned())
+}
+
+/// The MQTT ingress options from the `--mqtt-*` flags (`None` without --mqtt-endpoint):
+/// files read and checked now, so a bad file stops the gateway at start with the flag named.
+fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions>> {
+    let read = |flag: &str, path: &PathBuf| {
+        edgebeat_hw::read_bounded(path, MAX_PEM_FILE_BYTES)
+            .with_context(|| format!("{flag} {}", path.display()))
+    };
+    let Some(url) = &args.mqtt_endpoint else {
+        for (flag, set) in [
+            ("--mqtt-ca-file", args.mqtt_ca_file.is_some()),
+            ("--mqtt-cert-file", args.mqtt_cert_file.is_some()),
+            ("--mqtt-node-ca", args.mqtt_node_ca.is_some()),
+            (
+                "--mqtt-require-signatures",
+                args.mqtt_require_signatures.is_some(),
+            ),
+        ] {
+            if set {
+                anyhow::bail!("{flag} needs --mqtt-endpoint");
+            }
+        }
+        return Ok(None);
+    };
+    let (host, port, secure) = mqtt_host_port(url)?;
+    let client_id = args
+        .mqtt_client_id
+        .clone()
+        .unwrap_or_else(|| format!("edgebeat-gateway-{}", std::process::id()));
+    let mut options = MqttIngressOptions::new(host, port, client_id);
+    options.topic_prefix = args.mqtt_topic_prefix.clone();
+    options.share_group = args.mqtt_share_group.clone();
+    if let (Some(user), Some(file)) = (&args.mqtt_username, &args.mqtt_password_file) {
+        let password = read_password_file(file)?;
+        options.credentials = Some((user.clone(), password));
+    }
+    options.tls = match (secure, &args.mqtt_ca_file) {
+        (true, Some(ca)) => {
+            let tls = tls::ClientTls {
+                ca_pem: read("--mqtt-ca-file", ca)?,
+                client_identity: match (&args.mqtt_cert_file, &args.mqtt_key_file) {
+                    (Some(cert), Some(key)) => Some(tls::TlsIdentity {
+                        cert_pem: read("--mqtt-cert-file", cert)?,
+                        key_pem: read("--mqtt-key-file", key)?,
+                    }),
+                    _ => None,
+                },
+            };
+            tls.rustls_config()
+                .map_err(anyhow::Error::msg)
+                .context("--mqtt-ca-file, --mqtt-cert-file, --mqtt-key-file")?;
+            Some(tls)
+        }
+        (true, None) => anyhow::bail!(
+            "--mqtt-endpoint {url:?} is mqtts:// and needs --mqtt-ca-file (the CA of the broker's certificate)"
+        ),
+        (false, _) if args.mqtt_ca_file.is_some() || args.mqtt_cert_file.is_some() => {
+            anyhow::bail!(
+                "--mqtt-ca-file and --mqtt-cert-file need an mqtts:// --mqtt-endpoint, not {url:?}"
+            )
+        }
+        (false, _) => None,
+    };
+    let required = args
+        .mqtt_require_signatures
+        .unwrap_or(args.mqtt_node_ca.is_some());
+    options.signatures = match &args.mqtt_node_ca {
+        Some(ca) => {
+            let verifier = CertificateVerifier::from_pem(&read("--mqtt-node-ca", ca)?)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("--mqtt-node-ca {}", ca.display()))?;
+            Some(SignaturePolicy { verifier, required })
+        }
+        None if required => anyhow::bail!(
+            "--mqtt-require-signatures needs --mqtt-node-ca: signatures are verified against node certificates from the site CA"
+        ),
+        None => None,
+    };
+    Ok(Some(options))
+}
+
 /// The gRPC server's options from the TLS flags: files read and checked now, so a bad file
 /// stops the gateway at start with the flag named.
 fn grpc_server_options(args: &Args) -> anyhow::Result<GrpcServerOptions> {
     let read = |flag: &str, path: &PathBuf| {
-        std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))
+        edgebeat_hw::read_bounded(path, MAX_PEM_FILE_BYTES)
+            .with_context(|| format!("{flag} {}", path.display()))
     };
     let require_node_identity = args
         .require_node_identity
@@ -299,17 +425,24 @@ fn readiness(
 }
 
 /// `mqtt://host[:port]` → (host, port), port 1883 by default.
-fn mqtt_host_port(url: &str) -> anyhow::Result<(String, u16)> {
-    let rest = url
-        .strip_prefix("mqtt://")
-        .with_context(|| format!("--mqtt-endpoint {url:?} must start with mqtt://"))?;
+/// `mqtt://host[:port]` (port 1883) or `mqtts://host[:port]` (TLS, port 8883): host, port
+/// and whether it is TLS.
+fn mqtt_host_port(url: &str) -> anyhow::Result<(String, u16, bool)> {
+    let (rest, port, secure) = match (url.strip_prefix("mqtt://"), url.strip_prefix("mqtts://")) {
+        (Some(rest), _) => (rest, 1883, false),
+        (None, Some(rest)) => (rest, 8883, true),
+        (None, None) => {
+            anyhow::bail!("--mqtt-endpoint {url:?} must start with mqtt:// or mqtts://")
+        }
+    };
     match rest.rsplit_once(':') {
         Some((host, port)) => Ok((
             host.to_owned(),
             port.parse()
                 .with_context(|| format!("--mqtt-endpoint {url:?}: bad port"))?,
+            secure,
         )),
-        None => Ok((rest.to_owned(), 1883)),
+        None => Ok((rest.to_owned(), port, secure)),
     }
 }
 
@@ -333,6 +466,41 @@ mod tests {
 
     fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
         Args::try_parse_from(std::iter::once("edgebeat-gateway").chain(flags.iter().copied()))
+    }
+
+    #[test]
+    fn mqtt_security_flags_are_checked_with_the_flag_named() {
+        let err = |flags: &[&str]| match mqtt_ingress_options(&parse(flags).unwrap()) {
+            Ok(_) => String::new(),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(err(&["--mqtt-node-ca", "ca.pem"]).contains("needs --mqtt-endpoint"));
+        assert!(err(&["--mqtt-endpoint", "mqtts://b"]).contains("needs --mqtt-ca-file"));
+        assert!(
+            err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-ca-file", "ca.pem"])
+                .contains("need an mqtts://")
+        );
+        assert!(
+            err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-require-signatures"])
+                .contains("needs --mqtt-node-ca")
+        );
+        assert!(
+            err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-node-ca", "/dev/zero"])
+                .starts_with("--mqtt-node-ca /dev/zero")
+        );
+        let plain = mqtt_ingress_options(&parse(&["--mqtt-endpoint", "mqtt://b"]).unwrap())
+            .unwrap()
+            .unwrap();
+        assert!(plain.tls.is_none() && plain.signatures.is_none());
+        assert_eq!(
+            mqtt_host_port("mqtts://b").unwrap(),
+            ("b".into(), 8883, true)
+        );
+        assert_eq!(
+            mqtt_host_port("mqtt://b:1").unwrap(),
+            ("b".into(), 1, false)
+        );
+        assert!(mqtt_host_port("tcp://b").is_err());
     }
 
     #[test]
@@ -387,5 +555,48 @@ mod tests {
             err.starts_with("--grpc-tls-cert /nonexistent/c.pem"),
             "{err}"
         );
+    }
+
+    /// `/dev/zero` (or any endless or huge file) is refused at once, naming the flag.
+    #[test]
+    fn endless_files_are_refused_naming_the_flag() {
+        let err = format!(
+            "{:#}",
+            read_password_file(std::path::Path::new("/dev/zero")).unwrap_err()
+        );
+        assert!(
+            err.starts_with("--mqtt-password-file /dev/zero: ")
+                && err.contains("larger than 4096 bytes"),
+            "{err}"
+        );
+        let err = format!(
+            "{:#}",
+            grpc_server_options(
+                &parse(&[
+                    "--grpc-tls-cert",
+                    "/dev/zero",
+                    "--grpc-tls-key",
+                    "/dev/zero"
+                ])
+                .unwrap()
+            )
+            .unwrap_err()
+        );
+        assert!(
+            err.starts_with("--grpc-tls-cert /dev/zero: ")
+                && err.contains("larger than 1048576 bytes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn password_file_loses_its_trailing_newline() {
+        let dir = std::env::temp_dir().join(format!("edgebeat-gw-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("password");
+        std::fs::write(&file, "s3cret\r\n").unwrap();
+        let password = read_password_file(&file);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(password.unwrap(), "s3cret");
     }
 }

@@ -8,7 +8,7 @@
 //! | `edgebeat_gateway_lease_failures_total` | counter | | renewals that could not be written (apiserver errors, too late) |
 //! | `edgebeat_gateway_stale_heartbeats_total` | counter | | renewals and status reports dropped as stale |
 //! | `edgebeat_gateway_status_reports_total` | counter | | status PATCHes written |
-//! | `edgebeat_gateway_rejected_messages_total` | counter | | messages rejected (malformed, foreign, replayed, superseded boot, undecodable) |
+//! | `edgebeat_gateway_rejected_messages_total` | counter | `reason` | messages rejected, by [`RejectReason`] (every reason is always exported, from 0) |
 //! | `edgebeat_gateway_registrations_total` | counter | | Nodes created or reconciled |
 //! | `edgebeat_gateway_tracked_nodes` | gauge | | nodes this replica keeps state for |
 //! | `edgebeat_gateway_node_lease_age_seconds` | gauge | `node` | gateway wall clock − the `renewTime` this replica last wrote for the node's Lease |
@@ -37,6 +37,101 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+/// Why a message was rejected: the `reason` label of
+/// `edgebeat_gateway_rejected_messages_total`. A fixed set, so the series are bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// Does not decode, or lacks what every message needs (header, kind, status); an
+    /// unknown MQTT topic.
+    Malformed,
+    /// Larger than the decode limit (64 KiB).
+    TooLarge,
+    /// Decodes but is refused by validation, NodeRestriction or the apiserver (422).
+    Invalid,
+    /// Speaks for another node than its authenticated identity, or its MQTT topic names
+    /// another node than its header.
+    Foreign,
+    /// A sequence number not above the last accepted one of its boot, or an earlier boot.
+    Replayed,
+    /// Over the per-node message rate.
+    RateLimited,
+    /// Dropped because the node's MQTT queue was full (a flood from that node).
+    QueueFull,
+    /// gRPC: no client certificate with a node identity, or one that is not a node's.
+    Unauthenticated,
+    /// gRPC: the TLS handshake failed (unknown CA, expired, no certificate, not TLS).
+    TlsHandshake,
+    /// MQTT: unsigned while signatures are required.
+    Unsigned,
+    /// MQTT: the signature does not verify with the node's certificate.
+    BadSignature,
+    /// MQTT: signed, but no verified certificate is held for the node.
+    UnknownSigner,
+    /// MQTT: a node certificate refused (wrong CA, expired, another node's), or a message
+    /// signed under a certificate that has expired since.
+    Certificate,
+}
+
+impl RejectReason {
+    /// Every reason, in label order.
+    pub const ALL: [Self; 13] = [
+        Self::Malformed,
+        Self::TooLarge,
+        Self::Invalid,
+        Self::Foreign,
+        Self::Replayed,
+        Self::RateLimited,
+        Self::QueueFull,
+        Self::Unauthenticated,
+        Self::TlsHandshake,
+        Self::Unsigned,
+        Self::BadSignature,
+        Self::UnknownSigner,
+        Self::Certificate,
+    ];
+
+    /// The label value, snake_case: `malformed`, `too_large`, `bad_signature`…
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::TooLarge => "too_large",
+            Self::Invalid => "invalid",
+            Self::Foreign => "foreign",
+            Self::Replayed => "replayed",
+            Self::RateLimited => "rate_limited",
+            Self::QueueFull => "queue_full",
+            Self::Unauthenticated => "unauthenticated",
+            Self::TlsHandshake => "tls_handshake",
+            Self::Unsigned => "unsigned",
+            Self::BadSignature => "bad_signature",
+            Self::UnknownSigner => "unknown_signer",
+            Self::Certificate => "certificate",
+        }
+    }
+
+    /// The reason for a transport's [`Handler::rejected`](edgebeat_transports::ingress::Handler::rejected)
+    /// text: the transports' `REJECT_*` constants map one to one; other gRPC texts are the
+    /// identity check's (mentioning the certificate: [`Self::Unauthenticated`]) or tonic's
+    /// decode errors ([`Self::TooLarge`] when they say so, else [`Self::Malformed`]).
+    pub fn from_transport(reason: &str) -> Self {
+        use edgebeat_transports::{grpc, mqtt};
+        match reason {
+            mqtt::REJECT_TOO_LARGE => Self::TooLarge,
+            mqtt::REJECT_MALFORMED | mqtt::REJECT_UNKNOWN_TOPIC => Self::Malformed,
+            mqtt::REJECT_MISMATCH => Self::Foreign,
+            mqtt::REJECT_QUEUE_FULL => Self::QueueFull,
+            mqtt::REJECT_UNSIGNED => Self::Unsigned,
+            mqtt::REJECT_BAD_SIGNATURE => Self::BadSignature,
+            mqtt::REJECT_UNKNOWN_SIGNER => Self::UnknownSigner,
+            mqtt::REJECT_CERTIFICATE | mqtt::REJECT_CERTIFICATE_EXPIRED => Self::Certificate,
+            grpc::REJECT_TLS_HANDSHAKE => Self::TlsHandshake,
+            other if other.contains("certificate") => Self::Unauthenticated,
+            other if other.contains("too large") => Self::TooLarge,
+            _ => Self::Malformed,
+        }
+    }
+}
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use edgebeat_hw::Clock;

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use edgebeat_agent::AgentConfig;
 use edgebeat_agent::config::{ClientCertificate, TransportTls};
 use edgebeat_gateway::GatewayOptions;
+use edgebeat_gateway::metrics::RejectReason;
 use edgebeat_proto::{self as pb, AckCode};
 use edgebeat_tests::harness::{Cluster, fixture};
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls};
@@ -457,7 +458,8 @@ fn is_transport_failure(err: &str) -> bool {
 
 /// Asserts that an agent presenting `client` (trusting `trust` for the gateway) gets
 /// nothing written for `node` while a control agent with a good certificate renews, and
-/// that handshake refusals never reach the gateway's handler (nothing counted there).
+/// that the gateway counts the refused handshakes as `tls_handshake` and nothing else (no
+/// message from the refused agent reaches the handler).
 async fn refused_agent_writes_nothing(
     cluster: &Cluster,
     site: &Ca,
@@ -471,7 +473,21 @@ async fn refused_agent_writes_nothing(
     control_agent_renews(cluster, site, "control-01").await;
     assert_eq!(writes_for(cluster, node), 0, "nothing written for {node}");
     assert!(cluster.standin.node(node).is_none());
-    assert_eq!(rejected(cluster), 0, "handshake failures reach no handler");
+    let handshakes = || {
+        cluster
+            .gateway()
+            .counters
+            .rejections(RejectReason::TlsHandshake)
+    };
+    wait_for("the refused handshakes counted", DEADLINE, || {
+        handshakes() >= 1
+    })
+    .await;
+    assert_eq!(
+        rejected(cluster),
+        handshakes(),
+        "only handshake failures counted"
+    );
     refused.stop().await.unwrap();
 }
 

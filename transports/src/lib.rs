@@ -18,6 +18,11 @@
 #[cfg(feature = "uplink")]
 pub mod uplink;
 
+pub mod tls;
+
+#[cfg(feature = "tls")]
+pub mod signing;
+
 #[cfg(feature = "ingress")]
 pub mod ingress;
 

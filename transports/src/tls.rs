@@ -1,8 +1,9 @@
-//! TLS for the gRPC transport: rustls on ring (never aws-lc), PEM material for both sides,
-//! and the kubelet-style node identity carried by an mTLS client certificate.
+//! TLS for every transport: rustls on ring (never aws-lc), PEM material for both sides,
+//! and the kubelet-style node identity carried by a client certificate.
 //!
-//! The settings types are always here; what uses rustls needs feature `grpc-tls` (always on
-//! with `grpc-ingress`).
+//! The settings types are always here; what uses rustls needs feature `grpc-tls` or
+//! `mqtt-tls` (always on with the ingress features), and [`node_identity`] an ingress
+//! feature.
 //!
 //! A node's identity is what the apiserver's node authorizer accepts
 //! (`pkg/auth/nodeidentifier/default.go`): user `system:node:<nodeName>` **and** group
@@ -11,9 +12,9 @@
 
 use std::fmt;
 
-#[cfg(feature = "grpc-tls")]
+#[cfg(feature = "tls")]
 use rustls::pki_types::pem::PemObject as _;
-#[cfg(feature = "grpc-tls")]
+#[cfg(feature = "tls")]
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// Prefix of a node's user name (the certificate's CN): `system:node:<nodeName>`.
@@ -25,7 +26,7 @@ pub const NODES_GROUP: &str = "system:nodes";
 /// Makes ring the process-wide default rustls [`rustls::crypto::CryptoProvider`], so no
 /// code path picks (or panics choosing between) providers. Idempotent; a provider installed
 /// earlier is left in place.
-#[cfg(feature = "grpc-tls")]
+#[cfg(feature = "tls")]
 pub fn install_ring_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
@@ -48,20 +49,56 @@ impl fmt::Debug for TlsIdentity {
     }
 }
 
-/// TLS settings of the agent's gRPC uplink (an `https://` endpoint).
+/// TLS settings of a client: the agent's gRPC uplink (`https://`), either side's MQTT
+/// connection to the broker (`mqtts://`).
 #[derive(Clone, PartialEq, Eq)]
-pub struct GrpcClientTls {
-    /// PEM CA certificate(s) the gateway's server certificate must chain to. The server
-    /// name checked is the endpoint URL's host (a DNS name or an IP address SAN).
+pub struct ClientTls {
+    /// PEM CA certificate(s) the server's certificate (gateway, broker) must chain to. The
+    /// server name checked is the endpoint's host (a DNS name or an IP address SAN).
     pub ca_pem: Vec<u8>,
-    /// Client certificate and key presented to the gateway (mTLS); for a node identity the
+    /// Client certificate and key presented to the server (mTLS); for a node identity the
     /// certificate's subject is CN=`system:node:<nodeName>`, O=`system:nodes`.
     pub client_identity: Option<TlsIdentity>,
 }
 
-impl fmt::Debug for GrpcClientTls {
+#[cfg(feature = "tls")]
+impl ClientTls {
+    /// A rustls client configuration on the ring provider: the server must chain to
+    /// `ca_pem`; the client certificate, when set, is presented. TLS 1.2 and 1.3.
+    ///
+    /// Errors: a message naming the part (`CA`, `client certificate`, `client key`, or the
+    /// pair) that is unusable.
+    pub fn rustls_config(&self) -> Result<rustls::ClientConfig, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in parse_certificates(&self.ca_pem).map_err(|e| format!("CA: {e}"))? {
+            roots
+                .add(cert)
+                .map_err(|e| format!("CA: not a usable CA certificate: {e}"))?;
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots);
+        match &self.client_identity {
+            None => Ok(builder.with_no_client_auth()),
+            Some(identity) => {
+                let certs = parse_certificates(&identity.cert_pem)
+                    .map_err(|e| format!("client certificate: {e}"))?;
+                let key =
+                    parse_private_key(&identity.key_pem).map_err(|e| format!("client key: {e}"))?;
+                builder
+                    .with_client_auth_cert(certs, key)
+                    .map_err(|e| format!("client certificate and key: {e}"))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GrpcClientTls")
+        f.debug_struct("ClientTls")
             .field("ca_pem", &format_args!("{} bytes", self.ca_pem.len()))
             .field("client_identity", &self.client_identity)
             .finish()
@@ -97,7 +134,7 @@ impl fmt::Debug for GrpcServerTls {
     }
 }
 
-#[cfg(feature = "grpc-tls")]
+#[cfg(feature = "tls")]
 impl GrpcServerTls {
     /// Checks the material before serving, so a bad file fails at start-up with a precise
     /// message instead of at the first connection: every PEM parses, the key belongs to the
@@ -105,10 +142,21 @@ impl GrpcServerTls {
     ///
     /// Errors: a message naming the part (`certificate`, `key`, `client CA`).
     pub fn check(&self) -> Result<(), String> {
-        install_ring_provider();
+        self.rustls_config(false).map(|_| ())
+    }
+
+    /// The rustls server configuration on the ring provider, offering ALPN `h2` (gRPC).
+    /// With a client CA, client certificates must chain to it; they are mandatory when
+    /// `require_client_cert`, optional otherwise.
+    ///
+    /// Errors: as [`GrpcServerTls::check`].
+    pub fn rustls_config(&self, require_client_cert: bool) -> Result<rustls::ServerConfig, String> {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let certs = parse_certificates(&self.cert_pem).map_err(|e| format!("certificate: {e}"))?;
         let key = parse_private_key(&self.key_pem).map_err(|e| format!("key: {e}"))?;
-        let builder = rustls::ServerConfig::builder();
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?;
         let builder = match &self.client_ca_pem {
             None => builder.with_no_client_auth(),
             Some(pem) => {
@@ -118,23 +166,32 @@ impl GrpcServerTls {
                         .add(cert)
                         .map_err(|e| format!("client CA: not a usable CA certificate: {e}"))?;
                 }
-                let verifier = rustls::server::WebPkiClientVerifier::builder(roots.into())
-                    .build()
-                    .map_err(|e| format!("client CA: {e}"))?;
-                builder.with_client_cert_verifier(verifier)
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    roots.into(),
+                    provider,
+                );
+                let verifier = if require_client_cert {
+                    verifier
+                } else {
+                    verifier.allow_unauthenticated()
+                };
+                builder.with_client_cert_verifier(
+                    verifier.build().map_err(|e| format!("client CA: {e}"))?,
+                )
             }
         };
-        builder
+        let mut config = builder
             .with_single_cert(certs, key)
             .map_err(|e| format!("certificate and key: {e}"))?;
-        Ok(())
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(config)
     }
 }
 
 /// Parses every `CERTIFICATE` block of a PEM file.
 ///
 /// Errors: a message when the text is not PEM or holds no certificate.
-#[cfg(feature = "grpc-tls")]
+#[cfg(feature = "tls")]
 pub fn parse_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
@@ -148,7 +205,7 @@ pub fn parse_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, St
 /// Parses the first private key (PKCS#8, PKCS#1 RSA or SEC1 EC) of a PEM file.
 ///
 /// Errors: a message when there is none or it is malformed.
-#[cfg(feature = "grpc-tls")]
+#[cfg(feature = "tls")]
 pub fn parse_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
     PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
         rustls::pki_types::pem::Error::NoItemsFound => {
@@ -168,7 +225,7 @@ pub fn parse_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
 ///
 /// Errors: a short reason (for logs, metrics and the `UNAUTHENTICATED` status) naming what
 /// is missing.
-#[cfg(feature = "grpc-ingress")]
+#[cfg(feature = "node-identity")]
 pub fn node_identity(leaf_der: &[u8]) -> Result<String, String> {
     use x509_parser::prelude::{FromDer as _, X509Certificate};
 
@@ -212,7 +269,7 @@ pub fn node_identity(leaf_der: &[u8]) -> Result<String, String> {
 }
 
 /// A Node name as the apiserver validates it: a DNS-1123 subdomain.
-#[cfg(feature = "grpc-ingress")]
+#[cfg(feature = "node-identity")]
 fn is_node_name(name: &str) -> bool {
     let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.';
     let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
@@ -223,7 +280,7 @@ fn is_node_name(name: &str) -> bool {
         && edge(name.as_bytes().last())
 }
 
-#[cfg(all(test, feature = "grpc-ingress"))]
+#[cfg(all(test, feature = "node-identity"))]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -179,6 +179,38 @@ pub mod agent_message {
         Lease(super::LeaseRenewal),
     }
 }
+/// MQTT payload when messages are signed end to end (the broker is a third party): an
+/// encoded AgentMessage and the node's signature over it. Published on the same topics as a
+/// plain AgentMessage; field numbers 8 and 9 are reserved in AgentMessage so the two never
+/// decode as each other.
+///
+/// The signature covers SIGNING_CONTEXT || signed_message, where SIGNING_CONTEXT is the 26
+/// bytes "edgebeat.v1 signed message" followed by one NUL byte (27 bytes in all), with the
+/// private key of the node's client certificate (CN=system:node:<name>, O=system:nodes):
+/// ECDSA P-256 key: ECDSA with SHA-256, ASN.1 DER signature (about 71 bytes);
+/// Ed25519 key:     Ed25519, 64 bytes.
+/// The gateway verifies it with the public key of the node's certificate (NodeCertificate),
+/// then decodes signed_message and applies every check a plain message gets; the header's
+/// per-boot seq inside the signed bytes makes replays and reordering detectable.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SignedMessage {
+    /// The encoded AgentMessage, exactly the bytes signed (never re-encoded).
+    #[prost(bytes = "vec", tag = "8")]
+    pub signed_message: ::prost::alloc::vec::Vec<u8>,
+    /// The node's signature (see above).
+    #[prost(bytes = "vec", tag = "9")]
+    pub signature: ::prost::alloc::vec::Vec<u8>,
+}
+/// A node's certificate chain for verifying its SignedMessages. MQTT: published retained,
+/// QoS 1, on P/certificates/<node> when the agent connects, so that every gateway replica
+/// (each subscribes without a share group) holds the current one; the gateway checks it
+/// against the site CA and that its identity is system:node:<node>.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeCertificate {
+    /// DER X.509 certificates, leaf first, then any intermediates up to the site CA.
+    #[prost(bytes = "vec", repeated, tag = "1")]
+    pub certificate_chain: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+}
 /// The gateway's answer to one agent message.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Ack {

@@ -9,7 +9,7 @@ use tonic::transport::Endpoint;
 #[cfg(feature = "grpc-tls")]
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-use super::tls::GrpcClientTls;
+use super::tls::ClientTls;
 #[cfg(feature = "grpc-tls")]
 use super::tls::{self};
 
@@ -27,7 +27,7 @@ pub struct GrpcUplinkOptions {
     /// feature `grpc-tls`): the CA to verify the gateway against (server name = the URL's
     /// host) and, for mTLS, the node's client certificate. Read once; rotating certificates
     /// means restarting the uplink.
-    pub tls: Option<GrpcClientTls>,
+    pub tls: Option<ClientTls>,
     /// Interval of HTTP/2 keepalive pings, also sent while idle (default 30 s).
     pub keepalive: Duration,
     /// Time to wait for a ping's answer before the connection counts as dead (default 10 s).
@@ -169,7 +169,7 @@ fn with_tls(endpoint: Endpoint, options: &GrpcUplinkOptions) -> Result<Endpoint,
 #[cfg(feature = "grpc-tls")]
 fn with_tls_config(
     endpoint: Endpoint,
-    tls: &GrpcClientTls,
+    tls: &ClientTls,
     connect_timeout: Duration,
 ) -> Result<Endpoint, String> {
     tls::install_ring_provider();
@@ -316,7 +316,7 @@ mod tests {
         params.self_signed(&key).unwrap().pem().into_bytes()
     }
 
-    fn options(endpoint: &str, tls: Option<GrpcClientTls>) -> GrpcUplinkOptions {
+    fn options(endpoint: &str, tls: Option<ClientTls>) -> GrpcUplinkOptions {
         let mut options = GrpcUplinkOptions::new(endpoint);
         options.tls = tls;
         options
@@ -331,7 +331,7 @@ mod tests {
 
     #[test]
     fn tls_settings_must_fit_the_scheme() {
-        let tls = GrpcClientTls {
+        let tls = ClientTls {
             ca_pem: ca_pem(),
             client_identity: None,
         };
@@ -346,13 +346,13 @@ mod tests {
 
     #[test]
     fn unusable_pem_is_named() {
-        let bad_ca = GrpcClientTls {
+        let bad_ca = ClientTls {
             ca_pem: b"not pem".to_vec(),
             client_identity: None,
         };
         let err = check(&options("https://gw:7443", Some(bad_ca))).unwrap_err();
         assert!(err.to_string().contains("CA: "), "{err}");
-        let bad_key = GrpcClientTls {
+        let bad_key = ClientTls {
             ca_pem: ca_pem(),
             client_identity: Some(TlsIdentity {
                 cert_pem: ca_pem(),

@@ -13,13 +13,14 @@ use std::time::Duration;
 mod client;
 #[cfg(feature = "grpc-ingress")]
 mod server;
-pub mod tls;
+/// TLS material and node identity (the crate's [`crate::tls`], kept here for gRPC users).
+pub use crate::tls;
 
+pub use crate::tls::{ClientTls, GrpcServerTls, TlsIdentity};
 #[cfg(feature = "grpc-uplink")]
 pub use client::{GrpcUplinkError, GrpcUplinkOptions, run_uplink};
 #[cfg(feature = "grpc-ingress")]
-pub use server::{GrpcServerOptions, serve};
-pub use tls::{GrpcClientTls, GrpcServerTls, TlsIdentity};
+pub use server::{GrpcServeError, GrpcServerOptions, REJECT_TLS_HANDSHAKE, serve};
 
 /// Default interval of HTTP/2 keepalive pings on both sides, 30 s: short enough to notice a
 /// dead cellular link well within the 40 s lease duration, long enough to cost little.

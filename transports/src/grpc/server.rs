@@ -6,7 +6,6 @@ use edgebeat_proto::{AgentMessage, GatewayMessage, MAX_AGENT_MESSAGE_BYTES, gate
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::tls::{self, GrpcServerTls};
@@ -144,62 +143,145 @@ impl<H> Service<H> {
     }
 }
 
+/// Why [`serve`] stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcServeError {
+    /// The TLS material cannot work (see [`GrpcServerTls::check`]).
+    #[error("gRPC TLS: {0}")]
+    Tls(String),
+    /// tonic stopped serving (the listener broke).
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// [`Handler::rejected`] reason: a TLS handshake failed (no or unknown client certificate,
+/// expired, not TLS at all, timed out); the detail is logged.
+pub const REJECT_TLS_HANDSHAKE: &str = "TLS handshake failed";
+
+/// Connections waiting between a finished TLS handshake and tonic picking them up.
+const ACCEPTED_QUEUE: usize = 64;
+
+/// Accepts TCP connections on `listener` and runs each TLS handshake in its own task
+/// (bounded by [`super::TLS_HANDSHAKE_TIMEOUT`]), handing finished ones to tonic. A failed
+/// handshake is counted through [`Handler::rejected`] ([`REJECT_TLS_HANDSHAKE`]) and logged
+/// with its cause, which tonic's own TLS acceptor would swallow. Ends when `closing` fires or
+/// tonic stops taking connections.
+fn tls_incoming<H: Handler>(
+    listener: TcpListener,
+    config: rustls::ServerConfig,
+    handler: Arc<H>,
+    closing: tokio_util::sync::CancellationToken,
+) -> ReceiverStream<Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::io::Error>>
+{
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                () = closing.cancelled() => return,
+                () = tx.closed() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let (stream, remote) = match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: the listener itself is fine.
+                    tracing::warn!(%error, "gRPC accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            // Small acks (and the handshake's last flight) must not wait for a delayed ACK.
+            let _ = stream.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let handler = handler.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let handshake =
+                    tokio::time::timeout(super::TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                let error = match handshake.await {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send(Ok(tls)).await;
+                        return;
+                    }
+                    Ok(Err(error)) => error.to_string(),
+                    Err(_) => "timed out".to_owned(),
+                };
+                let peer = Peer {
+                    transport: TransportKind::Grpc,
+                    remote: Some(remote),
+                    identity: None,
+                };
+                tracing::warn!(%remote, %error, "gRPC TLS handshake failed");
+                handler.rejected(&peer, REJECT_TLS_HANDSHAKE);
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
 /// Serves the `edgebeat.v1.Heartbeat` gRPC service on `listener` until `shutdown`
 /// resolves, handing every decoded message to `handler`. At shutdown every open stream is
 /// ended (agents reconnect elsewhere) and the call returns once connections have closed.
 ///
-/// With [`GrpcServerOptions::tls`], connections are TLS (rustls on ring); a failed
-/// handshake (no certificate, unknown CA, expired) closes that connection inside tonic
-/// before any request, so it never reaches `handler`.
+/// With [`GrpcServerOptions::tls`], connections are TLS (rustls on ring, ALPN `h2`), each
+/// handshake in its own task with a 10 s limit. A failed handshake (no certificate, unknown
+/// CA, expired, not TLS) closes that connection before any request: it never reaches
+/// `handler.handle`, and is counted through [`Handler::rejected`] as
+/// [`REJECT_TLS_HANDSHAKE`].
 ///
-/// Takes the listener (not an address) so callers bind port 0 in tests. Errors: the
-/// transport error tonic reports when serving fails (listener broken) or when the TLS
-/// material is unusable (check it first with [`GrpcServerTls::check`]).
+/// Takes the listener (not an address) so callers bind port 0 in tests. Errors:
+/// [`GrpcServeError::Tls`] when the TLS material is unusable (check it first with
+/// [`GrpcServerTls::check`]), [`GrpcServeError::Transport`] when serving fails.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
     options: GrpcServerOptions,
     shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
+) -> Result<(), GrpcServeError> {
     let closing = tokio_util::sync::CancellationToken::new();
     let client_ca = options
         .tls
         .as_ref()
         .is_some_and(|t| t.client_ca_pem.is_some());
     let service = HeartbeatServer::new(Service {
-        handler,
+        handler: handler.clone(),
         client_ca,
         require_node_identity: options.require_node_identity,
         closing: closing.clone(),
     })
     .max_decoding_message_size(options.max_message_bytes);
-    let shutdown = async move {
-        shutdown.await;
-        closing.cancel();
+    let shutdown = {
+        let closing = closing.clone();
+        async move {
+            shutdown.await;
+            closing.cancel();
+        }
     };
     let mut server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(options.keepalive))
         .http2_keepalive_timeout(Some(options.keepalive_timeout));
-    if let Some(tls) = &options.tls {
-        tls::install_ring_provider();
-        let mut config = ServerTlsConfig::new()
-            .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
-            .timeout(super::TLS_HANDSHAKE_TIMEOUT);
-        if let Some(ca) = &tls.client_ca_pem {
-            config = config
-                .client_ca_root(Certificate::from_pem(ca))
-                .client_auth_optional(!options.require_node_identity);
+    let router = server.add_service(service);
+    match &options.tls {
+        Some(tls) => {
+            let config = tls
+                .rustls_config(options.require_node_identity)
+                .map_err(GrpcServeError::Tls)?;
+            let incoming = tls_incoming(listener, config, handler, closing);
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await
+                .map_err(GrpcServeError::Transport)
         }
-        server = server.tls_config(config)?;
+        None => router
+            // TCP_NODELAY on the incoming stream itself: `Server::tcp_nodelay` is ignored
+            // by `serve_with_incoming*`, and with Nagle on, small acks can wait for a
+            // delayed ACK, ~40 ms on Linux.
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                shutdown,
+            )
+            .await
+            .map_err(GrpcServeError::Transport),
     }
-    server
-        .add_service(service)
-        // TCP_NODELAY on the incoming stream itself: `Server::tcp_nodelay` is ignored by
-        // `serve_with_incoming*`, and with Nagle on, small acks (and the TLS handshake's
-        // last flight) can wait for a delayed ACK, ~40 ms on Linux.
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await
 }

@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     CONNECT_TIMEOUT_SECS, DEFAULT_KEEPALIVE, DEFAULT_TOPIC_PREFIX, WILL_KIND, acks_topic,
-    check_keepalive, check_level, check_prefix, disconnect, next_event, node_topic,
+    certificate_topic, check_keepalive, check_level, check_prefix, disconnect, next_event,
+    node_topic,
 };
 use crate::uplink::{
     AfterAck, RegisterFn, Request, Session, UplinkDriver, UplinkError, reconnect_backoff,
@@ -66,6 +67,16 @@ pub struct MqttUplinkOptions {
     /// subscribed at that moment, a gateway restart), and the agent's loops wait for
     /// registration, so it is resent rather than awaited forever.
     pub register_timeout: Duration,
+    /// TLS to the broker (`mqtts://`; default off): the broker must chain to the CA; the
+    /// client certificate, when set, is presented (the broker may map it to a username and
+    /// ACL).
+    #[cfg(feature = "mqtt-tls")]
+    pub tls: Option<crate::tls::ClientTls>,
+    /// Signs every message end to end with the node's key (default off; see
+    /// [`crate::signing`]): payloads become `SignedMessage`s and the certificate chain is
+    /// published, retained, on `P/certificates/{node}` before each Register.
+    #[cfg(feature = "mqtt-tls")]
+    pub signer: Option<std::sync::Arc<crate::signing::MessageSigner>>,
 }
 
 impl MqttUplinkOptions {
@@ -84,6 +95,10 @@ impl MqttUplinkOptions {
             backoff_max: Duration::from_secs(7),
             max_packet_bytes: MAX_AGENT_MESSAGE_BYTES,
             register_timeout: Duration::from_secs(5),
+            #[cfg(feature = "mqtt-tls")]
+            tls: None,
+            #[cfg(feature = "mqtt-tls")]
+            signer: None,
         }
     }
 
@@ -119,8 +134,16 @@ impl MqttUplinkOptions {
         Ok(())
     }
 
-    fn mqtt_options(&self) -> MqttOptions {
+    fn mqtt_options(&self) -> Result<MqttOptions, MqttUplinkError> {
         let mut mqtt = MqttOptions::new(&self.client_id, &self.host, self.port);
+        #[cfg(feature = "mqtt-tls")]
+        if let Some(tls) = &self.tls {
+            crate::tls::install_ring_provider();
+            let config = tls.rustls_config().map_err(MqttUplinkError::Tls)?;
+            mqtt.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(std::sync::Arc::new(config)),
+            ));
+        }
         mqtt.set_keep_alive(self.keepalive)
             // A fresh session on every connect: nothing queued at the broker while away.
             .set_clean_start(true)
@@ -132,7 +155,7 @@ impl MqttUplinkOptions {
         if let Some((username, password)) = &self.credentials {
             mqtt.set_credentials(username, password);
         }
-        mqtt
+        Ok(mqtt)
     }
 }
 
@@ -147,6 +170,9 @@ pub enum MqttUplinkError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The TLS material cannot work (unparsable PEM, key not matching the certificate).
+    #[error("MQTT TLS: {0}")]
+    Tls(String),
 }
 
 /// Topics of one node.
@@ -156,6 +182,9 @@ struct Topics {
     lease: String,
     will: String,
     acks: String,
+    /// Where the certificate chain is published when signing.
+    #[cfg_attr(not(feature = "mqtt-tls"), allow(dead_code))]
+    certificate: String,
 }
 
 impl Topics {
@@ -166,6 +195,7 @@ impl Topics {
             lease: node_topic(prefix, node, "lease"),
             will: node_topic(prefix, node, WILL_KIND),
             acks: acks_topic(prefix, node),
+            certificate: certificate_topic(prefix, node),
         }
     }
 
@@ -203,8 +233,13 @@ impl Topics {
 /// On shutdown it sends DISCONNECT (so the broker discards the Last Will) and waits up to
 /// 2 s for the broker to close the connection.
 ///
+/// With a [`MqttUplinkOptions::signer`], every message goes out as a `SignedMessage`, and
+/// the certificate chain is published (QoS 1, retained) on `P/certificates/{node}` before
+/// each Register; a gateway that answers `register_again` (it holds no certificate for the
+/// node) gets both again.
+///
 /// Errors: [`MqttUplinkError::InvalidOption`] when an option or `node_name` cannot work
-/// (checked before connecting).
+/// (checked before connecting), [`MqttUplinkError::Tls`] when the TLS material cannot.
 pub async fn run_uplink(
     options: MqttUplinkOptions,
     node_name: String,
@@ -214,7 +249,7 @@ pub async fn run_uplink(
 ) -> Result<(), MqttUplinkError> {
     options.check(&node_name)?;
     let topics = Topics::new(&options.topic_prefix, &node_name);
-    let mut mqtt = options.mqtt_options();
+    let mut mqtt = options.mqtt_options()?;
     mqtt.set_last_will(last_will(&topics, &node_name, &register));
     let (client, eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
     let mut link = Link::new(&options, topics, client, register);
@@ -297,6 +332,8 @@ struct Link {
     register_timeout: Duration,
     lease_properties: PublishProperties,
     max_packet_bytes: usize,
+    #[cfg(feature = "mqtt-tls")]
+    signer: Option<std::sync::Arc<crate::signing::MessageSigner>>,
 }
 
 impl Link {
@@ -320,6 +357,35 @@ impl Link {
                 ..PublishProperties::default()
             },
             max_packet_bytes: options.max_packet_bytes,
+            #[cfg(feature = "mqtt-tls")]
+            signer: options.signer.clone(),
+        }
+    }
+
+    /// The payload of an encoded `AgentMessage`: itself, or a `SignedMessage` with a signer.
+    ///
+    /// Errors: the signer's message when signing fails.
+    fn payload(&self, message: Vec<u8>) -> Result<Vec<u8>, String> {
+        #[cfg(feature = "mqtt-tls")]
+        if let Some(signer) = &self.signer {
+            return signer.seal(message);
+        }
+        Ok(message)
+    }
+
+    /// Publishes the certificate chain (retained) when signing, so that every gateway
+    /// replica can verify what follows.
+    fn publish_certificate(&self) {
+        #[cfg(feature = "mqtt-tls")]
+        if let Some(signer) = &self.signer
+            && let Err(error) = self.client.try_publish(
+                &self.topics.certificate,
+                QoS::AtLeastOnce,
+                true,
+                signer.certificate().to_vec(),
+            )
+        {
+            tracing::warn!(%error, "could not queue the certificate; it goes with the next Register");
         }
     }
 
@@ -399,12 +465,19 @@ impl Link {
             .register_timeouts
             .next()
             .unwrap_or(REGISTER_TIMEOUT_MAX);
-        let Some(session) = self.session.as_mut() else {
+        if self.session.is_none() {
             return timeout;
-        };
+        }
         let message = (self.register)();
         let seq = message.header().map(|h| h.seq);
-        let payload = message.encode_to_vec();
+        let payload = match self.payload(message.encode_to_vec()) {
+            Ok(payload) => payload,
+            Err(error) => {
+                tracing::error!(%error, "could not sign Register; retrying");
+                return timeout;
+            }
+        };
+        self.publish_certificate();
         if payload.len() > self.max_packet_bytes {
             tracing::error!(
                 bytes = payload.len(),
@@ -418,15 +491,17 @@ impl Link {
         {
             tracing::warn!(%error, "could not queue Register; retrying");
         }
-        session.register_sent(seq);
+        if let Some(session) = self.session.as_mut() {
+            session.register_sent(seq);
+        }
         timeout
     }
 
     fn send(&mut self, request: Request) {
-        let Some(session) = self.session.as_mut() else {
+        if self.session.is_none() {
             let _ = request.reply.send(Err(UplinkError::NotConnected));
             return;
-        };
+        }
         let message = request.message;
         let seq = message.header().map_or(0, |h| h.seq);
         let kind = message.kind_name();
@@ -436,7 +511,13 @@ impl Link {
                 .send(Ok(local_reject(seq, "message has no kind".into())));
             return;
         };
-        let payload = message.encode_to_vec();
+        let payload = match self.payload(message.encode_to_vec()) {
+            Ok(payload) => payload,
+            Err(error) => {
+                let _ = request.reply.send(Ok(local_reject(seq, error)));
+                return;
+            }
+        };
         if payload.len() > self.max_packet_bytes {
             let reason = format!(
                 "not sent: {} bytes exceed max_packet_bytes ({})",
@@ -458,9 +539,12 @@ impl Link {
             self.client
                 .try_publish(topic, QoS::AtLeastOnce, false, payload)
         };
-        match queued {
-            Ok(()) => session.track(seq, request.reply),
-            Err(error) => {
+        match (queued, self.session.as_mut()) {
+            (Ok(()), Some(session)) => session.track(seq, request.reply),
+            (Ok(()), None) => {
+                let _ = request.reply.send(Err(UplinkError::NotConnected));
+            }
+            (Err(error), _) => {
                 // rumqttc's queue is full (the broker stopped acknowledging): refuse rather
                 // than wait, the caller retries with a fresh message.
                 tracing::debug!(%error, kind, "MQTT request queue full; message refused");
@@ -523,6 +607,7 @@ mod tests {
         assert!(ok.check("edge-1").is_ok());
         let err = |o: &MqttUplinkOptions, node: &str| match o.check(node) {
             Err(MqttUplinkError::InvalidOption { option, .. }) => option,
+            Err(MqttUplinkError::Tls(_)) => "tls",
             Ok(()) => "ok",
         };
         assert_eq!(err(&ok, "a/b"), "node_name");
@@ -556,7 +641,7 @@ mod tests {
     fn lease_expiry_is_whole_seconds_rounded_down() {
         let mut o = MqttUplinkOptions::new("h", 1, "n");
         o.lease_expiry = Duration::from_millis(10_900);
-        let (client, _eventloop) = AsyncClient::new(o.mqtt_options(), 1);
+        let (client, _eventloop) = AsyncClient::new(o.mqtt_options().unwrap(), 1);
         let register: RegisterFn = std::sync::Arc::new(AgentMessage::default);
         let link = Link::new(&o, Topics::new("p", "n"), client, register);
         assert_eq!(link.lease_properties.message_expiry_interval, Some(10));

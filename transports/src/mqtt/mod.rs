@@ -9,8 +9,15 @@
 //! | `P/nodes/{node}/lease`       | agent → gateway  | protobuf `AgentMessage`          | QoS 1, Message Expiry Interval |
 //! | `P/nodes/{node}/will`        | broker → gateway | protobuf `Header` (Last Will)    | QoS 1 |
 //! | `P/acks/{node}`              | gateway → agent  | protobuf `GatewayMessage`        | QoS 1 |
+//! | `P/certificates/{node}`      | agent → gateways | protobuf `NodeCertificate`       | QoS 1, retained; only with signing |
 //!
-//! Nothing is retained: a retained heartbeat would be stale by the time anyone read it. The
+//! With signing (agent: a node key; gateway: a site CA, see [`crate::signing`]) every
+//! agent payload is a `SignedMessage` instead of a bare `AgentMessage`, and the agent
+//! publishes its certificate chain, retained, before each Register; every gateway replica
+//! subscribes to `P/certificates/+` without a share group, so each holds every node's
+//! certificate, including those published before it started.
+//!
+//! Only certificates are retained: a retained heartbeat would be stale by the time anyone read it. The
 //! whole `AgentMessage` oneof is the payload on every agent topic, so the gateway has one
 //! decoder; the topic only routes, and the gateway checks that it agrees with the message.
 //! Gateways subscribe with the shared subscription `$share/{group}/P/nodes/+/+`, so replicas
@@ -36,8 +43,10 @@ mod server;
 pub use client::{MqttUplinkError, MqttUplinkOptions, run_uplink};
 #[cfg(feature = "mqtt-ingress")]
 pub use server::{
-    MqttIngressError, MqttIngressOptions, REJECT_MALFORMED, REJECT_MISMATCH, REJECT_QUEUE_FULL,
-    REJECT_TOO_LARGE, REJECT_UNKNOWN_TOPIC, serve,
+    MqttIngressError, MqttIngressOptions, REJECT_BAD_SIGNATURE, REJECT_CERTIFICATE,
+    REJECT_CERTIFICATE_EXPIRED, REJECT_MALFORMED, REJECT_MISMATCH, REJECT_QUEUE_FULL,
+    REJECT_TOO_LARGE, REJECT_UNKNOWN_SIGNER, REJECT_UNKNOWN_TOPIC, REJECT_UNSIGNED,
+    SignaturePolicy, serve,
 };
 
 /// Default topic prefix, `edgebeat/v1` (the wire package's version).
@@ -78,6 +87,23 @@ pub fn node_topic(prefix: &str, node: &str, kind: &str) -> String {
 /// Topic the gateway answers one node on: `{prefix}/acks/{node}`.
 pub fn acks_topic(prefix: &str, node: &str) -> String {
     format!("{prefix}/acks/{node}")
+}
+
+/// Topic a node's certificate chain is published on (retained): `{prefix}/certificates/{node}`.
+pub fn certificate_topic(prefix: &str, node: &str) -> String {
+    format!("{prefix}/certificates/{node}")
+}
+
+/// Filter every gateway replica subscribes to (no share group) when verifying signatures:
+/// `{prefix}/certificates/+`.
+pub fn certificates_filter(prefix: &str) -> String {
+    format!("{prefix}/certificates/+")
+}
+
+/// The node of `{prefix}/certificates/{node}`; `None` for any other topic.
+pub fn parse_certificate_topic<'t>(prefix: &str, topic: &'t str) -> Option<&'t str> {
+    let node = topic.strip_prefix(prefix)?.strip_prefix("/certificates/")?;
+    (!node.is_empty() && !node.contains('/')).then_some(node)
 }
 
 /// Shared-subscription filter of gateway replicas: `$share/{group}/{prefix}/nodes/+/+`.
@@ -202,6 +228,22 @@ mod tests {
             acks_topic("edgebeat/v1", "edge-1"),
             "edgebeat/v1/acks/edge-1"
         );
+        assert_eq!(
+            certificate_topic("edgebeat/v1", "edge-1"),
+            "edgebeat/v1/certificates/edge-1"
+        );
+        assert_eq!(
+            parse_certificate_topic("edgebeat/v1", "edgebeat/v1/certificates/edge-1"),
+            Some("edge-1")
+        );
+        for bad in [
+            "edgebeat/v1/certificates/",
+            "edgebeat/v1/certificates/a/b",
+            "x/certificates/a",
+        ] {
+            assert_eq!(parse_certificate_topic("edgebeat/v1", bad), None, "{bad}");
+        }
+        assert_eq!(certificates_filter("p"), "p/certificates/+");
         assert_eq!(
             gateway_filter("edgebeat/v1", "edgebeat-gateway"),
             "$share/edgebeat-gateway/edgebeat/v1/nodes/+/+"

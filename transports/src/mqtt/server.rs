@@ -5,22 +5,27 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use edgebeat_proto::{
-    AgentMessage, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, gateway_message,
+    Ack, AckCode, AgentMessage, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, gateway_message,
 };
 use prost::Message;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{Packet, Publish, SubscribeReasonCode};
+use rumqttc::v5::mqttbytes::v5::{Filter, Packet, Publish, SubscribeReasonCode};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use rustls::pki_types::UnixTime;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{
     CONNECT_TIMEOUT_SECS, DEFAULT_KEEPALIVE, DEFAULT_SHARE_GROUP, DEFAULT_TOPIC_PREFIX,
-    MESSAGE_KINDS, WILL_KIND, acks_topic, check_keepalive, check_level, check_prefix, disconnect,
-    gateway_filter, next_event, parse_node_topic,
+    MESSAGE_KINDS, WILL_KIND, acks_topic, certificates_filter, check_keepalive, check_level,
+    check_prefix, disconnect, gateway_filter, next_event, parse_certificate_topic,
+    parse_node_topic,
 };
 use crate::ingress::{Handler, Peer, TransportKind};
+use crate::signing::{self, CertificateVerifier, NodeKey, SignatureError};
+use crate::tls::ClientTls;
 
 /// [`Handler::rejected`] reason: the payload is larger than `max_packet_bytes`.
 pub const REJECT_TOO_LARGE: &str = "message too large";
@@ -35,6 +40,21 @@ pub const REJECT_UNKNOWN_TOPIC: &str = "unknown topic";
 /// [`Handler::rejected`] reason: the node's worker queue was full; the message is dropped so
 /// that one node's flood cannot starve the others.
 pub const REJECT_QUEUE_FULL: &str = "per-node queue full";
+/// [`Handler::rejected`] reason: signatures are required and the payload is a bare
+/// `AgentMessage` (answered `REJECTED`).
+pub const REJECT_UNSIGNED: &str = "unsigned message";
+/// [`Handler::rejected`] reason: the signature does not verify with the node's certificate
+/// (tampered, or signed by someone else; answered `REJECTED`).
+pub const REJECT_BAD_SIGNATURE: &str = "bad signature";
+/// [`Handler::rejected`] reason: no verified certificate is held for the node (answered
+/// `RETRY` with `register_again`, so a genuine agent publishes it again).
+pub const REJECT_UNKNOWN_SIGNER: &str = "no certificate for the signer";
+/// [`Handler::rejected`] reason: the certificate that verified the node's messages has
+/// expired (answered `REJECTED`).
+pub const REJECT_CERTIFICATE_EXPIRED: &str = "node certificate expired";
+/// [`Handler::rejected`] reason: a certificate published on `P/certificates/{node}` was
+/// refused (not from the site CA, expired, not `node`'s identity, older than the one held).
+pub const REJECT_CERTIFICATE: &str = "node certificate refused";
 
 /// Headroom above `max_packet_bytes` for the PUBLISH header (topic, properties) in the
 /// Maximum Packet Size announced to the broker, so that payloads a little over the limit
@@ -79,6 +99,21 @@ pub struct MqttIngressOptions {
     /// Set to `true` when the broker has granted the shared subscription, `false` when the
     /// connection is lost: a readiness signal (tests wait on it; `/readyz` can report it).
     pub subscribed: Option<Arc<tokio::sync::watch::Sender<bool>>>,
+    /// TLS to the broker (`mqtts://`; default off): the broker must chain to the CA, and the
+    /// client certificate, when set, is presented.
+    pub tls: Option<ClientTls>,
+    /// End-to-end signature checks (default off); see [`SignaturePolicy`].
+    pub signatures: Option<SignaturePolicy>,
+}
+
+/// How the ingress treats signed messages ([`crate::signing`]).
+#[derive(Debug, Clone)]
+pub struct SignaturePolicy {
+    /// Checks certificates published on `P/certificates/{node}` against the site CA.
+    pub verifier: CertificateVerifier,
+    /// Refuse unsigned messages ([`REJECT_UNSIGNED`]). When false, unsigned messages are
+    /// handed on with no identity (a fleet moving to signatures), signed ones with theirs.
+    pub required: bool,
 }
 
 impl MqttIngressOptions {
@@ -96,6 +131,8 @@ impl MqttIngressOptions {
             max_packet_bytes: MAX_AGENT_MESSAGE_BYTES,
             per_node_queue: 8,
             subscribed: None,
+            tls: None,
+            signatures: None,
         }
     }
 
@@ -119,8 +156,14 @@ impl MqttIngressOptions {
         Ok(())
     }
 
-    fn mqtt_options(&self) -> MqttOptions {
+    fn mqtt_options(&self) -> Result<MqttOptions, MqttIngressError> {
         let mut mqtt = MqttOptions::new(&self.client_id, &self.host, self.port);
+        if let Some(tls) = &self.tls {
+            let config = tls.rustls_config().map_err(MqttIngressError::Tls)?;
+            mqtt.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(Arc::new(config)),
+            ));
+        }
         let max_packet = self.max_packet_bytes.saturating_add(PACKET_HEADROOM);
         mqtt.set_keep_alive(self.keepalive)
             .set_clean_start(true)
@@ -132,7 +175,7 @@ impl MqttIngressOptions {
         if let Some((username, password)) = &self.credentials {
             mqtt.set_credentials(username, password);
         }
-        mqtt
+        Ok(mqtt)
     }
 }
 
@@ -147,6 +190,9 @@ pub enum MqttIngressError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The TLS material cannot work (unparsable PEM, key not matching the certificate).
+    #[error("MQTT TLS: {0}")]
+    Tls(String),
     /// The broker refused the shared subscription (no shared-subscription support, not
     /// authorized): this replica would never receive a message.
     #[error("the broker refused the subscription {filter}: {reason}")]
@@ -163,12 +209,25 @@ pub enum MqttIngressError {
 /// message to `handler` and publishes its `Ack` to `P/acks/{node}` (QoS 1).
 ///
 /// Each message is checked before the handler sees it, in this order: the topic is
-/// `P/nodes/{node}/{kind}` with a known kind (else [`REJECT_UNKNOWN_TOPIC`]); the payload is
-/// at most `max_packet_bytes` ([`REJECT_TOO_LARGE`]) and decodes ([`REJECT_MALFORMED`]); the
-/// topic's node and kind are the message's header node name and kind ([`REJECT_MISMATCH`]).
-/// Rejections go to [`Handler::rejected`] and serving goes on. The [`Peer`] is
-/// `{ transport: Mqtt, remote: None, identity: None }`: the broker is the socket peer and
-/// says nothing about who published.
+/// `P/nodes/{node}/{kind}` with a known kind (else [`REJECT_UNKNOWN_TOPIC`]) and the payload
+/// is at most `max_packet_bytes` ([`REJECT_TOO_LARGE`]); then, in the node's worker, the
+/// signature policy (below), the payload decodes ([`REJECT_MALFORMED`]) and the topic's node
+/// and kind are the message's header node name and kind ([`REJECT_MISMATCH`]). Rejections go
+/// to [`Handler::rejected`] and serving goes on. The [`Peer`] is
+/// `{ transport: Mqtt, remote: None, identity }`: the broker is the socket peer and says
+/// nothing about who published, so `identity` is `Some(node)` only for a message whose
+/// signature verified.
+///
+/// With [`MqttIngressOptions::signatures`] the ingress also subscribes (without a share
+/// group) to `P/certificates/+`, verifies each retained or new certificate against the site
+/// CA for the node its topic names ([`REJECT_CERTIFICATE`] when refused, including one older
+/// than the one held) and keeps the node's key. A `SignedMessage` is verified with it before
+/// decoding: no key held is answered `RETRY` with `register_again`
+/// ([`REJECT_UNKNOWN_SIGNER`]: the agent publishes its certificate again); a signature that
+/// does not verify ([`REJECT_BAD_SIGNATURE`]), a certificate past notAfter
+/// ([`REJECT_CERTIFICATE_EXPIRED`]) and, when signatures are required, a bare message
+/// ([`REJECT_UNSIGNED`]) are answered `REJECTED`. Replays are the handler's to refuse: the
+/// signed header carries the per-boot `seq`.
 ///
 /// Last Wills (`P/nodes/{node}/will`) are logged at info level and otherwise ignored: the
 /// broker publishes them when a connection dies, which says nothing about the node itself,
@@ -190,13 +249,27 @@ pub async fn serve<H: Handler>(
 ) -> Result<(), MqttIngressError> {
     options.check()?;
     let filter = gateway_filter(&options.topic_prefix, &options.share_group);
-    let (client, eventloop) = AsyncClient::new(options.mqtt_options(), REQUEST_QUEUE);
+    let mut filters = vec![Filter::new(filter.clone(), QoS::AtLeastOnce)];
+    if options.signatures.is_some() {
+        filters.push(Filter::new(
+            certificates_filter(&options.topic_prefix),
+            QoS::AtLeastOnce,
+        ));
+    }
+    crate::tls::install_ring_provider();
+    let (client, eventloop) = AsyncClient::new(options.mqtt_options()?, REQUEST_QUEUE);
     let mut workers = Workers {
         handler,
         client: client.clone(),
         prefix: options.topic_prefix.clone(),
         queue: options.per_node_queue,
         nodes: HashMap::new(),
+        signatures: options.signatures.clone().map(|policy| {
+            Arc::new(Signatures {
+                policy,
+                keys: std::sync::RwLock::default(),
+            })
+        }),
     };
     let mut backoff = reconnect_backoff();
     let mut next = next_event(eventloop);
@@ -214,7 +287,7 @@ pub async fn serve<H: Handler>(
                         Event::Incoming(Packet::ConnAck(_)) => {
                             tracing::info!(%filter, "connected to the MQTT broker; subscribing");
                             backoff = reconnect_backoff();
-                            subscribe(&client, &filter);
+                            subscribe(&client, &filters);
                         }
                         Event::Incoming(Packet::SubAck(suback)) => {
                             if let Some(code) = suback
@@ -222,8 +295,10 @@ pub async fn serve<H: Handler>(
                                 .iter()
                                 .find(|c| !matches!(c, SubscribeReasonCode::Success(_)))
                             {
+                                let names: Vec<&str> =
+                                    filters.iter().map(|f| f.path.as_str()).collect();
                                 return Err(MqttIngressError::SubscribeRefused {
-                                    filter,
+                                    filter: names.join(", "),
                                     reason: format!("{code:?}"),
                                 });
                             }
@@ -259,14 +334,15 @@ pub async fn serve<H: Handler>(
     Ok(())
 }
 
-fn subscribe(client: &AsyncClient, filter: &str) {
-    if let Err(error) = client.try_subscribe(filter, QoS::AtLeastOnce) {
+/// Subscribes to every filter in one SUBSCRIBE, so one SUBACK grants (or refuses) them all.
+fn subscribe(client: &AsyncClient, filters: &[Filter]) {
+    if let Err(error) = client.try_subscribe_many(filters.to_vec()) {
         // The queue is full of acks: wait for room without blocking the event loop.
         tracing::debug!(%error, "request queue full; subscribing from a task");
         let client = client.clone();
-        let filter = filter.to_owned();
+        let filters = filters.to_vec();
         tokio::spawn(async move {
-            if let Err(error) = client.subscribe(filter, QoS::AtLeastOnce).await {
+            if let Err(error) = client.subscribe_many(filters).await {
                 tracing::warn!(%error, "could not queue the subscription");
             }
         });
@@ -283,25 +359,23 @@ fn reconnect_backoff() -> impl Iterator<Item = Duration> {
         .build()
 }
 
-/// What one PUBLISH under the subscription is.
-// Lives on the stack for one dispatch and the message moves on as is: boxing it would cost
-// an allocation per message for nothing.
-#[allow(clippy::large_enum_variant)]
+/// What one PUBLISH under the subscriptions is.
 #[derive(Debug, PartialEq)]
 enum Inbound<'t> {
-    /// A message for the handler, from `node`.
-    Message {
-        node: &'t str,
-        message: AgentMessage,
-    },
+    /// A message for `node` of `kind` (`register`, `status`, `lease`): not decoded yet,
+    /// that (and the signature check) is the node's worker's job.
+    Message { node: &'t str, kind: &'t str },
     /// A Last Will: the broker lost `node`'s connection.
     Will {
         node: &'t str,
         header: Option<Header>,
     },
+    /// `node`'s certificate chain (`P/certificates/{node}`).
+    Certificate { node: &'t str },
 }
 
-/// Classifies one PUBLISH: a checked message, a Last Will, or the rejection reason.
+/// Classifies one PUBLISH by topic and size: a message, a Last Will, a certificate, or the
+/// rejection reason.
 fn classify<'t>(
     prefix: &str,
     topic: &'t [u8],
@@ -309,6 +383,12 @@ fn classify<'t>(
     max_bytes: usize,
 ) -> Result<Inbound<'t>, &'static str> {
     let topic = std::str::from_utf8(topic).map_err(|_| REJECT_UNKNOWN_TOPIC)?;
+    if let Some(node) = parse_certificate_topic(prefix, topic) {
+        if payload.len() > max_bytes {
+            return Err(REJECT_TOO_LARGE);
+        }
+        return Ok(Inbound::Certificate { node });
+    }
     let (node, kind) = parse_node_topic(prefix, topic).ok_or(REJECT_UNKNOWN_TOPIC)?;
     if kind == WILL_KIND {
         let header = Header::decode(payload).ok();
@@ -320,24 +400,171 @@ fn classify<'t>(
     if payload.len() > max_bytes {
         return Err(REJECT_TOO_LARGE);
     }
-    let message = AgentMessage::decode(payload).map_err(|_| REJECT_MALFORMED)?;
-    let header_node = message.header().map(|h| h.node_name.as_str());
-    if header_node != Some(node) || message.kind_name() != kind {
-        return Err(REJECT_MISMATCH);
-    }
-    Ok(Inbound::Message { node, message })
+    Ok(Inbound::Message { node, kind })
 }
 
-fn peer() -> Peer {
+/// A message refused by [`open`]: the reason for [`Handler::rejected`], and the [`Ack`] to
+/// send the agent, if any.
+#[derive(Debug, PartialEq)]
+struct Refusal {
+    reason: &'static str,
+    ack: Option<Ack>,
+}
+
+impl Refusal {
+    fn silent(reason: &'static str) -> Self {
+        Self { reason, ack: None }
+    }
+
+    /// A refusal answered to the agent: `seq` read from the (unverified) message, so that a
+    /// genuine agent learns why; a forger learns nothing it did not know.
+    fn answered(reason: &'static str, seq: u64, code: AckCode, register_again: bool) -> Self {
+        Self {
+            reason,
+            ack: Some(Ack {
+                seq,
+                code: code.into(),
+                reason: reason.to_owned(),
+                register_again,
+                ..Ack::default()
+            }),
+        }
+    }
+}
+
+/// Reads one message of `node` and `kind` under the signature policy: verifies a
+/// `SignedMessage` with `key` (the node's certificate, when held) at `now`, decodes the
+/// `AgentMessage`, and checks that its header's node name and its kind agree with the topic.
+/// Returns the message and whether it was signed (its identity is then `node`).
+fn open(
+    node: &str,
+    kind: &str,
+    payload: &[u8],
+    policy: Option<&SignaturePolicy>,
+    key: Option<&NodeKey>,
+    now: UnixTime,
+) -> Result<(AgentMessage, bool), Refusal> {
+    let decode = |bytes: &[u8]| {
+        let message = AgentMessage::decode(bytes).map_err(|_| Refusal::silent(REJECT_MALFORMED))?;
+        let header_node = message.header().map(|h| h.node_name.as_str());
+        if header_node != Some(node) || message.kind_name() != kind {
+            return Err(Refusal::silent(REJECT_MISMATCH));
+        }
+        Ok(message)
+    };
+    let Some(policy) = policy else {
+        // Not verifying: a signing agent's message is read without its signature, and
+        // carries no identity, exactly like an unsigned one.
+        return match signing::unseal(payload) {
+            Some((signed, _)) => decode(&signed),
+            None => decode(payload),
+        }
+        .map(|m| (m, false));
+    };
+    let Some((signed, signature)) = signing::unseal(payload) else {
+        let message = decode(payload)?;
+        if policy.required {
+            let seq = message.header().map_or(0, |h| h.seq);
+            return Err(Refusal::answered(
+                REJECT_UNSIGNED,
+                seq,
+                AckCode::Rejected,
+                false,
+            ));
+        }
+        return Ok((message, false));
+    };
+    let seq_of = |bytes: &[u8]| {
+        AgentMessage::decode(bytes)
+            .ok()
+            .and_then(|m| m.header().map(|h| h.seq))
+            .unwrap_or(0)
+    };
+    let Some(key) = key else {
+        return Err(Refusal::answered(
+            REJECT_UNKNOWN_SIGNER,
+            seq_of(&signed),
+            AckCode::Retry,
+            true,
+        ));
+    };
+    match key.verify(&signed, &signature, now) {
+        Ok(()) => decode(&signed).map(|m| (m, true)),
+        Err(SignatureError::Expired) => Err(Refusal::answered(
+            REJECT_CERTIFICATE_EXPIRED,
+            seq_of(&signed),
+            AckCode::Rejected,
+            false,
+        )),
+        Err(SignatureError::BadSignature | SignatureError::Certificate(_)) => {
+            Err(Refusal::answered(
+                REJECT_BAD_SIGNATURE,
+                seq_of(&signed),
+                AckCode::Rejected,
+                false,
+            ))
+        }
+    }
+}
+
+fn peer(identity: Option<&str>) -> Peer {
     Peer {
         transport: TransportKind::Mqtt,
         remote: None,
-        identity: None,
+        identity: identity.map(str::to_owned),
     }
 }
 
+/// The signature policy and the verified certificate of every node this replica has seen,
+/// shared by the workers. An entry only exists for a certificate the site CA issued, so the
+/// map is bounded by the site's fleet.
+struct Signatures {
+    policy: SignaturePolicy,
+    keys: std::sync::RwLock<HashMap<String, Arc<NodeKey>>>,
+}
+
+impl Signatures {
+    fn key(&self, node: &str) -> Option<Arc<NodeKey>> {
+        let keys = self
+            .keys
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        keys.get(node).cloned()
+    }
+
+    /// Verifies and stores `node`'s published certificate. A certificate older (by
+    /// notBefore) than the one held is refused, so a replayed old certificate cannot roll a
+    /// rotated key back.
+    fn learn(&self, node: &str, payload: &[u8]) -> Result<(), String> {
+        let key = self
+            .policy
+            .verifier
+            .verify(node, payload, UnixTime::now())
+            .map_err(|e| e.to_string())?;
+        let mut keys = self
+            .keys
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(held) = keys.get(node)
+            && held.not_before() > key.not_before()
+        {
+            return Err("older than the certificate held for the node".into());
+        }
+        keys.insert(node.to_owned(), Arc::new(key));
+        Ok(())
+    }
+}
+
+/// One unit of a node worker's work.
+enum Work {
+    /// A message payload of `kind`.
+    Message { kind: &'static str, payload: Bytes },
+    /// A published certificate chain.
+    Certificate(Bytes),
+}
+
 struct Worker {
-    tx: mpsc::Sender<AgentMessage>,
+    tx: mpsc::Sender<Work>,
     last_message: Instant,
 }
 
@@ -348,30 +575,47 @@ struct Workers<H> {
     prefix: String,
     queue: usize,
     nodes: HashMap<String, Worker>,
+    signatures: Option<Arc<Signatures>>,
 }
 
 impl<H: Handler> Workers<H> {
     fn dispatch(&mut self, publish: &Publish, max_bytes: usize) {
-        let (node, message) =
-            match classify(&self.prefix, &publish.topic, &publish.payload, max_bytes) {
-                Ok(Inbound::Message { node, message }) => (node, message),
-                Ok(Inbound::Will { node, header }) => {
-                    tracing::info!(
-                        node,
-                        boot_id = header
-                            .as_ref()
-                            .map(|h| edgebeat_proto::boot_id_to_string(&h.boot_id)),
-                        seq = header.as_ref().map(|h| h.seq),
-                        "the broker lost an agent's connection (Last Will)"
-                    );
+        let (node, work) = match classify(&self.prefix, &publish.topic, &publish.payload, max_bytes)
+        {
+            Ok(Inbound::Message { node, kind }) => {
+                let kind = MESSAGE_KINDS
+                    .iter()
+                    .find(|k| **k == kind)
+                    .copied()
+                    .unwrap_or("unknown");
+                let payload = publish.payload.clone();
+                (node, Work::Message { kind, payload })
+            }
+            Ok(Inbound::Certificate { node }) => {
+                if self.signatures.is_none() || publish.payload.is_empty() {
+                    // Not verifying, or a retained certificate being cleared: the key
+                    // held stays until a newer certificate replaces it.
                     return;
                 }
-                Err(reason) => {
-                    tracing::debug!(topic = ?publish.topic, reason, "MQTT message rejected");
-                    self.handler.rejected(&peer(), reason);
-                    return;
-                }
-            };
+                (node, Work::Certificate(publish.payload.clone()))
+            }
+            Ok(Inbound::Will { node, header }) => {
+                tracing::info!(
+                    node,
+                    boot_id = header
+                        .as_ref()
+                        .map(|h| edgebeat_proto::boot_id_to_string(&h.boot_id)),
+                    seq = header.as_ref().map(|h| h.seq),
+                    "the broker lost an agent's connection (Last Will)"
+                );
+                return;
+            }
+            Err(reason) => {
+                tracing::debug!(topic = ?publish.topic, reason, "MQTT message rejected");
+                self.handler.rejected(&peer(None), reason);
+                return;
+            }
+        };
         let alive = self.nodes.get(node).is_some_and(|w| !w.tx.is_closed());
         if !alive {
             // New node, or its worker died (a handler panicked): start one.
@@ -383,21 +627,59 @@ impl<H: Handler> Workers<H> {
         };
         worker.last_message = Instant::now();
         // Full, or (rarely) the worker died just now: a new one starts with the next message.
-        if worker.tx.try_send(message).is_err() {
+        if worker.tx.try_send(work).is_err() {
             tracing::debug!(node, "MQTT message dropped: the node's queue is full");
-            self.handler.rejected(&peer(), REJECT_QUEUE_FULL);
+            self.handler.rejected(&peer(None), REJECT_QUEUE_FULL);
         }
     }
 
     fn spawn(&self, node: &str) -> Worker {
-        let (tx, mut rx) = mpsc::channel::<AgentMessage>(self.queue);
+        let (tx, mut rx) = mpsc::channel::<Work>(self.queue);
         let handler = self.handler.clone();
         let client = self.client.clone();
         let topic = acks_topic(&self.prefix, node);
+        let signatures = self.signatures.clone();
+        let node = node.to_owned();
         tokio::spawn(async move {
-            let peer = peer();
-            while let Some(message) = rx.recv().await {
-                let ack = handler.handle(&peer, message).await;
+            while let Some(work) = rx.recv().await {
+                let (kind, payload) = match work {
+                    Work::Message { kind, payload } => (kind, payload),
+                    Work::Certificate(payload) => {
+                        if let Some(signatures) = &signatures {
+                            match signatures.learn(&node, &payload) {
+                                Ok(()) => tracing::debug!(%node, "node certificate verified"),
+                                Err(why) => {
+                                    tracing::warn!(%node, %why, "node certificate refused");
+                                    handler.rejected(&peer(None), REJECT_CERTIFICATE);
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                };
+                let policy = signatures.as_deref().map(|s| &s.policy);
+                let key = signatures.as_deref().and_then(|s| s.key(&node));
+                let ack = match open(
+                    &node,
+                    kind,
+                    &payload,
+                    policy,
+                    key.as_deref(),
+                    UnixTime::now(),
+                ) {
+                    Ok((message, signed)) => {
+                        let peer = peer(signed.then_some(node.as_str()));
+                        handler.handle(&peer, message).await
+                    }
+                    Err(refusal) => {
+                        tracing::debug!(%node, reason = refusal.reason, "MQTT message refused");
+                        handler.rejected(&peer(None), refusal.reason);
+                        match refusal.ack {
+                            Some(ack) => ack,
+                            None => continue,
+                        }
+                    }
+                };
                 let reply = GatewayMessage {
                     kind: Some(gateway_message::Kind::Ack(ack)),
                 };
@@ -451,37 +733,25 @@ mod tests {
             classify("p", b"p/nodes/n1/lease", &bytes, 1024),
             Ok(Inbound::Message {
                 node: "n1",
-                message: lease("n1")
+                kind: "lease"
             })
+        );
+        assert_eq!(
+            open("n1", "lease", &bytes, None, None, UnixTime::now()),
+            Ok((lease("n1"), false))
+        );
+        assert_eq!(
+            classify("p", b"p/certificates/n1", &bytes, 1024),
+            Ok(Inbound::Certificate { node: "n1" })
         );
     }
 
     #[test]
     fn rejections_name_their_reason() {
         let bytes = lease("n1").encode_to_vec();
-        let status = AgentMessage {
-            kind: Some(Kind::Status(StatusReport {
-                header: Some(Header {
-                    node_name: "n1".into(),
-                    ..Header::default()
-                }),
-                status: None,
-            })),
-        }
-        .encode_to_vec();
-        let cases: [(&[u8], &[u8], usize, &str); 8] = [
-            (b"p/nodes/n2/lease", &bytes, 1024, REJECT_MISMATCH),
-            (b"p/nodes/n1/status", &bytes, 1024, REJECT_MISMATCH),
-            (b"p/nodes/n1/lease", &status, 1024, REJECT_MISMATCH),
-            // No kind, no header (what an empty payload decodes to).
-            (b"p/nodes/n1/lease", b"", 1024, REJECT_MISMATCH),
-            (
-                b"p/nodes/n1/lease",
-                &[0xff, 0xff, 0xff],
-                1024,
-                REJECT_MALFORMED,
-            ),
+        let cases: [(&[u8], &[u8], usize, &str); 4] = [
             (b"p/nodes/n1/lease", &bytes, 4, REJECT_TOO_LARGE),
+            (b"p/certificates/n1", &bytes, 4, REJECT_TOO_LARGE),
             (b"p/nodes/n1/bogus", &bytes, 1024, REJECT_UNKNOWN_TOPIC),
             (b"p/nodes/n1/lease/x", &bytes, 1024, REJECT_UNKNOWN_TOPIC),
         ];
@@ -497,6 +767,31 @@ mod tests {
             classify("p", &[0xff], &bytes, 1024),
             Err(REJECT_UNKNOWN_TOPIC)
         );
+        let status = AgentMessage {
+            kind: Some(Kind::Status(StatusReport {
+                header: Some(Header {
+                    node_name: "n1".into(),
+                    ..Header::default()
+                }),
+                status: None,
+            })),
+        }
+        .encode_to_vec();
+        let cases: [(&str, &str, &[u8], &str); 5] = [
+            ("n2", "lease", &bytes, REJECT_MISMATCH),
+            ("n1", "status", &bytes, REJECT_MISMATCH),
+            ("n1", "lease", &status, REJECT_MISMATCH),
+            // No kind, no header (what an empty payload decodes to).
+            ("n1", "lease", b"", REJECT_MISMATCH),
+            ("n1", "lease", &[0xff, 0xff, 0xff], REJECT_MALFORMED),
+        ];
+        for (node, kind, payload, reason) in cases {
+            assert_eq!(
+                open(node, kind, payload, None, None, UnixTime::now()),
+                Err(Refusal::silent(reason)),
+                "{node}/{kind}"
+            );
+        }
     }
 
     #[test]
@@ -538,5 +833,91 @@ mod tests {
         let mut o = ok;
         o.per_node_queue = 0;
         assert!(o.check().is_err());
+    }
+
+    /// Signature policy: what is refused, with which reason and which answer.
+    #[test]
+    fn signed_messages_are_verified_before_decoding() {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+            KeyPair,
+        };
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_key = KeyPair::generate().unwrap();
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let mut leaf = CertificateParams::new(Vec::<String>::new()).unwrap();
+        leaf.distinguished_name
+            .push(DnType::OrganizationName, "system:nodes");
+        leaf.distinguished_name
+            .push(DnType::CommonName, "system:node:n1");
+        leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let leaf_key = KeyPair::generate().unwrap();
+        let cert_pem = leaf.signed_by(&leaf_key, &issuer).unwrap().pem();
+        let signer = crate::signing::MessageSigner::from_pem(
+            cert_pem.as_bytes(),
+            leaf_key.serialize_pem().as_bytes(),
+        )
+        .unwrap();
+        let verifier = CertificateVerifier::from_pem(ca_pem.as_bytes()).unwrap();
+        let key = verifier
+            .verify("n1", signer.certificate(), UnixTime::now())
+            .unwrap();
+        let required = SignaturePolicy {
+            verifier,
+            required: true,
+        };
+        let plain = lease("n1").encode_to_vec();
+        let sealed = signer.seal(plain.clone()).unwrap();
+        let now = UnixTime::now();
+        let open_with = |payload: &[u8], policy: &SignaturePolicy, key: Option<&NodeKey>| {
+            open("n1", "lease", payload, Some(policy), key, now)
+        };
+        assert_eq!(
+            open_with(&sealed, &required, Some(&key)),
+            Ok((lease("n1"), true))
+        );
+        let refused = |r: Result<(AgentMessage, bool), Refusal>| {
+            let refusal = r.unwrap_err();
+            let ack = refusal.ack.unwrap();
+            (
+                refusal.reason,
+                AckCode::try_from(ack.code).unwrap(),
+                ack.seq,
+                ack.register_again,
+            )
+        };
+        assert_eq!(
+            refused(open_with(&plain, &required, Some(&key))),
+            (REJECT_UNSIGNED, AckCode::Rejected, 1, false)
+        );
+        assert_eq!(
+            refused(open_with(&sealed, &required, None)),
+            (REJECT_UNKNOWN_SIGNER, AckCode::Retry, 1, true)
+        );
+        // Tampering: flip a bit of the signed message inside the envelope.
+        let mut tampered = edgebeat_proto::SignedMessage::decode(sealed.as_slice()).unwrap();
+        let last = tampered.signed_message.len() - 1;
+        tampered.signed_message[last] ^= 1;
+        assert_eq!(
+            refused(open_with(&tampered.encode_to_vec(), &required, Some(&key))).0,
+            REJECT_BAD_SIGNATURE
+        );
+        // While a fleet moves to signatures, unsigned messages pass without an identity.
+        let optional = SignaturePolicy {
+            required: false,
+            ..required.clone()
+        };
+        assert_eq!(open_with(&plain, &optional, None), Ok((lease("n1"), false)));
+        assert_eq!(
+            open_with(&sealed, &optional, Some(&key)),
+            Ok((lease("n1"), true))
+        );
+        // A gateway that does not verify reads signed messages, without an identity.
+        assert_eq!(
+            open("n1", "lease", &sealed, None, None, now),
+            Ok((lease("n1"), false))
+        );
     }
 }
