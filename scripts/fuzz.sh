@@ -24,7 +24,7 @@ root=$PWD
 secs=${1:-30}
 [[ $secs =~ ^[0-9]+$ && $secs -gt 0 ]] || { echo "usage: $0 [seconds-per-target] [target...]" >&2; exit 2; }
 shift $(( $# > 0 ? 1 : 0 ))
-all_targets=(agent_message_decode config_parse gateway_validate hw_parsers)
+all_targets=(agent_message_decode config_parse gateway_validate hw_parsers mqtt_envelope)
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=("${all_targets[@]}")
 
@@ -62,7 +62,7 @@ seed() { # seed TARGET FILE NAME: copies FILE into the target's corpus as seed-N
   mkdir -p "fuzz/corpus/$1"
   cp "$2" "fuzz/corpus/$1/seed-$3"
 }
-for t in agent_message_decode gateway_validate; do
+for t in agent_message_decode gateway_validate mqtt_envelope; do
   mkdir -p "fuzz/corpus/$t"
   for hex in fuzz/seeds/agent_message/*.hex; do
     xxd -r -p "$hex" > "fuzz/corpus/$t/seed-$(basename "$hex" .hex)"

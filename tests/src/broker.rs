@@ -24,6 +24,19 @@ pub struct Broker {
     binary: PathBuf,
     port: u16,
     dir: tempfile::TempDir,
+    tls: Option<BrokerTls>,
+}
+
+/// TLS for the broker's listener: clients must present a certificate from `ca_pem`
+/// (`require_certificate true`; its CN becomes the MQTT username).
+#[derive(Debug, Clone)]
+pub struct BrokerTls {
+    /// CA (PEM) of client certificates, and of the broker's own for clients to trust.
+    pub ca_pem: String,
+    /// The broker's certificate (PEM), valid for 127.0.0.1.
+    pub cert_pem: String,
+    /// Its private key (PEM).
+    pub key_pem: String,
 }
 
 impl Broker {
@@ -37,6 +50,18 @@ impl Broker {
     /// temporary directory cannot be written, or the broker did not start (its log is in the
     /// error).
     pub async fn start() -> anyhow::Result<Broker> {
+        Self::start_inner(None).await
+    }
+
+    /// As [`Broker::start`], with a TLS-only listener (MQTT over TLS, what `mqtts://`
+    /// endpoints speak) that requires client certificates from `tls.ca_pem`.
+    ///
+    /// Errors: as [`Broker::start`], or the PEM files cannot be written.
+    pub async fn start_tls(tls: BrokerTls) -> anyhow::Result<Broker> {
+        Self::start_inner(Some(tls)).await
+    }
+
+    async fn start_inner(tls: Option<BrokerTls>) -> anyhow::Result<Broker> {
         let binary = find_mosquitto()?;
         let dir = tempfile::Builder::new()
             .prefix("edgebeat-mosquitto-")
@@ -47,6 +72,7 @@ impl Broker {
             binary,
             port: 0,
             dir,
+            tls,
         };
         for _ in 0..PORT_ATTEMPTS {
             broker.port = free_port()?;
@@ -129,6 +155,20 @@ impl Broker {
             port = self.port,
             log = self.log_path().display(),
         );
+        let mut config = config;
+        if let Some(tls) = &self.tls {
+            let file = |name: &str, pem: &str| -> anyhow::Result<PathBuf> {
+                let path = self.dir.path().join(name);
+                std::fs::write(&path, pem).with_context(|| format!("writing {name}"))?;
+                Ok(path)
+            };
+            config.push_str(&format!(
+                "cafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\nuse_identity_as_username true\n",
+                file("ca.pem", &tls.ca_pem)?.display(),
+                file("server.pem", &tls.cert_pem)?.display(),
+                file("server.key", &tls.key_pem)?.display(),
+            ));
+        }
         std::fs::write(self.config_path(), config).context("writing mosquitto.conf")
     }
 

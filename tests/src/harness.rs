@@ -53,6 +53,20 @@ pub struct Cluster {
     pub transport: Transport,
     /// gRPC server options every replica is started with (TLS, node identity).
     grpc_options: GrpcServerOptions,
+    /// MQTT over TLS with signed messages, when the cluster was started with it.
+    mqtt_security: Option<MqttSecurity>,
+}
+
+/// MQTT over TLS with end-to-end signatures: what the broker, the gateways and the agents
+/// of a [`Cluster::start_mqtt_secure`] use.
+#[derive(Debug, Clone)]
+pub struct MqttSecurity {
+    /// The site CA (PEM): it signed the broker's, the gateways' and the nodes' certificates.
+    pub site_ca_pem: String,
+    /// The gateways' client certificate at the broker.
+    pub gateway: crate::pki::Leaf,
+    /// Whether gateways refuse unsigned messages.
+    pub require_signatures: bool,
 }
 
 /// A running in-process agent.
@@ -158,7 +172,33 @@ impl Cluster {
         options: GatewayOptions,
         port: u16,
     ) -> anyhow::Result<Self> {
-        Self::start_inner(transport, options, port, GrpcServerOptions::default()).await
+        Self::start_inner(transport, options, port, GrpcServerOptions::default(), None).await
+    }
+
+    /// An MQTT cluster secured with `site`: Mosquitto serves only MQTT over TLS and requires
+    /// client certificates from `site`; gateways connect with their own `site` certificate
+    /// and verify node signatures against `site` (refusing unsigned messages when
+    /// `require_signatures`). Agents need [`Cluster::secure_agent_config`].
+    ///
+    /// Errors: as [`Cluster::start`].
+    pub async fn start_mqtt_secure(
+        site: &crate::pki::Ca,
+        require_signatures: bool,
+        options: GatewayOptions,
+    ) -> anyhow::Result<Self> {
+        let security = MqttSecurity {
+            site_ca_pem: site.cert_pem.clone(),
+            gateway: site.client("edgebeat-gateway", None),
+            require_signatures,
+        };
+        Self::start_inner(
+            Transport::Mqtt,
+            options,
+            0,
+            GrpcServerOptions::default(),
+            Some((security, site.server())),
+        )
+        .await
     }
 
     /// A gRPC cluster whose gateway serves with `grpc` options, e.g. TLS with a client CA
@@ -170,7 +210,7 @@ impl Cluster {
         grpc: GrpcServerOptions,
         options: GatewayOptions,
     ) -> anyhow::Result<Self> {
-        Self::start_inner(Transport::Grpc, options, 0, grpc).await
+        Self::start_inner(Transport::Grpc, options, 0, grpc, None).await
     }
 
     async fn start_inner(
@@ -178,6 +218,7 @@ impl Cluster {
         options: GatewayOptions,
         port: u16,
         grpc_options: GrpcServerOptions,
+        mqtt_security: Option<(MqttSecurity, crate::pki::Leaf)>,
     ) -> anyhow::Result<Self> {
         init_test_logging();
         let standin_listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
@@ -191,9 +232,17 @@ impl Cluster {
             "http"
         };
         let grpc_url = format!("{scheme}://{}", listener.local_addr()?);
-        let broker = match transport {
-            Transport::Grpc => None,
-            Transport::Mqtt => Some(Broker::start().await?),
+        let broker = match (transport, &mqtt_security) {
+            (Transport::Grpc, _) => None,
+            (Transport::Mqtt, None) => Some(Broker::start().await?),
+            (Transport::Mqtt, Some((security, server))) => Some(
+                Broker::start_tls(crate::broker::BrokerTls {
+                    ca_pem: security.site_ca_pem.clone(),
+                    cert_pem: server.cert_pem.clone(),
+                    key_pem: server.key_pem.clone(),
+                })
+                .await?,
+            ),
         };
         let mut cluster = Self {
             standin,
@@ -202,6 +251,7 @@ impl Cluster {
             grpc_url,
             transport,
             grpc_options,
+            mqtt_security: mqtt_security.map(|(security, _)| security),
         };
         cluster.start_replica_on(options, Some(listener)).await?;
         Ok(cluster)
@@ -274,6 +324,23 @@ impl Cluster {
                 format!("edgebeat-gateway-{index}"),
             );
             options.subscribed = Some(Arc::new(subscribed_tx));
+            if let Some(security) = &self.mqtt_security {
+                use edgebeat_transports::tls::{ClientTls, TlsIdentity};
+                options.tls = Some(ClientTls {
+                    ca_pem: security.site_ca_pem.clone().into_bytes(),
+                    client_identity: Some(TlsIdentity {
+                        cert_pem: security.gateway.cert_pem.clone().into_bytes(),
+                        key_pem: security.gateway.key_pem.clone().into_bytes(),
+                    }),
+                });
+                options.signatures = Some(edgebeat_transports::mqtt::SignaturePolicy {
+                    verifier: edgebeat_transports::signing::CertificateVerifier::from_pem(
+                        security.site_ca_pem.as_bytes(),
+                    )
+                    .map_err(anyhow::Error::msg)?,
+                    required: security.require_signatures,
+                });
+            }
             let (handler, stop) = (gateway.clone(), cancel.clone());
             tasks.push(tokio::spawn(async move {
                 if let Err(error) =
@@ -346,6 +413,36 @@ impl Cluster {
         }
     }
 
+    /// [`Cluster::agent_config`] for an agent of a [`Cluster::start_mqtt_secure`] cluster:
+    /// MQTT over TLS trusting the site CA, presenting `node_certificate` (which also signs
+    /// every message).
+    pub fn secure_agent_config(
+        &self,
+        node_name: &str,
+        host_root: &Path,
+        node_certificate: &crate::pki::Leaf,
+    ) -> AgentConfig {
+        let mut config = self.agent_config(node_name, host_root);
+        let ca_pem = self
+            .mqtt_security
+            .as_ref()
+            .map(|s| s.site_ca_pem.clone().into_bytes())
+            .unwrap_or_default();
+        config.transport_tls = Some(edgebeat_agent::config::TransportTls {
+            ca_pem,
+            client: Some(edgebeat_agent::config::ClientCertificate {
+                cert_pem: node_certificate.cert_pem.clone().into_bytes(),
+                key_pem: node_certificate.key_pem.clone().into_bytes(),
+            }),
+        });
+        config
+    }
+
+    /// The MQTT security this cluster was started with, if any.
+    pub fn mqtt_security(&self) -> Option<&MqttSecurity> {
+        self.mqtt_security.as_ref()
+    }
+
     /// Waits until `node`'s Lease has been renewed (PUT answered 200) `more` times beyond
     /// what the stand-in has recorded so far, or `timeout` passes.
     ///
@@ -390,5 +487,23 @@ impl Drop for Cluster {
             replica.cancel.cancel();
         }
         self.standin.shutdown();
+    }
+}
+
+/// Waits until `condition` holds, checking every 20 ms, for at most `deadline`.
+///
+/// For state only observable by looking (counters, an external process); state the
+/// stand-in holds has [`StandInHandle::wait_until`], which is woken by changes.
+///
+/// # Panics
+/// When the deadline passes, naming `what`.
+pub async fn wait_for(what: &str, deadline: Duration, condition: impl Fn() -> bool) {
+    let end = tokio::time::Instant::now() + deadline;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -6,9 +6,11 @@
 //!   and the demo.
 //! - [`messages`]: hand-built `edgebeat.v1` messages for direct gateway tests.
 //! - [`requests`]: which recorded stand-in request is which kubelet call.
+//! - [`pki`]: a test PKI made per test (CA, server, client and node certificates).
 
 pub mod broker;
 pub mod harness;
 pub mod messages;
+pub mod pki;
 pub mod requests;
 pub mod standin;

@@ -20,97 +20,13 @@ use edgebeat_agent::config::{ClientCertificate, TransportTls};
 use edgebeat_gateway::GatewayOptions;
 use edgebeat_gateway::metrics::RejectReason;
 use edgebeat_proto::{self as pb, AckCode};
-use edgebeat_tests::harness::{Cluster, fixture};
+use edgebeat_tests::harness::{Cluster, fixture, wait_for};
+use edgebeat_tests::pki::{Ca, Leaf};
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const FACTS: &str = "rpi4-cgroup1";
 const LEASE_NS: &str = "kube-node-lease";
-
-// ---------------------------------------------------------------------------------------
-// Test PKI (rcgen, ECDSA P-256, made per test)
-
-/// A certificate authority made for one test.
-struct Ca {
-    cert_pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-/// A leaf certificate and its key, PEM.
-#[derive(Clone)]
-struct Leaf {
-    cert_pem: String,
-    key_pem: String,
-}
-
-impl Ca {
-    fn new(name: &str) -> Self {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let cert_pem = params.self_signed(&key).unwrap().pem();
-        Self {
-            cert_pem,
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    fn issue(&self, mut params: CertificateParams) -> Leaf {
-        let key = KeyPair::generate().unwrap();
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.use_authority_key_identifier_extension = true;
-        Leaf {
-            cert_pem: params.signed_by(&key, &self.issuer).unwrap().pem(),
-            key_pem: key.serialize_pem(),
-        }
-    }
-
-    /// The gateway's serving certificate, valid for 127.0.0.1 and localhost.
-    fn server(&self) -> Leaf {
-        let mut params =
-            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "edgebeat-gateway");
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        self.issue(params)
-    }
-
-    /// A client certificate with subject CN=`cn` and, when given, O=`org`; `expired` makes
-    /// it valid only during 2020.
-    fn client_with(&self, cn: &str, org: Option<&str>, expired: bool) -> Leaf {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        if let Some(org) = org {
-            params
-                .distinguished_name
-                .push(DnType::OrganizationName, org);
-        }
-        params.distinguished_name.push(DnType::CommonName, cn);
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        if expired {
-            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
-        }
-        self.issue(params)
-    }
-
-    fn client(&self, cn: &str, org: Option<&str>) -> Leaf {
-        self.client_with(cn, org, false)
-    }
-
-    /// A kubelet-style node certificate: CN=system:node:<name>, O=system:nodes.
-    fn node(&self, name: &str) -> Leaf {
-        self.client(&format!("system:node:{name}"), Some("system:nodes"))
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Cluster, agents, probe
@@ -159,18 +75,6 @@ fn writes_for(cluster: &Cluster, node: &str) -> usize {
         .iter()
         .filter(|r| r.path.contains(node) || String::from_utf8_lossy(&r.body).contains(node))
         .count()
-}
-
-/// Polls `condition` every 20 ms until it holds; panics with `what` after `deadline`.
-async fn wait_for(what: &str, deadline: Duration, condition: impl Fn() -> bool) {
-    let end = tokio::time::Instant::now() + deadline;
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn register(node: &str) -> pb::AgentMessage {
