@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Ack, AckCode, agent_message::Kind};
-use edgebeat_transports::ingress::{Handler, Peer};
+use edgebeat_transports::ingress::{Handler, Peer, TransportKind};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -122,6 +122,9 @@ struct NodeSlot {
     boot_id: Vec<u8>,
     old_boots: Vec<Vec<u8>>,
     last_seq: u64,
+    /// Latest `wall_time_ms` of an accepted signed MQTT message (any boot): orders boots
+    /// against replays.
+    last_wall_ms: i64,
     /// Age estimator for this boot's messages.
     freshness: Option<Freshness>,
     /// The slot reflects the apiserver (set by registration or a Node GET).
@@ -342,6 +345,22 @@ impl Gateway {
                 ),
             );
         }
+        // A signed MQTT message's wall time is within the clock window of now (checked by
+        // the transport); a boot whose message is older than the current boot's last one is
+        // an earlier boot replayed, and must not push the current boot out.
+        let signed_mqtt = peer.transport == TransportKind::Mqtt && peer.identity.is_some();
+        if slot.boot_id != header.boot_id
+            && signed_mqtt
+            && !slot.boot_id.is_empty()
+            && header.wall_time_ms < slot.last_wall_ms
+        {
+            return self.reject(
+                seq,
+                RejectReason::Replayed,
+                "replayed: a message of an earlier boot (older than the current boot's last)"
+                    .into(),
+            );
+        }
         if slot.boot_id != header.boot_id {
             if slot.old_boots.contains(&header.boot_id) {
                 return self.reject(
@@ -371,6 +390,9 @@ impl Gateway {
             );
         }
         slot.last_seq = seq;
+        if signed_mqtt {
+            slot.last_wall_ms = slot.last_wall_ms.max(header.wall_time_ms);
+        }
         let age = match &mut slot.freshness {
             Some(f) => f.observe(seq, received, self.options.drift_ppm),
             None => {
@@ -1232,6 +1254,60 @@ mod tests {
         let out = scrape(&registry);
         assert!(!out.contains("edge-old"), "{out}");
         assert!(out.contains("edgebeat_gateway_node_clock_skew_seconds{node=\"edge-fast\"} 0.0\n"));
+    }
+
+    /// A replayed message of an earlier boot (signed, so its wall time is trusted) cannot
+    /// push the node's current boot out: it is older than the current boot's last message.
+    #[tokio::test(start_paused = true)]
+    async fn signed_messages_of_an_earlier_boot_cannot_displace_the_current_one() {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let gateway = Gateway::new(
+            client,
+            Arc::new(FixedClock(std::time::UNIX_EPOCH)),
+            GatewayOptions::default(),
+        );
+        let signed = Peer {
+            transport: edgebeat_transports::ingress::TransportKind::Mqtt,
+            remote: None,
+            identity: Some("edge-1".into()),
+        };
+        // Registers without status: past the boot checks, then refused as malformed
+        // before any apiserver call.
+        let register = |boot: u8, seq, wall_time_ms| pb::AgentMessage {
+            kind: Some(Kind::Register(pb::Register {
+                header: Some(pb::Header {
+                    node_name: "edge-1".into(),
+                    boot_id: vec![boot; 16],
+                    seq,
+                    wall_time_ms,
+                }),
+                ..Default::default()
+            })),
+        };
+        let reason = |ack: Ack| ack.reason;
+        gateway
+            .handle_message(&signed, register(1, 10, 1_000))
+            .await;
+        gateway.handle_message(&signed, register(2, 5, 2_000)).await;
+        let replayed = reason(
+            gateway
+                .handle_message(&signed, register(1, 11, 1_500))
+                .await,
+        );
+        assert!(replayed.contains("earlier boot"), "{replayed}");
+        assert_eq!(gateway.counters.rejections(RejectReason::Replayed), 1);
+        // The current boot still goes on.
+        let current = reason(gateway.handle_message(&signed, register(2, 6, 2_100)).await);
+        assert!(current.contains("without status"), "{current}");
+        // Unsigned (or gRPC) peers' wall clocks are not trusted: no ordering by them.
+        let unsigned = Peer {
+            identity: None,
+            ..signed
+        };
+        let other = reason(gateway.handle_message(&unsigned, register(3, 1, 0)).await);
+        assert!(other.contains("without status"), "{other}");
     }
 
     #[test]

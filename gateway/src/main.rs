@@ -89,6 +89,12 @@ struct Args {
         default_missing_value = "true"
     )]
     mqtt_require_signatures: Option<bool>,
+    /// Largest difference, in seconds, between a signed MQTT message's wall time and this
+    /// gateway's clock (with --mqtt-node-ca). Bounds how late a recorded message can be
+    /// replayed to a replica that does not remember the node's boot; agents need a clock
+    /// within it (NTP), as they need one for TLS.
+    #[arg(long, default_value_t = 30)]
+    mqtt_max_clock_skew_seconds: u64,
     /// Write as each node: every apiserver request carries `Impersonate-User:
     /// system:node:<name>` and `Impersonate-Group: system:nodes`, so the apiserver's Node
     /// authorizer and NodeRestriction apply too. Needs the RBAC in
@@ -152,6 +158,22 @@ async fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     let mqtt_options = mqtt_ingress_options(&args)?;
+    if args.impersonate_nodes {
+        // Impersonation says who a request is for; only authentication says who sent it.
+        if !grpc_options.require_node_identity {
+            tracing::warn!(
+                "--impersonate-nodes without --require-node-identity: gRPC clients are not authenticated, and the apiserver will authorize them as whichever node they claim"
+            );
+        }
+        if mqtt_options
+            .as_ref()
+            .is_some_and(|o| !o.signatures.as_ref().is_some_and(|s| s.required))
+        {
+            tracing::warn!(
+                "--impersonate-nodes without required MQTT signatures (--mqtt-node-ca): MQTT publishers are not authenticated, and the apiserver will authorize them as whichever node they claim"
+            );
+        }
+    }
     let gateway = Arc::new(Gateway::new(
         client,
         Arc::new(edgebeat_hw::SystemClock),
@@ -337,7 +359,9 @@ fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions
             let verifier = CertificateVerifier::from_pem(&read("--mqtt-node-ca", ca)?)
                 .map_err(anyhow::Error::msg)
                 .with_context(|| format!("--mqtt-node-ca {}", ca.display()))?;
-            Some(SignaturePolicy { verifier, required })
+            let mut policy = SignaturePolicy::new(verifier, required);
+            policy.max_clock_skew = Duration::from_secs(args.mqtt_max_clock_skew_seconds);
+            Some(policy)
         }
         None if required => anyhow::bail!(
             "--mqtt-require-signatures needs --mqtt-node-ca: signatures are verified against node certificates from the site CA"

@@ -68,6 +68,9 @@ pub enum RejectReason {
     BadSignature,
     /// MQTT: signed, but no verified certificate is held for the node.
     UnknownSigner,
+    /// MQTT: a verified message whose signed wall time is outside the clock window (a
+    /// recorded message replayed later, or an agent with a wrong clock).
+    ClockSkew,
     /// MQTT: a node certificate refused (wrong CA, expired, another node's), or a message
     /// signed under a certificate that has expired since.
     Certificate,
@@ -75,7 +78,7 @@ pub enum RejectReason {
 
 impl RejectReason {
     /// Every reason, in label order.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::Malformed,
         Self::TooLarge,
         Self::Invalid,
@@ -88,6 +91,7 @@ impl RejectReason {
         Self::Unsigned,
         Self::BadSignature,
         Self::UnknownSigner,
+        Self::ClockSkew,
         Self::Certificate,
     ];
 
@@ -106,6 +110,7 @@ impl RejectReason {
             Self::Unsigned => "unsigned",
             Self::BadSignature => "bad_signature",
             Self::UnknownSigner => "unknown_signer",
+            Self::ClockSkew => "clock_skew",
             Self::Certificate => "certificate",
         }
     }
@@ -124,6 +129,7 @@ impl RejectReason {
             mqtt::REJECT_UNSIGNED => Self::Unsigned,
             mqtt::REJECT_BAD_SIGNATURE => Self::BadSignature,
             mqtt::REJECT_UNKNOWN_SIGNER => Self::UnknownSigner,
+            mqtt::REJECT_CLOCK => Self::ClockSkew,
             mqtt::REJECT_CERTIFICATE | mqtt::REJECT_CERTIFICATE_EXPIRED => Self::Certificate,
             grpc::REJECT_TLS_HANDSHAKE => Self::TlsHandshake,
             other if other.contains("certificate") => Self::Unauthenticated,

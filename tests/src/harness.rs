@@ -333,13 +333,13 @@ impl Cluster {
                         key_pem: security.gateway.key_pem.clone().into_bytes(),
                     }),
                 });
-                options.signatures = Some(edgebeat_transports::mqtt::SignaturePolicy {
-                    verifier: edgebeat_transports::signing::CertificateVerifier::from_pem(
+                options.signatures = Some(edgebeat_transports::mqtt::SignaturePolicy::new(
+                    edgebeat_transports::signing::CertificateVerifier::from_pem(
                         security.site_ca_pem.as_bytes(),
                     )
                     .map_err(anyhow::Error::msg)?,
-                    required: security.require_signatures,
-                });
+                    security.require_signatures,
+                ));
             }
             let (handler, stop) = (gateway.clone(), cancel.clone());
             tasks.push(tokio::spawn(async move {

@@ -245,6 +245,30 @@ async fn forged_replayed_and_foreign_mqtt_messages_are_refused_while_nodes_keep_
     counted(&cluster, RejectReason::Certificate, 3).await;
     impostor.stop().await.unwrap();
 
+    // 7. A message genuinely signed with edge-a's key, with a new seq, but a wall time a
+    //    minute old: what a recording replayed to a replica that does not remember the boot
+    //    looks like. Outside the 30 s clock window.
+    let signer_a =
+        MessageSigner::from_pem(cert_a.cert_pem.as_bytes(), cert_a.key_pem.as_bytes()).unwrap();
+    let mut recorded =
+        edgebeat_proto::AgentMessage::decode(sealed.signed_message.as_slice()).unwrap();
+    if let Some(edgebeat_proto::agent_message::Kind::Lease(renewal)) = recorded.kind.as_mut()
+        && let Some(header) = renewal.header.as_mut()
+    {
+        header.seq += 3_600_000_000;
+        let minute_ago = std::time::SystemTime::now() - Duration::from_secs(60);
+        header.wall_time_ms = i64::try_from(
+            minute_ago
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap();
+    }
+    let old = signer_a.seal(recorded.encode_to_vec()).unwrap();
+    spy.publish(&lease_topic, old, false).await;
+    counted(&cluster, RejectReason::ClockSkew, 1).await;
+
     // The genuine nodes kept renewing throughout and still do; edge-x never existed.
     cluster
         .wait_for_renewals("edge-a", 3, DEADLINE)

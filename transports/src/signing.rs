@@ -16,8 +16,11 @@
 //! rustls' ring provider for signing and rustls-webpki on ring for verifying; nothing here
 //! is hand-rolled but the framing.
 //!
-//! Replays are not this module's concern: the signed bytes include the header's per-boot
-//! `seq`, which the gateway already requires to increase.
+//! Replays are refused by what the signed bytes carry: the header's per-boot `seq`, which
+//! each gateway replica requires to increase for a boot it remembers, and `wall_time_ms`,
+//! which the MQTT ingress requires within a clock window of its own clock
+//! (`SignaturePolicy::max_clock_skew`, 30 s), so that a replica that does not remember the
+//! boot (restarted, never saw it) takes a recorded message only within that window.
 
 use edgebeat_proto::{NodeCertificate, SignedMessage};
 use prost::Message as _;

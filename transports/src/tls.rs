@@ -270,7 +270,7 @@ pub fn node_identity(leaf_der: &[u8]) -> Result<String, String> {
 
 /// A Node name as the apiserver validates it: a DNS-1123 subdomain.
 #[cfg(feature = "node-identity")]
-fn is_node_name(name: &str) -> bool {
+pub(crate) fn is_node_name(name: &str) -> bool {
     let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.';
     let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
     !name.is_empty()

@@ -190,8 +190,10 @@ pub mod agent_message {
 /// ECDSA P-256 key: ECDSA with SHA-256, ASN.1 DER signature (about 71 bytes);
 /// Ed25519 key:     Ed25519, 64 bytes.
 /// The gateway verifies it with the public key of the node's certificate (NodeCertificate),
-/// then decodes signed_message and applies every check a plain message gets; the header's
-/// per-boot seq inside the signed bytes makes replays and reordering detectable.
+/// then decodes signed_message and applies every check a plain message gets. Inside the
+/// signed bytes, the header's per-boot seq makes replays and reordering detectable where a
+/// receiver remembers the boot, and wall_time_ms (which must be within a clock window of
+/// the receiver's clock, 30 s by default) bounds replays where it does not.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SignedMessage {
     /// The encoded AgentMessage, exactly the bytes signed (never re-encoded).

@@ -161,11 +161,16 @@ pub const REJECT_TLS_HANDSHAKE: &str = "TLS handshake failed";
 /// Connections waiting between a finished TLS handshake and tonic picking them up.
 const ACCEPTED_QUEUE: usize = 64;
 
+/// TLS handshakes in progress at once. Beyond it new connections are closed at once (and
+/// counted), so peers that open sockets and stall cannot use up file descriptors.
+const MAX_HANDSHAKES: usize = 1024;
+
 /// Accepts TCP connections on `listener` and runs each TLS handshake in its own task
-/// (bounded by [`super::TLS_HANDSHAKE_TIMEOUT`]), handing finished ones to tonic. A failed
-/// handshake is counted through [`Handler::rejected`] ([`REJECT_TLS_HANDSHAKE`]) and logged
-/// with its cause, which tonic's own TLS acceptor would swallow. Ends when `closing` fires or
-/// tonic stops taking connections.
+/// (bounded by [`super::TLS_HANDSHAKE_TIMEOUT`], at most [`MAX_HANDSHAKES`] at once), handing
+/// finished ones to tonic. A failed or refused handshake is counted through
+/// [`Handler::rejected`] ([`REJECT_TLS_HANDSHAKE`]) and its cause logged at debug level;
+/// tonic's own TLS acceptor would swallow both. Ends, with every handshake task, when
+/// `closing` fires or tonic stops taking connections.
 fn tls_incoming<H: Handler>(
     listener: TcpListener,
     config: rustls::ServerConfig,
@@ -175,6 +180,7 @@ fn tls_incoming<H: Handler>(
 {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -191,28 +197,45 @@ fn tls_incoming<H: Handler>(
                     continue;
                 }
             };
+            let peer = Peer {
+                transport: TransportKind::Grpc,
+                remote: Some(remote),
+                identity: None,
+            };
+            let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+                // Dropping the socket closes it.
+                tracing::debug!(%remote, "too many TLS handshakes in progress; connection closed");
+                handler.rejected(&peer, REJECT_TLS_HANDSHAKE);
+                continue;
+            };
             // Small acks (and the handshake's last flight) must not wait for a delayed ACK.
             let _ = stream.set_nodelay(true);
             let acceptor = acceptor.clone();
             let handler = handler.clone();
             let tx = tx.clone();
+            let closing = closing.clone();
             tokio::spawn(async move {
                 let handshake =
                     tokio::time::timeout(super::TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
-                let error = match handshake.await {
+                let result = tokio::select! {
+                    () = closing.cancelled() => return,
+                    result = handshake => result,
+                };
+                drop(permit);
+                let error = match result {
                     Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(tls)).await;
+                        tokio::select! {
+                            () = closing.cancelled() => {}
+                            _ = tx.send(Ok(tls)) => {}
+                        }
                         return;
                     }
                     Ok(Err(error)) => error.to_string(),
                     Err(_) => "timed out".to_owned(),
                 };
-                let peer = Peer {
-                    transport: TransportKind::Grpc,
-                    remote: Some(remote),
-                    identity: None,
-                };
-                tracing::warn!(%remote, %error, "gRPC TLS handshake failed");
+                // Counted for every failure; logged at debug only, since any client can
+                // cause one (the counter is the signal, the log the detail).
+                tracing::debug!(%remote, %error, "gRPC TLS handshake failed");
                 handler.rejected(&peer, REJECT_TLS_HANDSHAKE);
             });
         }

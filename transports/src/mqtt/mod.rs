@@ -43,10 +43,10 @@ mod server;
 pub use client::{MqttUplinkError, MqttUplinkOptions, run_uplink};
 #[cfg(feature = "mqtt-ingress")]
 pub use server::{
-    MqttIngressError, MqttIngressOptions, REJECT_BAD_SIGNATURE, REJECT_CERTIFICATE,
-    REJECT_CERTIFICATE_EXPIRED, REJECT_MALFORMED, REJECT_MISMATCH, REJECT_QUEUE_FULL,
-    REJECT_TOO_LARGE, REJECT_UNKNOWN_SIGNER, REJECT_UNKNOWN_TOPIC, REJECT_UNSIGNED,
-    SignaturePolicy, serve,
+    DEFAULT_MAX_CLOCK_SKEW, MqttIngressError, MqttIngressOptions, REJECT_BAD_SIGNATURE,
+    REJECT_CERTIFICATE, REJECT_CERTIFICATE_EXPIRED, REJECT_CLOCK, REJECT_MALFORMED,
+    REJECT_MISMATCH, REJECT_QUEUE_FULL, REJECT_TOO_LARGE, REJECT_UNKNOWN_SIGNER,
+    REJECT_UNKNOWN_TOPIC, REJECT_UNSIGNED, SignaturePolicy, serve,
 };
 
 /// Default topic prefix, `edgebeat/v1` (the wire package's version).

@@ -52,6 +52,10 @@ pub const REJECT_UNKNOWN_SIGNER: &str = "no certificate for the signer";
 /// [`Handler::rejected`] reason: the certificate that verified the node's messages has
 /// expired (answered `REJECTED`).
 pub const REJECT_CERTIFICATE_EXPIRED: &str = "node certificate expired";
+/// [`Handler::rejected`] reason: a verified message's `wall_time_ms` is further than
+/// [`SignaturePolicy::max_clock_skew`] from the gateway's clock: a recorded message replayed
+/// later, or an agent whose clock is wrong (answered `REJECTED`).
+pub const REJECT_CLOCK: &str = "signed time outside the clock window";
 /// [`Handler::rejected`] reason: a certificate published on `P/certificates/{node}` was
 /// refused (not from the site CA, expired, not `node`'s identity, older than the one held).
 pub const REJECT_CERTIFICATE: &str = "node certificate refused";
@@ -112,8 +116,33 @@ pub struct SignaturePolicy {
     /// Checks certificates published on `P/certificates/{node}` against the site CA.
     pub verifier: CertificateVerifier,
     /// Refuse unsigned messages ([`REJECT_UNSIGNED`]). When false, unsigned messages are
-    /// handed on with no identity (a fleet moving to signatures), signed ones with theirs.
+    /// handed on with no identity (a fleet moving to signatures), signed ones with theirs;
+    /// an unsigned message for a node whose certificate is held is still refused.
     pub required: bool,
+    /// Largest difference between a signed message's `Header.wall_time_ms` and the gateway's
+    /// clock (default [`DEFAULT_MAX_CLOCK_SKEW`], 30 s); beyond it: [`REJECT_CLOCK`].
+    ///
+    /// The per-boot `seq` stops replays only where a replica remembers the boot; a replica
+    /// that does not (restarted, slot evicted, never saw it) would take a recorded message
+    /// as new. The signed wall time bounds every replay to this window. It asks agents for
+    /// a roughly right clock, which TLS to the broker (certificate validity) asks already.
+    pub max_clock_skew: Duration,
+}
+
+/// Default [`SignaturePolicy::max_clock_skew`], 30 s: NTP-synchronised boards are within
+/// milliseconds; a replay is accepted at most this long after it was recorded.
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(30);
+
+impl SignaturePolicy {
+    /// A policy verifying against `verifier`, refusing unsigned messages when `required`,
+    /// with the default clock window.
+    pub fn new(verifier: CertificateVerifier, required: bool) -> Self {
+        Self {
+            verifier,
+            required,
+            max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
+        }
+    }
 }
 
 impl MqttIngressOptions {
@@ -226,8 +255,12 @@ pub enum MqttIngressError {
 /// ([`REJECT_UNKNOWN_SIGNER`]: the agent publishes its certificate again); a signature that
 /// does not verify ([`REJECT_BAD_SIGNATURE`]), a certificate past notAfter
 /// ([`REJECT_CERTIFICATE_EXPIRED`]) and, when signatures are required, a bare message
-/// ([`REJECT_UNSIGNED`]) are answered `REJECTED`. Replays are the handler's to refuse: the
-/// signed header carries the per-boot `seq`.
+/// ([`REJECT_UNSIGNED`]) are answered as [`open`] documents. A verified message whose
+/// signed wall time is outside [`SignaturePolicy::max_clock_skew`] is refused
+/// ([`REJECT_CLOCK`]); within it, replays are the handler's to refuse by the per-boot `seq`.
+/// Node names in topics must be valid node names ([`REJECT_MALFORMED`]). A published
+/// certificate waits in a one-chain slot per node (a flood cannot drop it) and is checked by
+/// that node's worker before its next message.
 ///
 /// Last Wills (`P/nodes/{node}/will`) are logged at info level and otherwise ignored: the
 /// broker publishes them when a connection dies, which says nothing about the node itself,
@@ -383,13 +416,23 @@ fn classify<'t>(
     max_bytes: usize,
 ) -> Result<Inbound<'t>, &'static str> {
     let topic = std::str::from_utf8(topic).map_err(|_| REJECT_UNKNOWN_TOPIC)?;
+    // A node name the apiserver would refuse never gets a worker or a certificate check.
+    let valid = |node: &str| {
+        if crate::tls::is_node_name(node) {
+            Ok(())
+        } else {
+            Err(REJECT_MALFORMED)
+        }
+    };
     if let Some(node) = parse_certificate_topic(prefix, topic) {
+        valid(node)?;
         if payload.len() > max_bytes {
             return Err(REJECT_TOO_LARGE);
         }
         return Ok(Inbound::Certificate { node });
     }
     let (node, kind) = parse_node_topic(prefix, topic).ok_or(REJECT_UNKNOWN_TOPIC)?;
+    valid(node)?;
     if kind == WILL_KIND {
         let header = Header::decode(payload).ok();
         return Ok(Inbound::Will { node, header });
@@ -434,8 +477,16 @@ impl Refusal {
 
 /// Reads one message of `node` and `kind` under the signature policy: verifies a
 /// `SignedMessage` with `key` (the node's certificate, when held) at `now`, decodes the
-/// `AgentMessage`, and checks that its header's node name and its kind agree with the topic.
-/// Returns the message and whether it was signed (its identity is then `node`).
+/// `AgentMessage`, checks that its header's node name and its kind agree with the topic, and
+/// that a signed message's `wall_time_ms` is within [`SignaturePolicy::max_clock_skew`] of
+/// `now`. Returns the message and whether it was signed (its identity is then `node`).
+///
+/// Answers to refusals are chosen so that a forger gains nothing and a genuine agent
+/// recovers: no key held, or a signature that does not verify (a rolled-back or lost
+/// certificate looks the same as a forgery), is `RETRY` with `register_again`, so the agent
+/// publishes its certificate again; an unsigned message for a node whose key is held is
+/// certainly not that node's and gets no answer; an unsigned message for a node never seen
+/// signing (a misconfigured agent) and an expired certificate get `REJECTED`.
 fn open(
     node: &str,
     kind: &str,
@@ -463,6 +514,10 @@ fn open(
     };
     let Some((signed, signature)) = signing::unseal(payload) else {
         let message = decode(payload)?;
+        if key.is_some() {
+            // This node signs: an unsigned message in its name is someone else's.
+            return Err(Refusal::silent(REJECT_UNSIGNED));
+        }
         if policy.required {
             let seq = message.header().map_or(0, |h| h.seq);
             return Err(Refusal::answered(
@@ -489,21 +544,33 @@ fn open(
         ));
     };
     match key.verify(&signed, &signature, now) {
-        Ok(()) => decode(&signed).map(|m| (m, true)),
+        Ok(()) => {
+            let message = decode(&signed)?;
+            let sent_ms = message.header().map_or(0, |h| h.wall_time_ms);
+            let now_ms = i64::try_from(now.as_secs())
+                .unwrap_or(i64::MAX)
+                .saturating_mul(1000);
+            let skew_ms = i64::try_from(policy.max_clock_skew.as_millis()).unwrap_or(i64::MAX);
+            if now_ms.saturating_sub(sent_ms).saturating_abs() > skew_ms {
+                let seq = message.header().map_or(0, |h| h.seq);
+                return Err(Refusal::answered(
+                    REJECT_CLOCK,
+                    seq,
+                    AckCode::Rejected,
+                    false,
+                ));
+            }
+            Ok((message, true))
+        }
         Err(SignatureError::Expired) => Err(Refusal::answered(
             REJECT_CERTIFICATE_EXPIRED,
             seq_of(&signed),
             AckCode::Rejected,
             false,
         )),
-        Err(SignatureError::BadSignature | SignatureError::Certificate(_)) => {
-            Err(Refusal::answered(
-                REJECT_BAD_SIGNATURE,
-                seq_of(&signed),
-                AckCode::Rejected,
-                false,
-            ))
-        }
+        Err(SignatureError::BadSignature | SignatureError::Certificate(_)) => Err(
+            Refusal::answered(REJECT_BAD_SIGNATURE, seq_of(&signed), AckCode::Retry, true),
+        ),
     }
 }
 
@@ -559,13 +626,19 @@ impl Signatures {
 enum Work {
     /// A message payload of `kind`.
     Message { kind: &'static str, payload: Bytes },
-    /// A published certificate chain.
-    Certificate(Bytes),
+    /// A certificate chain was put in the worker's certificate slot (a wake-up only).
+    CertificateArrived,
 }
+
+/// The latest certificate chain published for a node, waiting for its worker. One slot,
+/// overwritten by a newer publish: a flood on the node's topics can delay it but never drop
+/// it (the worker empties the slot before each message), and it costs one chain per node.
+type CertificateSlot = Arc<std::sync::Mutex<Option<Bytes>>>;
 
 struct Worker {
     tx: mpsc::Sender<Work>,
     last_message: Instant,
+    certificate: CertificateSlot,
 }
 
 /// The per-node workers, owned by the event-loop task.
@@ -597,7 +670,7 @@ impl<H: Handler> Workers<H> {
                     // held stays until a newer certificate replaces it.
                     return;
                 }
-                (node, Work::Certificate(publish.payload.clone()))
+                (node, Work::CertificateArrived)
             }
             Ok(Inbound::Will { node, header }) => {
                 tracing::info!(
@@ -626,6 +699,17 @@ impl<H: Handler> Workers<H> {
             return;
         };
         worker.last_message = Instant::now();
+        if matches!(work, Work::CertificateArrived) {
+            let mut slot = worker
+                .certificate
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *slot = Some(publish.payload.clone());
+            drop(slot);
+            // A full queue is fine: the worker looks at the slot before every message.
+            let _ = worker.tx.try_send(work);
+            return;
+        }
         // Full, or (rarely) the worker died just now: a new one starts with the next message.
         if worker.tx.try_send(work).is_err() {
             tracing::debug!(node, "MQTT message dropped: the node's queue is full");
@@ -635,6 +719,8 @@ impl<H: Handler> Workers<H> {
 
     fn spawn(&self, node: &str) -> Worker {
         let (tx, mut rx) = mpsc::channel::<Work>(self.queue);
+        let certificate = CertificateSlot::default();
+        let slot = certificate.clone();
         let handler = self.handler.clone();
         let client = self.client.clone();
         let topic = acks_topic(&self.prefix, node);
@@ -642,20 +728,22 @@ impl<H: Handler> Workers<H> {
         let node = node.to_owned();
         tokio::spawn(async move {
             while let Some(work) = rx.recv().await {
+                let published = slot
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                if let (Some(payload), Some(signatures)) = (published, &signatures) {
+                    match signatures.learn(&node, &payload) {
+                        Ok(()) => tracing::debug!(%node, "node certificate verified"),
+                        Err(why) => {
+                            tracing::warn!(%node, %why, "node certificate refused");
+                            handler.rejected(&peer(None), REJECT_CERTIFICATE);
+                        }
+                    }
+                }
                 let (kind, payload) = match work {
                     Work::Message { kind, payload } => (kind, payload),
-                    Work::Certificate(payload) => {
-                        if let Some(signatures) = &signatures {
-                            match signatures.learn(&node, &payload) {
-                                Ok(()) => tracing::debug!(%node, "node certificate verified"),
-                                Err(why) => {
-                                    tracing::warn!(%node, %why, "node certificate refused");
-                                    handler.rejected(&peer(None), REJECT_CERTIFICATE);
-                                }
-                            }
-                        }
-                        continue;
-                    }
+                    Work::CertificateArrived => continue,
                 };
                 let policy = signatures.as_deref().map(|s| &s.policy);
                 let key = signatures.as_deref().and_then(|s| s.key(&node));
@@ -695,6 +783,7 @@ impl<H: Handler> Workers<H> {
         Worker {
             tx,
             last_message: Instant::now(),
+            certificate,
         }
     }
 
@@ -767,6 +856,9 @@ mod tests {
             classify("p", &[0xff], &bytes, 1024),
             Err(REJECT_UNKNOWN_TOPIC)
         );
+        for bad in [&b"p/nodes/Edge_1/lease"[..], b"p/certificates/-x"] {
+            assert_eq!(classify("p", bad, &bytes, 1024), Err(REJECT_MALFORMED));
+        }
         let status = AgentMessage {
             kind: Some(Kind::Status(StatusReport {
                 header: Some(Header {
@@ -864,13 +956,12 @@ mod tests {
         let key = verifier
             .verify("n1", signer.certificate(), UnixTime::now())
             .unwrap();
-        let required = SignaturePolicy {
-            verifier,
-            required: true,
-        };
+        let required = SignaturePolicy::new(verifier, true);
         let plain = lease("n1").encode_to_vec();
         let sealed = signer.seal(plain.clone()).unwrap();
-        let now = UnixTime::now();
+        // The test messages say wall_time_ms 0: the gateway's clock at the epoch is in the
+        // clock window (and before notAfter).
+        let now = UnixTime::since_unix_epoch(Duration::ZERO);
         let open_with = |payload: &[u8], policy: &SignaturePolicy, key: Option<&NodeKey>| {
             open("n1", "lease", payload, Some(policy), key, now)
         };
@@ -889,8 +980,13 @@ mod tests {
             )
         };
         assert_eq!(
-            refused(open_with(&plain, &required, Some(&key))),
+            refused(open_with(&plain, &required, None)),
             (REJECT_UNSIGNED, AckCode::Rejected, 1, false)
+        );
+        // A node known to sign: an unsigned message in its name is refused without an answer.
+        assert_eq!(
+            open_with(&plain, &required, Some(&key)),
+            Err(Refusal::silent(REJECT_UNSIGNED))
         );
         assert_eq!(
             refused(open_with(&sealed, &required, None)),
@@ -900,16 +996,38 @@ mod tests {
         let mut tampered = edgebeat_proto::SignedMessage::decode(sealed.as_slice()).unwrap();
         let last = tampered.signed_message.len() - 1;
         tampered.signed_message[last] ^= 1;
+        // Answered RETRY + register_again: a genuine agent whose certificate the replica
+        // lost or had rolled back publishes it again.
         assert_eq!(
-            refused(open_with(&tampered.encode_to_vec(), &required, Some(&key))).0,
-            REJECT_BAD_SIGNATURE
+            refused(open_with(&tampered.encode_to_vec(), &required, Some(&key))),
+            (REJECT_BAD_SIGNATURE, AckCode::Retry, 1, true)
         );
+        // A genuine signature on a message recorded 31 s ago (by the gateway's clock).
+        let later = UnixTime::since_unix_epoch(Duration::from_secs(31));
+        assert_eq!(
+            refused(open(
+                "n1",
+                "lease",
+                &sealed,
+                Some(&required),
+                Some(&key),
+                later
+            )),
+            (REJECT_CLOCK, AckCode::Rejected, 1, false)
+        );
+        let within = UnixTime::since_unix_epoch(Duration::from_secs(29));
+        assert!(open("n1", "lease", &sealed, Some(&required), Some(&key), within).is_ok());
         // While a fleet moves to signatures, unsigned messages pass without an identity.
         let optional = SignaturePolicy {
             required: false,
             ..required.clone()
         };
         assert_eq!(open_with(&plain, &optional, None), Ok((lease("n1"), false)));
+        assert_eq!(
+            open_with(&plain, &optional, Some(&key)),
+            Err(Refusal::silent(REJECT_UNSIGNED)),
+            "not for a node that signs"
+        );
         assert_eq!(
             open_with(&sealed, &optional, Some(&key)),
             Ok((lease("n1"), true))
