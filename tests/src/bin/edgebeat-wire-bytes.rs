@@ -4,6 +4,9 @@
 //! direction — all framing included (HTTP/2 frames and gRPC length prefixes; MQTT fixed
 //! header, topic, properties and PUBACKs), TCP/IP headers excluded.
 //!
+//! The third run is MQTT over TLS with every message signed (Mosquitto with a TLS-only
+//! listener): TLS records and signatures included.
+//!
 //! Run: `cargo run --release -p edgebeat-tests --bin edgebeat-wire-bytes`.
 
 use std::sync::Arc;
@@ -12,7 +15,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use edgebeat_agent::config::TransportConfig;
-use edgebeat_tests::harness::{Cluster, Transport, fixture};
+use edgebeat_tests::harness::{Cluster, Transport, fixture, gateway_options};
+use edgebeat_tests::pki::Ca;
 use edgebeat_tests::standin::StandInView;
 use http::Method;
 use tokio::net::{TcpListener, TcpStream};
@@ -84,9 +88,18 @@ fn count(v: &StandInView<'_>, method: Method, suffix: &str) -> usize {
         .count()
 }
 
-async fn measure(transport: Transport) -> anyhow::Result<()> {
+/// Measures one transport; with `site`, MQTT over TLS with signed messages (the broker
+/// requires `site` certificates, each agent signs with its node key).
+async fn measure(transport: Transport, site: Option<&Ca>) -> anyhow::Result<()> {
     const K: usize = 10;
-    let cluster = Cluster::start(transport).await?;
+    let cluster = match site {
+        Some(site) => Cluster::start_mqtt_secure(site, true, gateway_options()).await?,
+        None => Cluster::start(transport).await?,
+    };
+    let config = |name: &str, facts: &str| match site {
+        Some(site) => cluster.secure_agent_config(name, &fixture(facts), &site.node(name)),
+        None => cluster.agent_config(name, &fixture(facts)),
+    };
     let counts = Arc::new(Counts::default());
     let upstream = match &cluster.broker {
         Some(b) => format!("{}:{}", b.host(), b.port()),
@@ -110,7 +123,7 @@ async fn measure(transport: Transport) -> anyhow::Result<()> {
     let deadline = Duration::from_secs(120);
 
     // Lease renewals: renew every second, status only at start.
-    let mut c = via_proxy(cluster.agent_config("edge-lease", &fixture("rpi4-cgroup1")));
+    let mut c = via_proxy(config("edge-lease", "rpi4-cgroup1"));
     c.node_lease_duration_seconds = 4;
     c.node_status_report_frequency = Duration::from_secs(3600);
     let agent = cluster.start_agent(c)?;
@@ -136,10 +149,10 @@ async fn measure(transport: Transport) -> anyhow::Result<()> {
         .await?;
     let (up, down) = counts.take();
     agent.stop().await?;
-    let name = if transport == Transport::Grpc {
-        "gRPC"
-    } else {
-        "MQTT"
+    let name = match (transport, site) {
+        (Transport::Grpc, _) => "gRPC",
+        (Transport::Mqtt, None) => "MQTT",
+        (Transport::Mqtt, Some(_)) => "MQTT over TLS, signed",
     };
     println!(
         "{name}: per lease renewal: {:.1} B agent→ + {:.1} B ←agent = {:.1} B (mean of {K}, TCP payload, framing and acks included)",
@@ -149,7 +162,7 @@ async fn measure(transport: Transport) -> anyhow::Result<()> {
     );
 
     // Status reports: report every second, lease every ~15 min.
-    let mut c = via_proxy(cluster.agent_config("edge-status", &fixture("jetson-cgroup2")));
+    let mut c = via_proxy(config("edge-status", "jetson-cgroup2"));
     c.node_lease_duration_seconds = 3600;
     c.node_status_report_frequency = Duration::from_secs(1);
     let agent = cluster.start_agent(c)?;
@@ -186,7 +199,11 @@ async fn measure(transport: Transport) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    measure(Transport::Grpc).await.context("gRPC")?;
-    measure(Transport::Mqtt).await.context("MQTT")?;
+    measure(Transport::Grpc, None).await.context("gRPC")?;
+    measure(Transport::Mqtt, None).await.context("MQTT")?;
+    let site = Ca::new("edgebeat site CA");
+    measure(Transport::Mqtt, Some(&site))
+        .await
+        .context("MQTT over TLS, signed")?;
     Ok(())
 }
