@@ -82,19 +82,25 @@ pub struct Counters {
     pub stale_renewals: AtomicU64,
     /// Status PATCHes written.
     pub status_reports: AtomicU64,
-    /// Messages rejected, all reasons (malformed, foreign, replayed, unauthenticated…).
-    pub rejected: AtomicU64,
-    /// Messages rejected, by [`RejectReason`] (indexed by `RejectReason as usize`).
+    /// Messages rejected, by [`RejectReason`] (indexed by `RejectReason as usize`); see
+    /// [`Counters::rejections`] and [`Counters::rejected`].
     pub rejected_by_reason: [AtomicU64; RejectReason::ALL.len()],
     /// Nodes created or reconciled.
     pub registrations: AtomicU64,
 }
 
 impl Counters {
-    /// Counts one rejection for `why` (and in the total).
+    /// Counts one rejection for `why`.
     pub fn count_rejection(&self, why: RejectReason) {
-        self.rejected.fetch_add(1, Ordering::Relaxed);
         self.rejected_by_reason[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Rejections counted so far, all reasons.
+    pub fn rejected(&self) -> u64 {
+        RejectReason::ALL
+            .iter()
+            .map(|why| self.rejections(*why))
+            .sum()
     }
 
     /// Rejections counted for `why` so far.
@@ -1097,10 +1103,9 @@ impl Handler for Gateway {
         self.handle_message(peer, message).await
     }
 
-    fn rejected(&self, peer: &Peer, reason: &str) {
-        let why = RejectReason::from_transport(reason);
+    fn rejected(&self, peer: &Peer, why: RejectReason, detail: &str) {
         self.counters.count_rejection(why);
-        tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, why = why.as_str(), reason, "message refused by the transport");
+        tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, why = why.as_str(), detail, "message refused by the transport");
     }
 }
 

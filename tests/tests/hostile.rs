@@ -106,7 +106,7 @@ async fn bad_messages_are_rejected_counted_and_others_keep_renewing() {
         .unwrap();
     cancel.cancel();
     good.stop().await.unwrap();
-    let rejected = cluster.gateway().counters.rejected.load(Ordering::Relaxed);
+    let rejected = cluster.gateway().counters.rejected();
     assert_eq!(rejected, 4, "each bad message counted once");
     let rogue_writes = cluster
         .standin

@@ -12,7 +12,6 @@
 
 use std::io::{Read, Write};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use edgebeat_agent::AgentConfig;
@@ -64,7 +63,7 @@ fn agent_config(cluster: &Cluster, node: &str, trust: &Ca, client: Option<&Leaf>
 }
 
 fn rejected(cluster: &Cluster) -> u64 {
-    cluster.gateway().counters.rejected.load(Ordering::Relaxed)
+    cluster.gateway().counters.rejected()
 }
 
 /// Stand-in requests that concern `node` (its Node, status, Lease, or a body naming it).

@@ -43,7 +43,97 @@ pub trait Handler: Send + Sync + 'static {
     /// Messages of one connection are handled in order, one at a time.
     fn handle(&self, peer: &Peer, message: AgentMessage) -> impl Future<Output = Ack> + Send;
 
-    /// Called when bytes from `peer` could not be decoded (malformed, oversized); the
-    /// transport drops them and keeps serving. `reason` is short, for logs and metrics.
-    fn rejected(&self, peer: &Peer, reason: &str);
+    /// Called when the transport refused something from `peer` before the handler could see
+    /// a message (undecodable, oversized, unauthenticated, a failed TLS handshake, a bad
+    /// signature); the transport drops it and keeps serving. `reason` is the metric label,
+    /// `detail` a short text for logs.
+    fn rejected(&self, peer: &Peer, reason: RejectReason, detail: &str);
+}
+
+/// A transport's refusal: its [`RejectReason`] and a fixed text for logs and acks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rejection {
+    /// The metric label.
+    pub reason: RejectReason,
+    /// What exactly was wrong, e.g. `unknown topic`.
+    pub detail: &'static str,
+}
+
+/// Why a message was rejected, by a transport or by the gateway: the `reason` label of the
+/// gateway's `edgebeat_gateway_rejected_messages_total`. A fixed set, so the series are
+/// bounded; the detail of each case goes to logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RejectReason {
+    /// Does not decode, or lacks what every message needs (header, kind, status); an
+    /// unknown MQTT topic.
+    Malformed,
+    /// Larger than the decode limit (64 KiB).
+    TooLarge,
+    /// Decodes but is refused by validation, NodeRestriction or the apiserver (422).
+    Invalid,
+    /// Speaks for another node than its authenticated identity, or its MQTT topic names
+    /// another node than its header.
+    Foreign,
+    /// A sequence number not above the last accepted one of its boot, or an earlier boot.
+    Replayed,
+    /// Over the per-node message rate.
+    RateLimited,
+    /// Dropped because the node's MQTT queue was full (a flood from that node).
+    QueueFull,
+    /// gRPC: no client certificate with a node identity, or one that is not a node's.
+    Unauthenticated,
+    /// gRPC: the TLS handshake failed (unknown CA, expired, no certificate, not TLS).
+    TlsHandshake,
+    /// MQTT: unsigned while signatures are required.
+    Unsigned,
+    /// MQTT: the signature does not verify with the node's certificate.
+    BadSignature,
+    /// MQTT: signed, but no verified certificate is held for the node.
+    UnknownSigner,
+    /// MQTT: a verified message whose signed wall time is outside the clock window (a
+    /// recorded message replayed later, or an agent with a wrong clock).
+    ClockSkew,
+    /// MQTT: a node certificate refused (wrong CA, expired, another node's), or a message
+    /// signed under a certificate that has expired since.
+    Certificate,
+}
+
+impl RejectReason {
+    /// Every reason, in label order.
+    pub const ALL: [Self; 14] = [
+        Self::Malformed,
+        Self::TooLarge,
+        Self::Invalid,
+        Self::Foreign,
+        Self::Replayed,
+        Self::RateLimited,
+        Self::QueueFull,
+        Self::Unauthenticated,
+        Self::TlsHandshake,
+        Self::Unsigned,
+        Self::BadSignature,
+        Self::UnknownSigner,
+        Self::ClockSkew,
+        Self::Certificate,
+    ];
+
+    /// The label value, snake_case: `malformed`, `too_large`, `bad_signature`…
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::TooLarge => "too_large",
+            Self::Invalid => "invalid",
+            Self::Foreign => "foreign",
+            Self::Replayed => "replayed",
+            Self::RateLimited => "rate_limited",
+            Self::QueueFull => "queue_full",
+            Self::Unauthenticated => "unauthenticated",
+            Self::TlsHandshake => "tls_handshake",
+            Self::Unsigned => "unsigned",
+            Self::BadSignature => "bad_signature",
+            Self::UnknownSigner => "unknown_signer",
+            Self::ClockSkew => "clock_skew",
+            Self::Certificate => "certificate",
+        }
+    }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use edgebeat_proto::{
     Ack, AckCode, AgentMessage, Header, LeaseRenewal, Register, StatusReport, agent_message::Kind,
 };
-use edgebeat_transports::ingress::{Handler, Peer, TransportKind};
+use edgebeat_transports::ingress::{Handler, Peer, RejectReason, Rejection, TransportKind};
 use edgebeat_transports::mqtt::{
     self, MqttIngressError, MqttIngressOptions, MqttUplinkError, MqttUplinkOptions,
 };
@@ -107,7 +107,7 @@ struct Seen {
 
 struct Recorder {
     seen: Mutex<Vec<Seen>>,
-    rejected: Mutex<Vec<String>>,
+    rejected: Mutex<Vec<(RejectReason, String)>>,
     changes: watch::Sender<u64>,
     /// Messages of this node wait for a permit before they are handled.
     hold: Option<(String, Arc<tokio::sync::Semaphore>)>,
@@ -144,7 +144,7 @@ impl Recorder {
         self.seen.lock().unwrap().clone()
     }
 
-    fn rejected(&self) -> Vec<String> {
+    fn rejected(&self) -> Vec<(RejectReason, String)> {
         self.rejected.lock().unwrap().clone()
     }
 
@@ -198,8 +198,11 @@ impl Handler for Recorder {
         }
     }
 
-    fn rejected(&self, _peer: &Peer, reason: &str) {
-        self.rejected.lock().unwrap().push(reason.to_owned());
+    fn rejected(&self, _peer: &Peer, reason: RejectReason, detail: &str) {
+        self.rejected
+            .lock()
+            .unwrap()
+            .push((reason, detail.to_owned()));
         self.changes.send_modify(|n| *n += 1);
     }
 }
@@ -576,7 +579,7 @@ async fn bad_publishes_are_rejected_and_good_nodes_keep_going() {
 
     let (publisher, _) = raw_client(&broker, "intruder", None).await;
     let intruder = Node::new("intruder");
-    let bad: [(String, Vec<u8>, &str); 5] = [
+    let bad: [(String, Vec<u8>, Rejection); 5] = [
         (
             mqtt::node_topic(PREFIX, "evil", "lease"),
             vec![0xff, 0xff, 0xff],
@@ -615,7 +618,10 @@ async fn bad_publishes_are_rejected_and_good_nodes_keep_going() {
         })
         .await;
     let mut reasons = handler.rejected();
-    let mut expected: Vec<_> = bad.iter().map(|(_, _, r)| r.to_string()).collect();
+    let mut expected: Vec<_> = bad
+        .iter()
+        .map(|(_, _, r)| (r.reason, r.detail.to_owned()))
+        .collect();
     reasons.sort();
     expected.sort();
     assert_eq!(reasons, expected);
@@ -676,7 +682,8 @@ async fn a_flooding_node_does_not_starve_others() {
         handler
             .rejected()
             .iter()
-            .all(|r| r == mqtt::REJECT_QUEUE_FULL)
+            .all(|(reason, detail)| *reason == mqtt::REJECT_QUEUE_FULL.reason
+                && detail == mqtt::REJECT_QUEUE_FULL.detail)
     );
     for _ in 0..3 {
         let ack = agent

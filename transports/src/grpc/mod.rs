@@ -20,7 +20,7 @@ pub use crate::tls::{ClientTls, GrpcServerTls, TlsIdentity};
 #[cfg(feature = "grpc-uplink")]
 pub use client::{GrpcUplinkError, GrpcUplinkOptions, run_uplink};
 #[cfg(feature = "grpc-ingress")]
-pub use server::{GrpcServeError, GrpcServerOptions, REJECT_TLS_HANDSHAKE, serve};
+pub use server::{GrpcServeError, GrpcServerOptions, serve};
 
 /// Default interval of HTTP/2 keepalive pings on both sides, 30 s: short enough to notice a
 /// dead cellular link well within the 40 s lease duration, long enough to cost little.

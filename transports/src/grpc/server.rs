@@ -9,7 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::tls::{self, GrpcServerTls};
-use crate::ingress::{Handler, Peer, TransportKind};
+use crate::ingress::{Handler, Peer, RejectReason, TransportKind};
 
 /// Settings of the gateway's gRPC server.
 #[derive(Debug, Clone)]
@@ -75,7 +75,8 @@ impl<H: Handler> Heartbeat for Service<H> {
             Err(reason) => {
                 // Refused before any message is read: nothing from this stream reaches the
                 // handler, and the agent sees UNAUTHENTICATED (its own fault, not the link).
-                self.handler.rejected(&peer, &reason);
+                self.handler
+                    .rejected(&peer, RejectReason::Unauthenticated, &reason);
                 tracing::warn!(remote = ?peer.remote, %reason, "gRPC stream refused: unauthenticated");
                 return Err(Status::unauthenticated(reason));
             }
@@ -105,8 +106,14 @@ impl<H: Handler> Heartbeat for Service<H> {
                     Err(status) => {
                         // Malformed or oversized frames end this stream only; the agent
                         // reconnects and every other stream is untouched.
-                        if !matches!(status.code(), tonic::Code::Cancelled | tonic::Code::Unknown) {
-                            handler.rejected(&peer, status.message());
+                        let reason = match status.code() {
+                            tonic::Code::Cancelled | tonic::Code::Unknown => None,
+                            // tonic's decoder: a message over max_message_bytes.
+                            tonic::Code::OutOfRange => Some(RejectReason::TooLarge),
+                            _ => Some(RejectReason::Malformed),
+                        };
+                        if let Some(reason) = reason {
+                            handler.rejected(&peer, reason, status.message());
                         }
                         tracing::debug!(peer = ?peer.remote, %status, "gRPC stream ended");
                         break;
@@ -154,10 +161,6 @@ pub enum GrpcServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// [`Handler::rejected`] reason: a TLS handshake failed (no or unknown client certificate,
-/// expired, not TLS at all, timed out); the detail is logged.
-pub const REJECT_TLS_HANDSHAKE: &str = "TLS handshake failed";
-
 /// Connections waiting between a finished TLS handshake and tonic picking them up.
 const ACCEPTED_QUEUE: usize = 64;
 
@@ -168,7 +171,7 @@ const MAX_HANDSHAKES: usize = 1024;
 /// Accepts TCP connections on `listener` and runs each TLS handshake in its own task
 /// (bounded by [`super::TLS_HANDSHAKE_TIMEOUT`], at most [`MAX_HANDSHAKES`] at once), handing
 /// finished ones to tonic. A failed or refused handshake is counted through
-/// [`Handler::rejected`] ([`REJECT_TLS_HANDSHAKE`]) and its cause logged at debug level;
+/// [`Handler::rejected`] ([`RejectReason::TlsHandshake`]) and its cause logged at debug level;
 /// tonic's own TLS acceptor would swallow both. Ends, with every handshake task, when
 /// `closing` fires or tonic stops taking connections.
 fn tls_incoming<H: Handler>(
@@ -205,7 +208,11 @@ fn tls_incoming<H: Handler>(
             let Ok(permit) = handshakes.clone().try_acquire_owned() else {
                 // Dropping the socket closes it.
                 tracing::debug!(%remote, "too many TLS handshakes in progress; connection closed");
-                handler.rejected(&peer, REJECT_TLS_HANDSHAKE);
+                handler.rejected(
+                    &peer,
+                    RejectReason::TlsHandshake,
+                    "too many handshakes in progress",
+                );
                 continue;
             };
             // Small acks (and the handshake's last flight) must not wait for a delayed ACK.
@@ -236,7 +243,7 @@ fn tls_incoming<H: Handler>(
                 // Counted for every failure; logged at debug only, since any client can
                 // cause one (the counter is the signal, the log the detail).
                 tracing::debug!(%remote, %error, "gRPC TLS handshake failed");
-                handler.rejected(&peer, REJECT_TLS_HANDSHAKE);
+                handler.rejected(&peer, RejectReason::TlsHandshake, &error);
             });
         }
     });
@@ -251,7 +258,7 @@ fn tls_incoming<H: Handler>(
 /// handshake in its own task with a 10 s limit. A failed handshake (no certificate, unknown
 /// CA, expired, not TLS) closes that connection before any request: it never reaches
 /// `handler.handle`, and is counted through [`Handler::rejected`] as
-/// [`REJECT_TLS_HANDSHAKE`].
+/// [`RejectReason::TlsHandshake`].
 ///
 /// Takes the listener (not an address) so callers bind port 0 in tests. Errors:
 /// [`GrpcServeError::Tls`] when the TLS material is unusable (check it first with

@@ -23,42 +23,75 @@ use super::{
     check_prefix, disconnect, gateway_filter, next_event, parse_certificate_topic,
     parse_node_topic,
 };
-use crate::ingress::{Handler, Peer, TransportKind};
+use crate::ingress::{Handler, Peer, RejectReason, Rejection, TransportKind};
 use crate::signing::{self, CertificateVerifier, NodeKey, SignatureError};
 use crate::tls::ClientTls;
 
-/// [`Handler::rejected`] reason: the payload is larger than `max_packet_bytes`.
-pub const REJECT_TOO_LARGE: &str = "message too large";
-/// [`Handler::rejected`] reason: the payload is not a protobuf `AgentMessage`.
-pub const REJECT_MALFORMED: &str = "malformed message";
-/// [`Handler::rejected`] reason: the topic's node or kind disagrees with the message (its
+/// Refusal: the payload is larger than `max_packet_bytes`.
+pub const REJECT_TOO_LARGE: Rejection = Rejection {
+    reason: RejectReason::TooLarge,
+    detail: "message too large",
+};
+/// Refusal: the payload is not a protobuf `AgentMessage`.
+pub const REJECT_MALFORMED: Rejection = Rejection {
+    reason: RejectReason::Malformed,
+    detail: "malformed message",
+};
+/// Refusal: the topic's node or kind disagrees with the message (its
 /// header's node name, its kind); counts as a foreign message.
-pub const REJECT_MISMATCH: &str = "topic/node mismatch";
-/// [`Handler::rejected`] reason: a topic under the subscription that is not
+pub const REJECT_MISMATCH: Rejection = Rejection {
+    reason: RejectReason::Foreign,
+    detail: "topic/node mismatch",
+};
+/// Refusal: a topic under the subscription that is not
 /// `P/nodes/{node}/{register|status|lease|will}`.
-pub const REJECT_UNKNOWN_TOPIC: &str = "unknown topic";
-/// [`Handler::rejected`] reason: the node's worker queue was full; the message is dropped so
+pub const REJECT_UNKNOWN_TOPIC: Rejection = Rejection {
+    reason: RejectReason::Malformed,
+    detail: "unknown topic",
+};
+/// Refusal: the node's worker queue was full; the message is dropped so
 /// that one node's flood cannot starve the others.
-pub const REJECT_QUEUE_FULL: &str = "per-node queue full";
-/// [`Handler::rejected`] reason: signatures are required and the payload is a bare
+pub const REJECT_QUEUE_FULL: Rejection = Rejection {
+    reason: RejectReason::QueueFull,
+    detail: "per-node queue full",
+};
+/// Refusal: signatures are required and the payload is a bare
 /// `AgentMessage` (answered `REJECTED`).
-pub const REJECT_UNSIGNED: &str = "unsigned message";
-/// [`Handler::rejected`] reason: the signature does not verify with the node's certificate
+pub const REJECT_UNSIGNED: Rejection = Rejection {
+    reason: RejectReason::Unsigned,
+    detail: "unsigned message",
+};
+/// Refusal: the signature does not verify with the node's certificate
 /// (tampered, or signed by someone else; answered `REJECTED`).
-pub const REJECT_BAD_SIGNATURE: &str = "bad signature";
-/// [`Handler::rejected`] reason: no verified certificate is held for the node (answered
+pub const REJECT_BAD_SIGNATURE: Rejection = Rejection {
+    reason: RejectReason::BadSignature,
+    detail: "bad signature",
+};
+/// Refusal: no verified certificate is held for the node (answered
 /// `RETRY` with `register_again`, so a genuine agent publishes it again).
-pub const REJECT_UNKNOWN_SIGNER: &str = "no certificate for the signer";
-/// [`Handler::rejected`] reason: the certificate that verified the node's messages has
+pub const REJECT_UNKNOWN_SIGNER: Rejection = Rejection {
+    reason: RejectReason::UnknownSigner,
+    detail: "no certificate for the signer",
+};
+/// Refusal: the certificate that verified the node's messages has
 /// expired (answered `REJECTED`).
-pub const REJECT_CERTIFICATE_EXPIRED: &str = "node certificate expired";
-/// [`Handler::rejected`] reason: a verified message's `wall_time_ms` is further than
+pub const REJECT_CERTIFICATE_EXPIRED: Rejection = Rejection {
+    reason: RejectReason::Certificate,
+    detail: "node certificate expired",
+};
+/// Refusal: a verified message's `wall_time_ms` is further than
 /// [`SignaturePolicy::max_clock_skew`] from the gateway's clock: a recorded message replayed
 /// later, or an agent whose clock is wrong (answered `REJECTED`).
-pub const REJECT_CLOCK: &str = "signed time outside the clock window";
-/// [`Handler::rejected`] reason: a certificate published on `P/certificates/{node}` was
+pub const REJECT_CLOCK: Rejection = Rejection {
+    reason: RejectReason::ClockSkew,
+    detail: "signed time outside the clock window",
+};
+/// Refusal: a certificate published on `P/certificates/{node}` was
 /// refused (not from the site CA, expired, not `node`'s identity, older than the one held).
-pub const REJECT_CERTIFICATE: &str = "node certificate refused";
+pub const REJECT_CERTIFICATE: Rejection = Rejection {
+    reason: RejectReason::Certificate,
+    detail: "node certificate refused",
+};
 
 /// Headroom above `max_packet_bytes` for the PUBLISH header (topic, properties) in the
 /// Maximum Packet Size announced to the broker, so that payloads a little over the limit
@@ -414,7 +447,7 @@ fn classify<'t>(
     topic: &'t [u8],
     payload: &[u8],
     max_bytes: usize,
-) -> Result<Inbound<'t>, &'static str> {
+) -> Result<Inbound<'t>, Rejection> {
     let topic = std::str::from_utf8(topic).map_err(|_| REJECT_UNKNOWN_TOPIC)?;
     // A node name the apiserver would refuse never gets a worker or a certificate check.
     let valid = |node: &str| {
@@ -450,24 +483,24 @@ fn classify<'t>(
 /// send the agent, if any.
 #[derive(Debug, PartialEq)]
 struct Refusal {
-    reason: &'static str,
+    reason: Rejection,
     ack: Option<Ack>,
 }
 
 impl Refusal {
-    fn silent(reason: &'static str) -> Self {
+    fn silent(reason: Rejection) -> Self {
         Self { reason, ack: None }
     }
 
     /// A refusal answered to the agent: `seq` read from the (unverified) message, so that a
     /// genuine agent learns why; a forger learns nothing it did not know.
-    fn answered(reason: &'static str, seq: u64, code: AckCode, register_again: bool) -> Self {
+    fn answered(reason: Rejection, seq: u64, code: AckCode, register_again: bool) -> Self {
         Self {
             reason,
             ack: Some(Ack {
                 seq,
                 code: code.into(),
-                reason: reason.to_owned(),
+                reason: reason.detail.to_owned(),
                 register_again,
                 ..Ack::default()
             }),
@@ -683,9 +716,10 @@ impl<H: Handler> Workers<H> {
                 );
                 return;
             }
-            Err(reason) => {
-                tracing::debug!(topic = ?publish.topic, reason, "MQTT message rejected");
-                self.handler.rejected(&peer(None), reason);
+            Err(refused) => {
+                tracing::debug!(topic = ?publish.topic, detail = refused.detail, "MQTT message rejected");
+                self.handler
+                    .rejected(&peer(None), refused.reason, refused.detail);
                 return;
             }
         };
@@ -713,7 +747,11 @@ impl<H: Handler> Workers<H> {
         // Full, or (rarely) the worker died just now: a new one starts with the next message.
         if worker.tx.try_send(work).is_err() {
             tracing::debug!(node, "MQTT message dropped: the node's queue is full");
-            self.handler.rejected(&peer(None), REJECT_QUEUE_FULL);
+            self.handler.rejected(
+                &peer(None),
+                REJECT_QUEUE_FULL.reason,
+                REJECT_QUEUE_FULL.detail,
+            );
         }
     }
 
@@ -737,7 +775,7 @@ impl<H: Handler> Workers<H> {
                         Ok(()) => tracing::debug!(%node, "node certificate verified"),
                         Err(why) => {
                             tracing::warn!(%node, %why, "node certificate refused");
-                            handler.rejected(&peer(None), REJECT_CERTIFICATE);
+                            handler.rejected(&peer(None), REJECT_CERTIFICATE.reason, &why);
                         }
                     }
                 }
@@ -760,8 +798,9 @@ impl<H: Handler> Workers<H> {
                         handler.handle(&peer, message).await
                     }
                     Err(refusal) => {
-                        tracing::debug!(%node, reason = refusal.reason, "MQTT message refused");
-                        handler.rejected(&peer(None), refusal.reason);
+                        let refused = refusal.reason;
+                        tracing::debug!(%node, detail = refused.detail, "MQTT message refused");
+                        handler.rejected(&peer(None), refused.reason, refused.detail);
                         match refusal.ack {
                             Some(ack) => ack,
                             None => continue,
@@ -838,7 +877,7 @@ mod tests {
     #[test]
     fn rejections_name_their_reason() {
         let bytes = lease("n1").encode_to_vec();
-        let cases: [(&[u8], &[u8], usize, &str); 4] = [
+        let cases: [(&[u8], &[u8], usize, Rejection); 4] = [
             (b"p/nodes/n1/lease", &bytes, 4, REJECT_TOO_LARGE),
             (b"p/certificates/n1", &bytes, 4, REJECT_TOO_LARGE),
             (b"p/nodes/n1/bogus", &bytes, 1024, REJECT_UNKNOWN_TOPIC),
@@ -869,7 +908,7 @@ mod tests {
             })),
         }
         .encode_to_vec();
-        let cases: [(&str, &str, &[u8], &str); 5] = [
+        let cases: [(&str, &str, &[u8], Rejection); 5] = [
             ("n2", "lease", &bytes, REJECT_MISMATCH),
             ("n1", "status", &bytes, REJECT_MISMATCH),
             ("n1", "lease", &status, REJECT_MISMATCH),
