@@ -13,8 +13,9 @@
 //!
 //! Keys: ECDSA P-256 (kubelet's own client-certificate key type; ECDSA with SHA-256, ASN.1
 //! DER signatures of about 71 bytes) and Ed25519 (64-byte signatures). The crypto is
-//! rustls' ring provider for signing and rustls-webpki on ring for verifying; nothing here
-//! is hand-rolled but the framing.
+//! rustls' ring provider for signing, rustls-webpki (through rustls) for the certificate
+//! chain, and ring for each message's signature; nothing here is hand-rolled but the
+//! framing.
 //!
 //! Replays are refused by what the signed bytes carry: the header's per-boot `seq`, which
 //! each gateway replica requires to increase for a boot it remembers, and `wall_time_ms`,
@@ -155,12 +156,7 @@ mod verify {
         /// Errors: a message when the PEM holds no usable CA certificate.
         pub fn from_pem(ca_pem: &[u8]) -> Result<Self, String> {
             let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in tls::parse_certificates(ca_pem)? {
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("not a usable CA certificate: {e}"))?;
-            }
+            let roots = tls::root_store(ca_pem)?;
             let verifier =
                 rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
                     .build()
@@ -203,9 +199,9 @@ mod verify {
             let (_, cert) = X509Certificate::from_der(&leaf)
                 .map_err(|e| refuse(format!("does not parse: {e}")))?;
             let spki = cert.public_key();
-            let algorithm: &'static dyn rustls::pki_types::SignatureVerificationAlgorithm =
+            let algorithm: &'static dyn ring::signature::VerificationAlgorithm =
                 if spki.algorithm.algorithm == x509_parser::oid_registry::OID_SIG_ED25519 {
-                    webpki::ring::ED25519
+                    &ring::signature::ED25519
                 } else if spki.algorithm.algorithm
                     == x509_parser::oid_registry::OID_KEY_TYPE_EC_PUBLIC_KEY
                     && spki
@@ -215,7 +211,8 @@ mod verify {
                         .and_then(|p| p.as_oid().ok())
                         == Some(x509_parser::oid_registry::OID_EC_P256)
                 {
-                    webpki::ring::ECDSA_P256_SHA256
+                    // rustls' ECDSA signer writes ASN.1 DER signatures.
+                    &ring::signature::ECDSA_P256_SHA256_ASN1
                 } else {
                     return Err(refuse(
                         "the key is neither ECDSA P-256 nor Ed25519; it cannot sign messages"
@@ -224,7 +221,7 @@ mod verify {
                 };
             Ok(NodeKey {
                 node: identity,
-                leaf: leaf.as_ref().to_vec(),
+                public_key: spki.subject_public_key.data.to_vec(),
                 algorithm,
                 not_before: cert.validity().not_before.timestamp(),
                 not_after: cert.validity().not_after.timestamp(),
@@ -232,12 +229,14 @@ mod verify {
         }
     }
 
-    /// A node's verified certificate, ready to check its signatures.
+    /// A node's verified certificate, ready to check its signatures: the certificate was
+    /// parsed and checked once; each message costs only the signature check.
     #[derive(Clone)]
     pub struct NodeKey {
         node: String,
-        leaf: Vec<u8>,
-        algorithm: &'static dyn rustls::pki_types::SignatureVerificationAlgorithm,
+        /// The subjectPublicKey bits: an uncompressed P-256 point or 32 Ed25519 bytes.
+        public_key: Vec<u8>,
+        algorithm: &'static dyn ring::signature::VerificationAlgorithm,
         /// notBefore of the leaf, Unix seconds.
         not_before: i64,
         /// notAfter of the leaf, Unix seconds.
@@ -287,10 +286,8 @@ mod verify {
             if now > self.not_after {
                 return Err(SignatureError::Expired);
             }
-            let leaf = CertificateDer::from(self.leaf.as_slice());
-            let cert = webpki::EndEntityCert::try_from(&leaf)
-                .map_err(|e| SignatureError::Certificate(e.to_string()))?;
-            cert.verify_signature(self.algorithm, &signed_bytes(signed_message), signature)
+            ring::signature::UnparsedPublicKey::new(self.algorithm, &self.public_key)
+                .verify(&signed_bytes(signed_message), signature)
                 .map_err(|_| SignatureError::BadSignature)
         }
     }

@@ -69,12 +69,7 @@ impl ClientTls {
     /// Errors: a message naming the part (`CA`, `client certificate`, `client key`, or the
     /// pair) that is unusable.
     pub fn rustls_config(&self) -> Result<rustls::ClientConfig, String> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in parse_certificates(&self.ca_pem).map_err(|e| format!("CA: {e}"))? {
-            roots
-                .add(cert)
-                .map_err(|e| format!("CA: not a usable CA certificate: {e}"))?;
-        }
+        let roots = root_store(&self.ca_pem).map_err(|e| format!("CA: {e}"))?;
         let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -160,12 +155,7 @@ impl GrpcServerTls {
         let builder = match &self.client_ca_pem {
             None => builder.with_no_client_auth(),
             Some(pem) => {
-                let mut roots = rustls::RootCertStore::empty();
-                for cert in parse_certificates(pem).map_err(|e| format!("client CA: {e}"))? {
-                    roots
-                        .add(cert)
-                        .map_err(|e| format!("client CA: not a usable CA certificate: {e}"))?;
-                }
+                let roots = root_store(pem).map_err(|e| format!("client CA: {e}"))?;
                 let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                     roots.into(),
                     provider,
@@ -186,6 +176,21 @@ impl GrpcServerTls {
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(config)
     }
+}
+
+/// The trust anchors of a PEM file of CA certificates.
+///
+/// Errors: a message when the text is not PEM, holds no certificate, or a certificate is not
+/// usable as a trust anchor.
+#[cfg(feature = "tls")]
+pub fn root_store(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in parse_certificates(pem)? {
+        roots
+            .add(cert)
+            .map_err(|e| format!("not a usable CA certificate: {e}"))?;
+    }
+    Ok(roots)
 }
 
 /// Parses every `CERTIFICATE` block of a PEM file.
