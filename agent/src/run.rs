@@ -241,16 +241,10 @@ impl Agent {
                 endpoint,
                 keepalive,
             }) => {
-                use edgebeat_transports::grpc::{ClientTls, GrpcUplinkOptions, TlsIdentity};
+                use edgebeat_transports::grpc::GrpcUplinkOptions;
                 let mut options = GrpcUplinkOptions::new(endpoint);
                 options.keepalive = keepalive;
-                options.tls = self.config.transport_tls.clone().map(|tls| ClientTls {
-                    ca_pem: tls.ca_pem,
-                    client_identity: tls.client.map(|c| TlsIdentity {
-                        cert_pem: c.cert_pem,
-                        key_pem: c.key_pem,
-                    }),
-                });
+                options.tls = self.config.transport_tls.clone().map(client_tls);
                 let cancel = cancel.clone();
                 Box::pin(async move {
                     edgebeat_transports::grpc::run_uplink(options, register, driver, cancel)
@@ -277,7 +271,6 @@ impl Agent {
                 #[cfg(feature = "mqtt-tls")]
                 if let Some(tls) = self.config.transport_tls.clone() {
                     use edgebeat_transports::signing::MessageSigner;
-                    use edgebeat_transports::tls::{ClientTls, TlsIdentity};
                     if let Some(client) = &tls.client {
                         // Checked at load; an error here means the files changed since.
                         let signer = MessageSigner::from_pem(&client.cert_pem, &client.key_pem)
@@ -286,13 +279,7 @@ impl Agent {
                             })?;
                         options.signer = Some(Arc::new(signer));
                     }
-                    options.tls = Some(ClientTls {
-                        ca_pem: tls.ca_pem,
-                        client_identity: tls.client.map(|c| TlsIdentity {
-                            cert_pem: c.cert_pem,
-                            key_pem: c.key_pem,
-                        }),
-                    });
+                    options.tls = Some(client_tls(tls));
                 }
                 options.topic_prefix = m.topic_prefix;
                 options.keepalive = m.keepalive;
@@ -626,6 +613,18 @@ pub fn watchdog_bound(config: &AgentConfig) -> Duration {
 /// `period` plus up to `JITTER` × period of random extra (kubelet `wait.Jitter`).
 pub fn jittered(period: Duration) -> Duration {
     period.saturating_add(period.mul_f64(JITTER * fastrand::f64()))
+}
+
+/// The transports' TLS settings from `transport.caFile`/`certFile`/`keyFile`.
+#[cfg(any(feature = "grpc", feature = "mqtt-tls"))]
+fn client_tls(tls: crate::config::TransportTls) -> edgebeat_transports::tls::ClientTls {
+    edgebeat_transports::tls::ClientTls {
+        ca_pem: tls.ca_pem,
+        client_identity: tls.client.map(|c| edgebeat_transports::tls::TlsIdentity {
+            cert_pem: c.cert_pem,
+            key_pem: c.key_pem,
+        }),
+    }
 }
 
 #[cfg(test)]
