@@ -578,8 +578,8 @@ fn validate_transport(
         }
         Some("mqtt") => {
             let url = endpoint("mqtt://broker.example:1883")?;
-            let (host, port) =
-                parse_mqtt_url(&url).map_err(|m| invalid("transport.endpoint", m))?;
+            let edgebeat_transports::endpoint::MqttEndpoint { host, port, .. } =
+                url.parse().map_err(|m| invalid("transport.endpoint", m))?;
             let tls = validate_tls(&url, "mqtts://", t.ca_file, t.cert_file, t.key_file)?;
             #[cfg(feature = "mqtt-tls")]
             if let Some(client) = tls.as_ref().and_then(|t| t.client.as_ref()) {
@@ -781,38 +781,6 @@ pub fn parse_bind_address(text: &str) -> Result<SocketAddr, String> {
         ));
     }
     Ok(addr)
-}
-
-/// Splits `mqtt://host[:port]` (default port 1883) or `mqtts://host[:port]` (TLS, default
-/// port 8883) into host and port.
-///
-/// Errors: a message for other schemes, a path, or a bad port.
-fn parse_mqtt_url(url: &str) -> Result<(String, u16), String> {
-    let (rest, default_port) = match (url.strip_prefix("mqtt://"), url.strip_prefix("mqtts://")) {
-        (Some(rest), _) => (rest, 1883),
-        (None, Some(rest)) => (rest, 8883),
-        (None, None) => {
-            return Err(format!(
-                "{url:?} must start with mqtt:// or mqtts:// (TLS), e.g. mqtts://broker.example:8883"
-            ));
-        }
-    };
-    if rest.contains('/') {
-        return Err(format!("{url:?} must not have a path"));
-    }
-    let (host, port) = match rest.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
-            h,
-            p.parse::<u16>()
-                .map_err(|_| format!("{url:?} has an invalid port"))?,
-        ),
-        _ => (rest, default_port),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return Err(format!("{url:?} has no host"));
-    }
-    Ok((host.to_owned(), port))
 }
 
 fn parse_reserved(

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use edgebeat_gateway::{Gateway, GatewayOptions, kube_client};
+use edgebeat_transports::endpoint::MqttEndpoint;
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, serve, tls};
 use edgebeat_transports::mqtt::{MqttIngressOptions, SignaturePolicy, serve as mqtt_serve};
 use edgebeat_transports::signing::CertificateVerifier;
@@ -312,7 +313,14 @@ fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions
         }
         return Ok(None);
     };
-    let (host, port, secure) = mqtt_host_port(url)?;
+    let MqttEndpoint {
+        host,
+        port,
+        tls: secure,
+    } = url
+        .parse()
+        .map_err(anyhow::Error::msg)
+        .context("--mqtt-endpoint")?;
     let client_id = args
         .mqtt_client_id
         .clone()
@@ -449,27 +457,6 @@ fn readiness(
 }
 
 /// `mqtt://host[:port]` → (host, port), port 1883 by default.
-/// `mqtt://host[:port]` (port 1883) or `mqtts://host[:port]` (TLS, port 8883): host, port
-/// and whether it is TLS.
-fn mqtt_host_port(url: &str) -> anyhow::Result<(String, u16, bool)> {
-    let (rest, port, secure) = match (url.strip_prefix("mqtt://"), url.strip_prefix("mqtts://")) {
-        (Some(rest), _) => (rest, 1883, false),
-        (None, Some(rest)) => (rest, 8883, true),
-        (None, None) => {
-            anyhow::bail!("--mqtt-endpoint {url:?} must start with mqtt:// or mqtts://")
-        }
-    };
-    match rest.rsplit_once(':') {
-        Some((host, port)) => Ok((
-            host.to_owned(),
-            port.parse()
-                .with_context(|| format!("--mqtt-endpoint {url:?}: bad port"))?,
-            secure,
-        )),
-        None => Ok((rest.to_owned(), port, secure)),
-    }
-}
-
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     if let Ok(mut term) = signal(SignalKind::terminate()) {
@@ -516,15 +503,8 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(plain.tls.is_none() && plain.signatures.is_none());
-        assert_eq!(
-            mqtt_host_port("mqtts://b").unwrap(),
-            ("b".into(), 8883, true)
-        );
-        assert_eq!(
-            mqtt_host_port("mqtt://b:1").unwrap(),
-            ("b".into(), 1, false)
-        );
-        assert!(mqtt_host_port("tcp://b").is_err());
+        assert_eq!((plain.host.as_str(), plain.port), ("b", 1883));
+        assert!(err(&["--mqtt-endpoint", "tcp://b"]).starts_with("--mqtt-endpoint: "));
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub mod uplink;
 
 pub mod tls;
 
+pub mod endpoint;
+
 #[cfg(feature = "tls")]
 pub mod signing;
 

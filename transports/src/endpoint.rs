@@ -1,0 +1,108 @@
+//! Broker endpoints as the agent's `transport.endpoint` and the gateway's `--mqtt-endpoint`
+//! write them. Plain string handling, built whatever the features, so that configuration
+//! can be checked by any build.
+
+/// An MQTT broker endpoint: `mqtt://host[:port]` (port 1883) or `mqtts://host[:port]`
+/// (MQTT over TLS, port 8883). An IPv6 address is written in brackets, `mqtt://[::1]:1883`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttEndpoint {
+    /// Host name or address (an IPv6 address without its brackets).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// `mqtts://`: TLS to the broker.
+    pub tls: bool,
+}
+
+impl std::str::FromStr for MqttEndpoint {
+    type Err = String;
+
+    /// Parses `mqtt://host[:port]` or `mqtts://host[:port]`.
+    ///
+    /// Errors: a message quoting the text for another scheme, a path, a bad port or no host.
+    fn from_str(url: &str) -> Result<Self, String> {
+        let (rest, port, tls) = match (url.strip_prefix("mqtt://"), url.strip_prefix("mqtts://")) {
+            (Some(rest), _) => (rest, 1883, false),
+            (None, Some(rest)) => (rest, 8883, true),
+            (None, None) => {
+                return Err(format!(
+                    "{url:?} must start with mqtt:// or mqtts:// (TLS), e.g. mqtts://broker.example:8883"
+                ));
+            }
+        };
+        if rest.contains('/') {
+            return Err(format!("{url:?} must not have a path"));
+        }
+        let (host, port_text) =
+            match rest.strip_prefix('[') {
+                Some(bracketed) => {
+                    let (host, after) = bracketed
+                        .split_once(']')
+                        .ok_or_else(|| format!("{url:?} has an unclosed '['"))?;
+                    match after {
+                        "" => (host, None),
+                        _ => (
+                            host,
+                            Some(after.strip_prefix(':').ok_or_else(|| {
+                                format!("{url:?} has text after the IPv6 address")
+                            })?),
+                        ),
+                    }
+                }
+                None => match rest.split_once(':') {
+                    Some((host, port)) => (host, Some(port)),
+                    None => (rest, None),
+                },
+            };
+        let port = match port_text {
+            Some(text) => text
+                .parse::<u16>()
+                .map_err(|_| format!("{url:?} has an invalid port"))?,
+            None => port,
+        };
+        if host.is_empty() {
+            return Err(format!("{url:?} has no host"));
+        }
+        Ok(Self {
+            host: host.to_owned(),
+            port,
+            tls,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> Result<(String, u16, bool), String> {
+        url.parse::<MqttEndpoint>().map(|e| (e.host, e.port, e.tls))
+    }
+
+    #[test]
+    fn schemes_ports_and_hosts() {
+        assert_eq!(parse("mqtt://b"), Ok(("b".into(), 1883, false)));
+        assert_eq!(parse("mqtts://b"), Ok(("b".into(), 8883, true)));
+        assert_eq!(
+            parse("mqtt://b.example:1"),
+            Ok(("b.example".into(), 1, false))
+        );
+        assert_eq!(parse("mqtts://[::1]:8884"), Ok(("::1".into(), 8884, true)));
+        assert_eq!(
+            parse("mqtt://[fe80::1]"),
+            Ok(("fe80::1".into(), 1883, false))
+        );
+        for (bad, words) in [
+            ("tcp://b", "must start with"),
+            ("mqtt://b/x", "path"),
+            ("mqtt://b:x", "invalid port"),
+            ("mqtt://b:70000", "invalid port"),
+            ("mqtt://:1883", "no host"),
+            ("mqtt://[::1", "unclosed"),
+            ("mqtt://[::1]x", "after the IPv6"),
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains(words), "{bad}: {err}");
+        }
+    }
+}
