@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Ack, AckCode, agent_message::Kind};
-use edgebeat_transports::ingress::{Handler, Peer, TransportKind};
+use edgebeat_transports::ingress::{Handler, Peer};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -26,8 +26,10 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 use tokio::time::Instant;
 
+use crate::admission::{
+    AdmissionPolicy, NodeAdmission, Posture, Provenance, Verdict, check_identity,
+};
 use crate::apiserver::Apiserver;
-use crate::freshness::Freshness;
 use crate::metrics::{NodeMetrics, NodeSeries, RejectReason, clock_skew_seconds};
 use crate::patch::{self, KnownCondition};
 
@@ -56,6 +58,17 @@ pub struct GatewayOptions {
     /// system:nodes`; default false), so the apiserver's Node authorizer and NodeRestriction
     /// apply too. See [`crate::apiserver`].
     pub impersonate_nodes: bool,
+    /// Whether messages without a node identity are let in (default
+    /// [`Posture::Identified`]: they are refused, whichever ingress carried them).
+    pub posture: Posture,
+    /// Most nodes this replica keeps state for (default 10,000). A message for a further
+    /// node is refused ([`RejectReason::FleetFull`], logged, counted) before anything is
+    /// allocated for it, so made-up node names cannot grow the gateway's memory without
+    /// bound; size it to the fleet a replica serves.
+    pub max_nodes: usize,
+    /// How long a superseded boot ID's messages are refused (default 30 s: the default
+    /// lease duration less one renew interval). See [`crate::admission`].
+    pub old_boot_memory: Duration,
 }
 
 impl Default for GatewayOptions {
@@ -67,6 +80,25 @@ impl Default for GatewayOptions {
             per_node_rate: 2.0,
             per_node_burst: 20.0,
             impersonate_nodes: false,
+            posture: Posture::Identified,
+            max_nodes: DEFAULT_MAX_NODES,
+            old_boot_memory: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Default [`GatewayOptions::max_nodes`].
+pub const DEFAULT_MAX_NODES: usize = 10_000;
+
+impl GatewayOptions {
+    fn admission(&self) -> AdmissionPolicy {
+        AdmissionPolicy {
+            posture: self.posture,
+            max_age: self.max_renewal_age,
+            drift_ppm: self.drift_ppm,
+            rate: self.per_node_rate,
+            burst: self.per_node_burst,
+            old_boot_memory: self.old_boot_memory,
         }
     }
 }
@@ -109,9 +141,6 @@ impl Counters {
     }
 }
 
-/// Superseded boot IDs remembered per node, so messages of an earlier boot are refused.
-const OLD_BOOTS: usize = 4;
-
 /// A node silent this long loses its slot (what the gateway knows is re-read on its next
 /// message): keeps memory bounded by the nodes actually heard from.
 const SLOT_IDLE: Duration = Duration::from_secs(15 * 60);
@@ -123,16 +152,8 @@ const SWEEP_EVERY: u64 = 4096;
 struct NodeSlot {
     /// Last message for this node; idle slots are evicted after [`SLOT_IDLE`].
     last_seen: Option<Instant>,
-    /// Per-node rate limit.
-    bucket: crate::restriction::TokenBucket,
-    boot_id: Vec<u8>,
-    old_boots: Vec<Vec<u8>>,
-    last_seq: u64,
-    /// Latest `wall_time_ms` of an accepted signed MQTT message (any boot): orders boots
-    /// against replays.
-    last_wall_ms: i64,
-    /// Age estimator for this boot's messages.
-    freshness: Option<Freshness>,
+    /// Boot, sequence, identity, rate limit and freshness ([`crate::admission`]).
+    admission: NodeAdmission,
     /// The slot reflects the apiserver (set by registration or a Node GET).
     registered: bool,
     /// Last successful write for this node; knowledge older than `knowledge_ttl` is stale.
@@ -156,6 +177,8 @@ pub struct Gateway {
     options: GatewayOptions,
     started: Instant,
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<NodeSlot>>>>,
+    /// Messages refused because [`GatewayOptions::max_nodes`] was reached (for the log).
+    fleet_full: AtomicU64,
     event_seq: AtomicU64,
     messages: AtomicU64,
     /// Counters of what the gateway did.
@@ -239,36 +262,49 @@ impl Gateway {
             options,
             started: Instant::now(),
             slots: Mutex::new(HashMap::new()),
+            fleet_full: AtomicU64::new(0),
             event_seq: AtomicU64::new(0),
             messages: AtomicU64::new(0),
             counters: Arc::new(Counters::default()),
         }
     }
 
-    fn slot(&self, name: &str) -> Arc<tokio::sync::Mutex<NodeSlot>> {
+    /// The slot of node `name`, made if there is room for it (fewer than
+    /// [`GatewayOptions::max_nodes`] slots, after dropping idle ones); `None` otherwise.
+    fn slot(&self, name: &str) -> Option<Arc<tokio::sync::Mutex<NodeSlot>>> {
         let mut slots = match self.slots.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
         if self.messages.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
-            let now = Instant::now();
-            // A slot in use (locked) is never idle; try_lock skips it. An evicted node's
-            // metric series go with it.
-            slots.retain(|name, slot| {
-                let keep = slot.try_lock().map_or(true, |s| {
-                    s.last_seen
-                        .is_some_and(|t| now.duration_since(t) < SLOT_IDLE)
-                });
-                if !keep {
-                    self.node_metrics.remove(name);
-                }
-                keep
-            });
+            self.sweep(&mut slots);
         }
         if let Some(slot) = slots.get(name) {
-            return slot.clone();
+            return Some(slot.clone());
         }
-        slots.entry(name.to_owned()).or_default().clone()
+        if slots.len() >= self.options.max_nodes {
+            self.sweep(&mut slots);
+            if slots.len() >= self.options.max_nodes {
+                return None;
+            }
+        }
+        Some(slots.entry(name.to_owned()).or_default().clone())
+    }
+
+    /// Drops the slots of nodes silent for [`SLOT_IDLE`]. A slot in use (locked) is never
+    /// idle; try_lock skips it. An evicted node's metric series go with it.
+    fn sweep(&self, slots: &mut HashMap<String, Arc<tokio::sync::Mutex<NodeSlot>>>) {
+        let now = Instant::now();
+        slots.retain(|name, slot| {
+            let keep = slot.try_lock().map_or(true, |s| {
+                s.last_seen
+                    .is_some_and(|t| now.duration_since(t) < SLOT_IDLE)
+            });
+            if !keep {
+                self.node_metrics.remove(name);
+            }
+            keep
+        });
     }
 
     /// Registers the gateway's metrics (see [`crate::metrics`]) in `registry`: the
@@ -308,6 +344,30 @@ impl Gateway {
         ack(seq, AckCode::Rejected, reason)
     }
 
+    /// Refuses a message for a node this replica has no room for; logs the first refusal
+    /// and every 1,000th after it (a fleet too large for one replica is an operator's
+    /// problem to see, not a log flood).
+    fn fleet_full(&self, seq: u64, name: &str) -> Ack {
+        self.counters.count_rejection(RejectReason::FleetFull);
+        let refused = self.fleet_full.fetch_add(1, Ordering::Relaxed);
+        if refused % 1000 == 0 {
+            tracing::error!(
+                node = name,
+                max_nodes = self.options.max_nodes,
+                refused = refused + 1,
+                "this replica keeps state for --max-nodes nodes already; messages of further nodes are refused (raise --max-nodes with the memory limit, or add replicas)"
+            );
+        }
+        ack(
+            seq,
+            AckCode::Retry,
+            format!(
+                "this gateway replica is full ({} nodes)",
+                self.options.max_nodes
+            ),
+        )
+    }
+
     async fn handle_message(&self, peer: &Peer, message: pb::AgentMessage) -> Ack {
         let Some(header) = message.header() else {
             return self.reject(
@@ -317,93 +377,44 @@ impl Gateway {
             );
         };
         let seq = header.seq;
-        let name = header.node_name.clone();
-        let name = name.as_str();
-        if let Err(why) = validate_node_name(name) {
-            return self.reject(seq, RejectReason::Malformed, why);
-        }
-        if let Some(identity) = &peer.identity
-            && identity != name
-        {
-            return self.reject(
-                seq,
-                RejectReason::Foreign,
-                format!("node {identity:?} may not speak for node {name:?}"),
-            );
+        let name = header.node_name.as_str();
+        let provenance = Provenance {
+            identity: peer.identity.as_deref(),
+            wall_time_verified: peer.wall_time_verified,
+        };
+        // Stateless checks first: nothing is allocated for a message that fails them.
+        if let Err(refusal) = check_identity(self.options.posture, name, provenance) {
+            return self.reject(seq, refusal.reason, refusal.detail);
         }
         let received = Instant::now();
         let received_wall = self.clock.now();
         let agent_wall_ms = header.wall_time_ms;
-        let slot = self.slot(name);
+        let Some(slot) = self.slot(name) else {
+            return self.fleet_full(seq, name);
+        };
         let mut slot = slot.lock().await;
         slot.last_seen = Some(received);
-        if !slot.bucket.take(
+        let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
+        let policy = self.options.admission();
+        let age = match slot.admission.admit(
+            &policy,
+            header,
+            provenance,
+            heartbeat,
+            self.started,
             received,
-            self.options.per_node_rate,
-            self.options.per_node_burst,
         ) {
-            return self.reject(
-                header.seq,
-                RejectReason::RateLimited,
-                format!(
-                    "rate limited: node {name:?} sends more than {}/s",
-                    self.options.per_node_rate
-                ),
-            );
-        }
-        // A signed MQTT message's wall time is within the clock window of now (checked by
-        // the transport); a boot whose message is older than the current boot's last one is
-        // an earlier boot replayed, and must not push the current boot out.
-        let signed_mqtt = peer.transport == TransportKind::Mqtt && peer.identity.is_some();
-        if slot.boot_id != header.boot_id
-            && signed_mqtt
-            && !slot.boot_id.is_empty()
-            && header.wall_time_ms < slot.last_wall_ms
-        {
-            return self.reject(
-                seq,
-                RejectReason::Replayed,
-                "replayed: a message of an earlier boot (older than the current boot's last)"
-                    .into(),
-            );
-        }
-        if slot.boot_id != header.boot_id {
-            if slot.old_boots.contains(&header.boot_id) {
-                return self.reject(
-                    seq,
-                    RejectReason::Replayed,
-                    "replayed: a message of an earlier boot".into(),
+            Verdict::Admit(admitted) => admitted.age,
+            Verdict::Reject(refusal) => return self.reject(seq, refusal.reason, refusal.detail),
+            Verdict::Stale(age) => {
+                self.counters.stale_renewals.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    node = name,
+                    ?age,
+                    kind = message.kind_name(),
+                    "dropping a stale heartbeat"
                 );
-            }
-            // A new boot (or the first message seen): sequence and clock offset restart.
-            let old = std::mem::replace(&mut slot.boot_id, header.boot_id.clone());
-            if !old.is_empty() {
-                if slot.old_boots.len() == OLD_BOOTS {
-                    slot.old_boots.remove(0);
-                }
-                slot.old_boots.push(old);
-            }
-            slot.last_seq = 0;
-            slot.freshness = None;
-        } else if seq <= slot.last_seq {
-            return self.reject(
-                seq,
-                RejectReason::Replayed,
-                format!(
-                    "replayed or reordered: seq {seq} ≤ last accepted {}",
-                    slot.last_seq
-                ),
-            );
-        }
-        slot.last_seq = seq;
-        if signed_mqtt {
-            slot.last_wall_ms = slot.last_wall_ms.max(header.wall_time_ms);
-        }
-        let age = match &mut slot.freshness {
-            Some(f) => f.observe(seq, received, self.options.drift_ppm),
-            None => {
-                slot.freshness = Some(Freshness::new(self.started, seq, received));
-                Duration::ZERO
+                return ack(seq, AckCode::Rejected, format!("stale: {age:?} old"));
             }
         };
         if slot.registered
@@ -413,17 +424,6 @@ impl Gateway {
         {
             // The controller may have written Unknown since: learn the node again.
             slot.registered = false;
-        }
-        let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
-        if heartbeat && age > self.options.max_renewal_age {
-            self.counters.stale_renewals.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(
-                node = name,
-                ?age,
-                kind = message.kind_name(),
-                "dropping a stale heartbeat"
-            );
-            return ack(seq, AckCode::Rejected, format!("stale: {age:?} old"));
         }
         // Only messages that passed the replay and staleness checks: an old one would read
         // as skew.
@@ -441,8 +441,8 @@ impl Gateway {
                 .max_renewal_age
                 .saturating_sub(age)
                 .max(Duration::from_millis(500));
-        let mut answer = match message.kind {
-            Some(Kind::Register(register)) => self.register(&mut slot, name, seq, &register).await,
+        let mut answer = match &message.kind {
+            Some(Kind::Register(register)) => self.register(&mut slot, name, seq, register).await,
             Some(Kind::Status(report)) => {
                 self.report(&mut slot, name, seq, report.status.as_ref())
                     .await
@@ -998,14 +998,29 @@ impl Collector for GatewayCollector {
             let counter = ConstCounter::new(c.rejections(why));
             counter.encode(metric.encode_family(&[("reason", why.as_str())])?)?;
         }
-        let tracked = ConstGauge::new(i64::try_from(gateway.tracked_nodes()).unwrap_or(i64::MAX));
-        let metric = encoder.encode_descriptor(
-            "edgebeat_gateway_tracked_nodes",
-            "Nodes this gateway replica keeps state for (silent ones are dropped after 15 min).",
-            None,
-            tracked.metric_type(),
-        )?;
-        tracked.encode(metric)
+        let gauges = [
+            (
+                "edgebeat_gateway_tracked_nodes",
+                "Nodes this gateway replica keeps state for (silent ones are dropped after 15 min).",
+                gateway.tracked_nodes(),
+            ),
+            (
+                "edgebeat_gateway_max_nodes",
+                "Most nodes this replica keeps state for (--max-nodes); messages of further nodes are refused with reason fleet_full.",
+                gateway.options.max_nodes,
+            ),
+            (
+                "edgebeat_gateway_unidentified_agents_allowed",
+                "1 when messages without a node identity are let in (--allow-unidentified-agents), else 0.",
+                usize::from(gateway.options.posture == Posture::AllowUnidentified),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            gauge.encode(metric)?;
+        }
+        Ok(())
     }
 }
 
@@ -1078,20 +1093,7 @@ impl LeaseState {
 ///
 /// Errors: a message naming the problem.
 pub fn validate_node_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphanumeric())
-        && name
-            .bytes()
-            .last()
-            .is_some_and(|b| b.is_ascii_alphanumeric());
-    if ok {
+    if edgebeat_transports::tls::is_node_name(name) {
         Ok(())
     } else {
         Err(format!("malformed: {name:?} is not a valid node name"))
@@ -1130,6 +1132,7 @@ pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, k
 #[cfg(test)]
 mod tests {
     use super::*;
+    use edgebeat_transports::ingress::TransportKind;
 
     #[test]
     fn lease_state_round_trips_and_rejects_garbage() {
@@ -1199,15 +1202,14 @@ mod tests {
         let gateway = Arc::new(Gateway::new(
             client,
             Arc::new(FixedClock(now)),
-            GatewayOptions::default(),
+            GatewayOptions {
+                posture: Posture::AllowUnidentified,
+                ..GatewayOptions::default()
+            },
         ));
         let mut registry = Registry::default();
         gateway.register_metrics(&mut registry);
-        let peer = Peer {
-            transport: edgebeat_transports::ingress::TransportKind::Grpc,
-            remote: None,
-            identity: None,
-        };
+        let peer = Peer::unidentified(TransportKind::Grpc, None);
         let register = |node: &str, seq, behind_ms: i64| pb::AgentMessage {
             kind: Some(Kind::Register(pb::Register {
                 header: Some(pb::Header {
@@ -1261,58 +1263,67 @@ mod tests {
         assert!(out.contains("edgebeat_gateway_node_clock_skew_seconds{node=\"edge-fast\"} 0.0\n"));
     }
 
-    /// A replayed message of an earlier boot (signed, so its wall time is trusted) cannot
-    /// push the node's current boot out: it is older than the current boot's last message.
+    /// Whatever ingress carried it, a message without a node identity is refused under the
+    /// default posture before any state is kept for its node; and a replica keeps state for
+    /// at most `max_nodes` nodes.
     #[tokio::test(start_paused = true)]
-    async fn signed_messages_of_an_earlier_boot_cannot_displace_the_current_one() {
+    async fn the_posture_and_the_fleet_bound_hold_before_any_state() {
         let client =
             kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
                 .unwrap();
         let gateway = Gateway::new(
-            client,
+            client.clone(),
             Arc::new(FixedClock(std::time::UNIX_EPOCH)),
             GatewayOptions::default(),
         );
-        let signed = Peer {
-            transport: edgebeat_transports::ingress::TransportKind::Mqtt,
-            remote: None,
-            identity: Some("edge-1".into()),
-        };
-        // Registers without status: past the boot checks, then refused as malformed
-        // before any apiserver call.
-        let register = |boot: u8, seq, wall_time_ms| pb::AgentMessage {
+        let register = |node: &str| pb::AgentMessage {
             kind: Some(Kind::Register(pb::Register {
                 header: Some(pb::Header {
-                    node_name: "edge-1".into(),
-                    boot_id: vec![boot; 16],
-                    seq,
-                    wall_time_ms,
+                    node_name: node.into(),
+                    boot_id: vec![1; 16],
+                    seq: 1,
+                    wall_time_ms: 0,
                 }),
                 ..Default::default()
             })),
         };
-        let reason = |ack: Ack| ack.reason;
-        gateway
-            .handle_message(&signed, register(1, 10, 1_000))
-            .await;
-        gateway.handle_message(&signed, register(2, 5, 2_000)).await;
-        let replayed = reason(
-            gateway
-                .handle_message(&signed, register(1, 11, 1_500))
-                .await,
+        for transport in [TransportKind::Grpc, TransportKind::Mqtt] {
+            let answer = gateway
+                .handle_message(&Peer::unidentified(transport, None), register("edge-1"))
+                .await;
+            assert_eq!(AckCode::try_from(answer.code), Ok(AckCode::Rejected));
+        }
+        assert_eq!(
+            gateway.counters.rejections(RejectReason::Unauthenticated),
+            2
         );
-        assert!(replayed.contains("earlier boot"), "{replayed}");
-        assert_eq!(gateway.counters.rejections(RejectReason::Replayed), 1);
-        // The current boot still goes on.
-        let current = reason(gateway.handle_message(&signed, register(2, 6, 2_100)).await);
-        assert!(current.contains("without status"), "{current}");
-        // Unsigned (or gRPC) peers' wall clocks are not trusted: no ordering by them.
-        let unsigned = Peer {
-            identity: None,
-            ..signed
-        };
-        let other = reason(gateway.handle_message(&unsigned, register(3, 1, 0)).await);
-        assert!(other.contains("without status"), "{other}");
+        assert_eq!(
+            gateway.tracked_nodes(),
+            0,
+            "nothing kept for a refused message"
+        );
+
+        let small = Gateway::new(
+            client,
+            Arc::new(FixedClock(std::time::UNIX_EPOCH)),
+            GatewayOptions {
+                posture: Posture::AllowUnidentified,
+                max_nodes: 2,
+                ..GatewayOptions::default()
+            },
+        );
+        let peer = Peer::unidentified(TransportKind::Grpc, None);
+        for node in ["n1", "n2", "n3", "n4"] {
+            small.handle_message(&peer, register(node)).await;
+        }
+        assert_eq!(small.tracked_nodes(), 2);
+        assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);
+        // Known nodes still get in; idle ones make room.
+        let answer = small.handle_message(&peer, register("n1")).await;
+        assert!(answer.reason.contains("replayed"), "{}", answer.reason);
+        tokio::time::advance(SLOT_IDLE + Duration::from_secs(1)).await;
+        small.handle_message(&peer, register("n5")).await;
+        assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);
     }
 
     #[test]

@@ -2,13 +2,16 @@
 //! and Leases to the kube-apiserver with kube-rs, with kubelet's calls
 //! (`docs/kubelet-heartbeats.md` §1, §2, §6).
 //!
-//! - [`gateway`]: the per-message checks and apiserver writes ([`Gateway`]).
+//! - [`admission`]: the per-node admission state machine (identity, boot and sequence,
+//!   rate limit, freshness), with no I/O.
+//! - [`gateway`]: the per-message path and apiserver writes ([`Gateway`]).
 //! - [`apiserver`]: the kube-rs calls, optionally impersonating each node.
 //! - [`freshness`]: message age from the agent's boot clock, for dropping stale renewals.
 //! - [`restriction`]: NodeRestriction's label rules, input limits and the per-node rate limit.
 //! - [`patch`]: the Node, status patch, Lease and Event bodies.
 //! - [`metrics`]: the Prometheus metrics (`edgebeat_gateway_*`) served on `/metrics`.
 
+pub mod admission;
 pub mod apiserver;
 pub mod freshness;
 pub mod gateway;
@@ -16,4 +19,5 @@ pub mod metrics;
 pub mod patch;
 pub mod restriction;
 
+pub use admission::Posture;
 pub use gateway::{Gateway, GatewayOptions, kube_client};

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use edgebeat_gateway::{Gateway, GatewayOptions, kube_client};
+use edgebeat_gateway::{Gateway, GatewayOptions, Posture, kube_client};
 use edgebeat_transports::endpoint::MqttEndpoint;
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, serve, tls};
 use edgebeat_transports::mqtt::{MqttIngressOptions, SignaturePolicy, serve as mqtt_serve};
@@ -18,9 +18,24 @@ use edgebeat_transports::signing::CertificateVerifier;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Address of the gRPC listener.
-    #[arg(long, default_value = "0.0.0.0:7443")]
-    grpc_listen: SocketAddr,
+    /// Address of the gRPC listener, e.g. `0.0.0.0:7443`; without it the gateway serves no
+    /// gRPC (an MQTT-only site has no listener to bypass its signatures through). Needs
+    /// --grpc-client-ca (mTLS) unless --allow-unidentified-agents.
+    #[arg(long, value_name = "ADDR")]
+    grpc_listen: Option<SocketAddr>,
+    /// Let in agents without a node identity: gRPC without --grpc-client-ca (or with
+    /// --require-node-identity=false) and MQTT without --mqtt-node-ca (or with
+    /// --mqtt-require-signatures=false). Anyone who can reach such an ingress can then
+    /// write any node that has not spoken with its identity. Off by default: then every
+    /// ingress must require node identities, or the gateway does not start. Logged as a
+    /// warning at start and exported as edgebeat_gateway_unidentified_agents_allowed.
+    #[arg(long)]
+    allow_unidentified_agents: bool,
+    /// Most nodes one replica keeps state for; messages of further nodes are refused
+    /// (reason fleet_full, logged) before anything is allocated for them. Size it to the
+    /// fleet a replica serves and the memory limit it runs under.
+    #[arg(long, default_value_t = edgebeat_gateway::gateway::DEFAULT_MAX_NODES)]
+    max_nodes: usize,
     /// PEM certificate chain of the gRPC listener (with --grpc-tls-key): serve gRPC over TLS.
     /// Read once at start; restart to rotate.
     #[arg(long, value_name = "FILE", requires = "grpc_tls_key")]
@@ -137,7 +152,15 @@ async fn main() -> anyhow::Result<()> {
         .init();
     // rustls on ring for every TLS user in the process (gRPC server, kube client).
     tls::install_ring_provider();
-    let grpc_options = grpc_server_options(&args)?;
+    let grpc_options = match args.grpc_listen {
+        Some(_) => Some(grpc_server_options(&args)?),
+        None => {
+            check_no_grpc_flags(&args)?;
+            None
+        }
+    };
+    let mqtt_options = mqtt_ingress_options(&args)?;
+    let posture = posture(&args, grpc_options.as_ref(), mqtt_options.as_ref())?;
 
     let config = match (&args.server, &args.kubeconfig) {
         (Some(url), _) => {
@@ -153,37 +176,37 @@ async fn main() -> anyhow::Result<()> {
             .context("no kubeconfig or in-cluster config found; pass --kubeconfig")?,
     };
     let client = kube_client(config, args.qps)?;
+    if args.max_nodes == 0 {
+        anyhow::bail!("--max-nodes must be at least 1");
+    }
     let options = GatewayOptions {
         max_renewal_age: Duration::from_secs(args.max_renewal_age_seconds),
         impersonate_nodes: args.impersonate_nodes,
+        posture,
+        max_nodes: args.max_nodes,
         ..Default::default()
     };
-    let mqtt_options = mqtt_ingress_options(&args)?;
-    if args.impersonate_nodes {
+    if args.impersonate_nodes && posture == Posture::AllowUnidentified {
         // Impersonation says who a request is for; only authentication says who sent it.
-        if !grpc_options.require_node_identity {
-            tracing::warn!(
-                "--impersonate-nodes without --require-node-identity: gRPC clients are not authenticated, and the apiserver will authorize them as whichever node they claim"
-            );
-        }
-        if mqtt_options
-            .as_ref()
-            .is_some_and(|o| !o.signatures.as_ref().is_some_and(|s| s.required))
-        {
-            tracing::warn!(
-                "--impersonate-nodes without required MQTT signatures (--mqtt-node-ca): MQTT publishers are not authenticated, and the apiserver will authorize them as whichever node they claim"
-            );
-        }
+        tracing::warn!(
+            "--impersonate-nodes with --allow-unidentified-agents: unidentified agents are authorized by the apiserver as whichever node they claim"
+        );
     }
     let gateway = Arc::new(Gateway::new(
         client,
         Arc::new(edgebeat_hw::SystemClock),
         options,
     ));
-    let listener = tokio::net::TcpListener::bind(args.grpc_listen)
-        .await
-        .with_context(|| format!("binding {}", args.grpc_listen))?;
-    tracing::info!(addr = %listener.local_addr()?, "gRPC listening");
+    let grpc = match (args.grpc_listen, grpc_options) {
+        (Some(addr), Some(options)) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --grpc-listen {addr}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "gRPC listening");
+            Some((listener, options))
+        }
+        _ => None,
+    };
     let observe_listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
@@ -193,6 +216,7 @@ async fn main() -> anyhow::Result<()> {
     let mut mqtt_subscribed = None;
     let mqtt = match mqtt_options {
         Some(mut options) => {
+            options.max_nodes = args.max_nodes;
             let (subscribed, watch) = tokio::sync::watch::channel(false);
             options.subscribed = Some(Arc::new(subscribed));
             mqtt_subscribed = Some(watch);
@@ -217,7 +241,11 @@ async fn main() -> anyhow::Result<()> {
     });
     let mut registry = prometheus_client::registry::Registry::default();
     gateway.register_metrics(&mut registry);
-    let ready = readiness(stop.clone(), grpc_serving.clone(), mqtt_subscribed);
+    let ready = readiness(
+        stop.clone(),
+        grpc.is_some().then(|| grpc_serving.clone()),
+        mqtt_subscribed,
+    );
     // Stops after the ingresses, so /readyz answers "shutting down" while they drain.
     let observe_stop = tokio_util::sync::CancellationToken::new();
     let observe = tokio::spawn(edgebeat_transports::observe::serve(
@@ -226,41 +254,44 @@ async fn main() -> anyhow::Result<()> {
         ready,
         observe_stop.clone().cancelled_owned(),
     ));
-    let grpc = {
+    let grpc = grpc.map(|(listener, options)| {
         let serving = grpc_serving.clone();
-        let grpc = serve(
-            listener,
-            gateway,
-            grpc_options,
-            stop.clone().cancelled_owned(),
-        );
+        let served = serve(listener, gateway, options, stop.clone().cancelled_owned());
         // The listener is bound and tonic accepts from the moment it is polled.
-        async move {
+        tokio::spawn(async move {
             serving.store(true, Ordering::Relaxed);
-            let result = grpc.await;
+            let result = served.await;
             serving.store(false, Ordering::Relaxed);
             result
-        }
-    };
+        })
+    });
     // Either ingress failing stops the gateway (and the other one) instead of leaving half
     // the fleet silently unserved.
-    match mqtt {
-        None => grpc.await?,
-        Some(mqtt) => {
-            tokio::pin!(grpc);
-            tokio::select! {
-                result = &mut grpc => {
-                    stop.cancel();
-                    result?;
-                }
-                result = mqtt => {
-                    stop.cancel();
-                    grpc.await?;
-                    result.context("MQTT task")??;
-                }
-            }
+    let grpc_done = async {
+        match grpc {
+            Some(task) => task
+                .await
+                .context("gRPC task")?
+                .map_err(anyhow::Error::from),
+            None => std::future::pending().await,
         }
-    }
+    };
+    let mqtt_done = async {
+        match mqtt {
+            Some(task) => task
+                .await
+                .context("MQTT task")?
+                .map_err(anyhow::Error::from),
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(grpc_done, mqtt_done);
+    let result = tokio::select! {
+        result = &mut grpc_done => result,
+        result = &mut mqtt_done => result,
+    };
+    stop.cancel();
+    result?;
     stop.cancel();
     observe_stop.cancel();
     if let Err(error) = observe.await.context("observe task")? {
@@ -430,18 +461,21 @@ fn grpc_server_options(args: &Args) -> anyhow::Result<GrpcServerOptions> {
     })
 }
 
-/// `/readyz`: not shutting down, the gRPC server running, and (with MQTT) the shared
-/// subscription granted by the broker.
+/// `/readyz`: not shutting down, (with gRPC) the gRPC server running, and (with MQTT) the
+/// shared subscription granted by the broker.
 fn readiness(
     stop: tokio_util::sync::CancellationToken,
-    grpc_serving: Arc<AtomicBool>,
+    grpc_serving: Option<Arc<AtomicBool>>,
     mqtt_subscribed: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> impl Fn() -> Result<(), String> + Send + Sync + 'static {
     move || {
         if stop.is_cancelled() {
             return Err("shutting down".into());
         }
-        if !grpc_serving.load(Ordering::Relaxed) {
+        if grpc_serving
+            .as_ref()
+            .is_some_and(|serving| !serving.load(Ordering::Relaxed))
+        {
             return Err("gRPC server not serving".into());
         }
         if let Some(subscribed) = &mqtt_subscribed
@@ -456,7 +490,73 @@ fn readiness(
     }
 }
 
-/// `mqtt://host[:port]` → (host, port), port 1883 by default.
+/// The gRPC flags that mean nothing without --grpc-listen are an error, not silently ignored.
+fn check_no_grpc_flags(args: &Args) -> anyhow::Result<()> {
+    for (flag, set) in [
+        ("--grpc-tls-cert", args.grpc_tls_cert.is_some()),
+        ("--grpc-client-ca", args.grpc_client_ca.is_some()),
+        (
+            "--require-node-identity",
+            args.require_node_identity.is_some(),
+        ),
+    ] {
+        if set {
+            anyhow::bail!("{flag} needs --grpc-listen");
+        }
+    }
+    Ok(())
+}
+
+/// The gateway's one security posture, from the configured ingresses: at least one
+/// ingress; every ingress requires node identities ([`Posture::Identified`]) unless
+/// --allow-unidentified-agents, and then each unidentified ingress is logged as a warning.
+///
+/// Errors: no ingress, or an ingress that lets unidentified agents in without the opt-in;
+/// the message names the flags that fix it.
+fn posture(
+    args: &Args,
+    grpc: Option<&GrpcServerOptions>,
+    mqtt: Option<&MqttIngressOptions>,
+) -> anyhow::Result<Posture> {
+    if grpc.is_none() && mqtt.is_none() {
+        anyhow::bail!(
+            "no ingress: pass --grpc-listen (with --grpc-client-ca for mTLS), --mqtt-endpoint (with --mqtt-node-ca for signed messages), or both"
+        );
+    }
+    let mut unidentified = Vec::new();
+    if grpc.is_some_and(|g| !g.require_node_identity) {
+        unidentified.push(
+            "gRPC lets in agents without a node certificate (add --grpc-tls-cert, --grpc-tls-key and --grpc-client-ca, without --require-node-identity=false)",
+        );
+    }
+    if mqtt.is_some_and(|m| !m.signatures.as_ref().is_some_and(|s| s.required)) {
+        unidentified.push(
+            "MQTT lets in unsigned messages (add --mqtt-node-ca, without --mqtt-require-signatures=false)",
+        );
+    }
+    match (unidentified.is_empty(), args.allow_unidentified_agents) {
+        (true, false) => Ok(Posture::Identified),
+        (true, true) => {
+            tracing::info!(
+                "--allow-unidentified-agents has no effect: every ingress requires node identities"
+            );
+            Ok(Posture::Identified)
+        }
+        (false, true) => {
+            for ingress in &unidentified {
+                tracing::warn!(
+                    "--allow-unidentified-agents: {ingress}; anyone who reaches it can write any node that has not spoken with its identity"
+                );
+            }
+            Ok(Posture::AllowUnidentified)
+        }
+        (false, false) => anyhow::bail!(
+            "{}; require node identities there, or pass --allow-unidentified-agents to accept that anyone who reaches it can write nodes",
+            unidentified.join("; ")
+        ),
+    }
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     if let Ok(mut term) = signal(SignalKind::terminate()) {

@@ -297,9 +297,23 @@ impl Cluster {
 
     async fn start_replica_on(
         &mut self,
-        options: GatewayOptions,
+        mut options: GatewayOptions,
         listener: Option<tokio::net::TcpListener>,
     ) -> anyhow::Result<usize> {
+        // As the gateway binary: an ingress that lets unidentified agents in (plain gRPC or
+        // unsigned MQTT, what most scenarios here run) needs the explicit opt-in
+        // (`--allow-unidentified-agents`); a cluster whose every ingress requires node
+        // identities keeps the options' posture (the default: identified).
+        let unidentified = match self.transport {
+            Transport::Grpc => !self.grpc_options.require_node_identity,
+            Transport::Mqtt => !self
+                .mqtt_security
+                .as_ref()
+                .is_some_and(|s| s.require_signatures),
+        };
+        if unidentified {
+            options.posture = edgebeat_gateway::Posture::AllowUnidentified;
+        }
         let client = kube_client(kube::Config::new(self.standin.url().parse()?), 1000)?;
         let gateway = Arc::new(Gateway::new(client, Arc::new(SystemClock), options));
         let cancel = CancellationToken::new();

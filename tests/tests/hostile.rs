@@ -220,11 +220,7 @@ async fn a_flooding_node_is_rate_limited_and_others_keep_renewing() {
 async fn forbidden_labels_are_refused_at_registration() {
     use edgebeat_transports::ingress::{Handler, Peer, TransportKind};
     let cluster = Cluster::start(Transport::Grpc).await.unwrap();
-    let peer = Peer {
-        transport: TransportKind::Grpc,
-        remote: None,
-        identity: None,
-    };
+    let peer = Peer::unidentified(TransportKind::Grpc, None);
     let mut message = register("rpi4-edge-01", 5_000_000);
     let Some(Kind::Register(r)) = message.kind.as_mut() else {
         unreachable!()

@@ -32,9 +32,26 @@ pub struct Peer {
     pub transport: TransportKind,
     /// Remote socket address (gRPC) or `None` (MQTT: the broker is the socket peer).
     pub remote: Option<SocketAddr>,
-    /// Node name the transport authenticated (mTLS `system:node:<name>`), when it did.
-    /// `None` means "unauthenticated"; the gateway decides whether that is allowed.
+    /// Node name the transport authenticated (mTLS `system:node:<name>`, or a verified MQTT
+    /// message signature), when it did. `None` means "unidentified"; the gateway decides
+    /// whether that is allowed.
     pub identity: Option<String>,
+    /// The message's `Header.wall_time_ms` is covered by the authentication and was checked
+    /// against the gateway's clock by the transport (a signed MQTT message inside its clock
+    /// window), so the gateway may order boots by it. False for everything else.
+    pub wall_time_verified: bool,
+}
+
+impl Peer {
+    /// A peer of `transport` at `remote` with no identity (nothing authenticated yet).
+    pub fn unidentified(transport: TransportKind, remote: Option<SocketAddr>) -> Self {
+        Self {
+            transport,
+            remote,
+            identity: None,
+            wall_time_verified: false,
+        }
+    }
 }
 
 /// Answers agent messages. Implemented by the gateway; transports call it.
@@ -80,7 +97,9 @@ pub enum RejectReason {
     RateLimited,
     /// Dropped because the node's MQTT queue was full (a flood from that node).
     QueueFull,
-    /// gRPC: no client certificate with a node identity, or one that is not a node's.
+    /// No node identity where one is required: a gRPC stream without a node's client
+    /// certificate, any message without an identity when the gateway requires identities,
+    /// or an unidentified message for a node that has spoken with its identity.
     Unauthenticated,
     /// gRPC: the TLS handshake failed (unknown CA, expired, no certificate, not TLS).
     TlsHandshake,
@@ -96,11 +115,15 @@ pub enum RejectReason {
     /// MQTT: a node certificate refused (wrong CA, expired, another node's), or a message
     /// signed under a certificate that has expired since.
     Certificate,
+    /// A message for a node this replica has no room for: it already keeps state for its
+    /// configured fleet size (`--max-nodes`), so a new node name is refused before anything
+    /// is allocated for it.
+    FleetFull,
 }
 
 impl RejectReason {
     /// Every reason, in label order.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::Malformed,
         Self::TooLarge,
         Self::Invalid,
@@ -115,6 +138,7 @@ impl RejectReason {
         Self::UnknownSigner,
         Self::ClockSkew,
         Self::Certificate,
+        Self::FleetFull,
     ];
 
     /// The label value, snake_case: `malformed`, `too_large`, `bad_signature`…
@@ -134,6 +158,7 @@ impl RejectReason {
             Self::UnknownSigner => "unknown_signer",
             Self::ClockSkew => "clock_skew",
             Self::Certificate => "certificate",
+            Self::FleetFull => "fleet_full",
         }
     }
 }

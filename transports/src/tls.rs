@@ -273,9 +273,11 @@ pub fn node_identity(leaf_der: &[u8]) -> Result<String, String> {
     Ok(name.to_owned())
 }
 
-/// A Node name as the apiserver validates it: a DNS-1123 subdomain.
+/// A Node name as the apiserver validates it: a DNS-1123 subdomain (at most 253 bytes of
+/// lower-case letters, digits, `-` and `.`, starting and ending with a letter or digit;
+/// `k8s.io/apimachinery/pkg/util/validation: IsDNS1123Subdomain`).
 #[cfg(feature = "node-identity")]
-pub(crate) fn is_node_name(name: &str) -> bool {
+pub fn is_node_name(name: &str) -> bool {
     let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.';
     let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
     !name.is_empty()

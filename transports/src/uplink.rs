@@ -243,6 +243,12 @@ pub enum AfterAck {
     RegisterAfter(Duration),
 }
 
+/// Least time between two re-registrations the gateway asks for (`Ack.register_again`):
+/// an ack is only as trustworthy as the path it came by (an MQTT broker is a third party),
+/// so however many acks say so, the agent registers again at most this often and its Lease
+/// loop keeps going in between.
+pub const REGISTER_AGAIN_MIN_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Per-connection protocol state shared by every uplink driver, with no I/O: which
 /// requests await an [`Ack`], whether `Register` was accepted, and the registration backoff
 /// (kubelet's: 100 ms doubling to 7 s). Drivers feed it sends and acks and act on what it
@@ -252,6 +258,8 @@ pub struct Session {
     register_seq: Option<u64>,
     registered: bool,
     backoff: Box<dyn Iterator<Item = Duration> + Send>,
+    /// When a `register_again` was last obeyed.
+    registered_again: Option<tokio::time::Instant>,
 }
 
 impl Default for Session {
@@ -271,6 +279,7 @@ impl Session {
                 Duration::from_millis(100),
                 Duration::from_secs(7),
             )),
+            registered_again: None,
         }
     }
 
@@ -296,15 +305,22 @@ impl Session {
     }
 
     /// Records a request sent with `seq` whose answer goes to `reply`; forgets requests
-    /// whose caller gave up (timed out).
-    pub fn track(&mut self, seq: u64, reply: oneshot::Sender<Result<Ack, UplinkError>>) {
+    /// whose caller gave up (timed out). Returns how many were forgotten: requests that went
+    /// unanswered.
+    pub fn track(&mut self, seq: u64, reply: oneshot::Sender<Result<Ack, UplinkError>>) -> usize {
+        let before = self.pending.len();
         self.pending.retain(|_, r| !r.is_closed());
+        let unanswered = before - self.pending.len();
         self.pending.insert(seq, reply);
+        unanswered
     }
 
     /// Handles one [`Ack`]: answers the waiting request, updates the registration state
     /// (raising `driver.registered` and `driver.status_requests` as the gateway says) and
-    /// says whether to register again.
+    /// says whether to register again: only when the ack answers a request this session
+    /// sent and still awaits (by its `seq`), and at most once per
+    /// [`REGISTER_AGAIN_MIN_INTERVAL`], so acks that did not come from the gateway cannot
+    /// keep the agent re-registering instead of renewing its Lease.
     pub fn on_ack(&mut self, ack: Ack, driver: &UplinkDriver) -> AfterAck {
         if ack.resend_status {
             driver.status_requests.send_modify(|n| *n += 1);
@@ -324,10 +340,22 @@ impl Session {
             return AfterAck::RegisterAfter(delay);
         }
         let again = ack.register_again;
-        if let Some(reply) = self.pending.remove(&ack.seq) {
-            let _ = reply.send(Ok(ack));
-        }
-        if again && self.registered {
+        let Some(reply) = self.pending.remove(&ack.seq) else {
+            tracing::debug!(
+                seq = ack.seq,
+                "ignoring an ack for no request of this session"
+            );
+            return AfterAck::Nothing;
+        };
+        let _ = reply.send(Ok(ack));
+        let now = tokio::time::Instant::now();
+        if again
+            && self.registered
+            && self
+                .registered_again
+                .is_none_or(|t| now.duration_since(t) >= REGISTER_AGAIN_MIN_INTERVAL)
+        {
+            self.registered_again = Some(now);
             tracing::info!("gateway does not know this node; registering again");
             self.registered = false;
             driver.registered.send_replace(false);
@@ -428,6 +456,54 @@ mod session_tests {
             rx.try_recv().unwrap().unwrap().register_again,
             "the caller still gets its answer"
         );
+    }
+
+    /// Acks that answer nothing this session sent are ignored, and `register_again` is
+    /// obeyed at most once per REGISTER_AGAIN_MIN_INTERVAL however many acks say it.
+    #[tokio::test(start_paused = true)]
+    async fn register_again_only_for_own_requests_and_at_a_bounded_rate() {
+        let (uplink, driver) = channel(4);
+        let mut s = Session::resumed();
+        let again = |seq| Ack {
+            seq,
+            code: AckCode::Retry.into(),
+            register_again: true,
+            ..Default::default()
+        };
+        assert_eq!(s.on_ack(again(7), &driver), AfterAck::Nothing, "not sent");
+        assert!(s.registered());
+        let (tx, _rx1) = oneshot::channel();
+        s.track(8, tx);
+        assert_eq!(s.on_ack(again(8), &driver), AfterAck::RegisterNow);
+        assert!(!*uplink.registered().borrow());
+        // Registered again; a second request is answered register_again at once.
+        s.register_sent(Some(9));
+        s.on_ack(
+            Ack {
+                seq: 9,
+                registered: true,
+                ..Default::default()
+            },
+            &driver,
+        );
+        let (tx, _rx2) = oneshot::channel();
+        s.track(10, tx);
+        assert_eq!(s.on_ack(again(10), &driver), AfterAck::Nothing);
+        assert!(s.registered());
+        tokio::time::advance(REGISTER_AGAIN_MIN_INTERVAL).await;
+        let (tx, _rx3) = oneshot::channel();
+        s.track(11, tx);
+        assert_eq!(s.on_ack(again(11), &driver), AfterAck::RegisterNow);
+    }
+
+    #[test]
+    fn unanswered_requests_are_counted_when_forgotten() {
+        let mut s = Session::new();
+        let (tx, rx) = oneshot::channel();
+        assert_eq!(s.track(1, tx), 0);
+        drop(rx);
+        let (tx, _rx) = oneshot::channel();
+        assert_eq!(s.track(2, tx), 1);
     }
 
     #[test]

@@ -370,14 +370,7 @@ async fn uplink_and_ingress_exchange_register_and_lease_acks() {
     assert_eq!(kinds, ["register", "lease", "status"]);
     for s in &seen {
         assert_eq!(s.node, "edge-0001");
-        assert_eq!(
-            s.peer,
-            Peer {
-                transport: TransportKind::Mqtt,
-                remote: None,
-                identity: None
-            }
-        );
+        assert_eq!(s.peer, Peer::unidentified(TransportKind::Mqtt, None));
     }
     assert!(handler.rejected().is_empty());
 

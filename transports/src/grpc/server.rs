@@ -34,6 +34,16 @@ pub struct GrpcServerOptions {
     /// presents a certificate must still present a node identity. Without a client CA, no
     /// stream can have an identity, so turning it on refuses everything.
     pub require_node_identity: bool,
+    /// TLS handshakes in progress at once, from everyone (default 1,024). Beyond it new
+    /// connections are closed at once and counted, so peers that open sockets and stall
+    /// cannot use up file descriptors.
+    pub max_handshakes: usize,
+    /// TLS handshakes in progress at once from one IP address (default 32), so one host
+    /// that opens idle sockets cannot take every handshake slot from genuine agents. Agents
+    /// behind one NAT share an address: a refused one reconnects with backoff, and
+    /// handshakes take milliseconds, so a site of hundreds reconnecting at once still gets
+    /// in within seconds.
+    pub max_handshakes_per_address: usize,
 }
 
 impl Default for GrpcServerOptions {
@@ -44,6 +54,8 @@ impl Default for GrpcServerOptions {
             max_message_bytes: MAX_AGENT_MESSAGE_BYTES,
             tls: None,
             require_node_identity: false,
+            max_handshakes: 1024,
+            max_handshakes_per_address: 32,
         }
     }
 }
@@ -65,11 +77,7 @@ impl<H: Handler> Heartbeat for Service<H> {
         &self,
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        let mut peer = Peer {
-            transport: TransportKind::Grpc,
-            remote: request.remote_addr(),
-            identity: None,
-        };
+        let mut peer = Peer::unidentified(TransportKind::Grpc, request.remote_addr());
         match self.authenticate(&request) {
             Ok(identity) => peer.identity = identity,
             Err(reason) => {
@@ -164,26 +172,76 @@ pub enum GrpcServeError {
 /// Connections waiting between a finished TLS handshake and tonic picking them up.
 const ACCEPTED_QUEUE: usize = 64;
 
-/// TLS handshakes in progress at once. Beyond it new connections are closed at once (and
-/// counted), so peers that open sockets and stall cannot use up file descriptors.
-const MAX_HANDSHAKES: usize = 1024;
+/// Longest wait for a connection's first byte (the TLS ClientHello), 3 s: a genuine agent
+/// sends it right after the TCP handshake, so an idle socket gives its handshake slot back
+/// long before [`super::TLS_HANDSHAKE_TIMEOUT`].
+const CLIENT_HELLO_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Handshakes in progress per IP address.
+#[derive(Default)]
+struct PerAddress(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One handshake slot of an address; given back on drop.
+struct AddressSlot {
+    slots: Arc<PerAddress>,
+    ip: std::net::IpAddr,
+}
+
+impl PerAddress {
+    /// A slot for `ip` if it has fewer than `limit` handshakes in progress.
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr, limit: usize) -> Option<AddressSlot> {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = map.entry(ip).or_insert(0);
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(AddressSlot {
+            slots: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut map = self
+            .slots
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = map.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
 
 /// Accepts TCP connections on `listener` and runs each TLS handshake in its own task
-/// (bounded by [`super::TLS_HANDSHAKE_TIMEOUT`], at most [`MAX_HANDSHAKES`] at once), handing
-/// finished ones to tonic. A failed or refused handshake is counted through
+/// (bounded by [`super::TLS_HANDSHAKE_TIMEOUT`], the first byte by [`CLIENT_HELLO_TIMEOUT`];
+/// at most `max_handshakes` at once, `max_handshakes_per_address` from one IP address),
+/// handing finished ones to tonic. A failed or refused handshake is counted through
 /// [`Handler::rejected`] ([`RejectReason::TlsHandshake`]) and its cause logged at debug level;
 /// tonic's own TLS acceptor would swallow both. Ends, with every handshake task, when
 /// `closing` fires or tonic stops taking connections.
 fn tls_incoming<H: Handler>(
     listener: TcpListener,
     config: rustls::ServerConfig,
+    options: &GrpcServerOptions,
     handler: Arc<H>,
     closing: tokio_util::sync::CancellationToken,
 ) -> ReceiverStream<Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::io::Error>>
 {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
-    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(options.max_handshakes));
+    let per_address = Arc::new(PerAddress::default());
+    let address_limit = options.max_handshakes_per_address;
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -200,13 +258,18 @@ fn tls_incoming<H: Handler>(
                     continue;
                 }
             };
-            let peer = Peer {
-                transport: TransportKind::Grpc,
-                remote: Some(remote),
-                identity: None,
+            let peer = Peer::unidentified(TransportKind::Grpc, Some(remote));
+            let Some(address_slot) = per_address.take(remote.ip(), address_limit) else {
+                // Dropping the socket closes it.
+                tracing::debug!(%remote, "too many TLS handshakes in progress from this address; connection closed");
+                handler.rejected(
+                    &peer,
+                    RejectReason::TlsHandshake,
+                    "too many handshakes in progress from this address",
+                );
+                continue;
             };
             let Ok(permit) = handshakes.clone().try_acquire_owned() else {
-                // Dropping the socket closes it.
                 tracing::debug!(%remote, "too many TLS handshakes in progress; connection closed");
                 handler.rejected(
                     &peer,
@@ -222,13 +285,26 @@ fn tls_incoming<H: Handler>(
             let tx = tx.clone();
             let closing = closing.clone();
             tokio::spawn(async move {
-                let handshake =
-                    tokio::time::timeout(super::TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                let handshake = tokio::time::timeout(super::TLS_HANDSHAKE_TIMEOUT, async {
+                    // An idle socket gives its slots back after CLIENT_HELLO_TIMEOUT.
+                    let mut first = [0u8; 1];
+                    match tokio::time::timeout(CLIENT_HELLO_TIMEOUT, stream.peek(&mut first)).await
+                    {
+                        Ok(Ok(n)) if n > 0 => acceptor.accept(stream).await,
+                        Ok(Ok(_)) => Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
+                        Ok(Err(error)) => Err(error),
+                        Err(_) => Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "no ClientHello",
+                        )),
+                    }
+                });
                 let result = tokio::select! {
                     () = closing.cancelled() => return,
                     result = handshake => result,
                 };
                 drop(permit);
+                drop(address_slot);
                 let error = match result {
                     Ok(Ok(tls)) => {
                         tokio::select! {
@@ -297,7 +373,7 @@ pub async fn serve<H: Handler>(
             let config = tls
                 .rustls_config(options.require_node_identity)
                 .map_err(GrpcServeError::Tls)?;
-            let incoming = tls_incoming(listener, config, handler, closing);
+            let incoming = tls_incoming(listener, config, &options, handler, closing);
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await

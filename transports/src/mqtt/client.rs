@@ -31,6 +31,12 @@ const REQUEST_QUEUE: usize = 16;
 /// Cap of the growing wait for an answer to Register before sending it again.
 const REGISTER_TIMEOUT_MAX: Duration = Duration::from_secs(60);
 
+/// Least time between two certificate publications caused by unanswered requests (see
+/// [`Link::publish_certificate`]): 30 s, so a gateway that lost the certificate learns it
+/// again within a few renew intervals and an unreachable one costs at most one retained
+/// publish per 30 s.
+const CERTIFICATE_REPUBLISH_MIN_INTERVAL: Duration = Duration::from_secs(30);
+
 /// Settings of the agent's MQTT uplink.
 #[derive(Debug, Clone)]
 pub struct MqttUplinkOptions {
@@ -334,6 +340,8 @@ struct Link {
     max_packet_bytes: usize,
     #[cfg(feature = "mqtt-tls")]
     signer: Option<std::sync::Arc<crate::signing::MessageSigner>>,
+    /// When the certificate was last published (see [`Link::publish_certificate`]).
+    certificate_published: Option<tokio::time::Instant>,
 }
 
 impl Link {
@@ -359,6 +367,7 @@ impl Link {
             max_packet_bytes: options.max_packet_bytes,
             #[cfg(feature = "mqtt-tls")]
             signer: options.signer.clone(),
+            certificate_published: None,
         }
     }
 
@@ -374,8 +383,13 @@ impl Link {
     }
 
     /// Publishes the certificate chain (retained) when signing, so that every gateway
-    /// replica can verify what follows.
-    fn publish_certificate(&self) {
+    /// replica can verify what follows. Besides before each Register, the agent publishes it
+    /// again when a request went unanswered (at most every
+    /// [`CERTIFICATE_REPUBLISH_MIN_INTERVAL`]): a gateway replica that lost the certificate
+    /// (a broker that dropped the retained copy) refuses signed messages without an answer,
+    /// since it cannot tell them from forgeries.
+    fn publish_certificate(&mut self) {
+        self.certificate_published = Some(tokio::time::Instant::now());
         #[cfg(feature = "mqtt-tls")]
         if let Some(signer) = &self.signer
             && let Err(error) = self.client.try_publish(
@@ -540,7 +554,19 @@ impl Link {
                 .try_publish(topic, QoS::AtLeastOnce, false, payload)
         };
         match (queued, self.session.as_mut()) {
-            (Ok(()), Some(session)) => session.track(seq, request.reply),
+            (Ok(()), Some(session)) => {
+                let unanswered = session.track(seq, request.reply);
+                let due = self
+                    .certificate_published
+                    .is_none_or(|t| t.elapsed() >= CERTIFICATE_REPUBLISH_MIN_INTERVAL);
+                if unanswered > 0 && due {
+                    tracing::debug!(
+                        unanswered,
+                        "requests went unanswered; publishing the certificate again"
+                    );
+                    self.publish_certificate();
+                }
+            }
             (Ok(()), None) => {
                 let _ = request.reply.send(Err(UplinkError::NotConnected));
             }

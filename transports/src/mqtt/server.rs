@@ -5,7 +5,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use edgebeat_proto::{
     Ack, AckCode, AgentMessage, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, gateway_message,
 };
@@ -55,33 +54,34 @@ pub const REJECT_QUEUE_FULL: Rejection = Rejection {
     reason: RejectReason::QueueFull,
     detail: "per-node queue full",
 };
-/// Refusal: signatures are required and the payload is a bare
-/// `AgentMessage` (answered `REJECTED`).
+/// Refusal: signatures are required, or the node signs, and the payload is
+/// a bare `AgentMessage` (not answered).
 pub const REJECT_UNSIGNED: Rejection = Rejection {
     reason: RejectReason::Unsigned,
     detail: "unsigned message",
 };
 /// Refusal: the signature does not verify with the node's certificate
-/// (tampered, or signed by someone else; answered `REJECTED`).
+/// (tampered, or signed by someone else; not answered).
 pub const REJECT_BAD_SIGNATURE: Rejection = Rejection {
     reason: RejectReason::BadSignature,
     detail: "bad signature",
 };
-/// Refusal: no verified certificate is held for the node (answered
-/// `RETRY` with `register_again`, so a genuine agent publishes it again).
+/// Refusal: no verified certificate is held for the node (not answered: a
+/// genuine agent publishes its certificate again when a request goes unanswered).
 pub const REJECT_UNKNOWN_SIGNER: Rejection = Rejection {
     reason: RejectReason::UnknownSigner,
     detail: "no certificate for the signer",
 };
 /// Refusal: the certificate that verified the node's messages has
-/// expired (answered `REJECTED`).
+/// expired (not answered).
 pub const REJECT_CERTIFICATE_EXPIRED: Rejection = Rejection {
     reason: RejectReason::Certificate,
     detail: "node certificate expired",
 };
 /// Refusal: a verified message's `wall_time_ms` is further than
 /// [`SignaturePolicy::max_clock_skew`] from the gateway's clock: a recorded message replayed
-/// later, or an agent whose clock is wrong (answered `REJECTED`).
+/// later, or an agent whose clock is wrong (answered `REJECTED`: the signature verified, so
+/// the node itself sent it).
 pub const REJECT_CLOCK: Rejection = Rejection {
     reason: RejectReason::ClockSkew,
     detail: "signed time outside the clock window",
@@ -133,6 +133,10 @@ pub struct MqttIngressOptions {
     /// Messages waiting per node (default 8); when full, new ones are dropped and reported
     /// as [`REJECT_QUEUE_FULL`].
     pub per_node_queue: usize,
+    /// Most node workers at once (default 10,000): when signatures are not checked, any
+    /// well-formed node name in a topic would otherwise get one. Beyond it (after dropping
+    /// idle workers) messages of further nodes are refused as [`RejectReason::FleetFull`].
+    pub max_nodes: usize,
     /// Set to `true` when the broker has granted the shared subscription, `false` when the
     /// connection is lost: a readiness signal (tests wait on it; `/readyz` can report it).
     pub subscribed: Option<Arc<tokio::sync::watch::Sender<bool>>>,
@@ -192,6 +196,7 @@ impl MqttIngressOptions {
             keepalive: DEFAULT_KEEPALIVE,
             max_packet_bytes: MAX_AGENT_MESSAGE_BYTES,
             per_node_queue: 8,
+            max_nodes: 10_000,
             subscribed: None,
             tls: None,
             signatures: None,
@@ -214,6 +219,9 @@ impl MqttIngressOptions {
         }
         if self.per_node_queue == 0 {
             return Err(invalid("per_node_queue", "must be > 0"));
+        }
+        if self.max_nodes == 0 {
+            return Err(invalid("max_nodes", "must be > 0"));
         }
         Ok(())
     }
@@ -272,28 +280,29 @@ pub enum MqttIngressError {
 ///
 /// Each message is checked before the handler sees it, in this order: the topic is
 /// `P/nodes/{node}/{kind}` with a known kind (else [`REJECT_UNKNOWN_TOPIC`]) and the payload
-/// is at most `max_packet_bytes` ([`REJECT_TOO_LARGE`]); then, in the node's worker, the
-/// signature policy (below), the payload decodes ([`REJECT_MALFORMED`]) and the topic's node
-/// and kind are the message's header node name and kind ([`REJECT_MISMATCH`]). Rejections go
-/// to [`Handler::rejected`] and serving goes on. The [`Peer`] is
-/// `{ transport: Mqtt, remote: None, identity }`: the broker is the socket peer and says
-/// nothing about who published, so `identity` is `Some(node)` only for a message whose
-/// signature verified.
+/// is at most `max_packet_bytes` ([`REJECT_TOO_LARGE`]); then the signature policy
+/// (below), the payload decodes ([`REJECT_MALFORMED`]) and the topic's node
+/// and kind are the message's header node name and kind ([`REJECT_MISMATCH`]). All of that
+/// runs in the event-loop task, before any per-node state exists: a node gets a worker only
+/// with a message that passed (at most `max_nodes` workers, else [`RejectReason::FleetFull`]).
+/// Rejections go to [`Handler::rejected`] and serving goes on. The [`Peer`] has
+/// `transport: Mqtt, remote: None`: the broker is the socket peer and says nothing about who
+/// published, so `identity` is `Some(node)` (and `wall_time_verified` true) only for a
+/// message whose signature verified.
 ///
 /// With [`MqttIngressOptions::signatures`] the ingress also subscribes (without a share
 /// group) to `P/certificates/+`, verifies each retained or new certificate against the site
 /// CA for the node its topic names ([`REJECT_CERTIFICATE`] when refused, including one older
-/// than the one held) and keeps the node's key. A `SignedMessage` is verified with it before
-/// decoding: no key held is answered `RETRY` with `register_again`
-/// ([`REJECT_UNKNOWN_SIGNER`]: the agent publishes its certificate again); a signature that
-/// does not verify ([`REJECT_BAD_SIGNATURE`]), a certificate past notAfter
-/// ([`REJECT_CERTIFICATE_EXPIRED`]) and, when signatures are required, a bare message
-/// ([`REJECT_UNSIGNED`]) are answered as [`open`] documents. A verified message whose
-/// signed wall time is outside [`SignaturePolicy::max_clock_skew`] is refused
-/// ([`REJECT_CLOCK`]); within it, replays are the handler's to refuse by the per-boot `seq`.
-/// Node names in topics must be valid node names ([`REJECT_MALFORMED`]). A published
-/// certificate waits in a one-chain slot per node (a flood cannot drop it) and is checked by
-/// that node's worker before its next message.
+/// than the one held) and keeps the node's key; a certificate is handled in arrival order,
+/// before the messages published after it. A `SignedMessage` is verified with the key
+/// before decoding: no key held ([`REJECT_UNKNOWN_SIGNER`]), a signature that does not
+/// verify ([`REJECT_BAD_SIGNATURE`]), a certificate past notAfter
+/// ([`REJECT_CERTIFICATE_EXPIRED`]) and a bare message where signatures are required or the
+/// node signs ([`REJECT_UNSIGNED`]) are refused without an answer (see [`open`]: a forger
+/// must not be able to make the gateway speak on a node's ack topic). A verified message
+/// whose signed wall time is outside [`SignaturePolicy::max_clock_skew`] is refused
+/// ([`REJECT_CLOCK`], answered); within it, replays are the handler's to refuse by the
+/// per-boot `seq`. Node names in topics must be valid node names ([`REJECT_MALFORMED`]).
 ///
 /// Last Wills (`P/nodes/{node}/will`) are logged at info level and otherwise ignored: the
 /// broker publishes them when a connection dies, which says nothing about the node itself,
@@ -329,6 +338,7 @@ pub async fn serve<H: Handler>(
         client: client.clone(),
         prefix: options.topic_prefix.clone(),
         queue: options.per_node_queue,
+        max_nodes: options.max_nodes,
         nodes: HashMap::new(),
         signatures: options.signatures.clone().map(|policy| {
             Arc::new(Signatures {
@@ -492,16 +502,15 @@ impl Refusal {
         Self { reason, ack: None }
     }
 
-    /// A refusal answered to the agent: `seq` read from the (unverified) message, so that a
-    /// genuine agent learns why; a forger learns nothing it did not know.
-    fn answered(reason: Rejection, seq: u64, code: AckCode, register_again: bool) -> Self {
+    /// A refusal answered to the agent that sent message `seq` (a verified one), so that it
+    /// learns why.
+    fn answered(reason: Rejection, seq: u64, code: AckCode) -> Self {
         Self {
             reason,
             ack: Some(Ack {
                 seq,
                 code: code.into(),
                 reason: reason.detail.to_owned(),
-                register_again,
                 ..Ack::default()
             }),
         }
@@ -514,12 +523,14 @@ impl Refusal {
 /// that a signed message's `wall_time_ms` is within [`SignaturePolicy::max_clock_skew`] of
 /// `now`. Returns the message and whether it was signed (its identity is then `node`).
 ///
-/// Answers to refusals are chosen so that a forger gains nothing and a genuine agent
-/// recovers: no key held, or a signature that does not verify (a rolled-back or lost
-/// certificate looks the same as a forgery), is `RETRY` with `register_again`, so the agent
-/// publishes its certificate again; an unsigned message for a node whose key is held is
-/// certainly not that node's and gets no answer; an unsigned message for a node never seen
-/// signing (a misconfigured agent) and an expired certificate get `REJECTED`.
+/// Nothing that fails verification is answered: an answer on the node's ack topic is
+/// something the genuine agent reads, so a forger must not be able to cause one (no key
+/// held, a signature that does not verify, an expired certificate, an unsigned message where
+/// signatures are required or the node is known to sign). The one refusal answered is a
+/// message whose signature verified but whose signed wall time is outside the clock window:
+/// the node itself sent it, and its agent needs to learn that its clock is wrong. A genuine
+/// agent whose certificate this replica lost gets no answer either; it publishes its
+/// certificate again when a request goes unanswered (the MQTT uplink).
 fn open(
     node: &str,
     kind: &str,
@@ -546,35 +557,15 @@ fn open(
         .map(|m| (m, false));
     };
     let Some((signed, signature)) = signing::unseal(payload) else {
-        let message = decode(payload)?;
-        if key.is_some() {
-            // This node signs: an unsigned message in its name is someone else's.
+        // Unsigned: refused where signatures are required, and for a node that signs (an
+        // unsigned message in its name is someone else's).
+        if policy.required || key.is_some() {
             return Err(Refusal::silent(REJECT_UNSIGNED));
         }
-        if policy.required {
-            let seq = message.header().map_or(0, |h| h.seq);
-            return Err(Refusal::answered(
-                REJECT_UNSIGNED,
-                seq,
-                AckCode::Rejected,
-                false,
-            ));
-        }
-        return Ok((message, false));
-    };
-    let seq_of = |bytes: &[u8]| {
-        AgentMessage::decode(bytes)
-            .ok()
-            .and_then(|m| m.header().map(|h| h.seq))
-            .unwrap_or(0)
+        return decode(payload).map(|m| (m, false));
     };
     let Some(key) = key else {
-        return Err(Refusal::answered(
-            REJECT_UNKNOWN_SIGNER,
-            seq_of(&signed),
-            AckCode::Retry,
-            true,
-        ));
+        return Err(Refusal::silent(REJECT_UNKNOWN_SIGNER));
     };
     match key.verify(&signed, &signature, now) {
         Ok(()) => {
@@ -586,32 +577,25 @@ fn open(
             let skew_ms = i64::try_from(policy.max_clock_skew.as_millis()).unwrap_or(i64::MAX);
             if now_ms.saturating_sub(sent_ms).saturating_abs() > skew_ms {
                 let seq = message.header().map_or(0, |h| h.seq);
-                return Err(Refusal::answered(
-                    REJECT_CLOCK,
-                    seq,
-                    AckCode::Rejected,
-                    false,
-                ));
+                return Err(Refusal::answered(REJECT_CLOCK, seq, AckCode::Rejected));
             }
             Ok((message, true))
         }
-        Err(SignatureError::Expired) => Err(Refusal::answered(
-            REJECT_CERTIFICATE_EXPIRED,
-            seq_of(&signed),
-            AckCode::Rejected,
-            false,
-        )),
-        Err(SignatureError::BadSignature | SignatureError::Certificate(_)) => Err(
-            Refusal::answered(REJECT_BAD_SIGNATURE, seq_of(&signed), AckCode::Retry, true),
-        ),
+        Err(SignatureError::Expired) => Err(Refusal::silent(REJECT_CERTIFICATE_EXPIRED)),
+        Err(SignatureError::BadSignature | SignatureError::Certificate(_)) => {
+            Err(Refusal::silent(REJECT_BAD_SIGNATURE))
+        }
     }
 }
 
+/// The [`Peer`] of an MQTT message: an identity, and a verified wall time, only when its
+/// signature verified (its wall time was then checked against the clock window too).
 fn peer(identity: Option<&str>) -> Peer {
     Peer {
         transport: TransportKind::Mqtt,
         remote: None,
         identity: identity.map(str::to_owned),
+        wall_time_verified: identity.is_some(),
     }
 }
 
@@ -655,23 +639,16 @@ impl Signatures {
     }
 }
 
-/// One unit of a node worker's work.
-enum Work {
-    /// A message payload of `kind`.
-    Message { kind: &'static str, payload: Bytes },
-    /// A certificate chain was put in the worker's certificate slot (a wake-up only).
-    CertificateArrived,
+/// A message for a node's worker: decoded, and verified when signatures are checked.
+struct Work {
+    message: AgentMessage,
+    /// Its signature verified: it speaks for its node.
+    signed: bool,
 }
-
-/// The latest certificate chain published for a node, waiting for its worker. One slot,
-/// overwritten by a newer publish: a flood on the node's topics can delay it but never drop
-/// it (the worker empties the slot before each message), and it costs one chain per node.
-type CertificateSlot = Arc<std::sync::Mutex<Option<Bytes>>>;
 
 struct Worker {
     tx: mpsc::Sender<Work>,
     last_message: Instant,
-    certificate: CertificateSlot,
 }
 
 /// The per-node workers, owned by the event-loop task.
@@ -680,30 +657,38 @@ struct Workers<H> {
     client: AsyncClient,
     prefix: String,
     queue: usize,
+    max_nodes: usize,
     nodes: HashMap<String, Worker>,
     signatures: Option<Arc<Signatures>>,
 }
 
 impl<H: Handler> Workers<H> {
+    /// Classifies, verifies and decodes one PUBLISH in the event-loop task, then hands it
+    /// to its node's worker. Everything that can be refused is refused here, so nothing is
+    /// allocated for a node before one of its messages passed: a worker exists only for a
+    /// node with a verified message (or, when signatures are not checked, any well-formed
+    /// one, up to `max_nodes` workers). Certificates are verified here too, in arrival
+    /// order, so a node's messages after its certificate are verified with it.
     fn dispatch(&mut self, publish: &Publish, max_bytes: usize) {
-        let (node, work) = match classify(&self.prefix, &publish.topic, &publish.payload, max_bytes)
+        let (node, kind) = match classify(&self.prefix, &publish.topic, &publish.payload, max_bytes)
         {
-            Ok(Inbound::Message { node, kind }) => {
-                let kind = MESSAGE_KINDS
-                    .iter()
-                    .find(|k| **k == kind)
-                    .copied()
-                    .unwrap_or("unknown");
-                let payload = publish.payload.clone();
-                (node, Work::Message { kind, payload })
-            }
+            Ok(Inbound::Message { node, kind }) => (node, kind),
             Ok(Inbound::Certificate { node }) => {
-                if self.signatures.is_none() || publish.payload.is_empty() {
-                    // Not verifying, or a retained certificate being cleared: the key
-                    // held stays until a newer certificate replaces it.
-                    return;
+                // Not verifying, or a retained certificate being cleared: the key held
+                // stays until a newer certificate replaces it.
+                if let Some(signatures) = &self.signatures
+                    && !publish.payload.is_empty()
+                {
+                    match signatures.learn(node, &publish.payload) {
+                        Ok(()) => tracing::debug!(%node, "node certificate verified"),
+                        Err(why) => {
+                            tracing::warn!(%node, %why, "node certificate refused");
+                            self.handler
+                                .rejected(&peer(None), REJECT_CERTIFICATE.reason, &why);
+                        }
+                    }
                 }
-                (node, Work::CertificateArrived)
+                return;
             }
             Ok(Inbound::Will { node, header }) => {
                 tracing::info!(
@@ -723,8 +708,42 @@ impl<H: Handler> Workers<H> {
                 return;
             }
         };
+        let policy = self.signatures.as_deref().map(|s| &s.policy);
+        let key = self.signatures.as_deref().and_then(|s| s.key(node));
+        let (message, signed) = match open(
+            node,
+            kind,
+            &publish.payload,
+            policy,
+            key.as_deref(),
+            UnixTime::now(),
+        ) {
+            Ok(opened) => opened,
+            Err(refusal) => {
+                let refused = refusal.reason;
+                tracing::debug!(%node, detail = refused.detail, "MQTT message refused");
+                self.handler
+                    .rejected(&peer(None), refused.reason, refused.detail);
+                if let Some(ack) = refusal.ack {
+                    self.answer(node, ack);
+                }
+                return;
+            }
+        };
         let alive = self.nodes.get(node).is_some_and(|w| !w.tx.is_closed());
         if !alive {
+            if !self.nodes.contains_key(node) && self.nodes.len() >= self.max_nodes {
+                self.evict_idle();
+            }
+            if !self.nodes.contains_key(node) && self.nodes.len() >= self.max_nodes {
+                tracing::debug!(%node, max_nodes = self.max_nodes, "MQTT message dropped: no room for another node");
+                self.handler.rejected(
+                    &peer(None),
+                    RejectReason::FleetFull,
+                    "no room for another node's worker",
+                );
+                return;
+            }
             // New node, or its worker died (a handler panicked): start one.
             let worker = self.spawn(node);
             self.nodes.insert(node.to_owned(), worker);
@@ -733,19 +752,8 @@ impl<H: Handler> Workers<H> {
             return;
         };
         worker.last_message = Instant::now();
-        if matches!(work, Work::CertificateArrived) {
-            let mut slot = worker
-                .certificate
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            *slot = Some(publish.payload.clone());
-            drop(slot);
-            // A full queue is fine: the worker looks at the slot before every message.
-            let _ = worker.tx.try_send(work);
-            return;
-        }
         // Full, or (rarely) the worker died just now: a new one starts with the next message.
-        if worker.tx.try_send(work).is_err() {
+        if worker.tx.try_send(Work { message, signed }).is_err() {
             tracing::debug!(node, "MQTT message dropped: the node's queue is full");
             self.handler.rejected(
                 &peer(None),
@@ -755,58 +763,32 @@ impl<H: Handler> Workers<H> {
         }
     }
 
+    /// Publishes `ack` on `node`'s ack topic from the event loop, without waiting: when
+    /// rumqttc's queue is full the answer is dropped (the agent times out and retries).
+    fn answer(&self, node: &str, ack: Ack) {
+        let reply = GatewayMessage {
+            kind: Some(gateway_message::Kind::Ack(ack)),
+        };
+        if let Err(error) = self.client.try_publish(
+            acks_topic(&self.prefix, node),
+            QoS::AtLeastOnce,
+            false,
+            reply.encode_to_vec(),
+        ) {
+            tracing::debug!(%error, %node, "refusal not answered: request queue full");
+        }
+    }
+
     fn spawn(&self, node: &str) -> Worker {
         let (tx, mut rx) = mpsc::channel::<Work>(self.queue);
-        let certificate = CertificateSlot::default();
-        let slot = certificate.clone();
         let handler = self.handler.clone();
         let client = self.client.clone();
         let topic = acks_topic(&self.prefix, node);
-        let signatures = self.signatures.clone();
         let node = node.to_owned();
         tokio::spawn(async move {
-            while let Some(work) = rx.recv().await {
-                let published = slot
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .take();
-                if let (Some(payload), Some(signatures)) = (published, &signatures) {
-                    match signatures.learn(&node, &payload) {
-                        Ok(()) => tracing::debug!(%node, "node certificate verified"),
-                        Err(why) => {
-                            tracing::warn!(%node, %why, "node certificate refused");
-                            handler.rejected(&peer(None), REJECT_CERTIFICATE.reason, &why);
-                        }
-                    }
-                }
-                let (kind, payload) = match work {
-                    Work::Message { kind, payload } => (kind, payload),
-                    Work::CertificateArrived => continue,
-                };
-                let policy = signatures.as_deref().map(|s| &s.policy);
-                let key = signatures.as_deref().and_then(|s| s.key(&node));
-                let ack = match open(
-                    &node,
-                    kind,
-                    &payload,
-                    policy,
-                    key.as_deref(),
-                    UnixTime::now(),
-                ) {
-                    Ok((message, signed)) => {
-                        let peer = peer(signed.then_some(node.as_str()));
-                        handler.handle(&peer, message).await
-                    }
-                    Err(refusal) => {
-                        let refused = refusal.reason;
-                        tracing::debug!(%node, detail = refused.detail, "MQTT message refused");
-                        handler.rejected(&peer(None), refused.reason, refused.detail);
-                        match refusal.ack {
-                            Some(ack) => ack,
-                            None => continue,
-                        }
-                    }
-                };
+            while let Some(Work { message, signed }) = rx.recv().await {
+                let peer = peer(signed.then_some(node.as_str()));
+                let ack = handler.handle(&peer, message).await;
                 let reply = GatewayMessage {
                     kind: Some(gateway_message::Kind::Ack(ack)),
                 };
@@ -822,7 +804,6 @@ impl<H: Handler> Workers<H> {
         Worker {
             tx,
             last_message: Instant::now(),
-            certificate,
         }
     }
 
@@ -1018,28 +999,36 @@ mod tests {
                 ack.register_again,
             )
         };
+        // Nothing that fails verification is answered: a forger must not be able to make
+        // the gateway speak on the node's ack topic.
         assert_eq!(
-            refused(open_with(&plain, &required, None)),
-            (REJECT_UNSIGNED, AckCode::Rejected, 1, false)
+            open_with(&plain, &required, None),
+            Err(Refusal::silent(REJECT_UNSIGNED))
         );
-        // A node known to sign: an unsigned message in its name is refused without an answer.
         assert_eq!(
             open_with(&plain, &required, Some(&key)),
             Err(Refusal::silent(REJECT_UNSIGNED))
         );
         assert_eq!(
-            refused(open_with(&sealed, &required, None)),
-            (REJECT_UNKNOWN_SIGNER, AckCode::Retry, 1, true)
+            open_with(&sealed, &required, None),
+            Err(Refusal::silent(REJECT_UNKNOWN_SIGNER))
         );
         // Tampering: flip a bit of the signed message inside the envelope.
         let mut tampered = edgebeat_proto::SignedMessage::decode(sealed.as_slice()).unwrap();
         let last = tampered.signed_message.len() - 1;
         tampered.signed_message[last] ^= 1;
-        // Answered RETRY + register_again: a genuine agent whose certificate the replica
-        // lost or had rolled back publishes it again.
         assert_eq!(
-            refused(open_with(&tampered.encode_to_vec(), &required, Some(&key))),
-            (REJECT_BAD_SIGNATURE, AckCode::Retry, 1, true)
+            open_with(&tampered.encode_to_vec(), &required, Some(&key)),
+            Err(Refusal::silent(REJECT_BAD_SIGNATURE))
+        );
+        // Random bytes where the signature goes (the register_again reflection attack).
+        let forged = edgebeat_proto::SignedMessage {
+            signed_message: plain.clone(),
+            signature: vec![0x5a; 64],
+        };
+        assert_eq!(
+            open_with(&forged.encode_to_vec(), &required, Some(&key)),
+            Err(Refusal::silent(REJECT_BAD_SIGNATURE))
         );
         // A genuine signature on a message recorded 31 s ago (by the gateway's clock).
         let later = UnixTime::since_unix_epoch(Duration::from_secs(31));

@@ -1,0 +1,470 @@
+//! Per-node admission: whether one agent message may go on to the apiserver writer. No I/O,
+//! no transport: it sees a message's [`Provenance`] (who the transport authenticated, and
+//! whether the signed wall time was checked), its [`pb::Header`] and the gateway's monotonic
+//! clock, and keeps the small state one node needs ([`NodeAdmission`]).
+//!
+//! Checks, cheapest and stateless first, so that nothing an attacker sends costs a genuine
+//! node anything:
+//!
+//! 1. **Identity** ([`check_identity`], before any per-node state exists): the header names
+//!    a valid node; an identified message speaks only for its own node (the rule of the
+//!    NodeRestriction admission plugin, `plugin/pkg/admission/noderestriction/admission.go`);
+//!    under [`Posture::Identified`] a message without an identity is refused.
+//! 2. **Identified nodes stay identified**: once a node has spoken with its identity, an
+//!    unidentified message in its name is someone else's and is refused. So in a gateway
+//!    that lets unidentified agents in (a fleet moving to mTLS or signatures), unidentified
+//!    input can never move an identified node's boot or sequence.
+//! 3. **Boot and sequence** (replay): a message of the current boot must carry a `seq`
+//!    above the last accepted one. A new boot ID starts a new sequence; the boot it replaces
+//!    is remembered for [`AdmissionPolicy::old_boot_memory`] so that its late or replayed
+//!    messages are refused, and then forgotten, so that no single message can lock a node
+//!    out for longer than that (by default 30 s: the lease duration less one renew
+//!    interval, so a displaced genuine node renews before its Lease expires). When the
+//!    transport verified the message's wall time ([`Provenance::wall_time_verified`]), a
+//!    boot whose message is older than the current boot's last one is an earlier boot
+//!    replayed and is refused.
+//! 4. **Rate limit**: a token bucket per node ([`TokenBucket`]). It comes after the replay
+//!    check, so replaying an old message cannot drain a node's tokens, and a rate-limited
+//!    message's `seq` is recorded anyway, so it cannot be replayed later.
+//! 5. **Freshness** of heartbeats ([`Freshness`]): a Lease renewal or status report older
+//!    than [`AdmissionPolicy::max_age`] is dropped, never written late: a late heartbeat
+//!    would reset the node lifecycle controller's probe time and hide a dead node
+//!    (`pkg/controller/nodelifecycle/node_lifecycle_controller.go: tryUpdateNodeHealth`).
+
+use std::time::Duration;
+
+use edgebeat_proto as pb;
+use tokio::time::Instant;
+
+use crate::freshness::Freshness;
+use crate::metrics::RejectReason;
+use crate::restriction::TokenBucket;
+
+/// Superseded boot IDs remembered per node (at most; each for
+/// [`AdmissionPolicy::old_boot_memory`]).
+const OLD_BOOTS: usize = 4;
+
+/// Which agents the gateway lets in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Posture {
+    /// Every message must carry a node identity (mTLS node certificate, or a verified MQTT
+    /// signature); anything else is refused as [`RejectReason::Unauthenticated`]. The
+    /// default.
+    Identified,
+    /// Messages without an identity are let in (e.g. while a fleet moves to mTLS or
+    /// signatures): anyone who can reach an ingress can then speak for any node that has
+    /// not spoken with its identity. Named loudly on purpose: the gateway binary needs
+    /// `--allow-unidentified-agents` for it, warns at start and exports it in `/metrics`.
+    AllowUnidentified,
+}
+
+/// What the transport established about one message, whichever transport carried it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Provenance<'a> {
+    /// The node the transport authenticated, or `None`.
+    pub identity: Option<&'a str>,
+    /// `Header.wall_time_ms` is authenticated and was checked against the gateway's clock.
+    pub wall_time_verified: bool,
+}
+
+/// The admission rules' settings (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub struct AdmissionPolicy {
+    /// Whether unidentified messages are let in.
+    pub posture: Posture,
+    /// Oldest heartbeat still admitted, measured on the agent's boot clock ([`Freshness`]).
+    pub max_age: Duration,
+    /// Clock-drift allowance of the age measurement, parts per million.
+    pub drift_ppm: u64,
+    /// Messages per second one node may send on average.
+    pub rate: f64,
+    /// Messages one node may send at once.
+    pub burst: f64,
+    /// How long a superseded boot's messages are refused (default 30 s).
+    pub old_boot_memory: Duration,
+}
+
+/// Why a message was not admitted: the metric label and a text for logs and the ack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The metric label.
+    pub reason: RejectReason,
+    /// What exactly was wrong.
+    pub detail: String,
+}
+
+impl Refusal {
+    fn new(reason: RejectReason, detail: impl Into<String>) -> Self {
+        Self {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// What an admitted message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    /// Its age on the agent's boot clock (0 for the first message of a boot).
+    pub age: Duration,
+    /// The first message of a boot this replica has seen (the node rebooted, or this
+    /// replica did not know it).
+    pub new_boot: bool,
+}
+
+/// The outcome of [`NodeAdmission::admit`]: a stale heartbeat is neither admitted nor a
+/// rejection (it is counted apart, as `stale_heartbeats`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go on to the writer.
+    Admit(Admitted),
+    /// A heartbeat older than [`AdmissionPolicy::max_age`]: drop it.
+    Stale(Duration),
+    /// Refused.
+    Reject(Refusal),
+}
+
+/// The stateless checks (rule 1 of the module docs), run before any per-node state is
+/// looked up or made: the header's node name is a valid Node name, an identified message
+/// speaks for its own node, and under [`Posture::Identified`] it has an identity.
+///
+/// Errors: the [`Refusal`] (`Malformed`, `Foreign` or `Unauthenticated`).
+pub fn check_identity(
+    posture: Posture,
+    node: &str,
+    provenance: Provenance<'_>,
+) -> Result<(), Refusal> {
+    if !edgebeat_transports::tls::is_node_name(node) {
+        return Err(Refusal::new(
+            RejectReason::Malformed,
+            format!("malformed: {node:?} is not a valid node name"),
+        ));
+    }
+    match provenance.identity {
+        Some(identity) if identity != node => Err(Refusal::new(
+            RejectReason::Foreign,
+            format!("node {identity:?} may not speak for node {node:?}"),
+        )),
+        None if posture == Posture::Identified => Err(Refusal::new(
+            RejectReason::Unauthenticated,
+            format!(
+                "unidentified message for node {node:?}: this gateway requires node identities"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// One node's admission state: its current boot and sequence, recently superseded boots,
+/// whether it has spoken with its identity, its rate-limit bucket and age estimator.
+#[derive(Debug, Default)]
+pub struct NodeAdmission {
+    boot_id: Vec<u8>,
+    old_boots: Vec<(Vec<u8>, Instant)>,
+    last_seq: u64,
+    /// Latest verified `wall_time_ms` accepted (any boot): orders boots against replays.
+    last_wall_ms: i64,
+    identified: bool,
+    bucket: TokenBucket,
+    freshness: Option<Freshness>,
+}
+
+impl NodeAdmission {
+    /// Whether this node has spoken with its identity (its unidentified messages are then
+    /// refused).
+    pub fn identified(&self) -> bool {
+        self.identified
+    }
+
+    /// Rules 2–5 of the module docs for one message with `header`, received at `now` (the
+    /// gateway's monotonic clock; `origin` is the fixed instant [`Freshness`] measures
+    /// from). `heartbeat` says whether it is a Lease renewal or status report (only those
+    /// can be stale). [`check_identity`] must have passed.
+    pub fn admit(
+        &mut self,
+        policy: &AdmissionPolicy,
+        header: &pb::Header,
+        provenance: Provenance<'_>,
+        heartbeat: bool,
+        origin: Instant,
+        now: Instant,
+    ) -> Verdict {
+        let seq = header.seq;
+        if self.identified && provenance.identity.is_none() {
+            return Verdict::Reject(Refusal::new(
+                RejectReason::Unauthenticated,
+                "unidentified message for a node that speaks with its identity",
+            ));
+        }
+        self.old_boots
+            .retain(|(_, at)| now.saturating_duration_since(*at) < policy.old_boot_memory);
+        let new_boot = self.boot_id != header.boot_id;
+        if new_boot {
+            if provenance.wall_time_verified
+                && !self.boot_id.is_empty()
+                && header.wall_time_ms < self.last_wall_ms
+            {
+                return Verdict::Reject(Refusal::new(
+                    RejectReason::Replayed,
+                    "replayed: a message of an earlier boot (older than the current boot's last)",
+                ));
+            }
+            if self.old_boots.iter().any(|(b, _)| *b == header.boot_id) {
+                return Verdict::Reject(Refusal::new(
+                    RejectReason::Replayed,
+                    "replayed: a message of an earlier boot",
+                ));
+            }
+            let old = std::mem::replace(&mut self.boot_id, header.boot_id.clone());
+            if !old.is_empty() {
+                if self.old_boots.len() == OLD_BOOTS {
+                    self.old_boots.remove(0);
+                }
+                self.old_boots.push((old, now));
+            }
+            self.freshness = None;
+        } else if seq <= self.last_seq {
+            return Verdict::Reject(Refusal::new(
+                RejectReason::Replayed,
+                format!(
+                    "replayed or reordered: seq {seq} ≤ last accepted {}",
+                    self.last_seq
+                ),
+            ));
+        }
+        // Recorded before the rate limit: a refused message cannot be replayed later.
+        self.last_seq = seq;
+        if provenance.wall_time_verified {
+            self.last_wall_ms = self.last_wall_ms.max(header.wall_time_ms);
+        }
+        if provenance.identity.is_some() {
+            self.identified = true;
+        }
+        if !self.bucket.take(now, policy.rate, policy.burst) {
+            return Verdict::Reject(Refusal::new(
+                RejectReason::RateLimited,
+                format!(
+                    "rate limited: node {:?} sends more than {}/s",
+                    header.node_name, policy.rate
+                ),
+            ));
+        }
+        let age = match &mut self.freshness {
+            Some(f) => f.observe(seq, now, policy.drift_ppm),
+            None => {
+                self.freshness = Some(Freshness::new(origin, seq, now));
+                Duration::ZERO
+            }
+        };
+        if heartbeat && age > policy.max_age {
+            return Verdict::Stale(age);
+        }
+        Verdict::Admit(Admitted { age, new_boot })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const SEC: u64 = 1_000_000;
+
+    fn policy(posture: Posture) -> AdmissionPolicy {
+        AdmissionPolicy {
+            posture,
+            max_age: Duration::from_secs(5),
+            drift_ppm: 1000,
+            rate: 2.0,
+            burst: 20.0,
+            old_boot_memory: Duration::from_secs(30),
+        }
+    }
+
+    fn header(boot: u8, seq: u64, wall_time_ms: i64) -> pb::Header {
+        pb::Header {
+            node_name: "edge-1".into(),
+            boot_id: vec![boot; 16],
+            seq,
+            wall_time_ms,
+        }
+    }
+
+    const NOBODY: Provenance<'static> = Provenance {
+        identity: None,
+        wall_time_verified: false,
+    };
+    const MTLS: Provenance<'static> = Provenance {
+        identity: Some("edge-1"),
+        wall_time_verified: false,
+    };
+    const SIGNED: Provenance<'static> = Provenance {
+        identity: Some("edge-1"),
+        wall_time_verified: true,
+    };
+
+    fn reason(verdict: Verdict) -> RejectReason {
+        match verdict {
+            Verdict::Reject(r) => r.reason,
+            other => panic!("not rejected: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn identity_checks_come_first_and_follow_the_posture() {
+        let id = |posture, node, p| check_identity(posture, node, p).map_err(|r| r.reason);
+        assert_eq!(id(Posture::Identified, "edge-1", MTLS), Ok(()));
+        assert_eq!(
+            id(Posture::Identified, "edge-1", NOBODY),
+            Err(RejectReason::Unauthenticated)
+        );
+        assert_eq!(id(Posture::AllowUnidentified, "edge-1", NOBODY), Ok(()));
+        assert_eq!(
+            id(Posture::AllowUnidentified, "edge-2", MTLS),
+            Err(RejectReason::Foreign)
+        );
+        assert_eq!(
+            id(Posture::AllowUnidentified, "Edge_1", NOBODY),
+            Err(RejectReason::Malformed)
+        );
+    }
+
+    /// Hole: one unidentified message with a fresh boot ID locked a genuine node out for
+    /// good. Now an identified node cannot be touched by unidentified input at all.
+    #[tokio::test(start_paused = true)]
+    async fn unidentified_input_never_moves_an_identified_node() {
+        let p = policy(Posture::AllowUnidentified);
+        let t0 = Instant::now();
+        let mut node = NodeAdmission::default();
+        assert!(matches!(
+            node.admit(&p, &header(1, 10 * SEC, 0), MTLS, true, t0, t0),
+            Verdict::Admit(_)
+        ));
+        let forged = node.admit(&p, &header(9, 1, 0), NOBODY, true, t0, t0);
+        assert_eq!(reason(forged), RejectReason::Unauthenticated);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let now = Instant::now();
+        assert!(matches!(
+            node.admit(&p, &header(1, 20 * SEC, 0), MTLS, true, t0, now),
+            Verdict::Admit(_)
+        ));
+    }
+
+    /// Where no identity exists, a forged boot can displace the genuine one, but only for
+    /// `old_boot_memory`: the genuine node is back before its Lease expires.
+    #[tokio::test(start_paused = true)]
+    async fn an_unidentified_boot_change_decays() {
+        let p = policy(Posture::AllowUnidentified);
+        let t0 = Instant::now();
+        let mut node = NodeAdmission::default();
+        node.admit(&p, &header(1, 10 * SEC, 0), NOBODY, true, t0, t0);
+        let forged = node.admit(&p, &header(9, 1, 0), NOBODY, false, t0, t0);
+        assert!(matches!(
+            forged,
+            Verdict::Admit(Admitted { new_boot: true, .. })
+        ));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let genuine = node.admit(
+            &p,
+            &header(1, 20 * SEC, 0),
+            NOBODY,
+            true,
+            t0,
+            Instant::now(),
+        );
+        assert_eq!(reason(genuine), RejectReason::Replayed);
+        tokio::time::advance(Duration::from_secs(20)).await;
+        let genuine = node.admit(
+            &p,
+            &header(1, 40 * SEC, 0),
+            NOBODY,
+            true,
+            t0,
+            Instant::now(),
+        );
+        assert!(
+            matches!(genuine, Verdict::Admit(Admitted { new_boot: true, .. })),
+            "{genuine:?}"
+        );
+    }
+
+    /// Hole: replaying one accepted message drained the node's rate limit, and a
+    /// rate-limited message could be replayed later.
+    #[tokio::test(start_paused = true)]
+    async fn replays_cost_no_tokens_and_rate_limited_seqs_are_recorded() {
+        let p = AdmissionPolicy {
+            burst: 2.0,
+            rate: 0.1,
+            ..policy(Posture::Identified)
+        };
+        let t0 = Instant::now();
+        let mut node = NodeAdmission::default();
+        assert!(matches!(
+            node.admit(&p, &header(1, SEC, 0), MTLS, false, t0, t0),
+            Verdict::Admit(_)
+        ));
+        for _ in 0..50 {
+            let replay = node.admit(&p, &header(1, SEC, 0), MTLS, false, t0, t0);
+            assert_eq!(reason(replay), RejectReason::Replayed);
+        }
+        assert!(
+            matches!(
+                node.admit(&p, &header(1, 2 * SEC, 0), MTLS, false, t0, t0),
+                Verdict::Admit(_)
+            ),
+            "the replays took no token"
+        );
+        let limited = node.admit(&p, &header(1, 3 * SEC, 0), MTLS, false, t0, t0);
+        assert_eq!(reason(limited), RejectReason::RateLimited);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let replay = node.admit(&p, &header(1, 3 * SEC, 0), MTLS, false, t0, Instant::now());
+        assert_eq!(reason(replay), RejectReason::Replayed);
+    }
+
+    /// A signed message of an earlier boot (its wall time is authenticated) cannot push the
+    /// current boot out, even after the old boot is forgotten.
+    #[tokio::test(start_paused = true)]
+    async fn verified_wall_time_orders_boots() {
+        let p = policy(Posture::Identified);
+        let t0 = Instant::now();
+        let mut node = NodeAdmission::default();
+        node.admit(&p, &header(1, 10, 1_000), SIGNED, false, t0, t0);
+        assert!(matches!(
+            node.admit(&p, &header(2, 5, 2_000), SIGNED, false, t0, t0),
+            Verdict::Admit(Admitted { new_boot: true, .. })
+        ));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let replay = node.admit(&p, &header(1, 11, 1_500), SIGNED, false, t0, Instant::now());
+        assert_eq!(reason(replay), RejectReason::Replayed);
+        assert!(matches!(
+            node.admit(&p, &header(2, 6, 2_100), SIGNED, false, t0, Instant::now()),
+            Verdict::Admit(Admitted {
+                new_boot: false,
+                ..
+            })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn late_heartbeats_are_stale_but_registrations_are_not() {
+        let p = AdmissionPolicy {
+            drift_ppm: 0,
+            ..policy(Posture::Identified)
+        };
+        let t0 = Instant::now();
+        let mut node = NodeAdmission::default();
+        node.admit(&p, &header(1, 100 * SEC, 0), MTLS, true, t0, t0);
+        tokio::time::advance(Duration::from_secs(20)).await;
+        let now = Instant::now();
+        // Sent 10 s after the first, received 20 s after it: 10 s old.
+        assert_eq!(
+            node.admit(&p, &header(1, 110 * SEC, 0), MTLS, true, t0, now),
+            Verdict::Stale(Duration::from_secs(10))
+        );
+        assert!(matches!(
+            node.admit(&p, &header(1, 111 * SEC, 0), MTLS, false, t0, now),
+            Verdict::Admit(_)
+        ));
+    }
+}
