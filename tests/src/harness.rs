@@ -35,6 +35,8 @@ pub enum Transport {
 pub struct Replica {
     /// The gateway core, for its counters.
     pub gateway: Arc<Gateway>,
+    /// Node workers of its MQTT ingress (0 without MQTT).
+    pub mqtt_node_workers: Arc<std::sync::atomic::AtomicUsize>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -314,11 +316,13 @@ impl Cluster {
         if unidentified {
             options.posture = edgebeat_gateway::Posture::AllowUnidentified;
         }
+        let max_nodes = options.max_nodes;
         let client = kube_client(kube::Config::new(self.standin.url().parse()?), 1000)?;
         let gateway = Arc::new(Gateway::new(client, Arc::new(SystemClock), options));
         let cancel = CancellationToken::new();
         let index = self.replicas.len();
         let (subscribed_tx, mut subscribed) = tokio::sync::watch::channel(false);
+        let mqtt_node_workers = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut tasks = Vec::new();
         if let Some(listener) = listener {
             let (handler, stop) = (gateway.clone(), cancel.clone());
@@ -338,6 +342,8 @@ impl Cluster {
                 format!("edgebeat-gateway-{index}"),
             );
             options.subscribed = Some(Arc::new(subscribed_tx));
+            options.node_workers = Some(mqtt_node_workers.clone());
+            options.max_nodes = max_nodes;
             if let Some(security) = &self.mqtt_security {
                 use edgebeat_transports::tls::{ClientTls, TlsIdentity};
                 options.tls = Some(ClientTls {
@@ -374,6 +380,7 @@ impl Cluster {
         });
         self.replicas.push(Some(Replica {
             gateway,
+            mqtt_node_workers,
             cancel,
             task,
         }));

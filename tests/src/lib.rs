@@ -7,10 +7,12 @@
 //! - [`messages`]: hand-built `edgebeat.v1` messages for direct gateway tests.
 //! - [`requests`]: which recorded stand-in request is which kubelet call.
 //! - [`pki`]: a test PKI made per test (CA, server, client and node certificates).
+//! - [`spy`]: a raw MQTT client over TLS, the attacker on the broker.
 
 pub mod broker;
 pub mod harness;
 pub mod messages;
 pub mod pki;
 pub mod requests;
+pub mod spy;
 pub mod standin;

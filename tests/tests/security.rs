@@ -11,122 +11,22 @@
 //! and counted, node A cannot write B) is `tests/mtls.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_gateway::GatewayOptions;
 use edgebeat_gateway::metrics::RejectReason;
 use edgebeat_proto::SignedMessage;
 use edgebeat_tests::harness::{Cluster, Transport, fixture, gateway_options, wait_for};
-use edgebeat_tests::pki::{Ca, Leaf};
+use edgebeat_tests::pki::Ca;
 use edgebeat_tests::requests::{self, is_lease_put};
+use edgebeat_tests::spy::Spy;
 use edgebeat_tests::standin::RecordedRequest;
 use edgebeat_transports::signing::MessageSigner;
-use edgebeat_transports::tls::{ClientTls, TlsIdentity};
 use prost::Message as _;
-use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::Packet;
-use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const FACTS: &str = "rpi4-cgroup1";
 const PREFIX: &str = "edgebeat/v1";
-
-/// A raw MQTT 5 client over TLS with `identity` (a site certificate the broker accepts):
-/// what an attacker on the broker can do.
-struct Spy {
-    client: AsyncClient,
-    publishes: tokio::sync::mpsc::UnboundedReceiver<(String, Vec<u8>)>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Spy {
-    async fn connect(cluster: &Cluster, identity: &Leaf, subscribe: &[&str]) -> Self {
-        let broker = cluster.broker.as_ref().unwrap();
-        let security = cluster.mqtt_security().unwrap();
-        let tls = ClientTls {
-            ca_pem: security.site_ca_pem.clone().into_bytes(),
-            client_identity: Some(TlsIdentity {
-                cert_pem: identity.cert_pem.clone().into_bytes(),
-                key_pem: identity.key_pem.clone().into_bytes(),
-            }),
-        };
-        let mut options = MqttOptions::new("spy", broker.host(), broker.port());
-        options.set_transport(rumqttc::Transport::tls_with_config(
-            rumqttc::TlsConfiguration::Rustls(Arc::new(tls.rustls_config().unwrap())),
-        ));
-        options.set_outgoing_inflight_upper_limit(16);
-        let (client, mut eventloop) = AsyncClient::new(options, 64);
-        let (connected_tx, connected) = tokio::sync::oneshot::channel();
-        let (tx, publishes) = tokio::sync::mpsc::unbounded_channel();
-        let filters: Vec<String> = subscribe.iter().map(|s| (*s).to_owned()).collect();
-        let subscriber = client.clone();
-        let task = tokio::spawn(async move {
-            let mut connected_tx = Some(connected_tx);
-            loop {
-                match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        for filter in &filters {
-                            subscriber
-                                .subscribe(filter.clone(), QoS::AtLeastOnce)
-                                .await
-                                .unwrap();
-                        }
-                    }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        if let Some(tx) = connected_tx.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    Ok(Event::Incoming(Packet::Publish(p))) => {
-                        let topic = String::from_utf8_lossy(&p.topic).into_owned();
-                        let _ = tx.send((topic, p.payload.to_vec()));
-                    }
-                    Ok(_) => {}
-                    Err(error) => panic!("spy connection failed: {error}"),
-                }
-            }
-        });
-        if !subscribe.is_empty() {
-            tokio::time::timeout(DEADLINE, connected)
-                .await
-                .expect("spy subscribed")
-                .unwrap();
-        }
-        Self {
-            client,
-            publishes,
-            task,
-        }
-    }
-
-    async fn publish(&self, topic: &str, payload: Vec<u8>, retain: bool) {
-        self.client
-            .publish(topic.to_owned(), QoS::AtLeastOnce, retain, payload)
-            .await
-            .unwrap();
-    }
-
-    /// The next message seen on `topic`.
-    async fn next_on(&mut self, topic: &str) -> Vec<u8> {
-        tokio::time::timeout(DEADLINE, async {
-            loop {
-                let (t, payload) = self.publishes.recv().await.expect("spy running");
-                if t == topic {
-                    return payload;
-                }
-            }
-        })
-        .await
-        .expect("a message on the topic")
-    }
-}
-
-impl Drop for Spy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
 
 fn count(cluster: &Cluster, why: RejectReason) -> u64 {
     cluster.gateway().counters.rejections(why)

@@ -137,6 +137,9 @@ pub struct MqttIngressOptions {
     /// well-formed node name in a topic would otherwise get one. Beyond it (after dropping
     /// idle workers) messages of further nodes are refused as [`RejectReason::FleetFull`].
     pub max_nodes: usize,
+    /// Where the number of node workers is stored after each change (default none): for
+    /// `/metrics` and tests, so the per-node state an attacker could cause is observable.
+    pub node_workers: Option<Arc<std::sync::atomic::AtomicUsize>>,
     /// Set to `true` when the broker has granted the shared subscription, `false` when the
     /// connection is lost: a readiness signal (tests wait on it; `/readyz` can report it).
     pub subscribed: Option<Arc<tokio::sync::watch::Sender<bool>>>,
@@ -197,6 +200,7 @@ impl MqttIngressOptions {
             max_packet_bytes: MAX_AGENT_MESSAGE_BYTES,
             per_node_queue: 8,
             max_nodes: 10_000,
+            node_workers: None,
             subscribed: None,
             tls: None,
             signatures: None,
@@ -339,6 +343,7 @@ pub async fn serve<H: Handler>(
         prefix: options.topic_prefix.clone(),
         queue: options.per_node_queue,
         max_nodes: options.max_nodes,
+        node_workers: options.node_workers.clone(),
         nodes: HashMap::new(),
         signatures: options.signatures.clone().map(|policy| {
             Arc::new(Signatures {
@@ -658,6 +663,7 @@ struct Workers<H> {
     prefix: String,
     queue: usize,
     max_nodes: usize,
+    node_workers: Option<Arc<std::sync::atomic::AtomicUsize>>,
     nodes: HashMap<String, Worker>,
     signatures: Option<Arc<Signatures>>,
 }
@@ -747,6 +753,7 @@ impl<H: Handler> Workers<H> {
             // New node, or its worker died (a handler panicked): start one.
             let worker = self.spawn(node);
             self.nodes.insert(node.to_owned(), worker);
+            self.count_workers();
         }
         let Some(worker) = self.nodes.get_mut(node) else {
             return;
@@ -813,6 +820,13 @@ impl<H: Handler> Workers<H> {
         self.nodes.retain(|_, w| {
             w.last_message.elapsed() < WORKER_IDLE || w.tx.capacity() < w.tx.max_capacity()
         });
+        self.count_workers();
+    }
+
+    fn count_workers(&self) {
+        if let Some(gauge) = &self.node_workers {
+            gauge.store(self.nodes.len(), std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 
