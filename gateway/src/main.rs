@@ -607,6 +607,77 @@ mod tests {
         assert!(err(&["--mqtt-endpoint", "tcp://b"]).starts_with("--mqtt-endpoint: "));
     }
 
+    fn posture_of(flags: &[&str]) -> Result<Posture, String> {
+        let args = parse(flags).map_err(|e| e.to_string())?;
+        let grpc = match args.grpc_listen {
+            Some(_) => Some(grpc_server_options(&args).map_err(|e| format!("{e:#}"))?),
+            None => {
+                check_no_grpc_flags(&args).map_err(|e| format!("{e:#}"))?;
+                None
+            }
+        };
+        let mqtt = mqtt_ingress_options(&args).map_err(|e| format!("{e:#}"))?;
+        posture(&args, grpc.as_ref(), mqtt.as_ref()).map_err(|e| format!("{e:#}"))
+    }
+
+    /// One posture for the whole gateway: no gRPC listener unless asked for, and no ingress
+    /// that lets unidentified agents in without the explicit opt-in (the plaintext gRPC
+    /// listener beside signed MQTT was the way around the signatures).
+    #[test]
+    fn every_ingress_requires_identities_unless_explicitly_allowed() {
+        let dir = std::env::temp_dir().join(format!("edgebeat-gw-posture-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("site-ca.pem");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().unwrap();
+        std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
+        let ca = ca.to_str().unwrap();
+
+        assert!(
+            parse(&[]).unwrap().grpc_listen.is_none(),
+            "no default listener"
+        );
+        assert!(posture_of(&[]).unwrap_err().contains("no ingress"));
+        let signed_mqtt = ["--mqtt-endpoint", "mqtt://b", "--mqtt-node-ca", ca];
+        assert_eq!(posture_of(&signed_mqtt), Ok(Posture::Identified));
+        // Plaintext gRPC beside signed MQTT: refused, naming the fix and the opt-in.
+        let mut beside = signed_mqtt.to_vec();
+        beside.extend(["--grpc-listen", "127.0.0.1:0"]);
+        let err = posture_of(&beside).unwrap_err();
+        assert!(
+            err.contains("--grpc-client-ca") && err.contains("--allow-unidentified-agents"),
+            "{err}"
+        );
+        beside.push("--allow-unidentified-agents");
+        assert_eq!(posture_of(&beside), Ok(Posture::AllowUnidentified));
+        for unidentified in [
+            &["--mqtt-endpoint", "mqtt://b"][..],
+            &[
+                "--mqtt-endpoint",
+                "mqtt://b",
+                "--mqtt-node-ca",
+                ca,
+                "--mqtt-require-signatures=false",
+            ],
+            &["--grpc-listen", "127.0.0.1:0"],
+        ] {
+            let err = posture_of(unidentified).unwrap_err();
+            assert!(
+                err.contains("--allow-unidentified-agents"),
+                "{unidentified:?}: {err}"
+            );
+        }
+        // The opt-in with nothing unidentified changes nothing.
+        let mut allowed = signed_mqtt.to_vec();
+        allowed.push("--allow-unidentified-agents");
+        assert_eq!(posture_of(&allowed), Ok(Posture::Identified));
+        // gRPC flags without a listener are an error, not ignored.
+        let err = posture_of(&["--grpc-tls-cert", "c", "--grpc-tls-key", "k"]).unwrap_err();
+        assert!(err.contains("needs --grpc-listen"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn tls_flags_go_together() {
         assert!(parse(&["--grpc-tls-cert", "c.pem"]).is_err());

@@ -796,8 +796,29 @@ fn deployment_is_replicated_probed_and_locked_down() {
         "--grpc-listen=0.0.0.0:7443",
         "--metrics-listen=0.0.0.0:9102",
         "--mqtt-client-id=$(POD_NAME)",
+        // The identified posture: gRPC only over mTLS with node certificates.
+        "--grpc-tls-cert=/etc/edgebeat/tls/tls.crt",
+        "--grpc-tls-key=/etc/edgebeat/tls/tls.key",
+        "--grpc-client-ca=/etc/edgebeat/site-ca/ca.crt",
     ] {
         assert!(args.iter().any(|a| a == arg), "{arg} in {args:?}");
+    }
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.starts_with("--allow-unidentified-agents")
+                || a.starts_with("--require-node-identity")),
+        "the manifests never let unidentified agents in: {args:?}"
+    );
+    let mounts: Vec<String> = c
+        .volume_mounts
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| m.mount_path)
+        .collect();
+    for path in ["/etc/edgebeat/tls", "/etc/edgebeat/site-ca"] {
+        assert!(mounts.iter().any(|m| m == path), "{path} in {mounts:?}");
     }
     // MQTT is opt-in (deploy/gateway-mqtt); no kubeconfig: in-cluster config.
     assert!(
@@ -1013,14 +1034,35 @@ fn kubectl_kustomize_builds_the_documented_objects() {
     let mut expected = from_files(&gateway_dir());
     let overlay = by_key(build(&deploy_dir().join("gateway-mqtt")));
     let deployment_key = "\"Deployment\"/edgebeat-system/\"edgebeat-gateway\"";
-    let args = expected.get_mut(deployment_key).unwrap()["spec"]["template"]["spec"]["containers"]
-        [0]["args"]
+    let pod = &mut expected.get_mut(deployment_key).unwrap()["spec"]["template"]["spec"];
+    let args = pod["containers"][0]["args"].as_array_mut().unwrap();
+    // MQTT over TLS with signed messages verified against the site CA: the identified
+    // posture the base's gRPC has too.
+    for arg in [
+        "--mqtt-endpoint=mqtts://mosquitto.mqtt.svc.cluster.local:8883",
+        "--mqtt-ca-file=/etc/edgebeat/mqtt/ca.crt",
+        "--mqtt-cert-file=/etc/edgebeat/mqtt/tls.crt",
+        "--mqtt-key-file=/etc/edgebeat/mqtt/tls.key",
+        "--mqtt-node-ca=/etc/edgebeat/site-ca/ca.crt",
+    ] {
+        args.push(Value::from(arg));
+    }
+    pod["volumes"]
         .as_array_mut()
-        .unwrap();
-    args.push(Value::from(
-        "--mqtt-endpoint=mqtt://mosquitto.mqtt.svc.cluster.local:1883",
-    ));
-    assert_eq!(overlay, expected, "the overlay only adds --mqtt-endpoint");
+        .unwrap()
+        .push(serde_json::json!(
+            {"name": "mqtt-tls", "secret": {"secretName": "edgebeat-gateway-mqtt-tls"}}
+        ));
+    pod["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!(
+            {"name": "mqtt-tls", "mountPath": "/etc/edgebeat/mqtt", "readOnly": true}
+        ));
+    assert_eq!(
+        overlay, expected,
+        "the overlay only adds signed MQTT over TLS and its Secret"
+    );
 }
 
 /// `kubectl apply --dry-run=client` cannot work offline: even a client-side dry run maps
