@@ -350,7 +350,7 @@ impl Gateway {
     fn fleet_full(&self, seq: u64, name: &str) -> Ack {
         self.counters.count_rejection(RejectReason::FleetFull);
         let refused = self.fleet_full.fetch_add(1, Ordering::Relaxed);
-        if refused % 1000 == 0 {
+        if refused.is_multiple_of(1000) {
             tracing::error!(
                 node = name,
                 max_nodes = self.options.max_nodes,
