@@ -25,6 +25,8 @@ pub struct Broker {
     port: u16,
     dir: tempfile::TempDir,
     tls: Option<BrokerTls>,
+    /// Log only errors and warnings (benchmarks): `log_type all` writes a line per PUBLISH.
+    quiet: bool,
 }
 
 /// TLS for the broker's listener: clients must present a certificate from `ca_pem`
@@ -50,7 +52,15 @@ impl Broker {
     /// temporary directory cannot be written, or the broker did not start (its log is in the
     /// error).
     pub async fn start() -> anyhow::Result<Broker> {
-        Self::start_inner(None).await
+        Self::start_inner(None, false).await
+    }
+
+    /// As [`Broker::start`], logging only errors and warnings, so that a fleet benchmark
+    /// measures the broker and not its log.
+    ///
+    /// Errors: as [`Broker::start`].
+    pub async fn start_quiet() -> anyhow::Result<Broker> {
+        Self::start_inner(None, true).await
     }
 
     /// As [`Broker::start`], with a TLS-only listener (MQTT over TLS, what `mqtts://`
@@ -58,10 +68,10 @@ impl Broker {
     ///
     /// Errors: as [`Broker::start`], or the PEM files cannot be written.
     pub async fn start_tls(tls: BrokerTls) -> anyhow::Result<Broker> {
-        Self::start_inner(Some(tls)).await
+        Self::start_inner(Some(tls), false).await
     }
 
-    async fn start_inner(tls: Option<BrokerTls>) -> anyhow::Result<Broker> {
+    async fn start_inner(tls: Option<BrokerTls>, quiet: bool) -> anyhow::Result<Broker> {
         let binary = find_mosquitto()?;
         let dir = tempfile::Builder::new()
             .prefix("edgebeat-mosquitto-")
@@ -73,6 +83,7 @@ impl Broker {
             port: 0,
             dir,
             tls,
+            quiet,
         };
         for _ in 0..PORT_ATTEMPTS {
             broker.port = free_port()?;
@@ -150,10 +161,15 @@ impl Broker {
              max_queued_messages 1000\n\
              user root\n\
              log_dest file {log}\n\
-             log_type all\n\
+             {log_types}\
              log_timestamp true\n",
             port = self.port,
             log = self.log_path().display(),
+            log_types = if self.quiet {
+                "log_type error\nlog_type warning\n"
+            } else {
+                "log_type all\n"
+            },
         );
         let mut config = config;
         if let Some(tls) = &self.tls {

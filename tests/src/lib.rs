@@ -4,12 +4,14 @@
 //!   not a kube-apiserver: see its module docs for what it does and does not do.
 //! - [`harness`]: starts the stand-in, a gateway and in-process agents for end-to-end tests
 //!   and the demo.
+//! - [`fleet`]: the fleet simulator, many simulated agents on the real transports.
 //! - [`messages`]: hand-built `edgebeat.v1` messages for direct gateway tests.
 //! - [`requests`]: which recorded stand-in request is which kubelet call.
 //! - [`pki`]: a test PKI made per test (CA, server, client and node certificates).
 //! - [`spy`]: a raw MQTT client over TLS, the attacker on the broker.
 
 pub mod broker;
+pub mod fleet;
 pub mod harness;
 pub mod messages;
 pub mod pki;

@@ -365,6 +365,32 @@ impl StandInHandle {
         self.shared.mutate(|s| s.latency = d);
     }
 
+    /// Keeps every request for [`StandInHandle::requests`] (the default), or only counts
+    /// them ([`StandInHandle::request_counts`]): fleet benchmarks turn recording off so the
+    /// stand-in's memory does not grow with every heartbeat.
+    pub fn set_recording(&self, on: bool) {
+        self.shared.mutate(|s| s.record_requests = on);
+    }
+
+    /// Requests answered so far, by `"METHOD resource status"`, e.g. `"PUT leases 200"`
+    /// (resource: `leases`, `nodes/status`, `nodes`, `events` or `other`).
+    pub fn request_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        self.shared.lock().request_counts.clone()
+    }
+
+    /// Overload mode: with more than `max` requests in flight, a request is answered
+    /// 429 TooManyRequests with `Retry-After: 1`, as API Priority and Fairness answers
+    /// what it cannot queue; `None` turns it off.
+    pub fn set_max_inflight(&self, max: Option<usize>) {
+        self.shared.mutate(|s| s.max_inflight = max);
+    }
+
+    /// `(name, renewTime)` of every Lease in `kube-node-lease`: what the node lifecycle
+    /// controller reads, without copying whole objects.
+    pub fn lease_renew_times(&self) -> Vec<(String, jiff::Timestamp)> {
+        self.shared.lock().renew_times("kube-node-lease")
+    }
+
     /// Removes every fault rule and the latency.
     pub fn clear_faults(&self) {
         self.shared.mutate(|s| {

@@ -37,6 +37,8 @@ pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 /// State shared by the server tasks and every handle.
 pub(crate) struct Shared {
     store: Mutex<Store>,
+    /// Requests being served (for the overload mode).
+    inflight: std::sync::atomic::AtomicUsize,
     /// Bumped after every state change (objects, requests, faults): wakes `wait_until`.
     pub(crate) changed: watch::Sender<u64>,
     pub(crate) shutdown: watch::Sender<bool>,
@@ -47,6 +49,7 @@ impl Shared {
     pub(crate) fn new(addr: SocketAddr) -> Self {
         Shared {
             store: Mutex::new(Store::new()),
+            inflight: std::sync::atomic::AtomicUsize::new(0),
             changed: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
             addr,
@@ -153,7 +156,7 @@ async fn handle(
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             let resp = error_response(&ApiError::too_large());
             record.status = resp.status().as_u16();
-            shared.mutate(|s| s.requests.push(record));
+            shared.mutate(|s| s.record(record));
             return Ok(resp);
         }
         // The client went away mid-body: nothing to answer.
@@ -161,15 +164,26 @@ async fn handle(
     };
     record.body = body.clone();
 
-    let latency = shared.lock().latency;
+    let (latency, max_inflight) = {
+        let store = shared.lock();
+        (store.latency, store.max_inflight)
+    };
+    let inflight = Inflight::enter(&shared);
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let fault = shared.mutate(|s| s.take_fault(&parts.method, parts.uri.path()));
+    // Overload (API Priority and Fairness rejecting what it cannot queue): 429 with
+    // Retry-After, touching no state.
+    let overloaded = max_inflight.is_some_and(|max| inflight.count > max);
+    let fault = if overloaded {
+        Some(FaultAction::Status(429))
+    } else {
+        shared.mutate(|s| s.take_fault(&parts.method, parts.uri.path()))
+    };
     let resp = match fault {
         Some(FaultAction::Drop) => {
             tracing::debug!(method = %parts.method, path = parts.uri.path(), "stand-in: dropping connection");
-            shared.mutate(|s| s.requests.push(record));
+            shared.mutate(|s| s.record(record));
             return Err(DropConnection);
         }
         Some(FaultAction::Status(code)) => {
@@ -205,8 +219,33 @@ async fn handle(
         .filter_map(|v| v.to_str().ok().map(str::to_string))
         .collect();
     tracing::debug!(method = %record.method, path = %record.path, status = record.status, "stand-in");
-    shared.mutate(|s| s.requests.push(record));
+    shared.mutate(|s| s.record(record));
     Ok(resp)
+}
+
+/// One request in flight, counted in [`Shared::inflight`] until dropped.
+struct Inflight<'a> {
+    shared: &'a Shared,
+    /// Requests in flight including this one, when it entered.
+    count: usize,
+}
+
+impl<'a> Inflight<'a> {
+    fn enter(shared: &'a Shared) -> Self {
+        let count = shared
+            .inflight
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        Self { shared, count }
+    }
+}
+
+impl Drop for Inflight<'_> {
+    fn drop(&mut self) {
+        self.shared
+            .inflight
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 fn full(bytes: Bytes) -> Body {

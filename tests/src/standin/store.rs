@@ -86,8 +86,15 @@ pub(crate) struct Store {
     pub(crate) compacted_rv: u64,
     tx: broadcast::Sender<Arc<WatchRecord>>,
     pub(crate) requests: Vec<RecordedRequest>,
+    /// Keep every request in `requests` (tests); off for fleet benchmarks, where only
+    /// `request_counts` grows.
+    pub(crate) record_requests: bool,
+    /// Requests answered, by `"METHOD resource status"` (see [`resource_of`]).
+    pub(crate) request_counts: BTreeMap<String, u64>,
     pub(crate) faults: Vec<FaultRule>,
     pub(crate) latency: Duration,
+    /// Overload: more requests than this in flight are answered 429 with `Retry-After`.
+    pub(crate) max_inflight: Option<usize>,
     hasher: RandomState,
 }
 
@@ -106,7 +113,50 @@ fn now_seconds() -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// The resource a request path names, for [`Store::request_counts`]: `leases`,
+/// `nodes/status`, `nodes`, `events`, or `other`.
+pub(crate) fn resource_of(path: &str) -> &'static str {
+    if path.contains("/leases") {
+        "leases"
+    } else if path.contains("/nodes/") && path.ends_with("/status") {
+        "nodes/status"
+    } else if path.contains("/nodes") {
+        "nodes"
+    } else if path.contains("/events") {
+        "events"
+    } else {
+        "other"
+    }
+}
+
 impl Store {
+    /// Counts an answered request, and keeps it when recording.
+    pub(crate) fn record(&mut self, request: RecordedRequest) {
+        let key = format!(
+            "{} {} {}",
+            request.method,
+            resource_of(&request.path),
+            request.status
+        );
+        *self.request_counts.entry(key).or_default() += 1;
+        if self.record_requests {
+            self.requests.push(request);
+        }
+    }
+
+    /// `(name, renewTime)` of every Lease in `namespace` that has one.
+    pub(crate) fn renew_times(&self, namespace: &str) -> Vec<(String, Timestamp)> {
+        self.list_by_creation(Kind::Lease)
+            .into_iter()
+            .filter(|v| v["metadata"]["namespace"] == namespace)
+            .filter_map(|v| {
+                let name = v["metadata"]["name"].as_str()?.to_owned();
+                let renew: Timestamp = v["spec"]["renewTime"].as_str()?.parse().ok()?;
+                Some((name, renew))
+            })
+            .collect()
+    }
+
     pub(crate) fn new() -> Self {
         let (tx, _) = broadcast::channel(BROADCAST);
         let mut store = Store {
@@ -117,8 +167,11 @@ impl Store {
             compacted_rv: 0,
             tx,
             requests: Vec::new(),
+            record_requests: true,
+            request_counts: BTreeMap::new(),
             faults: Vec::new(),
             latency: Duration::ZERO,
+            max_inflight: None,
             hasher: RandomState::new(),
         };
         for ns in NAMESPACES {

@@ -1,0 +1,364 @@
+//! `edgebeat-fleet`: runs a simulated fleet ([`edgebeat_tests::fleet`]) against the real
+//! gateway binary and prints what it carried.
+//!
+//! It starts the stand-in apiserver in-process (request recording off, optional latency and
+//! overload), Mosquitto for `--transport mqtt`, and the gateway as a child process
+//! (`--gateway-bin`, plaintext with `--allow-unidentified-agents`, or as told by
+//! `--gateway-arg`), then N simulated agents on the real transports. Every `--report-every`
+//! seconds it prints one line of figures; at the end a summary as `key=value` lines:
+//!
+//! - `renewals_ok`, `renewals_failed`, `status_ok`, `registrations`, `messages_per_s`;
+//! - `ack_p50_ms`, `ack_p99_ms`, `ack_max_ms`: renewal send → ack, which includes the
+//!   gateway's Lease PUT (the ack is sent after the write);
+//! - `lease_age_max_s`, `lease_age_p99_s`: now − renewTime of the Leases the stand-in holds,
+//!   sampled every second after the warm-up (the ramp plus one lease duration);
+//!   `expired_samples`, `expired_nodes`: Leases older than `nodeLeaseDurationSeconds` at a
+//!   sample (a node the node lifecycle controller would have marked NotReady);
+//! - `gateway_rss_mib` (VmRSS at the end), `gateway_rss_per_node_kib`, `gateway_cpu_s_per_s`;
+//! - `sim_rss_mib`, `sim_rss_per_node_kib` (this process, the stand-in included);
+//! - `apiserver_<METHOD>_<resource>_per_node_hour`: requests the stand-in answered 2xx.
+//!
+//! Every figure it prints comes from this run; `scripts/fleet.sh` builds and runs it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use edgebeat_tests::broker::Broker;
+use edgebeat_tests::fleet::{FleetOptions, FleetStats, FleetTransport, quantile, run_fleet};
+use edgebeat_tests::standin::StandIn;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Transport {
+    Grpc,
+    Mqtt,
+}
+
+/// Simulated fleet against the real gateway binary.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    /// Transport of every node.
+    #[arg(long, value_enum, default_value = "grpc")]
+    transport: Transport,
+    /// Seconds to run after the ramp.
+    #[arg(long, default_value_t = 60)]
+    duration: u64,
+    /// Seconds over which nodes join.
+    #[arg(long, default_value_t = 10)]
+    ramp: u64,
+    /// The gateway binary (build it with `cargo build --release -p edgebeat-gateway`).
+    #[arg(long, default_value = "target/release/edgebeat-gateway")]
+    gateway_bin: PathBuf,
+    /// Extra gateway flag (repeatable), e.g. `--gateway-arg=--qps=50`.
+    #[arg(long = "gateway-arg", allow_hyphen_values = true)]
+    gateway_args: Vec<String>,
+    /// Stand-in apiserver latency per request, milliseconds (a real apiserver answers a
+    /// Lease PUT in 5–20 ms).
+    #[arg(long, default_value_t = 10)]
+    apiserver_latency_ms: u64,
+    /// Stand-in overload mode: more requests in flight than this are answered 429.
+    #[arg(long)]
+    apiserver_max_inflight: Option<usize>,
+    /// Lease renew interval, seconds (kubelet: 10).
+    #[arg(long, default_value_t = 10.0)]
+    renew_interval: f64,
+    /// Reboots per minute across the fleet.
+    #[arg(long, default_value_t = 0.0)]
+    reboots_per_minute: f64,
+    /// Chance per status computation that a node's MemoryPressure flips.
+    #[arg(long, default_value_t = 0.001)]
+    flip_probability: f64,
+    /// Where the gateway's log goes (warnings and errors); discarded without it.
+    #[arg(long, value_name = "FILE")]
+    gateway_log: Option<PathBuf>,
+    /// Seconds between progress lines.
+    #[arg(long, default_value_t = 10)]
+    report_every: u64,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// `(VmRSS KiB, utime+stime seconds)` of `pid` from /proc.
+fn process_figures(pid: u32) -> Option<(u64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command: utime and stime are the 12th and 13th.
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ is 100 on Linux.
+    Some((rss, ticks as f64 / 100.0))
+}
+
+/// GETs `/readyz` on `port` until it answers 200, for at most 30 s.
+async fn wait_ready(port: u16) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            stream
+                .write_all(b"GET /readyz HTTP/1.0\r\nHost: x\r\n\r\n")
+                .await?;
+            let mut head = [0u8; 12];
+            if stream.read_exact(&mut head).await.is_ok() && head.ends_with(b"200") {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the gateway did not become ready within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(args.nodes > 0, "--nodes must be at least 1");
+    let standin = StandIn::start().await?;
+    standin.set_recording(false);
+    standin.set_latency(Duration::from_millis(args.apiserver_latency_ms));
+    standin.set_max_inflight(args.apiserver_max_inflight);
+    let broker = match args.transport {
+        Transport::Mqtt => Some(Broker::start_quiet().await?),
+        Transport::Grpc => None,
+    };
+    let metrics_port = free_port()?;
+    let mut command = tokio::process::Command::new(&args.gateway_bin);
+    command
+        .arg("--server")
+        .arg(standin.url())
+        .arg("--allow-unidentified-agents")
+        .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
+        .arg("--log-level=warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(match &args.gateway_log {
+            Some(path) => std::process::Stdio::from(
+                std::fs::File::create(path)
+                    .with_context(|| format!("--gateway-log {}", path.display()))?,
+            ),
+            None => std::process::Stdio::null(),
+        })
+        .kill_on_drop(true);
+    let transport = match (&broker, args.transport) {
+        (Some(broker), _) => {
+            command
+                .arg(format!(
+                    "--mqtt-endpoint=mqtt://{}:{}",
+                    broker.host(),
+                    broker.port()
+                ))
+                .arg("--mqtt-client-id=edgebeat-fleet-gateway");
+            FleetTransport::Mqtt {
+                host: broker.host().to_owned(),
+                port: broker.port(),
+            }
+        }
+        (None, _) => {
+            let port = free_port()?;
+            command.arg(format!("--grpc-listen=127.0.0.1:{port}"));
+            FleetTransport::Grpc(format!("http://127.0.0.1:{port}"))
+        }
+    };
+    command.args(&args.gateway_args);
+    let mut gateway = command
+        .spawn()
+        .with_context(|| format!("starting {}", args.gateway_bin.display()))?;
+    let gateway_pid = gateway.id().context("gateway pid")?;
+    wait_ready(metrics_port).await?;
+    let (_, cpu_start) = process_figures(gateway_pid).unwrap_or_default();
+
+    let mut options = FleetOptions::new(args.nodes, transport);
+    options.ramp = Duration::from_secs(args.ramp);
+    options.renew_interval = Duration::from_secs_f64(args.renew_interval);
+    options.reboots_per_minute = args.reboots_per_minute;
+    options.flip_probability = args.flip_probability;
+    let lease_duration = f64::from(options.lease_duration_seconds);
+    let stats = Arc::new(FleetStats::default());
+    let cancel = CancellationToken::new();
+    let fleet = tokio::spawn(run_fleet(options, stats.clone(), cancel.clone()));
+
+    let started = tokio::time::Instant::now();
+    let warm_up = Duration::from_secs(args.ramp) + Duration::from_secs_f64(lease_duration);
+    let end = started + Duration::from_secs(args.ramp + args.duration);
+    let mut sample = tokio::time::interval(Duration::from_secs(1));
+    let mut ages: Vec<u32> = Vec::new();
+    let mut all_latencies: Vec<u32> = Vec::new();
+    let mut expired_samples = 0u64;
+    let mut expired_nodes = std::collections::BTreeSet::new();
+    let mut last_report = started;
+    let mut last_messages = 0u64;
+    let measured_from = started + Duration::from_secs(args.ramp);
+    let mut messages_at_measure = None;
+    println!(
+        "nodes={} transport={:?} apiserver_latency_ms={} gateway_args={:?}",
+        args.nodes, args.transport, args.apiserver_latency_ms, args.gateway_args
+    );
+    while tokio::time::Instant::now() < end {
+        sample.tick().await;
+        let now = jiff::Timestamp::now();
+        let messages = stats.renewals_sent.load(Ordering::Relaxed)
+            + stats.status_sent.load(Ordering::Relaxed)
+            + stats.registrations.load(Ordering::Relaxed);
+        if messages_at_measure.is_none() && tokio::time::Instant::now() >= measured_from {
+            messages_at_measure = Some(messages);
+        }
+        if started.elapsed() >= warm_up {
+            for (name, renew) in standin.lease_renew_times() {
+                let age = now.duration_since(renew).as_secs_f64().max(0.0);
+                ages.push((age * 1000.0) as u32);
+                if age > lease_duration {
+                    expired_samples += 1;
+                    expired_nodes.insert(name);
+                }
+            }
+        }
+        if last_report.elapsed() >= Duration::from_secs(args.report_every) {
+            let window = stats.take_latencies();
+            let dt = last_report.elapsed().as_secs_f64();
+            let (rss, cpu) = process_figures(gateway_pid).unwrap_or_default();
+            println!(
+                "t={:>4.0}s msgs/s={:>7.1} renewals_ok={} failed={} ack_p50={:.1}ms p99={:.1}ms max={:.1}ms leases={} expired_samples={} gateway_rss={:.1}MiB cpu={:.1}s",
+                started.elapsed().as_secs_f64(),
+                (messages - last_messages) as f64 / dt,
+                stats.renewals_ok.load(Ordering::Relaxed),
+                stats.renewals_failed.load(Ordering::Relaxed),
+                f64::from(quantile(&window, 0.5)) / 1000.0,
+                f64::from(quantile(&window, 0.99)) / 1000.0,
+                f64::from(quantile(&window, 1.0)) / 1000.0,
+                standin.lease_renew_times().len(),
+                expired_samples,
+                rss as f64 / 1024.0,
+                cpu - cpu_start,
+            );
+            all_latencies.extend(window);
+            last_messages = messages;
+            last_report = tokio::time::Instant::now();
+        }
+    }
+    all_latencies.extend(stats.take_latencies());
+    all_latencies.sort_unstable();
+    ages.sort_unstable();
+    let measured = tokio::time::Instant::now()
+        .duration_since(measured_from)
+        .as_secs_f64()
+        .max(1.0);
+    let total_messages = stats.renewals_sent.load(Ordering::Relaxed)
+        + stats.status_sent.load(Ordering::Relaxed)
+        + stats.registrations.load(Ordering::Relaxed);
+    let (gateway_rss, gateway_cpu) = process_figures(gateway_pid).unwrap_or_default();
+    let (sim_rss, _) = process_figures(std::process::id()).unwrap_or_default();
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut summary: BTreeMap<String, String> = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        summary.insert(k.to_owned(), v);
+    };
+    put("nodes", args.nodes.to_string());
+    put(
+        "renewals_ok",
+        stats.renewals_ok.load(Ordering::Relaxed).to_string(),
+    );
+    put(
+        "renewals_failed",
+        stats.renewals_failed.load(Ordering::Relaxed).to_string(),
+    );
+    put(
+        "status_ok",
+        stats.status_ok.load(Ordering::Relaxed).to_string(),
+    );
+    put(
+        "registrations",
+        stats.registrations.load(Ordering::Relaxed).to_string(),
+    );
+    put(
+        "messages_per_s",
+        format!(
+            "{:.1}",
+            (total_messages - messages_at_measure.unwrap_or(0)) as f64 / measured
+        ),
+    );
+    for (key, q) in [
+        ("ack_p50_ms", 0.5),
+        ("ack_p99_ms", 0.99),
+        ("ack_max_ms", 1.0),
+    ] {
+        put(
+            key,
+            format!("{:.1}", f64::from(quantile(&all_latencies, q)) / 1000.0),
+        );
+    }
+    put(
+        "lease_age_p99_s",
+        format!("{:.1}", f64::from(quantile(&ages, 0.99)) / 1000.0),
+    );
+    put(
+        "lease_age_max_s",
+        format!("{:.1}", f64::from(quantile(&ages, 1.0)) / 1000.0),
+    );
+    put("expired_samples", expired_samples.to_string());
+    put("expired_nodes", expired_nodes.len().to_string());
+    put(
+        "gateway_rss_mib",
+        format!("{:.1}", gateway_rss as f64 / 1024.0),
+    );
+    put(
+        "gateway_rss_per_node_kib",
+        format!("{:.1}", gateway_rss as f64 / args.nodes as f64),
+    );
+    put(
+        "gateway_cpu_s_per_s",
+        format!("{:.3}", (gateway_cpu - cpu_start) / elapsed),
+    );
+    put("sim_rss_mib", format!("{:.1}", sim_rss as f64 / 1024.0));
+    put(
+        "sim_rss_per_node_kib",
+        format!("{:.1}", sim_rss as f64 / args.nodes as f64),
+    );
+    let node_hours = args.nodes as f64 * elapsed / 3600.0;
+    for (key, count) in standin.request_counts() {
+        let mut parts = key.split(' ');
+        let (Some(method), Some(resource), Some(status)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let name = format!(
+            "apiserver_{}_{}_{}_per_node_hour",
+            method.to_lowercase(),
+            resource.replace('/', "_"),
+            status
+        );
+        put(&name, format!("{:.1}", count as f64 / node_hours));
+    }
+    cancel.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), fleet).await;
+    for (key, value) in &summary {
+        println!("{key}={value}");
+    }
+    let _ = gateway.start_kill();
+    let _ = gateway.wait().await;
+    if let Some(mut broker) = broker {
+        broker.stop().await;
+    }
+    standin.shutdown();
+    Ok(())
+}

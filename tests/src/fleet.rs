@@ -1,0 +1,560 @@
+//! The fleet simulator: many simulated edge agents in one process, each a real client of the
+//! real transports code (its own gRPC stream or MQTT session through the broker), with its
+//! own node name, boot ID and host figures, kubelet's cadences with jitter, condition flips
+//! and churn. edgebeat's counterpart of kwok (`sigs.k8s.io/kwok`), shared by the benchmarks
+//! (`edgebeat-fleet`) and the fleet tests.
+//!
+//! A simulated node does what `edgebeat-agent` does on the wire, without reading a host:
+//! it registers on every connect (the transport's [`RegisterFn`]), renews its Lease every
+//! `renew_interval` × (1 + 0.04 × jitter) echoing the gateway's Lease state, computes its
+//! status every `status_interval` and reports it when a condition flipped or every
+//! `status_report_interval`, and answers the gateway's `resend_status`. Each message's
+//! `Header.seq` is the node's simulated boot clock in µs, as the agent's CLOCK_BOOTTIME.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
+use edgebeat_transports::uplink::{RegisterFn, Uplink, UplinkError, channel};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// kubelet's jitter factor on both heartbeat loops (`wait.JitterUntil(…, 0.04, …)`).
+const JITTER: f64 = 0.04;
+
+/// Where the simulated agents send their heartbeats.
+#[derive(Debug, Clone)]
+pub enum FleetTransport {
+    /// gRPC to the gateway at this `http://host:port` URL (one stream per node).
+    Grpc(String),
+    /// MQTT 5 through the broker at host and port (one session per node).
+    Mqtt {
+        /// Broker host.
+        host: String,
+        /// Broker port.
+        port: u16,
+    },
+}
+
+/// What the simulated fleet does.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Node names are `{prefix}{index:05}`.
+    pub prefix: String,
+    /// Transport of every node.
+    pub transport: FleetTransport,
+    /// Lease renew interval (kubelet: `nodeLeaseDurationSeconds` × 0.25 = 10 s).
+    pub renew_interval: Duration,
+    /// `nodeLeaseDurationSeconds` (40).
+    pub lease_duration_seconds: i32,
+    /// `nodeStatusUpdateFrequency` (10 s): how often status is computed.
+    pub status_interval: Duration,
+    /// `nodeStatusReportFrequency` (5 min): unchanged status is reported this often.
+    pub status_report_interval: Duration,
+    /// Chance per status computation that a node's MemoryPressure flips (0.001: about once
+    /// per 3 h per node).
+    pub flip_probability: f64,
+    /// Node starts are spread evenly over this time, so a fleet joins as a fleet does.
+    pub ramp: Duration,
+    /// Reboots per minute across the fleet (a new boot ID, a new connection, a
+    /// re-registration).
+    pub reboots_per_minute: f64,
+    /// How long one answer may take (kubelet's heartbeat client timeout, 10 s).
+    pub ack_timeout: Duration,
+}
+
+impl FleetOptions {
+    /// `nodes` nodes over `transport` with kubelet's default cadences, a 10 s ramp, rare
+    /// flips and no reboots.
+    pub fn new(nodes: usize, transport: FleetTransport) -> Self {
+        Self {
+            nodes,
+            prefix: "sim-".into(),
+            transport,
+            renew_interval: Duration::from_secs(10),
+            lease_duration_seconds: 40,
+            status_interval: Duration::from_secs(10),
+            status_report_interval: Duration::from_secs(300),
+            flip_probability: 0.001,
+            ramp: Duration::from_secs(10),
+            reboots_per_minute: 0.0,
+            ack_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Name of node `index`.
+    pub fn node_name(&self, index: usize) -> String {
+        format!("{}{index:05}", self.prefix)
+    }
+}
+
+/// What the fleet did, counted as it runs (every field an event count).
+#[derive(Debug, Default)]
+pub struct FleetStats {
+    /// Lease renewals sent.
+    pub renewals_sent: AtomicU64,
+    /// Lease renewals the gateway answered OK (written).
+    pub renewals_ok: AtomicU64,
+    /// Lease renewals answered otherwise, or not answered in time.
+    pub renewals_failed: AtomicU64,
+    /// Status reports sent.
+    pub status_sent: AtomicU64,
+    /// Status reports answered OK.
+    pub status_ok: AtomicU64,
+    /// Registrations the transports sent (one per connect, and when asked).
+    pub registrations: AtomicU64,
+    /// Reboots simulated.
+    pub reboots: AtomicU64,
+    /// Renewal answer times since the last [`FleetStats::take_latencies`], µs.
+    latencies: Mutex<Vec<u32>>,
+}
+
+impl FleetStats {
+    /// The renewal answer times recorded since the last call (µs), sorted.
+    pub fn take_latencies(&self) -> Vec<u32> {
+        let mut taken = std::mem::take(
+            &mut *self
+                .latencies
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        taken.sort_unstable();
+        taken
+    }
+
+    fn latency(&self, d: Duration) {
+        let us = u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
+        self.latencies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(us);
+    }
+}
+
+/// The `q` quantile (0..=1) of sorted `values`, or 0 when empty.
+pub fn quantile(values: &[u32], q: f64) -> u32 {
+    if values.is_empty() {
+        return 0;
+    }
+    let rank = ((values.len() - 1) as f64 * q).round() as usize;
+    values[rank.min(values.len() - 1)]
+}
+
+/// Runs the fleet until `cancel` fires: starts node `i` at `i / nodes × ramp` and returns
+/// once every node has stopped (its connection closed).
+pub async fn run_fleet(options: FleetOptions, stats: Arc<FleetStats>, cancel: CancellationToken) {
+    let options = Arc::new(options);
+    let origin = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for index in 0..options.nodes {
+        let start = origin
+            + options
+                .ramp
+                .mul_f64(index as f64 / options.nodes.max(1) as f64);
+        let (options, stats, cancel) = (options.clone(), stats.clone(), cancel.clone());
+        tasks.spawn(async move {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep_until(start) => {}
+            }
+            simulate_node(index, options, stats, cancel).await;
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// The host figures of one simulated node: fixed per node, varied across the fleet.
+#[derive(Debug, Clone)]
+struct Host {
+    name: String,
+    boot_id: [u8; 16],
+    memory_kib: u64,
+    disk_bytes: u64,
+    cpus: u32,
+    address: String,
+    memory_pressure: bool,
+}
+
+impl Host {
+    fn new(index: usize, options: &FleetOptions) -> Self {
+        Self {
+            name: options.node_name(index),
+            boot_id: fastrand_bytes(),
+            memory_kib: [1_000_000, 2_000_000, 4_000_000, 8_000_000][index % 4]
+                + (index as u64 % 997) * 64,
+            disk_bytes: (16 + (index as u64 % 240)) * 1_000_000_000,
+            cpus: [1, 2, 4, 8][index % 4],
+            address: format!(
+                "10.{}.{}.{}",
+                index >> 16 & 255,
+                index >> 8 & 255,
+                index & 255
+            ),
+            memory_pressure: false,
+        }
+    }
+
+    fn status(&self) -> pb::NodeStatus {
+        let memory = format!("{}Ki", self.memory_kib);
+        let allocatable_memory = format!("{}Ki", self.memory_kib.saturating_sub(102_400));
+        let disk = self.disk_bytes.to_string();
+        let allocatable_disk = (self.disk_bytes / 10 * 9).to_string();
+        let resources = |memory: &str, disk: &str| {
+            [
+                ("cpu".to_owned(), self.cpus.to_string()),
+                ("memory".to_owned(), memory.to_owned()),
+                ("ephemeral-storage".to_owned(), disk.to_owned()),
+                ("pods".to_owned(), "110".to_owned()),
+                ("hugepages-2Mi".to_owned(), "0".to_owned()),
+            ]
+            .into()
+        };
+        let condition = |t: &str, s: &str, reason: &str, message: &str| pb::NodeCondition {
+            r#type: t.into(),
+            status: s.into(),
+            reason: reason.into(),
+            message: message.into(),
+            seconds_since_transition: 0,
+        };
+        let memory_condition = if self.memory_pressure {
+            condition(
+                "MemoryPressure",
+                "True",
+                "KubeletHasInsufficientMemory",
+                "kubelet has insufficient memory available",
+            )
+        } else {
+            condition(
+                "MemoryPressure",
+                "False",
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            )
+        };
+        pb::NodeStatus {
+            capacity: resources(&memory, &disk),
+            allocatable: resources(&allocatable_memory, &allocatable_disk),
+            conditions: vec![
+                memory_condition,
+                condition(
+                    "DiskPressure",
+                    "False",
+                    "KubeletHasNoDiskPressure",
+                    "kubelet has no disk pressure",
+                ),
+                condition(
+                    "PIDPressure",
+                    "False",
+                    "KubeletHasSufficientPID",
+                    "kubelet has sufficient PID available",
+                ),
+                condition(
+                    "Ready",
+                    "True",
+                    "KubeletReady",
+                    "kubelet is posting ready status",
+                ),
+            ],
+            addresses: vec![
+                pb::NodeAddress {
+                    r#type: "InternalIP".into(),
+                    address: self.address.clone(),
+                },
+                pb::NodeAddress {
+                    r#type: "Hostname".into(),
+                    address: self.name.clone(),
+                },
+            ],
+            kubelet_endpoint_port: 10250,
+            node_info: Some(pb::NodeSystemInfo {
+                machine_id: format!("{:032x}", fxhash(&self.name)),
+                system_uuid: String::new(),
+                boot_id: pb::boot_id_to_string(&self.boot_id),
+                kernel_version: "6.1.0-rpi7-rpi-v8".into(),
+                os_image: "Debian GNU/Linux 12 (bookworm)".into(),
+                container_runtime_version: String::new(),
+                kubelet_version: "v1.33.0".into(),
+                operating_system: "linux".into(),
+                architecture: "arm64".into(),
+            }),
+        }
+    }
+}
+
+fn fastrand_bytes() -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&fastrand::u64(..).to_le_bytes());
+    out[8..].copy_from_slice(&fastrand::u64(..).to_le_bytes());
+    out
+}
+
+fn fxhash(s: &str) -> u128 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u128, |h, b| {
+        (h ^ u128::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Headers of one boot: the node's name and boot ID, `seq` from its simulated boot clock.
+#[derive(Clone)]
+struct Headers {
+    name: Arc<str>,
+    boot_id: [u8; 16],
+    /// The simulated boot happened this long before `booted`.
+    uptime_at_start: Duration,
+    booted: Instant,
+    last: Arc<AtomicU64>,
+}
+
+impl Headers {
+    fn next(&self) -> pb::Header {
+        let now = self.uptime_at_start + self.booted.elapsed();
+        let mut seq = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
+        // Strictly increasing, as the agent's: two messages in one microsecond differ.
+        let last = self.last.fetch_max(seq, Ordering::Relaxed);
+        if seq <= last {
+            seq = last + 1;
+            self.last.fetch_max(seq, Ordering::Relaxed);
+        }
+        let wall_time_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        pb::Header {
+            node_name: self.name.to_string(),
+            boot_id: self.boot_id.to_vec(),
+            seq,
+            wall_time_ms,
+        }
+    }
+}
+
+/// One node, boot after boot, until `cancel`.
+async fn simulate_node(
+    index: usize,
+    options: Arc<FleetOptions>,
+    stats: Arc<FleetStats>,
+    cancel: CancellationToken,
+) {
+    let mut host = Host::new(index, &options);
+    loop {
+        let boot = cancel.child_token();
+        let rebooted = run_boot(&mut host, &options, &stats, &boot).await;
+        boot.cancel();
+        if !rebooted {
+            return;
+        }
+        stats.reboots.fetch_add(1, Ordering::Relaxed);
+        host.boot_id = fastrand_bytes();
+    }
+}
+
+/// One boot of a node: its transport, registration, Lease and status loops. Returns true
+/// when it ended in a (simulated) reboot, false when cancelled.
+async fn run_boot(
+    host: &mut Host,
+    options: &FleetOptions,
+    stats: &Arc<FleetStats>,
+    cancel: &CancellationToken,
+) -> bool {
+    let headers = Headers {
+        name: host.name.as_str().into(),
+        boot_id: host.boot_id,
+        uptime_at_start: Duration::from_secs(30 + fastrand::u64(0..3600)),
+        booted: Instant::now(),
+        last: Arc::new(AtomicU64::new(0)),
+    };
+    let register: RegisterFn = {
+        let headers = headers.clone();
+        let stats = stats.clone();
+        let host = host.clone();
+        Arc::new(move || {
+            stats.registrations.fetch_add(1, Ordering::Relaxed);
+            pb::AgentMessage {
+                kind: Some(Kind::Register(pb::Register {
+                    header: Some(headers.next()),
+                    labels: [
+                        ("kubernetes.io/hostname".to_owned(), host.name.clone()),
+                        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+                        ("kubernetes.io/arch".to_owned(), "arm64".to_owned()),
+                        ("beta.kubernetes.io/os".to_owned(), "linux".to_owned()),
+                        ("beta.kubernetes.io/arch".to_owned(), "arm64".to_owned()),
+                    ]
+                    .into(),
+                    taints: vec![pb::Taint {
+                        key: "edgebeat.io/edge".into(),
+                        value: "true".into(),
+                        effect: "NoSchedule".into(),
+                    }],
+                    status: Some(host.status()),
+                    ..Default::default()
+                })),
+            }
+        })
+    };
+    let (uplink, driver) = channel(4);
+    let transport = cancel.child_token();
+    let driver_task = match &options.transport {
+        FleetTransport::Grpc(url) => {
+            let options = edgebeat_transports::grpc::GrpcUplinkOptions::new(url.clone());
+            tokio::spawn({
+                let transport = transport.clone();
+                async move {
+                    let _ =
+                        edgebeat_transports::grpc::run_uplink(options, register, driver, transport)
+                            .await;
+                }
+            })
+        }
+        FleetTransport::Mqtt { host: broker, port } => {
+            let mut mqtt = edgebeat_transports::mqtt::MqttUplinkOptions::new(
+                broker.clone(),
+                *port,
+                &host.name,
+            );
+            mqtt.lease_expiry = options.renew_interval;
+            let name = host.name.clone();
+            tokio::spawn({
+                let transport = transport.clone();
+                async move {
+                    let _ = edgebeat_transports::mqtt::run_uplink(
+                        mqtt, name, register, driver, transport,
+                    )
+                    .await;
+                }
+            })
+        }
+    };
+    let rebooted = heartbeat_loops(host, options, stats, &uplink, &headers, cancel).await;
+    transport.cancel();
+    let _ = driver_task.await;
+    rebooted
+}
+
+/// The Lease and status loops of one boot (kubelet's, in one task to keep a node small).
+async fn heartbeat_loops(
+    host: &mut Host,
+    options: &FleetOptions,
+    stats: &FleetStats,
+    uplink: &Uplink,
+    headers: &Headers,
+    cancel: &CancellationToken,
+) -> bool {
+    let mut registered = uplink.registered();
+    let mut resend = uplink.status_requests();
+    tokio::select! {
+        () = cancel.cancelled() => return false,
+        _ = registered.wait_for(|r| *r) => {}
+    }
+    let jittered = |d: Duration| d.mul_f64(1.0 + JITTER * fastrand::f64());
+    // A reboot, when one comes, at an exponentially distributed time for this node.
+    let reboot_rate_per_node = options.reboots_per_minute / 60.0 / options.nodes.max(1) as f64;
+    let reboot_at = (reboot_rate_per_node > 0.0).then(|| {
+        let wait = -fastrand::f64().max(f64::MIN_POSITIVE).ln() / reboot_rate_per_node;
+        Instant::now() + Duration::from_secs_f64(wait.min(1e9))
+    });
+    let mut lease_state = Vec::new();
+    let mut next_renew = Instant::now();
+    let mut next_status = Instant::now() + jittered(options.status_interval);
+    let mut last_report = Instant::now();
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return false,
+            () = async {
+                match reboot_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            } => return true,
+            () = tokio::time::sleep_until(next_renew) => {
+                let ok = renew(options, stats, uplink, headers, &mut lease_state).await;
+                next_renew = Instant::now() + if ok {
+                    jittered(options.renew_interval)
+                } else {
+                    Duration::from_millis(200 + fastrand::u64(0..800))
+                };
+            }
+            () = tokio::time::sleep_until(next_status) => {
+                let flipped = fastrand::f64() < options.flip_probability;
+                if flipped {
+                    host.memory_pressure = !host.memory_pressure;
+                }
+                if flipped || last_report.elapsed() >= options.status_report_interval {
+                    report(options, stats, uplink, headers, host).await;
+                    last_report = Instant::now();
+                }
+                next_status = Instant::now() + jittered(options.status_interval);
+            }
+            changed = resend.changed() => {
+                if changed.is_err() {
+                    return false;
+                }
+                report(options, stats, uplink, headers, host).await;
+                last_report = Instant::now();
+            }
+        }
+    }
+}
+
+async fn renew(
+    options: &FleetOptions,
+    stats: &FleetStats,
+    uplink: &Uplink,
+    headers: &Headers,
+    lease_state: &mut Vec<u8>,
+) -> bool {
+    let message = pb::AgentMessage {
+        kind: Some(Kind::Lease(pb::LeaseRenewal {
+            header: Some(headers.next()),
+            lease_duration_seconds: options.lease_duration_seconds,
+            lease_state: lease_state.clone(),
+        })),
+    };
+    stats.renewals_sent.fetch_add(1, Ordering::Relaxed);
+    let sent = Instant::now();
+    let answer = uplink.send(message, options.ack_timeout).await;
+    match answer {
+        Ok(ack) if AckCode::try_from(ack.code) == Ok(AckCode::Ok) => {
+            stats.latency(sent.elapsed());
+            stats.renewals_ok.fetch_add(1, Ordering::Relaxed);
+            if !ack.lease_state.is_empty() {
+                *lease_state = ack.lease_state;
+            }
+            true
+        }
+        Ok(ack) => {
+            if ack.register_again {
+                lease_state.clear();
+            }
+            stats.renewals_failed.fetch_add(1, Ordering::Relaxed);
+            false
+        }
+        Err(UplinkError::NotConnected | UplinkError::Closed) => false,
+        Err(_) => {
+            stats.renewals_failed.fetch_add(1, Ordering::Relaxed);
+            false
+        }
+    }
+}
+
+async fn report(
+    options: &FleetOptions,
+    stats: &FleetStats,
+    uplink: &Uplink,
+    headers: &Headers,
+    host: &Host,
+) {
+    let message = pb::AgentMessage {
+        kind: Some(Kind::Status(pb::StatusReport {
+            header: Some(headers.next()),
+            status: Some(host.status()),
+        })),
+    };
+    stats.status_sent.fetch_add(1, Ordering::Relaxed);
+    if let Ok(ack) = uplink.send(message, options.ack_timeout).await
+        && AckCode::try_from(ack.code) == Ok(AckCode::Ok)
+    {
+        stats.status_ok.fetch_add(1, Ordering::Relaxed);
+    }
+}
