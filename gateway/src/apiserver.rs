@@ -18,6 +18,27 @@
 //!
 //! Headers are set per request rather than per client (kube's `AuthInfo::impersonate`),
 //! so one client, connection pool and rate limit serve the whole fleet.
+//!
+//! **Built for fleets.** A fleet must never expire because its own gateway throttles
+//! itself, and a recovering apiserver must not meet a retry storm:
+//!
+//! - No fixed request rate: at most [`WriteLimits::max_inflight`] requests are in flight
+//!   at once, so the gateway carries whatever the apiserver answers and no more. kubelet's
+//!   heartbeat client has no client-side rate limit at all (`cmd/kubelet/app/server.go`:
+//!   QPS −1); this bounds concurrency instead.
+//! - **Lease calls first**: Node, status and Event calls may hold at most half of those
+//!   slots, so a burst of registrations or status reports never holds up Lease renewals
+//!   (the liveness signal; `pkg/controller/nodelifecycle` reads the Lease first).
+//! - **One backoff for the whole gateway**: an answer that says the apiserver is in
+//!   trouble (429, 5xx, no answer) closes a gate; until it reopens, calls fail at once with
+//!   [`BackingOff`] (the agent retries on its own schedule) and one probe request at a
+//!   time goes through, after 200 ms doubling to 4 s, or after the 429's `Retry-After`.
+//!   The first success reopens it. An outage of any length so costs the apiserver a few
+//!   probes per second, not a request per node per retry, and a renewal goes through
+//!   within seconds of recovery, inside one renew interval.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -26,6 +47,8 @@ use kube::api::{GetParams, Patch, PatchParams, PostParams};
 use kube::core::Request;
 use kube::{Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
 use crate::patch::{EVENT_NAMESPACE, LEASE_NAMESPACE};
 
@@ -34,20 +57,166 @@ const IMPERSONATE_USER: HeaderName = HeaderName::from_static("impersonate-user")
 /// `Impersonate-Group`.
 const IMPERSONATE_GROUP: HeaderName = HeaderName::from_static("impersonate-group");
 
-/// The apiserver as the gateway writes to it: a kube-rs client and whether to impersonate
-/// each node.
+/// First and largest wait of the backoff gate (see the module docs).
+const GATE_BACKOFF_MIN: Duration = Duration::from_millis(200);
+const GATE_BACKOFF_MAX: Duration = Duration::from_secs(4);
+
+/// How many apiserver calls the gateway makes at once.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteLimits {
+    /// Requests in flight at once (default 256); Node, status and Event calls may hold at
+    /// most half.
+    pub max_inflight: usize,
+}
+
+impl Default for WriteLimits {
+    fn default() -> Self {
+        Self { max_inflight: 256 }
+    }
+}
+
+/// Which slots a call may take (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Priority {
+    /// Lease GET, PUT, POST: every slot.
+    Lease,
+    /// Everything else: at most half the slots.
+    Other,
+}
+
+/// The error of a call not sent because the apiserver is being backed off from: it
+/// answered 429, 5xx or nothing recently, and this call is not the probe. Carried as
+/// [`kube::Error::Service`].
+#[derive(Debug, thiserror::Error)]
+#[error("not sent: backing off from the apiserver for {0:?} more")]
+pub struct BackingOff(pub Duration);
+
+/// The backoff gate's state.
+#[derive(Debug)]
+struct Gate {
+    failing: bool,
+    probing: bool,
+    retry_at: Instant,
+    backoff: Duration,
+}
+
+/// What a call may do, by the gate.
+enum Ticket<'a> {
+    /// The gate is open.
+    Open,
+    /// The gate is closed and this call is its probe; dropping it unresolved frees the
+    /// probe for another call.
+    Probe(&'a Mutex<Gate>),
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if let Ticket::Probe(gate) = self {
+            gate.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .probing = false;
+        }
+    }
+}
+
+/// The apiserver as the gateway writes to it: a kube-rs client, whether to impersonate
+/// each node, the call slots and the backoff gate (shared by every clone).
 #[derive(Clone)]
 pub struct Apiserver {
     client: kube::Client,
     impersonate: bool,
+    all: Arc<Semaphore>,
+    others: Arc<Semaphore>,
+    gate: Arc<Mutex<Gate>>,
 }
 
 impl Apiserver {
-    /// Calls through `client`; with `impersonate`, as each node (see the module docs).
+    /// Calls through `client` with the default [`WriteLimits`]; with `impersonate`, as
+    /// each node (see the module docs).
     pub fn new(client: kube::Client, impersonate: bool) -> Self {
+        Self::with_limits(client, impersonate, WriteLimits::default())
+    }
+
+    /// As [`Apiserver::new`], with `limits`.
+    pub fn with_limits(client: kube::Client, impersonate: bool, limits: WriteLimits) -> Self {
+        let max = limits.max_inflight.max(2);
         Self {
             client,
             impersonate,
+            all: Arc::new(Semaphore::new(max)),
+            others: Arc::new(Semaphore::new(max / 2)),
+            gate: Arc::new(Mutex::new(Gate {
+                failing: false,
+                probing: false,
+                retry_at: Instant::now(),
+                backoff: GATE_BACKOFF_MIN,
+            })),
+        }
+    }
+
+    /// Whether the backoff gate is closed (the apiserver answered 429, 5xx or nothing, and
+    /// no call has succeeded since).
+    pub fn backing_off(&self) -> bool {
+        self.lock_gate().failing
+    }
+
+    fn lock_gate(&self) -> std::sync::MutexGuard<'_, Gate> {
+        self.gate
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn admit(&self) -> Result<Ticket<'_>, BackingOff> {
+        let mut gate = self.lock_gate();
+        if !gate.failing {
+            return Ok(Ticket::Open);
+        }
+        let now = Instant::now();
+        if now >= gate.retry_at && !gate.probing {
+            gate.probing = true;
+            return Ok(Ticket::Probe(&self.gate));
+        }
+        Err(BackingOff(gate.retry_at.saturating_duration_since(now)))
+    }
+
+    /// Updates the gate with a call's outcome.
+    fn observe<T>(&self, result: &Result<T, kube::Error>) {
+        let trouble = match result {
+            Ok(_) => None,
+            Err(kube::Error::Api(status)) if status.code == 429 => Some(
+                status
+                    .details
+                    .as_ref()
+                    .map(|d| Duration::from_secs(u64::from(d.retry_after_seconds)))
+                    .unwrap_or_default(),
+            ),
+            Err(kube::Error::Api(status)) if status.code >= 500 => Some(Duration::ZERO),
+            // Any other answer is an apiserver that works.
+            Err(kube::Error::Api(_)) => None,
+            Err(_) => Some(Duration::ZERO),
+        };
+        let mut gate = self.lock_gate();
+        match trouble {
+            None => {
+                if gate.failing {
+                    tracing::info!("the apiserver answers again; writes resume");
+                }
+                gate.failing = false;
+                gate.backoff = GATE_BACKOFF_MIN;
+            }
+            Some(retry_after) => {
+                let wait = if gate.failing {
+                    (gate.backoff * 2).min(GATE_BACKOFF_MAX)
+                } else {
+                    tracing::warn!(
+                        "the apiserver answered 429, 5xx or nothing; backing off (one probe request at a time)"
+                    );
+                    GATE_BACKOFF_MIN
+                };
+                gate.backoff = wait;
+                gate.failing = true;
+                gate.retry_at = Instant::now() + wait.max(retry_after);
+            }
         }
     }
 
@@ -56,15 +225,37 @@ impl Apiserver {
         self.impersonate
     }
 
-    /// Sends `request` for `node` and decodes the answer.
+    /// Sends `request` for `node` with `priority` (waiting for a slot) and decodes the
+    /// answer.
     ///
-    /// Errors: kube's ([`kube::Error::Api`] with the apiserver's Status for 4xx/5xx).
+    /// Errors: kube's ([`kube::Error::Api`] with the apiserver's Status for 4xx/5xx), or
+    /// [`BackingOff`] as [`kube::Error::Service`] when the gate is closed.
     async fn call<T: DeserializeOwned>(
         &self,
         node: &str,
+        priority: Priority,
         request: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
     ) -> Result<T, kube::Error> {
-        let mut request = request.map_err(kube::Error::BuildRequest)?;
+        let request = request.map_err(kube::Error::BuildRequest)?;
+        let closed = |_| kube::Error::Service("the gateway is shutting down".into());
+        let _other = match priority {
+            Priority::Other => Some(self.others.acquire().await.map_err(closed)?),
+            Priority::Lease => None,
+        };
+        let _slot = self.all.acquire().await.map_err(closed)?;
+        let _ticket = self
+            .admit()
+            .map_err(|backing_off| kube::Error::Service(Box::new(backing_off)))?;
+        let result = self.send(node, request).await;
+        self.observe(&result);
+        result
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        node: &str,
+        mut request: http::Request<Vec<u8>>,
+    ) -> Result<T, kube::Error> {
         if self.impersonate {
             let user = HeaderValue::from_str(&format!("system:node:{node}")).map_err(|_| {
                 kube::Error::BuildRequest(kube::core::request::Error::Validation(format!(
@@ -90,8 +281,12 @@ impl Apiserver {
     ///
     /// Errors: kube's, including 404 as [`kube::Error::Api`].
     pub async fn get_node(&self, name: &str) -> Result<Node, kube::Error> {
-        self.call(name, Self::nodes().get(name, &GetParams::default()))
-            .await
+        self.call(
+            name,
+            Priority::Other,
+            Self::nodes().get(name, &GetParams::default()),
+        )
+        .await
     }
 
     /// [`Apiserver::get_node`] with 404 as `Ok(None)` (kube's `Api::get_opt`).
@@ -108,6 +303,7 @@ impl Apiserver {
         let body = serde_json::to_vec(node).map_err(kube::Error::SerdeError)?;
         self.call(
             &node.name_any(),
+            Priority::Other,
             Self::nodes().create(&PostParams::default(), body),
         )
         .await
@@ -123,6 +319,7 @@ impl Apiserver {
     ) -> Result<Node, kube::Error> {
         self.call(
             name,
+            Priority::Other,
             Self::nodes().patch_subresource(
                 "status",
                 name,
@@ -138,8 +335,12 @@ impl Apiserver {
     /// Errors: kube's, but not 404.
     pub async fn get_lease_opt(&self, name: &str) -> Result<Option<Lease>, kube::Error> {
         not_found_as_none(
-            self.call(name, Self::leases().get(name, &GetParams::default()))
-                .await,
+            self.call(
+                name,
+                Priority::Lease,
+                Self::leases().get(name, &GetParams::default()),
+            )
+            .await,
         )
     }
 
@@ -151,6 +352,7 @@ impl Apiserver {
         let body = serde_json::to_vec(lease).map_err(kube::Error::SerdeError)?;
         self.call(
             name,
+            Priority::Lease,
             Self::leases().replace(name, &PostParams::default(), body),
         )
         .await
@@ -163,6 +365,7 @@ impl Apiserver {
         let body = serde_json::to_vec(lease).map_err(kube::Error::SerdeError)?;
         self.call(
             &lease.name_any(),
+            Priority::Lease,
             Self::leases().create(&PostParams::default(), body),
         )
         .await
@@ -176,6 +379,7 @@ impl Apiserver {
         let body = serde_json::to_vec(event).map_err(kube::Error::SerdeError)?;
         self.call(
             node,
+            Priority::Other,
             Request::new(Event::url_path(&(), Some(EVENT_NAMESPACE)))
                 .create(&PostParams::default(), body),
         )
@@ -188,5 +392,92 @@ fn not_found_as_none<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kub
         Ok(object) => Ok(Some(object)),
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
         Err(error) => Err(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn api() -> Apiserver {
+        // Never contacted: the gate is driven by hand.
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        Apiserver::new(client, false)
+    }
+
+    fn answered(code: u16, retry_after_seconds: u32) -> Result<(), kube::Error> {
+        let mut status = kube::core::Status::failure("test", "test").with_code(code);
+        status.details = Some(kube::core::response::StatusDetails {
+            name: String::new(),
+            group: String::new(),
+            kind: String::new(),
+            uid: String::new(),
+            causes: Vec::new(),
+            retry_after_seconds,
+        });
+        Err(kube::Error::Api(Box::new(status)))
+    }
+
+    /// 5xx closes the gate; one probe at a time after the backoff; success reopens it.
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_backs_off_with_one_probe_and_reopens_on_success() {
+        let api = api();
+        assert!(matches!(api.admit(), Ok(Ticket::Open)));
+        api.observe(&answered(503, 0));
+        assert!(api.backing_off());
+        assert!(api.admit().is_err(), "closed until the backoff passes");
+        tokio::time::advance(GATE_BACKOFF_MIN).await;
+        let probe = api.admit();
+        assert!(matches!(probe, Ok(Ticket::Probe(_))));
+        assert!(api.admit().is_err(), "one probe at a time");
+        drop(probe);
+        let probe = api.admit().map_err(|_| ()).unwrap();
+        // The probe fails too: the next wait doubles.
+        api.observe(&answered(500, 0));
+        drop(probe);
+        tokio::time::advance(GATE_BACKOFF_MIN).await;
+        assert!(api.admit().is_err());
+        tokio::time::advance(GATE_BACKOFF_MIN).await;
+        let probe = api.admit().map_err(|_| ()).unwrap();
+        api.observe(&Ok::<(), kube::Error>(()));
+        drop(probe);
+        assert!(!api.backing_off());
+        assert!(matches!(api.admit(), Ok(Ticket::Open)));
+        // A 404 or 409 is an apiserver that works.
+        api.observe(&answered(409, 0));
+        assert!(!api.backing_off());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_429_waits_for_its_retry_after() {
+        let api = api();
+        api.observe(&answered(429, 3));
+        tokio::time::advance(Duration::from_millis(2_900)).await;
+        assert!(api.admit().is_err());
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(matches!(api.admit(), Ok(Ticket::Probe(_))));
+    }
+
+    /// Node, status and Event calls hold at most half the slots.
+    #[tokio::test]
+    async fn lease_calls_keep_half_the_slots() {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let api = Apiserver::with_limits(client, false, WriteLimits { max_inflight: 4 });
+        let others: Vec<_> = (0..2)
+            .map(|_| api.others.clone().try_acquire_owned().unwrap())
+            .collect();
+        assert!(api.others.clone().try_acquire_owned().is_err());
+        assert_eq!(
+            api.all.available_permits(),
+            4,
+            "leases still have every slot"
+        );
+        drop(others);
     }
 }

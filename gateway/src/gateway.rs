@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::admission::{
     AdmissionPolicy, NodeAdmission, Posture, Provenance, Verdict, check_identity,
 };
-use crate::apiserver::Apiserver;
+use crate::apiserver::{Apiserver, WriteLimits};
 use crate::metrics::{NodeMetrics, NodeSeries, RejectReason, clock_skew_seconds};
 use crate::patch::{self, KnownCondition};
 
@@ -69,6 +69,8 @@ pub struct GatewayOptions {
     /// How long a superseded boot ID's messages are refused (default 30 s: the default
     /// lease duration less one renew interval). See [`crate::admission`].
     pub old_boot_memory: Duration,
+    /// Apiserver calls in flight at once, Lease calls first (see [`crate::apiserver`]).
+    pub write_limits: WriteLimits,
 }
 
 impl Default for GatewayOptions {
@@ -83,6 +85,7 @@ impl Default for GatewayOptions {
             posture: Posture::Identified,
             max_nodes: DEFAULT_MAX_NODES,
             old_boot_memory: Duration::from_secs(30),
+            write_limits: WriteLimits::default(),
         }
     }
 }
@@ -256,7 +259,7 @@ impl Gateway {
     /// times from `clock`.
     pub fn new(client: kube::Client, clock: Arc<dyn Clock>, options: GatewayOptions) -> Self {
         Self {
-            api: Apiserver::new(client, options.impersonate_nodes),
+            api: Apiserver::with_limits(client, options.impersonate_nodes, options.write_limits),
             node_metrics: NodeMetrics::new(clock.clone()),
             clock,
             options,
@@ -1010,6 +1013,11 @@ impl Collector for GatewayCollector {
                 gateway.options.max_nodes,
             ),
             (
+                "edgebeat_gateway_apiserver_backing_off",
+                "1 while the gateway backs off from the apiserver (it answered 429, 5xx or nothing; one probe request at a time), else 0.",
+                usize::from(gateway.api.backing_off()),
+            ),
+            (
                 "edgebeat_gateway_unidentified_agents_allowed",
                 "1 when messages without a node identity are let in (--allow-unidentified-agents), else 0.",
                 usize::from(gateway.options.posture == Posture::AllowUnidentified),
@@ -1112,9 +1120,12 @@ impl Handler for Gateway {
 }
 
 /// Builds the kube-rs client the gateway writes with: `config` with a 10 s read/write
-/// timeout (kubelet's heartbeat client timeout), kube's own 429/5xx retries off, and a client-side rate limit of `qps`
-/// requests per second (tower `RateLimitLayer`), so a reconnect storm of thousands of
-/// agents cannot flood the apiserver.
+/// timeout (kubelet's heartbeat client timeout), kube's own 429/5xx retries off, and, when
+/// `qps` is not 0, a client-side rate limit of `qps` requests per second (tower
+/// `RateLimitLayer`). The default is 0: kubelet's heartbeat client has no client-side limit
+/// (`cmd/kubelet/app/server.go`), and a fixed rate shared by a whole fleet expires nodes
+/// once the fleet outgrows it; the gateway bounds concurrency and backs off on 429/5xx
+/// instead ([`crate::apiserver`]).
 ///
 /// Errors: kube's error when the config cannot produce a client (bad TLS material).
 pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, kube::Error> {
@@ -1123,10 +1134,13 @@ pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, k
     // a dead node. The agent retries with a fresh message instead (kubelet's own loops).
     config.default_retry = false;
     config.write_timeout = Some(Duration::from_secs(10));
-    let limit = tower::limit::RateLimitLayer::new(qps.max(1), Duration::from_secs(1));
-    Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&limit)
-        .build())
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(if qps == 0 {
+        builder.build()
+    } else {
+        let limit = tower::limit::RateLimitLayer::new(qps, Duration::from_secs(1));
+        builder.with_layer(&limit).build()
+    })
 }
 
 #[cfg(test)]

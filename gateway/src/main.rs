@@ -70,9 +70,16 @@ struct Args {
     /// apiserver URL to use instead of a kubeconfig (plain http, no auth: for the stand-in).
     #[arg(long, value_name = "URL")]
     server: Option<String>,
-    /// Client-side limit on apiserver requests per second.
-    #[arg(long, default_value_t = 50)]
+    /// Client-side limit on apiserver requests per second; 0 (the default) for none, as
+    /// kubelet's heartbeat client. A fixed rate shared by a whole fleet expires nodes once
+    /// the fleet outgrows it: the gateway bounds concurrency (--max-inflight) and backs off
+    /// on 429/5xx instead.
+    #[arg(long, default_value_t = 0)]
     qps: u64,
+    /// Apiserver requests in flight at once; Node, status and Event calls may hold at most
+    /// half, so Lease renewals always get through.
+    #[arg(long, default_value_t = 256)]
+    max_inflight: usize,
     /// Oldest lease renewal still written, in seconds; older ones are dropped.
     #[arg(long, default_value_t = 5)]
     max_renewal_age_seconds: u64,
@@ -184,6 +191,9 @@ async fn main() -> anyhow::Result<()> {
         impersonate_nodes: args.impersonate_nodes,
         posture,
         max_nodes: args.max_nodes,
+        write_limits: edgebeat_gateway::apiserver::WriteLimits {
+            max_inflight: args.max_inflight.max(2),
+        },
         ..Default::default()
     };
     if args.impersonate_nodes && posture == Posture::AllowUnidentified {
