@@ -35,8 +35,8 @@ pub enum Transport {
 pub struct Replica {
     /// The gateway core, for its counters.
     pub gateway: Arc<Gateway>,
-    /// Node workers of its MQTT ingress (0 without MQTT).
-    pub mqtt_node_workers: Arc<std::sync::atomic::AtomicUsize>,
+    /// Nodes with a queue in its MQTT ingress (0 without MQTT).
+    pub mqtt_node_queues: Arc<std::sync::atomic::AtomicUsize>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -322,7 +322,7 @@ impl Cluster {
         let cancel = CancellationToken::new();
         let index = self.replicas.len();
         let (subscribed_tx, mut subscribed) = tokio::sync::watch::channel(false);
-        let mqtt_node_workers = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mqtt_node_queues = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut tasks = Vec::new();
         if let Some(listener) = listener {
             let (handler, stop) = (gateway.clone(), cancel.clone());
@@ -342,7 +342,7 @@ impl Cluster {
                 format!("edgebeat-gateway-{index}"),
             );
             options.subscribed = Some(Arc::new(subscribed_tx));
-            options.node_workers = Some(mqtt_node_workers.clone());
+            options.node_queues = Some(mqtt_node_queues.clone());
             options.max_nodes = max_nodes;
             if let Some(security) = &self.mqtt_security {
                 use edgebeat_transports::tls::{ClientTls, TlsIdentity};
@@ -380,7 +380,7 @@ impl Cluster {
         });
         self.replicas.push(Some(Replica {
             gateway,
-            mqtt_node_workers,
+            mqtt_node_queues,
             cancel,
             task,
         }));

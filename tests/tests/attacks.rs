@@ -244,9 +244,9 @@ async fn forged_signatures_are_never_answered() {
     agent.stop().await.unwrap();
 }
 
-/// 4. Messages for made-up node names used to get a worker (and 5 minutes of memory) each
+/// 4. Messages for made-up node names used to get a worker task (and 5 minutes of memory) each
 ///    before any check. With signatures required, nothing is kept for a message that does
-///    not verify; without them, at most `max_nodes` workers and slots exist.
+///    not verify; without them, at most `max_nodes` queues and slots exist.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn made_up_node_names_get_no_state() {
     let site = Ca::new("edgebeat site CA");
@@ -272,7 +272,7 @@ async fn made_up_node_names_get_no_state() {
     counted(&cluster, RejectReason::Unsigned, NAMES / 2).await;
     counted(&cluster, RejectReason::UnknownSigner, NAMES / 2).await;
     let replica = cluster.replicas[0].as_ref().unwrap();
-    assert_eq!(replica.mqtt_node_workers.load(Ordering::Relaxed), 0);
+    assert_eq!(replica.mqtt_node_queues.load(Ordering::Relaxed), 0);
     assert_eq!(cluster.gateway().tracked_nodes(), 0);
 
     // Unidentified MQTT (the explicit opt-in): bounded by max_nodes.
@@ -303,7 +303,7 @@ async fn made_up_node_names_get_no_state() {
     })
     .await;
     let replica = open.replicas[0].as_ref().unwrap();
-    assert!(replica.mqtt_node_workers.load(Ordering::Relaxed) <= 20);
+    assert!(replica.mqtt_node_queues.load(Ordering::Relaxed) <= 20);
     assert!(open.gateway().tracked_nodes() <= 20);
     driver.abort();
 }
@@ -403,7 +403,13 @@ async fn replays_do_not_drain_the_rate_limit() {
         tick.tick().await;
         spy.publish(&lease_topic, captured.clone(), false).await;
     }
-    counted(&cluster, RejectReason::Replayed, 150).await;
+    // Each replay is refused as replayed, or dropped when a burst from the broker meets a
+    // full queue of that node (a flood is a broker-ACL matter, see the README).
+    wait_for("150 replays refused", DEADLINE, || {
+        count(&cluster, RejectReason::Replayed) + count(&cluster, RejectReason::QueueFull) >= 150
+    })
+    .await;
+    assert!(count(&cluster, RejectReason::Replayed) >= 140);
     cluster
         .wait_for_renewals("edge-p", 2, DEADLINE)
         .await

@@ -71,7 +71,9 @@ struct Service<H> {
 
 #[tonic::async_trait]
 impl<H: Handler> Heartbeat for Service<H> {
-    type ConnectStream = ReceiverStream<Result<GatewayMessage, Status>>;
+    type ConnectStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<GatewayMessage, Status>> + Send + 'static>,
+    >;
 
     async fn connect(
         &self,
@@ -90,47 +92,59 @@ impl<H: Handler> Heartbeat for Service<H> {
             }
         }
         tracing::debug!(remote = ?peer.remote, identity = ?peer.identity, "gRPC stream opened");
-        let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(8);
-        let handler = self.handler.clone();
-        let closing = self.closing.clone();
-        tokio::spawn(async move {
-            loop {
-                let next = tokio::select! {
-                    () = closing.cancelled() => break,
-                    next = inbound.message() => next,
-                };
-                match next {
-                    Ok(Some(message)) => {
-                        let ack = handler.handle(&peer, message).await;
-                        let reply = GatewayMessage {
-                            kind: Some(gateway_message::Kind::Ack(ack)),
-                        };
-                        if tx.send(Ok(reply)).await.is_err() {
-                            break;
-                        }
+        // The acks are a stream driven by tonic as it sends them: no task and no channel per
+        // agent, and the handler's future exists only while a message is handled (boxed, so
+        // an idle stream holds a few hundred bytes, not the largest state of the handler).
+        let state = StreamState {
+            inbound: request.into_inner(),
+            handler: self.handler.clone(),
+            peer,
+            closing: self.closing.clone(),
+        };
+        let acks = futures_util::stream::unfold(Some(state), |state| async move {
+            let mut state = state?;
+            let next = tokio::select! {
+                () = state.closing.cancelled() => return None,
+                next = state.inbound.message() => next,
+            };
+            match next {
+                Ok(Some(message)) => {
+                    let ack = Box::pin(state.handler.handle(&state.peer, message)).await;
+                    let reply = GatewayMessage {
+                        kind: Some(gateway_message::Kind::Ack(ack)),
+                    };
+                    Some((Ok(reply), Some(state)))
+                }
+                Ok(None) => None,
+                Err(status) => {
+                    // Malformed or oversized frames end this stream only; the agent
+                    // reconnects and every other stream is untouched.
+                    let reason = match status.code() {
+                        tonic::Code::Cancelled | tonic::Code::Unknown => None,
+                        // tonic's decoder: a message over max_message_bytes.
+                        tonic::Code::OutOfRange => Some(RejectReason::TooLarge),
+                        _ => Some(RejectReason::Malformed),
+                    };
+                    if let Some(reason) = reason {
+                        state
+                            .handler
+                            .rejected(&state.peer, reason, status.message());
                     }
-                    Ok(None) => break,
-                    Err(status) => {
-                        // Malformed or oversized frames end this stream only; the agent
-                        // reconnects and every other stream is untouched.
-                        let reason = match status.code() {
-                            tonic::Code::Cancelled | tonic::Code::Unknown => None,
-                            // tonic's decoder: a message over max_message_bytes.
-                            tonic::Code::OutOfRange => Some(RejectReason::TooLarge),
-                            _ => Some(RejectReason::Malformed),
-                        };
-                        if let Some(reason) = reason {
-                            handler.rejected(&peer, reason, status.message());
-                        }
-                        tracing::debug!(peer = ?peer.remote, %status, "gRPC stream ended");
-                        break;
-                    }
+                    tracing::debug!(peer = ?state.peer.remote, %status, "gRPC stream ended");
+                    None
                 }
             }
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(Box::pin(acks)))
     }
+}
+
+/// One agent stream's state, owned by its ack stream.
+struct StreamState<H> {
+    inbound: Streaming<AgentMessage>,
+    handler: Arc<H>,
+    peer: Peer,
+    closing: tokio_util::sync::CancellationToken,
 }
 
 impl<H> Service<H> {

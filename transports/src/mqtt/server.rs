@@ -1,4 +1,4 @@
-//! The gateway's MQTT ingress: one shared subscription, a worker task per active node.
+//! The gateway's MQTT ingress: one shared subscription, a queue per active node.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -13,7 +13,6 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Filter, Packet, Publish, SubscribeReasonCode};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use rustls::pki_types::UnixTime;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{
@@ -48,7 +47,7 @@ pub const REJECT_UNKNOWN_TOPIC: Rejection = Rejection {
     reason: RejectReason::Malformed,
     detail: "unknown topic",
 };
-/// Refusal: the node's worker queue was full; the message is dropped so
+/// Refusal: the node's queue was full; the message is dropped so
 /// that one node's flood cannot starve the others.
 pub const REJECT_QUEUE_FULL: Rejection = Rejection {
     reason: RejectReason::QueueFull,
@@ -98,11 +97,11 @@ pub const REJECT_CERTIFICATE: Rejection = Rejection {
 /// still arrive and are counted as rejected. Larger packets the broker drops itself.
 const PACKET_HEADROOM: usize = 4096;
 
-/// Capacity of rumqttc's request queue (acks from all workers). Workers wait for room, the
+/// Capacity of rumqttc's request queue (acks from all nodes). Drain tasks wait for room, the
 /// event loop never does.
 const REQUEST_QUEUE: usize = 256;
 
-/// A node's worker ends after this long without messages (a new one starts on demand).
+/// A node's queue is forgotten after this long without messages.
 const WORKER_IDLE: Duration = Duration::from_secs(300);
 
 /// Reconnect delays to the broker: 200 ms doubling with jitter to 7 s.
@@ -133,13 +132,15 @@ pub struct MqttIngressOptions {
     /// Messages waiting per node (default 8); when full, new ones are dropped and reported
     /// as [`REJECT_QUEUE_FULL`].
     pub per_node_queue: usize,
-    /// Most node workers at once (default 10,000): when signatures are not checked, any
-    /// well-formed node name in a topic would otherwise get one. Beyond it (after dropping
-    /// idle workers) messages of further nodes are refused as [`RejectReason::FleetFull`].
+    /// Most nodes with a queue at once (default 10,000): when signatures are not checked,
+    /// any well-formed node name in a topic would otherwise get one. Beyond it (after
+    /// dropping idle ones) messages of further nodes are refused as
+    /// [`RejectReason::FleetFull`].
     pub max_nodes: usize,
-    /// Where the number of node workers is stored after each change (default none): for
-    /// `/metrics` and tests, so the per-node state an attacker could cause is observable.
-    pub node_workers: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// Where the number of nodes with a queue is stored after each change (default none):
+    /// for `/metrics` and tests, so the per-node state an attacker could cause is
+    /// observable.
+    pub node_queues: Option<Arc<std::sync::atomic::AtomicUsize>>,
     /// Set to `true` when the broker has granted the shared subscription, `false` when the
     /// connection is lost: a readiness signal (tests wait on it; `/readyz` can report it).
     pub subscribed: Option<Arc<tokio::sync::watch::Sender<bool>>>,
@@ -200,7 +201,7 @@ impl MqttIngressOptions {
             max_packet_bytes: MAX_AGENT_MESSAGE_BYTES,
             per_node_queue: 8,
             max_nodes: 10_000,
-            node_workers: None,
+            node_queues: None,
             subscribed: None,
             tls: None,
             signatures: None,
@@ -287,8 +288,8 @@ pub enum MqttIngressError {
 /// is at most `max_packet_bytes` ([`REJECT_TOO_LARGE`]); then the signature policy
 /// (below), the payload decodes ([`REJECT_MALFORMED`]) and the topic's node
 /// and kind are the message's header node name and kind ([`REJECT_MISMATCH`]). All of that
-/// runs in the event-loop task, before any per-node state exists: a node gets a worker only
-/// with a message that passed (at most `max_nodes` workers, else [`RejectReason::FleetFull`]).
+/// runs in the event-loop task, before any per-node state exists: a node gets a queue only
+/// with a message that passed (at most `max_nodes` queues, else [`RejectReason::FleetFull`]).
 /// Rejections go to [`Handler::rejected`] and serving goes on. The [`Peer`] has
 /// `transport: Mqtt, remote: None`: the broker is the socket peer and says nothing about who
 /// published, so `identity` is `Some(node)` (and `wall_time_verified` true) only for a
@@ -313,10 +314,10 @@ pub enum MqttIngressError {
 /// so the gateway never writes `Unknown` or `NotReady` because of one (the node's Lease
 /// simply stops being renewed, exactly as with kubelet).
 ///
-/// The event loop never waits for a handler: each node has a worker task with a queue of
-/// `per_node_queue` messages (full: [`REJECT_QUEUE_FULL`]) that handles that node's messages
-/// in order, one at a time; different nodes are handled concurrently. Workers end after
-/// 5 minutes without messages. Broker connection errors are logged and retried with jittered
+/// The event loop never waits for a handler: each node has a queue of `per_node_queue`
+/// messages (full: [`REJECT_QUEUE_FULL`]), drained in order, one at a time, by a task that
+/// exists only while the queue is not empty; different nodes are handled concurrently. A
+/// node's queue is forgotten after 5 minutes without messages. Broker connection errors are logged and retried with jittered
 /// backoff (200 ms doubling to 7 s); on shutdown the ingress sends DISCONNECT.
 ///
 /// Errors: [`MqttIngressError::InvalidOption`] before connecting,
@@ -343,8 +344,8 @@ pub async fn serve<H: Handler>(
         prefix: options.topic_prefix.clone(),
         queue: options.per_node_queue,
         max_nodes: options.max_nodes,
-        node_workers: options.node_workers.clone(),
-        nodes: HashMap::new(),
+        node_queues: options.node_queues.clone(),
+        nodes: Queues::default(),
         signatures: options.signatures.clone().map(|policy| {
             Arc::new(Signatures {
                 policy,
@@ -409,7 +410,7 @@ pub async fn serve<H: Handler>(
             },
         }
     }
-    // Workers finish what they hold; their acks may not make it out any more.
+    // Drain tasks finish what they hold; their acks may not make it out any more.
     drop(workers);
     disconnect(&client, next).await;
     Ok(())
@@ -444,7 +445,7 @@ fn reconnect_backoff() -> impl Iterator<Item = Duration> {
 #[derive(Debug, PartialEq)]
 enum Inbound<'t> {
     /// A message for `node` of `kind` (`register`, `status`, `lease`): not decoded yet,
-    /// that (and the signature check) is the node's worker's job.
+    /// that (and the signature check) come next, in the event loop.
     Message { node: &'t str, kind: &'t str },
     /// A Last Will: the broker lost `node`'s connection.
     Will {
@@ -464,7 +465,7 @@ fn classify<'t>(
     max_bytes: usize,
 ) -> Result<Inbound<'t>, Rejection> {
     let topic = std::str::from_utf8(topic).map_err(|_| REJECT_UNKNOWN_TOPIC)?;
-    // A node name the apiserver would refuse never gets a worker or a certificate check.
+    // A node name the apiserver would refuse never gets a queue or a certificate check.
     let valid = |node: &str| {
         if crate::tls::is_node_name(node) {
             Ok(())
@@ -605,7 +606,7 @@ fn peer(identity: Option<&str>) -> Peer {
 }
 
 /// The signature policy and the verified certificate of every node this replica has seen,
-/// shared by the workers. An entry only exists for a certificate the site CA issued, so the
+/// shared by the drain tasks. An entry only exists for a certificate the site CA issued, so the
 /// map is bounded by the site's fleet.
 struct Signatures {
     policy: SignaturePolicy,
@@ -644,36 +645,48 @@ impl Signatures {
     }
 }
 
-/// A message for a node's worker: decoded, and verified when signatures are checked.
+/// A message for a node's queue: decoded, and verified when signatures are checked.
 struct Work {
-    message: AgentMessage,
+    /// Boxed: a queue slot costs a pointer, not the largest message kind.
+    message: Box<AgentMessage>,
     /// Its signature verified: it speaks for its node.
     signed: bool,
 }
 
-struct Worker {
-    tx: mpsc::Sender<Work>,
-    last_message: Instant,
+/// A node's messages waiting to be handled, in order.
+#[derive(Default)]
+struct NodeQueue {
+    queue: std::collections::VecDeque<Work>,
+    /// A task is draining the queue (at most one per node, so messages are handled in
+    /// order, one at a time).
+    draining: bool,
+    last_message: Option<Instant>,
 }
 
-/// The per-node workers, owned by the event-loop task.
+/// The nodes' queues, shared by the event loop (which fills them) and the short-lived
+/// tasks that drain them.
+type Queues = Arc<std::sync::Mutex<HashMap<String, NodeQueue>>>;
+
+/// The per-node queues, owned by the event-loop task. A node costs a map entry while it
+/// is known and a task only while it has messages waiting: no task, channel or buffer per
+/// idle node.
 struct Workers<H> {
     handler: Arc<H>,
     client: AsyncClient,
     prefix: String,
     queue: usize,
     max_nodes: usize,
-    node_workers: Option<Arc<std::sync::atomic::AtomicUsize>>,
-    nodes: HashMap<String, Worker>,
+    node_queues: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    nodes: Queues,
     signatures: Option<Arc<Signatures>>,
 }
 
 impl<H: Handler> Workers<H> {
     /// Classifies, verifies and decodes one PUBLISH in the event-loop task, then hands it
-    /// to its node's worker. Everything that can be refused is refused here, so nothing is
-    /// allocated for a node before one of its messages passed: a worker exists only for a
+    /// to its node's queue. Everything that can be refused is refused here, so nothing is
+    /// allocated for a node before one of its messages passed: a queue exists only for a
     /// node with a verified message (or, when signatures are not checked, any well-formed
-    /// one, up to `max_nodes` workers). Certificates are verified here too, in arrival
+    /// one, up to `max_nodes` queues). Certificates are verified here too, in arrival
     /// order, so a node's messages after its certificate are verified with it.
     fn dispatch(&mut self, publish: &Publish, max_bytes: usize) {
         let (node, kind) = match classify(&self.prefix, &publish.topic, &publish.payload, max_bytes)
@@ -736,37 +749,48 @@ impl<H: Handler> Workers<H> {
                 return;
             }
         };
-        let alive = self.nodes.get(node).is_some_and(|w| !w.tx.is_closed());
-        if !alive {
-            if !self.nodes.contains_key(node) && self.nodes.len() >= self.max_nodes {
-                self.evict_idle();
-            }
-            if !self.nodes.contains_key(node) && self.nodes.len() >= self.max_nodes {
+        let mut nodes = self
+            .nodes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !nodes.contains_key(node) && nodes.len() >= self.max_nodes {
+            evict_idle(&mut nodes);
+            if nodes.len() >= self.max_nodes {
+                drop(nodes);
                 tracing::debug!(%node, max_nodes = self.max_nodes, "MQTT message dropped: no room for another node");
                 self.handler.rejected(
                     &peer(None),
                     RejectReason::FleetFull,
-                    "no room for another node's worker",
+                    "no room for another node's queue",
                 );
                 return;
             }
-            // New node, or its worker died (a handler panicked): start one.
-            let worker = self.spawn(node);
-            self.nodes.insert(node.to_owned(), worker);
-            self.count_workers();
         }
-        let Some(worker) = self.nodes.get_mut(node) else {
-            return;
-        };
-        worker.last_message = Instant::now();
-        // Full, or (rarely) the worker died just now: a new one starts with the next message.
-        if worker.tx.try_send(Work { message, signed }).is_err() {
+        let entry = nodes.entry(node.to_owned()).or_default();
+        entry.last_message = Some(Instant::now());
+        if entry.queue.len() >= self.queue {
+            drop(nodes);
             tracing::debug!(node, "MQTT message dropped: the node's queue is full");
             self.handler.rejected(
                 &peer(None),
                 REJECT_QUEUE_FULL.reason,
                 REJECT_QUEUE_FULL.detail,
             );
+            return;
+        }
+        entry.queue.push_back(Work {
+            message: Box::new(message),
+            signed,
+        });
+        let start = !entry.draining;
+        entry.draining = true;
+        let count = nodes.len();
+        drop(nodes);
+        if let Some(gauge) = &self.node_queues {
+            gauge.store(count, std::sync::atomic::Ordering::Relaxed);
+        }
+        if start {
+            self.drain(node);
         }
     }
 
@@ -786,16 +810,34 @@ impl<H: Handler> Workers<H> {
         }
     }
 
-    fn spawn(&self, node: &str) -> Worker {
-        let (tx, mut rx) = mpsc::channel::<Work>(self.queue);
+    /// Starts the task that handles `node`'s queued messages in order and ends when the
+    /// queue is empty.
+    fn drain(&self, node: &str) {
         let handler = self.handler.clone();
         let client = self.client.clone();
         let topic = acks_topic(&self.prefix, node);
+        let nodes = self.nodes.clone();
         let node = node.to_owned();
         tokio::spawn(async move {
-            while let Some(Work { message, signed }) = rx.recv().await {
-                let peer = peer(signed.then_some(node.as_str()));
-                let ack = handler.handle(&peer, message).await;
+            loop {
+                let work = {
+                    let mut nodes = nodes
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let Some(entry) = nodes.get_mut(&node) else {
+                        return;
+                    };
+                    match entry.queue.pop_front() {
+                        Some(work) => work,
+                        None => {
+                            entry.draining = false;
+                            entry.queue.shrink_to_fit();
+                            return;
+                        }
+                    }
+                };
+                let peer = peer(work.signed.then_some(node.as_str()));
+                let ack = Box::pin(handler.handle(&peer, *work.message)).await;
                 let reply = GatewayMessage {
                     kind: Some(gateway_message::Kind::Ack(ack)),
                 };
@@ -808,26 +850,23 @@ impl<H: Handler> Workers<H> {
                 }
             }
         });
-        Worker {
-            tx,
-            last_message: Instant::now(),
-        }
     }
 
-    /// Drops workers idle for [`WORKER_IDLE`] with nothing queued; each ends once it has
-    /// finished what it holds.
+    /// Forgets nodes silent for [`WORKER_IDLE`] with nothing queued or being handled.
     fn evict_idle(&mut self) {
-        self.nodes.retain(|_, w| {
-            w.last_message.elapsed() < WORKER_IDLE || w.tx.capacity() < w.tx.max_capacity()
-        });
-        self.count_workers();
-    }
-
-    fn count_workers(&self) {
-        if let Some(gauge) = &self.node_workers {
-            gauge.store(self.nodes.len(), std::sync::atomic::Ordering::Relaxed);
+        let mut nodes = self
+            .nodes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        evict_idle(&mut nodes);
+        if let Some(gauge) = &self.node_queues {
+            gauge.store(nodes.len(), std::sync::atomic::Ordering::Relaxed);
         }
     }
+}
+
+fn evict_idle(nodes: &mut HashMap<String, NodeQueue>) {
+    nodes.retain(|_, q| q.draining || q.last_message.is_some_and(|t| t.elapsed() < WORKER_IDLE));
 }
 
 #[cfg(test)]
