@@ -17,6 +17,62 @@ pub mod v1 {
 
 pub use v1::*;
 
+/// The codec of the generated `Heartbeat` client and server: prost, with buffers sized to
+/// edgebeat's messages instead of tonic's 8 KiB default.
+///
+/// tonic keeps one encode and one decode buffer per stream for its whole life; every
+/// agent holds one stream, so a gateway with 10,000 agents held 160 MB of them (measured
+/// with heaptrack: `tonic/src/codec/decode.rs` and `encode.rs`, 8 KiB each per stream). A
+/// renewal is tens of bytes and a full NodeStatus well under 2 KiB; a buffer grows when a
+/// message needs it (up to [`MAX_AGENT_MESSAGE_BYTES`]), so nothing larger is refused.
+#[cfg(any(feature = "grpc-client", feature = "grpc-server"))]
+pub mod codec {
+    use tonic::codec::{BufferSettings, Codec};
+    use tonic_prost::ProstCodec;
+
+    /// Initial size of a stream's encode and decode buffer, in bytes (512 B).
+    pub const BUFFER_BYTES: usize = 512;
+
+    /// Encoded bytes after which an encoder yields to the runtime (tonic's default,
+    /// 32 KiB).
+    pub const YIELD_THRESHOLD_BYTES: usize = 32 * 1024;
+
+    /// [`ProstCodec`] with [`BUFFER_BYTES`] buffers.
+    #[derive(Debug, Clone, Copy)]
+    pub struct SmallBufferCodec<T, U>(std::marker::PhantomData<(T, U)>);
+
+    impl<T, U> Default for SmallBufferCodec<T, U> {
+        fn default() -> Self {
+            Self(std::marker::PhantomData)
+        }
+    }
+
+    impl<T, U> Codec for SmallBufferCodec<T, U>
+    where
+        T: prost::Message + Send + 'static,
+        U: prost::Message + Default + Send + 'static,
+    {
+        type Encode = T;
+        type Decode = U;
+        type Encoder = <ProstCodec<T, U> as Codec>::Encoder;
+        type Decoder = <ProstCodec<T, U> as Codec>::Decoder;
+
+        fn encoder(&mut self) -> Self::Encoder {
+            ProstCodec::<T, U>::raw_encoder(BufferSettings::new(
+                BUFFER_BYTES,
+                YIELD_THRESHOLD_BYTES,
+            ))
+        }
+
+        fn decoder(&mut self) -> Self::Decoder {
+            ProstCodec::<T, U>::raw_decoder(BufferSettings::new(
+                BUFFER_BYTES,
+                YIELD_THRESHOLD_BYTES,
+            ))
+        }
+    }
+}
+
 /// Largest encoded [`AgentMessage`] a receiver accepts, in bytes (64 KiB).
 ///
 /// A full NodeStatus is well under 2 KiB; the limit only has to stop abuse. Every decode

@@ -14,6 +14,7 @@ fn generated_code_is_current() {
         .build_client(true)
         .build_server(true)
         .build_transport(false)
+        .codec_path("crate::codec::SmallBufferCodec")
         .client_mod_attribute("edgebeat.v1", "#[cfg(feature = \"grpc-client\")]")
         .server_mod_attribute("edgebeat.v1", "#[cfg(feature = \"grpc-server\")]")
         .out_dir(&out)

@@ -388,7 +388,7 @@ pub mod heartbeat_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::SmallBufferCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/edgebeat.v1.Heartbeat/Connect",
             );
@@ -535,7 +535,7 @@ pub mod heartbeat_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ConnectSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::SmallBufferCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
