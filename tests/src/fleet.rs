@@ -110,6 +110,8 @@ pub struct FleetStats {
     pub reboots: AtomicU64,
     /// Renewal answer times since the last [`FleetStats::take_latencies`], µs.
     latencies: Mutex<Vec<u32>>,
+    /// Failed renewals by why (the ack's reason, or the transport's error).
+    failures: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl FleetStats {
@@ -123,6 +125,24 @@ impl FleetStats {
         );
         taken.sort_unstable();
         taken
+    }
+
+    /// Failed renewals by why, so far.
+    pub fn failures(&self) -> std::collections::BTreeMap<String, u64> {
+        self.failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn failed(&self, why: String) {
+        self.renewals_failed.fetch_add(1, Ordering::Relaxed);
+        *self
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(why)
+            .or_default() += 1;
     }
 
     fn latency(&self, d: Duration) {
@@ -468,7 +488,7 @@ async fn heartbeat_loops(
                 }
             } => return true,
             () = tokio::time::sleep_until(next_renew) => {
-                let ok = renew(options, stats, uplink, headers, &mut lease_state).await;
+                let ok = renew(options, stats, uplink, headers, &mut lease_state, cancel).await;
                 next_renew = Instant::now() + if ok {
                     jittered(options.renew_interval)
                 } else {
@@ -503,6 +523,7 @@ async fn renew(
     uplink: &Uplink,
     headers: &Headers,
     lease_state: &mut Vec<u8>,
+    cancel: &CancellationToken,
 ) -> bool {
     let message = pb::AgentMessage {
         kind: Some(Kind::Lease(pb::LeaseRenewal {
@@ -527,12 +548,16 @@ async fn renew(
             if ack.register_again {
                 lease_state.clear();
             }
-            stats.renewals_failed.fetch_add(1, Ordering::Relaxed);
+            // Numbers in reasons (ages, seqs) would make every failure its own kind.
+            let why: String = ack.reason.chars().filter(|c| !c.is_ascii_digit()).collect();
+            stats.failed(why);
             false
         }
+        // Not sent, or lost because the simulation is stopping: not a failure of the gateway.
         Err(UplinkError::NotConnected | UplinkError::Closed) => false,
-        Err(_) => {
-            stats.renewals_failed.fetch_add(1, Ordering::Relaxed);
+        Err(_) if cancel.is_cancelled() => false,
+        Err(error) => {
+            stats.failed(error.to_string());
             false
         }
     }

@@ -507,13 +507,16 @@ async fn apiserver_errors_are_retried_with_fresh_renewals(transport: Transport) 
         times.windows(2).all(|w| w[0] < w[1]),
         "every attempt, failed or not, carries a newer renewTime"
     );
-    assert_eq!(
+    // Each 503 is one failed renewal, and so is every retry the gateway answered at once
+    // while it backed off from the apiserver (without sending it: the 503s above are all
+    // that reached the apiserver).
+    assert!(
         cluster
             .gateway()
             .counters
             .lease_failures
-            .load(std::sync::atomic::Ordering::Relaxed),
-        3
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 3
     );
 }
 
@@ -537,12 +540,12 @@ async fn node_set_unknown_during_an_outage_is_ready_again_within_seconds(transpo
         .await
         .unwrap();
     // An apiserver outage: lease writes fail for longer than the gateway trusts its
-    // knowledge of the node...
+    // knowledge of the node (the gateway backs off between them, so 5 take seconds)...
     cluster.standin.inject(FaultRule::status(
         Some(Method::PUT),
         "/leases/rpi4-edge-01",
         503,
-        20,
+        5,
     ));
     // ...and, as the node lifecycle controller does after its grace period, every condition
     // becomes Unknown with reason NodeStatusUnknown, lastHeartbeatTime untouched.

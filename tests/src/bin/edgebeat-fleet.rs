@@ -354,6 +354,9 @@ async fn main() -> anyhow::Result<()> {
     for (key, value) in &summary {
         println!("{key}={value}");
     }
+    for (why, count) in stats.failures() {
+        println!("renewal_failure {count} × {why}");
+    }
     let _ = gateway.start_kill();
     let _ = gateway.wait().await;
     if let Some(mut broker) = broker {

@@ -93,8 +93,8 @@ impl<H: Handler> Heartbeat for Service<H> {
         }
         tracing::debug!(remote = ?peer.remote, identity = ?peer.identity, "gRPC stream opened");
         // The acks are a stream driven by tonic as it sends them: no task and no channel per
-        // agent, and the handler's future exists only while a message is handled (boxed, so
-        // an idle stream holds a few hundred bytes, not the largest state of the handler).
+        // agent; the handler runs in a task that exists only while a message is handled, so
+        // an idle stream holds a few hundred bytes, not the largest state of the handler.
         let state = StreamState {
             inbound: request.into_inner(),
             handler: self.handler.clone(),
@@ -109,7 +109,13 @@ impl<H: Handler> Heartbeat for Service<H> {
             };
             match next {
                 Ok(Some(message)) => {
-                    let ack = Box::pin(state.handler.handle(&state.peer, message)).await;
+                    // In a task of its own: an agent that goes away mid-message must not
+                    // cancel the gateway's writes half-way (a Node patched but its Event
+                    // not recorded). The task lives only while the message is handled.
+                    let (handler, peer) = (state.handler.clone(), state.peer.clone());
+                    let ack = tokio::spawn(async move { handler.handle(&peer, message).await })
+                        .await
+                        .ok()?;
                     let reply = GatewayMessage {
                         kind: Some(gateway_message::Kind::Ack(ack)),
                     };

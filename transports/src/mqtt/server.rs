@@ -660,6 +660,9 @@ struct NodeQueue {
     /// A task is draining the queue (at most one per node, so messages are handled in
     /// order, one at a time).
     draining: bool,
+    /// That task holds a message taken from the queue: with it a node has at most
+    /// `per_node_queue` + 1 messages in the gateway, however the tasks are scheduled.
+    handling: bool,
     last_message: Option<Instant>,
 }
 
@@ -768,7 +771,7 @@ impl<H: Handler> Workers<H> {
         }
         let entry = nodes.entry(node.to_owned()).or_default();
         entry.last_message = Some(Instant::now());
-        if entry.queue.len() >= self.queue {
+        if entry.queue.len() + usize::from(entry.handling) > self.queue {
             drop(nodes);
             tracing::debug!(node, "MQTT message dropped: the node's queue is full");
             self.handler.rejected(
@@ -828,9 +831,13 @@ impl<H: Handler> Workers<H> {
                         return;
                     };
                     match entry.queue.pop_front() {
-                        Some(work) => work,
+                        Some(work) => {
+                            entry.handling = true;
+                            work
+                        }
                         None => {
                             entry.draining = false;
+                            entry.handling = false;
                             entry.queue.shrink_to_fit();
                             return;
                         }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Fleet benchmark: builds the gateway and the fleet simulator (release) and runs
+# edgebeat-fleet over gRPC and MQTT. Figures in BENCHMARKS.md come from this script.
+#
+#   scripts/fleet.sh                 # 10,000 nodes, 10 minutes after a 60 s ramp, each transport
+#   scripts/fleet.sh 1000 60         # 1,000 nodes for 60 s
+#   TRANSPORTS=mqtt scripts/fleet.sh # one transport
+#
+# Extra arguments after the first two go to edgebeat-fleet (e.g. --apiserver-latency-ms 20).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+nodes=${1:-10000}
+duration=${2:-600}
+shift $(( $# > 2 ? 2 : $# ))
+command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || {
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto
+}
+cargo build --release --locked -p edgebeat-gateway -p edgebeat-tests \
+  --bin edgebeat-gateway --bin edgebeat-fleet
+# One socket per simulated node on each side.
+ulimit -n "$(ulimit -Hn)" || true
+ramp=$(( nodes >= 5000 ? 60 : 10 ))
+for transport in ${TRANSPORTS:-grpc mqtt}; do
+  echo "== $transport: $nodes nodes, ${duration}s after a ${ramp}s ramp"
+  target/release/edgebeat-fleet --nodes "$nodes" --transport "$transport" \
+    --duration "$duration" --ramp "$ramp" --report-every 60 "$@"
+done
