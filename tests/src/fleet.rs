@@ -104,7 +104,8 @@ pub struct FleetStats {
     pub status_sent: AtomicU64,
     /// Status reports answered OK.
     pub status_ok: AtomicU64,
-    /// Registrations the transports sent (one per connect, and when asked).
+    /// Register messages built by the transports: one per connect and when asked (MQTT
+    /// also builds one per connect for its Last Will header, which is not sent as a Register).
     pub registrations: AtomicU64,
     /// Reboots simulated.
     pub reboots: AtomicU64,
