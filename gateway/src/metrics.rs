@@ -11,6 +11,9 @@
 //! | `edgebeat_gateway_rejected_messages_total` | counter | `reason` | messages rejected, by [`RejectReason`] (every reason is always exported, from 0) |
 //! | `edgebeat_gateway_registrations_total` | counter | | Nodes created or reconciled |
 //! | `edgebeat_gateway_tracked_nodes` | gauge | | nodes this replica keeps state for |
+//! | `edgebeat_gateway_max_nodes` | gauge | | `--max-nodes`: further nodes are refused with reason `fleet_full` |
+//! | `edgebeat_gateway_apiserver_backing_off` | gauge | | 1 while the gateway backs off from the apiserver (429, 5xx, no answer) |
+//! | `edgebeat_gateway_unidentified_agents_allowed` | gauge | | 1 with `--allow-unidentified-agents` and an ingress that lets them in |
 //! | `edgebeat_gateway_node_lease_age_seconds` | gauge | `node` | gateway wall clock − the `renewTime` this replica last wrote for the node's Lease |
 //! | `edgebeat_gateway_node_clock_skew_seconds` | gauge | `node` | gateway wall clock − the agent's `Header.wall_time_ms`, at receipt of its last accepted message (signed: positive when the agent's clock is behind) |
 //!
