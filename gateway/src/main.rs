@@ -339,19 +339,18 @@ fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions
             .with_context(|| format!("{flag} {}", path.display()))
     };
     let Some(url) = &args.mqtt_endpoint else {
-        for (flag, set) in [
-            ("--mqtt-ca-file", args.mqtt_ca_file.is_some()),
-            ("--mqtt-cert-file", args.mqtt_cert_file.is_some()),
-            ("--mqtt-node-ca", args.mqtt_node_ca.is_some()),
-            (
-                "--mqtt-require-signatures",
-                args.mqtt_require_signatures.is_some(),
-            ),
-        ] {
-            if set {
-                anyhow::bail!("{flag} needs --mqtt-endpoint");
-            }
-        }
+        flags_need(
+            "--mqtt-endpoint",
+            &[
+                ("--mqtt-ca-file", args.mqtt_ca_file.is_some()),
+                ("--mqtt-cert-file", args.mqtt_cert_file.is_some()),
+                ("--mqtt-node-ca", args.mqtt_node_ca.is_some()),
+                (
+                    "--mqtt-require-signatures",
+                    args.mqtt_require_signatures.is_some(),
+                ),
+            ],
+        )?;
         return Ok(None);
     };
     let MqttEndpoint {
@@ -502,19 +501,26 @@ fn readiness(
 
 /// The gRPC flags that mean nothing without --grpc-listen are an error, not silently ignored.
 fn check_no_grpc_flags(args: &Args) -> anyhow::Result<()> {
-    for (flag, set) in [
-        ("--grpc-tls-cert", args.grpc_tls_cert.is_some()),
-        ("--grpc-client-ca", args.grpc_client_ca.is_some()),
-        (
-            "--require-node-identity",
-            args.require_node_identity.is_some(),
-        ),
-    ] {
-        if set {
-            anyhow::bail!("{flag} needs --grpc-listen");
-        }
+    flags_need(
+        "--grpc-listen",
+        &[
+            ("--grpc-tls-cert", args.grpc_tls_cert.is_some()),
+            ("--grpc-client-ca", args.grpc_client_ca.is_some()),
+            (
+                "--require-node-identity",
+                args.require_node_identity.is_some(),
+            ),
+        ],
+    )
+}
+
+/// Errors with "`flag` needs `parent`" for the first of `flags` that is set (`parent` is
+/// not).
+fn flags_need(parent: &str, flags: &[(&str, bool)]) -> anyhow::Result<()> {
+    match flags.iter().find(|(_, set)| *set) {
+        Some((flag, _)) => anyhow::bail!("{flag} needs {parent}"),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The gateway's one security posture, from the configured ingresses: at least one

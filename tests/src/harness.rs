@@ -485,6 +485,30 @@ impl Cluster {
             .await
     }
 
+    /// Messages the first running gateway replica rejected for `why` so far.
+    pub fn rejections(&self, why: edgebeat_gateway::metrics::RejectReason) -> u64 {
+        self.gateway().counters.rejections(why)
+    }
+
+    /// Waits until the first running replica has rejected at least `at_least` messages for
+    /// `why`.
+    ///
+    /// # Panics
+    /// When `deadline` passes first, naming the reason.
+    pub async fn wait_for_rejections(
+        &self,
+        why: edgebeat_gateway::metrics::RejectReason,
+        at_least: u64,
+        deadline: Duration,
+    ) {
+        wait_for(
+            &format!("{} rejections ≥ {at_least}", why.as_str()),
+            deadline,
+            || self.rejections(why) >= at_least,
+        )
+        .await;
+    }
+
     /// Starts an in-process agent with `config`.
     ///
     /// Errors: the agent's start-up errors (unreadable host facts, bad node name).
@@ -499,6 +523,21 @@ impl Cluster {
             cancel,
             task,
         })
+    }
+}
+
+/// gRPC server options for mutual TLS with `site`: its server certificate (for
+/// 127.0.0.1), `site` as the client CA, node identities required.
+pub fn mtls_options(site: &crate::pki::Ca) -> GrpcServerOptions {
+    let server = site.server();
+    GrpcServerOptions {
+        tls: Some(edgebeat_transports::grpc::GrpcServerTls {
+            cert_pem: server.cert_pem.into_bytes(),
+            key_pem: server.key_pem.into_bytes(),
+            client_ca_pem: Some(site.cert_pem.clone().into_bytes()),
+        }),
+        require_node_identity: true,
+        ..GrpcServerOptions::default()
     }
 }
 

@@ -20,26 +20,13 @@ use edgebeat_tests::harness::{Cluster, Transport, fixture, gateway_options, wait
 use edgebeat_tests::messages::{BOOT, register, renewal};
 use edgebeat_tests::pki::Ca;
 use edgebeat_tests::spy::Spy;
-use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, serve};
+use edgebeat_transports::grpc::{GrpcServerOptions, serve};
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const FACTS: &str = "rpi4-cgroup1";
 const PREFIX: &str = "edgebeat/v1";
-
-fn count(cluster: &Cluster, why: RejectReason) -> u64 {
-    cluster.gateway().counters.rejections(why)
-}
-
-async fn counted(cluster: &Cluster, why: RejectReason, at_least: u64) {
-    wait_for(
-        &format!("{} rejections ≥ {at_least}", why.as_str()),
-        DEADLINE,
-        || count(cluster, why) >= at_least,
-    )
-    .await;
-}
 
 /// Sends `messages` on one gRPC stream to `url` (plain HTTP/2) and returns the acks.
 async fn grpc_send(url: &str, messages: Vec<pb::AgentMessage>) -> Vec<pb::Ack> {
@@ -129,7 +116,7 @@ async fn an_unidentified_listener_cannot_write_beside_signed_mqtt() {
             .all(|a| AckCode::try_from(a.code) == Ok(AckCode::Rejected)),
         "{acks:?}"
     );
-    assert_eq!(count(&cluster, RejectReason::Unauthenticated), 52);
+    assert_eq!(cluster.rejections(RejectReason::Unauthenticated), 52);
     assert_eq!(
         cluster.gateway().tracked_nodes(),
         1,
@@ -170,7 +157,9 @@ async fn a_forged_boot_id_locks_a_node_out_only_briefly() {
     let acks = grpc_send(&cluster.grpc_url, vec![forged]).await;
     assert_eq!(acks.len(), 1);
     // The genuine boot is refused for a moment, then renews again.
-    counted(&cluster, RejectReason::Replayed, 1).await;
+    cluster
+        .wait_for_rejections(RejectReason::Replayed, 1, DEADLINE)
+        .await;
     cluster
         .wait_for_renewals("edge-l", 3, DEADLINE)
         .await
@@ -212,7 +201,9 @@ async fn forged_signatures_are_never_answered() {
         spy.publish(&lease_topic, forged.encode_to_vec(), false)
             .await;
     }
-    counted(&cluster, RejectReason::BadSignature, FORGED).await;
+    cluster
+        .wait_for_rejections(RejectReason::BadSignature, FORGED, DEADLINE)
+        .await;
     // Genuine renewals (and their acks) went on meanwhile.
     cluster
         .wait_for_renewals("edge-r", 3, DEADLINE)
@@ -269,8 +260,12 @@ async fn made_up_node_names_get_no_state() {
         };
         spy.publish(&topic, payload, false).await;
     }
-    counted(&cluster, RejectReason::Unsigned, NAMES / 2).await;
-    counted(&cluster, RejectReason::UnknownSigner, NAMES / 2).await;
+    cluster
+        .wait_for_rejections(RejectReason::Unsigned, NAMES / 2, DEADLINE)
+        .await;
+    cluster
+        .wait_for_rejections(RejectReason::UnknownSigner, NAMES / 2, DEADLINE)
+        .await;
     let replica = cluster.replicas[0].as_ref().unwrap();
     assert_eq!(replica.mqtt_node_queues.load(Ordering::Relaxed), 0);
     assert_eq!(cluster.gateway().tracked_nodes(), 0);
@@ -314,17 +309,10 @@ async fn made_up_node_names_get_no_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_sockets_from_one_address_cannot_starve_handshakes() {
     let site = Ca::new("edgebeat site CA");
-    let server = site.server();
     let grpc = GrpcServerOptions {
-        tls: Some(GrpcServerTls {
-            cert_pem: server.cert_pem.into_bytes(),
-            key_pem: server.key_pem.into_bytes(),
-            client_ca_pem: Some(site.cert_pem.clone().into_bytes()),
-        }),
-        require_node_identity: true,
         max_handshakes: 64,
         max_handshakes_per_address: 8,
-        ..GrpcServerOptions::default()
+        ..edgebeat_tests::harness::mtls_options(&site)
     };
     let cluster = Cluster::start_grpc_with(grpc, gateway_options())
         .await
@@ -354,7 +342,9 @@ async fn idle_sockets_from_one_address_cannot_starve_handshakes() {
             }
         });
     }
-    counted(&cluster, RejectReason::TlsHandshake, 92).await;
+    cluster
+        .wait_for_rejections(RejectReason::TlsHandshake, 92, DEADLINE)
+        .await;
     let cert = site.node("edge-h");
     let mut config = cluster.agent_config("edge-h", &fixture(FACTS));
     config.transport_tls = Some(edgebeat_agent::config::TransportTls {
@@ -406,14 +396,15 @@ async fn replays_do_not_drain_the_rate_limit() {
     // Each replay is refused as replayed, or dropped when a burst from the broker meets a
     // full queue of that node (a flood is a broker-ACL matter, see the README).
     wait_for("150 replays refused", DEADLINE, || {
-        count(&cluster, RejectReason::Replayed) + count(&cluster, RejectReason::QueueFull) >= 150
+        cluster.rejections(RejectReason::Replayed) + cluster.rejections(RejectReason::QueueFull)
+            >= 150
     })
     .await;
-    assert!(count(&cluster, RejectReason::Replayed) >= 140);
+    assert!(cluster.rejections(RejectReason::Replayed) >= 140);
     cluster
         .wait_for_renewals("edge-p", 2, DEADLINE)
         .await
         .unwrap();
-    assert_eq!(count(&cluster, RejectReason::RateLimited), 0);
+    assert_eq!(cluster.rejections(RejectReason::RateLimited), 0);
     agent.stop().await.unwrap();
 }

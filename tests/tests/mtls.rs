@@ -21,7 +21,7 @@ use edgebeat_gateway::metrics::RejectReason;
 use edgebeat_proto::{self as pb, AckCode};
 use edgebeat_tests::harness::{Cluster, fixture, wait_for};
 use edgebeat_tests::pki::{Ca, Leaf};
-use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls};
+use edgebeat_transports::grpc::GrpcServerOptions;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const FACTS: &str = "rpi4-cgroup1";
@@ -32,15 +32,9 @@ const LEASE_NS: &str = "kube-node-lease";
 
 /// A gateway serving TLS with `site`'s server certificate and `site` as client CA.
 async fn mtls_cluster(site: &Ca, require_node_identity: bool) -> Cluster {
-    let server = site.server();
     let grpc = GrpcServerOptions {
-        tls: Some(GrpcServerTls {
-            cert_pem: server.cert_pem.into_bytes(),
-            key_pem: server.key_pem.into_bytes(),
-            client_ca_pem: Some(site.cert_pem.clone().into_bytes()),
-        }),
         require_node_identity,
-        ..GrpcServerOptions::default()
+        ..edgebeat_tests::harness::mtls_options(site)
     };
     let cluster = Cluster::start_grpc_with(grpc, GatewayOptions::default())
         .await

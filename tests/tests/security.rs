@@ -16,7 +16,7 @@ use std::time::Duration;
 use edgebeat_gateway::GatewayOptions;
 use edgebeat_gateway::metrics::RejectReason;
 use edgebeat_proto::SignedMessage;
-use edgebeat_tests::harness::{Cluster, Transport, fixture, gateway_options, wait_for};
+use edgebeat_tests::harness::{Cluster, Transport, fixture, gateway_options};
 use edgebeat_tests::pki::Ca;
 use edgebeat_tests::requests::{self, is_lease_put};
 use edgebeat_tests::spy::Spy;
@@ -27,19 +27,6 @@ use prost::Message as _;
 const DEADLINE: Duration = Duration::from_secs(20);
 const FACTS: &str = "rpi4-cgroup1";
 const PREFIX: &str = "edgebeat/v1";
-
-fn count(cluster: &Cluster, why: RejectReason) -> u64 {
-    cluster.gateway().counters.rejections(why)
-}
-
-async fn counted(cluster: &Cluster, why: RejectReason, at_least: u64) {
-    wait_for(
-        &format!("{} rejections ≥ {at_least}", why.as_str()),
-        DEADLINE,
-        || count(cluster, why) >= at_least,
-    )
-    .await;
-}
 
 fn mentions(r: &RecordedRequest, text: &str) -> bool {
     r.path.contains(text) || String::from_utf8_lossy(&r.body).contains(text)
@@ -74,7 +61,7 @@ async fn forged_replayed_and_foreign_mqtt_messages_are_refused_while_nodes_keep_
     assert!(cluster.standin.node("edge-a").is_some());
     for why in RejectReason::ALL {
         assert_eq!(
-            count(&cluster, why),
+            cluster.rejections(why),
             0,
             "{} before any attack",
             why.as_str()
@@ -89,7 +76,9 @@ async fn forged_replayed_and_foreign_mqtt_messages_are_refused_while_nodes_keep_
 
     // 1. Replayed verbatim: the signature is good, the per-boot seq is not new.
     spy.publish(&lease_topic, captured.clone(), false).await;
-    counted(&cluster, RejectReason::Replayed, 1).await;
+    cluster
+        .wait_for_rejections(RejectReason::Replayed, 1, DEADLINE)
+        .await;
 
     // 2. Tampered: one bit of the signed message flipped.
     let mut tampered = sealed.clone();
@@ -97,12 +86,16 @@ async fn forged_replayed_and_foreign_mqtt_messages_are_refused_while_nodes_keep_
     tampered.signed_message[last] ^= 1;
     spy.publish(&lease_topic, tampered.encode_to_vec(), false)
         .await;
-    counted(&cluster, RejectReason::BadSignature, 1).await;
+    cluster
+        .wait_for_rejections(RejectReason::BadSignature, 1, DEADLINE)
+        .await;
 
     // 3. Signature stripped: the bare AgentMessage.
     spy.publish(&lease_topic, sealed.signed_message.clone(), false)
         .await;
-    counted(&cluster, RejectReason::Unsigned, 1).await;
+    cluster
+        .wait_for_rejections(RejectReason::Unsigned, 1, DEADLINE)
+        .await;
 
     // 4. A certificate from another CA for edge-a, retained: refused, and edge-a's key is
     //    not replaced (it keeps renewing below).
@@ -115,7 +108,9 @@ async fn forged_replayed_and_foreign_mqtt_messages_are_refused_while_nodes_keep_
     let certificates_a = format!("{PREFIX}/certificates/edge-a");
     spy.publish(&certificates_a, foreign.certificate().to_vec(), false)
         .await;
-    counted(&cluster, RejectReason::Certificate, 1).await;
+    cluster
+        .wait_for_rejections(RejectReason::Certificate, 1, DEADLINE)
+        .await;
 
     // 5. An expired certificate of the site CA for edge-x, and a renewal signed with its
     //    key: the certificate is refused, so the signer is unknown; nothing is written.
@@ -128,21 +123,29 @@ async fn forged_replayed_and_foreign_mqtt_messages_are_refused_while_nodes_keep_
         false,
     )
     .await;
-    counted(&cluster, RejectReason::Certificate, 2).await;
+    cluster
+        .wait_for_rejections(RejectReason::Certificate, 2, DEADLINE)
+        .await;
     let forged = expired
         .seal(edgebeat_tests::messages::register("edge-x", 1).encode_to_vec())
         .unwrap();
     spy.publish(&format!("{PREFIX}/nodes/edge-x/register"), forged, false)
         .await;
-    counted(&cluster, RejectReason::UnknownSigner, 1).await;
+    cluster
+        .wait_for_rejections(RejectReason::UnknownSigner, 1, DEADLINE)
+        .await;
 
     // 6. A real agent holding edge-a's key claims to be edge-b: its certificate does not
     //    name edge-b, and its signatures do not verify with edge-b's key.
     let impostor = cluster
         .start_agent(cluster.secure_agent_config("edge-b", &root, &cert_a))
         .unwrap();
-    counted(&cluster, RejectReason::BadSignature, 2).await;
-    counted(&cluster, RejectReason::Certificate, 3).await;
+    cluster
+        .wait_for_rejections(RejectReason::BadSignature, 2, DEADLINE)
+        .await;
+    cluster
+        .wait_for_rejections(RejectReason::Certificate, 3, DEADLINE)
+        .await;
     impostor.stop().await.unwrap();
 
     // 7. A message genuinely signed with edge-a's key, with a new seq, but a wall time a
@@ -167,7 +170,9 @@ async fn forged_replayed_and_foreign_mqtt_messages_are_refused_while_nodes_keep_
     }
     let old = signer_a.seal(recorded.encode_to_vec()).unwrap();
     spy.publish(&lease_topic, old, false).await;
-    counted(&cluster, RejectReason::ClockSkew, 1).await;
+    cluster
+        .wait_for_rejections(RejectReason::ClockSkew, 1, DEADLINE)
+        .await;
 
     // The genuine nodes kept renewing throughout and still do; edge-x never existed.
     cluster
@@ -199,11 +204,11 @@ async fn forged_replayed_and_foreign_mqtt_messages_are_refused_while_nodes_keep_
         RejectReason::Invalid,
         RejectReason::RateLimited,
     ] {
-        assert_eq!(count(&cluster, why), 0, "{}", why.as_str());
+        assert_eq!(cluster.rejections(why), 0, "{}", why.as_str());
     }
     let figures: Vec<String> = RejectReason::ALL
         .iter()
-        .map(|why| format!("{}={}", why.as_str(), count(&cluster, *why)))
+        .map(|why| format!("{}={}", why.as_str(), cluster.rejections(*why)))
         .collect();
     println!("rejections observed: {}", figures.join(" "));
     a.stop().await.unwrap();
@@ -226,7 +231,9 @@ async fn unsigned_agents_are_refused_only_when_signatures_are_required() {
         spy.publish(&format!("{PREFIX}/nodes/edge-u/register"), plain, false)
             .await;
         if required {
-            counted(&cluster, RejectReason::Unsigned, 1).await;
+            cluster
+                .wait_for_rejections(RejectReason::Unsigned, 1, DEADLINE)
+                .await;
             assert!(cluster.standin.node("edge-u").is_none());
         } else {
             cluster
@@ -236,7 +243,7 @@ async fn unsigned_agents_are_refused_only_when_signatures_are_required() {
                 })
                 .await
                 .unwrap();
-            assert_eq!(count(&cluster, RejectReason::Unsigned), 0);
+            assert_eq!(cluster.rejections(RejectReason::Unsigned), 0);
         }
     }
 }
