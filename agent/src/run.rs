@@ -303,6 +303,18 @@ impl Agent {
             }
         };
         tracing::info!(node = self.node_name(), "edgebeat agent starting");
+        if !self
+            .config
+            .transport_tls
+            .as_ref()
+            .is_some_and(|t| t.client.is_some())
+        {
+            // The gateway's default posture refuses messages without a node identity.
+            tracing::warn!(
+                node = self.node_name(),
+                "no node certificate (transport.certFile, transport.keyFile): this agent's messages carry no identity, and only a gateway run with --allow-unidentified-agents accepts them"
+            );
+        }
         let observe = async {
             let Some(listener) = observe_listener else {
                 return;

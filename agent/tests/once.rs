@@ -86,15 +86,49 @@ fn missing_host_root_is_a_clear_error() {
     assert!(stderr.contains("boot_id"), "{stderr}");
 }
 
+/// The example site configs run the identified posture: each names a CA, a node
+/// certificate and its key under /etc/edgebeat/pki, which load here from a PKI made for the
+/// test (the paths rewritten to it).
 #[test]
 fn example_site_configs_load() {
+    let pki = tempfile::tempdir().unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let node_key = rcgen::KeyPair::generate().unwrap();
+    let mut node = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    node.distinguished_name
+        .push(rcgen::DnType::CommonName, "system:node:edge-01");
+    node.distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    let node_cert = node.signed_by(&node_key, &issuer).unwrap();
+    std::fs::write(pki.path().join("ca.crt"), ca_cert.pem()).unwrap();
+    std::fs::write(pki.path().join("node.crt"), node_cert.pem()).unwrap();
+    std::fs::write(pki.path().join("node.key"), node_key.serialize_pem()).unwrap();
     for name in ["site-grpc.yaml", "site-mqtt.yaml"] {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../deploy/agent")
             .join(name);
-        let config =
-            edgebeat_agent::AgentConfig::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            text.matches("/etc/edgebeat/pki/").count(),
+            3,
+            "{name}: caFile, certFile and keyFile are set"
+        );
+        let config = edgebeat_agent::AgentConfig::from_yaml(
+            &text.replace("/etc/edgebeat/pki/", &format!("{}/", pki.path().display())),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(config.transport.is_some(), "{name}");
+        assert!(
+            config
+                .transport_tls
+                .as_ref()
+                .is_some_and(|t| t.client.is_some()),
+            "{name}: a node identity"
+        );
         assert_eq!(config.register_with_taints.len(), 1, "{name}");
     }
 }
