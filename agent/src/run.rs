@@ -303,11 +303,11 @@ impl Agent {
             }
         };
         tracing::info!(node = self.node_name(), "edgebeat agent starting");
-        if !self
+        if self
             .config
             .transport_tls
             .as_ref()
-            .is_some_and(|t| t.client.is_some())
+            .is_none_or(|t| t.client.is_none())
         {
             // The gateway's default posture refuses messages without a node identity.
             tracing::warn!(
