@@ -196,6 +196,14 @@ impl NodeAdmission {
                 "unidentified message for a node that speaks with its identity",
             ));
         }
+        if !self.identified && provenance.identity.is_some() {
+            // The node's first identified message outranks whatever unidentified messages
+            // set before it (a boot, a sequence far ahead): they could have been anyone's.
+            *self = Self {
+                bucket: self.bucket,
+                ..Self::default()
+            };
+        }
         self.old_boots
             .retain(|(_, at)| now.saturating_duration_since(*at) < policy.old_boot_memory);
         let new_boot = self.boot_id != header.boot_id;
@@ -230,6 +238,19 @@ impl NodeAdmission {
                     "replayed or reordered: seq {seq} ≤ last accepted {}",
                     self.last_seq
                 ),
+            ));
+        } else if let Some(ahead) = self
+            .freshness
+            .as_ref()
+            .map(|f| f.ahead(seq, now))
+            .filter(|ahead| *ahead > policy.max_age)
+        {
+            // `seq` is the agent's boot clock: a message from further in the future than
+            // the age limit is not the agent's (accepted, it would make every genuine
+            // message look replayed, then stale).
+            return Verdict::Reject(Refusal::new(
+                RejectReason::Invalid,
+                format!("seq is {ahead:?} ahead of this boot's clock"),
             ));
         }
         // Recorded before the rate limit: a refused message cannot be replayed later.
@@ -386,6 +407,51 @@ mod tests {
         assert!(
             matches!(genuine, Verdict::Admit(Admitted { new_boot: true, .. })),
             "{genuine:?}"
+        );
+    }
+
+    /// An unidentified message that came first (a public boot ID, a seq far ahead) binds
+    /// nothing: the node's first identified message starts its state afresh.
+    #[tokio::test(start_paused = true)]
+    async fn unidentified_history_does_not_bind_an_identified_node() {
+        let p = policy(Posture::AllowUnidentified);
+        let t0 = Instant::now();
+        let mut node = NodeAdmission::default();
+        node.admit(&p, &header(1, u64::MAX, 0), NOBODY, false, t0, t0);
+        assert!(matches!(
+            node.admit(&p, &header(1, 10 * SEC, 0), MTLS, true, t0, t0),
+            Verdict::Admit(_)
+        ));
+        assert!(node.identified());
+    }
+
+    /// A seq from further ahead than the age limit is refused and not recorded, so the
+    /// genuine messages that follow are neither replays nor stale.
+    #[tokio::test(start_paused = true)]
+    async fn a_seq_from_the_future_is_refused() {
+        let p = AdmissionPolicy {
+            drift_ppm: 0,
+            ..policy(Posture::AllowUnidentified)
+        };
+        let t0 = Instant::now();
+        let mut node = NodeAdmission::default();
+        node.admit(&p, &header(1, 100 * SEC, 0), NOBODY, true, t0, t0);
+        let forged = node.admit(&p, &header(1, 110 * SEC, 0), NOBODY, true, t0, t0);
+        assert_eq!(reason(forged), RejectReason::Invalid);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            node.admit(
+                &p,
+                &header(1, 101 * SEC, 0),
+                NOBODY,
+                true,
+                t0,
+                Instant::now()
+            ),
+            Verdict::Admit(Admitted {
+                age: Duration::ZERO,
+                new_boot: false
+            })
         );
     }
 

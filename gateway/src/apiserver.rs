@@ -29,11 +29,12 @@
 //! - **Lease calls first**: Node, status and Event calls may hold at most half of those
 //!   slots, so a burst of registrations or status reports never holds up Lease renewals
 //!   (the liveness signal; `pkg/controller/nodelifecycle` reads the Lease first).
-//! - **One backoff for the whole gateway**: an answer that says the apiserver is in
-//!   trouble (429, 5xx, no answer) closes a gate; until it reopens, calls fail at once with
-//!   [`BackingOff`] (the agent retries on its own schedule) and one probe request at a
-//!   time goes through, after 200 ms doubling to 4 s, or after the 429's `Retry-After`.
-//!   The first success reopens it. An outage of any length so costs the apiserver a few
+//! - **One backoff per priority for the whole gateway**: an answer that says the apiserver
+//!   is in trouble (429, 5xx, no answer in time) closes a gate; until it reopens, calls of
+//!   that priority fail at once with [`BackingOff`] (the agent retries on its own schedule)
+//!   and one probe request at a time goes through, after 200 ms doubling to 4 s, or after
+//!   the 429's `Retry-After` (at most 4 s). The first success reopens it. Lease and other
+//!   calls have a gate each, so a failing webhook on status patches never holds up Leases. An outage of any length so costs the apiserver a few
 //!   probes per second, not a request per node per retry, and a renewal goes through
 //!   within seconds of recovery, inside one renew interval.
 
@@ -100,7 +101,50 @@ struct Gate {
     backoff: Duration,
 }
 
-/// What a call may do, by the gate.
+impl Gate {
+    fn new() -> Self {
+        Self {
+            failing: false,
+            probing: false,
+            retry_at: Instant::now(),
+            backoff: GATE_BACKOFF_MIN,
+        }
+    }
+
+    /// Takes one call's outcome: `None` for an apiserver that works, `Some(retry_after)`
+    /// for trouble. Only the probe's trouble (or the first trouble) moves the next try:
+    /// failures of calls that were already in flight when the gate closed say nothing new.
+    fn observe(&mut self, trouble: Option<Duration>, probe: bool) {
+        match trouble {
+            None => {
+                if self.failing {
+                    tracing::info!("the apiserver answers again; writes resume");
+                }
+                self.failing = false;
+                self.backoff = GATE_BACKOFF_MIN;
+            }
+            Some(_) if self.failing && !probe => {}
+            Some(retry_after) => {
+                let wait = if self.failing {
+                    (self.backoff * 2).min(GATE_BACKOFF_MAX)
+                } else {
+                    tracing::warn!(
+                        "the apiserver answered 429, 5xx or nothing; backing off (one probe request at a time)"
+                    );
+                    GATE_BACKOFF_MIN
+                };
+                self.backoff = wait;
+                self.failing = true;
+                // A Retry-After longer than GATE_BACKOFF_MAX is not honoured: a Lease not
+                // renewed for 40 s is a NotReady node, and one probe costs the apiserver
+                // little.
+                self.retry_at = Instant::now() + wait.max(retry_after.min(GATE_BACKOFF_MAX));
+            }
+        }
+    }
+}
+
+/// What a call may do, by its gate.
 enum Ticket<'a> {
     /// The gate is open.
     Open,
@@ -112,22 +156,69 @@ enum Ticket<'a> {
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         if let Ticket::Probe(gate) = self {
-            gate.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .probing = false;
+            lock(gate).probing = false;
         }
     }
 }
 
+/// Records a call's outcome in its gate; a call dropped before its answer (its caller's
+/// deadline passed) counts as "no answer".
+struct Outcome<'a> {
+    gate: &'a Mutex<Gate>,
+    probe: bool,
+    recorded: bool,
+}
+
+impl Outcome<'_> {
+    fn record<T>(&mut self, result: &Result<T, kube::Error>) {
+        self.recorded = true;
+        lock(self.gate).observe(trouble(result), self.probe);
+    }
+}
+
+impl Drop for Outcome<'_> {
+    fn drop(&mut self) {
+        if !self.recorded {
+            lock(self.gate).observe(Some(Duration::ZERO), self.probe);
+        }
+    }
+}
+
+fn lock(gate: &Mutex<Gate>) -> std::sync::MutexGuard<'_, Gate> {
+    gate.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether a call's result says the apiserver is in trouble: `Some(Retry-After)` for 429,
+/// `Some(0)` for 5xx and for no answer; `None` for success and any other answer (a 404 or
+/// 409 is an apiserver that works).
+fn trouble<T>(result: &Result<T, kube::Error>) -> Option<Duration> {
+    match result {
+        Ok(_) => None,
+        Err(kube::Error::Api(status)) if status.code == 429 => Some(
+            status
+                .details
+                .as_ref()
+                .map(|d| Duration::from_secs(u64::from(d.retry_after_seconds)))
+                .unwrap_or_default(),
+        ),
+        Err(kube::Error::Api(status)) if status.code >= 500 => Some(Duration::ZERO),
+        Err(kube::Error::Api(_)) => None,
+        Err(_) => Some(Duration::ZERO),
+    }
+}
+
 /// The apiserver as the gateway writes to it: a kube-rs client, whether to impersonate
-/// each node, the call slots and the backoff gate (shared by every clone).
+/// each node, the call slots and a backoff gate per [`Priority`] (shared by every clone),
+/// so that trouble with Node, status or Event calls (a failing webhook) never holds up
+/// Lease renewals, and the reverse.
 #[derive(Clone)]
 pub struct Apiserver {
     client: kube::Client,
     impersonate: bool,
     all: Arc<Semaphore>,
     others: Arc<Semaphore>,
-    gate: Arc<Mutex<Gate>>,
+    gates: Arc<[Mutex<Gate>; 2]>,
 }
 
 impl Apiserver {
@@ -145,84 +236,32 @@ impl Apiserver {
             impersonate,
             all: Arc::new(Semaphore::new(max)),
             others: Arc::new(Semaphore::new(max / 2)),
-            gate: Arc::new(Mutex::new(Gate {
-                failing: false,
-                probing: false,
-                retry_at: Instant::now(),
-                backoff: GATE_BACKOFF_MIN,
-            })),
+            gates: Arc::new([Mutex::new(Gate::new()), Mutex::new(Gate::new())]),
         }
     }
 
-    /// Whether the backoff gate is closed (the apiserver answered 429, 5xx or nothing, and
-    /// no call has succeeded since).
+    /// Whether a backoff gate is closed (the apiserver answered 429, 5xx or nothing, and
+    /// no call of that priority has succeeded since).
     pub fn backing_off(&self) -> bool {
-        self.lock_gate().failing
+        self.gates.iter().any(|g| lock(g).failing)
     }
 
-    fn lock_gate(&self) -> std::sync::MutexGuard<'_, Gate> {
-        self.gate
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn gate(&self, priority: Priority) -> &Mutex<Gate> {
+        &self.gates[usize::from(priority == Priority::Other)]
     }
 
-    fn admit(&self) -> Result<Ticket<'_>, BackingOff> {
-        let mut gate = self.lock_gate();
-        if !gate.failing {
+    fn admit(&self, priority: Priority) -> Result<Ticket<'_>, BackingOff> {
+        let gate = self.gate(priority);
+        let mut state = lock(gate);
+        if !state.failing {
             return Ok(Ticket::Open);
         }
         let now = Instant::now();
-        if now >= gate.retry_at && !gate.probing {
-            gate.probing = true;
-            return Ok(Ticket::Probe(&self.gate));
+        if now >= state.retry_at && !state.probing {
+            state.probing = true;
+            return Ok(Ticket::Probe(gate));
         }
-        Err(BackingOff(gate.retry_at.saturating_duration_since(now)))
-    }
-
-    /// Updates the gate with a call's outcome.
-    fn observe<T>(&self, result: &Result<T, kube::Error>) {
-        let trouble = match result {
-            Ok(_) => None,
-            Err(kube::Error::Api(status)) if status.code == 429 => Some(
-                status
-                    .details
-                    .as_ref()
-                    .map(|d| Duration::from_secs(u64::from(d.retry_after_seconds)))
-                    .unwrap_or_default(),
-            ),
-            Err(kube::Error::Api(status)) if status.code >= 500 => Some(Duration::ZERO),
-            // Any other answer is an apiserver that works.
-            Err(kube::Error::Api(_)) => None,
-            Err(_) => Some(Duration::ZERO),
-        };
-        let mut gate = self.lock_gate();
-        match trouble {
-            None => {
-                if gate.failing {
-                    tracing::info!("the apiserver answers again; writes resume");
-                }
-                gate.failing = false;
-                gate.backoff = GATE_BACKOFF_MIN;
-            }
-            Some(retry_after) => {
-                let wait = if gate.failing {
-                    (gate.backoff * 2).min(GATE_BACKOFF_MAX)
-                } else {
-                    tracing::warn!(
-                        "the apiserver answered 429, 5xx or nothing; backing off (one probe request at a time)"
-                    );
-                    GATE_BACKOFF_MIN
-                };
-                gate.backoff = wait;
-                gate.failing = true;
-                gate.retry_at = Instant::now() + wait.max(retry_after);
-            }
-        }
-    }
-
-    /// Whether requests impersonate the node they are for.
-    pub fn impersonates(&self) -> bool {
-        self.impersonate
+        Err(BackingOff(state.retry_at.saturating_duration_since(now)))
     }
 
     /// Sends `request` for `node` with `priority` (waiting for a slot) and decodes the
@@ -243,11 +282,16 @@ impl Apiserver {
             Priority::Lease => None,
         };
         let _slot = self.all.acquire().await.map_err(closed)?;
-        let _ticket = self
-            .admit()
+        let ticket = self
+            .admit(priority)
             .map_err(|backing_off| kube::Error::Service(Box::new(backing_off)))?;
+        let mut outcome = Outcome {
+            gate: self.gate(priority),
+            probe: matches!(ticket, Ticket::Probe(_)),
+            recorded: false,
+        };
         let result = self.send(node, request).await;
-        self.observe(&result);
+        outcome.record(&result);
         result
     }
 
@@ -422,44 +466,79 @@ mod tests {
         Err(kube::Error::Api(Box::new(status)))
     }
 
-    /// 5xx closes the gate; one probe at a time after the backoff; success reopens it.
+    fn observe(api: &Apiserver, priority: Priority, result: Result<(), kube::Error>, probe: bool) {
+        lock(api.gate(priority)).observe(trouble(&result), probe);
+    }
+
+    /// 5xx closes the gate; one probe at a time after the backoff; only the probe's
+    /// failure doubles the wait; success reopens it.
     #[tokio::test(start_paused = true)]
     async fn the_gate_backs_off_with_one_probe_and_reopens_on_success() {
         let api = api();
-        assert!(matches!(api.admit(), Ok(Ticket::Open)));
-        api.observe(&answered(503, 0));
+        let lease = Priority::Lease;
+        assert!(matches!(api.admit(lease), Ok(Ticket::Open)));
+        observe(&api, lease, answered(503, 0), false);
         assert!(api.backing_off());
-        assert!(api.admit().is_err(), "closed until the backoff passes");
+        assert!(api.admit(lease).is_err(), "closed until the backoff passes");
+        // Failures of calls already in flight say nothing new.
+        observe(&api, lease, answered(503, 0), false);
         tokio::time::advance(GATE_BACKOFF_MIN).await;
-        let probe = api.admit();
+        let probe = api.admit(lease);
         assert!(matches!(probe, Ok(Ticket::Probe(_))));
-        assert!(api.admit().is_err(), "one probe at a time");
+        assert!(api.admit(lease).is_err(), "one probe at a time");
         drop(probe);
-        let probe = api.admit().map_err(|_| ()).unwrap();
+        let probe = api.admit(lease).map_err(|_| ()).unwrap();
         // The probe fails too: the next wait doubles.
-        api.observe(&answered(500, 0));
+        observe(&api, lease, answered(500, 0), true);
         drop(probe);
         tokio::time::advance(GATE_BACKOFF_MIN).await;
-        assert!(api.admit().is_err());
+        assert!(api.admit(lease).is_err());
         tokio::time::advance(GATE_BACKOFF_MIN).await;
-        let probe = api.admit().map_err(|_| ()).unwrap();
-        api.observe(&Ok::<(), kube::Error>(()));
+        let probe = api.admit(lease).map_err(|_| ()).unwrap();
+        observe(&api, lease, Ok(()), true);
         drop(probe);
         assert!(!api.backing_off());
-        assert!(matches!(api.admit(), Ok(Ticket::Open)));
+        assert!(matches!(api.admit(lease), Ok(Ticket::Open)));
         // A 404 or 409 is an apiserver that works.
-        api.observe(&answered(409, 0));
+        observe(&api, lease, answered(409, 0), false);
         assert!(!api.backing_off());
     }
 
+    /// A failing Node or status call (a webhook answering 500) does not hold up Leases.
     #[tokio::test(start_paused = true)]
-    async fn a_429_waits_for_its_retry_after() {
+    async fn each_priority_has_its_own_gate() {
         let api = api();
-        api.observe(&answered(429, 3));
+        observe(&api, Priority::Other, answered(500, 0), false);
+        assert!(api.admit(Priority::Other).is_err());
+        assert!(matches!(api.admit(Priority::Lease), Ok(Ticket::Open)));
+    }
+
+    /// A 429's Retry-After is honoured up to GATE_BACKOFF_MAX, never longer: a Lease not
+    /// renewed for 40 s is a NotReady node.
+    #[tokio::test(start_paused = true)]
+    async fn a_429_waits_for_its_retry_after_up_to_the_cap() {
+        let api = api();
+        observe(&api, Priority::Lease, answered(429, 3), false);
         tokio::time::advance(Duration::from_millis(2_900)).await;
-        assert!(api.admit().is_err());
+        assert!(api.admit(Priority::Lease).is_err());
         tokio::time::advance(Duration::from_millis(100)).await;
-        assert!(matches!(api.admit(), Ok(Ticket::Probe(_))));
+        assert!(matches!(api.admit(Priority::Lease), Ok(Ticket::Probe(_))));
+        let api = self::api();
+        observe(&api, Priority::Lease, answered(429, 60), false);
+        tokio::time::advance(GATE_BACKOFF_MAX).await;
+        assert!(matches!(api.admit(Priority::Lease), Ok(Ticket::Probe(_))));
+    }
+
+    /// A call dropped before its answer (its caller's deadline) counts as no answer.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_dropped_unanswered_closes_the_gate() {
+        let api = api();
+        drop(Outcome {
+            gate: api.gate(Priority::Lease),
+            probe: false,
+            recorded: false,
+        });
+        assert!(api.backing_off());
     }
 
     /// Node, status and Event calls hold at most half the slots.

@@ -40,6 +40,15 @@ impl Freshness {
     }
 }
 
+impl Freshness {
+    /// How far ahead of this boot's clock a message with `seq` received at `now` claims to
+    /// be (0 when it is not): the reference offset minus its offset, without updating.
+    pub fn ahead(&self, seq: u64, now: Instant) -> Duration {
+        let ahead = self.min_offset_us - offset(self.origin, seq, now);
+        Duration::from_micros(u64::try_from(ahead).unwrap_or(0))
+    }
+}
+
 fn offset(origin: Instant, seq: u64, now: Instant) -> i128 {
     now.saturating_duration_since(origin).as_micros() as i128 - i128::from(seq)
 }

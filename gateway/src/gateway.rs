@@ -182,6 +182,8 @@ pub struct Gateway {
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<NodeSlot>>>>,
     /// Messages refused because [`GatewayOptions::max_nodes`] was reached (for the log).
     fleet_full: AtomicU64,
+    /// When the slots were last swept because they were full.
+    last_full_sweep: Mutex<Instant>,
     event_seq: AtomicU64,
     messages: AtomicU64,
     /// Counters of what the gateway did.
@@ -266,6 +268,7 @@ impl Gateway {
             started: Instant::now(),
             slots: Mutex::new(HashMap::new()),
             fleet_full: AtomicU64::new(0),
+            last_full_sweep: Mutex::new(Instant::now()),
             event_seq: AtomicU64::new(0),
             messages: AtomicU64::new(0),
             counters: Arc::new(Counters::default()),
@@ -286,7 +289,17 @@ impl Gateway {
             return Some(slot.clone());
         }
         if slots.len() >= self.options.max_nodes {
-            self.sweep(&mut slots);
+            // At most one scan of the whole map per second: a flood of new names must not
+            // cost a scan each.
+            let mut last = self
+                .last_full_sweep
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if last.elapsed() >= Duration::from_secs(1) {
+                *last = Instant::now();
+                drop(last);
+                self.sweep(&mut slots);
+            }
             if slots.len() >= self.options.max_nodes {
                 return None;
             }
@@ -396,7 +409,6 @@ impl Gateway {
             return self.fleet_full(seq, name);
         };
         let mut slot = slot.lock().await;
-        slot.last_seen = Some(received);
         let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
         let policy = self.options.admission();
         let age = match slot.admission.admit(
@@ -407,9 +419,15 @@ impl Gateway {
             self.started,
             received,
         ) {
-            Verdict::Admit(admitted) => admitted.age,
+            // Only admitted messages keep a slot alive: refused ones must not keep state
+            // (or a lockout) from being swept.
+            Verdict::Admit(admitted) => {
+                slot.last_seen = Some(received);
+                admitted.age
+            }
             Verdict::Reject(refusal) => return self.reject(seq, refusal.reason, refusal.detail),
             Verdict::Stale(age) => {
+                slot.last_seen = Some(received);
                 self.counters.stale_renewals.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
                     node = name,

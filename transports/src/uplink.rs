@@ -322,10 +322,12 @@ impl Session {
     /// [`REGISTER_AGAIN_MIN_INTERVAL`], so acks that did not come from the gateway cannot
     /// keep the agent re-registering instead of renewing its Lease.
     pub fn on_ack(&mut self, ack: Ack, driver: &UplinkDriver) -> AfterAck {
-        if ack.resend_status {
-            driver.status_requests.send_modify(|n| *n += 1);
-        }
         if Some(ack.seq) == self.register_seq {
+            // One answer per Register: a replayed or forged second one changes nothing.
+            self.register_seq = None;
+            if ack.resend_status {
+                driver.status_requests.send_modify(|n| *n += 1);
+            }
             if ack.registered {
                 self.registered = true;
                 self.backoff = Box::new(reconnect_backoff(
@@ -340,6 +342,7 @@ impl Session {
             return AfterAck::RegisterAfter(delay);
         }
         let again = ack.register_again;
+        let resend_status = ack.resend_status;
         let Some(reply) = self.pending.remove(&ack.seq) else {
             tracing::debug!(
                 seq = ack.seq,
@@ -348,6 +351,9 @@ impl Session {
             return AfterAck::Nothing;
         };
         let _ = reply.send(Ok(ack));
+        if resend_status {
+            driver.status_requests.send_modify(|n| *n += 1);
+        }
         let now = tokio::time::Instant::now();
         if again
             && self.registered
@@ -430,10 +436,14 @@ mod session_tests {
             }
             other => panic!("{other:?}"),
         }
+        // A second answer to the same Register (a replay) changes nothing.
+        assert_eq!(s.on_ack(refused.clone(), &driver), AfterAck::Nothing);
+        s.register_sent(Some(1));
         match s.on_ack(refused, &driver) {
             AfterAck::RegisterAfter(d) => assert!(d >= Duration::from_millis(200)),
             other => panic!("{other:?}"),
         }
+        s.register_sent(Some(1));
         s.on_ack(
             Ack {
                 seq: 1,

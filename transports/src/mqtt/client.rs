@@ -389,17 +389,21 @@ impl Link {
     /// (a broker that dropped the retained copy) refuses signed messages without an answer,
     /// since it cannot tell them from forgeries.
     fn publish_certificate(&mut self) {
-        self.certificate_published = Some(tokio::time::Instant::now());
         #[cfg(feature = "mqtt-tls")]
-        if let Some(signer) = &self.signer
-            && let Err(error) = self.client.try_publish(
+        if let Some(signer) = &self.signer {
+            match self.client.try_publish(
                 &self.topics.certificate,
                 QoS::AtLeastOnce,
                 true,
                 signer.certificate().to_vec(),
-            )
-        {
-            tracing::warn!(%error, "could not queue the certificate; it goes with the next Register");
+            ) {
+                // Stamped only when queued, so a full queue does not delay the next try.
+                Ok(()) => self.certificate_published = Some(tokio::time::Instant::now()),
+                Err(error) => tracing::warn!(
+                    %error,
+                    "could not queue the certificate; it goes with the next Register or unanswered request"
+                ),
+            }
         }
     }
 

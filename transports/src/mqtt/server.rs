@@ -346,6 +346,7 @@ pub async fn serve<H: Handler>(
         max_nodes: options.max_nodes,
         node_queues: options.node_queues.clone(),
         nodes: Queues::default(),
+        last_full_sweep: Instant::now(),
         signatures: options.signatures.clone().map(|policy| {
             Arc::new(Signatures {
                 policy,
@@ -682,6 +683,8 @@ struct Workers<H> {
     node_queues: Option<Arc<std::sync::atomic::AtomicUsize>>,
     nodes: Queues,
     signatures: Option<Arc<Signatures>>,
+    /// When the map was last swept because it was full.
+    last_full_sweep: Instant,
 }
 
 impl<H: Handler> Workers<H> {
@@ -757,7 +760,12 @@ impl<H: Handler> Workers<H> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !nodes.contains_key(node) && nodes.len() >= self.max_nodes {
-            evict_idle(&mut nodes);
+            // At most one scan of the whole map per second: a flood of new names must not
+            // cost a scan each.
+            if self.last_full_sweep.elapsed() >= Duration::from_secs(1) {
+                self.last_full_sweep = Instant::now();
+                evict_idle(&mut nodes);
+            }
             if nodes.len() >= self.max_nodes {
                 drop(nodes);
                 tracing::debug!(%node, max_nodes = self.max_nodes, "MQTT message dropped: no room for another node");
@@ -822,6 +830,13 @@ impl<H: Handler> Workers<H> {
         let nodes = self.nodes.clone();
         let node = node.to_owned();
         tokio::spawn(async move {
+            // Should the handler panic, the node's queue is not left marked as drained
+            // forever (never drained again, never evicted).
+            let mut reset = DrainGuard {
+                nodes: nodes.clone(),
+                node: node.clone(),
+                armed: true,
+            };
             loop {
                 let work = {
                     let mut nodes = nodes
@@ -839,6 +854,9 @@ impl<H: Handler> Workers<H> {
                             entry.draining = false;
                             entry.handling = false;
                             entry.queue.shrink_to_fit();
+                            // Cleared under the lock: a new drain task may start the moment
+                            // it is released, and the guard must not clear its flags.
+                            reset.armed = false;
                             return;
                         }
                     }
@@ -868,6 +886,30 @@ impl<H: Handler> Workers<H> {
         evict_idle(&mut nodes);
         if let Some(gauge) = &self.node_queues {
             gauge.store(nodes.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Clears a node's `draining` and `handling` flags when its drain task ends abnormally (a
+/// handler panic); the normal path clears them under the lock and disarms it.
+struct DrainGuard {
+    nodes: Queues,
+    node: String,
+    armed: bool,
+}
+
+impl Drop for DrainGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut nodes = self
+            .nodes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = nodes.get_mut(&self.node) {
+            entry.draining = false;
+            entry.handling = false;
         }
     }
 }
