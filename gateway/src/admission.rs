@@ -22,7 +22,10 @@
 //!    interval, so a displaced genuine node renews before its Lease expires). When the
 //!    transport verified the message's wall time ([`Provenance::wall_time_verified`]), a
 //!    boot whose message is older than the current boot's last one is an earlier boot
-//!    replayed and is refused.
+//!    replayed and is refused. A `seq` further ahead of the boot's clock than the age limit
+//!    (at least 1 s) is refused and not recorded: the agent's CLOCK_BOOTTIME cannot run
+//!    ahead of real time, and accepting it would make the genuine messages after it look
+//!    replayed, then stale.
 //! 4. **Rate limit**: a token bucket per node ([`TokenBucket`]). It comes after the replay
 //!    check, so replaying an old message cannot drain a node's tokens, and a rate-limited
 //!    message's `seq` is recorded anyway, so it cannot be replayed later.
@@ -43,6 +46,11 @@ use crate::restriction::TokenBucket;
 /// Superseded boot IDs remembered per node (at most; each for
 /// [`AdmissionPolicy::old_boot_memory`]).
 const OLD_BOOTS: usize = 4;
+
+/// Least lead over the boot clock refused as "from the future" (1 s; otherwise the age
+/// limit): a lead up to the age limit at most makes later genuine messages look that old,
+/// never stale.
+const FUTURE_SLACK: Duration = Duration::from_secs(1);
 
 /// Which agents the gateway lets in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,7 +251,7 @@ impl NodeAdmission {
             .freshness
             .as_ref()
             .map(|f| f.ahead(seq, now))
-            .filter(|ahead| *ahead > policy.max_age)
+            .filter(|ahead| *ahead > policy.max_age.max(FUTURE_SLACK))
         {
             // `seq` is the agent's boot clock: a message from further in the future than
             // the age limit is not the agent's (accepted, it would make every genuine
