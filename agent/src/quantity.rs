@@ -176,7 +176,8 @@ mod tests {
 
     #[test]
     fn percentage_resolves_like_kubelet() {
-        // docs/kubelet-heartbeats.md pitfall 13: float32 percentage.
+        // kubelet converts with a float32 percentage (`pkg/kubelet/eviction/api/types.go:
+        // GetThresholdQuantity`).
         assert_eq!(
             Amount::Percentage(0.1).resolve(62_671_097_856),
             6_267_109_878

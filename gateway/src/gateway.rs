@@ -39,8 +39,9 @@ pub struct GatewayOptions {
     /// Oldest heartbeat (Lease renewal or status report) still written, measured on the
     /// agent's boot clock against the freshest message seen from that boot (default 5 s).
     /// Older ones are dropped, never written late: a late heartbeat would hide a dead node
-    /// (spec pitfall 4). A renewal whose write cannot start within this budget is abandoned
-    /// too.
+    /// (the node lifecycle controller stamps a renewal with its own clock,
+    /// `pkg/controller/nodelifecycle/node_lifecycle_controller.go: tryUpdateNodeHealth`). A
+    /// renewal whose write cannot start within this budget is abandoned too.
     pub max_renewal_age: Duration,
     /// Clock-drift allowance for that measurement, in parts per million (default 1000).
     pub drift_ppm: u64,
@@ -717,7 +718,10 @@ impl Gateway {
     }
 
     /// renewTime from the gateway clock with microsecond precision, strictly after the last
-    /// one written for this Lease (spec pitfall 3).
+    /// one written for this Lease: the node lifecycle controller counts a renewal only when
+    /// its renewTime is later than the last one it saw (`tryUpdateNodeHealth`), and
+    /// `MicroTime` carries exactly six fractional digits (`apimachinery/pkg/apis/meta/v1/
+    /// micro_time.go`).
     fn renew_time(&self, slot: &mut NodeSlot) -> Timestamp {
         let now = self.now();
         let micros = Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now);

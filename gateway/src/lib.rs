@@ -1,6 +1,8 @@
 //! edgebeat gateway: receives agent heartbeats over gRPC (and MQTT) and writes Node status
 //! and Leases to the kube-apiserver with kube-rs, with kubelet's calls
-//! (`docs/kubelet-heartbeats.md` §1, §2, §6).
+//! (`pkg/kubelet/kubelet_node_status.go`, `staging/src/k8s.io/component-helpers/
+//! apimachinery/lease/controller.go`, `staging/src/k8s.io/component-helpers/node/util/
+//! status.go: PatchNodeStatus`).
 //!
 //! - [`admission`]: the per-node admission state machine (identity, boot and sequence,
 //!   rate limit, freshness), with no I/O.

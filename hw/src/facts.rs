@@ -2,7 +2,8 @@
 
 use std::net::IpAddr;
 
-/// Everything hw measures about the host in one read (`docs/kubelet-heartbeats.md` §3).
+/// Everything hw measures about the host in one read (what kubelet's status setters and
+/// eviction manager read; each field names its upstream source).
 /// Built by [`read_host_facts`](crate::read_host_facts).
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -64,8 +65,8 @@ pub struct HostFacts {
     pub psi: Option<Psi>,
 }
 
-/// Memory capacity and the `memory.available` eviction signal (`docs/kubelet-heartbeats.md`
-/// §3.2; kubelet `pkg/kubelet/eviction/helpers.go: makeSignalObservations`).
+/// Memory capacity and the `memory.available` eviction signal (kubelet
+/// `pkg/kubelet/eviction/helpers.go: makeSignalObservations`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct MemoryFacts {

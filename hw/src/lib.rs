@@ -8,8 +8,9 @@
 //! trait tests replace. [`read_bounded`] reads operator-named files (configuration, secrets,
 //! PEM) with a size limit, so a wrong path cannot hang or exhaust memory.
 //!
-//! The rules follow `docs/kubelet-heartbeats.md` §3; each item's docs name its upstream
-//! source.
+//! The rules follow kubelet's status setters and eviction signals
+//! (`pkg/kubelet/nodestatus/setters.go`, `pkg/kubelet/eviction/helpers.go`) and cadvisor;
+//! each item's docs name its upstream source.
 
 mod arch;
 mod bounded;

@@ -68,7 +68,8 @@ impl Default for ReadOptions {
     }
 }
 
-/// Reads every host fact under `root` (`docs/kubelet-heartbeats.md` §3.1–3.3).
+/// Reads every host fact under `root` (kubelet's `pkg/kubelet/nodestatus/setters.go` and
+/// cadvisor's `machine/info.go`, item by item on `HostFacts`).
 ///
 /// Only the boot ID, `MemTotal` and the CPU count are required: if one of them cannot be
 /// read the result is an [`HwError`] naming the path. Every other fact is optional and comes

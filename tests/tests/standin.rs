@@ -24,7 +24,7 @@ async fn setup() -> (StandInHandle, kube::Client) {
     (standin, client)
 }
 
-/// A Node create body in kubelet's shape (docs/kubelet-heartbeats.md §1.3).
+/// A Node create body in kubelet's shape (`pkg/kubelet/kubelet_node_status.go: initialNode`).
 fn node_body(name: &str) -> Node {
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
