@@ -1170,6 +1170,38 @@ mod tests {
         paths
     }
 
+    /// The example site configs (`deploy/agent`) run the identified posture: each names a
+    /// CA, a node certificate and its key under /etc/edgebeat/pki, which load here from
+    /// [`pki`] (the paths rewritten to it).
+    #[test]
+    fn example_site_configs_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, _, _) = pki(dir.path());
+        let pki_dir = format!("{}/", ca.parent().unwrap().display());
+        for name in ["site-grpc.yaml", "site-mqtt.yaml"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../deploy/agent")
+                .join(name);
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(
+                text.matches("/etc/edgebeat/pki/").count(),
+                3,
+                "{name}: caFile, certFile and keyFile are set"
+            );
+            let config = AgentConfig::from_yaml(&text.replace("/etc/edgebeat/pki/", &pki_dir))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(config.transport.is_some(), "{name}");
+            assert!(
+                config
+                    .transport_tls
+                    .as_ref()
+                    .is_some_and(|t| t.client.is_some()),
+                "{name}: a node identity"
+            );
+            assert_eq!(config.register_with_taints.len(), 1, "{name}");
+        }
+    }
+
     #[test]
     fn grpc_tls_files_are_read_at_load() {
         let dir = tempfile::tempdir().unwrap();
