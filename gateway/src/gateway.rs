@@ -1,14 +1,14 @@
-//! The gateway core: checks each agent message (shape, identity, boot, sequence, freshness)
-//! and writes Node, status and Lease through kube-rs exactly as kubelet would.
+//! The gateway's message path: each agent message goes through admission
+//! ([`crate::admission`]: identity, boot, sequence, freshness, rate limit) and then the
+//! writer ([`crate::writer`]: kubelet's apiserver calls, diffed against the
+//! [`ApiserverView`]).
 //!
-//! Per node it keeps a small state slot (boot ID, last sequence number, the Lease returned by
-//! the last write, the conditions the apiserver holds); one node's messages are handled one
-//! at a time, different nodes concurrently. The slot is a cache of the apiserver: it is
-//! refreshed with one Node GET when this gateway has not written for the node within
-//! [`GatewayOptions::knowledge_ttl`], because the node lifecycle controller may have set the
-//! node Unknown meanwhile.
+//! Per node it keeps a small slot (admission state, the writer's flags, metric series),
+//! bounded by [`GatewayOptions::max_nodes`]; one node's messages are handled one at a time,
+//! different nodes concurrently. What the apiserver holds is not in the slot but in the
+//! shared view, kept by a watch ([`Gateway::watch`]) and by the answers to writes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -16,9 +16,6 @@ use std::time::Duration;
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Ack, AckCode, agent_message::Kind};
 use edgebeat_transports::ingress::{Handler, Peer};
-use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -30,8 +27,10 @@ use crate::admission::{
     AdmissionPolicy, NodeAdmission, Posture, Provenance, Verdict, check_identity,
 };
 use crate::apiserver::{Apiserver, WriteLimits};
-use crate::metrics::{NodeMetrics, NodeSeries, RejectReason, clock_skew_seconds};
-use crate::patch::{self, KnownCondition};
+use crate::metrics::{RejectReason, clock_skew_seconds};
+use crate::view::ApiserverView;
+pub use crate::writer::{LeaseState, validate_status};
+use crate::writer::{NodeWrites, Writer, ack};
 
 /// Gateway behaviour settings.
 #[derive(Debug, Clone)]
@@ -45,9 +44,10 @@ pub struct GatewayOptions {
     pub max_renewal_age: Duration,
     /// Clock-drift allowance for that measurement, in parts per million (default 1000).
     pub drift_ppm: u64,
-    /// How long this gateway trusts what it knows of a node without writing to it (default
-    /// 40 s, the node lifecycle controller's grace period before it writes Unknown). Past
-    /// that, the next message costs one Node GET.
+    /// Without a working Node watch, how long this gateway trusts what it knows of a node
+    /// without writing to it (default 40 s, the node lifecycle controller's grace period
+    /// before it writes Unknown). Past that, the next message costs one Node GET. While the
+    /// watch follows, the view is always current and this does not apply.
     pub knowledge_ttl: Duration,
     /// Messages per second one node may send on average (default 2; a kubelet-like node
     /// sends about 0.1). Beyond it messages are rejected before any apiserver call.
@@ -158,25 +158,13 @@ struct NodeSlot {
     last_seen: Option<Instant>,
     /// Boot, sequence, identity, rate limit and freshness ([`crate::admission`]).
     admission: NodeAdmission,
-    /// The slot reflects the apiserver (set by registration or a Node GET).
-    registered: bool,
-    /// Last successful write for this node; knowledge older than `knowledge_ttl` is stale.
-    last_write: Option<Instant>,
-    /// Ask the agent for a full status report with the next ack.
-    resend_status: bool,
-    uid: Option<String>,
-    /// nodeInfo.bootID the apiserver holds (for the Rebooted event).
-    known_boot_id: Option<String>,
-    latest_lease: Option<Lease>,
-    last_renew: Option<Timestamp>,
-    conditions: BTreeMap<String, KnownCondition>,
-    /// This node's per-node metric series (removed with the slot).
-    series: NodeSeries,
+    /// The writer's per-node flags and metric series ([`crate::writer`]).
+    writes: NodeWrites,
 }
 
 /// The gateway: a [`Handler`] for every transport.
 pub struct Gateway {
-    api: Apiserver,
+    writer: Writer,
     clock: Arc<dyn Clock>,
     options: GatewayOptions,
     started: Instant,
@@ -185,94 +173,50 @@ pub struct Gateway {
     fleet_full: AtomicU64,
     /// When the slots were last swept because they were full.
     last_full_sweep: Mutex<Instant>,
-    event_seq: AtomicU64,
     messages: AtomicU64,
     /// Counters of what the gateway did.
     pub counters: Arc<Counters>,
-    node_metrics: NodeMetrics,
-}
-
-fn ack(seq: u64, code: AckCode, reason: impl Into<String>) -> Ack {
-    Ack {
-        seq,
-        code: code.into(),
-        reason: reason.into(),
-        ..Default::default()
-    }
-}
-
-fn api_code(e: &kube::Error) -> Option<u16> {
-    match e {
-        kube::Error::Api(status) => Some(status.code),
-        _ => None,
-    }
-}
-
-/// Condition types the agent may report; anything else (NetworkUnavailable, made-up types)
-/// is refused: the gateway never writes a condition kubelet would not.
-const CONDITION_TYPES: [&str; 4] = ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"];
-
-/// Checks a reported NodeStatus: only kubelet's four conditions, each at most once, each
-/// True or False (Unknown belongs to the node lifecycle controller), with a reason.
-///
-/// Errors: a message naming the offending condition.
-pub fn validate_status(status: &pb::NodeStatus) -> Result<(), String> {
-    let mut seen = Vec::with_capacity(4);
-    for c in &status.conditions {
-        if !CONDITION_TYPES.contains(&c.r#type.as_str()) {
-            return Err(format!(
-                "malformed: condition type {:?} is not one kubelet reports",
-                c.r#type
-            ));
-        }
-        if seen.contains(&c.r#type.as_str()) {
-            return Err(format!("malformed: condition {} appears twice", c.r#type));
-        }
-        seen.push(c.r#type.as_str());
-        if c.status != "True" && c.status != "False" {
-            return Err(format!(
-                "malformed: condition {} has status {:?}; only True or False",
-                c.r#type, c.status
-            ));
-        }
-        if c.reason.is_empty() {
-            return Err(format!("malformed: condition {} has no reason", c.r#type));
-        }
-    }
-    Ok(())
-}
-
-/// kubelet's event reason for a condition reaching `status` (`pkg/kubelet/events`).
-fn transition_reason(type_: &str, status: &str) -> Option<&'static str> {
-    Some(match (type_, status) {
-        ("Ready", "True") => "NodeReady",
-        ("Ready", _) => "NodeNotReady",
-        ("MemoryPressure", "True") => "NodeHasInsufficientMemory",
-        ("MemoryPressure", "False") => "NodeHasSufficientMemory",
-        ("DiskPressure", "True") => "NodeHasDiskPressure",
-        ("DiskPressure", "False") => "NodeHasNoDiskPressure",
-        ("PIDPressure", "True") => "NodeHasInsufficientPID",
-        ("PIDPressure", "False") => "NodeHasSufficientPID",
-        _ => return None,
-    })
 }
 
 impl Gateway {
     /// A gateway writing through `client` (whose rate limit bounds apiserver QPS), stamping
     /// times from `clock`.
     pub fn new(client: kube::Client, clock: Arc<dyn Clock>, options: GatewayOptions) -> Self {
+        let counters = Arc::new(Counters::default());
         Self {
-            api: Apiserver::with_limits(client, options.impersonate_nodes, options.write_limits),
-            node_metrics: NodeMetrics::new(clock.clone()),
+            writer: Writer::new(
+                Apiserver::with_limits(client, options.impersonate_nodes, options.write_limits),
+                clock.clone(),
+                counters.clone(),
+                options.knowledge_ttl,
+            ),
             clock,
             options,
             started: Instant::now(),
             slots: Mutex::new(HashMap::new()),
             fleet_full: AtomicU64::new(0),
             last_full_sweep: Mutex::new(Instant::now()),
-            event_seq: AtomicU64::new(0),
             messages: AtomicU64::new(0),
-            counters: Arc::new(Counters::default()),
+            counters,
+        }
+    }
+
+    /// What this replica knows the apiserver holds for its Nodes and Leases.
+    pub fn view(&self) -> &Arc<ApiserverView> {
+        &self.writer.view
+    }
+
+    /// Follows the Nodes and Leases this gateway manages ([`crate::view`]) through
+    /// `client`, until dropped; spawn it beside the ingresses. `client` should have no read
+    /// timeout shorter than the watch's (kube-runtime asks the apiserver for 290 s), see
+    /// [`watch_client`].
+    pub fn watch(&self, client: kube::Client) -> impl Future<Output = ()> + Send + 'static {
+        let view = self.writer.view.clone();
+        async move {
+            tokio::join!(
+                view.clone().watch_nodes(client.clone()),
+                view.watch_leases(client)
+            );
         }
     }
 
@@ -318,7 +262,7 @@ impl Gateway {
                     .is_some_and(|t| now.duration_since(t) < SLOT_IDLE)
             });
             if !keep {
-                self.node_metrics.remove(name);
+                self.writer.node_metrics.remove(name);
             }
             keep
         });
@@ -333,13 +277,13 @@ impl Gateway {
             "edgebeat_gateway_node_lease_age",
             "Gateway wall clock minus the renewTime this replica last wrote for the node's Lease",
             Unit::Seconds,
-            self.node_metrics.lease_age.clone(),
+            self.writer.node_metrics.lease_age.clone(),
         );
         registry.register_with_unit(
             "edgebeat_gateway_node_clock_skew",
             "Gateway wall clock minus the agent's header wall time at receipt of its last accepted message; positive when the agent's clock is behind",
             Unit::Seconds,
-            self.node_metrics.clock_skew.clone(),
+            self.writer.node_metrics.clock_skew.clone(),
         );
     }
 
@@ -351,14 +295,8 @@ impl Gateway {
         }
     }
 
-    fn now(&self) -> Timestamp {
-        Timestamp::try_from(self.clock.now()).unwrap_or(Timestamp::UNIX_EPOCH)
-    }
-
     fn reject(&self, seq: u64, why: RejectReason, reason: String) -> Ack {
-        self.counters.count_rejection(why);
-        tracing::warn!(why = why.as_str(), %reason, "message rejected");
-        ack(seq, AckCode::Rejected, reason)
+        self.writer.reject(seq, why, reason)
     }
 
     /// Refuses a message for a node this replica has no room for; logs the first refusal
@@ -439,20 +377,13 @@ impl Gateway {
                 return ack(seq, AckCode::Rejected, format!("stale: {age:?} old"));
             }
         };
-        if slot.registered
-            && slot
-                .last_write
-                .is_none_or(|t| received.duration_since(t) > self.options.knowledge_ttl)
-        {
-            // The controller may have written Unknown since: learn the node again.
-            slot.registered = false;
-        }
         // Only messages that passed the replay and staleness checks: an old one would read
         // as skew.
         if let Some(skew) = clock_skew_seconds(received_wall, agent_wall_ms) {
-            slot.series
+            slot.writes
+                .series
                 .clock_skew
-                .get_or_insert_with(|| self.node_metrics.clock_skew(name))
+                .get_or_insert_with(|| self.writer.node_metrics.clock_skew(name))
                 .set(skew);
         }
         // Writes must start before the heartbeat would be stale (at least half a second, so a
@@ -463,22 +394,27 @@ impl Gateway {
                 .max_renewal_age
                 .saturating_sub(age)
                 .max(Duration::from_millis(500));
+        let writes = &mut slot.writes;
         let mut answer = match &message.kind {
-            Some(Kind::Register(register)) => self.register(&mut slot, name, seq, register).await,
+            Some(Kind::Register(register)) => {
+                self.writer.register(writes, name, seq, register).await
+            }
             Some(Kind::Status(report)) => {
-                self.report(&mut slot, name, seq, report.status.as_ref())
+                self.writer
+                    .report(writes, name, seq, report.status.as_ref())
                     .await
             }
             Some(Kind::Lease(renewal)) => {
-                self.renew(
-                    &mut slot,
-                    name,
-                    seq,
-                    renewal.lease_duration_seconds,
-                    &renewal.lease_state,
-                    deadline,
-                )
-                .await
+                self.writer
+                    .renew(
+                        writes,
+                        name,
+                        seq,
+                        renewal.lease_duration_seconds,
+                        &renewal.lease_state,
+                        deadline,
+                    )
+                    .await
             }
             None => self.reject(
                 seq,
@@ -487,482 +423,17 @@ impl Gateway {
             ),
         };
         if AckCode::try_from(answer.code) == Ok(AckCode::Ok) {
-            slot.last_write = Some(Instant::now());
-            if slot.resend_status {
-                slot.resend_status = false;
+            writes.last_write = Some(Instant::now());
+            // The apiserver holds a condition at Unknown (the node lifecycle controller's,
+            // seen by the watch or a read): ask for a full status report, which repairs it
+            // within one renew interval, as kubelet's next status update would.
+            if !matches!(message.kind, Some(Kind::Status(_)))
+                && self.writer.view.node_has_unknown_condition(name)
+            {
                 answer.resend_status = true;
             }
         }
         answer
-    }
-
-    /// kubelet `registerWithAPIServer`: POST the Node (unless `skip_create`, kubelet's
-    /// `registerNode: false`); on AlreadyExists GET it and reconcile the default labels
-    /// (PATCH only if they differ); emit `Rebooted` when the boot ID changed.
-    async fn register(
-        &self,
-        slot: &mut NodeSlot,
-        name: &str,
-        seq: u64,
-        register: &pb::Register,
-    ) -> Ack {
-        let Some(status) = register.status.as_ref() else {
-            return self.reject(
-                seq,
-                RejectReason::Malformed,
-                "malformed: Register without status".into(),
-            );
-        };
-        if let Err(why) = validate_status(status)
-            .and_then(|()| crate::restriction::validate_status_limits(status))
-            .and_then(|()| crate::restriction::validate_register(register))
-        {
-            return self.reject(seq, RejectReason::Invalid, why);
-        }
-        let new_boot = status
-            .node_info
-            .as_ref()
-            .map(|i| i.boot_id.as_str())
-            .unwrap_or_default();
-        let registered = |code| Ack {
-            registered: true,
-            ..ack(seq, code, "")
-        };
-        if slot.registered && slot.known_boot_id.as_deref() == Some(new_boot) {
-            return registered(AckCode::Ok);
-        }
-        let now = self.now();
-        let existing = if register.skip_create {
-            match self.api.get_node_opt(name).await {
-                Ok(Some(node)) => node,
-                Ok(None) => {
-                    return ack(
-                        seq,
-                        AckCode::Retry,
-                        "node does not exist and registerNode is false",
-                    );
-                }
-                Err(e) => return ack(seq, AckCode::Retry, format!("reading node: {e}")),
-            }
-        } else {
-            let conditions = patch::conditions(status, seq, now, &slot.conditions);
-            let node = patch::initial_node(name, register, patch::node_status(status, conditions));
-            match self.api.create_node(&node).await {
-                Ok(created) => {
-                    slot.uid = created.metadata.uid.clone();
-                    self.remember(slot, &created, now, name).await;
-                    slot.known_boot_id = Some(new_boot.to_owned());
-                    slot.registered = true;
-                    self.counters.registrations.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(node = name, "registered node");
-                    return registered(AckCode::Ok);
-                }
-                Err(e) if api_code(&e) == Some(409) => match self.api.get_node(name).await {
-                    Ok(node) => node,
-                    Err(e) => {
-                        return ack(seq, AckCode::Retry, format!("reading existing node: {e}"));
-                    }
-                },
-                Err(e) => return ack(seq, AckCode::Retry, format!("creating node: {e}")),
-            }
-        };
-        seed(slot, &existing);
-        if let Err(e) = self.reconcile_labels(name, &existing, register).await {
-            return ack(seq, AckCode::Retry, format!("reconciling node labels: {e}"));
-        }
-        self.observe_boot(slot, name, new_boot, now).await;
-        slot.registered = true;
-        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
-        registered(AckCode::Ok)
-    }
-
-    /// kubelet's reboot detection (`MachineInfo` setter): a Warning `Rebooted` event when
-    /// the boot ID differs from the one the apiserver holds.
-    async fn observe_boot(&self, slot: &mut NodeSlot, name: &str, boot: &str, now: Timestamp) {
-        if let Some(old) = slot.known_boot_id.as_deref()
-            && !old.is_empty()
-            && old != boot
-        {
-            self.event(
-                name,
-                "Warning",
-                "Rebooted",
-                format!("Node {name} has been rebooted, boot id: {boot}"),
-                now,
-            )
-            .await;
-        }
-        slot.known_boot_id = Some(boot.to_owned());
-    }
-
-    /// kubelet `updateDefaultLabels`: force the labels kubelet computes (hostname, os, arch
-    /// and their beta forms) to the agent's values; patch only when something differs.
-    async fn reconcile_labels(
-        &self,
-        name: &str,
-        existing: &Node,
-        register: &pb::Register,
-    ) -> Result<(), kube::Error> {
-        const DEFAULT_LABELS: [&str; 5] = [
-            "kubernetes.io/hostname",
-            "kubernetes.io/os",
-            "kubernetes.io/arch",
-            "beta.kubernetes.io/os",
-            "beta.kubernetes.io/arch",
-        ];
-        let current = existing.metadata.labels.clone().unwrap_or_default();
-        let wanted: BTreeMap<String, String> = DEFAULT_LABELS
-            .iter()
-            .filter_map(|k| {
-                register
-                    .labels
-                    .get(*k)
-                    .map(|v| ((*k).to_owned(), v.clone()))
-            })
-            .filter(|(k, v)| current.get(k) != Some(v))
-            .collect();
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        let body = serde_json::json!({ "metadata": { "labels": wanted } });
-        self.api.patch_node_status(name, body).await.map(|_| ())
-    }
-
-    /// Takes what the apiserver returned after a write as this replica's knowledge, and
-    /// records kubelet's condition events (`NodeReady`, `NodeHasSufficientMemory`, …) for
-    /// every condition whose status changed from what was known. A condition seen for the
-    /// first time records nothing, as kubelet's setters do when they append one.
-    async fn remember(&self, slot: &mut NodeSlot, written: &Node, now: Timestamp, name: &str) {
-        for c in written
-            .status
-            .iter()
-            .flat_map(|s| s.conditions.iter().flatten())
-        {
-            let Some(known) = slot.conditions.get(&c.type_) else {
-                continue;
-            };
-            if known.status != c.status
-                && let Some(reason) = transition_reason(&c.type_, &c.status)
-            {
-                self.event(
-                    name,
-                    "Normal",
-                    reason,
-                    format!("Node {name} status is now: {reason}"),
-                    now,
-                )
-                .await;
-            }
-        }
-        seed_conditions(slot, written);
-    }
-
-    /// kubelet `patchNodeStatus`: strategic-merge PATCH of `nodes/{name}/status`.
-    async fn report(
-        &self,
-        slot: &mut NodeSlot,
-        name: &str,
-        seq: u64,
-        status: Option<&pb::NodeStatus>,
-    ) -> Ack {
-        let Some(status) = status else {
-            return self.reject(
-                seq,
-                RejectReason::Malformed,
-                "malformed: StatusReport without status".into(),
-            );
-        };
-        if let Err(why) = validate_status(status)
-            .and_then(|()| crate::restriction::validate_status_limits(status))
-        {
-            return self.reject(seq, RejectReason::Invalid, why);
-        }
-        if let Err(answer) = self.ensure_known(slot, name, seq).await {
-            return answer;
-        }
-        let now = self.now();
-        let conditions = patch::conditions(status, seq, now, &slot.conditions);
-        let body = match patch::status_patch(&patch::node_status(status, conditions), None) {
-            Ok(b) => b,
-            Err(e) => {
-                return self.reject(
-                    seq,
-                    RejectReason::Malformed,
-                    format!("cannot encode status: {e}"),
-                );
-            }
-        };
-        match self.api.patch_node_status(name, body).await {
-            Ok(node) => {
-                slot.uid = node.metadata.uid.clone().or(slot.uid.take());
-                self.remember(slot, &node, now, name).await;
-                if let Some(info) = &status.node_info {
-                    self.observe_boot(slot, name, &info.boot_id, now).await;
-                }
-                // This report is the full status: nothing left to resend.
-                slot.resend_status = false;
-                self.counters.status_reports.fetch_add(1, Ordering::Relaxed);
-                ack(seq, AckCode::Ok, "")
-            }
-            Err(e) => match api_code(&e) {
-                Some(404) => self.forget(slot, seq),
-                // The apiserver refuses the content itself: resending it will not help.
-                Some(code @ (400 | 403 | 413 | 415 | 422)) => self.reject(
-                    seq,
-                    RejectReason::Invalid,
-                    format!("apiserver refused the status ({code}): {e}"),
-                ),
-                _ => ack(seq, AckCode::Retry, format!("patching node status: {e}")),
-            },
-        }
-    }
-
-    /// renewTime from the gateway clock with microsecond precision, strictly after the last
-    /// one written for this Lease: the node lifecycle controller counts a renewal only when
-    /// its renewTime is later than the last one it saw (`tryUpdateNodeHealth`), and
-    /// `MicroTime` carries exactly six fractional digits (`apimachinery/pkg/apis/meta/v1/
-    /// micro_time.go`).
-    fn renew_time(&self, slot: &mut NodeSlot) -> Timestamp {
-        let now = self.now();
-        let micros = Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now);
-        let t = match slot.last_renew {
-            Some(last) if micros <= last => last
-                .checked_add(jiff::SignedDuration::from_micros(1))
-                .unwrap_or(micros),
-            _ => micros,
-        };
-        slot.last_renew = Some(t);
-        t
-    }
-
-    /// Raises the last renewTime known for this Lease to `t` (written by another replica or
-    /// before a restart), so the next one is later still.
-    fn saw_renew_time(slot: &mut NodeSlot, t: Option<Timestamp>) {
-        if let Some(t) = t
-            && slot.last_renew.is_none_or(|last| last < t)
-        {
-            slot.last_renew = Some(t);
-        }
-    }
-
-    /// kubelet's lease controller: PUT the Lease with a fresh renewTime and the
-    /// resourceVersion of the last write (no GET on the happy path); on 409 or with nothing
-    /// known, GET (or create when missing) and retry; up to 5 attempts, each started before
-    /// `deadline`.
-    ///
-    /// The last write is known from this replica's cache or from the agent's echoed
-    /// `lease_state` (see [`LeaseState`]), whichever is newer.
-    async fn renew(
-        &self,
-        slot: &mut NodeSlot,
-        name: &str,
-        seq: u64,
-        duration: i32,
-        lease_state: &[u8],
-        deadline: Instant,
-    ) -> Ack {
-        if duration <= 0 {
-            return self.reject(
-                seq,
-                RejectReason::Invalid,
-                format!("leaseDurationSeconds must be > 0, got {duration}"),
-            );
-        }
-        if let Err(answer) = self.ensure_known(slot, name, seq).await {
-            return answer;
-        }
-        let now = self.now();
-        // The echo is agent input: one from the future (beyond clock skew) is ignored.
-        let mut echoed = LeaseState::decode(lease_state).filter(|s| {
-            s.renew_time
-                <= now
-                    .checked_add(jiff::SignedDuration::from_secs(5))
-                    .unwrap_or(now)
-        });
-        Self::saw_renew_time(slot, echoed.as_ref().map(|s| s.renew_time));
-        let mut last_error = String::new();
-        for _ in 0..5 {
-            let Some(budget) = deadline
-                .checked_duration_since(Instant::now())
-                .filter(|b| !b.is_zero())
-            else {
-                last_error = "too late to write this renewal; waiting for a fresh one".into();
-                break;
-            };
-            let cached = slot.latest_lease.take();
-            let cached_time = cached
-                .as_ref()
-                .and_then(|l| l.spec.as_ref()?.renew_time.as_ref())
-                .map(|t| t.0);
-            let base = match (cached, echoed.take(), slot.uid.clone()) {
-                // The echo is newer than this replica's cache: another replica wrote last.
-                (cached, Some(state), Some(uid))
-                    if cached
-                        .as_ref()
-                        .and_then(|l| l.metadata.resource_version.as_deref())
-                        != Some(state.resource_version.as_str())
-                        && cached_time.is_none_or(|t| t < state.renew_time) =>
-                {
-                    let mut lease = patch::new_lease(name, &uid, duration, state.renew_time);
-                    lease.metadata.resource_version = Some(state.resource_version);
-                    lease
-                }
-                (Some(lease), _, _) => lease,
-                (None, _, _) => {
-                    match tokio::time::timeout(budget, self.api.get_lease_opt(name)).await {
-                        Ok(Ok(Some(lease))) => {
-                            Self::saw_renew_time(
-                                slot,
-                                lease
-                                    .spec
-                                    .as_ref()
-                                    .and_then(|s| s.renew_time.as_ref())
-                                    .map(|t| t.0),
-                            );
-                            lease
-                        }
-                        Ok(Ok(None)) => return self.create_lease(slot, name, seq, duration).await,
-                        Ok(Err(e)) => {
-                            last_error = format!("reading lease: {e}");
-                            continue;
-                        }
-                        Err(_) => {
-                            last_error = "reading lease: deadline passed".into();
-                            break;
-                        }
-                    }
-                }
-            };
-            let renew = self.renew_time(slot);
-            let lease = patch::renewed_lease(base, name, slot.uid.as_deref(), duration, renew);
-            match tokio::time::timeout(budget, self.api.replace_lease(name, &lease)).await {
-                Ok(Ok(written)) => return self.renewed(slot, name, seq, written, renew),
-                Ok(Err(e)) => {
-                    last_error = format!("updating lease: {e}");
-                    match api_code(&e) {
-                        // Conflict or gone: fall back to GET (kubelet backoffEnsureLease).
-                        Some(409) | Some(404) => continue,
-                        _ => break,
-                    }
-                }
-                Err(_) => {
-                    last_error = "updating lease: deadline passed".into();
-                    break;
-                }
-            }
-        }
-        self.counters.lease_failures.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(node = name, error = %last_error, "lease renewal failed");
-        ack(seq, AckCode::Retry, last_error)
-    }
-
-    fn renewed(
-        &self,
-        slot: &mut NodeSlot,
-        name: &str,
-        seq: u64,
-        written: Lease,
-        renew: Timestamp,
-    ) -> Ack {
-        let state = LeaseState {
-            resource_version: written
-                .metadata
-                .resource_version
-                .clone()
-                .unwrap_or_default(),
-            renew_time: renew,
-        };
-        slot.latest_lease = Some(written);
-        self.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
-        slot.series
-            .lease_age
-            .get_or_insert_with(|| self.node_metrics.lease_age(name))
-            .renewed(renew);
-        Ack {
-            lease_state: state.encode(),
-            ..ack(seq, AckCode::Ok, "")
-        }
-    }
-
-    /// Makes sure this replica knows the node as the apiserver has it: a Node GET the first
-    /// time it sees a node it did not register (after a restart, or when a shared
-    /// subscription hands it another replica's node) and when its knowledge is older than
-    /// `knowledge_ttl`. Seeds the UID, boot ID and condition times; when the apiserver holds
-    /// an Unknown condition (the controller's, after an outage) the next ack asks the agent
-    /// for a full status report, so the node is Ready again within seconds, not at the next
-    /// report period.
-    ///
-    /// Errors: the [`Ack`] to answer with — `register_again` when the Node does not exist.
-    async fn ensure_known(&self, slot: &mut NodeSlot, name: &str, seq: u64) -> Result<(), Ack> {
-        if slot.registered {
-            return Ok(());
-        }
-        match self.api.get_node_opt(name).await {
-            Ok(Some(node)) => {
-                seed(slot, &node);
-                if slot.conditions.values().any(|c| c.status == "Unknown") {
-                    slot.resend_status = true;
-                }
-                slot.registered = true;
-                Ok(())
-            }
-            Ok(None) => Err(self.forget(slot, seq)),
-            Err(e) => Err(ack(seq, AckCode::Retry, format!("reading node: {e}"))),
-        }
-    }
-
-    /// The Node is gone: forget it and ask the agent to register again.
-    fn forget(&self, slot: &mut NodeSlot, seq: u64) -> Ack {
-        slot.registered = false;
-        slot.uid = None;
-        slot.latest_lease = None;
-        slot.conditions.clear();
-        Ack {
-            register_again: true,
-            ..ack(seq, AckCode::Retry, "node not found: register first")
-        }
-    }
-
-    /// Creates the Lease with an ownerReference to the Node, whose UID is read fresh (kubelet
-    /// `SetNodeOwnerFunc`): a cached UID could belong to a deleted Node, and the garbage
-    /// collector would delete the new Lease at once.
-    async fn create_lease(&self, slot: &mut NodeSlot, name: &str, seq: u64, duration: i32) -> Ack {
-        let uid = match self.api.get_node(name).await {
-            Ok(node) => match node.metadata.uid {
-                Some(uid) => uid,
-                None => return ack(seq, AckCode::Retry, "node has no uid yet"),
-            },
-            Err(e) if api_code(&e) == Some(404) => return self.forget(slot, seq),
-            // kubelet skips creation this round when the owner Node cannot be read.
-            Err(e) => {
-                return ack(
-                    seq,
-                    AckCode::Retry,
-                    format!("reading node for the lease owner: {e}"),
-                );
-            }
-        };
-        slot.uid = Some(uid.clone());
-        let renew = self.renew_time(slot);
-        match self
-            .api
-            .create_lease(&patch::new_lease(name, &uid, duration, renew))
-            .await
-        {
-            Ok(created) => self.renewed(slot, name, seq, created, renew),
-            Err(e) => {
-                self.counters.lease_failures.fetch_add(1, Ordering::Relaxed);
-                ack(seq, AckCode::Retry, format!("creating lease: {e}"))
-            }
-        }
-    }
-
-    async fn event(&self, name: &str, type_: &str, reason: &str, message: String, now: Timestamp) {
-        let unique = self.event_seq.fetch_add(1, Ordering::Relaxed);
-        let event = patch::node_event(name, type_, reason, message, now, unique);
-        if let Err(error) = self.api.create_event(name, &event).await {
-            tracing::warn!(node = name, reason, %error, "could not record event");
-        }
     }
 }
 
@@ -1037,7 +508,7 @@ impl Collector for GatewayCollector {
             (
                 "edgebeat_gateway_apiserver_backing_off",
                 "1 while the gateway backs off from the apiserver (it answered 429, 5xx or nothing; one probe request at a time), else 0.",
-                usize::from(gateway.api.backing_off()),
+                usize::from(gateway.writer.api.backing_off()),
             ),
             (
                 "edgebeat_gateway_unidentified_agents_allowed",
@@ -1051,71 +522,6 @@ impl Collector for GatewayCollector {
             gauge.encode(metric)?;
         }
         Ok(())
-    }
-}
-
-/// Takes the UID, boot ID and condition times of `node` as this replica's knowledge.
-fn seed(slot: &mut NodeSlot, node: &Node) {
-    slot.uid = node.metadata.uid.clone();
-    seed_conditions(slot, node);
-    if let Some(info) = node.status.as_ref().and_then(|s| s.node_info.as_ref()) {
-        slot.known_boot_id = Some(info.boot_id.clone());
-    }
-}
-
-/// Takes the condition statuses and transition times the apiserver holds.
-fn seed_conditions(slot: &mut NodeSlot, node: &Node) {
-    for c in node
-        .status
-        .iter()
-        .flat_map(|s| s.conditions.iter().flatten())
-    {
-        if let Some(t) = &c.last_transition_time {
-            slot.conditions.insert(
-                c.type_.clone(),
-                KnownCondition {
-                    status: c.status.clone(),
-                    last_transition: t.0,
-                },
-            );
-        }
-    }
-}
-
-/// The gateway's Lease state, echoed by the agent (`LeaseRenewal.lease_state`): the
-/// resourceVersion and renewTime of the last successful write. Encoding: renewTime as
-/// 8 bytes big-endian microseconds since the epoch, then the resourceVersion as UTF-8
-/// (at most 64 bytes).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseState {
-    /// `metadata.resourceVersion` returned by the last write.
-    pub resource_version: String,
-    /// `spec.renewTime` of the last write.
-    pub renew_time: Timestamp,
-}
-
-impl LeaseState {
-    /// The wire form (see the type docs).
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(8 + self.resource_version.len());
-        out.extend_from_slice(&self.renew_time.as_microsecond().to_be_bytes());
-        out.extend_from_slice(self.resource_version.as_bytes());
-        out
-    }
-
-    /// Parses the wire form; `None` for empty or malformed input (the agent's echo is not
-    /// trusted: a bad one only costs a GET).
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
-        let (time, rv) = bytes.split_first_chunk::<8>()?;
-        if rv.is_empty() || rv.len() > 64 {
-            return None;
-        }
-        let resource_version = std::str::from_utf8(rv).ok()?.to_owned();
-        let renew_time = Timestamp::from_microsecond(i64::from_be_bytes(*time)).ok()?;
-        Some(Self {
-            resource_version,
-            renew_time,
-        })
     }
 }
 
@@ -1139,6 +545,17 @@ impl Handler for Gateway {
         self.counters.count_rejection(why);
         tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, why = why.as_str(), detail, "message refused by the transport");
     }
+}
+
+/// Builds the kube-rs client the gateway watches with ([`Gateway::watch`]): `config`
+/// without a read timeout, since a watch is quiet for as long as nothing changes
+/// (kube-runtime's watcher applies its own idle timeout, the watch's 290 s plus a margin),
+/// and no client-side rate limit.
+///
+/// Errors: kube's error when the config cannot produce a client (bad TLS material).
+pub fn watch_client(mut config: kube::Config) -> Result<kube::Client, kube::Error> {
+    config.read_timeout = None;
+    kube::Client::try_from(config)
 }
 
 /// Builds the kube-rs client the gateway writes with: `config` with a 10 s read/write
@@ -1169,46 +586,6 @@ pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, k
 mod tests {
     use super::*;
     use edgebeat_transports::ingress::TransportKind;
-
-    #[test]
-    fn lease_state_round_trips_and_rejects_garbage() {
-        let state = LeaseState {
-            resource_version: "884213".into(),
-            renew_time: "2026-11-21T10:00:00.123456Z".parse().unwrap(),
-        };
-        let bytes = state.encode();
-        assert_eq!(bytes.len(), 14, "8 bytes of time + the resourceVersion");
-        assert_eq!(LeaseState::decode(&bytes), Some(state));
-        assert_eq!(LeaseState::decode(&[]), None);
-        assert_eq!(LeaseState::decode(&[0; 8]), None, "no resourceVersion");
-        assert_eq!(LeaseState::decode(&[0; 80]), None, "too long");
-        let mut bad = vec![0; 8];
-        bad.extend_from_slice(&[0xff, 0xfe]);
-        assert_eq!(LeaseState::decode(&bad), None, "not UTF-8");
-    }
-
-    #[test]
-    fn only_kubelets_conditions_are_accepted() {
-        let cond = |t: &str, s: &str, r: &str| pb::NodeCondition {
-            r#type: t.into(),
-            status: s.into(),
-            reason: r.into(),
-            ..Default::default()
-        };
-        let status = |c: Vec<pb::NodeCondition>| pb::NodeStatus {
-            conditions: c,
-            ..Default::default()
-        };
-        assert!(validate_status(&status(vec![cond("Ready", "True", "KubeletReady")])).is_ok());
-        for bad in [
-            vec![cond("NetworkUnavailable", "False", "RouteCreated")],
-            vec![cond("Ready", "Unknown", "KubeletReady")],
-            vec![cond("Ready", "True", "")],
-            vec![cond("Ready", "True", "A"), cond("Ready", "False", "B")],
-        ] {
-            assert!(validate_status(&status(bad.clone())).is_err(), "{bad:?}");
-        }
-    }
 
     struct FixedClock(std::time::SystemTime);
     impl Clock for FixedClock {

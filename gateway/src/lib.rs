@@ -6,7 +6,11 @@
 //!
 //! - [`admission`]: the per-node admission state machine (identity, boot and sequence,
 //!   rate limit, freshness), with no I/O.
-//! - [`gateway`]: the per-message path and apiserver writes ([`Gateway`]).
+//! - [`gateway`]: the per-message path ([`Gateway`]): admission, then the writer.
+//! - `writer`: kubelet's apiserver calls for one admitted message (register, status
+//!   PATCH, Lease PUT, events).
+//! - [`view`]: what the apiserver holds for the managed Nodes and Leases, kept by a watch
+//!   and by the answers to writes.
 //! - [`apiserver`]: the kube-rs calls, optionally impersonating each node.
 //! - [`freshness`]: message age from the agent's boot clock, for dropping stale renewals.
 //! - [`restriction`]: NodeRestriction's label rules, input limits and the per-node rate limit.
@@ -20,6 +24,8 @@ pub mod gateway;
 pub mod metrics;
 pub mod patch;
 pub mod restriction;
+pub mod view;
+mod writer;
 
 pub use admission::Posture;
-pub use gateway::{Gateway, GatewayOptions, kube_client};
+pub use gateway::{Gateway, GatewayOptions, kube_client, watch_client};

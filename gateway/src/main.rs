@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use edgebeat_gateway::{Gateway, GatewayOptions, Posture, kube_client};
+use edgebeat_gateway::{Gateway, GatewayOptions, Posture, kube_client, watch_client};
 use edgebeat_transports::endpoint::MqttEndpoint;
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, serve, tls};
 use edgebeat_transports::mqtt::{MqttIngressOptions, SignaturePolicy, serve as mqtt_serve};
@@ -182,6 +182,7 @@ async fn main() -> anyhow::Result<()> {
             .await
             .context("no kubeconfig or in-cluster config found; pass --kubeconfig")?,
     };
+    let watches = watch_client(config.clone())?;
     let client = kube_client(config, args.qps)?;
     if args.max_nodes == 0 {
         anyhow::bail!("--max-nodes must be at least 1");
@@ -207,6 +208,8 @@ async fn main() -> anyhow::Result<()> {
         Arc::new(edgebeat_hw::SystemClock),
         options,
     ));
+    // What the apiserver holds for the managed Nodes and Leases (see edgebeat_gateway::view).
+    tokio::spawn(gateway.watch(watches));
     let grpc = match (args.grpc_listen, grpc_options) {
         (Some(addr), Some(options)) => {
             let listener = tokio::net::TcpListener::bind(addr)

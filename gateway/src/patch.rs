@@ -20,6 +20,17 @@ pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 /// `default`.
 pub const EVENT_NAMESPACE: &str = "default";
 
+/// The label the gateway puts on the Nodes it registers and the Leases it creates, and the
+/// selector of its watches ([`crate::view`]): `edgebeat.io/managed-by=edgebeat-gateway`. Under the
+/// `edgebeat.io` domain, which NodeRestriction lets a node set (labels under `kubernetes.io`
+/// and `k8s.io` it would refuse, `plugin/pkg/admission/noderestriction/admission.go`).
+pub const MANAGED_LABEL: (&str, &str) = ("edgebeat.io/managed-by", "edgebeat-gateway");
+
+/// [`MANAGED_LABEL`] as a one-entry label map.
+fn managed_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([(MANAGED_LABEL.0.to_owned(), MANAGED_LABEL.1.to_owned())])
+}
+
 /// What the gateway remembers of one condition: its status and when it last changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KnownCondition {
@@ -134,7 +145,8 @@ pub fn node_status(status: &pb::NodeStatus, conditions: Vec<NodeCondition>) -> N
 /// schedulable), unschedulable, and the full status. The attach/detach annotation is left
 /// out: edgebeat nodes run no volume plugins.
 pub fn initial_node(name: &str, register: &pb::Register, status: NodeStatus) -> Node {
-    let labels: BTreeMap<String, String> = register.labels.clone().into_iter().collect();
+    let mut labels: BTreeMap<String, String> = register.labels.clone().into_iter().collect();
+    labels.extend(managed_labels());
     let mut taints: Vec<Taint> = register
         .taints
         .iter()
@@ -219,6 +231,7 @@ pub fn new_lease(name: &str, node_uid: &str, duration_seconds: i32, renew: Times
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some(LEASE_NAMESPACE.to_owned()),
+            labels: Some(managed_labels()),
             owner_references: Some(vec![owner_reference(name, node_uid)]),
             ..Default::default()
         },
@@ -243,7 +256,8 @@ pub fn owner_reference(name: &str, node_uid: &str) -> OwnerReference {
 }
 
 /// `base` renewed: fresh `renewTime`, duration re-applied, holder set, ownerReference added
-/// when missing and the Node's UID is known (kubelet `retryUpdateLease` + `SetNodeOwnerFunc`).
+/// when missing and the Node's UID is known (kubelet `retryUpdateLease` + `SetNodeOwnerFunc`),
+/// [`MANAGED_LABEL`] added when missing (a Lease created before the gateway labelled them).
 /// Keeps `metadata.resourceVersion`, so the PUT is conditional.
 pub fn renewed_lease(
     base: Lease,
@@ -257,6 +271,12 @@ pub fn renewed_lease(
     spec.renew_time = Some(MicroTime(renew));
     spec.lease_duration_seconds = Some(duration_seconds);
     spec.holder_identity = Some(name.to_owned());
+    lease
+        .metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .entry(MANAGED_LABEL.0.to_owned())
+        .or_insert_with(|| MANAGED_LABEL.1.to_owned());
     if lease
         .metadata
         .owner_references

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use edgebeat_agent::config::{MqttTransport, TransportConfig};
 use edgebeat_agent::{Agent, AgentConfig};
-use edgebeat_gateway::{Gateway, GatewayOptions, kube_client};
+use edgebeat_gateway::{Gateway, GatewayOptions, kube_client, watch_client};
 use edgebeat_hw::{Clock, SystemClock};
 use edgebeat_transports::grpc::{GrpcServerOptions, serve};
 use edgebeat_transports::mqtt::MqttIngressOptions;
@@ -317,13 +317,33 @@ impl Cluster {
             options.posture = edgebeat_gateway::Posture::AllowUnidentified;
         }
         let max_nodes = options.max_nodes;
-        let client = kube_client(kube::Config::new(self.standin.url().parse()?), 1000)?;
+        let config = kube::Config::new(self.standin.url().parse()?);
+        let watches = watch_client(config.clone())?;
+        let client = kube_client(config, 1000)?;
         let gateway = Arc::new(Gateway::new(client, Arc::new(SystemClock), options));
         let cancel = CancellationToken::new();
         let index = self.replicas.len();
         let (subscribed_tx, mut subscribed) = tokio::sync::watch::channel(false);
         let mqtt_node_queues = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut tasks = Vec::new();
+        // As the binary: the replica follows its Nodes and Leases, and starts serving once
+        // both watches have listed (so a scenario's first messages meet a known view).
+        let (watch, stop) = (gateway.watch(watches), cancel.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                () = watch => {}
+                () = stop.cancelled() => {}
+            }
+        }));
+        let view = gateway.view().clone();
+        let end = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !(view.nodes_watched() && view.leases_watched()) {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < end,
+                "the gateway's Node and Lease watches did not list within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         if let Some(listener) = listener {
             let (handler, stop) = (gateway.clone(), cancel.clone());
             let grpc_options = self.grpc_options.clone();

@@ -46,3 +46,9 @@ pub fn renew_time(r: &RecordedRequest) -> Option<Timestamp> {
     let lease: Lease = serde_json::from_slice(&r.body).ok()?;
     Some(lease.spec?.renew_time?.0)
 }
+
+/// A list or watch of a collection (the gateway's informer, [`edgebeat_gateway::view`]),
+/// not a call made for one node.
+pub fn is_collection_read(r: &RecordedRequest) -> bool {
+    r.method == http::Method::GET && (r.path == "/api/v1/nodes" || r.path == LEASES)
+}

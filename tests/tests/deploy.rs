@@ -307,8 +307,19 @@ fn expected_permissions() -> BTreeSet<Permission> {
         perm("", "nodes", Scope::Cluster, "create"),
         // Api<Node>::get, get_opt
         perm("", "nodes", Scope::Cluster, "get"),
+        // kube-runtime watcher over Api<Node>::all (list, then watch)
+        perm("", "nodes", Scope::Cluster, "list"),
+        perm("", "nodes", Scope::Cluster, "watch"),
         // Api<Node>::patch_status (strategic merge patch)
         perm("", "nodes/status", Scope::Cluster, "patch"),
+        // kube-runtime watcher over Api<Lease>::namespaced(kube-node-lease)
+        perm("coordination.k8s.io", "leases", ns(LEASE_NAMESPACE), "list"),
+        perm(
+            "coordination.k8s.io",
+            "leases",
+            ns(LEASE_NAMESPACE),
+            "watch",
+        ),
         // Api<Lease>::get_opt (after a 409 or without a cached Lease)
         perm("coordination.k8s.io", "leases", ns(LEASE_NAMESPACE), "get"),
         // Api<Lease>::create

@@ -255,3 +255,115 @@ async fn a_gateway_back_from_an_outage_writes_no_stale_renewal() {
         .load(Ordering::Relaxed);
     assert_eq!(stale, 0, "expired messages never even reached the gateway");
 }
+
+/// Two replicas on one shared subscription see one node's messages in turn. Each diffs
+/// against what the apiserver holds (their Node watches), so a reboot is one `Rebooted`
+/// event, not one per replica, and the controller's Unknown is repaired once, with
+/// transition times after it and one `NodeReady` event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_a_fleet_record_each_change_once() {
+    const NODE: &str = "rpi4-edge-01";
+    let mut cluster = Cluster::start(Transport::Mqtt).await.unwrap();
+    cluster
+        .start_replica(edgebeat_tests::harness::gateway_options())
+        .await
+        .unwrap();
+    let host = edgebeat_tests::harness::fixture_copy("rpi4-cgroup1").unwrap();
+    let mut agent_config = cluster.agent_config(NODE, host.path());
+    agent_config.node_lease_duration_seconds = 4;
+    // Only the start-up report and the ones the gateway asks for.
+    agent_config.node_status_report_frequency = Duration::from_secs(3600);
+    let agent = cluster.start_agent(agent_config.clone()).unwrap();
+    cluster.wait_for_renewals(NODE, 6, DEADLINE).await.unwrap();
+    agent.stop().await.unwrap();
+
+    // A reboot: a new boot ID, the agent starts again and registers.
+    let new_boot = "0c5e7d1a-2b3c-4d5e-8f90-a1b2c3d4e5f6";
+    std::fs::write(
+        host.path().join("proc/sys/kernel/random/boot_id"),
+        format!("{new_boot}\n"),
+    )
+    .unwrap();
+    let agent = cluster.start_agent(agent_config).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "new boot ID and its Rebooted event", |v| {
+            v.node(NODE).is_some_and(|n| {
+                n.status
+                    .and_then(|s| s.node_info)
+                    .is_some_and(|i| i.boot_id == new_boot)
+            }) && v
+                .events()
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("Rebooted"))
+        })
+        .await
+        .unwrap();
+    cluster.wait_for_renewals(NODE, 6, DEADLINE).await.unwrap();
+
+    // The node lifecycle controller marks the node Unknown.
+    let unknown_at = Timestamp::from_second(Timestamp::now().as_second()).unwrap();
+    assert!(cluster.standin.update_node(NODE, |node| {
+        for c in node.status.as_mut().unwrap().conditions.as_mut().unwrap() {
+            c.status = "Unknown".into();
+            c.reason = Some("NodeStatusUnknown".into());
+            c.last_transition_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                unknown_at,
+            ));
+        }
+    }));
+    cluster
+        .standin
+        .wait_until(DEADLINE, "Ready again, with its NodeReady event", |v| {
+            v.node(NODE).is_some_and(|n| {
+                n.status
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|cs| cs.iter().all(|c| c.status != "Unknown"))
+            }) && v
+                .events()
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("NodeReady"))
+        })
+        .await
+        .unwrap();
+    // Both replicas keep serving the node for a few more renewals: a duplicate would come
+    // from the replica that did not write.
+    cluster.wait_for_renewals(NODE, 8, DEADLINE).await.unwrap();
+    agent.stop().await.unwrap();
+
+    for (i, replica) in cluster.replicas.iter().enumerate() {
+        let written = replica
+            .as_ref()
+            .unwrap()
+            .gateway
+            .counters
+            .lease_renewals
+            .load(Ordering::Relaxed);
+        assert!(written > 0, "replica {i} carried renewals too");
+    }
+    let reasons: Vec<String> = cluster
+        .standin
+        .events()
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    let count = |r: &str| reasons.iter().filter(|x| *x == r).count();
+    assert_eq!(
+        count("Rebooted"),
+        1,
+        "one Rebooted for one reboot: {reasons:?}"
+    );
+    assert_eq!(
+        count("NodeReady"),
+        1,
+        "one NodeReady for Unknown → True: {reasons:?}"
+    );
+    let node = cluster.standin.node(NODE).unwrap();
+    for c in node.status.unwrap().conditions.unwrap() {
+        assert!(
+            c.last_transition_time.unwrap().0 >= unknown_at,
+            "{}: the transition follows the controller's Unknown",
+            c.type_
+        );
+    }
+}

@@ -1,0 +1,487 @@
+//! What the apiserver holds for the Nodes and Leases this gateway manages: the gateway's
+//! informer.
+//!
+//! kubelet diffs every status update against the Node its informer holds
+//! (`pkg/kubelet/kubelet_node_status.go: tryUpdateNodeStatus`) and renews its Lease from
+//! the last object it wrote (`staging/src/k8s.io/component-helpers/apimachinery/lease/
+//! controller.go: retryUpdateLease`). The gateway does the same for a fleet with one
+//! [`ApiserverView`], fed from two sides:
+//!
+//! - a **watch** (kube-runtime's [`watcher`], client-go's list+watch) of the Nodes and of
+//!   the Leases in `kube-node-lease` that carry [`MANAGED_LABEL`], so what other writers do
+//!   reaches every replica within the watch's latency: the node lifecycle controller
+//!   setting conditions Unknown, another replica of a shared MQTT subscription writing a
+//!   Lease or a new boot ID, an operator deleting a Node;
+//! - the **answers to this replica's own writes**, so the next message of a node never
+//!   waits for the watch to catch up.
+//!
+//! Only what the gateway diffs against is stored (about 0.5 KiB per node, see
+//! [`NodeRecord`] and [`LeaseRecord`]), never whole objects. Objects of both sources are
+//! ordered by `metadata.resourceVersion` compared as integers, as the apiserver's own
+//! storage does (`staging/src/k8s.io/apiserver/pkg/storage/etcd3/api_object_versioner.go:
+//! APIObjectVersioner.ParseResourceVersion`); an older object never replaces a newer one.
+//!
+//! Without a working watch (RBAC without list/watch, the watch failing), the view is only
+//! the write-through cache, and the gateway trusts it for `knowledge_ttl` after its last
+//! write before reading the Node again ([`ApiserverView::nodes_watched`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use futures_util::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Api, ResourceExt};
+
+use crate::patch::{KnownCondition, LEASE_NAMESPACE, MANAGED_LABEL};
+
+/// The label selector of [`MANAGED_LABEL`] (`key=value`).
+pub fn managed_selector() -> String {
+    format!("{}={}", MANAGED_LABEL.0, MANAGED_LABEL.1)
+}
+
+/// What the gateway knows of one Node, as the apiserver holds it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeRecord {
+    /// `metadata.resourceVersion` as an integer; `None` when it is not one.
+    resource_version: Option<u64>,
+    /// `metadata.uid`, for the Lease's ownerReference.
+    pub uid: Option<Box<str>>,
+    /// `status.nodeInfo.bootID`, for kubelet's `Rebooted` event.
+    pub boot_id: Option<Box<str>>,
+    /// Status and lastTransitionTime of each condition, by type.
+    pub conditions: BTreeMap<String, KnownCondition>,
+}
+
+impl NodeRecord {
+    /// The record of `node`.
+    pub fn of(node: &Node) -> Self {
+        let conditions = node
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .filter_map(|c| {
+                let t = c.last_transition_time.as_ref()?;
+                Some((
+                    c.type_.clone(),
+                    KnownCondition {
+                        status: c.status.clone(),
+                        last_transition: t.0,
+                    },
+                ))
+            })
+            .collect();
+        Self {
+            resource_version: integer_version(node.metadata.resource_version.as_deref()),
+            uid: node.metadata.uid.as_deref().map(Box::from),
+            boot_id: node
+                .status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| Box::from(i.boot_id.as_str())),
+            conditions,
+        }
+    }
+
+    /// Whether the apiserver holds a condition at `Unknown`: the node lifecycle controller
+    /// wrote it (`pkg/controller/nodelifecycle/node_lifecycle_controller.go:
+    /// tryUpdateNodeHealth`) and only a full status report repairs it.
+    pub fn has_unknown_condition(&self) -> bool {
+        self.conditions.values().any(|c| c.status == "Unknown")
+    }
+}
+
+/// What the gateway knows of one node Lease, as the apiserver holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// `metadata.resourceVersion`, sent back with the next PUT.
+    pub resource_version: Box<str>,
+    /// `spec.renewTime` (microseconds).
+    pub renew_time: Option<Timestamp>,
+    /// The Lease holds nothing but what kubelet's `newLease` sets (name, namespace,
+    /// ownerReference, holderIdentity, leaseDurationSeconds, renewTime) and
+    /// [`MANAGED_LABEL`], so a PUT can be rebuilt from this record without dropping a
+    /// field. When false the renewal reads the whole Lease first.
+    pub plain: bool,
+}
+
+impl LeaseRecord {
+    /// The record of `lease`; `None` without a resourceVersion (not a stored object).
+    pub fn of(lease: &Lease) -> Option<Self> {
+        let meta = &lease.metadata;
+        let name = meta.name.as_deref().unwrap_or_default();
+        let only_managed_label = meta.labels.as_ref().is_none_or(|labels| {
+            labels
+                .iter()
+                .all(|(k, v)| (k.as_str(), v.as_str()) == MANAGED_LABEL)
+        });
+        let spec = lease.spec.as_ref();
+        let plain = only_managed_label
+            && meta.annotations.as_ref().is_none_or(BTreeMap::is_empty)
+            && meta.finalizers.as_ref().is_none_or(Vec::is_empty)
+            && meta.owner_references.as_ref().is_some_and(|refs| {
+                matches!(refs.as_slice(), [r] if r.kind == "Node" && r.name == name
+                    && r.controller.is_none() && r.block_owner_deletion.is_none())
+            })
+            && spec.is_some_and(|s| {
+                s.acquire_time.is_none()
+                    && s.lease_transitions.is_none()
+                    && s.preferred_holder.is_none()
+                    && s.strategy.is_none()
+            });
+        Some(Self {
+            resource_version: Box::from(meta.resource_version.as_deref()?),
+            renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
+            plain,
+        })
+    }
+}
+
+/// `resourceVersion` as the integer etcd3 storage encodes (see the module docs).
+fn integer_version(rv: Option<&str>) -> Option<u64> {
+    rv?.parse().ok()
+}
+
+/// Whether an object at `incoming` may replace one at `held` (both integers: only if not
+/// older; otherwise the later arrival wins).
+fn not_older(incoming: Option<u64>, held: Option<u64>) -> bool {
+    match (incoming, held) {
+        (Some(new), Some(old)) => new >= old,
+        _ => true,
+    }
+}
+
+/// The gateway's view of the apiserver (see the module docs). Shared by every message
+/// handler and the two watch tasks; each map sits behind its own short-held lock.
+#[derive(Debug, Default)]
+pub struct ApiserverView {
+    nodes: Mutex<HashMap<Box<str>, NodeRecord>>,
+    leases: Mutex<HashMap<Box<str>, LeaseRecord>>,
+    nodes_watched: AtomicBool,
+    leases_watched: AtomicBool,
+    watch_events: AtomicU64,
+    watch_errors: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl ApiserverView {
+    /// An empty view, watching nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the Node watch has listed every managed Node and is following changes: the
+    /// view then *is* the apiserver's state, give or take the watch's latency, and a node
+    /// missing from it does not exist (or was registered without [`MANAGED_LABEL`]).
+    pub fn nodes_watched(&self) -> bool {
+        self.nodes_watched.load(Ordering::Relaxed)
+    }
+
+    /// Whether the Lease watch has listed and is following (as [`Self::nodes_watched`]).
+    pub fn leases_watched(&self) -> bool {
+        self.leases_watched.load(Ordering::Relaxed)
+    }
+
+    /// Watch events applied since start, and watch errors (each followed by kube-runtime's
+    /// backoff and a resumed or fresh list+watch).
+    pub fn watch_counts(&self) -> (u64, u64) {
+        (
+            self.watch_events.load(Ordering::Relaxed),
+            self.watch_errors.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Number of Nodes and Leases the view holds.
+    pub fn len(&self) -> (usize, usize) {
+        (lock(&self.nodes).len(), lock(&self.leases).len())
+    }
+
+    /// Whether the view holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == (0, 0)
+    }
+
+    /// A copy of what is known of Node `name`.
+    pub fn node(&self, name: &str) -> Option<NodeRecord> {
+        lock(&self.nodes).get(name).cloned()
+    }
+
+    /// Whether Node `name` is known to hold an `Unknown` condition.
+    pub fn node_has_unknown_condition(&self, name: &str) -> bool {
+        lock(&self.nodes)
+            .get(name)
+            .is_some_and(NodeRecord::has_unknown_condition)
+    }
+
+    /// Takes `node` (a write's answer, a read or a watch event) unless the view already
+    /// holds a newer version of it.
+    pub fn observe_node(&self, node: &Node) {
+        let Some(name) = node.metadata.name.as_deref() else {
+            return;
+        };
+        let record = NodeRecord::of(node);
+        let mut nodes = lock(&self.nodes);
+        match nodes.get_mut(name) {
+            Some(held) if !not_older(record.resource_version, held.resource_version) => {}
+            Some(held) => *held = record,
+            None => {
+                nodes.insert(Box::from(name), record);
+            }
+        }
+    }
+
+    /// Drops Node `name` (deleted, or found missing by a write).
+    pub fn forget_node(&self, name: &str) {
+        lock(&self.nodes).remove(name);
+    }
+
+    /// A copy of what is known of Lease `name` in `kube-node-lease`.
+    pub fn lease(&self, name: &str) -> Option<LeaseRecord> {
+        lock(&self.leases).get(name).cloned()
+    }
+
+    /// Takes `lease` unless the view already holds a newer version of it.
+    pub fn observe_lease(&self, lease: &Lease) {
+        let Some(name) = lease.metadata.name.as_deref() else {
+            return;
+        };
+        let Some(record) = LeaseRecord::of(lease) else {
+            return;
+        };
+        let incoming = integer_version(Some(&record.resource_version));
+        let mut leases = lock(&self.leases);
+        match leases.get_mut(name) {
+            Some(held) if !not_older(incoming, integer_version(Some(&held.resource_version))) => {}
+            Some(held) => *held = record,
+            None => {
+                leases.insert(Box::from(name), record);
+            }
+        }
+    }
+
+    /// Drops Lease `name`.
+    pub fn forget_lease(&self, name: &str) {
+        lock(&self.leases).remove(name);
+    }
+
+    /// Follows the managed Nodes until the stream ends (it does not: kube-runtime's
+    /// watcher re-lists after a `410 Gone` and retries errors with its default backoff,
+    /// 800 ms doubling to 30 s). Errors are counted and logged, and mark the view unwatched
+    /// until the stream delivers again.
+    pub async fn watch_nodes(self: Arc<Self>, client: kube::Client) {
+        let api: Api<Node> = Api::all(client);
+        let config = watcher::Config::default().labels(&managed_selector());
+        let stream = watcher(api, config).default_backoff();
+        self.follow(
+            stream,
+            "Node",
+            |v| &v.nodes_watched,
+            |v, n| v.observe_node(n),
+            |v, name| v.forget_node(name),
+            |v, keep| lock(&v.nodes).retain(|k, _| keep.contains(k.as_ref())),
+        )
+        .await;
+    }
+
+    /// Follows the managed Leases in `kube-node-lease` (as [`Self::watch_nodes`]).
+    pub async fn watch_leases(self: Arc<Self>, client: kube::Client) {
+        let api: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
+        let config = watcher::Config::default().labels(&managed_selector());
+        let stream = watcher(api, config).default_backoff();
+        self.follow(
+            stream,
+            "Lease",
+            |v| &v.leases_watched,
+            |v, l| v.observe_lease(l),
+            |v, name| v.forget_lease(name),
+            |v, keep| lock(&v.leases).retain(|k, _| keep.contains(k.as_ref())),
+        )
+        .await;
+    }
+
+    async fn follow<K: ResourceExt>(
+        &self,
+        stream: impl futures_util::Stream<Item = Result<Event<K>, watcher::Error>>,
+        kind: &'static str,
+        watched: impl Fn(&Self) -> &AtomicBool,
+        apply: impl Fn(&Self, &K),
+        delete: impl Fn(&Self, &str),
+        keep_only: impl Fn(&Self, &HashSet<String>),
+    ) {
+        futures_util::pin_mut!(stream);
+        // Names listed since the last Init: what a re-list did not return was deleted
+        // while the watch was down.
+        let mut listed: Option<HashSet<String>> = None;
+        while let Some(item) = stream.next().await {
+            let event = match item {
+                Ok(event) => event,
+                Err(error) => {
+                    self.watch_errors.fetch_add(1, Ordering::Relaxed);
+                    if watched(self).swap(false, Ordering::Relaxed) {
+                        tracing::warn!(kind, %error, "watch failed; reading objects again until it recovers");
+                    } else {
+                        tracing::debug!(kind, %error, "watch still failing");
+                    }
+                    continue;
+                }
+            };
+            self.watch_events.fetch_add(1, Ordering::Relaxed);
+            match event {
+                Event::Init => listed = Some(HashSet::new()),
+                Event::InitApply(obj) => {
+                    apply(self, &obj);
+                    if let Some(names) = listed.as_mut() {
+                        names.insert(obj.name_any());
+                    }
+                }
+                Event::InitDone => {
+                    if let Some(names) = listed.take() {
+                        keep_only(self, &names);
+                        tracing::info!(kind, objects = names.len(), "watch listed and following");
+                    }
+                    watched(self).store(true, Ordering::Relaxed);
+                }
+                Event::Apply(obj) => {
+                    apply(self, &obj);
+                    // A watch resumed after an error from its last resourceVersion has
+                    // missed nothing.
+                    if listed.is_none() {
+                        watched(self).store(true, Ordering::Relaxed);
+                    }
+                }
+                Event::Delete(obj) => {
+                    delete(self, &obj.name_any());
+                    if listed.is_none() {
+                        watched(self).store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        watched(self).store(false, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, NodeSystemInfo};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+
+    fn node(rv: &str, ready: &str, boot: &str) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                uid: Some("u1".into()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            status: Some(NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: ready.into(),
+                    last_transition_time: Some(Time(Timestamp::from_second(100).unwrap())),
+                    ..Default::default()
+                }]),
+                node_info: Some(NodeSystemInfo {
+                    boot_id: boot.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn lease(rv: &str, renew_s: i64) -> Lease {
+        let mut lease =
+            crate::patch::new_lease("n1", "u1", 40, Timestamp::from_second(renew_s).unwrap());
+        lease.metadata.resource_version = Some(rv.into());
+        lease
+    }
+
+    #[test]
+    fn an_older_version_never_replaces_a_newer_one() {
+        let view = ApiserverView::new();
+        view.observe_node(&node("7", "True", "b1"));
+        // A watch event lagging behind this replica's own write.
+        view.observe_node(&node("5", "Unknown", "b0"));
+        let held = view.node("n1").unwrap();
+        assert_eq!(held.boot_id.as_deref(), Some("b1"));
+        assert!(!held.has_unknown_condition());
+        view.observe_node(&node("9", "Unknown", "b1"));
+        assert!(view.node_has_unknown_condition("n1"));
+
+        view.observe_lease(&lease("12", 200));
+        view.observe_lease(&lease("11", 190));
+        assert_eq!(&*view.lease("n1").unwrap().resource_version, "12");
+        view.observe_lease(&lease("13", 210));
+        let held = view.lease("n1").unwrap();
+        assert_eq!(&*held.resource_version, "13");
+        assert_eq!(held.renew_time, Some(Timestamp::from_second(210).unwrap()));
+    }
+
+    #[test]
+    fn a_lease_is_plain_only_with_what_kubelet_sets() {
+        let mut l = lease("1", 10);
+        assert!(LeaseRecord::of(&l).unwrap().plain);
+        l.metadata.labels = Some(BTreeMap::from([(
+            MANAGED_LABEL.0.to_owned(),
+            MANAGED_LABEL.1.to_owned(),
+        )]));
+        assert!(LeaseRecord::of(&l).unwrap().plain);
+        let mut annotated = l.clone();
+        annotated.metadata.annotations =
+            Some(BTreeMap::from([("team".to_owned(), "edge".to_owned())]));
+        assert!(!LeaseRecord::of(&annotated).unwrap().plain);
+        let mut transitions = l.clone();
+        transitions.spec = Some(LeaseSpec {
+            lease_transitions: Some(3),
+            renew_time: Some(MicroTime(Timestamp::from_second(10).unwrap())),
+            ..Default::default()
+        });
+        assert!(!LeaseRecord::of(&transitions).unwrap().plain);
+        let mut orphan = l;
+        orphan.metadata.owner_references = None;
+        assert!(!LeaseRecord::of(&orphan).unwrap().plain);
+        // Not a stored object: nothing to PUT against.
+        let mut unstored = lease("1", 10);
+        unstored.metadata.resource_version = None;
+        assert!(LeaseRecord::of(&unstored).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_relist_drops_what_was_deleted_while_the_watch_was_down() {
+        let view = ApiserverView::new();
+        let mut gone = node("3", "True", "b");
+        gone.metadata.name = Some("gone".into());
+        view.observe_node(&gone);
+        let events: Vec<Result<Event<Node>, watcher::Error>> = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(node("4", "True", "b"))),
+            Ok(Event::InitDone),
+        ];
+        assert!(!view.nodes_watched());
+        view.follow(
+            futures_util::stream::iter(events),
+            "Node",
+            |v| &v.nodes_watched,
+            |v, n| v.observe_node(n),
+            |v, name| v.forget_node(name),
+            |v, keep| lock(&v.nodes).retain(|k, _| keep.contains(k.as_ref())),
+        )
+        .await;
+        // The stream ended: no longer following.
+        assert!(!view.nodes_watched());
+        assert!(view.node("gone").is_none());
+        assert!(view.node("n1").is_some());
+        assert_eq!(view.watch_counts(), (3, 0));
+    }
+}
