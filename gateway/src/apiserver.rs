@@ -59,6 +59,11 @@ const IMPERSONATE_USER: HeaderName = HeaderName::from_static("impersonate-user")
 const IMPERSONATE_GROUP: HeaderName = HeaderName::from_static("impersonate-group");
 
 /// First and largest wait of the backoff gate (see the module docs).
+/// Longest an apiserver call may take, from sending to the decoded answer: kubelet's
+/// heartbeat client timeout (`nodeStatusUpdateFrequency`, 10 s, `cmd/kubelet/app/
+/// server.go: buildKubeletClientConfig`). A call past it counts as no answer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
 const GATE_BACKOFF_MIN: Duration = Duration::from_millis(200);
 const GATE_BACKOFF_MAX: Duration = Duration::from_secs(4);
 
@@ -310,7 +315,13 @@ impl Apiserver {
             headers.insert(IMPERSONATE_USER, user);
             headers.insert(IMPERSONATE_GROUP, HeaderValue::from_static("system:nodes"));
         }
-        self.client.request(request).await
+        tokio::time::timeout(REQUEST_TIMEOUT, self.client.request(request))
+            .await
+            .unwrap_or_else(|_| {
+                Err(kube::Error::Service(
+                    format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()).into(),
+                ))
+            })
     }
 
     fn nodes() -> Request {

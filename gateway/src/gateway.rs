@@ -558,8 +558,9 @@ pub fn watch_client(mut config: kube::Config) -> Result<kube::Client, kube::Erro
     kube::Client::try_from(config)
 }
 
-/// Builds the kube-rs client the gateway writes with: `config` with a 10 s read/write
-/// timeout (kubelet's heartbeat client timeout), kube's own 429/5xx retries off, and, when
+/// Builds the kube-rs client the gateway writes with: `config` with a 10 s write timeout
+/// and no connection read timeout (each call is bounded to 10 s as a whole instead, kubelet's
+/// heartbeat client timeout, see [`crate::apiserver`]), kube's own 429/5xx retries off, and, when
 /// `qps` is not 0, a client-side rate limit of `qps` requests per second (tower
 /// `RateLimitLayer`). The default is 0: kubelet's heartbeat client has no client-side limit
 /// (`cmd/kubelet/app/server.go`), and a fixed rate shared by a whole fleet expires nodes
@@ -568,7 +569,12 @@ pub fn watch_client(mut config: kube::Config) -> Result<kube::Client, kube::Erro
 ///
 /// Errors: kube's error when the config cannot produce a client (bad TLS material).
 pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, kube::Error> {
-    config.read_timeout = Some(Duration::from_secs(10));
+    // A connection read timeout (hyper-timeout) also fires on a pooled connection that sat
+    // idle that long, and a request handed to it at that moment fails to send: with
+    // hundreds of pooled connections that happened a few times per 100,000 renewals, each
+    // closing the backoff gate (kube-rs removed its own default for this reason,
+    // https://github.com/kube-rs/kube/pull/1945).
+    config.read_timeout = None;
     // No retries inside the client: a heartbeat retried late would be written late and hide
     // a dead node. The agent retries with a fresh message instead (kubelet's own loops).
     config.default_retry = false;

@@ -64,6 +64,10 @@ pub struct FleetOptions {
     pub reboots_per_minute: f64,
     /// How long one answer may take (kubelet's heartbeat client timeout, 10 s).
     pub ack_timeout: Duration,
+    /// gRPC over mutual TLS (an `https://` endpoint): the site CA that signs each node's
+    /// kubelet-style certificate (issued when the node starts) and the gateway's. `None`:
+    /// plaintext.
+    pub site_ca: Option<Arc<crate::pki::Ca>>,
 }
 
 impl FleetOptions {
@@ -82,6 +86,7 @@ impl FleetOptions {
             ramp: Duration::from_secs(10),
             reboots_per_minute: 0.0,
             ack_timeout: Duration::from_secs(10),
+            site_ca: None,
         }
     }
 
@@ -416,9 +421,20 @@ async fn run_boot(
     };
     let (uplink, driver) = channel(4);
     let transport = cancel.child_token();
+    let site_ca = options.site_ca.clone();
     let driver_task = match &options.transport {
         FleetTransport::Grpc(url) => {
-            let options = edgebeat_transports::grpc::GrpcUplinkOptions::new(url.clone());
+            let mut options = edgebeat_transports::grpc::GrpcUplinkOptions::new(url.clone());
+            if let Some(ca) = &site_ca {
+                let leaf = ca.node(&host.name);
+                options.tls = Some(edgebeat_transports::tls::ClientTls {
+                    ca_pem: ca.cert_pem.clone().into_bytes(),
+                    client_identity: Some(edgebeat_transports::tls::TlsIdentity {
+                        cert_pem: leaf.cert_pem.into_bytes(),
+                        key_pem: leaf.key_pem.into_bytes(),
+                    }),
+                });
+            }
             tokio::spawn({
                 let transport = transport.clone();
                 async move {

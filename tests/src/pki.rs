@@ -24,6 +24,12 @@ pub struct Leaf {
     pub key_pem: String,
 }
 
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ca").finish_non_exhaustive()
+    }
+}
+
 impl Ca {
     /// A self-signed CA with subject CN=`name` and a fresh ECDSA P-256 key.
     pub fn new(name: &str) -> Self {

@@ -83,6 +83,11 @@ struct Args {
     /// Seconds between progress lines.
     #[arg(long, default_value_t = 10)]
     report_every: u64,
+    /// gRPC over mutual TLS, as deploy/gateway runs it: a site CA made for the run signs
+    /// the gateway's certificate and each node's (CN=system:node:<name>, O=system:nodes),
+    /// and the gateway runs in its default identified posture.
+    #[arg(long)]
+    mtls: bool,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -142,12 +147,19 @@ async fn main() -> anyhow::Result<()> {
         Transport::Mqtt => Some(Broker::start_quiet().await?),
         Transport::Grpc => None,
     };
+    anyhow::ensure!(
+        !args.mtls || args.transport == Transport::Grpc,
+        "--mtls is for --transport grpc"
+    );
+    let pki_dir = tempfile::tempdir()?;
+    let site_ca = args
+        .mtls
+        .then(|| Arc::new(edgebeat_tests::pki::Ca::new("edgebeat-fleet-site-ca")));
     let metrics_port = free_port()?;
     let mut command = tokio::process::Command::new(&args.gateway_bin);
     command
         .arg("--server")
         .arg(standin.url())
-        .arg("--allow-unidentified-agents")
         .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
         .arg("--log-level=warn")
         .stdout(std::process::Stdio::null())
@@ -176,9 +188,30 @@ async fn main() -> anyhow::Result<()> {
         (None, _) => {
             let port = free_port()?;
             command.arg(format!("--grpc-listen=127.0.0.1:{port}"));
-            FleetTransport::Grpc(format!("http://127.0.0.1:{port}"))
+            match &site_ca {
+                Some(ca) => {
+                    let server = ca.server();
+                    let (cert, key, client_ca) = (
+                        pki_dir.path().join("tls.crt"),
+                        pki_dir.path().join("tls.key"),
+                        pki_dir.path().join("ca.crt"),
+                    );
+                    std::fs::write(&cert, &server.cert_pem)?;
+                    std::fs::write(&key, &server.key_pem)?;
+                    std::fs::write(&client_ca, &ca.cert_pem)?;
+                    command
+                        .arg(format!("--grpc-tls-cert={}", cert.display()))
+                        .arg(format!("--grpc-tls-key={}", key.display()))
+                        .arg(format!("--grpc-client-ca={}", client_ca.display()));
+                    FleetTransport::Grpc(format!("https://127.0.0.1:{port}"))
+                }
+                None => FleetTransport::Grpc(format!("http://127.0.0.1:{port}")),
+            }
         }
     };
+    if site_ca.is_none() {
+        command.arg("--allow-unidentified-agents");
+    }
     command.args(&args.gateway_args);
     let mut gateway = command
         .spawn()
@@ -192,6 +225,7 @@ async fn main() -> anyhow::Result<()> {
     options.renew_interval = Duration::from_secs_f64(args.renew_interval);
     options.reboots_per_minute = args.reboots_per_minute;
     options.flip_probability = args.flip_probability;
+    options.site_ca = site_ca;
     let lease_duration = f64::from(options.lease_duration_seconds);
     let stats = Arc::new(FleetStats::default());
     let cancel = CancellationToken::new();
