@@ -159,6 +159,7 @@ impl Broker {
              allow_anonymous true\n\
              persistence false\n\
              max_queued_messages 1000\n\
+             set_tcp_nodelay true\n\
              user root\n\
              log_dest file {log}\n\
              {log_types}\

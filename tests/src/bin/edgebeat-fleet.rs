@@ -18,6 +18,12 @@
 //! - `sim_rss_mib`, `sim_rss_per_node_kib` (this process, the stand-in included);
 //! - `apiserver_<METHOD>_<resource>_per_node_hour`: requests the stand-in answered 2xx.
 //!
+//! With `--ack-only` the gateway is replaced by a subscriber that only acknowledges: this
+//! binary again, as a child process serving the real gRPC or MQTT ingress code with a
+//! handler that answers every message OK at once, writing nothing. Its figures are the
+//! transport's and the broker's ceiling on this machine, beside which a gateway run's
+//! throughput reads (no Lease is written, so the Lease-age figures stay empty).
+//!
 //! Every figure it prints comes from this run; `scripts/fleet.sh` builds and runs it.
 
 use std::collections::BTreeMap;
@@ -31,7 +37,7 @@ use clap::Parser;
 use edgebeat_tests::broker::Broker;
 use edgebeat_tests::fleet::{FleetOptions, FleetStats, FleetTransport, quantile, run_fleet};
 use edgebeat_tests::standin::StandIn;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -88,6 +94,78 @@ struct Args {
     /// and the gateway runs in its default identified posture.
     #[arg(long)]
     mtls: bool,
+    /// Replace the gateway by a subscriber that only acknowledges (see the module docs).
+    #[arg(long, conflicts_with_all = ["mtls", "gateway_args"])]
+    ack_only: bool,
+    /// Internal: be that subscriber, on `grpc:<port>` or `mqtt:<host>:<port>`.
+    #[arg(long, hide = true)]
+    serve_ack_only: Option<String>,
+}
+
+/// The handler of `--ack-only`: every message answered OK at once (a Register as
+/// registered), nothing written.
+struct AckOnly;
+
+impl edgebeat_transports::ingress::Handler for AckOnly {
+    async fn handle(
+        &self,
+        _peer: &edgebeat_transports::ingress::Peer,
+        message: edgebeat_proto::AgentMessage,
+    ) -> edgebeat_proto::Ack {
+        edgebeat_proto::Ack {
+            seq: message.header().map_or(0, |h| h.seq),
+            code: edgebeat_proto::AckCode::Ok.into(),
+            registered: matches!(
+                message.kind,
+                Some(edgebeat_proto::agent_message::Kind::Register(_))
+            ),
+            ..Default::default()
+        }
+    }
+
+    fn rejected(
+        &self,
+        _peer: &edgebeat_transports::ingress::Peer,
+        reason: edgebeat_transports::ingress::RejectReason,
+        detail: &str,
+    ) {
+        eprintln!("refused: {} {detail}", reason.as_str());
+    }
+}
+
+/// Runs the `--ack-only` subscriber until killed; prints `ready` once it serves.
+async fn serve_ack_only(spec: &str) -> anyhow::Result<()> {
+    let handler = Arc::new(AckOnly);
+    if let Some(port) = spec.strip_prefix("grpc:") {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port.parse()?)).await?;
+        println!("ready");
+        edgebeat_transports::grpc::serve(
+            listener,
+            handler,
+            edgebeat_transports::grpc::GrpcServerOptions::default(),
+            std::future::pending(),
+        )
+        .await?;
+    } else if let Some(addr) = spec.strip_prefix("mqtt:") {
+        let (host, port) = addr.rsplit_once(':').context("mqtt:<host>:<port>")?;
+        let mut options = edgebeat_transports::mqtt::MqttIngressOptions::new(
+            host,
+            port.parse()?,
+            "edgebeat-fleet-ack-only",
+        );
+        let (subscribed, mut watch) = tokio::sync::watch::channel(false);
+        options.subscribed = Some(Arc::new(subscribed));
+        options.max_nodes = usize::MAX;
+        tokio::spawn(async move {
+            if watch.wait_for(|s| *s).await.is_ok() {
+                println!("ready");
+            }
+        });
+        edgebeat_transports::mqtt::serve(options, handler, std::future::pending()).await?;
+    } else {
+        anyhow::bail!("--serve-ack-only {spec:?}: expected grpc:<port> or mqtt:<host>:<port>");
+    }
+    Ok(())
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -138,6 +216,9 @@ async fn wait_ready(port: u16) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(spec) = &args.serve_ack_only {
+        return serve_ack_only(spec).await;
+    }
     anyhow::ensure!(args.nodes > 0, "--nodes must be at least 1");
     let standin = StandIn::start().await?;
     standin.set_recording(false);
@@ -213,11 +294,35 @@ async fn main() -> anyhow::Result<()> {
         command.arg("--allow-unidentified-agents");
     }
     command.args(&args.gateway_args);
-    let mut gateway = command
-        .spawn()
-        .with_context(|| format!("starting {}", args.gateway_bin.display()))?;
+    let mut gateway = if args.ack_only {
+        let spec = match &transport {
+            FleetTransport::Grpc(url) => {
+                format!("grpc:{}", url.rsplit(':').next().unwrap_or_default())
+            }
+            FleetTransport::Mqtt { host, port } => format!("mqtt:{host}:{port}"),
+        };
+        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+            .arg(format!("--serve-ack-only={spec}"))
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the ack-only subscriber")?;
+        let stdout = child.stdout.take().context("its stdout")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let ready = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+        anyhow::ensure!(
+            matches!(ready, Ok(Ok(Some(ref l))) if l == "ready"),
+            "the ack-only subscriber did not become ready within 30 s"
+        );
+        child
+    } else {
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {}", args.gateway_bin.display()))?;
+        wait_ready(metrics_port).await?;
+        child
+    };
     let gateway_pid = gateway.id().context("gateway pid")?;
-    wait_ready(metrics_port).await?;
     let (_, cpu_start) = process_figures(gateway_pid).unwrap_or_default();
 
     let mut options = FleetOptions::new(args.nodes, transport);
@@ -244,8 +349,14 @@ async fn main() -> anyhow::Result<()> {
     let measured_from = started + Duration::from_secs(args.ramp);
     let mut messages_at_measure = None;
     println!(
-        "nodes={} transport={:?} apiserver_latency_ms={} gateway_args={:?}",
-        args.nodes, args.transport, args.apiserver_latency_ms, args.gateway_args
+        "nodes={} transport={:?} renew_interval_s={} ack_only={} mtls={} apiserver_latency_ms={} gateway_args={:?}",
+        args.nodes,
+        args.transport,
+        args.renew_interval,
+        args.ack_only,
+        args.mtls,
+        args.apiserver_latency_ms,
+        args.gateway_args
     );
     while tokio::time::Instant::now() < end {
         sample.tick().await;

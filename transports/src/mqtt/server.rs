@@ -250,6 +250,11 @@ impl MqttIngressOptions {
         if let Some((username, password)) = &self.credentials {
             mqtt.set_credentials(username, password);
         }
+        // One connection carries every node's acks: Nagle's algorithm would hold an ack
+        // back until the broker's (delayed, up to 40 ms) TCP ACK of the previous one.
+        let mut network = mqtt.network_options();
+        network.set_tcp_nodelay(true);
+        mqtt.set_network_options(network);
         Ok(mqtt)
     }
 }
