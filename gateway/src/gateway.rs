@@ -9,7 +9,7 @@
 //! shared view, kept by a watch ([`Gateway::watch`]) and by the answers to writes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -123,6 +123,9 @@ pub struct Counters {
     pub rejected_by_reason: [AtomicU64; RejectReason::ALL.len()],
     /// Nodes created or reconciled.
     pub registrations: AtomicU64,
+    /// Heartbeats not written because a newer one of the same kind from the same node
+    /// was already waiting (identified nodes only).
+    pub superseded: AtomicU64,
 }
 
 impl Counters {
@@ -152,6 +155,38 @@ const SLOT_IDLE: Duration = Duration::from_secs(15 * 60);
 /// Idle slots are swept once per this many messages.
 const SWEEP_EVERY: u64 = 4096;
 
+/// A node's slot and the identified heartbeats queued for it.
+#[derive(Default)]
+struct SlotCell {
+    /// Identified Lease renewals ([0]) and status reports ([1]) of this node waiting for
+    /// (or holding) the slot. The slot's lock is fair (FIFO), so one waiting behind a
+    /// heartbeat arrived later, and supersedes it.
+    waiting: [AtomicU32; 2],
+    state: tokio::sync::Mutex<NodeSlot>,
+}
+
+/// Counts a heartbeat in [`SlotCell::waiting`] until dropped (also when the message's
+/// handling is abandoned, say its gRPC stream closed).
+struct Waiting<'a>(&'a AtomicU32);
+
+impl<'a> Waiting<'a> {
+    fn new(counter: &'a AtomicU32) -> Self {
+        counter.fetch_add(1, Ordering::AcqRel);
+        Self(counter)
+    }
+
+    /// Another heartbeat of the same kind waits behind this one.
+    fn superseded(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 1
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 #[derive(Default)]
 struct NodeSlot {
     /// Last message for this node; idle slots are evicted after [`SLOT_IDLE`].
@@ -168,7 +203,7 @@ pub struct Gateway {
     clock: Arc<dyn Clock>,
     options: GatewayOptions,
     started: Instant,
-    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<NodeSlot>>>>,
+    slots: Mutex<HashMap<String, Arc<SlotCell>>>,
     /// Messages refused because [`GatewayOptions::max_nodes`] was reached (for the log).
     fleet_full: AtomicU64,
     /// When the slots were last swept because they were full.
@@ -222,7 +257,7 @@ impl Gateway {
 
     /// The slot of node `name`, made if there is room for it (fewer than
     /// [`GatewayOptions::max_nodes`] slots, after dropping idle ones); `None` otherwise.
-    fn slot(&self, name: &str) -> Option<Arc<tokio::sync::Mutex<NodeSlot>>> {
+    fn slot(&self, name: &str) -> Option<Arc<SlotCell>> {
         let mut slots = match self.slots.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
@@ -254,10 +289,10 @@ impl Gateway {
 
     /// Drops the slots of nodes silent for [`SLOT_IDLE`]. A slot in use (locked) is never
     /// idle; try_lock skips it. An evicted node's metric series go with it.
-    fn sweep(&self, slots: &mut HashMap<String, Arc<tokio::sync::Mutex<NodeSlot>>>) {
+    fn sweep(&self, slots: &mut HashMap<String, Arc<SlotCell>>) {
         let now = Instant::now();
         slots.retain(|name, slot| {
-            let keep = slot.try_lock().map_or(true, |s| {
+            let keep = slot.state.try_lock().map_or(true, |s| {
                 s.last_seen
                     .is_some_and(|t| now.duration_since(t) < SLOT_IDLE)
             });
@@ -344,10 +379,31 @@ impl Gateway {
         let received = Instant::now();
         let received_wall = self.clock.now();
         let agent_wall_ms = header.wall_time_ms;
-        let Some(slot) = self.slot(name) else {
+        let Some(cell) = self.slot(name) else {
             return self.fleet_full(seq, name);
         };
-        let mut slot = slot.lock().await;
+        // Only identified heartbeats supersede each other: an unidentified message in a
+        // node's name must not cost that node a write.
+        let waiting = match (&message.kind, provenance.identity) {
+            (Some(Kind::Lease(_)), Some(_)) => Some(Waiting::new(&cell.waiting[0])),
+            (Some(Kind::Status(_)), Some(_)) => Some(Waiting::new(&cell.waiting[1])),
+            _ => None,
+        };
+        let mut slot = cell.state.lock().await;
+        if waiting.as_ref().is_some_and(Waiting::superseded) {
+            // A newer one of the same kind is queued behind: write only that one (a
+            // backlog, say a slow apiserver, then costs one write per node, not one per
+            // message).
+            self.counters.superseded.fetch_add(1, Ordering::Relaxed);
+            return ack(
+                seq,
+                AckCode::Rejected,
+                format!(
+                    "superseded: a newer {} from this node is waiting",
+                    message.kind_name()
+                ),
+            );
+        }
         let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
         let policy = self.options.admission();
         let age = match slot.admission.admit(
@@ -477,6 +533,11 @@ impl Collector for GatewayCollector {
                 "edgebeat_gateway_registrations",
                 "Nodes created or reconciled.",
                 &c.registrations,
+            ),
+            (
+                "edgebeat_gateway_superseded_heartbeats",
+                "Heartbeats not written because a newer one of the same kind from the same identified node was already waiting.",
+                &c.superseded,
             ),
         ];
         for (name, help, value) in counters {

@@ -8,6 +8,8 @@
 //! 4. Per-node state for made-up node names before any check.
 //! 5. TLS handshake slots filled by idle sockets.
 //! 6. Replays of an accepted message draining the node's rate limit.
+//!
+//! Beside them, the MQTT side of a backlog: queued signed renewals superseded by a newer one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::Ordering;
@@ -407,4 +409,84 @@ async fn replays_do_not_drain_the_rate_limit() {
         .unwrap();
     assert_eq!(cluster.rejections(RejectReason::RateLimited), 0);
     agent.stop().await.unwrap();
+}
+
+/// Not an attack, the MQTT side of a backlog: signed renewals queued for one node while
+/// its previous one is being written (a slow apiserver) are not all written; a newer one
+/// supersedes the queued one, which is answered as superseded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_writes_only_the_newest_signed_renewal() {
+    use edgebeat_hw::Clock as _;
+    const NODE: &str = "edge-s";
+    let site = Ca::new("edgebeat site CA");
+    let cluster = Cluster::start_mqtt_secure(&site, true, gateway_options())
+        .await
+        .unwrap();
+    let cert = site.node(NODE);
+    let agent = cluster
+        .start_agent(cluster.secure_agent_config(NODE, &fixture(FACTS), &cert))
+        .unwrap();
+    cluster.wait_for_renewals(NODE, 2, DEADLINE).await.unwrap();
+    agent.stop().await.unwrap();
+
+    let acks_topic = format!("{PREFIX}/acks/{NODE}");
+    let lease_topic = format!("{PREFIX}/nodes/{NODE}/lease");
+    let mut spy = Spy::connect(&cluster, &site.client("spy", None), &[&acks_topic]).await;
+    let signer = edgebeat_transports::signing::MessageSigner::from_pem(
+        cert.cert_pem.as_bytes(),
+        cert.key_pem.as_bytes(),
+    )
+    .unwrap();
+    // The agent's boot (the fixture's boot ID) and boot clock, as its next renewals.
+    let boot =
+        std::fs::read_to_string(fixture(FACTS).join("proc/sys/kernel/random/boot_id")).unwrap();
+    let now_us = u64::try_from(edgebeat_hw::SystemClock.boottime().as_micros()).unwrap();
+    let wall_ms = i64::try_from(jiff::Timestamp::now().as_millisecond()).unwrap();
+    let signed = |seq: u64| {
+        let mut message = renewal(NODE, seq);
+        if let Some(Kind::Lease(l)) = message.kind.as_mut() {
+            let header = l.header.as_mut().unwrap();
+            header.boot_id = pb::boot_id_to_bytes(boot.trim());
+            header.wall_time_ms = wall_ms;
+        }
+        signer.seal(message.encode_to_vec()).unwrap()
+    };
+    cluster.standin.set_latency(Duration::from_millis(500));
+    let before = cluster.standin.requests().len();
+    let seqs = [now_us, now_us + 1, now_us + 2];
+    for seq in seqs {
+        spy.publish(&lease_topic, signed(seq), false).await;
+    }
+    let mut acks = std::collections::BTreeMap::new();
+    while acks.len() < 3 {
+        let payload = tokio::time::timeout(DEADLINE, spy.next_on(&acks_topic))
+            .await
+            .expect("three acks");
+        if let Some(pb::gateway_message::Kind::Ack(ack)) =
+            pb::GatewayMessage::decode(payload.as_slice()).unwrap().kind
+            && seqs.contains(&ack.seq)
+        {
+            acks.insert(ack.seq, ack);
+        }
+    }
+    let code = |seq: u64| AckCode::try_from(acks[&seq].code).unwrap();
+    let superseded =
+        |seq: u64| code(seq) == AckCode::Rejected && acks[&seq].reason.contains("superseded");
+    // The first may already be with the gateway when the others arrive (then written), or
+    // still queued (then superseded too); the middle one is always superseded.
+    assert!(
+        code(seqs[0]) == AckCode::Ok || superseded(seqs[0]),
+        "{acks:?}"
+    );
+    assert!(superseded(seqs[1]), "{acks:?}");
+    assert_eq!(code(seqs[2]), AckCode::Ok, "{:?}", acks[&seqs[2]]);
+    let written = seqs.iter().filter(|s| code(**s) == AckCode::Ok).count();
+    let puts = cluster.standin.requests()[before..]
+        .iter()
+        .filter(|r| edgebeat_tests::requests::is_lease_put(r, NODE))
+        .count();
+    assert_eq!(
+        puts, written,
+        "one Lease write per renewal answered OK, none for the superseded"
+    );
 }

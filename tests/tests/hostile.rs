@@ -263,3 +263,55 @@ async fn forbidden_labels_are_refused_at_registration() {
         .unwrap();
     assert_eq!(labels["node.kubernetes.io/edge"], "true");
 }
+
+/// A backlog (here a slow apiserver) never writes a renewal that a newer one from the same
+/// node already supersedes: three renewals queued for one identified node cost two Lease
+/// writes, the first (already under way) and the newest, and the middle one is answered
+/// as superseded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_superseded_by_a_newer_one_is_not_written() {
+    use edgebeat_transports::ingress::{Handler, Peer, TransportKind};
+    const NODE: &str = "rpi4-edge-01";
+    let cluster = Cluster::start(Transport::Grpc).await.unwrap();
+    let peer = Peer {
+        identity: Some(NODE.into()),
+        ..Peer::unidentified(TransportKind::Grpc, None)
+    };
+    let gateway = cluster.gateway().clone();
+    assert_eq!(
+        code(&gateway.handle(&peer, register(NODE, 1_000_000)).await),
+        AckCode::Ok
+    );
+    assert_eq!(
+        code(&gateway.handle(&peer, renewal(NODE, 1_100_000)).await),
+        AckCode::Ok,
+        "the Lease exists"
+    );
+    cluster.standin.set_latency(Duration::from_millis(300));
+    let before = cluster.standin.requests().len();
+    // join! polls in order: the first takes the node's slot, the others queue behind it.
+    let (first, middle, newest) = tokio::join!(
+        gateway.handle(&peer, renewal(NODE, 1_200_000)),
+        gateway.handle(&peer, renewal(NODE, 1_300_000)),
+        gateway.handle(&peer, renewal(NODE, 1_400_000)),
+    );
+    assert_eq!(code(&first), AckCode::Ok);
+    assert_eq!(code(&middle), AckCode::Rejected);
+    assert!(middle.reason.contains("superseded"), "{}", middle.reason);
+    assert_eq!(code(&newest), AckCode::Ok);
+    let puts = cluster.standin.requests()[before..]
+        .iter()
+        .filter(|r| edgebeat_tests::requests::is_lease_put(r, NODE))
+        .count();
+    assert_eq!(
+        puts, 2,
+        "the first and the newest renewal written, not the middle one"
+    );
+    assert_eq!(
+        gateway
+            .counters
+            .superseded
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}

@@ -784,6 +784,20 @@ impl<H: Handler> Workers<H> {
         }
         let entry = nodes.entry(node.to_owned()).or_default();
         entry.last_message = Some(Instant::now());
+        // A signed heartbeat supersedes the queued signed ones of its kind, not yet handed
+        // to the gateway: only the newest renewal or status report of a node is written
+        // after a backlog. Unsigned messages supersede nothing (anyone may have sent them).
+        let mut superseded = Vec::new();
+        if signed && matches!(message.kind_name(), "lease" | "status") {
+            let kind = message.kind_name();
+            entry.queue.retain(|queued| {
+                let older = queued.signed && queued.message.kind_name() == kind;
+                if older {
+                    superseded.push(queued.message.header().map_or(0, |h| h.seq));
+                }
+                !older
+            });
+        }
         if entry.queue.len() + usize::from(entry.handling) > self.queue {
             drop(nodes);
             tracing::debug!(node, "MQTT message dropped: the node's queue is full");
@@ -794,6 +808,7 @@ impl<H: Handler> Workers<H> {
             );
             return;
         }
+        let kind_name = message.kind_name();
         entry.queue.push_back(Work {
             message: Box::new(message),
             signed,
@@ -802,6 +817,17 @@ impl<H: Handler> Workers<H> {
         entry.draining = true;
         let count = nodes.len();
         drop(nodes);
+        for seq in superseded {
+            self.answer(
+                node,
+                Ack {
+                    seq,
+                    code: AckCode::Rejected.into(),
+                    reason: format!("superseded: a newer {kind_name} from this node is waiting"),
+                    ..Default::default()
+                },
+            );
+        }
         if let Some(gauge) = &self.node_queues {
             gauge.store(count, std::sync::atomic::Ordering::Relaxed);
         }
