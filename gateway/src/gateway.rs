@@ -123,9 +123,6 @@ pub struct Counters {
     pub rejected_by_reason: [AtomicU64; RejectReason::ALL.len()],
     /// Nodes created or reconciled.
     pub registrations: AtomicU64,
-    /// Heartbeats not written because a newer one of the same kind from the same node
-    /// was already waiting (identified nodes only).
-    pub superseded: AtomicU64,
 }
 
 impl Counters {
@@ -394,7 +391,7 @@ impl Gateway {
             // A newer one of the same kind is queued behind: write only that one (a
             // backlog, say a slow apiserver, then costs one write per node, not one per
             // message).
-            self.counters.superseded.fetch_add(1, Ordering::Relaxed);
+            self.counters.count_rejection(RejectReason::Superseded);
             return ack(
                 seq,
                 AckCode::Rejected,
@@ -534,11 +531,6 @@ impl Collector for GatewayCollector {
                 "Nodes created or reconciled.",
                 &c.registrations,
             ),
-            (
-                "edgebeat_gateway_superseded_heartbeats",
-                "Heartbeats not written because a newer one of the same kind from the same identified node was already waiting.",
-                &c.superseded,
-            ),
         ];
         for (name, help, value) in counters {
             let counter = ConstCounter::new(value.load(Ordering::Relaxed));
@@ -604,6 +596,10 @@ impl Handler for Gateway {
 
     fn rejected(&self, peer: &Peer, why: RejectReason, detail: &str) {
         self.counters.count_rejection(why);
+        if why == RejectReason::Superseded {
+            tracing::debug!(transport = peer.transport.as_str(), node = ?peer.identity, detail, "heartbeat superseded");
+            return;
+        }
         tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, why = why.as_str(), detail, "message refused by the transport");
     }
 }

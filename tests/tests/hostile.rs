@@ -310,8 +310,7 @@ async fn a_renewal_superseded_by_a_newer_one_is_not_written() {
     assert_eq!(
         gateway
             .counters
-            .superseded
-            .load(std::sync::atomic::Ordering::Relaxed),
+            .rejections(edgebeat_gateway::metrics::RejectReason::Superseded),
         1
     );
 }

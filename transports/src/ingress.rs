@@ -119,11 +119,15 @@ pub enum RejectReason {
     /// configured fleet size (`--max-nodes`), so a new node name is refused before anything
     /// is allocated for it.
     FleetFull,
+    /// A Lease renewal or status report not written because a newer one of the same kind
+    /// from the same (identified) node was already waiting: after a backlog only the newest
+    /// is written. Not a fault of the sender; logged at debug level only.
+    Superseded,
 }
 
 impl RejectReason {
     /// Every reason, in label order.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Malformed,
         Self::TooLarge,
         Self::Invalid,
@@ -139,6 +143,7 @@ impl RejectReason {
         Self::ClockSkew,
         Self::Certificate,
         Self::FleetFull,
+        Self::Superseded,
     ];
 
     /// The label value, snake_case: `malformed`, `too_large`, `bad_signature`…
@@ -159,6 +164,7 @@ impl RejectReason {
             Self::ClockSkew => "clock_skew",
             Self::Certificate => "certificate",
             Self::FleetFull => "fleet_full",
+            Self::Superseded => "superseded",
         }
     }
 }

@@ -784,14 +784,24 @@ impl<H: Handler> Workers<H> {
         }
         let entry = nodes.entry(node.to_owned()).or_default();
         entry.last_message = Some(Instant::now());
-        // A signed heartbeat supersedes the queued signed ones of its kind, not yet handed
-        // to the gateway: only the newest renewal or status report of a node is written
-        // after a backlog. Unsigned messages supersede nothing (anyone may have sent them).
+        // A signed heartbeat supersedes the queued signed ones of its kind and boot with a
+        // lower sequence number, not yet handed to the gateway: only the newest renewal or
+        // status report of a node is written after a backlog. Unsigned messages supersede
+        // nothing (anyone may have sent them), and neither does a replayed signed one (its
+        // sequence number is not above the genuine queued message's).
         let mut superseded = Vec::new();
-        if signed && matches!(message.kind_name(), "lease" | "status") {
+        if signed
+            && matches!(message.kind_name(), "lease" | "status")
+            && let Some(newer) = message.header()
+        {
             let kind = message.kind_name();
             entry.queue.retain(|queued| {
-                let older = queued.signed && queued.message.kind_name() == kind;
+                let older = queued.signed
+                    && queued.message.kind_name() == kind
+                    && queued
+                        .message
+                        .header()
+                        .is_some_and(|h| h.boot_id == newer.boot_id && h.seq < newer.seq);
                 if older {
                     superseded.push(queued.message.header().map_or(0, |h| h.seq));
                 }
@@ -818,6 +828,11 @@ impl<H: Handler> Workers<H> {
         let count = nodes.len();
         drop(nodes);
         for seq in superseded {
+            self.handler.rejected(
+                &peer(Some(node)),
+                RejectReason::Superseded,
+                "a newer heartbeat of the node was queued",
+            );
             self.answer(
                 node,
                 Ack {
