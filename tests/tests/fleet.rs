@@ -14,10 +14,10 @@ use edgebeat_tests::fleet::{FleetOptions, FleetStats, FleetTransport, run_fleet}
 use edgebeat_tests::harness::{Cluster, Transport, wait_for};
 use tokio_util::sync::CancellationToken;
 
-const NODES: usize = 300;
+const NODES: usize = 500;
 /// A short lease (kubelet's ratio: renew every quarter of it) so a short run sees many.
 const LEASE_SECONDS: i32 = 8;
-const RUN: Duration = Duration::from_secs(20);
+const RUN: Duration = Duration::from_secs(25);
 
 async fn fleet_through_one_gateway(transport: Transport) {
     let cluster = Cluster::start(transport).await.unwrap();

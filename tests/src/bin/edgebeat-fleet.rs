@@ -94,9 +94,19 @@ struct Args {
     /// and the gateway runs in its default identified posture.
     #[arg(long)]
     mtls: bool,
+    /// Gateway replicas on one shared MQTT subscription (`--transport mqtt` only); their
+    /// RSS and CPU are summed in the figures.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
     /// Replace the gateway by a subscriber that only acknowledges (see the module docs).
     #[arg(long, conflicts_with_all = ["mtls", "gateway_args"])]
     ack_only: bool,
+    /// Measure the stand-in apiserver alone instead: `--nodes` Leases renewed by 256
+    /// concurrent kube-rs clients' PUTs (each with the resourceVersion of its last write)
+    /// for `--duration` seconds at `--apiserver-latency-ms`; prints the PUTs per second it
+    /// answered, the ceiling a fleet run's apiserver writes are read beside.
+    #[arg(long, conflicts_with_all = ["ack_only", "mtls"])]
+    standin_ceiling: bool,
     /// Internal: be that subscriber, on `grpc:<port>` or `mqtt:<host>:<port>`.
     #[arg(long, hide = true)]
     serve_ack_only: Option<String>,
@@ -173,6 +183,87 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// `--standin-ceiling` (see [`Args::standin_ceiling`]).
+async fn standin_ceiling(
+    standin: &edgebeat_tests::standin::StandInHandle,
+    args: &Args,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    const WORKERS: usize = 256;
+    let client = edgebeat_gateway::kube_client(kube::Config::new(standin.url().parse()?), 0)?;
+    let api: kube::Api<Lease> =
+        kube::Api::namespaced(client, edgebeat_gateway::patch::LEASE_NAMESPACE);
+    let mut leases = Vec::with_capacity(args.nodes);
+    for i in 0..args.nodes {
+        let lease = edgebeat_gateway::patch::new_lease(
+            &format!("ceiling-{i:05}"),
+            "00000000-0000-0000-0000-000000000000",
+            40,
+            jiff::Timestamp::now(),
+        );
+        leases.push(api.create(&Default::default(), &lease).await?);
+    }
+    let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let end = tokio::time::Instant::now() + Duration::from_secs(args.duration);
+    let started = tokio::time::Instant::now();
+    let mut workers = Vec::new();
+    for worker in 0..WORKERS {
+        let mut mine: Vec<Lease> = leases
+            .iter()
+            .skip(worker)
+            .step_by(WORKERS)
+            .cloned()
+            .collect();
+        let (api, written, failed) = (api.clone(), written.clone(), failed.clone());
+        workers.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !mine.is_empty() && tokio::time::Instant::now() < end {
+                let slot = i % mine.len();
+                let mut lease = mine[slot].clone();
+                if let Some(spec) = lease.spec.as_mut() {
+                    spec.renew_time =
+                        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                            jiff::Timestamp::now(),
+                        ));
+                }
+                let name = lease.metadata.name.clone().unwrap_or_default();
+                match api.replace(&name, &Default::default(), &lease).await {
+                    Ok(stored) => {
+                        mine[slot] = stored;
+                        written.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                i += 1;
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let (rss, _) = process_figures(std::process::id()).unwrap_or_default();
+    println!("standin_leases={}", args.nodes);
+    println!("standin_concurrent_clients={WORKERS}");
+    println!(
+        "standin_lease_puts_per_s={:.0}",
+        written.load(Ordering::Relaxed) as f64 / elapsed
+    );
+    println!("standin_failed_puts={}", failed.load(Ordering::Relaxed));
+    println!("process_rss_mib={:.1}", rss as f64 / 1024.0);
+    Ok(())
+}
+
+/// [`process_figures`] summed over `pids`.
+fn figures_of(pids: &[u32]) -> (u64, f64) {
+    pids.iter()
+        .filter_map(|pid| process_figures(*pid))
+        .fold((0, 0.0), |(rss, cpu), (r, c)| (rss + r, cpu + c))
+}
+
 /// `(VmRSS KiB, utime+stime seconds)` of `pid` from /proc.
 fn process_figures(pid: u32) -> Option<(u64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -224,6 +315,9 @@ async fn main() -> anyhow::Result<()> {
     standin.set_recording(false);
     standin.set_latency(Duration::from_millis(args.apiserver_latency_ms));
     standin.set_max_inflight(args.apiserver_max_inflight);
+    if args.standin_ceiling {
+        return standin_ceiling(&standin, &args).await;
+    }
     let broker = match args.transport {
         Transport::Mqtt => Some(Broker::start_quiet().await?),
         Transport::Grpc => None,
@@ -322,8 +416,39 @@ async fn main() -> anyhow::Result<()> {
         wait_ready(metrics_port).await?;
         child
     };
-    let gateway_pid = gateway.id().context("gateway pid")?;
-    let (_, cpu_start) = process_figures(gateway_pid).unwrap_or_default();
+    let mut pids = vec![gateway.id().context("gateway pid")?];
+    anyhow::ensure!(
+        args.replicas >= 1 && (args.replicas == 1 || (broker.is_some() && !args.ack_only)),
+        "--replicas above 1 needs --transport mqtt and a gateway"
+    );
+    let mut replicas = Vec::new();
+    if let Some(broker) = &broker {
+        for index in 1..args.replicas {
+            let port = free_port()?;
+            let child = tokio::process::Command::new(&args.gateway_bin)
+                .arg("--server")
+                .arg(standin.url())
+                .arg(format!("--metrics-listen=127.0.0.1:{port}"))
+                .arg("--log-level=warn")
+                .arg(format!(
+                    "--mqtt-endpoint=mqtt://{}:{}",
+                    broker.host(),
+                    broker.port()
+                ))
+                .arg(format!("--mqtt-client-id=edgebeat-fleet-gateway-{index}"))
+                .arg("--allow-unidentified-agents")
+                .args(&args.gateway_args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("starting {}", args.gateway_bin.display()))?;
+            wait_ready(port).await?;
+            pids.push(child.id().context("gateway pid")?);
+            replicas.push(child);
+        }
+    }
+    let (_, cpu_start) = figures_of(&pids);
 
     let mut options = FleetOptions::new(args.nodes, transport);
     options.ramp = Duration::from_secs(args.ramp);
@@ -349,9 +474,10 @@ async fn main() -> anyhow::Result<()> {
     let measured_from = started + Duration::from_secs(args.ramp);
     let mut messages_at_measure = None;
     println!(
-        "nodes={} transport={:?} renew_interval_s={} ack_only={} mtls={} apiserver_latency_ms={} gateway_args={:?}",
+        "nodes={} transport={:?} replicas={} renew_interval_s={} ack_only={} mtls={} apiserver_latency_ms={} gateway_args={:?}",
         args.nodes,
         args.transport,
+        args.replicas,
         args.renew_interval,
         args.ack_only,
         args.mtls,
@@ -380,7 +506,7 @@ async fn main() -> anyhow::Result<()> {
         if last_report.elapsed() >= Duration::from_secs(args.report_every) {
             let window = stats.take_latencies();
             let dt = last_report.elapsed().as_secs_f64();
-            let (rss, cpu) = process_figures(gateway_pid).unwrap_or_default();
+            let (rss, cpu) = figures_of(&pids);
             println!(
                 "t={:>4.0}s msgs/s={:>7.1} renewals_ok={} failed={} ack_p50={:.1}ms p99={:.1}ms max={:.1}ms leases={} expired_samples={} gateway_rss={:.1}MiB cpu={:.1}s",
                 started.elapsed().as_secs_f64(),
@@ -410,7 +536,7 @@ async fn main() -> anyhow::Result<()> {
     let total_messages = stats.renewals_sent.load(Ordering::Relaxed)
         + stats.status_sent.load(Ordering::Relaxed)
         + stats.registrations.load(Ordering::Relaxed);
-    let (gateway_rss, gateway_cpu) = process_figures(gateway_pid).unwrap_or_default();
+    let (gateway_rss, gateway_cpu) = figures_of(&pids);
     let (sim_rss, _) = process_figures(std::process::id()).unwrap_or_default();
     let elapsed = started.elapsed().as_secs_f64();
     let mut summary: BTreeMap<String, String> = BTreeMap::new();
@@ -502,8 +628,10 @@ async fn main() -> anyhow::Result<()> {
     for (why, count) in stats.failures() {
         println!("renewal_failure {count} × {why}");
     }
-    let _ = gateway.start_kill();
-    let _ = gateway.wait().await;
+    for child in std::iter::once(&mut gateway).chain(replicas.iter_mut()) {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
     if let Some(mut broker) = broker {
         broker.stop().await;
     }
