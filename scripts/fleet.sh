@@ -22,7 +22,10 @@ cargo build --release --locked -p edgebeat-gateway -p edgebeat-tests \
 ulimit -n "$(ulimit -Hn)" || true
 ramp=$(( nodes >= 5000 ? 60 : 10 ))
 for transport in ${TRANSPORTS:-grpc mqtt}; do
-  echo "== $transport: $nodes nodes, ${duration}s after a ${ramp}s ramp"
-  target/release/edgebeat-fleet --nodes "$nodes" --transport "$transport" \
+  # gRPC as deploy/gateway runs it: mutual TLS, a node certificate per simulated node.
+  tls=()
+  [ "$transport" = grpc ] && tls=(--mtls)
+  echo "== $transport: $nodes nodes, ${duration}s after a ${ramp}s ramp ${tls[*]}"
+  target/release/edgebeat-fleet --nodes "$nodes" --transport "$transport" "${tls[@]}" \
     --duration "$duration" --ramp "$ramp" --report-every 60 "$@"
 done

@@ -15,8 +15,8 @@
 //! - the **answers to this replica's own writes**, so the next message of a node never
 //!   waits for the watch to catch up.
 //!
-//! Only what the gateway diffs against is stored (about 0.5 KiB per node, see
-//! [`NodeRecord`] and [`LeaseRecord`]), never whole objects. Objects of both sources are
+//! Only what the gateway diffs against is stored ([`NodeRecord`] and [`LeaseRecord`]: by
+//! their types about 1 KiB per node, most of it the four conditions), never whole objects. Objects of both sources are
 //! ordered by `metadata.resourceVersion` compared as integers, as the apiserver's own
 //! storage does (`staging/src/k8s.io/apiserver/pkg/storage/etcd3/api_object_versioner.go:
 //! APIObjectVersioner.ParseResourceVersion`); an older object never replaces a newer one.

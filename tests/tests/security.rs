@@ -268,8 +268,20 @@ async fn impersonation_mode_writes_as_the_node_within_its_permissions() {
         .unwrap();
     agent.stop().await.unwrap();
     let requests = cluster.standin.requests();
-    let ours: Vec<_> = requests
+    // The watch of the managed Nodes and Leases runs as the gateway itself: a node
+    // identity may list and watch only its own Node, never a fleet's.
+    let (watches, per_node): (Vec<_>, Vec<_>) = requests
         .iter()
+        .partition(|r| edgebeat_tests::requests::is_collection_read(r));
+    assert!(
+        !watches.is_empty(),
+        "the gateway watches its Nodes and Leases"
+    );
+    for r in &watches {
+        assert_eq!(r.impersonate_user, None, "{} {}", r.method, r.path);
+    }
+    let ours: Vec<_> = per_node
+        .into_iter()
         .filter(|r| {
             ["/nodes", "/leases", "/events"]
                 .iter()
