@@ -58,12 +58,12 @@ const IMPERSONATE_USER: HeaderName = HeaderName::from_static("impersonate-user")
 /// `Impersonate-Group`.
 const IMPERSONATE_GROUP: HeaderName = HeaderName::from_static("impersonate-group");
 
-/// First and largest wait of the backoff gate (see the module docs).
 /// Longest an apiserver call may take, from sending to the decoded answer: kubelet's
 /// heartbeat client timeout (`nodeStatusUpdateFrequency`, 10 s, `cmd/kubelet/app/
 /// server.go: buildKubeletClientConfig`). A call past it counts as no answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// First and largest wait of the backoff gate (see the module docs).
 const GATE_BACKOFF_MIN: Duration = Duration::from_millis(200);
 const GATE_BACKOFF_MAX: Duration = Duration::from_secs(4);
 

@@ -47,7 +47,8 @@ pub struct GatewayOptions {
     /// Without a working Node watch, how long this gateway trusts what it knows of a node
     /// without writing to it (default 40 s, the node lifecycle controller's grace period
     /// before it writes Unknown). Past that, the next message costs one Node GET. While the
-    /// watch follows, the view is always current and this does not apply.
+    /// watch follows, the view is current for the Nodes it selects (those carrying the
+    /// managed label) and this applies only to the others.
     pub knowledge_ttl: Duration,
     /// Messages per second one node may send on average (default 2; a kubelet-like node
     /// sends about 0.1). Beyond it messages are rejected before any apiserver call.
@@ -152,35 +153,71 @@ const SLOT_IDLE: Duration = Duration::from_secs(15 * 60);
 /// Idle slots are swept once per this many messages.
 const SWEEP_EVERY: u64 = 4096;
 
+/// A heartbeat's boot ID (the header's 16 bytes) and sequence number.
+type BootSeq = ([u8; 16], u64);
+
 /// A node's slot and the identified heartbeats queued for it.
 #[derive(Default)]
 struct SlotCell {
     /// Identified Lease renewals ([0]) and status reports ([1]) of this node waiting for
-    /// (or holding) the slot. The slot's lock is fair (FIFO), so one waiting behind a
-    /// heartbeat arrived later, and supersedes it.
+    /// the slot.
     waiting: [AtomicU32; 2],
+    /// Boot ID and sequence number of the newest identified heartbeat of each kind that
+    /// arrived: only one of the same boot with a higher sequence supersedes (a replay or a
+    /// message from an older boot never does).
+    newest: [Mutex<Option<BootSeq>>; 2],
     state: tokio::sync::Mutex<NodeSlot>,
 }
 
-/// Counts a heartbeat in [`SlotCell::waiting`] until dropped (also when the message's
-/// handling is abandoned, say its gRPC stream closed).
-struct Waiting<'a>(&'a AtomicU32);
+/// An identified heartbeat counted in [`SlotCell::waiting`] until it holds the slot (or
+/// its handling is dropped).
+struct Waiting<'a> {
+    cell: &'a SlotCell,
+    kind: usize,
+    boot: [u8; 16],
+    seq: u64,
+}
 
 impl<'a> Waiting<'a> {
-    fn new(counter: &'a AtomicU32) -> Self {
-        counter.fetch_add(1, Ordering::AcqRel);
-        Self(counter)
+    fn new(cell: &'a SlotCell, kind: usize, boot: [u8; 16], seq: u64) -> Self {
+        {
+            let mut newest = cell.newest[kind]
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Any identified heartbeat that arrived may stand as the newest: superseding
+            // by one that is ahead in the queue only skips a message admission would
+            // refuse as reordered. With none waiting, a new boot takes over.
+            if cell.waiting[kind].load(Ordering::Acquire) == 0
+                || newest.is_none_or(|(b, s)| b == boot && s < seq)
+            {
+                *newest = Some((boot, seq));
+            }
+        }
+        cell.waiting[kind].fetch_add(1, Ordering::AcqRel);
+        Self {
+            cell,
+            kind,
+            boot,
+            seq,
+        }
     }
 
-    /// Another heartbeat of the same kind waits behind this one.
-    fn superseded(&self) -> bool {
-        self.0.load(Ordering::Acquire) > 1
+    /// Called holding the slot: another heartbeat of the same kind waits behind this one
+    /// (the slot's lock is fair, FIFO, so it arrived later), and a newer one of this boot
+    /// has arrived.
+    fn superseded(self) -> bool {
+        let behind = self.cell.waiting[self.kind].load(Ordering::Acquire) > 1;
+        behind
+            && self.cell.newest[self.kind]
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_some_and(|(b, s)| b == self.boot && s > self.seq)
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.cell.waiting[self.kind].fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -289,10 +326,12 @@ impl Gateway {
     fn sweep(&self, slots: &mut HashMap<String, Arc<SlotCell>>) {
         let now = Instant::now();
         slots.retain(|name, slot| {
-            let keep = slot.state.try_lock().map_or(true, |s| {
-                s.last_seen
-                    .is_some_and(|t| now.duration_since(t) < SLOT_IDLE)
-            });
+            // A cell a message holds (between lookup and lock) is in use, too.
+            let keep = Arc::strong_count(slot) > 1
+                || slot.state.try_lock().map_or(true, |s| {
+                    s.last_seen
+                        .is_some_and(|t| now.duration_since(t) < SLOT_IDLE)
+                });
             if !keep {
                 self.writer.node_metrics.remove(name);
             }
@@ -381,13 +420,16 @@ impl Gateway {
         };
         // Only identified heartbeats supersede each other: an unidentified message in a
         // node's name must not cost that node a write.
-        let waiting = match (&message.kind, provenance.identity) {
-            (Some(Kind::Lease(_)), Some(_)) => Some(Waiting::new(&cell.waiting[0])),
-            (Some(Kind::Status(_)), Some(_)) => Some(Waiting::new(&cell.waiting[1])),
+        let boot = <[u8; 16]>::try_from(header.boot_id.as_slice()).ok();
+        let waiting = match (&message.kind, provenance.identity, boot) {
+            (Some(Kind::Lease(_)), Some(_), Some(boot)) => Some(Waiting::new(&cell, 0, boot, seq)),
+            (Some(Kind::Status(_)), Some(_), Some(boot)) => Some(Waiting::new(&cell, 1, boot, seq)),
             _ => None,
         };
         let mut slot = cell.state.lock().await;
-        if waiting.as_ref().is_some_and(Waiting::superseded) {
+        // Decided, and the count released, at once: it counts only heartbeats still
+        // waiting, so the one behind never sees this one as waiting too.
+        if waiting.is_some_and(Waiting::superseded) {
             // A newer one of the same kind is queued behind: write only that one (a
             // backlog, say a slow apiserver, then costs one write per node, not one per
             // message).
@@ -649,6 +691,40 @@ pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, k
 mod tests {
     use super::*;
     use edgebeat_transports::ingress::TransportKind;
+
+    /// Slots are taken in arrival order; each `superseded` call is the moment a heartbeat
+    /// holds the slot.
+    #[test]
+    fn only_a_newer_heartbeat_of_the_same_boot_supersedes() {
+        let cell = SlotCell::default();
+        let (boot, next_boot) = ([1; 16], [2; 16]);
+        // A replay (lower sequence) queued behind a genuine renewal supersedes nothing.
+        let genuine = Waiting::new(&cell, 0, boot, 10);
+        let replay = Waiting::new(&cell, 0, boot, 5);
+        assert!(!genuine.superseded());
+        assert!(!replay.superseded(), "nothing behind it");
+        // A backlog of three: the first two are superseded by the newest.
+        let a = Waiting::new(&cell, 0, boot, 20);
+        let b = Waiting::new(&cell, 0, boot, 30);
+        let c = Waiting::new(&cell, 0, boot, 40);
+        assert!(a.superseded());
+        assert!(b.superseded());
+        assert!(!c.superseded());
+        // Status reports are counted apart from renewals.
+        let renewal = Waiting::new(&cell, 0, boot, 50);
+        let status = Waiting::new(&cell, 1, boot, 51);
+        assert!(!renewal.superseded());
+        assert!(!status.superseded());
+        // After a reboot (lower sequence numbers, nothing waiting) the new boot takes over.
+        let x = Waiting::new(&cell, 0, next_boot, 1);
+        let y = Waiting::new(&cell, 0, next_boot, 2);
+        assert!(x.superseded());
+        assert!(!y.superseded());
+        // A heartbeat of an older boot behind one of the current boot supersedes nothing.
+        let current = Waiting::new(&cell, 0, next_boot, 3);
+        let _old = Waiting::new(&cell, 0, boot, 99);
+        assert!(!current.superseded());
+    }
 
     struct FixedClock(std::time::SystemTime);
     impl Clock for FixedClock {

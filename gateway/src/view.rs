@@ -55,6 +55,10 @@ pub struct NodeRecord {
     pub boot_id: Option<Box<str>>,
     /// Status and lastTransitionTime of each condition, by type.
     pub conditions: BTreeMap<String, KnownCondition>,
+    /// The Node carries [`MANAGED_LABEL`], so the Node watch follows it; a record of a
+    /// Node without it (registered before the label, or the label removed) is only as
+    /// fresh as the read or write that made it.
+    pub managed: bool,
 }
 
 impl NodeRecord {
@@ -84,6 +88,9 @@ impl NodeRecord {
                 .and_then(|s| s.node_info.as_ref())
                 .map(|i| Box::from(i.boot_id.as_str())),
             conditions,
+            managed: node.metadata.labels.as_ref().is_some_and(|labels| {
+                labels.get(MANAGED_LABEL.0).map(String::as_str) == Some(MANAGED_LABEL.1)
+            }),
         }
     }
 
@@ -237,9 +244,25 @@ impl ApiserverView {
         }
     }
 
-    /// Drops Node `name` (deleted, or found missing by a write).
+    /// Drops Node `name` (found missing by a write).
     pub fn forget_node(&self, name: &str) {
         lock(&self.nodes).remove(name);
+    }
+
+    /// Drops Node `name` deleted at `node`'s resourceVersion, unless the view holds a newer
+    /// one (the Node registered again since, written through by this replica).
+    fn node_deleted(&self, node: &Node) {
+        let Some(name) = node.metadata.name.as_deref() else {
+            return;
+        };
+        let deleted = integer_version(node.metadata.resource_version.as_deref());
+        let mut nodes = lock(&self.nodes);
+        if nodes
+            .get(name)
+            .is_some_and(|held| not_older(deleted, held.resource_version))
+        {
+            nodes.remove(name);
+        }
     }
 
     /// A copy of what is known of Lease `name` in `kube-node-lease`.
@@ -271,6 +294,22 @@ impl ApiserverView {
         lock(&self.leases).remove(name);
     }
 
+    /// Drops Lease `name` deleted at `lease`'s resourceVersion, unless the view holds a
+    /// newer one.
+    fn lease_deleted(&self, lease: &Lease) {
+        let Some(name) = lease.metadata.name.as_deref() else {
+            return;
+        };
+        let deleted = integer_version(lease.metadata.resource_version.as_deref());
+        let mut leases = lock(&self.leases);
+        if leases
+            .get(name)
+            .is_some_and(|held| not_older(deleted, integer_version(Some(&held.resource_version))))
+        {
+            leases.remove(name);
+        }
+    }
+
     /// Follows the managed Nodes until the stream ends (it does not: kube-runtime's
     /// watcher re-lists after a `410 Gone` and retries errors with its default backoff,
     /// 800 ms doubling to 30 s). Errors are counted and logged, and mark the view unwatched
@@ -284,7 +323,7 @@ impl ApiserverView {
             "Node",
             |v| &v.nodes_watched,
             |v, n| v.observe_node(n),
-            |v, name| v.forget_node(name),
+            |v, n| v.node_deleted(n),
             |v, keep| lock(&v.nodes).retain(|k, _| keep.contains(k.as_ref())),
         )
         .await;
@@ -300,7 +339,7 @@ impl ApiserverView {
             "Lease",
             |v| &v.leases_watched,
             |v, l| v.observe_lease(l),
-            |v, name| v.forget_lease(name),
+            |v, l| v.lease_deleted(l),
             |v, keep| lock(&v.leases).retain(|k, _| keep.contains(k.as_ref())),
         )
         .await;
@@ -312,7 +351,7 @@ impl ApiserverView {
         kind: &'static str,
         watched: impl Fn(&Self) -> &AtomicBool,
         apply: impl Fn(&Self, &K),
-        delete: impl Fn(&Self, &str),
+        delete: impl Fn(&Self, &K),
         keep_only: impl Fn(&Self, &HashSet<String>),
     ) {
         futures_util::pin_mut!(stream);
@@ -357,7 +396,7 @@ impl ApiserverView {
                     }
                 }
                 Event::Delete(obj) => {
-                    delete(self, &obj.name_any());
+                    delete(self, &obj);
                     if listed.is_none() {
                         watched(self).store(true, Ordering::Relaxed);
                     }
@@ -429,6 +468,25 @@ mod tests {
     }
 
     #[test]
+    fn a_late_delete_does_not_drop_a_newer_node_and_only_labelled_nodes_are_managed() {
+        let view = ApiserverView::new();
+        // Registered again and written through, then the old incarnation's DELETE arrives.
+        view.observe_node(&node("20", "True", "b2"));
+        view.node_deleted(&node("15", "True", "b1"));
+        assert_eq!(view.node("n1").unwrap().boot_id.as_deref(), Some("b2"));
+        view.node_deleted(&node("20", "True", "b2"));
+        assert!(view.node("n1").is_none());
+
+        assert!(!NodeRecord::of(&node("1", "True", "b")).managed);
+        let mut labelled = node("1", "True", "b");
+        labelled.metadata.labels = Some(BTreeMap::from([(
+            MANAGED_LABEL.0.to_owned(),
+            MANAGED_LABEL.1.to_owned(),
+        )]));
+        assert!(NodeRecord::of(&labelled).managed);
+    }
+
+    #[test]
     fn a_lease_is_plain_only_with_what_kubelet_sets() {
         let mut l = lease("1", 10);
         assert!(LeaseRecord::of(&l).unwrap().plain);
@@ -474,7 +532,7 @@ mod tests {
             "Node",
             |v| &v.nodes_watched,
             |v, n| v.observe_node(n),
-            |v, name| v.forget_node(name),
+            |v, n| v.node_deleted(n),
             |v, keep| lock(&v.nodes).retain(|k, _| keep.contains(k.as_ref())),
         )
         .await;

@@ -199,15 +199,16 @@ impl Writer {
         ack(seq, AckCode::Rejected, reason)
     }
 
-    /// What the view holds for `name`, if it can be trusted: always while the Node watch
-    /// follows; without it, for `knowledge_ttl` after this replica's last write (the node
-    /// lifecycle controller may have written Unknown since).
+    /// What the view holds for `name`, if it can be trusted: a managed Node's record while
+    /// the Node watch follows; otherwise for `knowledge_ttl` after this replica's last
+    /// write (the node lifecycle controller may have written Unknown since).
     fn known(&self, w: &NodeWrites, name: &str) -> Option<NodeRecord> {
-        let fresh = self.view.nodes_watched()
+        let record = self.view.node(name)?;
+        let fresh = (record.managed && self.view.nodes_watched())
             || (w.registered
                 && w.last_write
                     .is_some_and(|t| t.elapsed() <= self.knowledge_ttl));
-        if fresh { self.view.node(name) } else { None }
+        fresh.then_some(record)
     }
 
     /// kubelet `registerWithAPIServer`: POST the Node (unless `skip_create`, kubelet's
@@ -502,8 +503,9 @@ impl Writer {
     ///
     /// The last write is known from the view (this replica's writes and the Lease watch) or
     /// from the agent's echoed `lease_state` (see [`LeaseState`]), whichever is newer. A
-    /// Lease holding more than kubelet sets (annotations, other labels) is read whole first,
-    /// so the PUT drops nothing.
+    /// Lease the view knows to hold more than kubelet sets (annotations, other labels) is
+    /// read whole first, so the PUT drops nothing; the echo alone, with the view knowing
+    /// nothing of the Lease, is trusted to be of a plain one (the gateway wrote it).
     pub(crate) async fn renew(
         &self,
         w: &mut NodeWrites,
@@ -550,8 +552,9 @@ impl Writer {
             // Lease is plain; otherwise (or with nothing known) read it.
             let rebuilt = match (held_now, echoed.take(), uid.as_deref()) {
                 (held, Some(state), Some(uid))
-                    if held.as_ref().map(|h| &*h.resource_version)
-                        != Some(state.resource_version.as_str())
+                    if held.as_ref().is_none_or(|h| h.plain)
+                        && held.as_ref().map(|h| &*h.resource_version)
+                            != Some(state.resource_version.as_str())
                         && held_time.is_none_or(|t| t < state.renew_time) =>
                 {
                     Some(rebuilt_lease(
