@@ -102,17 +102,19 @@ pub fn node_name(config: &AgentConfig, facts: &HostFacts) -> Result<String, Agen
 }
 
 /// kubelet's default node labels (`initialNode`) plus `nodeLabels`, which override.
+///
+/// `kubernetes.io/hostname` is the node name: kubelet labels its hostname, which
+/// `--hostname-override` (edgebeat's `nodeName`) replaces, and without it the node name is
+/// the lower-cased OS hostname (`cmd/kubelet/app/server.go`, `nodeutil.GetHostname`;
+/// `pkg/kubelet/kubelet_node_status.go: initialNode`). So boards left with one default
+/// hostname (`raspberrypi`) do not share one label value.
 pub fn node_labels(
     config: &AgentConfig,
     facts: &HostFacts,
     node_name: &str,
 ) -> BTreeMap<String, String> {
-    let hostname = facts
-        .hostname
-        .as_deref()
-        .map_or_else(|| node_name.to_owned(), str::to_lowercase);
     let mut labels = BTreeMap::from([
-        ("kubernetes.io/hostname".to_owned(), hostname),
+        ("kubernetes.io/hostname".to_owned(), node_name.to_owned()),
         (
             "kubernetes.io/os".to_owned(),
             facts.operating_system.to_owned(),
@@ -656,6 +658,28 @@ mod tests {
             ..AgentConfig::default()
         };
         Agent::new(config, Arc::new(SystemClock)).unwrap()
+    }
+
+    /// A board left with its default hostname, named by `nodeName`: the hostname label is
+    /// the node name, as with kubelet's `--hostname-override`; without `nodeName` it is
+    /// the lower-cased OS hostname, which is then the node name too.
+    #[test]
+    fn the_hostname_label_is_the_node_name() {
+        let mut config = AgentConfig {
+            node_name: Some("judge-node-0".into()),
+            host_root: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests/fixtures/rpi4-cgroup1"),
+            ..AgentConfig::default()
+        };
+        let facts = read_facts(&config).unwrap();
+        assert_eq!(facts.hostname.as_deref(), Some("rpi4-edge-01"));
+        let name = node_name(&config, &facts).unwrap();
+        let labels = node_labels(&config, &facts, &name);
+        assert_eq!(labels["kubernetes.io/hostname"], "judge-node-0");
+        config.node_name = None;
+        let name = node_name(&config, &facts).unwrap();
+        let labels = node_labels(&config, &facts, &name);
+        assert_eq!(labels["kubernetes.io/hostname"], "rpi4-edge-01");
     }
 
     fn metrics_text(agent: &Agent) -> String {

@@ -382,15 +382,16 @@ fn allocatable(
     out
 }
 
-/// `status.addresses` without a cloud provider (kubelet `NodeAddress` setter): the
-/// configured `nodeIP`, else the hostname if it is an IP, else the default-route
-/// interface's address; then the Hostname entry.
+/// `status.addresses` without a cloud provider (kubelet `NodeAddress` setter,
+/// `pkg/kubelet/nodestatus/setters.go`): the configured `nodeIP`, else the hostname if it
+/// is an IP, else the default-route interface's address; then the Hostname entry. The
+/// hostname is `nodeName` when set (kubelet's `--hostname-override`), else the
+/// lower-cased OS hostname.
 fn addresses(facts: &HostFacts, config: &AgentConfig) -> Vec<(&'static str, String)> {
-    let hostname = facts
-        .hostname
-        .as_deref()
-        .map(str::to_lowercase)
-        .or_else(|| config.node_name.clone());
+    let hostname = config
+        .node_name
+        .clone()
+        .or_else(|| facts.hostname.as_deref().map(str::to_lowercase));
     let ip: Option<IpAddr> = config
         .node_ip
         .or_else(|| hostname.as_deref().and_then(|h| h.parse().ok()))
@@ -767,6 +768,13 @@ mod tests {
         f.default_route_ip = None;
         let s = compute(&f, &AgentConfig::default(), None, T0);
         assert_eq!(s.addresses, [("Hostname", "edge-01".to_owned())]);
+        // nodeName is kubelet's --hostname-override: it names the Hostname address too.
+        let named = AgentConfig {
+            node_name: Some("judge-node-0".into()),
+            ..AgentConfig::default()
+        };
+        let s = compute(&f, &named, None, T0);
+        assert_eq!(s.addresses, [("Hostname", "judge-node-0".to_owned())]);
     }
 
     #[test]
