@@ -475,14 +475,17 @@ async fn a_backlog_writes_only_the_newest_signed_renewal() {
     let code = |seq: u64| AckCode::try_from(acks[&seq].code).unwrap();
     let superseded =
         |seq: u64| code(seq) == AckCode::Rejected && acks[&seq].reason.contains("superseded");
-    // The first may already be with the gateway when the others arrive (then written), or
-    // still queued (then superseded too); the middle one is always superseded.
+    // One node's messages reach the gateway one at a time, and a write takes 500 ms here:
+    // an older renewal already with the gateway is written, a queued one is superseded
+    // (all three may have been queued at once), and the newest is always written.
+    assert_eq!(code(seqs[2]), AckCode::Ok, "{acks:?}");
     assert!(
-        code(seqs[0]) == AckCode::Ok || superseded(seqs[0]),
-        "{acks:?}"
+        superseded(seqs[0]) || superseded(seqs[1]),
+        "a renewal queued behind one being written is superseded: {acks:?}"
     );
-    assert!(superseded(seqs[1]), "{acks:?}");
-    assert_eq!(code(seqs[2]), AckCode::Ok, "{:?}", acks[&seqs[2]]);
+    for seq in &seqs[..2] {
+        assert!(code(*seq) == AckCode::Ok || superseded(*seq), "{acks:?}");
+    }
     let written = seqs.iter().filter(|s| code(**s) == AckCode::Ok).count();
     let puts = cluster.standin.requests()[before..]
         .iter()
