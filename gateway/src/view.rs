@@ -162,20 +162,73 @@ fn not_older(incoming: Option<u64>, held: Option<u64>) -> bool {
     }
 }
 
-/// The gateway's view of the apiserver (see the module docs). Shared by every message
-/// handler and the two watch tasks; each map sits behind its own short-held lock.
-#[derive(Debug, Default)]
-pub struct ApiserverView {
-    nodes: Mutex<HashMap<Box<str>, NodeRecord>>,
-    leases: Mutex<HashMap<Box<str>, LeaseRecord>>,
-    nodes_watched: AtomicBool,
-    leases_watched: AtomicBool,
-    watch_events: AtomicU64,
-    watch_errors: AtomicU64,
+/// A kind the view follows: how an object becomes its record, and where those live.
+trait Followed: ResourceExt {
+    type Record;
+    /// Its record; `None` when it holds nothing worth keeping (not a stored object).
+    fn record(&self) -> Option<Self::Record>;
+    /// The record's resourceVersion as an integer.
+    fn record_version(record: &Self::Record) -> Option<u64>;
+    /// The view's records of this kind.
+    fn records(view: &ApiserverView) -> &Records<Self::Record>;
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+impl Followed for Node {
+    type Record = NodeRecord;
+    fn record(&self) -> Option<NodeRecord> {
+        Some(NodeRecord::of(self))
+    }
+    fn record_version(record: &NodeRecord) -> Option<u64> {
+        record.resource_version
+    }
+    fn records(view: &ApiserverView) -> &Records<NodeRecord> {
+        &view.nodes
+    }
+}
+
+impl Followed for Lease {
+    type Record = LeaseRecord;
+    fn record(&self) -> Option<LeaseRecord> {
+        LeaseRecord::of(self)
+    }
+    fn record_version(record: &LeaseRecord) -> Option<u64> {
+        integer_version(Some(&record.resource_version))
+    }
+    fn records(view: &ApiserverView) -> &Records<LeaseRecord> {
+        &view.leases
+    }
+}
+
+/// One kind's records by object name, and whether its watch follows.
+#[derive(Debug)]
+struct Records<R> {
+    map: Mutex<HashMap<Box<str>, R>>,
+    watched: AtomicBool,
+}
+
+impl<R> Default for Records<R> {
+    fn default() -> Self {
+        Self {
+            map: Mutex::new(HashMap::new()),
+            watched: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<R> Records<R> {
+    fn map(&self) -> MutexGuard<'_, HashMap<Box<str>, R>> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The gateway's view of the apiserver (see the module docs). Shared by every message
+/// handler and the two watch tasks; each kind's map sits behind its own short-held lock.
+#[derive(Debug, Default)]
+pub struct ApiserverView {
+    nodes: Records<NodeRecord>,
+    leases: Records<LeaseRecord>,
+    watch_events: AtomicU64,
+    watch_errors: AtomicU64,
 }
 
 impl ApiserverView {
@@ -188,12 +241,12 @@ impl ApiserverView {
     /// view then *is* the apiserver's state, give or take the watch's latency, and a node
     /// missing from it does not exist (or was registered without [`MANAGED_LABEL`]).
     pub fn nodes_watched(&self) -> bool {
-        self.nodes_watched.load(Ordering::Relaxed)
+        self.nodes.watched.load(Ordering::Relaxed)
     }
 
     /// Whether the Lease watch has listed and is following (as [`Self::nodes_watched`]).
     pub fn leases_watched(&self) -> bool {
-        self.leases_watched.load(Ordering::Relaxed)
+        self.leases.watched.load(Ordering::Relaxed)
     }
 
     /// Watch events applied since start, and watch errors (each followed by kube-runtime's
@@ -205,24 +258,15 @@ impl ApiserverView {
         )
     }
 
-    /// Number of Nodes and Leases the view holds.
-    pub fn len(&self) -> (usize, usize) {
-        (lock(&self.nodes).len(), lock(&self.leases).len())
-    }
-
-    /// Whether the view holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.len() == (0, 0)
-    }
-
     /// A copy of what is known of Node `name`.
     pub fn node(&self, name: &str) -> Option<NodeRecord> {
-        lock(&self.nodes).get(name).cloned()
+        self.nodes.map().get(name).cloned()
     }
 
     /// Whether Node `name` is known to hold an `Unknown` condition.
     pub fn node_has_unknown_condition(&self, name: &str) -> bool {
-        lock(&self.nodes)
+        self.nodes
+            .map()
             .get(name)
             .is_some_and(NodeRecord::has_unknown_condition)
     }
@@ -230,83 +274,57 @@ impl ApiserverView {
     /// Takes `node` (a write's answer, a read or a watch event) unless the view already
     /// holds a newer version of it.
     pub fn observe_node(&self, node: &Node) {
-        let Some(name) = node.metadata.name.as_deref() else {
-            return;
-        };
-        let record = NodeRecord::of(node);
-        let mut nodes = lock(&self.nodes);
-        match nodes.get_mut(name) {
-            Some(held) if !not_older(record.resource_version, held.resource_version) => {}
-            Some(held) => *held = record,
-            None => {
-                nodes.insert(Box::from(name), record);
-            }
-        }
+        self.observe(node);
     }
 
     /// Drops Node `name` (found missing by a write).
     pub fn forget_node(&self, name: &str) {
-        lock(&self.nodes).remove(name);
-    }
-
-    /// Drops Node `name` deleted at `node`'s resourceVersion, unless the view holds a newer
-    /// one (the Node registered again since, written through by this replica).
-    fn node_deleted(&self, node: &Node) {
-        let Some(name) = node.metadata.name.as_deref() else {
-            return;
-        };
-        let deleted = integer_version(node.metadata.resource_version.as_deref());
-        let mut nodes = lock(&self.nodes);
-        if nodes
-            .get(name)
-            .is_some_and(|held| not_older(deleted, held.resource_version))
-        {
-            nodes.remove(name);
-        }
+        self.nodes.map().remove(name);
     }
 
     /// A copy of what is known of Lease `name` in `kube-node-lease`.
     pub fn lease(&self, name: &str) -> Option<LeaseRecord> {
-        lock(&self.leases).get(name).cloned()
+        self.leases.map().get(name).cloned()
     }
 
     /// Takes `lease` unless the view already holds a newer version of it.
     pub fn observe_lease(&self, lease: &Lease) {
-        let Some(name) = lease.metadata.name.as_deref() else {
-            return;
-        };
-        let Some(record) = LeaseRecord::of(lease) else {
-            return;
-        };
-        let incoming = integer_version(Some(&record.resource_version));
-        let mut leases = lock(&self.leases);
-        match leases.get_mut(name) {
-            Some(held) if !not_older(incoming, integer_version(Some(&held.resource_version))) => {}
-            Some(held) => *held = record,
-            None => {
-                leases.insert(Box::from(name), record);
-            }
-        }
+        self.observe(lease);
     }
 
     /// Drops Lease `name`.
     pub fn forget_lease(&self, name: &str) {
-        lock(&self.leases).remove(name);
+        self.leases.map().remove(name);
     }
 
-    /// Drops Lease `name` deleted at `lease`'s resourceVersion, unless the view holds a
-    /// newer one.
-    fn lease_deleted(&self, lease: &Lease) {
-        let Some(name) = lease.metadata.name.as_deref() else {
+    /// Takes `obj`'s record unless one of a newer version is held.
+    fn observe<K: Followed>(&self, obj: &K) {
+        let (Some(name), Some(record)) = (obj.meta().name.as_deref(), obj.record()) else {
             return;
         };
-        let deleted = integer_version(lease.metadata.resource_version.as_deref());
-        let mut leases = lock(&self.leases);
-        if leases
+        let mut map = K::records(self).map();
+        match map.get_mut(name) {
+            Some(held) if !not_older(K::record_version(&record), K::record_version(held)) => {}
+            Some(held) => *held = record,
+            None => {
+                map.insert(Box::from(name), record);
+            }
+        }
+    }
+
+    /// Drops the record of `obj`, deleted at its resourceVersion, unless a newer one is
+    /// held (say the Node registered again since, written through by this replica).
+    fn deleted<K: Followed>(&self, obj: &K) {
+        let Some(name) = obj.meta().name.as_deref() else {
+            return;
+        };
+        let deleted = integer_version(obj.meta().resource_version.as_deref());
+        let mut map = K::records(self).map();
+        if map
             .get(name)
-            .is_some_and(|held| not_older(deleted, integer_version(Some(&held.resource_version))))
+            .is_some_and(|held| not_older(deleted, K::record_version(held)))
         {
-            leases.remove(name);
+            map.remove(name);
         }
     }
 
@@ -317,43 +335,24 @@ impl ApiserverView {
     pub async fn watch_nodes(self: Arc<Self>, client: kube::Client) {
         let api: Api<Node> = Api::all(client);
         let config = watcher::Config::default().labels(&managed_selector());
-        let stream = watcher(api, config).default_backoff();
-        self.follow(
-            stream,
-            "Node",
-            |v| &v.nodes_watched,
-            |v, n| v.observe_node(n),
-            |v, n| v.node_deleted(n),
-            |v, keep| lock(&v.nodes).retain(|k, _| keep.contains(k.as_ref())),
-        )
-        .await;
+        self.follow(watcher(api, config).default_backoff(), "Node")
+            .await;
     }
 
     /// Follows the managed Leases in `kube-node-lease` (as [`Self::watch_nodes`]).
     pub async fn watch_leases(self: Arc<Self>, client: kube::Client) {
         let api: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
         let config = watcher::Config::default().labels(&managed_selector());
-        let stream = watcher(api, config).default_backoff();
-        self.follow(
-            stream,
-            "Lease",
-            |v| &v.leases_watched,
-            |v, l| v.observe_lease(l),
-            |v, l| v.lease_deleted(l),
-            |v, keep| lock(&v.leases).retain(|k, _| keep.contains(k.as_ref())),
-        )
-        .await;
+        self.follow(watcher(api, config).default_backoff(), "Lease")
+            .await;
     }
 
-    async fn follow<K: ResourceExt>(
+    async fn follow<K: Followed>(
         &self,
         stream: impl futures_util::Stream<Item = Result<Event<K>, watcher::Error>>,
         kind: &'static str,
-        watched: impl Fn(&Self) -> &AtomicBool,
-        apply: impl Fn(&Self, &K),
-        delete: impl Fn(&Self, &K),
-        keep_only: impl Fn(&Self, &HashSet<String>),
     ) {
+        let watched = &K::records(self).watched;
         futures_util::pin_mut!(stream);
         // Names listed since the last Init: what a re-list did not return was deleted
         // while the watch was down.
@@ -363,7 +362,7 @@ impl ApiserverView {
                 Ok(event) => event,
                 Err(error) => {
                     self.watch_errors.fetch_add(1, Ordering::Relaxed);
-                    if watched(self).swap(false, Ordering::Relaxed) {
+                    if watched.swap(false, Ordering::Relaxed) {
                         tracing::warn!(kind, %error, "watch failed; reading objects again until it recovers");
                     } else {
                         tracing::debug!(kind, %error, "watch still failing");
@@ -375,35 +374,29 @@ impl ApiserverView {
             match event {
                 Event::Init => listed = Some(HashSet::new()),
                 Event::InitApply(obj) => {
-                    apply(self, &obj);
+                    self.observe(&obj);
                     if let Some(names) = listed.as_mut() {
                         names.insert(obj.name_any());
                     }
                 }
                 Event::InitDone => {
                     if let Some(names) = listed.take() {
-                        keep_only(self, &names);
+                        K::records(self)
+                            .map()
+                            .retain(|k, _| names.contains(k.as_ref()));
                         tracing::info!(kind, objects = names.len(), "watch listed and following");
                     }
-                    watched(self).store(true, Ordering::Relaxed);
                 }
-                Event::Apply(obj) => {
-                    apply(self, &obj);
-                    // A watch resumed after an error from its last resourceVersion has
-                    // missed nothing.
-                    if listed.is_none() {
-                        watched(self).store(true, Ordering::Relaxed);
-                    }
-                }
-                Event::Delete(obj) => {
-                    delete(self, &obj);
-                    if listed.is_none() {
-                        watched(self).store(true, Ordering::Relaxed);
-                    }
-                }
+                Event::Apply(obj) => self.observe(&obj),
+                Event::Delete(obj) => self.deleted(&obj),
+            }
+            // A watch resumed after an error from its last resourceVersion has missed
+            // nothing: following again with its next event (a re-list waits for InitDone).
+            if listed.is_none() {
+                watched.store(true, Ordering::Relaxed);
             }
         }
-        watched(self).store(false, Ordering::Relaxed);
+        watched.store(false, Ordering::Relaxed);
     }
 }
 
@@ -472,9 +465,9 @@ mod tests {
         let view = ApiserverView::new();
         // Registered again and written through, then the old incarnation's DELETE arrives.
         view.observe_node(&node("20", "True", "b2"));
-        view.node_deleted(&node("15", "True", "b1"));
+        view.deleted(&node("15", "True", "b1"));
         assert_eq!(view.node("n1").unwrap().boot_id.as_deref(), Some("b2"));
-        view.node_deleted(&node("20", "True", "b2"));
+        view.deleted(&node("20", "True", "b2"));
         assert!(view.node("n1").is_none());
 
         assert!(!NodeRecord::of(&node("1", "True", "b")).managed);
@@ -515,31 +508,79 @@ mod tests {
         assert!(LeaseRecord::of(&unstored).is_none());
     }
 
+    /// Fed a watcher's events through a channel: following after the list, not after an
+    /// error, again with the next event; what a re-list leaves out is dropped; a late
+    /// Delete spares a newer record.
     #[tokio::test]
-    async fn a_relist_drops_what_was_deleted_while_the_watch_was_down() {
-        let view = ApiserverView::new();
+    async fn the_watch_state_follows_the_event_stream() {
+        let view = Arc::new(ApiserverView::new());
         let mut gone = node("3", "True", "b");
         gone.metadata.name = Some("gone".into());
         view.observe_node(&gone);
-        let events: Vec<Result<Event<Node>, watcher::Error>> = vec![
-            Ok(Event::Init),
-            Ok(Event::InitApply(node("4", "True", "b"))),
-            Ok(Event::InitDone),
-        ];
-        assert!(!view.nodes_watched());
-        view.follow(
-            futures_util::stream::iter(events),
-            "Node",
-            |v| &v.nodes_watched,
-            |v, n| v.observe_node(n),
-            |v, n| v.node_deleted(n),
-            |v, keep| lock(&v.nodes).retain(|k, _| keep.contains(k.as_ref())),
-        )
-        .await;
-        // The stream ended: no longer following.
-        assert!(!view.nodes_watched());
-        assert!(view.node("gone").is_none());
+        let (tx, rx) =
+            tokio::sync::mpsc::unbounded_channel::<Result<Event<Node>, watcher::Error>>();
+        let follower = tokio::spawn({
+            let view = view.clone();
+            async move {
+                let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|item| (item, rx))
+                });
+                view.follow(stream, "Node").await;
+            }
+        });
+        // Each step waits until the follower has taken every event sent so far.
+        let settle = |sent: u64| {
+            let view = view.clone();
+            async move {
+                for _ in 0..1000 {
+                    let (events, errors) = view.watch_counts();
+                    if events + errors >= sent {
+                        return;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                panic!("the follower did not take {sent} events");
+            }
+        };
+        for event in [Event::Init, Event::InitApply(node("4", "True", "b"))] {
+            tx.send(Ok(event)).unwrap();
+        }
+        settle(2).await;
+        assert!(
+            !view.nodes_watched(),
+            "not following before the list is complete"
+        );
+        tx.send(Ok(Event::InitDone)).unwrap();
+        settle(3).await;
+        assert!(view.nodes_watched());
+        assert!(
+            view.node("gone").is_none(),
+            "not in the re-list: deleted meanwhile"
+        );
         assert!(view.node("n1").is_some());
-        assert_eq!(view.watch_counts(), (3, 0));
+
+        tx.send(Err(watcher::Error::NoResourceVersion)).unwrap();
+        settle(4).await;
+        assert!(!view.nodes_watched(), "an error stops trusting the view");
+        tx.send(Ok(Event::Apply(node("9", "Unknown", "b"))))
+            .unwrap();
+        settle(5).await;
+        assert!(view.nodes_watched(), "resumed from its resourceVersion");
+        assert!(view.node_has_unknown_condition("n1"));
+        // A Delete of an older version leaves the newer record; the current one drops it.
+        tx.send(Ok(Event::Delete(node("8", "True", "b")))).unwrap();
+        settle(6).await;
+        assert!(view.node("n1").is_some());
+        tx.send(Ok(Event::Delete(node("9", "Unknown", "b"))))
+            .unwrap();
+        settle(7).await;
+        assert!(view.node("n1").is_none());
+
+        drop(tx);
+        follower.await.unwrap();
+        assert!(
+            !view.nodes_watched(),
+            "the stream ended: no longer following"
+        );
     }
 }
