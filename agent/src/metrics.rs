@@ -8,14 +8,14 @@
 //! | `edgebeat_agent_registrations_total` | counter | | times the agent became registered with the gateway (`Register` acknowledged) |
 //! | `edgebeat_agent_transport_reconnects_total` | counter | | times the agent lost its registration (see below) |
 //! | `edgebeat_agent_messages_sent_bytes_total` | counter | `kind="register\|status\|lease"` | encoded protobuf `AgentMessage` bytes handed to the transport (see below) |
+//! | `edgebeat_agent_node_not_found` | gauge | | 1 once the gateway said this agent's Node was deleted (`kubectl delete node`): the agent sends nothing more and registers again only when restarted; 0 otherwise |
 //! | `edgebeat_agent_last_lease_renewal_timestamp_seconds` | gauge | | wall-clock time of the last successful renewal, seconds since the epoch (0 before the first) |
 //! | `edgebeat_agent_info` | info | `node`, `transport`, `version` | always 1 |
 //!
 //! **Reconnects.** The agent's loops see the transport only through
 //! [`Uplink::registered`](edgebeat_transports::uplink::Uplink::registered), so
 //! `transport_reconnects_total` counts its true → false transitions: a gRPC connection lost
-//! after registering, or the gateway asking to register again (both make the transport
-//! connect or register anew). It does not count failed connection attempts while not
+//! after registering, or the Node found deleted. It does not count failed connection attempts while not
 //! registered, nor MQTT broker reconnects, which keep the registration (the broker, not the
 //! gateway, was the peer). A loss and re-registration faster than the agent's task is
 //! scheduled (sub-millisecond) can be missed; the gRPC backoff makes that practically
@@ -59,6 +59,7 @@ pub struct AgentMetrics {
     sent_status: Counter,
     sent_lease: Counter,
     last_renewal: Gauge<f64, AtomicU64>,
+    node_not_found: Gauge,
 }
 
 impl AgentMetrics {
@@ -83,6 +84,7 @@ impl AgentMetrics {
             sent_status: get(&sent, "kind", "status"),
             sent_lease: get(&sent, "kind", "lease"),
             last_renewal: Gauge::default(),
+            node_not_found: Gauge::default(),
         };
         registry.register(
             "edgebeat_agent_lease_renewals",
@@ -101,7 +103,7 @@ impl AgentMetrics {
         );
         registry.register(
             "edgebeat_agent_transport_reconnects",
-            "Times the agent lost its registration with the gateway (gRPC connection lost, or the gateway asked to register again); MQTT broker reconnects keep it and are not counted",
+            "Times the agent lost its registration with the gateway (gRPC connection lost, or its Node deleted); MQTT broker reconnects keep it and are not counted",
             metrics.reconnects.clone(),
         );
         registry.register_with_unit(
@@ -115,6 +117,11 @@ impl AgentMetrics {
             "Wall-clock time of the last successful Lease renewal, seconds since the epoch (0 before the first)",
             Unit::Seconds,
             metrics.last_renewal.clone(),
+        );
+        registry.register(
+            "edgebeat_agent_node_not_found",
+            "1 once the gateway said this agent's Node was deleted: nothing more is sent, and the agent registers again only when restarted",
+            metrics.node_not_found.clone(),
         );
         registry.register(
             "edgebeat_agent",
@@ -158,6 +165,11 @@ impl AgentMetrics {
         } else {
             self.reconnects.inc();
         }
+    }
+
+    /// Records that the gateway said this agent's Node was deleted (the gauge goes to 1).
+    pub fn node_not_found(&self) {
+        self.node_not_found.set(1);
     }
 
     /// Adds the encoded size of `message` to `messages_sent_bytes_total` of its kind.
@@ -219,6 +231,7 @@ mod tests {
             "edgebeat_agent_messages_sent_bytes_total{kind=\"lease\"} 0",
             "# UNIT edgebeat_agent_messages_sent_bytes bytes",
             "edgebeat_agent_last_lease_renewal_timestamp_seconds 0.0",
+            "edgebeat_agent_node_not_found 0",
             "# TYPE edgebeat_agent info",
             "edgebeat_agent_info{node=\"edge-01\",transport=\"grpc\",version=\"",
         ] {
@@ -234,7 +247,9 @@ mod tests {
         m.registration_changed(true);
         m.registration_changed(false);
         m.registration_changed(true);
+        m.node_not_found();
         let out = text(&registry);
+        assert!(out.contains("edgebeat_agent_node_not_found 1\n"));
         assert!(out.contains("edgebeat_agent_last_lease_renewal_timestamp_seconds 1700000000.5\n"));
         assert!(out.contains("edgebeat_agent_lease_renewals_total{result=\"failed\"} 1\n"));
         assert!(out.contains("edgebeat_agent_registrations_total 2\n"));

@@ -2,8 +2,12 @@
 //! every `nodeStatusReportFrequency`) and Lease (renew every duration × 0.25), both over one
 //! [`Uplink`], each an `async fn` stopped by a [`CancellationToken`]. Beside them, in
 //! [`Agent::run`]: the observe server (`healthzBindAddress`: `/healthz`, `/readyz` = registered
-//! with the gateway, `/metrics` from [`crate::metrics`]) and systemd notifications
-//! ([`crate::systemd`]).
+//! with the gateway and the Node not deleted, `/metrics` from [`crate::metrics`]) and systemd
+//! notifications ([`crate::systemd`]).
+//!
+//! A deleted Node stays deleted: once the gateway says so (`Ack.node_not_found`), the
+//! transport and both loops stop for the rest of the process, as kubelet registers once per
+//! process; see [`NodeRegistration`].
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,7 +15,7 @@ use std::time::Duration;
 
 use edgebeat_hw::{Clock, HostFacts, HostRoot, ReadOptions, read_host_facts};
 use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
-use edgebeat_transports::uplink::{Uplink, UplinkError, reconnect_backoff};
+use edgebeat_transports::uplink::{NodeRegistration, Uplink, UplinkError, reconnect_backoff};
 use prometheus_client::registry::Registry;
 use prost::Message as _;
 use tokio::sync::watch;
@@ -23,6 +27,9 @@ use crate::header::HeaderFactory;
 use crate::metrics::{AgentMetrics, MessageKind};
 use crate::status::{ComputedStatus, compute, has_changed};
 use crate::systemd::{self, Liveness, Systemd};
+
+/// What the agent says (log, `/readyz`) once its Node was found deleted.
+const NODE_NOT_FOUND: &str = "the Node was deleted (kubectl delete node?) after this agent registered it; the agent sends nothing more and registers the Node again only when restarted";
 
 /// Jitter factor of both loops (kubelet `wait.JitterUntil(..., 0.04, sliding)`).
 pub const JITTER: f64 = 0.04;
@@ -68,6 +75,7 @@ pub struct Agent {
     metrics: AgentMetrics,
     registry: Arc<Registry>,
     liveness: Liveness,
+    observe_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 /// Reads host facts under `config.hostRoot` once (blocking file reads).
@@ -164,12 +172,20 @@ impl Agent {
             metrics,
             registry: Arc::new(registry),
             liveness,
+            observe_addr: std::sync::OnceLock::new(),
         }))
     }
 
     /// The node name this agent speaks for.
     pub fn node_name(&self) -> &str {
         self.headers.node_name()
+    }
+
+    /// The address the observe server (`/healthz`, `/readyz`, `/metrics`) listens on, once
+    /// [`Agent::run`] has bound `healthzBindAddress` (with port 0, the port the kernel
+    /// chose); `None` before that or without `healthzBindAddress`.
+    pub fn observe_addr(&self) -> Option<std::net::SocketAddr> {
+        self.observe_addr.get().copied()
     }
 
     /// The registry `/metrics` serves (see [`crate::metrics`]).
@@ -185,8 +201,10 @@ impl Agent {
     }
 
     /// The `Register` message for a new connection: labels, registration taints, and the
-    /// latest computed status (kubelet `initialNode`).
-    pub fn register_message(&self) -> pb::AgentMessage {
+    /// latest computed status (kubelet `initialNode`). `registration_completed`: this
+    /// process registered before (see [`NodeRegistration`]), so the gateway must not create
+    /// the Node again.
+    pub fn register_message(&self, registration_completed: bool) -> pb::AgentMessage {
         let header = self.headers.next();
         let status = self.latest().to_proto(self.clock.boottime());
         pb::AgentMessage {
@@ -205,6 +223,7 @@ impl Agent {
                     .collect(),
                 unschedulable: !self.config.register_schedulable,
                 skip_create: !self.config.register_node,
+                registration_completed,
                 status: Some(status),
             })),
         }
@@ -222,17 +241,26 @@ impl Agent {
     /// misconfigured probe port is found at deploy time, not by a prober later).
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) -> Result<(), AgentError> {
         let observe_listener = match self.config.healthz_bind_address {
-            Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr)
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
                     .await
-                    .map_err(|e| AgentError::Healthz(format!("binding {addr}: {e}")))?,
-            ),
+                    .map_err(|e| AgentError::Healthz(format!("binding {addr}: {e}")))?;
+                if let Ok(bound) = listener.local_addr() {
+                    let _ = self.observe_addr.set(bound);
+                }
+                Some(listener)
+            }
             None => None,
         };
         let (uplink, driver) = edgebeat_transports::uplink::channel(8);
+        // The transport and the two loops: stopped at shutdown, or for good when the Node
+        // is found deleted (the observe server and systemd notifications go on).
+        let sending = cancel.child_token();
         let me = self.clone();
+        let registration = uplink.registration();
         let register: edgebeat_transports::uplink::RegisterFn = Arc::new(move || {
-            let message = me.register_message();
+            let completed = *registration.borrow() != NodeRegistration::Pending;
+            let message = me.register_message(completed);
             me.metrics.message_sent(&message);
             message
         });
@@ -247,7 +275,7 @@ impl Agent {
                 let mut options = GrpcUplinkOptions::new(endpoint);
                 options.keepalive = keepalive;
                 options.tls = self.config.transport_tls.clone().map(client_tls);
-                let cancel = cancel.clone();
+                let cancel = sending.clone();
                 Box::pin(async move {
                     edgebeat_transports::grpc::run_uplink(options, register, driver, cancel)
                         .await
@@ -289,7 +317,7 @@ impl Agent {
                 // at least 1), so a broker never hands a gateway a backlog of stale renewals.
                 options.lease_expiry =
                     Duration::from_secs(self.config.lease_renew_interval().as_secs().max(1));
-                let cancel = cancel.clone();
+                let cancel = sending.clone();
                 Box::pin(async move {
                     run_uplink(options, name, register, driver, cancel)
                         .await
@@ -325,8 +353,11 @@ impl Agent {
                 tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
             }
             let registered = uplink.registered();
+            let registration = uplink.registration();
             let ready = move || {
-                if *registered.borrow() {
+                if *registration.borrow() == NodeRegistration::NodeNotFound {
+                    Err(NODE_NOT_FOUND.to_owned())
+                } else if *registered.borrow() {
                     Ok(())
                 } else {
                     Err("not registered with the gateway (connecting or registering)".to_owned())
@@ -358,17 +389,53 @@ impl Agent {
                 self.count_registrations(uplink.registered(), &cancel),
                 observe,
                 notify,
-                self.clone().status_loop(uplink.clone(), cancel.clone()),
-                self.clone().lease_loop(uplink.clone(), cancel.clone()),
+                self.clone().status_loop(uplink.clone(), sending.clone()),
+                self.clone().lease_loop(uplink.clone(), sending.clone()),
+                self.stop_when_node_not_found(uplink.registration(), &sending, &cancel),
             )
         };
-        tokio::select! {
-            // The transport only returns at shutdown or on a fatal error: stop the loops too.
-            result = transport => {
+        let transport = async {
+            let result = transport.await;
+            // The transport returns at shutdown, when the Node was found deleted (then the
+            // agent stays up, unready, until shutdown), or on a fatal error: stop the rest.
+            if result.is_err() || !sending.is_cancelled() {
                 cancel.cancel();
-                result
             }
-            _ = loops => Ok(()),
+            result
+        };
+        let (result, _) = tokio::join!(transport, loops);
+        result
+    }
+
+    /// Waits until the gateway says this agent's Node was deleted
+    /// ([`NodeRegistration::NodeNotFound`]); then stops `sending` (the transport and both
+    /// loops: kubelet registers once per process, `registrationCompleted` in
+    /// `pkg/kubelet/kubelet_node_status.go`, so a deleted Node stays deleted), sets
+    /// `edgebeat_agent_node_not_found` and logs at error level every
+    /// `nodeStatusUpdateFrequency` (kubelet's cadence for its failing status updates) until
+    /// `cancel` fires. `/readyz` turns false meanwhile; the systemd watchdog keeps being
+    /// fed (the agent is not stuck, and a restart would register the Node again).
+    async fn stop_when_node_not_found(
+        &self,
+        mut registration: watch::Receiver<NodeRegistration>,
+        sending: &CancellationToken,
+        cancel: &CancellationToken,
+    ) {
+        while *registration.borrow_and_update() != NodeRegistration::NodeNotFound {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                changed = registration.changed() => if changed.is_err() { return },
+            }
+        }
+        sending.cancel();
+        self.liveness.waiting(true);
+        self.metrics.node_not_found();
+        loop {
+            tracing::error!(node = self.node_name(), "{NODE_NOT_FOUND}");
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(self.config.node_status_update_frequency) => {}
+            }
         }
     }
 
@@ -548,12 +615,10 @@ impl Agent {
             if taken(&answer) {
                 self.metrics.bytes_sent(MessageKind::Lease, bytes);
             }
-            if let Ok(ack) = &answer {
-                if !ack.lease_state.is_empty() {
-                    lease_state.clone_from(&ack.lease_state);
-                } else if ack.register_again {
-                    lease_state.clear();
-                }
+            if let Ok(ack) = &answer
+                && !ack.lease_state.is_empty()
+            {
+                lease_state.clone_from(&ack.lease_state);
             }
             match outcome(answer) {
                 Outcome::Ok => return true,
@@ -585,10 +650,8 @@ enum Outcome {
 
 fn outcome(result: Result<pb::Ack, UplinkError>) -> Outcome {
     match result {
-        // The transport registers again first; retrying now would only ask again.
-        Ok(ack) if ack.register_again => {
-            Outcome::GiveUp("the gateway asked to register again".into())
-        }
+        // The agent stops sending (see `stop_when_node_not_found`).
+        Ok(ack) if ack.node_not_found => Outcome::GiveUp(NODE_NOT_FOUND.into()),
         Ok(ack) => match AckCode::try_from(ack.code) {
             Ok(AckCode::Ok) => Outcome::Ok,
             Ok(AckCode::Retry) => Outcome::Retry(ack.reason),

@@ -124,6 +124,9 @@ pub struct Counters {
     pub rejected_by_reason: [AtomicU64; RejectReason::ALL.len()],
     /// Nodes created or reconciled.
     pub registrations: AtomicU64,
+    /// Answers `node_not_found`: the Node of a registered agent was deleted, and the agent
+    /// stops until restarted.
+    pub nodes_not_found: AtomicU64,
 }
 
 impl Counters {
@@ -572,6 +575,11 @@ impl Collector for GatewayCollector {
                 "edgebeat_gateway_registrations",
                 "Nodes created or reconciled.",
                 &c.registrations,
+            ),
+            (
+                "edgebeat_gateway_nodes_not_found",
+                "Answers telling an agent that its Node was deleted (the agent stops sending until it is restarted).",
+                &c.nodes_not_found,
             ),
         ];
         for (name, help, value) in counters {

@@ -10,6 +10,7 @@
 //! | `edgebeat_gateway_status_reports_total` | counter | | status PATCHes written |
 //! | `edgebeat_gateway_rejected_messages_total` | counter | `reason` | messages rejected, by [`RejectReason`] (every reason is always exported, from 0) |
 //! | `edgebeat_gateway_registrations_total` | counter | | Nodes created or reconciled |
+//! | `edgebeat_gateway_nodes_not_found_total` | counter | | answers telling an agent its Node was deleted (`Ack.node_not_found`; it stops until restarted) |
 //! | `edgebeat_gateway_tracked_nodes` | gauge | | nodes this replica keeps state for |
 //! | `edgebeat_gateway_max_nodes` | gauge | | `--max-nodes`: further nodes are refused with reason `fleet_full` |
 //! | `edgebeat_gateway_apiserver_backing_off` | gauge | | 1 while the gateway backs off from the apiserver (429, 5xx, no answer) |

@@ -212,7 +212,9 @@ impl Writer {
     }
 
     /// kubelet `registerWithAPIServer`: POST the Node (unless `skip_create`, kubelet's
-    /// `registerNode: false`); on AlreadyExists GET it and reconcile the default labels
+    /// `registerNode: false`, or `registration_completed`: the agent's process registered
+    /// before, and a Node missing now was deleted, answered `node_not_found`, as kubelet
+    /// registers once per process); on AlreadyExists GET it and reconcile the default labels
     /// (PATCH only if they differ). When the boot ID differs from the one the apiserver
     /// holds, the status is written at once with the `Rebooted` event, as kubelet's
     /// `MachineInfo` setter does in its first status update after start. Only registration
@@ -253,9 +255,13 @@ impl Writer {
             return registered(AckCode::Ok);
         }
         let now = self.now();
-        let existing = if register.skip_create {
+        let existing = if register.skip_create || register.registration_completed {
             match self.api.get_node_opt(name).await {
                 Ok(Some(node)) => node,
+                // The agent registered it before, on another connection: deleted since.
+                Ok(None) if register.registration_completed => {
+                    return self.forget(w, name, seq);
+                }
                 Ok(None) => {
                     return ack(
                         seq,
@@ -296,6 +302,11 @@ impl Writer {
             let answer = self
                 .write_status(w, name, seq, status, &held, now, Reboot::Record)
                 .await;
+            if answer.node_not_found && !register.registration_completed {
+                // Deleted while this first registration was under way: it creates the
+                // Node when retried.
+                return ack(seq, AckCode::Retry, "node deleted during registration");
+            }
             if AckCode::try_from(answer.code) != Ok(AckCode::Ok) {
                 return answer;
             }
@@ -658,7 +669,7 @@ impl Writer {
     /// outage) makes the next ack ask the agent for a full status report, so the node is
     /// Ready again within seconds, not at the next report period.
     ///
-    /// Errors: the [`Ack`] to answer with — `register_again` when the Node does not exist.
+    /// Errors: the [`Ack`] to answer with — `node_not_found` when the Node does not exist.
     async fn ensure_known(
         &self,
         w: &mut NodeWrites,
@@ -679,14 +690,28 @@ impl Writer {
         }
     }
 
-    /// The Node is gone: forget it and ask the agent to register again.
+    /// The Node is gone although the agent registered it (only a registered agent sends
+    /// what leads here): someone deleted it. Forget it, and tell the agent, which stops
+    /// sending until restarted instead of creating it again (kubelet registers once per
+    /// process: `registrationCompleted` in `pkg/kubelet/kubelet_node_status.go`).
     fn forget(&self, w: &mut NodeWrites, name: &str, seq: u64) -> Ack {
         w.registered = false;
         self.view.forget_node(name);
         self.view.forget_lease(name);
+        self.counters
+            .nodes_not_found
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            node = name,
+            "the Node was deleted; its agent stops until it is restarted"
+        );
         Ack {
-            register_again: true,
-            ..ack(seq, AckCode::Retry, "node not found: register first")
+            node_not_found: true,
+            ..ack(
+                seq,
+                AckCode::Retry,
+                "node not found: it was deleted; restart the agent to register it again",
+            )
         }
     }
 

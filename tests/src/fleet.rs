@@ -562,9 +562,6 @@ async fn renew(
             true
         }
         Ok(ack) => {
-            if ack.register_again {
-                lease_state.clear();
-            }
             // Numbers in reasons (ages, seqs) would make every failure its own kind.
             let why: String = ack.reason.chars().filter(|c| !c.is_ascii_digit()).collect();
             stats.failed(why);

@@ -5,6 +5,7 @@
 //! server or rumqttc through Mosquitto, the gateway's kube-rs client to the stand-in over
 //! HTTP.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,6 +76,8 @@ pub struct MqttSecurity {
 pub struct AgentHandle {
     /// The node name it speaks for.
     pub node_name: String,
+    /// The agent itself, for its metrics and observe address.
+    pub agent: Arc<Agent>,
     cancel: CancellationToken,
     task: JoinHandle<Result<(), edgebeat_agent::AgentError>>,
 }
@@ -537,9 +540,10 @@ impl Cluster {
         let agent = Agent::new(config, clock)?;
         let node_name = agent.node_name().to_owned();
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(agent.run(cancel.clone()));
+        let task = tokio::spawn(agent.clone().run(cancel.clone()));
         Ok(AgentHandle {
             node_name,
+            agent,
             cancel,
             task,
         })
@@ -568,6 +572,31 @@ impl Drop for Cluster {
         }
         self.standin.shutdown();
     }
+}
+
+/// `GET path` over HTTP/1.1 to `addr` (`Connection: close`): the status code and body.
+///
+/// Errors: connecting, writing, reading, or an answer that is not HTTP.
+pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    let code = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("not an HTTP answer")?;
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
 }
 
 /// Waits until `condition` holds, checking every 20 ms, for at most `deadline`.

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use edgebeat_tests::harness::{Cluster, Transport, fixture, fixture_copy};
+use edgebeat_proto as pb;
+use edgebeat_tests::harness::{Cluster, Transport, fixture, fixture_copy, http_get};
+use edgebeat_tests::messages;
 use edgebeat_tests::requests::{LEASES, is_lease_get, is_lease_put, is_status_patch};
 use edgebeat_tests::standin::{FaultRule, RecordedRequest};
 use http::Method;
@@ -642,6 +644,172 @@ async fn node_set_unknown_during_an_outage_is_ready_again_within_seconds(transpo
     assert_eq!(node_gets, 0, "the watch, not a read, brought the Unknown");
 }
 
+/// `kubectl delete node` decommissions the machine: the gateway tells the agent, which
+/// stops sending, says so (`/readyz` 503, `edgebeat_agent_node_not_found 1`) and does not
+/// create the Node again; a restarted agent (a new process) registers it again, as kubelet
+/// (`registrationCompleted` is per process).
+async fn a_deleted_node_is_registered_again_only_by_a_restart(transport: Transport) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, DeleteParams};
+
+    let cluster = Cluster::start(transport).await.unwrap();
+    let mut config = cluster.agent_config("rpi4-edge-01", &fixture("rpi4-cgroup1"));
+    config.healthz_bind_address = Some("127.0.0.1:0".parse().unwrap());
+    let agent = cluster.start_agent(config.clone()).unwrap();
+    cluster
+        .wait_for_renewals("rpi4-edge-01", 2, DEADLINE)
+        .await
+        .unwrap();
+    let observe = agent.agent.observe_addr().unwrap();
+    assert_eq!(http_get(observe, "/readyz").await.unwrap().0, 200);
+    // What `kubectl delete node` does, and the garbage collector after it (the Lease is
+    // owned by the Node; the stand-in has no garbage collector).
+    let client =
+        kube::Client::try_from(kube::Config::new(cluster.standin.url().parse().unwrap())).unwrap();
+    let deleted_at = cluster.standin.requests().len();
+    Api::<Node>::all(client.clone())
+        .delete("rpi4-edge-01", &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<Lease>::namespaced(client, "kube-node-lease")
+        .delete("rpi4-edge-01", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut unready = (0, String::new());
+    let end = tokio::time::Instant::now() + DEADLINE;
+    while unready.0 != 503 {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "agent still ready: {unready:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        unready = http_get(observe, "/readyz").await.unwrap();
+    }
+    assert!(unready.1.contains("the Node was deleted"), "{}", unready.1);
+    let metrics = http_get(observe, "/metrics").await.unwrap().1;
+    assert!(
+        metrics.contains("\nedgebeat_agent_node_not_found 1\n"),
+        "{metrics}"
+    );
+    assert_eq!(
+        cluster
+            .gateway()
+            .counters
+            .nodes_not_found
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // Nothing created the Node or its Lease again.
+    let after: Vec<_> = cluster.standin.requests()[deleted_at..].to_vec();
+    assert!(
+        !after.iter().any(|r| r.method == Method::POST),
+        "nothing created after the delete: {:?}",
+        after
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.path))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        cluster
+            .standin
+            .lease("kube-node-lease", "rpi4-edge-01")
+            .is_none()
+    );
+    assert!(cluster.standin.node("rpi4-edge-01").is_none());
+    agent.stop().await.unwrap();
+
+    // A restart registers the Node again (and its Lease).
+    config.healthz_bind_address = None;
+    let agent = cluster.start_agent(config).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "the Node registered again", |v| {
+            v.node("rpi4-edge-01").is_some()
+        })
+        .await
+        .unwrap();
+    cluster
+        .wait_for_renewals("rpi4-edge-01", 1, DEADLINE)
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+}
+
+/// A gRPC agent registers on every new stream; once its process has registered, that
+/// Register says so (`registration_completed`) and never creates a deleted Node again: the
+/// gateway answers `node_not_found` and the uplink's registration ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_reconnect_never_creates_a_deleted_node() {
+    use edgebeat_transports::grpc::{GrpcUplinkOptions, run_uplink};
+    use edgebeat_transports::uplink::{NodeRegistration, RegisterFn, channel};
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, DeleteParams};
+
+    let mut cluster = Cluster::start(Transport::Grpc).await.unwrap();
+    let (uplink, driver) = channel(4);
+    let registration = uplink.registration();
+    let seq = std::sync::atomic::AtomicU64::new(1);
+    let register: RegisterFn = std::sync::Arc::new(move || {
+        let mut message = messages::register(
+            "edge-del",
+            seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        );
+        if let Some(pb::agent_message::Kind::Register(r)) = message.kind.as_mut() {
+            r.registration_completed = *registration.borrow() != NodeRegistration::Pending;
+        }
+        message
+    });
+    let cancel = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(run_uplink(
+        GrpcUplinkOptions::new(cluster.grpc_url.clone()),
+        register,
+        driver,
+        cancel.clone(),
+    ));
+    let mut state = uplink.registration();
+    tokio::time::timeout(
+        DEADLINE,
+        state.wait_for(|r| *r == NodeRegistration::Completed),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(cluster.standin.node("edge-del").is_some());
+    let client =
+        kube::Client::try_from(kube::Config::new(cluster.standin.url().parse().unwrap())).unwrap();
+    Api::<Node>::all(client)
+        .delete("edge-del", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleted_at = cluster.standin.requests().len();
+    // A gateway restart breaks the stream; the uplink connects and registers anew.
+    cluster
+        .restart_gateway(edgebeat_tests::harness::gateway_options())
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        DEADLINE,
+        state.wait_for(|r| *r == NodeRegistration::NodeNotFound),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    cancel.cancel();
+    let after = &cluster.standin.requests()[deleted_at..];
+    assert!(
+        after
+            .iter()
+            .any(|r| r.method == Method::GET && r.path == "/api/v1/nodes/edge-del"),
+        "the new replica read the Node"
+    );
+    assert!(
+        !after.iter().any(|r| r.method == Method::POST),
+        "not created"
+    );
+    assert!(cluster.standin.node("edge-del").is_none());
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod grpc {
@@ -673,4 +841,5 @@ scenarios!(
     gateway_restart_costs_no_lease_get,
     apiserver_errors_are_retried_with_fresh_renewals,
     node_set_unknown_during_an_outage_is_ready_again_within_seconds,
+    a_deleted_node_is_registered_again_only_by_a_restart,
 );

@@ -40,11 +40,29 @@ pub struct Request {
 /// header's `seq` and the status are current.
 pub type RegisterFn = Arc<dyn Fn() -> AgentMessage + Send + Sync>;
 
+/// Where this agent process stands with its Node, across every connection of one uplink
+/// (kubelet's `registrationCompleted`, `pkg/kubelet/kubelet_node_status.go`:
+/// `registerWithAPIServer` runs once per process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeRegistration {
+    /// The gateway has not accepted a `Register` from this process yet.
+    Pending,
+    /// The gateway accepted a `Register` of this process. A later `Register` (on a new
+    /// connection) sets `Register.registration_completed`, so the gateway never creates
+    /// the Node again for it.
+    Completed,
+    /// The gateway answered `Ack.node_not_found`: the Node was deleted after this process
+    /// registered it. Final for the process: the owner of the uplink stops sending, and
+    /// only a restart registers the Node again (as kubelet).
+    NodeNotFound,
+}
+
 /// Agent-side handle: cheap to clone, shared by the status and lease loops.
 #[derive(Clone)]
 pub struct Uplink {
     tx: mpsc::Sender<Request>,
     registered: watch::Receiver<bool>,
+    registration: watch::Receiver<NodeRegistration>,
     status_requests: watch::Receiver<u64>,
 }
 
@@ -55,6 +73,9 @@ pub struct UplinkDriver {
     /// Set to `true` when the gateway acknowledged `Register` on the current connection,
     /// `false` whenever the connection is lost.
     pub registered: watch::Sender<bool>,
+    /// [`NodeRegistration`] of this process, raised by [`Session::on_ack`]; it only moves
+    /// forward (`Pending` → `Completed` → `NodeNotFound`).
+    pub registration: watch::Sender<NodeRegistration>,
     /// Counts the gateway's requests for a full status report (`Ack.resend_status`); the
     /// agent compares it with the count its last report answered, so a request is served
     /// once, by whichever report comes next.
@@ -66,16 +87,19 @@ pub struct UplinkDriver {
 pub fn channel(depth: usize) -> (Uplink, UplinkDriver) {
     let (tx, requests) = mpsc::channel(depth.max(1));
     let (registered_tx, registered) = watch::channel(false);
+    let (registration_tx, registration) = watch::channel(NodeRegistration::Pending);
     let (status_requests_tx, status_requests) = watch::channel(0);
     (
         Uplink {
             tx,
             registered,
+            registration,
             status_requests,
         },
         UplinkDriver {
             requests,
             registered: registered_tx,
+            registration: registration_tx,
             status_requests: status_requests_tx,
         },
     )
@@ -107,6 +131,12 @@ impl Uplink {
     /// receiver changes on every (re)registration and disconnect.
     pub fn registered(&self) -> watch::Receiver<bool> {
         self.registered.clone()
+    }
+
+    /// Where this process stands with its Node (see [`NodeRegistration`]); the receiver
+    /// changes when a first `Register` is accepted and when the Node is found deleted.
+    pub fn registration(&self) -> watch::Receiver<NodeRegistration> {
+        self.registration.clone()
     }
 
     /// How many times the gateway has asked for a full status report on this uplink (it
@@ -237,17 +267,9 @@ mod tests {
 pub enum AfterAck {
     /// Nothing.
     Nothing,
-    /// Send `Register` again now (the gateway asked: it does not know the node).
-    RegisterNow,
     /// Send `Register` again after this delay (registration was refused for now).
     RegisterAfter(Duration),
 }
-
-/// Least time between two re-registrations the gateway asks for (`Ack.register_again`):
-/// an ack is only as trustworthy as the path it came by (an MQTT broker is a third party),
-/// so however many acks say so, the agent registers again at most this often and its Lease
-/// loop keeps going in between.
-pub const REGISTER_AGAIN_MIN_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Per-connection protocol state shared by every uplink driver, with no I/O: which
 /// requests await an [`Ack`], whether `Register` was accepted, and the registration backoff
@@ -258,8 +280,6 @@ pub struct Session {
     register_seq: Option<u64>,
     registered: bool,
     backoff: Box<dyn Iterator<Item = Duration> + Send>,
-    /// When a `register_again` was last obeyed.
-    registered_again: Option<tokio::time::Instant>,
 }
 
 impl Default for Session {
@@ -279,14 +299,13 @@ impl Session {
                 Duration::from_millis(100),
                 Duration::from_secs(7),
             )),
-            registered_again: None,
         }
     }
 
     /// A session on a new connection whose registration is still valid: for transports
     /// where the connection is to a broker, not to the gateway (MQTT), a reconnect says
-    /// nothing about what the gateway knows, so the agent does not register again (the
-    /// gateway asks with `register_again` when it must).
+    /// nothing about what the gateway knows, so the agent does not register again (any
+    /// gateway replica reads the Node when it does not know it).
     pub fn resumed() -> Self {
         Self {
             registered: true,
@@ -316,15 +335,23 @@ impl Session {
     }
 
     /// Handles one [`Ack`]: answers the waiting request, updates the registration state
-    /// (raising `driver.registered` and `driver.status_requests` as the gateway says) and
-    /// says whether to register again: only when the ack answers a request this session
-    /// sent and still awaits (by its `seq`), and at most once per
-    /// [`REGISTER_AGAIN_MIN_INTERVAL`], so acks that did not come from the gateway cannot
-    /// keep the agent re-registering instead of renewing its Lease.
+    /// (raising `driver.registered`, `driver.registration` and `driver.status_requests` as
+    /// the gateway says) and says whether to send `Register` again (only after a refused
+    /// one, with kubelet's backoff).
+    ///
+    /// Only an ack that answers a request this session sent and still awaits (by its
+    /// `seq`) counts: an ack is only as trustworthy as the path it came by (an MQTT broker is
+    /// a third party), so an unsolicited or replayed one changes nothing. Its
+    /// `node_not_found` is obeyed only once this process registered
+    /// ([`NodeRegistration::Completed`]): the Node was deleted since, and
+    /// `driver.registration` becomes [`NodeRegistration::NodeNotFound`] for good.
     pub fn on_ack(&mut self, ack: Ack, driver: &UplinkDriver) -> AfterAck {
         if Some(ack.seq) == self.register_seq {
             // One answer per Register: a replayed or forged second one changes nothing.
             self.register_seq = None;
+            if ack.node_not_found && self.node_not_found(driver) {
+                return AfterAck::Nothing;
+            }
             if ack.resend_status {
                 driver.status_requests.send_modify(|n| *n += 1);
             }
@@ -335,13 +362,20 @@ impl Session {
                     Duration::from_secs(7),
                 ));
                 driver.registered.send_replace(true);
+                driver.registration.send_if_modified(|r| {
+                    let first = *r == NodeRegistration::Pending;
+                    if first {
+                        *r = NodeRegistration::Completed;
+                    }
+                    first
+                });
                 return AfterAck::Nothing;
             }
             let delay = self.backoff.next().unwrap_or(Duration::from_secs(7));
             tracing::warn!(reason = %ack.reason, ?delay, "registration not accepted; retrying");
             return AfterAck::RegisterAfter(delay);
         }
-        let again = ack.register_again;
+        let node_not_found = ack.node_not_found;
         let resend_status = ack.resend_status;
         let Some(reply) = self.pending.remove(&ack.seq) else {
             tracing::debug!(
@@ -351,23 +385,31 @@ impl Session {
             return AfterAck::Nothing;
         };
         let _ = reply.send(Ok(ack));
-        if resend_status {
+        if node_not_found {
+            self.node_not_found(driver);
+        } else if resend_status {
             driver.status_requests.send_modify(|n| *n += 1);
         }
-        let now = tokio::time::Instant::now();
-        if again
-            && self.registered
-            && self
-                .registered_again
-                .is_none_or(|t| now.duration_since(t) >= REGISTER_AGAIN_MIN_INTERVAL)
-        {
-            self.registered_again = Some(now);
-            tracing::info!("gateway does not know this node; registering again");
+        AfterAck::Nothing
+    }
+
+    /// The gateway says the Node this process registered is gone (see [`Session::on_ack`]);
+    /// returns whether that was obeyed.
+    fn node_not_found(&mut self, driver: &UplinkDriver) -> bool {
+        let obeyed = driver.registration.send_if_modified(|r| {
+            let completed = *r == NodeRegistration::Completed;
+            if completed {
+                *r = NodeRegistration::NodeNotFound;
+            }
+            completed
+        });
+        if obeyed {
             self.registered = false;
             driver.registered.send_replace(false);
-            return AfterAck::RegisterNow;
+        } else {
+            tracing::debug!("ignoring node_not_found: this process has not registered");
         }
-        AfterAck::Nothing
+        obeyed
     }
 
     /// Ends the session: `driver.registered` goes false and every pending request fails
@@ -421,7 +463,7 @@ mod session_tests {
     }
 
     #[test]
-    fn refused_registration_backs_off_and_register_again_resets() {
+    fn refused_registration_backs_off_and_acceptance_completes_it() {
         let (uplink, driver) = channel(4);
         let mut s = Session::new();
         s.register_sent(Some(1));
@@ -443,6 +485,7 @@ mod session_tests {
             AfterAck::RegisterAfter(d) => assert!(d >= Duration::from_millis(200)),
             other => panic!("{other:?}"),
         }
+        assert_eq!(*uplink.registration().borrow(), NodeRegistration::Pending);
         s.register_sent(Some(1));
         s.on_ack(
             Ack {
@@ -452,41 +495,61 @@ mod session_tests {
             },
             &driver,
         );
-        let (tx, mut rx) = oneshot::channel();
-        s.track(2, tx);
-        let again = Ack {
-            seq: 2,
-            code: AckCode::Retry.into(),
-            register_again: true,
-            ..Default::default()
-        };
-        assert_eq!(s.on_ack(again, &driver), AfterAck::RegisterNow);
+        assert_eq!(*uplink.registration().borrow(), NodeRegistration::Completed);
+        // A new connection's session is not registered, but the process stays Completed.
+        let mut next = Session::new();
+        next.close(&driver);
         assert!(!*uplink.registered().borrow());
-        assert!(
-            rx.try_recv().unwrap().unwrap().register_again,
-            "the caller still gets its answer"
-        );
+        assert_eq!(*uplink.registration().borrow(), NodeRegistration::Completed);
     }
 
-    /// Acks that answer nothing this session sent are ignored, and `register_again` is
-    /// obeyed at most once per REGISTER_AGAIN_MIN_INTERVAL however many acks say it.
-    #[tokio::test(start_paused = true)]
-    async fn register_again_only_for_own_requests_and_at_a_bounded_rate() {
+    /// `node_not_found` ends the registration of the process for good, but only when it
+    /// answers a request of this session and the process had registered.
+    #[test]
+    fn node_not_found_is_final_and_only_for_own_requests_after_registration() {
         let (uplink, driver) = channel(4);
-        let mut s = Session::resumed();
-        let again = |seq| Ack {
+        let gone = |seq| Ack {
             seq,
             code: AckCode::Retry.into(),
-            register_again: true,
+            node_not_found: true,
             ..Default::default()
         };
-        assert_eq!(s.on_ack(again(7), &driver), AfterAck::Nothing, "not sent");
+        let mut s = Session::new();
+        // Before any registration (an older gateway's answer to a first Register, or a
+        // forgery): an ordinary refusal, retried with backoff.
+        s.register_sent(Some(1));
+        assert!(matches!(
+            s.on_ack(gone(1), &driver),
+            AfterAck::RegisterAfter(_)
+        ));
+        assert_eq!(*uplink.registration().borrow(), NodeRegistration::Pending);
+        s.register_sent(Some(2));
+        s.on_ack(
+            Ack {
+                seq: 2,
+                registered: true,
+                ..Default::default()
+            },
+            &driver,
+        );
+        // Not an answer to anything this session awaits: ignored.
+        assert_eq!(s.on_ack(gone(7), &driver), AfterAck::Nothing);
         assert!(s.registered());
-        let (tx, _rx1) = oneshot::channel();
+        assert_eq!(*uplink.registration().borrow(), NodeRegistration::Completed);
+        let (tx, mut rx) = oneshot::channel();
         s.track(8, tx);
-        assert_eq!(s.on_ack(again(8), &driver), AfterAck::RegisterNow);
+        assert_eq!(s.on_ack(gone(8), &driver), AfterAck::Nothing);
+        assert!(
+            rx.try_recv().unwrap().unwrap().node_not_found,
+            "the caller still gets its answer"
+        );
+        assert!(!s.registered());
         assert!(!*uplink.registered().borrow());
-        // Registered again; a second request is answered register_again at once.
+        assert_eq!(
+            *uplink.registration().borrow(),
+            NodeRegistration::NodeNotFound
+        );
+        // A later accepted Register (an older gateway) does not undo it.
         s.register_sent(Some(9));
         s.on_ack(
             Ack {
@@ -496,14 +559,33 @@ mod session_tests {
             },
             &driver,
         );
-        let (tx, _rx2) = oneshot::channel();
-        s.track(10, tx);
-        assert_eq!(s.on_ack(again(10), &driver), AfterAck::Nothing);
-        assert!(s.registered());
-        tokio::time::advance(REGISTER_AGAIN_MIN_INTERVAL).await;
-        let (tx, _rx3) = oneshot::channel();
-        s.track(11, tx);
-        assert_eq!(s.on_ack(again(11), &driver), AfterAck::RegisterNow);
+        assert_eq!(
+            *uplink.registration().borrow(),
+            NodeRegistration::NodeNotFound
+        );
+    }
+
+    /// The answer to a new connection's Register (`registration_completed`) can say the
+    /// Node is gone too.
+    #[test]
+    fn a_reconnect_register_answered_node_not_found_ends_the_registration() {
+        let (uplink, driver) = channel(4);
+        driver
+            .registration
+            .send_replace(NodeRegistration::Completed);
+        let mut s = Session::new();
+        s.register_sent(Some(3));
+        let answer = Ack {
+            seq: 3,
+            code: AckCode::Retry.into(),
+            node_not_found: true,
+            ..Default::default()
+        };
+        assert_eq!(s.on_ack(answer, &driver), AfterAck::Nothing, "no retry");
+        assert_eq!(
+            *uplink.registration().borrow(),
+            NodeRegistration::NodeNotFound
+        );
     }
 
     #[test]

@@ -136,6 +136,12 @@ pub struct Register {
     /// else has created it.
     #[prost(bool, tag = "6")]
     pub skip_create: bool,
+    /// This agent process has already registered its Node (kubelet's registrationCompleted,
+    /// pkg/kubelet/kubelet_node_status.go: registerWithAPIServer runs once per process): this
+    /// Register comes from a new connection, so the gateway never creates the Node for it.
+    /// If the Node is gone (deleted with kubectl delete node), the answer is node_not_found.
+    #[prost(bool, tag = "7")]
+    pub registration_completed: bool,
 }
 /// A NodeStatus report: sent on a meaningful change or every nodeStatusReportFrequency.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -235,10 +241,13 @@ pub struct Ack {
     /// On a successful Lease renewal: the state to echo in the next LeaseRenewal.lease_state.
     #[prost(bytes = "vec", tag = "6")]
     pub lease_state: ::prost::alloc::vec::Vec<u8>,
-    /// The gateway cannot find this node (never registered, or the Node was deleted): the
-    /// agent sends Register (with its full status) before anything else.
+    /// The Node does not exist although this agent registered it: someone deleted it (kubectl
+    /// delete node, the documented way to decommission a machine). As kubelet, which registers
+    /// once per process, the agent does not create it again: it stops sending and stays
+    /// unready until restarted. (Field 7 was register_again, sent on the same condition: an
+    /// older agent registers again.)
     #[prost(bool, tag = "7")]
-    pub register_again: bool,
+    pub node_not_found: bool,
 }
 /// Everything the gateway sends back.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -272,7 +272,6 @@ async fn session(
                     let Some(gateway_message::Kind::Ack(ack)) = message.kind else { continue };
                     match state.on_ack(ack, driver) {
                         AfterAck::Nothing => {}
-                        AfterAck::RegisterNow => state.register_sent(send_register(&out, register).await),
                         AfterAck::RegisterAfter(delay) => {
                             register_retry.as_mut().reset(tokio::time::Instant::now() + delay);
                             retry_armed = true;

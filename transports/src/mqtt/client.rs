@@ -219,9 +219,8 @@ impl Topics {
 /// [`crate::uplink::Uplink`] handle is dropped.
 ///
 /// On every CONNACK (clean start) it starts a new [`Session`], subscribes to
-/// `P/acks/{node}` and then publishes `register()`; it publishes Register again when the
-/// gateway asks, when registration was refused (with [`Session`]'s backoff), or when no
-/// answer came within `register_timeout` (doubling). Requests go to the topic of their kind
+/// `P/acks/{node}` and then publishes `register()`; it publishes Register again when
+/// registration was refused (with [`Session`]'s backoff), or when no answer came within `register_timeout` (doubling). Requests go to the topic of their kind
 /// (QoS 1, not retained; Lease renewals with a Message Expiry Interval of `lease_expiry`)
 /// and are answered by the acks the gateway publishes back. The Last Will
 /// (`P/nodes/{node}/will`, the `Header` of a fresh `register()`, refreshed before each
@@ -241,8 +240,7 @@ impl Topics {
 ///
 /// With a [`MqttUplinkOptions::signer`], every message goes out as a `SignedMessage`, and
 /// the certificate chain is published (QoS 1, retained) on `P/certificates/{node}` before
-/// each Register; a gateway that answers `register_again` (it holds no certificate for the
-/// node) gets both again.
+/// each Register.
 ///
 /// Errors: [`MqttUplinkError::InvalidOption`] when an option or `node_name` cannot work
 /// (checked before connecting), [`MqttUplinkError::Tls`] when the TLS material cannot.
@@ -472,7 +470,6 @@ impl Link {
                 Timer::Disarm
             }
             AfterAck::Nothing => Timer::Keep,
-            AfterAck::RegisterNow => Timer::Arm(self.send_register()),
             AfterAck::RegisterAfter(delay) => Timer::Arm(delay),
         }
     }

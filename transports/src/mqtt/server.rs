@@ -1144,7 +1144,7 @@ mod tests {
                 refusal.reason,
                 AckCode::try_from(ack.code).unwrap(),
                 ack.seq,
-                ack.register_again,
+                ack.node_not_found,
             )
         };
         // Nothing that fails verification is answered: a forger must not be able to make
@@ -1169,7 +1169,7 @@ mod tests {
             open_with(&tampered.encode_to_vec(), &required, Some(&key)),
             Err(Refusal::silent(REJECT_BAD_SIGNATURE))
         );
-        // Random bytes where the signature goes (the register_again reflection attack).
+        // Random bytes where the signature goes (the forged-ack reflection attack).
         let forged = edgebeat_proto::SignedMessage {
             signed_message: plain.clone(),
             signature: vec![0x5a; 64],
