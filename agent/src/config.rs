@@ -29,8 +29,11 @@
 //! message is then also signed end to end with `keyFile` (ECDSA P-256 or Ed25519), because
 //! the broker is a third party; the gateway verifies the signature against the site CA.
 //!
-//! Unknown fields are rejected; every error names the field and how to fix it. Defaults
-//! are kubelet's (`pkg/kubelet/apis/config/v1beta1/defaults.go`).
+//! Unknown fields are rejected. A file with several mistakes gets one error that lists
+//! every invalid field (unknown ones and values of the wrong type included), each naming
+//! the field and how to fix it. Defaults are kubelet's
+//! (`pkg/kubelet/apis/config/v1beta1/defaults.go`), except `maxPods` (0: an edgebeat node
+//! runs no pods).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -40,6 +43,11 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::quantity::{Amount, parse_amount, parse_millicores};
+
+/// The label every edgebeat Node carries, `edgebeat.io/container-runtime: none`: no
+/// container runtime runs its pods, so workloads and DaemonSets keep away with a node
+/// affinity on it (the README has the snippet). `nodeLabels` cannot override it.
+pub const CONTAINER_RUNTIME_LABEL: (&str, &str) = ("edgebeat.io/container-runtime", "none");
 
 /// `apiVersion` the agent accepts.
 pub const API_VERSION: &str = "edgebeat.io/v1alpha1";
@@ -71,20 +79,111 @@ pub enum ConfigError {
     /// The YAML is malformed or has an unknown field or a value of the wrong type.
     #[error("parsing the agent configuration: {0}")]
     Syntax(String),
-    /// A field has a value the agent cannot use.
-    #[error("{field}: {message}")]
-    Invalid {
-        /// The field's path, e.g. `transport.endpoint` or `evictionHard["memory.available"]`.
-        field: String,
-        /// What is wrong and how to fix it.
-        message: String,
-    },
+    /// Fields have values the agent cannot use: every one of them, in file order, each
+    /// naming the field and the fix. Shown as `field: message` for one, and as a count
+    /// followed by one `- field: message` line each for several.
+    #[error("{}", InvalidFields(.0))]
+    Invalid(Vec<FieldError>),
+}
+
+/// One invalid field of the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The field's path, e.g. `transport.endpoint` or `evictionHard["memory.available"]`.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+struct InvalidFields<'a>(&'a [FieldError]);
+
+impl std::fmt::Display for InvalidFields<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            [one] => write!(f, "{one}"),
+            all => {
+                write!(
+                    f,
+                    "{} invalid fields in the agent configuration:",
+                    all.len()
+                )?;
+                for e in all {
+                    write!(f, "\n- {e}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `got "x"` for a value given, `missing` for none.
+fn got(value: Option<&str>) -> String {
+    value.map_or_else(|| "missing".to_owned(), |v| format!("got {v:?}"))
 }
 
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
+    ConfigError::Invalid(vec![FieldError {
         field: field.into(),
         message: message.into(),
+    }])
+}
+
+/// serde's message for one field deserialized alone, without the position and snippet
+/// (of the one-field document, not of the file): `error: line 1 column 12: invalid i64`
+/// and what follows become `invalid i64`.
+fn field_message(message: &str) -> String {
+    let first = message.lines().next().unwrap_or(message);
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    match first.split_once(": ") {
+        Some((position, rest)) if position.starts_with("line ") => rest.to_owned(),
+        _ => first.to_owned(),
+    }
+}
+
+/// The invalid fields found so far while validating, so that one error reports them all.
+#[derive(Default)]
+struct Problems(Vec<FieldError>);
+
+impl Problems {
+    fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError {
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    /// The value of `result`, or `None` with its problems recorded.
+    fn take<T>(&mut self, result: Result<T, ConfigError>) -> Option<T> {
+        match result {
+            Ok(v) => Some(v),
+            Err(ConfigError::Invalid(fields)) => {
+                self.0.extend(fields);
+                None
+            }
+            Err(other) => {
+                self.push("", other.to_string());
+                None
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// `value` when nothing was found, otherwise [`ConfigError::Invalid`] with everything.
+    fn into_result<T>(self, value: T) -> Result<T, ConfigError> {
+        if self.0.is_empty() {
+            Ok(value)
+        } else {
+            Err(ConfigError::Invalid(self.0))
+        }
     }
 }
 
@@ -99,7 +198,7 @@ pub const EVICTION_SIGNALS: [&str; 6] = [
 ];
 
 /// A registration taint (core/v1 Taint), applied once when the Node is created.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Taint {
     /// Taint key, e.g. `example.com/edge`.
@@ -214,7 +313,10 @@ pub struct AgentConfig {
     pub system_reserved: BTreeMap<String, u64>,
     /// `kubeReserved`: as `systemReserved`.
     pub kube_reserved: BTreeMap<String, u64>,
-    /// `maxPods` (default 110).
+    /// `maxPods`: `status.capacity.pods` (and allocatable). Default **0**, not kubelet's
+    /// 110: there is no container runtime behind an edgebeat node, so it admits no pods and
+    /// the scheduler's NodeResourcesFit filter refuses every pod for it ("Too many pods").
+    /// Set it only for a node whose pods something else runs.
     pub max_pods: u32,
     /// `podsPerCore` (default 0 = off).
     pub pods_per_core: u32,
@@ -259,7 +361,7 @@ impl Default for AgentConfig {
             eviction_pressure_transition_period: Duration::from_secs(300),
             system_reserved: BTreeMap::new(),
             kube_reserved: BTreeMap::new(),
-            max_pods: 110,
+            max_pods: 0,
             pods_per_core: 0,
             node_ip: None,
             host_root: PathBuf::from("/"),
@@ -357,48 +459,118 @@ impl AgentConfig {
     ///
     /// Errors: as [`AgentConfig::load`], without `Read`.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let raw: RawConfig =
-            serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
-        Self::validate(raw)
+        match serde_saphyr::from_str::<RawConfig>(text) {
+            Ok(raw) => Self::validate(raw),
+            Err(first) => Self::validate_field_by_field(text, first),
+        }
+    }
+
+    /// The document did not deserialize as a whole (an unknown field, a value of the wrong
+    /// type): deserializes each top-level field on its own to name every bad one, then
+    /// validates the others, so one error lists them all. A document that is not a YAML
+    /// mapping at all is [`ConfigError::Syntax`] with `first`.
+    fn validate_field_by_field(
+        text: &str,
+        first: serde_saphyr::Error,
+    ) -> Result<Self, ConfigError> {
+        let syntax = || ConfigError::Syntax(first.to_string());
+        let Ok(serde_json::Value::Object(fields)) =
+            serde_saphyr::from_str::<serde_json::Value>(text)
+        else {
+            return Err(syntax());
+        };
+        // Each field alone, as YAML (JSON is YAML): the same typing as in the whole file.
+        let alone = |fields: serde_json::Map<String, serde_json::Value>| {
+            serde_saphyr::from_str::<RawConfig>(&serde_json::Value::Object(fields).to_string())
+        };
+        let mut p = Problems::default();
+        let mut good = serde_json::Map::new();
+        for (key, value) in fields {
+            let one = serde_json::Map::from_iter([(key.clone(), value.clone())]);
+            if alone(one).is_ok() {
+                good.insert(key, value);
+                continue;
+            }
+            // A mapping (transport): name its bad fields one by one too.
+            // The good ones are still validated, the bad ones reported.
+            let mut named = false;
+            if let serde_json::Value::Object(inner) = &value {
+                let mut kept = serde_json::Map::new();
+                for (sub, v) in inner {
+                    let nested = serde_json::Map::from_iter([(sub.clone(), v.clone())]);
+                    let one = serde_json::Map::from_iter([(
+                        key.clone(),
+                        serde_json::Value::Object(nested),
+                    )]);
+                    match alone(one) {
+                        Ok(_) => {
+                            kept.insert(sub.clone(), v.clone());
+                        }
+                        Err(e) => {
+                            p.push(format!("{key}.{sub}"), field_message(&e.to_string()));
+                            named = true;
+                        }
+                    }
+                }
+                if named {
+                    good.insert(key.clone(), serde_json::Value::Object(kept));
+                }
+            }
+            if !named && let Err(e) = alone(serde_json::Map::from_iter([(key.clone(), value)])) {
+                p.push(key, field_message(&e.to_string()));
+            }
+        }
+        match alone(good).map(Self::validate) {
+            Ok(Ok(_)) | Err(_) if p.len() == 0 => Err(syntax()),
+            Ok(Ok(_)) | Err(_) => p.into_result(AgentConfig::default()),
+            Ok(Err(ConfigError::Invalid(more))) => {
+                p.0.extend(more);
+                p.into_result(AgentConfig::default())
+            }
+            Ok(Err(other)) => Err(other),
+        }
     }
 
     fn validate(raw: RawConfig) -> Result<Self, ConfigError> {
+        let mut p = Problems::default();
         let mut c = AgentConfig::default();
         match raw.api_version.as_deref() {
             Some(API_VERSION) => {}
-            other => {
-                return Err(invalid(
-                    "apiVersion",
-                    format!("got {other:?}; set apiVersion: {API_VERSION}"),
-                ));
-            }
+            other => p.push(
+                "apiVersion",
+                format!("{}; set apiVersion: {API_VERSION}", got(other)),
+            ),
         }
         match raw.kind.as_deref() {
             Some(KIND) => {}
-            other => return Err(invalid("kind", format!("got {other:?}; set kind: {KIND}"))),
+            other => p.push("kind", format!("{}; set kind: {KIND}", got(other))),
         }
         if let Some(name) = raw.node_name.filter(|n| !n.is_empty()) {
-            validate_node_name(&name).map_err(|m| invalid("nodeName", m))?;
-            c.node_name = Some(name);
+            match validate_node_name(&name) {
+                Ok(()) => c.node_name = Some(name),
+                Err(m) => p.push("nodeName", m),
+            }
         }
-        if let Some(v) = raw.node_status_update_frequency {
-            let d = parse_positive_duration("nodeStatusUpdateFrequency", &v)?;
+        if let Some(v) = raw.node_status_update_frequency
+            && let Some(d) = p.take(parse_positive_duration("nodeStatusUpdateFrequency", &v))
+        {
             c.node_status_update_frequency = d;
             // kubelet: the report period follows an explicitly set update period.
             c.node_status_report_frequency = d;
         }
-        if let Some(v) = raw.node_status_report_frequency {
-            c.node_status_report_frequency =
-                parse_positive_duration("nodeStatusReportFrequency", &v)?;
+        if let Some(v) = raw.node_status_report_frequency
+            && let Some(d) = p.take(parse_positive_duration("nodeStatusReportFrequency", &v))
+        {
+            c.node_status_report_frequency = d;
         }
         if let Some(v) = raw.node_lease_duration_seconds {
-            c.node_lease_duration_seconds =
-                u32::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| {
-                    invalid(
-                        "nodeLeaseDurationSeconds",
-                        format!("got {v}; must be a positive number of seconds, e.g. 40"),
-                    )
-                })?;
+            match u32::try_from(v).ok().filter(|v| *v > 0) {
+                Some(v) => c.node_lease_duration_seconds = v,
+                None => p.push(
+                    "nodeLeaseDurationSeconds",
+                    format!("got {v}; must be a positive number of seconds, e.g. 40"),
+                ),
+            }
         }
         c.register_node = raw.register_node.unwrap_or(true);
         c.register_schedulable = raw.register_schedulable.unwrap_or(true);
@@ -408,24 +580,30 @@ impl AgentConfig {
                     t.effect.as_str(),
                     "NoSchedule" | "PreferNoSchedule" | "NoExecute"
                 ) {
-                    return Err(invalid(
+                    p.push(
                         format!("registerWithTaints[{i}].effect"),
                         format!(
                             "got {:?}; use NoSchedule, PreferNoSchedule or NoExecute",
                             t.effect
                         ),
-                    ));
+                    );
                 }
                 if t.key.is_empty() {
-                    return Err(invalid(
-                        format!("registerWithTaints[{i}].key"),
-                        "must not be empty",
-                    ));
+                    p.push(format!("registerWithTaints[{i}].key"), "must not be empty");
                 }
             }
             c.register_with_taints = taints;
         }
         if let Some(labels) = raw.node_labels {
+            if let Some(value) = labels.get(CONTAINER_RUNTIME_LABEL.0) {
+                p.push(
+                    format!("nodeLabels[{:?}]", CONTAINER_RUNTIME_LABEL.0),
+                    format!(
+                        "got {value:?}; the agent always sets it to {:?} (an edgebeat node runs no containers); remove it",
+                        CONTAINER_RUNTIME_LABEL.1
+                    ),
+                );
+            }
             c.node_labels = labels;
         }
         if let Some(hard) = raw.eviction_hard {
@@ -434,90 +612,102 @@ impl AgentConfig {
             for (signal, value) in hard {
                 let field = format!("evictionHard[{signal:?}]");
                 if !EVICTION_SIGNALS.contains(&signal.as_str()) {
-                    return Err(invalid(
+                    p.push(
                         field,
                         format!("unknown signal; use one of {}", EVICTION_SIGNALS.join(", ")),
-                    ));
+                    );
+                    continue;
                 }
-                let amount =
-                    parse_amount(&value, true).map_err(|e| invalid(&field, e.to_string()))?;
-                c.eviction_hard.insert(signal, amount);
+                match parse_amount(&value, true) {
+                    Ok(amount) => {
+                        c.eviction_hard.insert(signal, amount);
+                    }
+                    Err(e) => p.push(field, e.to_string()),
+                }
             }
         }
         if let Some(v) = raw.eviction_pressure_transition_period {
-            c.eviction_pressure_transition_period =
-                parse_duration(&v).map_err(|m| invalid("evictionPressureTransitionPeriod", m))?;
-            if c.eviction_pressure_transition_period > MAX_DURATION {
-                return Err(invalid(
+            match parse_duration(&v) {
+                Ok(d) if d <= MAX_DURATION => c.eviction_pressure_transition_period = d,
+                Ok(_) => p.push(
                     "evictionPressureTransitionPeriod",
                     format!("{v:?} must be at most 24h"),
-                ));
+                ),
+                Err(m) => p.push("evictionPressureTransitionPeriod", m),
             }
         }
-        c.system_reserved = parse_reserved("systemReserved", raw.system_reserved)?;
-        c.kube_reserved = parse_reserved("kubeReserved", raw.kube_reserved)?;
+        c.system_reserved = parse_reserved(&mut p, "systemReserved", raw.system_reserved);
+        c.kube_reserved = parse_reserved(&mut p, "kubeReserved", raw.kube_reserved);
         if let Some(v) = raw.max_pods {
-            c.max_pods = u32::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| {
-                invalid("maxPods", format!("got {v}; must be positive, e.g. 110"))
-            })?;
+            match u32::try_from(v) {
+                Ok(v) => c.max_pods = v,
+                Err(_) => p.push(
+                    "maxPods",
+                    format!("got {v}; must be 0 (no pods: the default) or positive"),
+                ),
+            }
         }
         if let Some(v) = raw.pods_per_core {
-            c.pods_per_core = u32::try_from(v).map_err(|_| {
-                invalid(
+            match u32::try_from(v) {
+                Ok(v) => c.pods_per_core = v,
+                Err(_) => p.push(
                     "podsPerCore",
                     format!("got {v}; must be 0 (off) or positive"),
-                )
-            })?;
+                ),
+            }
         }
         if let Some(ip) = raw.node_ip {
-            let parsed: IpAddr = ip
-                .parse()
-                .map_err(|_| invalid("nodeIP", format!("{ip:?} is not an IP address")))?;
-            if parsed.is_loopback()
-                || parsed.is_multicast()
-                || parsed.is_unspecified()
-                || is_link_local(&parsed)
-            {
-                return Err(invalid(
-                    "nodeIP",
-                    format!(
-                        "{ip} is loopback, link-local, multicast or unspecified; use the node's own address (kubelet validateNodeIP)"
-                    ),
-                ));
+            match ip.parse::<IpAddr>() {
+                Err(_) => p.push("nodeIP", format!("{ip:?} is not an IP address")),
+                Ok(parsed)
+                    if parsed.is_loopback()
+                        || parsed.is_multicast()
+                        || parsed.is_unspecified()
+                        || is_link_local(&parsed) =>
+                {
+                    p.push(
+                        "nodeIP",
+                        format!(
+                            "{ip} is loopback, link-local, multicast or unspecified; use the node's own address (kubelet validateNodeIP)"
+                        ),
+                    );
+                }
+                Ok(parsed) => c.node_ip = Some(parsed),
             }
-            c.node_ip = Some(parsed);
         }
-        if let Some(p) = raw.host_root {
-            c.host_root = p;
+        if let Some(path) = raw.host_root {
+            c.host_root = path;
         }
-        if let Some(p) = raw.root_dir {
-            if !p.is_absolute() {
-                return Err(invalid(
+        if let Some(path) = raw.root_dir {
+            if path.is_absolute() {
+                c.root_dir = path;
+            } else {
+                p.push(
                     "rootDir",
                     "must be an absolute path on the host, e.g. /var/lib/kubelet",
-                ));
+                );
             }
-            c.root_dir = p;
         }
-        if let Some(p) = raw.image_fs_dir {
-            if !p.is_absolute() {
-                return Err(invalid(
-                    "imageFsDir",
-                    "must be an absolute path on the host",
-                ));
+        if let Some(path) = raw.image_fs_dir {
+            if path.is_absolute() {
+                c.image_fs_dir = Some(path);
+            } else {
+                p.push("imageFsDir", "must be an absolute path on the host");
             }
-            c.image_fs_dir = Some(p);
         }
-        if let Some(t) = raw.transport {
-            let (transport, tls) = validate_transport(t)?;
+        if let Some(t) = raw.transport
+            && let Some((transport, tls)) = validate_transport(&mut p, t)
+        {
             c.transport = Some(transport);
             c.transport_tls = tls;
         }
         if let Some(a) = raw.healthz_bind_address {
-            c.healthz_bind_address =
-                Some(parse_bind_address(&a).map_err(|m| invalid("healthzBindAddress", m))?);
+            match parse_bind_address(&a) {
+                Ok(addr) => c.healthz_bind_address = Some(addr),
+                Err(m) => p.push("healthzBindAddress", m),
+            }
         }
-        Ok(c)
+        p.into_result(c)
     }
 
     /// Lease renew interval: `nodeLeaseDurationSeconds` × 0.25 (kubelet
@@ -527,25 +717,39 @@ impl AgentConfig {
     }
 }
 
+/// `transport`: every invalid field goes to `p`; `None` when any did.
 fn validate_transport(
+    p: &mut Problems,
     t: RawTransport,
-) -> Result<(TransportConfig, Option<TransportTls>), ConfigError> {
+) -> Option<(TransportConfig, Option<TransportTls>)> {
+    let before = p.len();
     let keepalive = match &t.keepalive {
-        Some(v) => parse_positive_duration("transport.keepalive", v)?,
-        None => Duration::from_secs(30),
+        Some(v) => p.take(parse_positive_duration("transport.keepalive", v)),
+        None => Some(Duration::from_secs(30)),
     };
-    let endpoint = |example: &str| {
-        t.endpoint.clone().ok_or_else(|| {
-            invalid(
-                "transport.endpoint",
-                format!(
-                    "required for kind: {}, e.g. {example}",
-                    t.kind.as_deref().unwrap_or("")
-                ),
-            )
-        })
+    let kind = t.kind.as_deref().unwrap_or("");
+    let example = match kind {
+        "mqtt" => "mqtt://broker.example:1883",
+        _ => "http://gateway.example:7443",
     };
-    match t.kind.as_deref() {
+    let endpoint = t.endpoint.clone();
+    if endpoint.is_none() && matches!(kind, "grpc" | "mqtt") {
+        p.push(
+            "transport.endpoint",
+            format!("required for kind: {kind}, e.g. {example}"),
+        );
+    }
+    let tls = |p: &mut Problems, endpoint: &str, scheme: &str| {
+        validate_tls(
+            p,
+            endpoint,
+            scheme,
+            t.ca_file.clone(),
+            t.cert_file.clone(),
+            t.key_file.clone(),
+        )
+    };
+    let transport = match t.kind.as_deref() {
         Some("grpc") => {
             for (field, set) in [
                 ("transport.clientID", t.client_id.is_some()),
@@ -554,137 +758,171 @@ fn validate_transport(
                 ("transport.topicPrefix", t.topic_prefix.is_some()),
             ] {
                 if set {
-                    return Err(invalid(
+                    p.push(
                         field,
                         "only valid with kind: mqtt; remove it or set kind: mqtt",
-                    ));
+                    );
                 }
             }
-            let endpoint = endpoint("http://gateway.example:7443")?;
+            let endpoint = endpoint?;
             if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-                return Err(invalid(
+                p.push(
                     "transport.endpoint",
                     format!("{endpoint:?} must start with http:// or https:// for kind: grpc"),
-                ));
+                );
+                return None;
             }
-            let tls = validate_tls(&endpoint, "https://", t.ca_file, t.cert_file, t.key_file)?;
-            Ok((
+            let tls = tls(p, &endpoint, "https://");
+            (
                 TransportConfig::Grpc {
                     endpoint,
-                    keepalive,
+                    keepalive: keepalive?,
                 },
                 tls,
-            ))
+            )
         }
         Some("mqtt") => {
-            let url = endpoint("mqtt://broker.example:1883")?;
-            let edgebeat_transports::endpoint::MqttEndpoint { host, port, .. } =
-                url.parse().map_err(|m| invalid("transport.endpoint", m))?;
-            let tls = validate_tls(&url, "mqtts://", t.ca_file, t.cert_file, t.key_file)?;
-            #[cfg(feature = "mqtt-tls")]
-            if let Some(client) = tls.as_ref().and_then(|t| t.client.as_ref()) {
-                edgebeat_transports::signing::MessageSigner::from_pem(
-                    &client.cert_pem,
-                    &client.key_pem,
-                )
-                .map_err(|e| {
-                    invalid(
-                        "transport.keyFile",
-                        format!("cannot sign MQTT messages with it: {e}"),
-                    )
-                })?;
+            if keepalive.is_some_and(|k| k < Duration::from_secs(5)) {
+                p.push("transport.keepalive", "must be at least 5s for MQTT");
             }
-            #[cfg(not(feature = "mqtt-tls"))]
-            if tls.is_some() {
-                return Err(invalid(
-                    "transport.endpoint",
-                    "this build has no MQTT TLS support (feature mqtt-tls); use mqtt:// or an agent built with TLS",
-                ));
-            }
-            if keepalive < Duration::from_secs(5) {
-                return Err(invalid(
-                    "transport.keepalive",
-                    "must be at least 5s for MQTT",
-                ));
-            }
-            let credentials = match (t.username, t.password_file) {
-                (None, None) => None,
-                (Some(user), Some(file)) => {
-                    let password = edgebeat_hw::read_bounded(&file, MAX_PASSWORD_FILE_BYTES)
-                        .map_err(|e| invalid("transport.passwordFile", e.to_string()))?;
-                    let password = String::from_utf8(password).map_err(|e| {
-                        invalid(
-                            "transport.passwordFile",
-                            format!(
-                                "{}: not UTF-8 text ({e}); the password must be UTF-8",
-                                file.display()
-                            ),
-                        )
-                    })?;
-                    Some((user, password.trim_end_matches(['\r', '\n']).to_owned()))
-                }
-                (Some(_), None) => {
-                    return Err(invalid(
-                        "transport.passwordFile",
-                        "required when transport.username is set",
-                    ));
-                }
-                (None, Some(_)) => {
-                    return Err(invalid(
-                        "transport.username",
-                        "required when transport.passwordFile is set",
-                    ));
-                }
-            };
+            let credentials = mqtt_credentials(p, t.username, t.password_file);
             let topic_prefix = t.topic_prefix.unwrap_or_else(|| "edgebeat/v1".to_owned());
             if topic_prefix.is_empty()
                 || topic_prefix.contains(['+', '#'])
                 || topic_prefix.starts_with('$')
                 || topic_prefix.ends_with('/')
             {
-                return Err(invalid(
+                p.push(
                     "transport.topicPrefix",
                     format!(
                         "{topic_prefix:?} must be a plain topic path without wildcards, leading $ or trailing /, e.g. edgebeat/v1"
                     ),
-                ));
+                );
             }
             if let Some(id) = &t.client_id
                 && (id.is_empty() || id.len() > 256)
             {
-                return Err(invalid("transport.clientID", "must be 1 to 256 characters"));
+                p.push("transport.clientID", "must be 1 to 256 characters");
             }
-            Ok((
+            let url = endpoint?;
+            let parsed: Result<edgebeat_transports::endpoint::MqttEndpoint, _> = url.parse();
+            let edgebeat_transports::endpoint::MqttEndpoint { host, port, .. } = match parsed {
+                Ok(e) => e,
+                Err(m) => {
+                    p.push("transport.endpoint", m);
+                    return None;
+                }
+            };
+            let tls = tls(p, &url, "mqtts://");
+            #[cfg(feature = "mqtt-tls")]
+            if let Some(client) = tls.as_ref().and_then(|t| t.client.as_ref())
+                && let Err(e) = edgebeat_transports::signing::MessageSigner::from_pem(
+                    &client.cert_pem,
+                    &client.key_pem,
+                )
+            {
+                p.push(
+                    "transport.keyFile",
+                    format!("cannot sign MQTT messages with it: {e}"),
+                );
+            }
+            #[cfg(not(feature = "mqtt-tls"))]
+            if url.starts_with("mqtts://") {
+                p.push(
+                    "transport.endpoint",
+                    "this build has no MQTT TLS support (feature mqtt-tls); use mqtt:// or an agent built with TLS",
+                );
+            }
+            (
                 TransportConfig::Mqtt(MqttTransport {
                     host,
                     port,
                     client_id: t.client_id,
-                    credentials,
+                    credentials: credentials?,
                     topic_prefix,
-                    keepalive,
+                    keepalive: keepalive?,
                 }),
                 tls,
-            ))
+            )
         }
-        Some(other) => Err(invalid(
-            "transport.kind",
-            format!("{other:?} is not a transport; use grpc or mqtt"),
-        )),
-        None => Err(invalid("transport.kind", "required; use grpc or mqtt")),
+        Some(other) => {
+            p.push(
+                "transport.kind",
+                format!("{other:?} is not a transport; use grpc or mqtt"),
+            );
+            return None;
+        }
+        None => {
+            p.push("transport.kind", "required; use grpc or mqtt");
+            return None;
+        }
+    };
+    (p.len() == before).then_some(transport)
+}
+
+/// `transport.username` and `transport.passwordFile` (read now): both or neither.
+/// `Some(None)`: neither; `None`: an error went to `p`.
+fn mqtt_credentials(
+    p: &mut Problems,
+    username: Option<String>,
+    password_file: Option<PathBuf>,
+) -> Option<Option<(String, String)>> {
+    match (username, password_file) {
+        (None, None) => Some(None),
+        (Some(user), Some(file)) => {
+            let password = match edgebeat_hw::read_bounded(&file, MAX_PASSWORD_FILE_BYTES) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    p.push("transport.passwordFile", e.to_string());
+                    return None;
+                }
+            };
+            match String::from_utf8(password) {
+                Ok(password) => Some(Some((
+                    user,
+                    password.trim_end_matches(['\r', '\n']).to_owned(),
+                ))),
+                Err(e) => {
+                    p.push(
+                        "transport.passwordFile",
+                        format!(
+                            "{}: not UTF-8 text ({e}); the password must be UTF-8",
+                            file.display()
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+        (Some(_), None) => {
+            p.push(
+                "transport.passwordFile",
+                "required when transport.username is set",
+            );
+            None
+        }
+        (None, Some(_)) => {
+            p.push(
+                "transport.username",
+                "required when transport.passwordFile is set",
+            );
+            None
+        }
     }
 }
 
 /// `transport.caFile`/`certFile`/`keyFile`: with an endpoint on `secure_scheme`
 /// (`https://` for gRPC, `mqtts://` for MQTT) the CA is required and cert and key go
 /// together; on a plain endpoint none is allowed. Each file is read and parsed now, so a bad
-/// file is reported at load with its field.
+/// file is reported at load with its field. Every problem goes to `p`.
 fn validate_tls(
+    p: &mut Problems,
     endpoint: &str,
     secure_scheme: &str,
     ca_file: Option<PathBuf>,
     cert_file: Option<PathBuf>,
     key_file: Option<PathBuf>,
-) -> Result<Option<TransportTls>, ConfigError> {
+) -> Option<TransportTls> {
     use rustls_pki_types::pem::PemObject as _;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -695,15 +933,15 @@ fn validate_tls(
             ("transport.keyFile", key_file.is_some()),
         ] {
             if set {
-                return Err(invalid(
+                p.push(
                     field,
                     format!(
                         "only valid with a {secure_scheme} endpoint, but transport.endpoint is {endpoint:?}; use {secure_scheme} or remove it"
                     ),
-                ));
+                );
             }
         }
-        return Ok(None);
+        return None;
     }
     let read = |field: &str, path: &PathBuf| {
         edgebeat_hw::read_bounded(path, MAX_PEM_FILE_BYTES)
@@ -725,43 +963,55 @@ fn validate_tls(
         }
         Ok(pem)
     };
-    let ca_file = ca_file.ok_or_else(|| {
-        invalid(
-            "transport.caFile",
-            format!("required for a {secure_scheme} endpoint: the PEM CA certificate that signed the server's certificate"),
-        )
-    })?;
-    let ca_pem = certificates("transport.caFile", &ca_file)?;
-    let client = match (cert_file, key_file) {
-        (None, None) => None,
-        (Some(cert), Some(key)) => {
-            let cert_pem = certificates("transport.certFile", &cert)?;
-            let key_pem = read("transport.keyFile", &key)?;
-            PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
-                invalid(
-                    "transport.keyFile",
-                    format!(
-                        "{}: no usable PEM private key (PKCS#8, RSA or EC): {e}",
-                        key.display()
-                    ),
-                )
-            })?;
-            Some(ClientCertificate { cert_pem, key_pem })
-        }
-        (Some(_), None) => {
-            return Err(invalid(
-                "transport.keyFile",
-                "required when transport.certFile is set (the client certificate's private key)",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(invalid(
-                "transport.certFile",
-                "required when transport.keyFile is set (the client certificate)",
-            ));
+    let ca_pem = match ca_file {
+        Some(file) => p.take(certificates("transport.caFile", &file)),
+        None => {
+            p.push(
+                "transport.caFile",
+                format!("required for a {secure_scheme} endpoint: the PEM CA certificate that signed the server's certificate"),
+            );
+            None
         }
     };
-    Ok(Some(TransportTls { ca_pem, client }))
+    let client = match (cert_file, key_file) {
+        (None, None) => Some(None),
+        (Some(cert), Some(key)) => {
+            let cert_pem = p.take(certificates("transport.certFile", &cert));
+            let key_pem = p.take(read("transport.keyFile", &key).and_then(|pem| {
+                PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+                    invalid(
+                        "transport.keyFile",
+                        format!(
+                            "{}: no usable PEM private key (PKCS#8, RSA or EC): {e}",
+                            key.display()
+                        ),
+                    )
+                })?;
+                Ok(pem)
+            }));
+            cert_pem
+                .zip(key_pem)
+                .map(|(cert_pem, key_pem)| Some(ClientCertificate { cert_pem, key_pem }))
+        }
+        (Some(_), None) => {
+            p.push(
+                "transport.keyFile",
+                "required when transport.certFile is set (the client certificate's private key)",
+            );
+            None
+        }
+        (None, Some(_)) => {
+            p.push(
+                "transport.certFile",
+                "required when transport.keyFile is set (the client certificate)",
+            );
+            None
+        }
+    };
+    Some(TransportTls {
+        ca_pem: ca_pem?,
+        client: client?,
+    })
 }
 
 /// Parses the observe server's address (`healthzBindAddress`, `--healthz-bind-address`): an
@@ -783,33 +1033,33 @@ pub fn parse_bind_address(text: &str) -> Result<SocketAddr, String> {
     Ok(addr)
 }
 
+/// `systemReserved` / `kubeReserved`: resource → amount (cpu in millicores, the others in
+/// bytes or a count); every invalid entry goes to `p` and is left out.
 fn parse_reserved(
+    p: &mut Problems,
     field: &str,
     map: Option<BTreeMap<String, String>>,
-) -> Result<BTreeMap<String, u64>, ConfigError> {
+) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for (resource, value) in map.unwrap_or_default() {
         let f = format!("{field}[{resource:?}]");
         let v = match resource.as_str() {
-            "cpu" => parse_millicores(&value).map_err(|e| invalid(&f, e.to_string()))?,
-            "memory" | "ephemeral-storage" | "pid" => {
-                match parse_amount(&value, false).map_err(|e| invalid(&f, e.to_string()))? {
-                    Amount::Absolute(v) => v,
-                    Amount::Percentage(_) => {
-                        return Err(invalid(&f, "percentages are not allowed here"));
-                    }
-                }
-            }
-            _ => {
-                return Err(invalid(
-                    &f,
-                    "unknown resource; use cpu, memory, ephemeral-storage or pid",
-                ));
-            }
+            "cpu" => parse_millicores(&value).map_err(|e| e.to_string()),
+            "memory" | "ephemeral-storage" | "pid" => match parse_amount(&value, false) {
+                Ok(Amount::Absolute(v)) => Ok(v),
+                Ok(Amount::Percentage(_)) => Err("percentages are not allowed here".to_owned()),
+                Err(e) => Err(e.to_string()),
+            },
+            _ => Err("unknown resource; use cpu, memory, ephemeral-storage or pid".to_owned()),
         };
-        out.insert(resource, v);
+        match v {
+            Ok(v) => {
+                out.insert(resource, v);
+            }
+            Err(m) => p.push(f, m),
+        }
     }
-    Ok(out)
+    out
 }
 
 fn is_link_local(ip: &IpAddr) -> bool {
@@ -983,6 +1233,11 @@ mod tests {
                 "registerWithTaints[0].effect",
             ),
             ("nodeName: Edge_01\n", "nodeName"),
+            ("maxPods: -1\n", "maxPods"),
+            (
+                "nodeLabels: {edgebeat.io/container-runtime: containerd}\n",
+                "nodeLabels[\"edgebeat.io/container-runtime\"]",
+            ),
             ("nodeIP: 127.0.0.1\n", "nodeIP"),
             ("transport: {kind: grpc}\n", "transport.endpoint"),
             ("transport: {kind: carrier-pigeon}\n", "transport.kind"),
@@ -1034,6 +1289,15 @@ mod tests {
                 "{body:?} gave {err:?}"
             );
         }
+    }
+
+    #[test]
+    fn max_pods_defaults_to_zero_and_accepts_zero() {
+        assert_eq!(AgentConfig::from_yaml(MINIMAL).unwrap().max_pods, 0);
+        let c = AgentConfig::from_yaml(&format!("{MINIMAL}maxPods: 0\n")).unwrap();
+        assert_eq!(c.max_pods, 0);
+        let c = AgentConfig::from_yaml(&format!("{MINIMAL}maxPods: 110\n")).unwrap();
+        assert_eq!(c.max_pods, 110);
     }
 
     #[test]
@@ -1339,10 +1603,53 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(
-                err.starts_with(&format!("{field}: ")) && err.contains(words),
+                (err.starts_with(&format!("{field}: ")) || err.contains(&format!("\n- {field}: ")))
+                    && err.contains(words),
                 "{transport}: {err}"
             );
         }
+    }
+
+    /// A file with several mistakes names every one in a single error: type errors and
+    /// unknown fields (top level and inside transport) as well as invalid values.
+    #[test]
+    fn every_invalid_field_is_reported_at_once() {
+        let err = AgentConfig::from_yaml(
+            "apiVersion: v1\nkind: AgentConfiguration\nmaxPods: many\nnodeStatusUpdateFrequncy: 10s\nnodeLeaseDurationSeconds: -5\nnodeIP: 127.0.0.1\ntransport: {kind: mqtt, endpoint: \"mqtt://b:1883\", keepalive: 1s, usernam: u, topicPrefix: \"a/#\"}\n",
+        )
+        .unwrap_err();
+        let ConfigError::Invalid(fields) = &err else {
+            panic!("{err}");
+        };
+        let mut names: Vec<_> = fields.iter().map(|f| f.field.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "apiVersion",
+                "maxPods",
+                "nodeIP",
+                "nodeLeaseDurationSeconds",
+                "nodeStatusUpdateFrequncy",
+                "transport.keepalive",
+                "transport.topicPrefix",
+                "transport.usernam",
+            ]
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with("8 invalid fields in the agent configuration:\n- "),
+            "{text}"
+        );
+        assert!(
+            !text.contains("line 1 column"),
+            "no positions of the one-field documents: {text}"
+        );
+        // One mistake reads as before: `field: message`.
+        let one = AgentConfig::from_yaml(&format!("{MINIMAL}maxPods: many\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(one.starts_with("maxPods: "), "{one}");
     }
 
     #[test]

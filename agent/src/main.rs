@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use edgebeat_agent::{Agent, AgentConfig, run, status, view::NodeStatusView};
+use edgebeat_agent::{Agent, AgentConfig, run, status, view::NodeView};
 use edgebeat_hw::{Clock, SystemClock};
 use tokio_util::sync::CancellationToken;
 
@@ -68,8 +68,11 @@ fn main() -> anyhow::Result<()> {
 
     if args.once {
         let facts = run::read_facts(&config)?;
+        let name = run::node_name(&config, &facts)?;
+        let labels = run::node_labels(&config, &facts, &name);
         let computed = status::compute(&facts, &config, None, clock.boottime());
-        let json = serde_json::to_string_pretty(&NodeStatusView::new(&computed))?;
+        let json =
+            serde_json::to_string_pretty(&NodeView::new(&name, &labels, &config, &computed))?;
         // A closed pipe (`| head`) is the reader's choice, not an error.
         use std::io::Write;
         return match writeln!(std::io::stdout().lock(), "{json}") {

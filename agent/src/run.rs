@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{AgentConfig, TransportConfig, validate_node_name};
+use crate::config::{AgentConfig, CONTAINER_RUNTIME_LABEL, TransportConfig, validate_node_name};
 use crate::header::HeaderFactory;
 use crate::metrics::{AgentMetrics, MessageKind};
 use crate::status::{ComputedStatus, compute, has_changed};
@@ -109,7 +109,8 @@ pub fn node_name(config: &AgentConfig, facts: &HostFacts) -> Result<String, Agen
     Ok(name)
 }
 
-/// kubelet's default node labels (`initialNode`) plus `nodeLabels`, which override.
+/// kubelet's default node labels (`initialNode`) plus `nodeLabels`, which override, plus
+/// [`CONTAINER_RUNTIME_LABEL`], which nothing overrides.
 ///
 /// `kubernetes.io/hostname` is the node name: kubelet labels its hostname, which
 /// `--hostname-override` (edgebeat's `nodeName`) replaces, and without it the node name is
@@ -141,6 +142,10 @@ pub fn node_labels(
         ),
     ]);
     labels.extend(config.node_labels.clone());
+    labels.insert(
+        CONTAINER_RUNTIME_LABEL.0.to_owned(),
+        CONTAINER_RUNTIME_LABEL.1.to_owned(),
+    );
     labels
 }
 

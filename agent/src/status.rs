@@ -523,9 +523,10 @@ mod tests {
                 ("ephemeral-storage", "100Gi"),
                 ("hugepages-2Mi", "128Mi"),
                 ("memory", "8Gi"),
-                ("pods", "110")
+                ("pods", "0")
             ]
         );
+        assert_eq!(s.allocatable["pods"], "0", "no runtime: no pods by default");
         // memory: 8Gi − 100Mi eviction − 128Mi hugepages; storage: 100Gi − int64(100Gi × float32(0.1)).
         assert_eq!(
             s.allocatable["memory"],
@@ -543,6 +544,7 @@ mod tests {
         let config = AgentConfig {
             system_reserved: BTreeMap::from([("cpu".into(), 500), ("memory".into(), GI)]),
             kube_reserved: BTreeMap::from([("cpu".into(), 250)]),
+            max_pods: 110,
             pods_per_core: 10,
             ..AgentConfig::default()
         };

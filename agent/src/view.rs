@@ -1,11 +1,65 @@
-//! The NodeStatus as Kubernetes JSON (`core/v1` field names), for `--once`.
+//! The Node as Kubernetes JSON (`core/v1` field names), for `--once`: what the agent would
+//! register (name, labels, taints) and the NodeStatus it would report.
 //!
 //! Times are absent on purpose: the agent never stamps them, the gateway does with its own
 //! clock. Everything else is what the gateway writes.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
+use crate::config::Taint;
 use crate::status::ComputedStatus;
+
+/// A `core/v1` Node as the agent would register it: `apiVersion`, `kind`, `metadata.name`
+/// and `labels`, `spec.taints` and `spec.unschedulable` (kubelet `initialNode`), and
+/// `status` ([`NodeStatusView`]).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: MetadataView<'a>,
+    spec: SpecView<'a>,
+    status: NodeStatusView<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct MetadataView<'a> {
+    name: &'a str,
+    labels: &'a BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize)]
+struct SpecView<'a> {
+    #[serde(skip_serializing_if = "<[Taint]>::is_empty")]
+    taints: &'a [Taint],
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    unschedulable: bool,
+}
+
+impl<'a> NodeView<'a> {
+    /// Borrows what the agent registers: `name`, `labels` (see
+    /// [`crate::run::node_labels`]), the registration taints and schedulability of `config`,
+    /// and `status`.
+    pub fn new(
+        name: &'a str,
+        labels: &'a BTreeMap<String, String>,
+        config: &'a crate::AgentConfig,
+        status: &'a ComputedStatus,
+    ) -> Self {
+        Self {
+            api_version: "v1",
+            kind: "Node",
+            metadata: MetadataView { name, labels },
+            spec: SpecView {
+                taints: &config.register_with_taints,
+                unschedulable: !config.register_schedulable,
+            },
+            status: NodeStatusView::new(status),
+        }
+    }
+}
 
 /// `core/v1` NodeStatus fields the agent computes, serialized with Kubernetes' names.
 #[derive(Debug, Serialize)]

@@ -26,12 +26,22 @@ fn once_prints_the_jetson_fixture_status() {
     let root = fixture("jetson-cgroup2");
     let (ok, stdout, stderr) = once(&["--once", "--host-root", root.to_str().unwrap()]);
     assert!(ok, "{stderr}");
-    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let node: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(node["kind"], "Node");
+    // No nodeName: the lower-cased hostname, also the hostname label (kubelet's default).
+    assert_eq!(node["metadata"]["name"], "jetson-orin-nx-07");
+    let labels = &node["metadata"]["labels"];
+    assert_eq!(labels["kubernetes.io/hostname"], "jetson-orin-nx-07");
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert_eq!(labels["edgebeat.io/container-runtime"], "none");
+    let v = &node["status"];
     assert_eq!(v["capacity"]["cpu"], "8");
     assert_eq!(v["capacity"]["memory"], "15656828Ki"); // 16032591872 bytes
     assert_eq!(v["capacity"]["hugepages-2Mi"], "256Mi"); // 128 pages
     assert_eq!(v["capacity"]["hugepages-1Gi"], "0");
-    assert_eq!(v["capacity"]["pods"], "110");
+    // No container runtime behind an edgebeat node: no pods unless maxPods says so.
+    assert_eq!(v["capacity"]["pods"], "0");
+    assert_eq!(v["allocatable"]["pods"], "0");
     // 16032591872 − 100Mi − 256Mi of hugepages
     assert_eq!(v["allocatable"]["memory"], "15292284Ki");
     assert_eq!(

@@ -317,7 +317,8 @@ impl Writer {
     }
 
     /// kubelet `updateDefaultLabels`: force the labels kubelet computes (hostname, os, arch
-    /// and their beta forms) to the agent's values, plus [`MANAGED_LABEL`] (the selector of
+    /// and their beta forms, and edgebeat's `edgebeat.io/container-runtime`) to the agent's
+    /// values, plus [`MANAGED_LABEL`] (the selector of
     /// the gateway's watch); patch only when something differs.
     async fn reconcile_labels(
         &self,
@@ -325,12 +326,15 @@ impl Writer {
         existing: &Node,
         register: &pb::Register,
     ) -> Result<(), kube::Error> {
-        const DEFAULT_LABELS: [&str; 5] = [
+        const DEFAULT_LABELS: [&str; 6] = [
             "kubernetes.io/hostname",
             "kubernetes.io/os",
             "kubernetes.io/arch",
             "beta.kubernetes.io/os",
             "beta.kubernetes.io/arch",
+            // edgebeat's own default: no container runtime behind the node (the agent's
+            // `CONTAINER_RUNTIME_LABEL`), also on Nodes registered before it existed.
+            "edgebeat.io/container-runtime",
         ];
         let current = existing.metadata.labels.clone().unwrap_or_default();
         let wanted: BTreeMap<String, String> = DEFAULT_LABELS

@@ -233,7 +233,7 @@ impl Host {
                 ("cpu".to_owned(), self.cpus.to_string()),
                 ("memory".to_owned(), memory.to_owned()),
                 ("ephemeral-storage".to_owned(), disk.to_owned()),
-                ("pods".to_owned(), "110".to_owned()),
+                ("pods".to_owned(), "0".to_owned()),
                 ("hugepages-2Mi".to_owned(), "0".to_owned()),
             ]
             .into()

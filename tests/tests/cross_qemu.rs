@@ -69,7 +69,8 @@ fn once_matches_native(cross: &Cross) {
             "{tree}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let mut emulated: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let node: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut emulated = node["status"].clone();
         let config = edgebeat_agent::AgentConfig {
             host_root: root.clone(),
             ..Default::default()

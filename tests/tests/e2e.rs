@@ -63,6 +63,10 @@ async fn registers_with_labels_facts_and_conditions(transport: Transport) {
         edgebeat_hw::host_go_arch()
     );
     assert_eq!(labels["site"], "plant-3");
+    assert_eq!(
+        labels["edgebeat.io/container-runtime"], "none",
+        "always set: workloads keep away with node affinity"
+    );
     let taints = node.spec.as_ref().unwrap().taints.clone().unwrap();
     assert_eq!(taints.len(), 1);
     assert_eq!(taints[0].key, "example.com/edge");
@@ -77,8 +81,9 @@ async fn registers_with_labels_facts_and_conditions(transport: Transport) {
     let capacity = status.capacity.as_ref().unwrap();
     assert_eq!(capacity["cpu"].0, "4");
     assert_eq!(capacity["memory"].0, "3885540Ki"); // 3978792960 bytes
-    assert_eq!(capacity["pods"].0, "110");
+    assert_eq!(capacity["pods"].0, "0", "no runtime, no pods (maxPods 0)");
     let allocatable = status.allocatable.as_ref().unwrap();
+    assert_eq!(allocatable["pods"].0, "0");
     assert_eq!(
         allocatable["memory"].0, "3783140Ki",
         "capacity − 100Mi hard eviction"
