@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use edgebeat_proto as pb;
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
     Event, EventSource, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo,
@@ -45,41 +45,26 @@ pub fn whole_seconds(t: Timestamp) -> Timestamp {
     Timestamp::from_second(t.as_second()).unwrap_or(t)
 }
 
-/// Maps the agent's conditions onto the gateway clock (`now`).
-///
-/// A condition whose status equals what `known` says the apiserver holds keeps its
-/// `lastTransitionTime` (kubelet keeps it when the status is unchanged). Otherwise the
-/// transition is placed `seconds_since_transition` before `now` — clamped to the agent's
-/// uptime (`seq` is its boot clock in µs) and never before the known transition it
-/// replaces (say, the controller's Unknown during an outage). Order is the agent's (Ready
-/// last).
+/// The agent's conditions as written at `now` (gateway clock), as kubelet's setters write
+/// them (`pkg/kubelet/nodestatus/setters.go`: `ReadyCondition`,
+/// `MemoryPressureCondition`, …): a condition whose status equals what `known` says the
+/// apiserver holds keeps its `lastTransitionTime`; any other — new, or changed, including
+/// from the node lifecycle controller's `Unknown` — gets `now`. Heartbeat time is `now`;
+/// the agent's `seconds_since_transition` is not used (kubelet stamps a transition when it
+/// writes it). Order is the agent's (Ready last).
 pub fn conditions(
     status: &pb::NodeStatus,
-    seq: u64,
     now: Timestamp,
     known: &BTreeMap<String, KnownCondition>,
 ) -> Vec<NodeCondition> {
     let now = whole_seconds(now);
-    let uptime_s = seq / 1_000_000;
     status
         .conditions
         .iter()
         .map(|c| {
             let transition = match known.get(&c.r#type) {
                 Some(k) if k.status == c.status => k.last_transition,
-                k => {
-                    let ago =
-                        i64::try_from(c.seconds_since_transition.min(uptime_s)).unwrap_or(i64::MAX);
-                    let mapped = now
-                        .checked_sub(SignedDuration::from_secs(ago))
-                        .unwrap_or(now);
-                    match k {
-                        Some(k) if k.last_transition > mapped && k.last_transition <= now => {
-                            k.last_transition
-                        }
-                        _ => mapped,
-                    }
-                }
+                _ => now,
             };
             NodeCondition {
                 type_: c.r#type.clone(),
@@ -255,8 +240,10 @@ pub fn owner_reference(name: &str, node_uid: &str) -> OwnerReference {
     }
 }
 
-/// `base` renewed: fresh `renewTime`, duration re-applied, holder set, ownerReference added
-/// when missing and the Node's UID is known (kubelet `retryUpdateLease` + `SetNodeOwnerFunc`),
+/// `base` renewed: fresh `renewTime`, duration re-applied, ownerReference added when
+/// missing and the Node's UID is known (kubelet `retryUpdateLease` + `SetNodeOwnerFunc`),
+/// `holderIdentity` left as it is (kubelet's `newLease` sets it only when it creates the
+/// Lease, `k8s.io/component-helpers/apimachinery/lease/controller.go`),
 /// [`MANAGED_LABEL`] added when missing (a Lease created before the gateway labelled them).
 /// Keeps `metadata.resourceVersion`, so the PUT is conditional.
 pub fn renewed_lease(
@@ -270,7 +257,6 @@ pub fn renewed_lease(
     let spec = lease.spec.get_or_insert_with(Default::default);
     spec.renew_time = Some(MicroTime(renew));
     spec.lease_duration_seconds = Some(duration_seconds);
-    spec.holder_identity = Some(name.to_owned());
     lease
         .metadata
         .labels
@@ -363,69 +349,34 @@ mod tests {
     }
 
     #[test]
-    fn transitions_map_onto_the_gateway_clock_and_are_kept_when_unchanged() {
+    fn transitions_are_kept_when_unchanged_and_now_otherwise() {
         let now: Timestamp = "2026-11-21T10:00:00.750Z".parse().unwrap();
+        let second: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
         let earlier: Timestamp = "2026-11-20T08:00:00Z".parse().unwrap();
+        let unknown_at: Timestamp = "2026-11-21T09:59:50Z".parse().unwrap();
+        let held = |status: &str, at| KnownCondition {
+            status: status.into(),
+            last_transition: at,
+        };
         let known = BTreeMap::from([
-            (
-                "Ready".to_owned(),
-                KnownCondition {
-                    status: "True".into(),
-                    last_transition: earlier,
-                },
-            ),
-            (
-                "MemoryPressure".to_owned(),
-                KnownCondition {
-                    status: "True".into(),
-                    last_transition: earlier,
-                },
-            ),
+            ("Ready".to_owned(), held("True", earlier)),
+            ("MemoryPressure".to_owned(), held("True", earlier)),
+            // The node lifecycle controller's Unknown, during an outage.
+            ("DiskPressure".to_owned(), held("Unknown", unknown_at)),
         ]);
-        let c = conditions(&report(), 3600 * 1_000_000, now, &known);
+        let c = conditions(&report(), now, &known);
         assert_eq!(c.len(), 4);
         assert_eq!(c[3].type_, "Ready", "Ready last");
+        let transition = |i: usize| c[i].last_transition_time.as_ref().unwrap().0;
+        assert_eq!(transition(3), earlier, "unchanged status keeps the time");
+        assert_eq!(transition(0), second, "changed status: now");
         assert_eq!(
-            c[3].last_transition_time.as_ref().unwrap().0,
-            earlier,
-            "unchanged status keeps the time"
+            transition(1),
+            second,
+            "after the controller's Unknown: now, as kubelet (not the Unknown's time)"
         );
-        let moved: Timestamp = "2026-11-21T09:59:30Z".parse().unwrap();
-        assert_eq!(
-            c[0].last_transition_time.as_ref().unwrap().0,
-            moved,
-            "changed status maps the age"
-        );
-        assert_eq!(
-            c[1].last_heartbeat_time.as_ref().unwrap().0,
-            "2026-11-21T10:00:00Z".parse::<Timestamp>().unwrap()
-        );
-    }
-
-    #[test]
-    fn transitions_are_clamped_to_uptime_and_never_before_the_known_one() {
-        let now: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
-        let mut r = report();
-        r.conditions[3].seconds_since_transition = 10_000_000_000; // centuries: agent input
-        let c = conditions(&r, 120 * 1_000_000, now, &BTreeMap::new());
-        let t = c[3].last_transition_time.as_ref().unwrap().0;
-        assert_eq!(
-            t,
-            "2026-11-21T09:58:00Z".parse::<Timestamp>().unwrap(),
-            "clamped to 120 s of uptime"
-        );
-        // The controller set Ready Unknown 10 s ago; the agent's Ready=True dates from 30 s
-        // ago (before the outage was noticed): the new transition is not earlier than that.
-        let unknown_at: Timestamp = "2026-11-21T09:59:50Z".parse().unwrap();
-        let known = BTreeMap::from([(
-            "Ready".to_owned(),
-            KnownCondition {
-                status: "Unknown".into(),
-                last_transition: unknown_at,
-            },
-        )]);
-        let c = conditions(&report(), 3600 * 1_000_000, now, &known);
-        assert_eq!(c[3].last_transition_time.as_ref().unwrap().0, unknown_at);
+        assert_eq!(transition(2), second, "new condition: now");
+        assert_eq!(c[1].last_heartbeat_time.as_ref().unwrap().0, second);
     }
 
     #[test]
@@ -443,10 +394,7 @@ mod tests {
     #[test]
     fn status_patch_has_kubelets_directives() {
         let now: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
-        let s = node_status(
-            &report(),
-            conditions(&report(), 3600 * 1_000_000, now, &BTreeMap::new()),
-        );
+        let s = node_status(&report(), conditions(&report(), now, &BTreeMap::new()));
         let patch = status_patch(&s, None).unwrap();
         let status = &patch["status"];
         assert_eq!(
@@ -463,6 +411,18 @@ mod tests {
         );
         assert!(patch.get("metadata").is_none());
         assert!(status.get("daemonEndpoints").is_none());
+    }
+
+    #[test]
+    fn a_renewal_keeps_the_holder_identity_it_finds() {
+        let t: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
+        let mut base = new_lease("edge-01", "uid-1", 40, t);
+        base.spec.as_mut().unwrap().holder_identity = Some("someone-else".to_owned());
+        let renewed = renewed_lease(base, "edge-01", Some("uid-1"), 40, t);
+        assert_eq!(
+            renewed.spec.unwrap().holder_identity.as_deref(),
+            Some("someone-else")
+        );
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub struct LeaseRecord {
     /// `spec.renewTime` (microseconds).
     pub renew_time: Option<Timestamp>,
     /// The Lease holds nothing but what kubelet's `newLease` sets (name, namespace,
-    /// ownerReference, holderIdentity, leaseDurationSeconds, renewTime) and
+    /// ownerReference, holderIdentity = the node name, leaseDurationSeconds, renewTime) and
     /// [`MANAGED_LABEL`], so a PUT can be rebuilt from this record without dropping a
     /// field. When false the renewal reads the whole Lease first.
     pub plain: bool,
@@ -135,7 +135,8 @@ impl LeaseRecord {
                     && r.controller.is_none() && r.block_owner_deletion.is_none())
             })
             && spec.is_some_and(|s| {
-                s.acquire_time.is_none()
+                s.holder_identity.as_deref() == Some(name)
+                    && s.acquire_time.is_none()
                     && s.lease_transitions.is_none()
                     && s.preferred_holder.is_none()
                     && s.strategy.is_none()
@@ -499,6 +500,12 @@ mod tests {
             ..Default::default()
         });
         assert!(!LeaseRecord::of(&transitions).unwrap().plain);
+        let mut held_by_another = l.clone();
+        held_by_another.spec.as_mut().unwrap().holder_identity = Some("operator".to_owned());
+        assert!(
+            !LeaseRecord::of(&held_by_another).unwrap().plain,
+            "a rebuilt Lease would rewrite the holder"
+        );
         let mut orphan = l;
         orphan.metadata.owner_references = None;
         assert!(!LeaseRecord::of(&orphan).unwrap().plain);

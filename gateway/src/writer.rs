@@ -251,7 +251,12 @@ impl Writer {
             ..ack(seq, code, "")
         };
         let known = self.known(w, name);
-        if w.registered && known.as_ref().and_then(|k| k.boot_id.as_deref()) == Some(new_boot) {
+        // A new connection of a process this replica registered: nothing to write. A new
+        // process (even of the same boot) registers in full, with kubelet's start events.
+        if register.registration_completed
+            && w.registered
+            && known.as_ref().and_then(|k| k.boot_id.as_deref()) == Some(new_boot)
+        {
             return registered(AckCode::Ok);
         }
         let now = self.now();
@@ -273,7 +278,7 @@ impl Writer {
             }
         } else {
             let before = known.map(|k| k.conditions).unwrap_or_default();
-            let conditions = patch::conditions(status, seq, now, &before);
+            let conditions = patch::conditions(status, now, &before);
             let node = patch::initial_node(name, register, patch::node_status(status, conditions));
             match self.api.create_node(&node).await {
                 Ok(created) => {
@@ -281,6 +286,7 @@ impl Writer {
                     w.registered = true;
                     self.counters.registrations.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(node = name, "registered node");
+                    self.start_events(name, status, now).await;
                     return registered(AckCode::Ok);
                 }
                 Err(e) if api_code(&e) == Some(409) => match self.api.get_node(name).await {
@@ -295,6 +301,11 @@ impl Writer {
         self.view.observe_node(&existing);
         if let Err(e) = self.reconcile_labels(name, &existing, register).await {
             return ack(seq, AckCode::Retry, format!("reconciling node labels: {e}"));
+        }
+        if !register.registration_completed
+            && let Err(e) = self.reconcile_hugepages(name, &existing, status).await
+        {
+            return ack(seq, AckCode::Retry, format!("reconciling hugepages: {e}"));
         }
         let held = NodeRecord::of(&existing);
         if held.boot_id.as_deref().is_some_and(|b| b != new_boot) {
@@ -313,7 +324,61 @@ impl Writer {
         }
         w.registered = true;
         self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+        if !register.registration_completed {
+            self.start_events(name, status, now).await;
+        }
         registered(AckCode::Ok)
+    }
+
+    /// kubelet's condition events of a start: at registration its setters run on a fresh
+    /// `initialNode`, where every pressure condition is new (`Unknown`, then its status), so
+    /// each records its event — `NodeHasSufficientMemory`, `NodeHasNoDiskPressure`,
+    /// `NodeHasSufficientPID` or the insufficient forms — while a new Ready records none
+    /// (`pkg/kubelet/nodestatus/setters.go`; `initialNode` in
+    /// `pkg/kubelet/kubelet_node_status.go`). Recorded once per agent process (not for a
+    /// `Register` with `registration_completed`).
+    async fn start_events(&self, name: &str, status: &pb::NodeStatus, now: Timestamp) {
+        for c in status.conditions.iter().filter(|c| c.r#type != "Ready") {
+            if let Some(reason) = transition_reason(&c.r#type, &c.status) {
+                self.condition_event(name, reason, now).await;
+            }
+        }
+    }
+
+    /// kubelet `reconcileHugePageResource` (`pkg/kubelet/kubelet_node_status.go`), run when
+    /// a starting kubelet finds its Node already there: a `hugepages-<size>` in the Node's
+    /// capacity that the host no longer has (the agent does not report it) is removed from
+    /// capacity and allocatable, with a strategic-merge `null`. Only then: status reports,
+    /// like kubelet's, never remove a key.
+    ///
+    /// Errors: the PATCH's.
+    async fn reconcile_hugepages(
+        &self,
+        name: &str,
+        existing: &Node,
+        status: &pb::NodeStatus,
+    ) -> Result<(), kube::Error> {
+        let held = existing.status.as_ref();
+        let gone: Vec<&String> = held
+            .and_then(|s| s.capacity.as_ref())
+            .into_iter()
+            .flat_map(|c| c.keys())
+            .filter(|k| k.starts_with("hugepages-") && !status.capacity.contains_key(*k))
+            .collect();
+        if gone.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(node = name, resources = ?gone, "removing huge page resources no longer supported");
+        let removed: serde_json::Map<String, serde_json::Value> = gone
+            .iter()
+            .map(|k| ((*k).clone(), serde_json::Value::Null))
+            .collect();
+        let body = serde_json::json!({
+            "status": { "capacity": removed, "allocatable": removed }
+        });
+        let node = self.api.patch_node_status(name, body).await?;
+        self.view.observe_node(&node);
+        Ok(())
     }
 
     /// kubelet `updateDefaultLabels`: force the labels kubelet computes (hostname, os, arch
@@ -360,8 +425,8 @@ impl Writer {
     /// Records kubelet's condition events (`NodeReady`, `NodeHasSufficientMemory`, …) for
     /// every condition whose status in `written` differs from `before` (what the apiserver
     /// held before the write), and with [`Reboot::Record`] kubelet's `Rebooted` event when
-    /// the boot ID did. A condition seen for the first time records nothing, as kubelet's
-    /// setters do when they append one. Then takes `written` into the view.
+    /// the boot ID did. A condition new to the Node records its event too, except Ready, as
+    /// kubelet's setters do when they append one. Then takes `written` into the view.
     async fn remember(
         &self,
         before: &NodeRecord,
@@ -375,20 +440,13 @@ impl Writer {
             .iter()
             .flat_map(|s| s.conditions.iter().flatten())
         {
-            let Some(known) = before.conditions.get(&c.type_) else {
-                continue;
+            let changed = match before.conditions.get(&c.type_) {
+                Some(known) => known.status != c.status,
+                // New: a pressure condition records its event, a new Ready none.
+                None => c.type_ != "Ready",
             };
-            if known.status != c.status
-                && let Some(reason) = transition_reason(&c.type_, &c.status)
-            {
-                self.event(
-                    name,
-                    "Normal",
-                    reason,
-                    format!("Node {name} status is now: {reason}"),
-                    now,
-                )
-                .await;
+            if changed && let Some(reason) = transition_reason(&c.type_, &c.status) {
+                self.condition_event(name, reason, now).await;
             }
         }
         let boot = written
@@ -453,7 +511,7 @@ impl Writer {
         now: Timestamp,
         reboot: Reboot,
     ) -> Ack {
-        let conditions = patch::conditions(status, seq, now, &held.conditions);
+        let conditions = patch::conditions(status, now, &held.conditions);
         let body = match patch::status_patch(&patch::node_status(status, conditions), None) {
             Ok(b) => b,
             Err(e) => {
@@ -753,6 +811,19 @@ impl Writer {
                 ack(seq, AckCode::Retry, format!("creating lease: {e}"))
             }
         }
+    }
+
+    /// kubelet `recordNodeStatusEvent`: a `Normal` event `reason` with "Node X status is now:
+    /// reason".
+    async fn condition_event(&self, name: &str, reason: &str, now: Timestamp) {
+        self.event(
+            name,
+            "Normal",
+            reason,
+            format!("Node {name} status is now: {reason}"),
+            now,
+        )
+        .await;
     }
 
     async fn event(&self, name: &str, type_: &str, reason: &str, message: String, now: Timestamp) {

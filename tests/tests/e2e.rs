@@ -142,7 +142,28 @@ async fn registers_with_labels_facts_and_conditions(transport: Transport) {
         .filter(|r| r.method == Method::POST && r.path == "/api/v1/nodes")
         .count();
     assert_eq!(posts, 1, "one registration POST");
+    // kubelet's start events: each pressure condition is new at registration; a new Ready
+    // records none.
+    cluster
+        .standin
+        .wait_until(DEADLINE, "the start events", |v| v.events().len() >= 3)
+        .await
+        .unwrap();
     agent.stop().await.unwrap();
+    let reasons: Vec<_> = cluster
+        .standin
+        .events()
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "NodeHasSufficientMemory",
+            "NodeHasNoDiskPressure",
+            "NodeHasSufficientPID"
+        ]
+    );
 }
 
 async fn lease_renews_at_cadence_without_gets(transport: Transport) {
@@ -423,7 +444,9 @@ async fn transitions_keep_last_transition_time_when_unchanged(transport: Transpo
     cluster
         .standin
         .wait_until(DEADLINE, "the transition's event", |v| {
-            v.events().iter().any(|e| e.reason.is_some())
+            v.events()
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("NodeHasInsufficientMemory"))
         })
         .await
         .unwrap();
@@ -435,8 +458,13 @@ async fn transitions_keep_last_transition_time_when_unchanged(transport: Transpo
         .collect();
     assert_eq!(
         reasons,
-        ["NodeHasInsufficientMemory"],
-        "kubelet's event for the transition, none for conditions first appended"
+        [
+            "NodeHasSufficientMemory",
+            "NodeHasNoDiskPressure",
+            "NodeHasSufficientPID",
+            "NodeHasInsufficientMemory"
+        ],
+        "kubelet's start events, then the transition's; none for unchanged conditions"
     );
 }
 
@@ -815,6 +843,50 @@ async fn grpc_reconnect_never_creates_a_deleted_node() {
     assert!(cluster.standin.node("edge-del").is_none());
 }
 
+/// kubelet `reconcileHugePageResource`: a hugepage size the host no longer has is removed
+/// from the Node's capacity and allocatable when the agent starts again; status reports
+/// alone never remove a key.
+async fn a_vanished_hugepage_size_is_removed_when_the_agent_starts(transport: Transport) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let host = fixture_copy("jetson-cgroup2").unwrap();
+    let config = cluster.agent_config("jetson-01", host.path());
+    let agent = cluster.start_agent(config.clone()).unwrap();
+    cluster
+        .wait_for_renewals("jetson-01", 1, DEADLINE)
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let capacity = |node: &k8s_openapi::api::core::v1::Node| {
+        let status = node.status.clone().unwrap();
+        (status.capacity.unwrap(), status.allocatable.unwrap())
+    };
+    let (before, _) = capacity(&cluster.standin.node("jetson-01").unwrap());
+    assert!(before.contains_key("hugepages-1Gi"), "{before:?}");
+    // The board comes back without 1 GiB pages (a kernel without them).
+    std::fs::remove_dir_all(
+        host.path()
+            .join("sys/kernel/mm/hugepages/hugepages-1048576kB"),
+    )
+    .unwrap();
+    let agent = cluster.start_agent(config).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "hugepages-1Gi removed", |v| {
+            v.node("jetson-01").is_some_and(|n| {
+                let (c, a) = capacity(&n);
+                !c.contains_key("hugepages-1Gi") && !a.contains_key("hugepages-1Gi")
+            })
+        })
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let (after, _) = capacity(&cluster.standin.node("jetson-01").unwrap());
+    assert!(
+        after.contains_key("hugepages-2Mi"),
+        "other sizes stay: {after:?}"
+    );
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod grpc {
@@ -847,4 +919,5 @@ scenarios!(
     apiserver_errors_are_retried_with_fresh_renewals,
     node_set_unknown_during_an_outage_is_ready_again_within_seconds,
     a_deleted_node_is_registered_again_only_by_a_restart,
+    a_vanished_hugepage_size_is_removed_when_the_agent_starts,
 );

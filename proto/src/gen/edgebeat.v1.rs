@@ -39,7 +39,8 @@ pub struct NodeCondition {
     #[prost(string, tag = "4")]
     pub message: ::prost::alloc::string::String,
     /// Seconds between the last status transition and Header.seq (both on the agent's
-    /// monotonic boot clock). The gateway maps it onto its own clock as lastTransitionTime.
+    /// monotonic boot clock). Informational: the gateway stamps lastTransitionTime itself when
+    /// it writes a changed status, as kubelet's setters do.
     #[prost(uint64, tag = "5")]
     pub seconds_since_transition: u64,
 }
