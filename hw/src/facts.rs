@@ -74,11 +74,15 @@ pub struct MemoryFacts {
     /// GetMachineMemoryCapacity`).
     pub total_bytes: u64,
     /// Root cgroup working set in bytes, usage − inactive file, floored at 0 (cadvisor
-    /// `container/libcontainer/handler.go: setMemoryStats`). cgroup v1 (also on hybrid hosts):
-    /// `memory/memory.usage_in_bytes` − `total_inactive_file` of `memory/memory.stat`. cgroup
-    /// v2: (`MemTotal` − `MemFree`) × 1024 (runc `libcontainer/cgroups/fs2/memory.go:
-    /// statsFromMeminfo`) − `inactive_file` of `memory.stat`. `None` if those files are
-    /// unreadable or lack the key.
+    /// `container/libcontainer/handler.go: setMemoryStats`), as kubelet v1.33 computes it
+    /// (runc 1.2 through cadvisor). cgroup v1 (also on hybrid hosts):
+    /// `memory/memory.usage_in_bytes` − `total_inactive_file` of `memory/memory.stat`.
+    /// cgroup v2, whose root has no `memory.current`: `anon` + `file` − `inactive_file`, all
+    /// of the root `memory.stat` (runc `libcontainer/cgroups/fs2/memory.go:
+    /// rootStatsFromMeminfo`, since runc 1.1.9 and 1.2.0; `opencontainers/cgroups`
+    /// `fs2/memory.go` after it). runc ≤ 1.1.8 used `MemTotal` − `MemFree` instead, which
+    /// counts kernel memory and reports pressure earlier. `None` if those files are
+    /// unreadable or lack a key.
     pub working_set_bytes: Option<u64>,
     /// `memory.available` in bytes: `total_bytes − working_set_bytes`, floored at 0; `None`
     /// when the working set is unknown.

@@ -4,7 +4,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
-use crate::parse::{self, Meminfo};
+use crate::parse;
 use crate::root::host_relative;
 use crate::{
     CgroupMode, FsStats, HostFacts, HostRoot, HugePages, HwError, MemoryFacts, ParseError,
@@ -82,7 +82,7 @@ pub fn read_host_facts(root: &HostRoot, opts: &ReadOptions) -> Result<HostFacts,
     let meminfo = host.parse(MEMINFO, parse::parse_meminfo)?;
     let logical_cpus = host.logical_cpus()?;
     let cgroup = host.cgroup_mode();
-    let working_set_bytes = host.working_set(&meminfo);
+    let working_set_bytes = host.working_set();
     let local_v4 = host.local_ipv4();
     let default_route_ip = host
         .parse_opt(ROUTE, parse::parse_route)
@@ -234,22 +234,23 @@ impl Host<'_> {
     }
 
     /// Root cgroup working set, bytes: v1 memory controller first (hybrid hosts account
-    /// memory there), then v2.
-    fn working_set(&self, meminfo: &Meminfo) -> Option<u64> {
-        let (usage, stat_path, inactive_key) = if self.exists(V1_MEMORY_USAGE) {
+    /// memory there), then v2 (see [`MemoryFacts::working_set_bytes`]).
+    fn working_set(&self) -> Option<u64> {
+        if self.exists(V1_MEMORY_USAGE) {
             let usage = self.parse_opt(V1_MEMORY_USAGE, |t| {
                 parse::parse_u64(t, "memory.usage_in_bytes")
             })?;
-            (usage, V1_MEMORY_STAT, "total_inactive_file")
-        } else if self.exists(V2_MEMORY_STAT) {
-            let used = meminfo.total_bytes.saturating_sub(meminfo.free_bytes?);
-            (used, V2_MEMORY_STAT, "inactive_file")
-        } else {
-            return None;
-        };
-        let stat = self.parse_opt(stat_path, parse::parse_memory_stat)?;
-        let inactive = *stat.get(inactive_key)?;
-        Some(parse::working_set_bytes(usage, inactive))
+            let stat = self.parse_opt(V1_MEMORY_STAT, parse::parse_memory_stat)?;
+            return Some(parse::working_set_bytes(
+                usage,
+                *stat.get("total_inactive_file")?,
+            ));
+        }
+        // The root has no memory.current: runc ≥ 1.1.9 / 1.2 `rootStatsFromMeminfo` takes
+        // anon + file of the root memory.stat as usage.
+        let stat = self.parse_opt(V2_MEMORY_STAT, parse::parse_memory_stat)?;
+        let usage = stat.get("anon")?.saturating_add(*stat.get("file")?);
+        Some(parse::working_set_bytes(usage, *stat.get("inactive_file")?))
     }
 
     fn hugepages(&self) -> Vec<HugePages> {

@@ -93,6 +93,8 @@ fn rpi4_cgroup1() {
         logical_cpus: 4,
         memory: MemoryFacts {
             total_bytes: 3_978_792_960,
+            // cgroup v1: memory.usage_in_bytes 1_841_754_112 − total_inactive_file
+            // 991_285_248; available = MemTotal 3_885_540 KiB (3_978_792_960) − that.
             working_set_bytes: Some(850_468_864),
             available_bytes: Some(3_128_324_096),
         },
@@ -136,8 +138,12 @@ fn jetson_cgroup2() {
         logical_cpus: 8,
         memory: MemoryFacts {
             total_bytes: 16_032_591_872,
-            working_set_bytes: Some(3_933_331_456),
-            available_bytes: Some(12_099_260_416),
+            // memory.stat: anon 1_237_524_480 + file 3_338_571_776 − inactive_file
+            // 2_051_424_256 (runc ≥ 1.2 root usage). The old MemTotal − MemFree formula gave
+            // 3_933_331_456 and 12_099_260_416 available.
+            working_set_bytes: Some(2_524_672_000),
+            // MemTotal 15_656_828 KiB = 16_032_591_872 − 2_524_672_000.
+            available_bytes: Some(13_507_919_872),
         },
         hugepages: vec![
             HugePages {

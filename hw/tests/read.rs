@@ -167,23 +167,33 @@ fn identity_fallbacks() {
 
 #[test]
 fn working_set_v1_and_v2() {
-    // v2: usage from meminfo, inactive_file from the root memory.stat.
+    // v2: usage is anon + file of the root memory.stat (runc ≥ 1.2), not MemTotal − MemFree
+    // (here 600 KiB used by that count: kernel memory is not the root's usage).
     let tree = Tree::minimal();
     tree.write("/sys/fs/cgroup/cgroup.controllers", "cpu io memory pids\n");
     tree.write(
         "/sys/fs/cgroup/memory.stat",
-        "anon 4096\ninactive_file 102400\n",
+        "anon 4096\nfile 204800\ninactive_file 102400\n",
     );
     let facts = tree.read().unwrap();
     assert_eq!(facts.cgroup, CgroupMode::V2);
-    assert_eq!(facts.memory.working_set_bytes, Some(600 * 1024 - 102_400));
+    assert_eq!(
+        facts.memory.working_set_bytes,
+        Some(4096 + 204_800 - 102_400)
+    );
     assert_eq!(
         facts.memory.available_bytes,
-        Some(1000 * 1024 - (600 * 1024 - 102_400))
+        Some(1000 * 1024 - (4096 + 204_800 - 102_400))
     );
 
-    // v2 without MemFree: unknown, not a crash.
+    // v2 without MemFree: MemFree plays no part any more.
     tree.write("/proc/meminfo", "MemTotal: 1000 kB\n");
+    assert_eq!(tree.read().unwrap().memory.working_set_bytes, Some(106_496));
+    // v2 memory.stat without file: unknown, not a crash.
+    tree.write(
+        "/sys/fs/cgroup/memory.stat",
+        "anon 4096\ninactive_file 102400\n",
+    );
     assert_eq!(tree.read().unwrap().memory.working_set_bytes, None);
 
     // v1 takes precedence (a hybrid host); inactive larger than usage floors at 0.

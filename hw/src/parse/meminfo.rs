@@ -8,30 +8,22 @@ pub struct Meminfo {
     /// `MemTotal` × 1024, bytes: the node's memory capacity (cadvisor
     /// `machine/machine.go: GetMachineMemoryCapacity`).
     pub total_bytes: u64,
-    /// `MemFree` × 1024, bytes; `None` if the line is missing or malformed. Used for the
-    /// cgroup v2 root usage emulation (runc `libcontainer/cgroups/fs2/memory.go:
-    /// statsFromMeminfo`).
-    pub free_bytes: Option<u64>,
 }
 
 /// Parses `/proc/meminfo` (`Key:   1234 kB` lines). `MemTotal` is required; other lines are
 /// ignored, so new kernel fields never break parsing.
 pub fn parse_meminfo(text: &str) -> Result<Meminfo, ParseError> {
     let mut total = None;
-    let mut free = None;
     for line in text.lines() {
         let Some((key, rest)) = line.split_once(':') else {
             continue;
         };
-        match key.trim() {
-            "MemTotal" => total = Some(kib_to_bytes(rest, "MemTotal value")?),
-            "MemFree" => free = kib_to_bytes(rest, "MemFree value").ok(),
-            _ => {}
+        if key.trim() == "MemTotal" {
+            total = Some(kib_to_bytes(rest, "MemTotal value")?);
         }
     }
     Ok(Meminfo {
         total_bytes: total.ok_or(ParseError::Missing("MemTotal"))?,
-        free_bytes: free,
     })
 }
 
@@ -59,22 +51,11 @@ mod tests {
                 "MemTotal:        3885540 kB\nMemFree:          512000 kB\nMemAvailable:    2900000 kB\nHugePages_Total:       0\n",
                 Ok(Meminfo {
                     total_bytes: 3_978_792_960,
-                    free_bytes: Some(524_288_000),
-                }),
-            ),
-            (
-                "MemTotal: 1 kB\n",
-                Ok(Meminfo {
-                    total_bytes: 1024,
-                    free_bytes: None,
                 }),
             ),
             (
                 "MemTotal: 1 kB\nMemFree: lots kB\n",
-                Ok(Meminfo {
-                    total_bytes: 1024,
-                    free_bytes: None,
-                }),
+                Ok(Meminfo { total_bytes: 1024 }),
             ),
             ("", Err(ParseError::Missing("MemTotal"))),
             (
