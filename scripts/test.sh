@@ -8,6 +8,8 @@ need_apt=()
 command -v cc >/dev/null || need_apt+=(gcc)
 # A real MQTT broker for the MQTT tests (Debian's Mosquitto 2.x; no service is started).
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
+# ip (network namespaces, veth) for the link-bytes test, tests/tests/link.rs.
+command -v ip >/dev/null || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"

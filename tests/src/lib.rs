@@ -9,10 +9,12 @@
 //! - [`requests`]: which recorded stand-in request is which kubelet call.
 //! - [`pki`]: a test PKI made per test (CA, server, client and node certificates).
 //! - [`spy`]: a raw MQTT client over TLS, the attacker on the broker.
+//! - [`link`]: an edge link of a network namespace and a veth pair, with its counters.
 
 pub mod broker;
 pub mod fleet;
 pub mod harness;
+pub mod link;
 pub mod messages;
 pub mod pki;
 pub mod requests;

@@ -67,8 +67,13 @@ impl Ca {
 
     /// The gateway's serving certificate, valid for 127.0.0.1 and localhost.
     pub fn server(&self) -> Leaf {
-        let mut params =
-            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+        let mut params = CertificateParams::new(vec![
+            "127.0.0.1".to_owned(),
+            "localhost".to_owned(),
+            // The gateway side of crate::link, for agents measured behind a veth pair.
+            crate::link::GATEWAY_IP.to_owned(),
+        ])
+        .unwrap();
         params
             .distinguished_name
             .push(DnType::CommonName, "edgebeat-gateway");

@@ -1,0 +1,90 @@
+//! `edgebeat-link-bytes`: what a metered edge link carries per node-day and per month.
+//!
+//! For each case (gRPC, gRPC over mTLS, MQTT, MQTT over TLS with signed messages) the real
+//! `edgebeat-agent` binary runs in its own network namespace behind a veth pair
+//! ([`edgebeat_tests::link`]) at kubelet's default cadence (a Lease renewal every 10 s),
+//! talking to a gateway, the stand-in apiserver and (MQTT) Mosquitto on this side. The
+//! veth's interface counters count every frame: Ethernet, IP and TCP headers, TCP ACKs,
+//! keepalives, acks.
+//!
+//! Two steady windows per case: renewals only, then renewals plus a status report every
+//! `--report-every`; a node-day is the first window's rate for 86,400 s plus 288 periodic
+//! status reports (`nodeStatusReportFrequency` 5 min) and 4 condition flips, each costing
+//! what one report added in the second window.
+//!
+//! Run as root: `scripts/link-bytes.sh` (or `cargo build --release -p edgebeat-agent -p
+//! edgebeat-tests --bin edgebeat-link-bytes` and run `target/release/edgebeat-link-bytes`).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use edgebeat_tests::link::{Case, FLIPS_PER_DAY, Link, REPORTS_PER_DAY, measure};
+
+#[derive(Parser)]
+#[command(about = "Bytes per node-day on an edge link (network namespace + veth counters)")]
+struct Args {
+    /// Length of each counted window, seconds.
+    #[arg(long, default_value_t = 120)]
+    window: u64,
+    /// nodeStatusReportFrequency in the second window, seconds.
+    #[arg(long, default_value_t = 30)]
+    report_every: u64,
+    /// Cases to run: grpc, grpc-mtls, mqtt, mqtt-tls (default: all).
+    #[arg(long = "case", value_parser = parse_case)]
+    cases: Vec<Case>,
+}
+
+fn parse_case(text: &str) -> Result<Case, String> {
+    Case::parse(text).ok_or_else(|| format!("{text:?}: use grpc, grpc-mtls, mqtt or mqtt-tls"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        Link::available(),
+        "needs root with `ip netns` (network namespaces and veth pairs)"
+    );
+    let cases = if args.cases.is_empty() {
+        Case::ALL.to_vec()
+    } else {
+        args.cases
+    };
+    let window = Duration::from_secs(args.window);
+    println!(
+        "windows of {} s; a day = renewal rate × 86,400 s + ({REPORTS_PER_DAY} + {FLIPS_PER_DAY}) status reports",
+        args.window
+    );
+    println!(
+        "| case | window: renewals, packets, bytes | per renewal (keepalives included) | per status report | packets/day | **MB/node-day** | MB/month |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for case in cases {
+        let m = measure(case, window, Duration::from_secs(args.report_every))
+            .await
+            .with_context(|| case.name())?;
+        let r = &m.renewals;
+        let per_renewal = r.counters.bytes() as f64 / r.renewals.max(1) as f64;
+        let report = m
+            .report_bytes()
+            .map_or("n/a".to_owned(), |b| format!("{b:.0} B"));
+        let day = m.bytes_per_day();
+        println!(
+            "| {} | {} renewals, {} packets ({} ↑ / {} ↓), {} B ({} ↑ / {} ↓) | {per_renewal:.0} B | {report} ({} reports) | {:.0} | **{:.2}** | {:.1} |",
+            case.name(),
+            r.renewals,
+            r.counters.packets(),
+            r.counters.up_packets,
+            r.counters.down_packets,
+            r.counters.bytes(),
+            r.counters.up_bytes,
+            r.counters.down_bytes,
+            m.with_reports.reports,
+            m.packets_per_day(),
+            day / 1e6,
+            day * 30.0 / 1e6,
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,490 @@
+//! An edge link made of Linux parts: the agent in its own network namespace behind a veth
+//! pair, the gateway side in this namespace, and the link's interface byte and packet
+//! counters (`/sys/class/net/<if>/statistics`). What the counters see is what a metered link
+//! would bill: every Ethernet, IP and TCP header, every TCP ACK, every keepalive.
+//!
+//! Needs root (`ip netns`, `ip link`). One link at a time per host: the namespace, the
+//! interface names and the addresses are fixed ([`GATEWAY_IP`], [`AGENT_IP`]); a link left
+//! behind by a killed run is removed when the next one is created.
+//!
+//! The gateway side reaches its services on loopback through [`forward`], a plain TCP relay
+//! listening on [`GATEWAY_IP`]: the link carries the agent's own TCP connection, unchanged.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The agent's network namespace.
+pub const NAMESPACE: &str = "edgebeat-link";
+/// The veth end in this namespace (the gateway side), whose counters are read.
+pub const HOST_INTERFACE: &str = "eb-link-gw";
+/// The veth end in [`NAMESPACE`] (the agent side).
+pub const AGENT_INTERFACE: &str = "eb-link-agent";
+/// Address of the gateway side of the link (also in the test PKI's server certificate).
+pub const GATEWAY_IP: &str = "10.213.0.1";
+/// Address of the agent side of the link.
+pub const AGENT_IP: &str = "10.213.0.2";
+
+/// Interface counters of the gateway-side veth end: `rx` is what the agent sent, `tx` what
+/// it received. Frames are counted whole (14-byte Ethernet header included, no FCS).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Bytes from the agent.
+    pub up_bytes: u64,
+    /// Frames from the agent.
+    pub up_packets: u64,
+    /// Bytes to the agent.
+    pub down_bytes: u64,
+    /// Frames to the agent.
+    pub down_packets: u64,
+}
+
+impl Counters {
+    /// `self − earlier`, counter by counter.
+    pub fn since(self, earlier: Counters) -> Counters {
+        Counters {
+            up_bytes: self.up_bytes.saturating_sub(earlier.up_bytes),
+            up_packets: self.up_packets.saturating_sub(earlier.up_packets),
+            down_bytes: self.down_bytes.saturating_sub(earlier.down_bytes),
+            down_packets: self.down_packets.saturating_sub(earlier.down_packets),
+        }
+    }
+
+    /// Bytes both ways.
+    pub fn bytes(&self) -> u64 {
+        self.up_bytes + self.down_bytes
+    }
+
+    /// Frames both ways.
+    pub fn packets(&self) -> u64 {
+        self.up_packets + self.down_packets
+    }
+}
+
+/// A created link; dropping it deletes the namespace (and with it both veth ends).
+#[derive(Debug)]
+pub struct Link {
+    _private: (),
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running ip (iproute2)")?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+impl Link {
+    /// Creates the namespace and the veth pair, addresses both ends (`/30`) and brings them
+    /// up, after removing a link left by an earlier run.
+    ///
+    /// Errors: not root, no `ip` command, or the kernel refuses (no veth, no namespaces).
+    pub fn create() -> anyhow::Result<Link> {
+        let _ = ip(&["netns", "del", NAMESPACE]);
+        let _ = ip(&["link", "del", HOST_INTERFACE]);
+        ip(&["netns", "add", NAMESPACE])?;
+        let link = Link { _private: () };
+        ip(&[
+            "link",
+            "add",
+            HOST_INTERFACE,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            AGENT_INTERFACE,
+            "netns",
+            NAMESPACE,
+        ])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{GATEWAY_IP}/30"),
+            "dev",
+            HOST_INTERFACE,
+        ])?;
+        ip(&["link", "set", HOST_INTERFACE, "up"])?;
+        ip(&[
+            "-n",
+            NAMESPACE,
+            "addr",
+            "add",
+            &format!("{AGENT_IP}/30"),
+            "dev",
+            AGENT_INTERFACE,
+        ])?;
+        ip(&["-n", NAMESPACE, "link", "set", AGENT_INTERFACE, "up"])?;
+        ip(&["-n", NAMESPACE, "link", "set", "lo", "up"])?;
+        Ok(link)
+    }
+
+    /// Whether this process can create links (root, with `ip` and network namespaces).
+    pub fn available() -> bool {
+        let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1))
+                == Some("0")
+        });
+        root && Command::new("ip")
+            .args(["netns", "list"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// The gateway-side counters now.
+    ///
+    /// Errors: the interface is gone or its statistics unreadable.
+    pub fn counters(&self) -> anyhow::Result<Counters> {
+        let read = |name: &str| -> anyhow::Result<u64> {
+            let path = Path::new("/sys/class/net")
+                .join(HOST_INTERFACE)
+                .join("statistics")
+                .join(name);
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            text.trim()
+                .parse()
+                .with_context(|| format!("{}: {text:?}", path.display()))
+        };
+        Ok(Counters {
+            up_bytes: read("rx_bytes")?,
+            up_packets: read("rx_packets")?,
+            down_bytes: read("tx_bytes")?,
+            down_packets: read("tx_packets")?,
+        })
+    }
+
+    /// A command that runs `program` inside the agent's namespace (`ip netns exec`).
+    pub fn command(&self, program: &Path) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new("ip");
+        command
+            .args(["netns", "exec", NAMESPACE])
+            .arg(program)
+            .kill_on_drop(true);
+        command
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", NAMESPACE]);
+        let _ = ip(&["link", "del", HOST_INTERFACE]);
+    }
+}
+
+/// Relays every connection accepted on `GATEWAY_IP:0` to `upstream` (a service on
+/// loopback), until the runtime stops. Returns the port it listens on.
+///
+/// Errors: binding (the link must exist).
+pub async fn forward(upstream: SocketAddr) -> anyhow::Result<u16> {
+    let listener = TcpListener::bind((GATEWAY_IP, 0))
+        .await
+        .with_context(|| format!("binding {GATEWAY_IP}:0"))?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((mut agent, _)) = listener.accept().await {
+            let _ = agent.set_nodelay(true);
+            tokio::spawn(async move {
+                let Ok(mut service) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = service.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional(&mut agent, &mut service).await;
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// What one link measurement runs: a transport, with or without TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Case {
+    /// gRPC, plaintext HTTP/2 (`http://`).
+    Grpc,
+    /// gRPC over mutual TLS with a node certificate, as `deploy/gateway` runs it.
+    GrpcMtls,
+    /// MQTT 5 through Mosquitto, plaintext (`mqtt://`).
+    Mqtt,
+    /// MQTT 5 over TLS with a node certificate, every message signed.
+    MqttTlsSigned,
+}
+
+impl Case {
+    /// Every case, in the order the benchmark prints them.
+    pub const ALL: [Case; 4] = [Case::Grpc, Case::GrpcMtls, Case::Mqtt, Case::MqttTlsSigned];
+
+    /// A short name for tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Case::Grpc => "gRPC",
+            Case::GrpcMtls => "gRPC, mTLS",
+            Case::Mqtt => "MQTT",
+            Case::MqttTlsSigned => "MQTT, TLS + signed",
+        }
+    }
+
+    /// Parses `grpc`, `grpc-mtls`, `mqtt` or `mqtt-tls`.
+    pub fn parse(text: &str) -> Option<Case> {
+        Some(match text {
+            "grpc" => Case::Grpc,
+            "grpc-mtls" => Case::GrpcMtls,
+            "mqtt" => Case::Mqtt,
+            "mqtt-tls" => Case::MqttTlsSigned,
+            _ => return None,
+        })
+    }
+}
+
+/// One steady window on the link.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// Its length.
+    pub length: std::time::Duration,
+    /// What crossed the link in it.
+    pub counters: Counters,
+    /// Lease renewals the stand-in recorded as written in it.
+    pub renewals: usize,
+    /// Status PATCHes the stand-in recorded in it.
+    pub reports: usize,
+}
+
+/// The measurement of one [`Case`]: a window with Lease renewals only (status reported at
+/// start, then not for an hour) and one with a status report every `report_every`.
+#[derive(Debug, Clone, Copy)]
+pub struct Measurement {
+    /// Which case.
+    pub case: Case,
+    /// Renewals (and keepalives) only.
+    pub renewals: Window,
+    /// Renewals plus periodic status reports.
+    pub with_reports: Window,
+}
+
+/// Status reports in a day at kubelet's `nodeStatusReportFrequency` (5 min).
+pub const REPORTS_PER_DAY: f64 = 288.0;
+/// Condition flips assumed per day (each one status report, sent at once).
+pub const FLIPS_PER_DAY: f64 = 4.0;
+
+impl Measurement {
+    /// Link bytes per second of the renewals-only window (renewals, their answers, TCP
+    /// ACKs, keepalives).
+    pub fn renewal_rate(&self) -> f64 {
+        self.renewals.counters.bytes() as f64 / self.renewals.length.as_secs_f64()
+    }
+
+    /// Link bytes one status report adds: the second window's bytes beyond the first
+    /// window's rate, per report in it. `None` when the second window had no report.
+    pub fn report_bytes(&self) -> Option<f64> {
+        let w = &self.with_reports;
+        (w.reports > 0).then(|| {
+            let beyond = w.counters.bytes() as f64 - self.renewal_rate() * w.length.as_secs_f64();
+            (beyond / w.reports as f64).max(0.0)
+        })
+    }
+
+    /// Bytes per node-day: the renewal rate for 86,400 s plus [`REPORTS_PER_DAY`] +
+    /// [`FLIPS_PER_DAY`] status reports.
+    pub fn bytes_per_day(&self) -> f64 {
+        self.renewal_rate() * 86_400.0
+            + (REPORTS_PER_DAY + FLIPS_PER_DAY) * self.report_bytes().unwrap_or(0.0)
+    }
+
+    /// Packets per node-day, estimated as bytes are.
+    pub fn packets_per_day(&self) -> f64 {
+        let a = &self.renewals;
+        let w = &self.with_reports;
+        let rate = a.counters.packets() as f64 / a.length.as_secs_f64();
+        let per_report = if w.reports > 0 {
+            ((w.counters.packets() as f64 - rate * w.length.as_secs_f64()) / w.reports as f64)
+                .max(0.0)
+        } else {
+            0.0
+        };
+        rate * 86_400.0 + (REPORTS_PER_DAY + FLIPS_PER_DAY) * per_report
+    }
+}
+
+/// The agent binary built beside the running executable (`target/<profile>/edgebeat-agent`,
+/// also for test executables in `target/<profile>/deps`).
+///
+/// Errors: not built (`cargo build -p edgebeat-agent` first).
+pub fn agent_binary() -> anyhow::Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().context("executable without a directory")?;
+    if dir.ends_with("deps") {
+        dir = dir.parent().context("deps without a parent")?;
+    }
+    let agent = dir.join("edgebeat-agent");
+    if !agent.is_file() {
+        bail!(
+            "{} not found: build it first (cargo build -p edgebeat-agent, with the same profile)",
+            agent.display()
+        );
+    }
+    Ok(agent)
+}
+
+/// Measures `case`: starts the stand-in, a gateway (and Mosquitto for MQTT) on this side,
+/// the real `edgebeat-agent` binary in the link's namespace at kubelet's default cadence
+/// (Lease renewed every 10 s), and counts two steady windows of `window` each (see
+/// [`Measurement`]); the second reports status every `report_every`.
+///
+/// Errors: the link, the cluster or the agent could not start, or the agent did not
+/// register within a minute.
+pub async fn measure(
+    case: Case,
+    window: std::time::Duration,
+    report_every: std::time::Duration,
+) -> anyhow::Result<Measurement> {
+    use crate::harness::{Cluster, Transport, gateway_options, mtls_options};
+    let link = Link::create()?;
+    let site = crate::pki::Ca::new("edgebeat site CA");
+    let cluster = match case {
+        Case::Grpc => Cluster::start(Transport::Grpc).await?,
+        Case::GrpcMtls => Cluster::start_grpc_with(mtls_options(&site), gateway_options()).await?,
+        Case::Mqtt => Cluster::start(Transport::Mqtt).await?,
+        Case::MqttTlsSigned => Cluster::start_mqtt_secure(&site, true, gateway_options()).await?,
+    };
+    let upstream: SocketAddr = match &cluster.broker {
+        Some(b) => SocketAddr::new(b.host().parse()?, b.port()),
+        None => cluster
+            .grpc_url
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .parse()?,
+    };
+    let port = forward(upstream).await?;
+    let side = Side {
+        link: &link,
+        cluster: &cluster,
+        site: &site,
+        dir: tempfile::tempdir()?,
+        case,
+        port,
+    };
+    Ok(Measurement {
+        case,
+        renewals: side
+            .window("link-0", std::time::Duration::from_secs(3600), window)
+            .await?,
+        with_reports: side.window("link-1", report_every, window).await?,
+    })
+}
+
+/// The gateway side of one measurement, for [`Side::window`].
+struct Side<'a> {
+    link: &'a Link,
+    cluster: &'a crate::harness::Cluster,
+    site: &'a crate::pki::Ca,
+    dir: tempfile::TempDir,
+    case: Case,
+    port: u16,
+}
+
+impl Side<'_> {
+    /// Starts an agent for `node` reporting status every `report_every`, waits until it is
+    /// registered and renewing, counts `length` of the link, and kills it.
+    async fn window(
+        &self,
+        node: &str,
+        report_every: std::time::Duration,
+        length: std::time::Duration,
+    ) -> anyhow::Result<Window> {
+        let case = self.case;
+        let file = |name: &str| self.dir.path().join(format!("{node}-{name}"));
+        let tls = match case {
+            Case::Grpc | Case::Mqtt => String::new(),
+            Case::GrpcMtls | Case::MqttTlsSigned => {
+                let leaf = self.site.node(node);
+                std::fs::write(file("ca.crt"), &self.site.cert_pem)?;
+                std::fs::write(file("node.crt"), &leaf.cert_pem)?;
+                std::fs::write(file("node.key"), &leaf.key_pem)?;
+                format!(
+                    ", caFile: {}, certFile: {}, keyFile: {}",
+                    file("ca.crt").display(),
+                    file("node.crt").display(),
+                    file("node.key").display()
+                )
+            }
+        };
+        let (kind, scheme) = match case {
+            Case::Grpc => ("grpc", "http"),
+            Case::GrpcMtls => ("grpc", "https"),
+            Case::Mqtt => ("mqtt", "mqtt"),
+            Case::MqttTlsSigned => ("mqtt", "mqtts"),
+        };
+        std::fs::write(
+            file("agent.yaml"),
+            format!(
+                "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\nhostRoot: {}\nnodeStatusReportFrequency: {}s\ntransport: {{kind: {kind}, endpoint: \"{scheme}://{GATEWAY_IP}:{}\"{tls}}}\n",
+                crate::harness::fixture("rpi4-cgroup1").display(),
+                report_every.as_secs(),
+                self.port,
+            ),
+        )?;
+        let log = std::fs::File::create(file("agent.log"))?;
+        let mut agent = self
+            .link
+            .command(&agent_binary()?)
+            .arg("--config")
+            .arg(file("agent.yaml"))
+            .env("RUST_LOG", "warn")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting edgebeat-agent in the link's namespace")?;
+        let written = |requests: &[crate::standin::RecordedRequest]| {
+            (
+                crate::requests::count(requests, |r| crate::requests::is_lease_renewed(r, node)),
+                crate::requests::count(requests, |r| crate::requests::is_status_patch(r, node)),
+            )
+        };
+        // Steady: registered, first status written, renewing.
+        let started = self
+            .cluster
+            .standin
+            .wait_until(
+                std::time::Duration::from_secs(60),
+                "registered and renewing",
+                |v| {
+                    let (renewed, reported) = written(v.requests());
+                    renewed >= 1 && reported >= 1
+                },
+            )
+            .await;
+        if let Err(e) = started {
+            let log = std::fs::read_to_string(file("agent.log")).unwrap_or_default();
+            bail!(
+                "{}: the agent did not start: {e}\nagent log:\n{log}",
+                case.name()
+            );
+        }
+        let (renewed, reported) = written(&self.cluster.standin.requests());
+        let before = self.link.counters()?;
+        tokio::time::sleep(length).await;
+        let counters = self.link.counters()?.since(before);
+        let (renewed_after, reported_after) = written(&self.cluster.standin.requests());
+        let _ = agent.kill().await;
+        Ok(Window {
+            length,
+            counters,
+            renewals: renewed_after - renewed,
+            reports: reported_after - reported,
+        })
+    }
+}

@@ -1,0 +1,45 @@
+//! The link-bytes benchmark's short version (`scripts/link-bytes.sh` runs the long one):
+//! the real agent in a network namespace behind a veth pair, both transports. Checks that
+//! the measurement measures (renewals written, frames counted both ways, a status report's
+//! bytes seen); the figures themselves are printed, not asserted. Skipped without root.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use edgebeat_tests::link::{Case, Link, measure};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_link_is_measured_on_both_transports() {
+    if !Link::available() {
+        eprintln!("not root or no `ip netns`: skipping the link measurement");
+        return;
+    }
+    for case in [Case::Grpc, Case::Mqtt] {
+        let m = measure(case, Duration::from_secs(12), Duration::from_secs(10))
+            .await
+            .unwrap();
+        let r = &m.renewals;
+        println!(
+            "{}: {} renewals, {} B in 12 s; {:.0} B per report; {:.2} MB/node-day",
+            case.name(),
+            r.renewals,
+            r.counters.bytes(),
+            m.report_bytes().unwrap_or(0.0),
+            m.bytes_per_day() / 1e6
+        );
+        assert!(r.renewals >= 1, "{case:?}: {r:?}");
+        assert!(
+            r.counters.up_packets >= r.renewals as u64 && r.counters.down_packets >= 1,
+            "{case:?}: every renewal crossed the link: {r:?}"
+        );
+        assert!(
+            m.with_reports.reports >= 1,
+            "{case:?}: {:?}",
+            m.with_reports
+        );
+        assert!(
+            m.report_bytes().is_some_and(|b| b > 100.0),
+            "{case:?}: a status report is hundreds of bytes: {m:?}"
+        );
+    }
+}
