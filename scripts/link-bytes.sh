@@ -17,4 +17,4 @@ command -v ip >/dev/null || {
 }
 cargo build --release --locked -p edgebeat-agent -p edgebeat-tests \
   --bin edgebeat-agent --bin edgebeat-link-bytes
-target/release/edgebeat-link-bytes "$@"
+"${CARGO_TARGET_DIR:-target}/release/edgebeat-link-bytes" "$@"

@@ -64,11 +64,17 @@ impl Counters {
     }
 }
 
-/// A created link; dropping it deletes the namespace (and with it both veth ends).
+/// A created link; dropping it deletes the namespace (and with it both veth ends) and
+/// lets the next user of the host's one link have it.
 #[derive(Debug)]
 pub struct Link {
-    _private: (),
+    /// Held exclusively for the link's life ([`LOCK_FILE`]).
+    _lock: std::fs::File,
 }
+
+/// Locked (`flock`) while a [`Link`] exists, so that a benchmark and a test on one host take
+/// turns instead of deleting each other's link.
+pub const LOCK_FILE: &str = "/run/edgebeat-link.lock";
 
 fn ip(args: &[&str]) -> anyhow::Result<()> {
     let out = Command::new("ip")
@@ -86,16 +92,39 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `net.ipv6.conf.<interface>.disable_ipv6 = 1`, in `namespace` when given.
+fn sysctl_ipv6_off(namespace: Option<&str>, interface: &str) -> anyhow::Result<()> {
+    let key = format!("/proc/sys/net/ipv6/conf/{interface}/disable_ipv6");
+    let status = match namespace {
+        None => {
+            return std::fs::write(&key, "1").with_context(|| format!("writing {key}"));
+        }
+        Some(ns) => Command::new("ip")
+            .args(["netns", "exec", ns, "sh", "-c", &format!("echo 1 > {key}")])
+            .status()
+            .context("running ip netns exec")?,
+    };
+    if !status.success() {
+        bail!("could not write {key} in {namespace:?}");
+    }
+    Ok(())
+}
+
 impl Link {
-    /// Creates the namespace and the veth pair, addresses both ends (`/30`) and brings them
-    /// up, after removing a link left by an earlier run.
+    /// Waits for [`LOCK_FILE`], then creates the namespace and the veth pair, addresses
+    /// both ends (`/30`), turns IPv6 off on both (nothing but the agent's traffic is
+    /// counted) and brings them up, after removing a link left by an earlier run.
     ///
     /// Errors: not root, no `ip` command, or the kernel refuses (no veth, no namespaces).
     pub fn create() -> anyhow::Result<Link> {
+        let lock =
+            std::fs::File::create(LOCK_FILE).with_context(|| format!("creating {LOCK_FILE}"))?;
+        lock.lock()
+            .with_context(|| format!("locking {LOCK_FILE}"))?;
         let _ = ip(&["netns", "del", NAMESPACE]);
         let _ = ip(&["link", "del", HOST_INTERFACE]);
         ip(&["netns", "add", NAMESPACE])?;
-        let link = Link { _private: () };
+        let link = Link { _lock: lock };
         ip(&[
             "link",
             "add",
@@ -115,6 +144,9 @@ impl Link {
             "dev",
             HOST_INTERFACE,
         ])?;
+        // No IPv6 on the link: its router solicitations and MLD reports would be counted.
+        sysctl_ipv6_off(None, HOST_INTERFACE)?;
+        sysctl_ipv6_off(Some(NAMESPACE), AGENT_INTERFACE)?;
         ip(&["link", "set", HOST_INTERFACE, "up"])?;
         ip(&[
             "-n",
@@ -264,15 +296,19 @@ pub struct Window {
 }
 
 /// The measurement of one [`Case`]: a window with Lease renewals only (status reported at
-/// start, then not for an hour) and one with a status report every `report_every`.
+/// start, then not for an hour), one with a periodic status report every `report_every`
+/// (an unchanged node's), and one in which a condition flips (MemoryPressure becomes True:
+/// one status report with the change).
 #[derive(Debug, Clone, Copy)]
 pub struct Measurement {
     /// Which case.
     pub case: Case,
     /// Renewals (and keepalives) only.
     pub renewals: Window,
-    /// Renewals plus periodic status reports.
+    /// Renewals plus periodic status reports of an unchanged status.
     pub with_reports: Window,
+    /// Renewals plus the report of one condition flip.
+    pub with_flip: Window,
 }
 
 /// Status reports in a day at kubelet's `nodeStatusReportFrequency` (5 min).
@@ -287,35 +323,48 @@ impl Measurement {
         self.renewals.counters.bytes() as f64 / self.renewals.length.as_secs_f64()
     }
 
-    /// Link bytes one status report adds: the second window's bytes beyond the first
-    /// window's rate, per report in it. `None` when the second window had no report.
-    pub fn report_bytes(&self) -> Option<f64> {
-        let w = &self.with_reports;
-        (w.reports > 0).then(|| {
-            let beyond = w.counters.bytes() as f64 - self.renewal_rate() * w.length.as_secs_f64();
-            (beyond / w.reports as f64).max(0.0)
+    /// What `window` carried beyond the renewals-only rate, per status report in it
+    /// (`count` picks bytes or packets); `None` without a report.
+    fn per_report(&self, window: &Window, count: impl Fn(&Counters) -> u64) -> Option<f64> {
+        let a = &self.renewals;
+        let rate = count(&a.counters) as f64 / a.length.as_secs_f64();
+        (window.reports > 0).then(|| {
+            let beyond = count(&window.counters) as f64 - rate * window.length.as_secs_f64();
+            (beyond / window.reports as f64).max(0.0)
         })
     }
 
-    /// Bytes per node-day: the renewal rate for 86,400 s plus [`REPORTS_PER_DAY`] +
-    /// [`FLIPS_PER_DAY`] status reports.
+    /// Link bytes a periodic status report of an unchanged node adds.
+    pub fn report_bytes(&self) -> Option<f64> {
+        self.per_report(&self.with_reports, Counters::bytes)
+    }
+
+    /// Link bytes the status report of a condition flip adds.
+    pub fn flip_bytes(&self) -> Option<f64> {
+        self.per_report(&self.with_flip, Counters::bytes)
+    }
+
+    /// Bytes per node-day: the renewal rate for 86,400 s, [`REPORTS_PER_DAY`] periodic
+    /// reports and [`FLIPS_PER_DAY`] flips.
     pub fn bytes_per_day(&self) -> f64 {
         self.renewal_rate() * 86_400.0
-            + (REPORTS_PER_DAY + FLIPS_PER_DAY) * self.report_bytes().unwrap_or(0.0)
+            + REPORTS_PER_DAY * self.report_bytes().unwrap_or(0.0)
+            + FLIPS_PER_DAY * self.flip_bytes().unwrap_or(0.0)
     }
 
     /// Packets per node-day, estimated as bytes are.
     pub fn packets_per_day(&self) -> f64 {
         let a = &self.renewals;
-        let w = &self.with_reports;
         let rate = a.counters.packets() as f64 / a.length.as_secs_f64();
-        let per_report = if w.reports > 0 {
-            ((w.counters.packets() as f64 - rate * w.length.as_secs_f64()) / w.reports as f64)
-                .max(0.0)
-        } else {
-            0.0
-        };
-        rate * 86_400.0 + (REPORTS_PER_DAY + FLIPS_PER_DAY) * per_report
+        rate * 86_400.0
+            + REPORTS_PER_DAY
+                * self
+                    .per_report(&self.with_reports, Counters::packets)
+                    .unwrap_or(0.0)
+            + FLIPS_PER_DAY
+                * self
+                    .per_report(&self.with_flip, Counters::packets)
+                    .unwrap_or(0.0)
     }
 }
 
@@ -377,12 +426,12 @@ pub async fn measure(
         case,
         port,
     };
+    let hour = std::time::Duration::from_secs(3600);
     Ok(Measurement {
         case,
-        renewals: side
-            .window("link-0", std::time::Duration::from_secs(3600), window)
-            .await?,
-        with_reports: side.window("link-1", report_every, window).await?,
+        renewals: side.window("link-0", hour, window, false).await?,
+        with_reports: side.window("link-1", report_every, window, false).await?,
+        with_flip: side.window("link-2", hour, window, true).await?,
     })
 }
 
@@ -398,13 +447,16 @@ struct Side<'a> {
 
 impl Side<'_> {
     /// Starts an agent for `node` reporting status every `report_every`, waits until it is
-    /// registered and renewing, counts `length` of the link, and kills it.
+    /// registered and renewing, counts `length` of the link (with `flip`, MemoryPressure
+    /// turns True at its start), and kills it.
     async fn window(
         &self,
         node: &str,
         report_every: std::time::Duration,
         length: std::time::Duration,
+        flip: bool,
     ) -> anyhow::Result<Window> {
+        let host = crate::harness::fixture_copy("rpi4-cgroup1")?;
         let case = self.case;
         let file = |name: &str| self.dir.path().join(format!("{node}-{name}"));
         let tls = match case {
@@ -432,7 +484,7 @@ impl Side<'_> {
             file("agent.yaml"),
             format!(
                 "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\nhostRoot: {}\nnodeStatusReportFrequency: {}s\ntransport: {{kind: {kind}, endpoint: \"{scheme}://{GATEWAY_IP}:{}\"{tls}}}\n",
-                crate::harness::fixture("rpi4-cgroup1").display(),
+                host.path().display(),
                 report_every.as_secs(),
                 self.port,
             ),
@@ -476,6 +528,16 @@ impl Side<'_> {
         }
         let (renewed, reported) = written(&self.cluster.standin.requests());
         let before = self.link.counters()?;
+        if flip {
+            // The root cgroup's usage leaves under 100Mi available (rpi4-cgroup1: MemTotal
+            // 3,978,792,960 B, total_inactive_file 991,285,248 B).
+            let usage = 3_978_792_960u64 - 50 * 1024 * 1024 + 991_285_248;
+            std::fs::write(
+                host.path()
+                    .join("sys/fs/cgroup/memory/memory.usage_in_bytes"),
+                format!("{usage}\n"),
+            )?;
+        }
         tokio::time::sleep(length).await;
         let counters = self.link.counters()?.since(before);
         let (renewed_after, reported_after) = written(&self.cluster.standin.requests());

@@ -1,7 +1,8 @@
 //! The link-bytes benchmark's short version (`scripts/link-bytes.sh` runs the long one):
 //! the real agent in a network namespace behind a veth pair, both transports. Checks that
-//! the measurement measures (renewals written, frames counted both ways, a status report's
-//! bytes seen); the figures themselves are printed, not asserted. Skipped without root.
+//! the measurement measures (renewals written, frames counted both ways, a changed status
+//! report's bytes seen); the figures themselves are printed, not asserted. Skipped without
+//! root.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -20,11 +21,12 @@ async fn the_link_is_measured_on_both_transports() {
             .unwrap();
         let r = &m.renewals;
         println!(
-            "{}: {} renewals, {} B in 12 s; {:.0} B per report; {:.2} MB/node-day",
+            "{}: {} renewals, {} B in 12 s; {:.0} B per periodic report, {:.0} B per flip; {:.2} MB/node-day",
             case.name(),
             r.renewals,
             r.counters.bytes(),
             m.report_bytes().unwrap_or(0.0),
+            m.flip_bytes().unwrap_or(0.0),
             m.bytes_per_day() / 1e6
         );
         assert!(r.renewals >= 1, "{case:?}: {r:?}");
@@ -32,14 +34,14 @@ async fn the_link_is_measured_on_both_transports() {
             r.counters.up_packets >= r.renewals as u64 && r.counters.down_packets >= 1,
             "{case:?}: every renewal crossed the link: {r:?}"
         );
+        assert_eq!(m.with_flip.reports, 1, "{case:?}: {m:?}");
         assert!(
-            m.with_reports.reports >= 1,
-            "{case:?}: {:?}",
-            m.with_reports
+            m.flip_bytes().is_some_and(|b| b > 300.0),
+            "{case:?}: a changed status goes whole, hundreds of bytes: {m:?}"
         );
         assert!(
-            m.report_bytes().is_some_and(|b| b > 100.0),
-            "{case:?}: a status report is hundreds of bytes: {m:?}"
+            m.flip_bytes() > m.report_bytes(),
+            "{case:?}: an unchanged report costs less than a change: {m:?}"
         );
     }
 }

@@ -7,10 +7,11 @@
 //! veth's interface counters count every frame: Ethernet, IP and TCP headers, TCP ACKs,
 //! keepalives, acks.
 //!
-//! Two steady windows per case: renewals only, then renewals plus a status report every
-//! `--report-every`; a node-day is the first window's rate for 86,400 s plus 288 periodic
-//! status reports (`nodeStatusReportFrequency` 5 min) and 4 condition flips, each costing
-//! what one report added in the second window.
+//! Three steady windows per case: renewals only; renewals plus a periodic status report
+//! every `--report-every` (an unchanged node's); renewals plus one condition flip
+//! (MemoryPressure turns True: one report with the change). A node-day is the first
+//! window's rate for 86,400 s plus 288 periodic reports (`nodeStatusReportFrequency` 5 min)
+//! and 4 flips, each costing what it added in its window.
 //!
 //! Run as root: `scripts/link-bytes.sh` (or `cargo build --release -p edgebeat-agent -p
 //! edgebeat-tests --bin edgebeat-link-bytes` and run `target/release/edgebeat-link-bytes`).
@@ -53,13 +54,13 @@ async fn main() -> anyhow::Result<()> {
     };
     let window = Duration::from_secs(args.window);
     println!(
-        "windows of {} s; a day = renewal rate × 86,400 s + ({REPORTS_PER_DAY} + {FLIPS_PER_DAY}) status reports",
+        "windows of {} s; a day = renewal rate × 86,400 s + {REPORTS_PER_DAY} periodic status reports + {FLIPS_PER_DAY} condition flips",
         args.window
     );
     println!(
-        "| case | window: renewals, packets, bytes | per renewal (keepalives included) | per status report | packets/day | **MB/node-day** | MB/month |"
+        "| case | window: renewals, packets, bytes | per renewal (keepalives included) | per periodic status report | per flip | packets/day | **MB/node-day** | MB/month |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for case in cases {
         let m = measure(case, window, Duration::from_secs(args.report_every))
             .await
@@ -69,9 +70,12 @@ async fn main() -> anyhow::Result<()> {
         let report = m
             .report_bytes()
             .map_or("n/a".to_owned(), |b| format!("{b:.0} B"));
+        let flip = m
+            .flip_bytes()
+            .map_or("n/a".to_owned(), |b| format!("{b:.0} B"));
         let day = m.bytes_per_day();
         println!(
-            "| {} | {} renewals, {} packets ({} ↑ / {} ↓), {} B ({} ↑ / {} ↓) | {per_renewal:.0} B | {report} ({} reports) | {:.0} | **{:.2}** | {:.1} |",
+            "| {} | {} renewals, {} packets ({} ↑ / {} ↓), {} B ({} ↑ / {} ↓) | {per_renewal:.0} B | {report} ({} reports) | {flip} | {:.0} | **{:.2}** | {:.1} |",
             case.name(),
             r.renewals,
             r.counters.packets(),
