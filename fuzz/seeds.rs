@@ -123,6 +123,7 @@ fn main() -> std::io::Result<()> {
             message(Kind::Status(pb::StatusReport {
                 header: header(22_000_000),
                 status: Some(status("False")),
+                unchanged: false,
             })),
         ),
         (
@@ -130,6 +131,7 @@ fn main() -> std::io::Result<()> {
             message(Kind::Status(pb::StatusReport {
                 header: header(23_000_000),
                 status: Some(unknown_status),
+                unchanged: false,
             })),
         ),
         (
@@ -138,6 +140,7 @@ fn main() -> std::io::Result<()> {
                 header: header(32_000_000),
                 lease_duration_seconds: 40,
                 lease_state,
+                quiet: true,
             })),
         ),
         (
@@ -151,6 +154,7 @@ fn main() -> std::io::Result<()> {
                 }),
                 lease_duration_seconds: 40,
                 lease_state: Vec::new(),
+                quiet: false,
             })),
         ),
         // Field 99 (varint): a newer agent's message kind.

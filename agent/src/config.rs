@@ -49,6 +49,9 @@ use crate::quantity::{Amount, parse_amount, parse_millicores};
 /// affinity on it (the README has the snippet). `nodeLabels` cannot override it.
 pub const CONTAINER_RUNTIME_LABEL: (&str, &str) = ("edgebeat.io/container-runtime", "none");
 
+/// Default `transport.keepalive` for gRPC (5 min; see [`TransportConfig::Grpc`]).
+pub const GRPC_KEEPALIVE: Duration = Duration::from_secs(300);
+
 /// `apiVersion` the agent accepts.
 pub const API_VERSION: &str = "edgebeat.io/v1alpha1";
 /// `kind` the agent accepts.
@@ -217,7 +220,10 @@ pub enum TransportConfig {
     Grpc {
         /// `transport.endpoint`: gateway URL, `http://host:port`.
         endpoint: String,
-        /// `transport.keepalive`: HTTP/2 keepalive ping interval (default 30 s).
+        /// `transport.keepalive`: an HTTP/2 ping after this long without receiving anything
+        /// (default 5 min). Renewals are answered only when not written, so a short
+        /// interval would ping every period on a metered link; while renewals flow, a dead
+        /// link is noticed by `TCP_USER_TIMEOUT` (20 s) instead.
         keepalive: Duration,
     },
     /// MQTT 5 through a broker (`transport.kind: mqtt`).
@@ -723,9 +729,10 @@ fn validate_transport(
     t: RawTransport,
 ) -> Option<(TransportConfig, Option<TransportTls>)> {
     let before = p.len();
-    let keepalive = match &t.keepalive {
-        Some(v) => p.take(parse_positive_duration("transport.keepalive", v)),
-        None => Some(Duration::from_secs(30)),
+    let keepalive = match (&t.keepalive, t.kind.as_deref()) {
+        (Some(v), _) => p.take(parse_positive_duration("transport.keepalive", v)),
+        (None, Some("grpc")) => Some(GRPC_KEEPALIVE),
+        (None, _) => Some(Duration::from_secs(30)),
     };
     let kind = t.kind.as_deref().unwrap_or("");
     let example = match kind {

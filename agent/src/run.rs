@@ -446,7 +446,10 @@ impl Agent {
 
     /// Status loop (kubelet `syncNodeStatus` every `nodeStatusUpdateFrequency`): compute,
     /// then report when registered and (never reported | changed | report period elapsed |
-    /// the gateway asked). Up to [`ATTEMPTS_PER_TICK`] attempts per report.
+    /// the gateway asked). Up to [`ATTEMPTS_PER_TICK`] attempts per report. When only the
+    /// period is due, the report says `unchanged` instead of carrying the whole status (the
+    /// gateway refreshes the heartbeat times, or asks for the whole status when its copy
+    /// differs); its answer-less wait counts towards the next computation.
     pub async fn status_loop(self: Arc<Self>, uplink: Uplink, cancel: CancellationToken) {
         let mut registered = uplink.registered();
         let mut last_reported: Option<ComputedStatus> = None;
@@ -456,6 +459,7 @@ impl Agent {
         let mut watch_registration = true;
         let mut watch_requests = true;
         loop {
+            let mut waited = Duration::ZERO;
             let root = self.root.clone();
             let options = self.options.clone();
             match tokio::task::spawn_blocking(move || read_host_facts(&root, &options)).await {
@@ -476,19 +480,29 @@ impl Agent {
             if *registered.borrow() {
                 let latest = self.latest();
                 let request = *requests.borrow_and_update();
-                let due = request != served_request
-                    || last_reported
+                // Only the period is due: the gateway has this very status.
+                let unchanged = request == served_request
+                    && last_reported
                         .as_ref()
-                        .is_none_or(|l| has_changed(l, &latest))
+                        .is_some_and(|l| !has_changed(l, &latest));
+                let due = !unchanged
                     || last_report_at
                         .is_none_or(|t| t.elapsed() >= self.config.node_status_report_frequency);
-                if due && self.report(&uplink, &latest).await {
-                    last_reported = Some(latest);
+                let started = Instant::now();
+                let reported = due && self.report(&uplink, &latest, unchanged).await;
+                if due && unchanged {
+                    waited = started.elapsed();
+                }
+                if reported {
+                    if !unchanged {
+                        last_reported = Some(latest);
+                    }
                     last_report_at = Some(Instant::now());
                     served_request = request;
                 }
             }
-            let delay = jittered(self.config.node_status_update_frequency);
+            // An unchanged report's silence was part of the wait.
+            let delay = jittered(self.config.node_status_update_frequency).saturating_sub(waited);
             tokio::select! {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(delay) => {}
@@ -525,24 +539,35 @@ impl Agent {
         }
     }
 
-    async fn report(&self, uplink: &Uplink, status: &ComputedStatus) -> bool {
-        let ok = self.try_report(uplink, status).await;
+    /// One status report: the whole status, or with `unchanged` the periodic report of a
+    /// status the gateway already has (`StatusReport.unchanged`, answered only with news).
+    async fn report(&self, uplink: &Uplink, status: &ComputedStatus, unchanged: bool) -> bool {
+        let ok = self.try_report(uplink, status, unchanged).await;
         self.metrics.status_report(ok);
         ok
     }
 
-    async fn try_report(&self, uplink: &Uplink, status: &ComputedStatus) -> bool {
+    async fn try_report(&self, uplink: &Uplink, status: &ComputedStatus, unchanged: bool) -> bool {
         for attempt in 0..ATTEMPTS_PER_TICK {
             let message = pb::AgentMessage {
                 kind: Some(Kind::Status(pb::StatusReport {
                     header: Some(self.headers.next()),
-                    status: Some(status.to_proto(self.clock.boottime())),
+                    status: (!unchanged).then(|| status.to_proto(self.clock.boottime())),
+                    unchanged,
                 })),
             };
             let bytes = message.encoded_len();
             let answer = uplink.send(message, self.ack_timeout()).await;
             if taken(&answer) {
                 self.metrics.bytes_sent(MessageKind::Status, bytes);
+            }
+            match &answer {
+                // Silence: written.
+                Err(UplinkError::Timeout(_)) if unchanged => return true,
+                // The gateway wants the whole status: the loop sends it at once (the
+                // request raised `status_requests`).
+                Ok(ack) if unchanged && ack.resend_status => return false,
+                _ => {}
             }
             match outcome(answer) {
                 Outcome::Ok => return true,
@@ -562,6 +587,11 @@ impl Agent {
     /// Lease loop (kubelet's lease controller): once registered, renew every
     /// `nodeLeaseDurationSeconds` × 0.25 with jitter 0.04; up to [`ATTEMPTS_PER_TICK`]
     /// attempts per tick; after a failed tick retry with backoff from 200 ms doubling to 7 s.
+    ///
+    /// Renewals are quiet (`LeaseRenewal.quiet`): the gateway answers only when one was not
+    /// written, so each attempt waits for an answer until the next renewal is due, and
+    /// silence means written. A gateway that answers anyway (an older one) is waited for as
+    /// before.
     pub async fn lease_loop(self: Arc<Self>, uplink: Uplink, cancel: CancellationToken) {
         let mut registered = uplink.registered();
         let mut backoff = None;
@@ -578,9 +608,14 @@ impl Agent {
                 }
                 self.liveness.waiting(false);
             }
-            let delay = if self.renew(&uplink, &mut lease_state).await {
+            let delay = if let Some(waited) = self.renew(&uplink, &mut lease_state).await {
                 backoff = None;
-                jittered(self.config.lease_renew_interval())
+                // A quiet renewal's silence was already the wait.
+                if waited {
+                    Duration::ZERO
+                } else {
+                    jittered(self.config.lease_renew_interval())
+                }
             } else {
                 backoff
                     .get_or_insert_with(|| {
@@ -596,16 +631,20 @@ impl Agent {
         }
     }
 
-    /// One renewal tick. `lease_state` is the gateway's opaque Lease state from the last
-    /// successful renewal, echoed so any gateway replica can PUT without a GET.
-    async fn renew(&self, uplink: &Uplink, lease_state: &mut Vec<u8>) -> bool {
-        let ok = self.try_renew(uplink, lease_state).await;
+    /// One renewal tick: `Some(waited)` when written — `waited` when that was learnt from
+    /// the gateway's silence until the next renewal was due — `None` when every attempt
+    /// failed. `lease_state` is the gateway's opaque Lease state from the last answered
+    /// renewal (only an older gateway answers written quiet renewals), echoed so any
+    /// gateway replica can PUT without a GET.
+    async fn renew(&self, uplink: &Uplink, lease_state: &mut Vec<u8>) -> Option<bool> {
+        let written = self.try_renew(uplink, lease_state).await;
         self.liveness.progress();
-        self.metrics.lease_renewal(ok, self.clock.now());
-        ok
+        self.metrics
+            .lease_renewal(written.is_some(), self.clock.now());
+        written
     }
 
-    async fn try_renew(&self, uplink: &Uplink, lease_state: &mut Vec<u8>) -> bool {
+    async fn try_renew(&self, uplink: &Uplink, lease_state: &mut Vec<u8>) -> Option<bool> {
         for attempt in 0..ATTEMPTS_PER_TICK {
             let message = pb::AgentMessage {
                 kind: Some(Kind::Lease(pb::LeaseRenewal {
@@ -613,12 +652,18 @@ impl Agent {
                     lease_duration_seconds: i32::try_from(self.config.node_lease_duration_seconds)
                         .unwrap_or(i32::MAX),
                     lease_state: lease_state.clone(),
+                    quiet: true,
                 })),
             };
             let bytes = message.encoded_len();
-            let answer = uplink.send(message, self.ack_timeout()).await;
+            // Silence until the next renewal is due means written.
+            let silence = jittered(self.config.lease_renew_interval());
+            let answer = uplink.send(message, silence).await;
             if taken(&answer) {
                 self.metrics.bytes_sent(MessageKind::Lease, bytes);
+            }
+            if matches!(answer, Err(UplinkError::Timeout(_))) {
+                return Some(true);
             }
             if let Ok(ack) = &answer
                 && !ack.lease_state.is_empty()
@@ -626,18 +671,18 @@ impl Agent {
                 lease_state.clone_from(&ack.lease_state);
             }
             match outcome(answer) {
-                Outcome::Ok => return true,
+                Outcome::Ok => return Some(false),
                 Outcome::Retry(why) => {
                     tracing::debug!(attempt, %why, "lease renewal not written; retrying")
                 }
                 Outcome::GiveUp(why) => {
                     tracing::warn!(%why, "lease renewal failed");
-                    return false;
+                    return None;
                 }
             }
         }
         tracing::warn!("failed {ATTEMPTS_PER_TICK} attempts to update lease");
-        false
+        None
     }
 }
 
@@ -683,13 +728,12 @@ fn ack_timeout(config: &AgentConfig) -> Duration {
 
 /// Longest time a Lease loop that is not stuck goes without finishing a tick: the longest
 /// pause between ticks (the jittered renew interval, or 14 s of failure backoff: 7 s plus
-/// its jitter) plus a tick whose every attempt times out. 64 s with the defaults.
+/// its jitter) plus a tick whose every attempt waits its longest (the answer timeout, or a
+/// quiet renewal's silence of one jittered renew interval). 66 s with the defaults.
 pub fn watchdog_bound(config: &AgentConfig) -> Duration {
-    let pause = config
-        .lease_renew_interval()
-        .mul_f64(1.0 + JITTER)
-        .max(Duration::from_secs(14));
-    pause + ack_timeout(config) * ATTEMPTS_PER_TICK
+    let interval = config.lease_renew_interval().mul_f64(1.0 + JITTER);
+    let pause = interval.max(Duration::from_secs(14));
+    pause + ack_timeout(config).max(interval) * ATTEMPTS_PER_TICK
 }
 
 /// `period` plus up to `JITTER` × period of random extra (kubelet `wait.Jitter`).
@@ -793,8 +837,12 @@ mod tests {
             0.0
         );
 
-        assert!(agent.report(&uplink, &agent.latest()).await);
-        assert!(agent.renew(&uplink, &mut Vec::new()).await);
+        assert!(agent.report(&uplink, &agent.latest(), false).await);
+        assert_eq!(
+            agent.renew(&uplink, &mut Vec::new()).await,
+            Some(false),
+            "answered at once (an older gateway): written, the loop still waits its period"
+        );
         drop(uplink);
         let sizes = gateway.await.unwrap();
 
@@ -847,18 +895,87 @@ mod tests {
         }
     }
 
+    /// Quiet renewals and unchanged reports: silence until the next one is due means
+    /// written; a RETRY answer is retried with a fresh message; a `resend_status` answer to
+    /// an unchanged report ends it so the whole status goes next.
+    #[tokio::test(start_paused = true)]
+    async fn silence_means_written_and_news_is_acted_on() {
+        let agent = fixture_agent();
+        let (uplink, mut driver) = edgebeat_transports::uplink::channel(4);
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let gateway = tokio::spawn(async move {
+            let mut held = Vec::new();
+            let mut first = true;
+            while let Some(request) = driver.requests.recv().await {
+                let _ = seen_tx.send(request.message.clone());
+                let seq = request.message.header().map_or(0, |h| h.seq);
+                match &request.message.kind {
+                    // The first renewal is not written; every other quiet one is.
+                    Some(Kind::Lease(_)) if first => {
+                        first = false;
+                        let _ = request.reply.send(Ok(pb::Ack {
+                            seq,
+                            code: AckCode::Retry.into(),
+                            reason: "apiserver busy".into(),
+                            ..Default::default()
+                        }));
+                    }
+                    Some(Kind::Status(s)) if s.unchanged && held.len() == 2 => {
+                        let _ = request.reply.send(Ok(pb::Ack {
+                            seq,
+                            code: AckCode::Retry.into(),
+                            resend_status: true,
+                            ..Default::default()
+                        }));
+                    }
+                    // Silence: keep the request open, answer nothing.
+                    _ => held.push(request),
+                }
+            }
+        });
+        let started = tokio::time::Instant::now();
+        assert_eq!(agent.renew(&uplink, &mut Vec::new()).await, Some(true));
+        let waited = started.elapsed();
+        let interval = agent.config.lease_renew_interval();
+        assert!(
+            waited >= interval && waited <= interval.mul_f64(1.0 + JITTER),
+            "one silent renew interval after the refused attempt: {waited:?}"
+        );
+        let renewals: Vec<_> = std::iter::from_fn(|| seen.try_recv().ok()).collect();
+        assert_eq!(renewals.len(), 2, "the refused renewal was retried");
+        assert!(renewals.iter().all(pb::AgentMessage::is_quiet));
+
+        assert!(
+            agent.report(&uplink, &agent.latest(), true).await,
+            "silence"
+        );
+        let report = seen.try_recv().unwrap();
+        assert!(report.is_quiet());
+        let Some(Kind::Status(s)) = &report.kind else {
+            panic!("{report:?}")
+        };
+        assert!(s.status.is_none(), "an unchanged report carries no status");
+        assert!(
+            !agent.report(&uplink, &agent.latest(), true).await,
+            "the gateway wants the whole status"
+        );
+        drop(uplink);
+        gateway.abort();
+    }
+
     #[test]
     fn watchdog_bound_covers_a_pause_and_a_tick_of_timeouts() {
         assert_eq!(
             watchdog_bound(&AgentConfig::default()),
-            Duration::from_secs(64)
+            // 14 s of backoff + 5 quiet attempts of 10 s × 1.04 each
+            Duration::from_secs(66)
         );
         let slow = AgentConfig {
             node_lease_duration_seconds: 120,
             ..AgentConfig::default()
         };
-        // 30 s × 1.04 + 5 × 10 s
-        assert_eq!(watchdog_bound(&slow), Duration::from_millis(81_200));
+        // 30 s × 1.04 + 5 × 30 s × 1.04
+        assert_eq!(watchdog_bound(&slow), Duration::from_millis(187_200));
     }
 
     #[tokio::test]
@@ -870,7 +987,7 @@ mod tests {
                 let _ = request.reply.send(Err(UplinkError::NotConnected));
             }
         });
-        assert!(!agent.renew(&uplink, &mut Vec::new()).await);
+        assert_eq!(agent.renew(&uplink, &mut Vec::new()).await, None);
         drop(uplink);
         gateway.await.unwrap();
         let text = metrics_text(&agent);

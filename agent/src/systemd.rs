@@ -15,8 +15,9 @@
 //!   `WatchdogSec=`; when `$WATCHDOG_PID` names another process there are no pings),
 //!   starting at `READY=1`, while the Lease loop is **making progress**: it is waiting for a
 //!   registration (the transport is connecting or backing off), or it finished a renewal tick —
-//!   successful or not — at most [`Liveness::bound`] ago (64 s with the defaults: the longest
-//!   pause between ticks, 14 s, plus a tick whose 5 attempts all time out, 5 × 10 s). So a
+//!   successful or not — at most [`Liveness::bound`] ago (66 s with the defaults: the longest
+//!   pause between ticks, 14 s, plus a tick whose 5 attempts all wait their longest, 5 ×
+//!   10.4 s, a quiet renewal's silence of one jittered renew interval). So a
 //!   hung agent (a loop stuck, the runtime thread blocked) stops pinging and systemd restarts
 //!   it `WatchdogSec` after the last ping, while an agent that cannot reach the gateway,
 //!   broker or apiserver keeps pinging and keeps retrying: a restart would not bring the

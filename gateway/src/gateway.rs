@@ -497,6 +497,9 @@ impl Gateway {
             Some(Kind::Register(register)) => {
                 self.writer.register(writes, name, seq, register).await
             }
+            Some(Kind::Status(report)) if report.unchanged => {
+                self.writer.report_unchanged(writes, name, seq).await
+            }
             Some(Kind::Status(report)) => {
                 self.writer
                     .report(writes, name, seq, report.status.as_ref())

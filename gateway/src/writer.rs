@@ -23,6 +23,7 @@ use edgebeat_proto::{self as pb, Ack, AckCode};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::time::Instant;
 
 use crate::apiserver::Apiserver;
@@ -497,6 +498,54 @@ impl Writer {
         let now = self.now();
         self.write_status(w, name, seq, status, &held, now, Reboot::Ignore)
             .await
+    }
+
+    /// An unchanged periodic status report (`StatusReport.unchanged`): what kubelet's
+    /// periodic update amounts to when nothing changed, a PATCH that refreshes every
+    /// condition's `lastHeartbeatTime` (kubelet's two-way merge patch of an unchanged node
+    /// carries only those). Written only when the apiserver's conditions are the agent's
+    /// (none `Unknown`): otherwise, or with no condition known, the answer asks for the
+    /// whole status (`resend_status`) and nothing is written.
+    pub(crate) async fn report_unchanged(&self, w: &mut NodeWrites, name: &str, seq: u64) -> Ack {
+        let held = match self.ensure_known(w, name, seq).await {
+            Ok(held) => held,
+            Err(answer) => return answer,
+        };
+        // kubelet's own conditions only: others (a CNI's NetworkUnavailable) are not ours.
+        const KUBELET_CONDITIONS: [&str; 4] =
+            ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"];
+        let as_reported = KUBELET_CONDITIONS.iter().all(|t| {
+            held.conditions
+                .get(*t)
+                .is_some_and(|c| c.status == "True" || c.status == "False")
+        });
+        if !as_reported {
+            return Ack {
+                resend_status: true,
+                ..ack(
+                    seq,
+                    AckCode::Retry,
+                    "the apiserver's status differs: send it whole",
+                )
+            };
+        }
+        let now = patch::whole_seconds(self.now());
+        let conditions: Vec<serde_json::Value> = KUBELET_CONDITIONS
+            .iter()
+            .map(|t| serde_json::json!({ "type": t, "lastHeartbeatTime": Time(now) }))
+            .collect();
+        let body = serde_json::json!({ "status": { "conditions": conditions } });
+        match self.api.patch_node_status(name, body).await {
+            Ok(node) => {
+                self.view.observe_node(&node);
+                self.counters.status_reports.fetch_add(1, Ordering::Relaxed);
+                ack(seq, AckCode::Ok, "")
+            }
+            Err(e) => match api_code(&e) {
+                Some(404) => self.forget(w, name, seq),
+                _ => ack(seq, AckCode::Retry, format!("patching node status: {e}")),
+            },
+        }
     }
 
     /// The status PATCH itself, diffed against `held`.

@@ -131,6 +131,50 @@ impl AgentMessage {
         }
     }
 
+    /// Whether this message asks to be answered only with news (see [`Ack::is_news`]): a
+    /// quiet [`LeaseRenewal`] or an unchanged [`StatusReport`].
+    pub fn is_quiet(&self) -> bool {
+        match &self.kind {
+            Some(agent_message::Kind::Lease(l)) => l.quiet,
+            Some(agent_message::Kind::Status(s)) => s.unchanged,
+            _ => false,
+        }
+    }
+
+    fn quiet_header_mut(&mut self) -> Option<&mut Header> {
+        match &mut self.kind {
+            Some(agent_message::Kind::Lease(l)) if l.quiet => l.header.as_mut(),
+            Some(agent_message::Kind::Status(s)) if s.unchanged => s.header.as_mut(),
+            _ => None,
+        }
+    }
+
+    /// Leaves only `seq` in the header of a quiet message ([`AgentMessage::is_quiet`]), for
+    /// a gRPC stream whose gateway accepted `compact_headers` (see
+    /// [`Ack::compact_headers`]): the stream's `Register` gave node name and boot ID. Other
+    /// messages are unchanged.
+    pub fn compact_header(&mut self) {
+        if let Some(h) = self.quiet_header_mut() {
+            h.node_name.clear();
+            h.boot_id.clear();
+            h.wall_time_ms = 0;
+        }
+    }
+
+    /// Restores a header left compact by [`AgentMessage::compact_header`] from the
+    /// stream's `Register` header: node name and boot ID, when both are empty. Returns
+    /// whether it did.
+    pub fn complete_header(&mut self, register: &Header) -> bool {
+        match self.quiet_header_mut() {
+            Some(h) if h.node_name.is_empty() && h.boot_id.is_empty() => {
+                h.node_name.clone_from(&register.node_name);
+                h.boot_id.clone_from(&register.boot_id);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Short name of the message kind for logs and metric labels: `register`, `status`,
     /// `lease`, or `unknown`.
     pub fn kind_name(&self) -> &'static str {
@@ -143,10 +187,69 @@ impl AgentMessage {
     }
 }
 
+impl Ack {
+    /// Whether this answer says more than "written": not `OK`, or asking for a status
+    /// report, or saying the Node is gone, or accepting a `Register`. A quiet message
+    /// ([`AgentMessage::is_quiet`]) is answered only with news; every transport applies the
+    /// rule through [`answer_needed`].
+    pub fn is_news(&self) -> bool {
+        AckCode::try_from(self.code) != Ok(AckCode::Ok)
+            || self.resend_status
+            || self.node_not_found
+            || self.registered
+    }
+}
+
+/// Whether the gateway sends `ack` for a message that was `quiet`
+/// ([`AgentMessage::is_quiet`], taken before the message was handled): always for other
+/// messages, only with news ([`Ack::is_news`]) for quiet ones.
+pub fn answer_needed(quiet: bool, ack: &Ack) -> bool {
+    !quiet || ack.is_news()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use prost::Message;
+
+    #[test]
+    fn quiet_renewals_are_answered_only_with_news() {
+        let ok = Ack {
+            code: AckCode::Ok.into(),
+            lease_state: vec![1, 2, 3],
+            ..Default::default()
+        };
+        assert!(!answer_needed(true, &ok), "written: silence");
+        assert!(answer_needed(false, &ok));
+        for news in [
+            Ack {
+                code: AckCode::Retry.into(),
+                ..Default::default()
+            },
+            Ack {
+                code: AckCode::Rejected.into(),
+                ..Default::default()
+            },
+            Ack {
+                resend_status: true,
+                ..ok.clone()
+            },
+            Ack {
+                node_not_found: true,
+                ..ok.clone()
+            },
+        ] {
+            assert!(answer_needed(true, &news), "{news:?}");
+        }
+        let quiet = AgentMessage {
+            kind: Some(agent_message::Kind::Lease(LeaseRenewal {
+                quiet: true,
+                ..Default::default()
+            })),
+        };
+        assert!(quiet.is_quiet());
+        assert!(!AgentMessage::default().is_quiet());
+    }
 
     #[test]
     fn boot_id_round_trips_through_16_bytes() {
@@ -165,6 +268,42 @@ mod tests {
     }
 
     #[test]
+    fn a_compact_quiet_renewal_is_a_sequence_number() {
+        let full = Header {
+            node_name: "edge-0001".into(),
+            boot_id: boot_id_to_bytes("0f8fad5b-d9cb-469f-a165-70867728950e"),
+            seq: 86_400_000_000,
+            wall_time_ms: 1_780_000_000_000,
+        };
+        let renewal = |quiet| AgentMessage {
+            kind: Some(agent_message::Kind::Lease(LeaseRenewal {
+                header: Some(full.clone()),
+                lease_duration_seconds: 40,
+                lease_state: Vec::new(),
+                quiet,
+            })),
+        };
+        let mut compact = renewal(true);
+        compact.compact_header();
+        assert!(
+            compact.encoded_len() <= 20,
+            "{} bytes",
+            compact.encoded_len()
+        );
+        assert!(compact.complete_header(&full));
+        let back = compact.header().unwrap();
+        assert_eq!(
+            (&*back.node_name, &back.boot_id, back.seq),
+            ("edge-0001", &full.boot_id, full.seq)
+        );
+        // Not quiet: left whole; a full header is never overwritten.
+        let mut loud = renewal(false);
+        loud.compact_header();
+        assert_eq!(loud, renewal(false));
+        assert!(!loud.complete_header(&Header::default()));
+    }
+
+    #[test]
     fn lease_renewal_is_tens_of_bytes() {
         let msg = AgentMessage {
             kind: Some(agent_message::Kind::Lease(LeaseRenewal {
@@ -176,6 +315,7 @@ mod tests {
                 }),
                 lease_duration_seconds: 40,
                 lease_state: Vec::new(),
+                quiet: true,
             })),
         };
         let len = msg.encoded_len();

@@ -547,6 +547,8 @@ async fn renew(
             header: Some(headers.next()),
             lease_duration_seconds: options.lease_duration_seconds,
             lease_state: lease_state.clone(),
+            // Answered every time: the simulator measures ack latency.
+            quiet: false,
         })),
     };
     stats.renewals_sent.fetch_add(1, Ordering::Relaxed);
@@ -588,6 +590,7 @@ async fn report(
         kind: Some(Kind::Status(pb::StatusReport {
             header: Some(headers.next()),
             status: Some(host.status()),
+            unchanged: false,
         })),
     };
     stats.status_sent.fetch_add(1, Ordering::Relaxed);

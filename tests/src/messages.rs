@@ -49,6 +49,7 @@ pub fn renewal(node: &str, seq: u64) -> pb::AgentMessage {
             header: Some(header(node, seq)),
             lease_duration_seconds: 40,
             lease_state: Vec::new(),
+            quiet: false,
         })),
     }
 }

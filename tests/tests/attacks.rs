@@ -107,6 +107,7 @@ async fn an_unidentified_listener_cannot_write_beside_signed_mqtt() {
         forged_status.kind = Some(Kind::Status(pb::StatusReport {
             header: r.header,
             status: Some(status),
+            unchanged: false,
         }));
     }
     let mut forged = vec![forged_status, renewal("edge-a", u64::MAX / 2 + 1)];
@@ -171,7 +172,8 @@ async fn a_forged_boot_id_locks_a_node_out_only_briefly() {
 
 /// 3. Messages with random signature bytes on a node's topic used to be answered
 ///    `register_again` on its ack topic, which the agent obeyed. Now they get no answer at
-///    all, and the node neither registers again nor misses a renewal.
+///    all (an answer could only ever tell the agent its Node is gone), and the node neither
+///    registers again nor misses a renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_signatures_are_never_answered() {
     let site = Ca::new("edgebeat site CA");
@@ -179,6 +181,11 @@ async fn forged_signatures_are_never_answered() {
         .await
         .unwrap();
     let cert = site.node("edge-r");
+    let acks_topic = format!("{PREFIX}/acks/edge-r");
+    let lease_topic = format!("{PREFIX}/nodes/edge-r/lease");
+    // Listening from before the agent starts: renewals written are not answered (they are
+    // quiet), but its Register and first status report are, so the spy sees genuine acks.
+    let mut spy = Spy::connect(&cluster, &site.client("spy", None), &[&acks_topic]).await;
     let agent = cluster
         .start_agent(cluster.secure_agent_config("edge-r", &fixture(FACTS), &cert))
         .unwrap();
@@ -186,9 +193,6 @@ async fn forged_signatures_are_never_answered() {
         .wait_for_renewals("edge-r", 2, DEADLINE)
         .await
         .unwrap();
-    let acks_topic = format!("{PREFIX}/acks/edge-r");
-    let lease_topic = format!("{PREFIX}/nodes/edge-r/lease");
-    let mut spy = Spy::connect(&cluster, &site.client("spy", None), &[&acks_topic]).await;
     let registrations = cluster
         .gateway()
         .counters

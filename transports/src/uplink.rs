@@ -198,6 +198,7 @@ mod tests {
                 }),
                 lease_duration_seconds: 40,
                 lease_state: Vec::new(),
+                quiet: false,
             })),
         }
     }
@@ -276,9 +277,13 @@ pub enum AfterAck {
 /// (kubelet's: 100 ms doubling to 7 s). Drivers feed it sends and acks and act on what it
 /// returns.
 pub struct Session {
-    pending: std::collections::HashMap<u64, oneshot::Sender<Result<Ack, UplinkError>>>,
+    /// Requests awaiting an answer, by seq, and whether each is quiet (answered only with
+    /// news, so silence is not a loss).
+    pending: std::collections::HashMap<u64, (oneshot::Sender<Result<Ack, UplinkError>>, bool)>,
     register_seq: Option<u64>,
     registered: bool,
+    /// The gateway accepted `Register` with `compact_headers` on this connection.
+    compact_headers: bool,
     backoff: Box<dyn Iterator<Item = Duration> + Send>,
 }
 
@@ -295,6 +300,7 @@ impl Session {
             pending: std::collections::HashMap::new(),
             register_seq: None,
             registered: false,
+            compact_headers: false,
             backoff: Box::new(reconnect_backoff(
                 Duration::from_millis(100),
                 Duration::from_secs(7),
@@ -318,19 +324,35 @@ impl Session {
         self.registered
     }
 
+    /// Whether quiet renewals may go with a compact header on this connection
+    /// ([`AgentMessage::compact_header`]): the gateway said so when it accepted
+    /// `Register` (`Ack.compact_headers`, gRPC only).
+    pub fn compact_headers(&self) -> bool {
+        self.registered && self.compact_headers
+    }
+
     /// Records that `Register` with `seq` was sent.
     pub fn register_sent(&mut self, seq: Option<u64>) {
         self.register_seq = seq;
     }
 
-    /// Records a request sent with `seq` whose answer goes to `reply`; forgets requests
-    /// whose caller gave up (timed out). Returns how many were forgotten: requests that went
-    /// unanswered.
-    pub fn track(&mut self, seq: u64, reply: oneshot::Sender<Result<Ack, UplinkError>>) -> usize {
-        let before = self.pending.len();
-        self.pending.retain(|_, r| !r.is_closed());
-        let unanswered = before - self.pending.len();
-        self.pending.insert(seq, reply);
+    /// Records a request sent with `seq` whose answer goes to `reply` (`quiet`: a quiet
+    /// renewal, answered only with news); forgets requests whose caller gave up (timed
+    /// out). Returns how many were forgotten that expected an answer: requests that went
+    /// unanswered (a quiet one that heard nothing was written).
+    pub fn track(
+        &mut self,
+        seq: u64,
+        reply: oneshot::Sender<Result<Ack, UplinkError>>,
+        quiet: bool,
+    ) -> usize {
+        let mut unanswered = 0;
+        self.pending.retain(|_, (r, quiet)| {
+            let gone = r.is_closed();
+            unanswered += usize::from(gone && !*quiet);
+            !gone
+        });
+        self.pending.insert(seq, (reply, quiet));
         unanswered
     }
 
@@ -357,6 +379,7 @@ impl Session {
             }
             if ack.registered {
                 self.registered = true;
+                self.compact_headers = ack.compact_headers;
                 self.backoff = Box::new(reconnect_backoff(
                     Duration::from_millis(100),
                     Duration::from_secs(7),
@@ -377,7 +400,7 @@ impl Session {
         }
         let node_not_found = ack.node_not_found;
         let resend_status = ack.resend_status;
-        let Some(reply) = self.pending.remove(&ack.seq) else {
+        let Some((reply, _)) = self.pending.remove(&ack.seq) else {
             tracing::debug!(
                 seq = ack.seq,
                 "ignoring an ack for no request of this session"
@@ -423,7 +446,7 @@ impl Session {
     /// Fails every pending request with [`UplinkError::Disconnected`] and leaves the
     /// registration as it is (see [`Session::resumed`]).
     pub fn fail_pending(&mut self) {
-        for (_, reply) in self.pending.drain() {
+        for (_, (reply, _)) in self.pending.drain() {
             let _ = reply.send(Err(UplinkError::Disconnected));
         }
     }
@@ -448,7 +471,7 @@ mod session_tests {
         assert_eq!(s.on_ack(ok, &driver), AfterAck::Nothing);
         assert!(*uplink.registered().borrow());
         let (tx, mut rx) = oneshot::channel();
-        s.track(11, tx);
+        s.track(11, tx, false);
         assert_eq!(
             s.on_ack(
                 Ack {
@@ -537,7 +560,7 @@ mod session_tests {
         assert!(s.registered());
         assert_eq!(*uplink.registration().borrow(), NodeRegistration::Completed);
         let (tx, mut rx) = oneshot::channel();
-        s.track(8, tx);
+        s.track(8, tx, false);
         assert_eq!(s.on_ack(gone(8), &driver), AfterAck::Nothing);
         assert!(
             rx.try_recv().unwrap().unwrap().node_not_found,
@@ -592,10 +615,14 @@ mod session_tests {
     fn unanswered_requests_are_counted_when_forgotten() {
         let mut s = Session::new();
         let (tx, rx) = oneshot::channel();
-        assert_eq!(s.track(1, tx), 0);
+        assert_eq!(s.track(1, tx, false), 0);
+        drop(rx);
+        let (tx, rx) = oneshot::channel();
+        assert_eq!(s.track(2, tx, true), 1);
+        // A quiet request whose caller stopped waiting heard nothing: it was written.
         drop(rx);
         let (tx, _rx) = oneshot::channel();
-        assert_eq!(s.track(2, tx), 1);
+        assert_eq!(s.track(3, tx, false), 0);
     }
 
     #[test]
@@ -603,7 +630,7 @@ mod session_tests {
         let (uplink, driver) = channel(4);
         let mut s = Session::new();
         let (tx, mut rx) = oneshot::channel();
-        s.track(5, tx);
+        s.track(5, tx, false);
         s.close(&driver);
         assert_eq!(rx.try_recv().unwrap(), Err(UplinkError::Disconnected));
         assert!(!*uplink.registered().borrow());

@@ -71,6 +71,7 @@ impl Node {
                 header: Some(self.header()),
                 lease_duration_seconds: 40,
                 lease_state: Vec::new(),
+                quiet: false,
             })),
         }
     }
@@ -80,6 +81,7 @@ impl Node {
             kind: Some(Kind::Status(StatusReport {
                 header: Some(self.header()),
                 status: None,
+                unchanged: false,
             })),
         }
     }

@@ -149,8 +149,17 @@ pub struct Register {
 pub struct StatusReport {
     #[prost(message, optional, tag = "1")]
     pub header: ::core::option::Option<Header>,
+    /// Absent when unchanged is set.
     #[prost(message, optional, tag = "2")]
     pub status: ::core::option::Option<NodeStatus>,
+    /// The status is still the one this agent last reported and had written: the periodic
+    /// report (nodeStatusReportFrequency) of an unchanged node, which only refreshes the
+    /// conditions' lastHeartbeatTime. Answered only with news, as a quiet LeaseRenewal; when
+    /// the apiserver's copy differs from that status (the node lifecycle controller's
+    /// Unknown) or the gateway cannot tell, it answers resend_status and the agent sends the
+    /// whole status.
+    #[prost(bool, tag = "3")]
+    pub unchanged: bool,
 }
 /// One node Lease renewal (every nodeLeaseDurationSeconds × 0.25). renewTime is stamped by
 /// the gateway clock, never taken from the agent.
@@ -167,6 +176,13 @@ pub struct LeaseRenewal {
     /// consecutive renewals of one node to different replicas. Empty when unknown.
     #[prost(bytes = "vec", tag = "3")]
     pub lease_state: ::prost::alloc::vec::Vec<u8>,
+    /// Answer only with news: the gateway sends no Ack for a renewal it wrote (and has nothing
+    /// else to say about), only when it was not written (RETRY, REJECTED) or with
+    /// resend_status / node_not_found. The agent takes silence until its next renewal as
+    /// written; on a metered link that saves the Ack and its TCP ACK on every renewal. The
+    /// gateway then knows the Lease from its own writes and its watch, not from lease_state.
+    #[prost(bool, tag = "4")]
+    pub quiet: bool,
 }
 /// Everything an agent sends.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -249,6 +265,11 @@ pub struct Ack {
     /// older agent registers again.)
     #[prost(bool, tag = "7")]
     pub node_not_found: bool,
+    /// On an accepted Register over gRPC: on this stream, quiet Lease renewals may leave
+    /// Header.node_name, boot_id and wall_time_ms empty; the gateway takes node name and boot
+    /// ID from the stream's Register (its identity checks apply as to a full header).
+    #[prost(bool, tag = "8")]
+    pub compact_headers: bool,
 }
 /// Everything the gateway sends back.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

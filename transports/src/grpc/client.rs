@@ -28,9 +28,13 @@ pub struct GrpcUplinkOptions {
     /// host) and, for mTLS, the node's client certificate. Read once; rotating certificates
     /// means restarting the uplink.
     pub tls: Option<ClientTls>,
-    /// Interval of HTTP/2 keepalive pings, also sent while idle (default 30 s).
+    /// HTTP/2 keepalive: a ping after this long without receiving anything, also while
+    /// idle (default 30 s). While renewals flow, `TCP_USER_TIMEOUT` notices a dead link
+    /// without pings (see `keepalive_timeout`), so a long interval costs no safety.
     pub keepalive: Duration,
-    /// Time to wait for a ping's answer before the connection counts as dead (default 10 s).
+    /// Time to wait for a ping's answer before the connection counts as dead (default 10 s);
+    /// twice this is the socket's `TCP_USER_TIMEOUT`, the longest a sent renewal may go
+    /// unacknowledged by the gateway's TCP before the connection is dropped and made anew.
     pub keepalive_timeout: Duration,
     /// Limit for establishing the TCP (and TLS) connection (default 10 s).
     pub connect_timeout: Duration,
@@ -110,13 +114,19 @@ pub async fn run_uplink(
         .connect_timeout(options.connect_timeout)
         .http2_keep_alive_interval(options.keepalive)
         .keep_alive_timeout(options.keepalive_timeout)
-        .keep_alive_while_idle(true)
-        .tcp_nodelay(true)
-        .tcp_keepalive(Some(options.keepalive));
+        .keep_alive_while_idle(true);
     let endpoint = with_tls(endpoint, &options)?;
     let mut backoff = reconnect_backoff(options.backoff_min, options.backoff_max);
     loop {
-        match session(&endpoint, &register, &mut driver, &cancel).await {
+        match session(
+            &endpoint,
+            options.keepalive_timeout * 2,
+            &register,
+            &mut driver,
+            &cancel,
+        )
+        .await
+        {
             SessionEnd::Cancelled | SessionEnd::Closed => return Ok(()),
             SessionEnd::Failed { registered } => {
                 if registered {
@@ -209,14 +219,57 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// Opens the agent's TCP connections (tonic adds TLS on top): `TCP_NODELAY`, TCP keepalive
+/// probes after `user_timeout` of silence, and `TCP_USER_TIMEOUT` = `user_timeout`
+/// (`tcp(7)`): a renewal the gateway's kernel has not acknowledged by then ends the
+/// connection, so a dead link is noticed within one `user_timeout` of the next renewal,
+/// without HTTP/2 pings while renewals flow.
+#[derive(Clone, Copy)]
+struct Connector {
+    user_timeout: Duration,
+}
+
+impl tonic::codegen::Service<tonic::transport::Uri> for Connector {
+    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: tonic::transport::Uri) -> Self::Future {
+        let user_timeout = self.user_timeout;
+        Box::pin(async move {
+            let host = uri.host().unwrap_or_default().trim_matches(['[', ']']);
+            let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+                Some("https") => 443,
+                _ => 80,
+            });
+            let stream = tokio::net::TcpStream::connect((host, port)).await?;
+            stream.set_nodelay(true)?;
+            let socket = socket2::SockRef::from(&stream);
+            socket.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(user_timeout))?;
+            socket.set_tcp_user_timeout(Some(user_timeout))?;
+            Ok(hyper_util::rt::TokioIo::new(stream))
+        })
+    }
+}
+
 async fn session(
     endpoint: &Endpoint,
+    user_timeout: Duration,
     register: &RegisterFn,
     driver: &mut UplinkDriver,
     cancel: &CancellationToken,
 ) -> SessionEnd {
     // Connect, refusing requests meanwhile: a renewal must not wait for a slow handshake.
-    let connect = endpoint.connect();
+    let connect = endpoint.connect_with_connector(Connector { user_timeout });
     tokio::pin!(connect);
     let channel = loop {
         tokio::select! {
@@ -261,11 +314,17 @@ async fn session(
             request = driver.requests.recv() => {
                 let Some(request) = request else { break SessionEnd::Closed };
                 let seq = request.message.header().map_or(0, |h| h.seq);
-                if out.send(request.message).await.is_err() {
+                let quiet = request.message.is_quiet();
+                let mut message = request.message;
+                if state.compact_headers() {
+                    // The stream's Register told the gateway who and which boot.
+                    message.compact_header();
+                }
+                if out.send(message).await.is_err() {
                     let _ = request.reply.send(Err(UplinkError::Disconnected));
                     break SessionEnd::Failed { registered: state.registered() };
                 }
-                state.track(seq, request.reply);
+                state.track(seq, request.reply, quiet);
             }
             message = inbound.message() => match message {
                 Ok(Some(message)) => {

@@ -2,7 +2,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_proto::heartbeat_server::{Heartbeat, HeartbeatServer};
-use edgebeat_proto::{AgentMessage, GatewayMessage, MAX_AGENT_MESSAGE_BYTES, gateway_message};
+use edgebeat_proto::{
+    AgentMessage, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, agent_message, gateway_message,
+};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -100,45 +102,64 @@ impl<H: Handler> Heartbeat for Service<H> {
             handler: self.handler.clone(),
             peer,
             closing: self.closing.clone(),
+            register: None,
         };
         let acks = futures_util::stream::unfold(Some(state), |state| async move {
             let mut state = state?;
-            let next = tokio::select! {
-                () = state.closing.cancelled() => return None,
-                next = state.inbound.message() => next,
-            };
-            match next {
-                Ok(Some(message)) => {
-                    // In a task of its own: an agent that goes away mid-message must not
-                    // cancel the gateway's writes half-way (a Node patched but its Event
-                    // not recorded). The task lives only while the message is handled.
-                    let (handler, peer) = (state.handler.clone(), state.peer.clone());
-                    let ack = tokio::spawn(async move { handler.handle(&peer, message).await })
-                        .await
-                        .ok()?;
-                    let reply = GatewayMessage {
-                        kind: Some(gateway_message::Kind::Ack(ack)),
-                    };
-                    Some((Ok(reply), Some(state)))
-                }
-                Ok(None) => None,
-                Err(status) => {
-                    // Malformed or oversized frames end this stream only; the agent
-                    // reconnects and every other stream is untouched.
-                    let reason = match status.code() {
-                        tonic::Code::Cancelled | tonic::Code::Unknown => None,
-                        // tonic's decoder: a message over max_message_bytes.
-                        tonic::Code::OutOfRange => Some(RejectReason::TooLarge),
-                        _ => Some(RejectReason::Malformed),
-                    };
-                    if let Some(reason) = reason {
-                        state
-                            .handler
-                            .rejected(&state.peer, reason, status.message());
+            loop {
+                let next = tokio::select! {
+                    () = state.closing.cancelled() => return None,
+                    next = state.inbound.message() => next,
+                };
+                return match next {
+                    Ok(Some(mut message)) => {
+                        let quiet = message.is_quiet();
+                        let register =
+                            matches!(message.kind, Some(agent_message::Kind::Register(_)));
+                        if register {
+                            state.register = message.header().cloned();
+                        } else if let Some(header) = &state.register {
+                            message.complete_header(header);
+                        }
+                        // In a task of its own: an agent that goes away mid-message must not
+                        // cancel the gateway's writes half-way (a Node patched but its Event
+                        // not recorded). The task lives only while the message is handled.
+                        let (handler, peer) = (state.handler.clone(), state.peer.clone());
+                        let mut ack =
+                            tokio::spawn(async move { handler.handle(&peer, message).await })
+                                .await
+                                .ok()?;
+                        if register && ack.registered {
+                            ack.compact_headers = true;
+                        }
+                        // A quiet renewal that was written gets no answer (nothing on the link).
+                        if !edgebeat_proto::answer_needed(quiet, &ack) {
+                            continue;
+                        }
+                        let reply = GatewayMessage {
+                            kind: Some(gateway_message::Kind::Ack(ack)),
+                        };
+                        Some((Ok(reply), Some(state)))
                     }
-                    tracing::debug!(peer = ?state.peer.remote, %status, "gRPC stream ended");
-                    None
-                }
+                    Ok(None) => None,
+                    Err(status) => {
+                        // Malformed or oversized frames end this stream only; the agent
+                        // reconnects and every other stream is untouched.
+                        let reason = match status.code() {
+                            tonic::Code::Cancelled | tonic::Code::Unknown => None,
+                            // tonic's decoder: a message over max_message_bytes.
+                            tonic::Code::OutOfRange => Some(RejectReason::TooLarge),
+                            _ => Some(RejectReason::Malformed),
+                        };
+                        if let Some(reason) = reason {
+                            state
+                                .handler
+                                .rejected(&state.peer, reason, status.message());
+                        }
+                        tracing::debug!(peer = ?state.peer.remote, %status, "gRPC stream ended");
+                        None
+                    }
+                };
             }
         });
         Ok(Response::new(Box::pin(acks)))
@@ -151,6 +172,9 @@ struct StreamState<H> {
     handler: Arc<H>,
     peer: Peer,
     closing: tokio_util::sync::CancellationToken,
+    /// The header of the stream's last `Register`: node name and boot ID of compact
+    /// headers (`Ack.compact_headers`).
+    register: Option<Header>,
 }
 
 impl<H> Service<H> {

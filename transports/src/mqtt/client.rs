@@ -215,6 +215,9 @@ impl Topics {
     }
 }
 
+/// The Topic Alias of the Lease topic (the only one aliased: it carries most messages).
+const LEASE_TOPIC_ALIAS: u16 = 1;
+
 /// Runs the agent's MQTT connection until `cancel` fires or every
 /// [`crate::uplink::Uplink`] handle is dropped.
 ///
@@ -222,7 +225,10 @@ impl Topics {
 /// `P/acks/{node}` and then publishes `register()`; it publishes Register again when
 /// registration was refused (with [`Session`]'s backoff), or when no answer came within `register_timeout` (doubling). Requests go to the topic of their kind
 /// (QoS 1, not retained; Lease renewals with a Message Expiry Interval of `lease_expiry`)
-/// and are answered by the acks the gateway publishes back. The Last Will
+/// and are answered by the acks the gateway publishes back. Quiet Lease renewals
+/// (`LeaseRenewal.quiet`, answered only with news) go at QoS 0 without expiry, their topic
+/// replaced by a Topic Alias after the first one on each connection when the broker allows
+/// aliases (CONNACK Topic Alias Maximum ≥ 1; Mosquitto's default is 10). The Last Will
 /// (`P/nodes/{node}/will`, the `Header` of a fresh `register()`, refreshed before each
 /// connection attempt) tells gateways about a connection that died.
 ///
@@ -335,6 +341,10 @@ struct Link {
     register_timeouts: Box<dyn Iterator<Item = Duration> + Send>,
     register_timeout: Duration,
     lease_properties: PublishProperties,
+    /// The Lease topic's Topic Alias on this broker connection: `None` when the broker
+    /// allows none (CONNACK Topic Alias Maximum 0), `Some(false)` until the first quiet
+    /// renewal set it, `Some(true)` after (then quiet renewals carry only the alias).
+    lease_alias: Option<bool>,
     max_packet_bytes: usize,
     #[cfg(feature = "mqtt-tls")]
     signer: Option<std::sync::Arc<crate::signing::MessageSigner>>,
@@ -362,6 +372,7 @@ impl Link {
                 message_expiry_interval: Some(expiry),
                 ..PublishProperties::default()
             },
+            lease_alias: None,
             max_packet_bytes: options.max_packet_bytes,
             #[cfg(feature = "mqtt-tls")]
             signer: options.signer.clone(),
@@ -407,7 +418,14 @@ impl Link {
 
     fn on_event(&mut self, event: Event, driver: &UplinkDriver) -> Timer {
         match event {
-            Event::Incoming(Packet::ConnAck(_)) => {
+            Event::Incoming(Packet::ConnAck(connack)) => {
+                // Aliases are per connection: the first quiet renewal sets it again.
+                self.lease_alias = connack
+                    .properties
+                    .as_ref()
+                    .and_then(|p| p.topic_alias_max)
+                    .is_some_and(|max| max >= LEASE_TOPIC_ALIAS)
+                    .then_some(false);
                 tracing::info!(topic = %self.topics.acks, "connected to the MQTT broker");
                 self.register_timeouts = register_timeouts(self.register_timeout);
                 // Subscribed before Register goes out: the broker handles packets of one
@@ -542,7 +560,33 @@ impl Link {
             let _ = request.reply.send(Ok(local_reject(seq, reason)));
             return;
         }
-        let queued = if kind == "lease" {
+        let quiet = message.is_quiet();
+        let queued = if quiet {
+            // A quiet message (a renewal, an unchanged status report): QoS 0, as a lost one
+            // only delays by one period and nothing queues QoS 0 messages for an absent
+            // gateway (so no expiry either); a renewal's topic as a Topic Alias once set on
+            // this connection. One PUBLISH up, nothing but TCP's ACK down.
+            let lease = kind == "lease";
+            let (topic, alias) = match self.lease_alias {
+                Some(true) if lease => ("", Some(LEASE_TOPIC_ALIAS)),
+                Some(false) if lease => (topic, Some(LEASE_TOPIC_ALIAS)),
+                _ => (topic, None),
+            };
+            let queued = self.client.try_publish_with_properties(
+                topic,
+                QoS::AtMostOnce,
+                false,
+                payload,
+                PublishProperties {
+                    topic_alias: alias,
+                    ..PublishProperties::default()
+                },
+            );
+            if queued.is_ok() && lease && self.lease_alias == Some(false) {
+                self.lease_alias = Some(true);
+            }
+            queued
+        } else if kind == "lease" {
             self.client.try_publish_with_properties(
                 topic,
                 QoS::AtLeastOnce,
@@ -556,7 +600,7 @@ impl Link {
         };
         match (queued, self.session.as_mut()) {
             (Ok(()), Some(session)) => {
-                let unanswered = session.track(seq, request.reply);
+                let unanswered = session.track(seq, request.reply, quiet);
                 let due = self
                     .certificate_published
                     .is_none_or(|t| t.elapsed() >= CERTIFICATE_REPUBLISH_MIN_INTERVAL);

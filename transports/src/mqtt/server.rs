@@ -286,7 +286,8 @@ pub enum MqttIngressError {
 
 /// Serves agents through the broker until `shutdown` resolves: subscribes to
 /// `$share/{share_group}/P/nodes/+/+` (QoS 1) on every CONNACK (clean start), hands each
-/// message to `handler` and publishes its `Ack` to `P/acks/{node}` (QoS 1).
+/// message to `handler` and publishes its `Ack` to `P/acks/{node}` (QoS 1), except for a
+/// quiet renewal that was written ([`edgebeat_proto::answer_needed`]).
 ///
 /// Each message is checked before the handler sees it, in this order: the topic is
 /// `P/nodes/{node}/{kind}` with a known kind (else [`REJECT_UNKNOWN_TOPIC`]) and the payload
@@ -908,7 +909,12 @@ impl<H: Handler> Workers<H> {
                     }
                 };
                 let peer = peer(work.signed.then_some(node.as_str()));
+                let quiet = work.message.is_quiet();
                 let ack = Box::pin(handler.handle(&peer, *work.message)).await;
+                // A quiet renewal that was written gets no answer (nothing on the link).
+                if !edgebeat_proto::answer_needed(quiet, &ack) {
+                    continue;
+                }
                 let reply = GatewayMessage {
                     kind: Some(gateway_message::Kind::Ack(ack)),
                 };
@@ -979,6 +985,7 @@ mod tests {
                 }),
                 lease_duration_seconds: 40,
                 lease_state: Vec::new(),
+                quiet: false,
             })),
         }
     }
@@ -1034,6 +1041,7 @@ mod tests {
                     ..Header::default()
                 }),
                 status: None,
+                unchanged: false,
             })),
         }
         .encode_to_vec();
