@@ -273,6 +273,24 @@ async fn steady_node_patches_status_once_then_per_report_period(transport: Trans
         v["status"]["$setElementOrder/conditions"][3]["type"],
         "Ready"
     );
+    // The periodic report of an unchanged node is "unchanged": its PATCH refreshes only
+    // the heartbeat times (what kubelet's two-way merge patch of an unchanged node holds).
+    let periodic: serde_json::Value = serde_json::from_slice(&patches[1].body).unwrap();
+    assert!(periodic["status"].get("capacity").is_none(), "{periodic}");
+    for c in periodic["status"]["conditions"].as_array().unwrap() {
+        let keys: Vec<_> = c.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["lastHeartbeatTime", "type"], "{periodic}");
+    }
+    let node = cluster.standin.node("nuc-lab-03").unwrap();
+    assert_eq!(
+        condition(&node, "Ready").status,
+        "True",
+        "merged, not replaced"
+    );
+    assert_eq!(
+        condition(&node, "Ready").reason.as_deref(),
+        Some("KubeletReady")
+    );
 }
 
 async fn conflict_leads_to_one_get_and_recovery(transport: Transport) {

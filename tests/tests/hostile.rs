@@ -314,3 +314,50 @@ async fn a_renewal_superseded_by_a_newer_one_is_not_written() {
         1
     );
 }
+
+/// A quiet renewal that was written is not answered at all (nothing goes back on the
+/// link); one the gateway could not write is answered RETRY, so the agent tries again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_renewals_are_answered_only_when_not_written() {
+    let cluster = Cluster::start(Transport::Grpc).await.unwrap();
+    let (uplink, cancel) = raw_uplink(&cluster, "quiet-01", 1_000_000).await;
+    let quiet = |seq| {
+        let mut message = renewal("quiet-01", seq);
+        if let Some(Kind::Lease(l)) = message.kind.as_mut() {
+            l.quiet = true;
+        }
+        message
+    };
+    // The Lease exists first (a loud renewal creates it), so the quiet one is a PUT.
+    let loud = uplink
+        .send(renewal("quiet-01", 1_500_000), T)
+        .await
+        .unwrap();
+    assert_eq!(code(&loud), AckCode::Ok, "{}", loud.reason);
+    let written = cluster.standin.requests().len();
+    let silence = uplink.send(quiet(2_000_000), Duration::from_secs(2)).await;
+    assert_eq!(
+        silence,
+        Err(edgebeat_transports::uplink::UplinkError::Timeout(
+            Duration::from_secs(2)
+        )),
+        "no answer to a written renewal"
+    );
+    assert!(
+        cluster.standin.requests()[written..]
+            .iter()
+            .any(|r| edgebeat_tests::requests::is_lease_renewed(r, "quiet-01")),
+        "the silent renewal was written"
+    );
+    cluster
+        .standin
+        .inject(edgebeat_tests::standin::FaultRule::status(
+            Some(Method::PUT),
+            "/leases/quiet-01",
+            503,
+            10,
+        ));
+    let refused = uplink.send(quiet(3_000_000), T).await.unwrap();
+    assert_eq!(code(&refused), AckCode::Retry, "{}", refused.reason);
+    cancel.cancel();
+}
