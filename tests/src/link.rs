@@ -390,8 +390,9 @@ pub fn agent_binary() -> anyhow::Result<std::path::PathBuf> {
 
 /// Measures `case`: starts the stand-in, a gateway (and Mosquitto for MQTT) on this side,
 /// the real `edgebeat-agent` binary in the link's namespace at kubelet's default cadence
-/// (Lease renewed every 10 s), and counts two steady windows of `window` each (see
-/// [`Measurement`]); the second reports status every `report_every`.
+/// (Lease renewed every 10 s), and counts three steady windows of `window` each (see
+/// [`Measurement`]); the second reports status every `report_every`. `keepalive` sets
+/// `transport.keepalive` (`None`: the agent's default).
 ///
 /// Errors: the link, the cluster or the agent could not start, or the agent did not
 /// register within a minute.
@@ -399,6 +400,7 @@ pub async fn measure(
     case: Case,
     window: std::time::Duration,
     report_every: std::time::Duration,
+    keepalive: Option<std::time::Duration>,
 ) -> anyhow::Result<Measurement> {
     use crate::harness::{Cluster, Transport, gateway_options, mtls_options};
     let link = Link::create()?;
@@ -425,6 +427,7 @@ pub async fn measure(
         dir: tempfile::tempdir()?,
         case,
         port,
+        keepalive,
     };
     let hour = std::time::Duration::from_secs(3600);
     Ok(Measurement {
@@ -443,6 +446,7 @@ struct Side<'a> {
     dir: tempfile::TempDir,
     case: Case,
     port: u16,
+    keepalive: Option<std::time::Duration>,
 }
 
 impl Side<'_> {
@@ -474,6 +478,9 @@ impl Side<'_> {
                 )
             }
         };
+        let keepalive = self
+            .keepalive
+            .map_or(String::new(), |k| format!(", keepalive: {}s", k.as_secs()));
         let (kind, scheme) = match case {
             Case::Grpc => ("grpc", "http"),
             Case::GrpcMtls => ("grpc", "https"),
@@ -483,7 +490,7 @@ impl Side<'_> {
         std::fs::write(
             file("agent.yaml"),
             format!(
-                "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\nhostRoot: {}\nnodeStatusReportFrequency: {}s\ntransport: {{kind: {kind}, endpoint: \"{scheme}://{GATEWAY_IP}:{}\"{tls}}}\n",
+                "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\nhostRoot: {}\nnodeStatusReportFrequency: {}s\ntransport: {{kind: {kind}, endpoint: \"{scheme}://{GATEWAY_IP}:{}\"{tls}{keepalive}}}\n",
                 host.path().display(),
                 report_every.as_secs(),
                 self.port,

@@ -16,7 +16,7 @@ async fn the_link_is_measured_on_both_transports() {
         return;
     }
     for case in [Case::Grpc, Case::Mqtt] {
-        let m = measure(case, Duration::from_secs(12), Duration::from_secs(10))
+        let m = measure(case, Duration::from_secs(12), Duration::from_secs(10), None)
             .await
             .unwrap();
         let r = &m.renewals;

@@ -31,6 +31,10 @@ struct Args {
     /// nodeStatusReportFrequency in the second window, seconds.
     #[arg(long, default_value_t = 30)]
     report_every: u64,
+    /// transport.keepalive of the agents, seconds (default: the agent's, 5 min for gRPC and
+    /// 30 s for MQTT).
+    #[arg(long)]
+    keepalive: Option<u64>,
     /// Cases to run: grpc, grpc-mtls, mqtt, mqtt-tls (default: all).
     #[arg(long = "case", value_parser = parse_case)]
     cases: Vec<Case>,
@@ -62,9 +66,14 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|");
     for case in cases {
-        let m = measure(case, window, Duration::from_secs(args.report_every))
-            .await
-            .with_context(|| case.name())?;
+        let m = measure(
+            case,
+            window,
+            Duration::from_secs(args.report_every),
+            args.keepalive.map(Duration::from_secs),
+        )
+        .await
+        .with_context(|| case.name())?;
         let r = &m.renewals;
         let per_renewal = r.counters.bytes() as f64 / r.renewals.max(1) as f64;
         let report = m
