@@ -3,7 +3,7 @@
 //!
 //! | metric | type | labels | what it counts |
 //! |---|---|---|---|
-//! | `edgebeat_agent_lease_renewals_total` | counter | `result="ok\|failed"` | Lease renewal ticks: `ok` when the gateway wrote the Lease, `failed` when every attempt of the tick failed (kubelet's 5) |
+//! | `edgebeat_agent_lease_renewals_total` | counter | `result="ok\|failed"` | Lease renewal ticks: `ok` when the gateway wrote the Lease (renewals are quiet: no answer until the next one is due means written), `failed` when every attempt of the tick failed (kubelet's 5) |
 //! | `edgebeat_agent_status_reports_total` | counter | `result="ok\|failed"` | status reports (one per report that was due), as above |
 //! | `edgebeat_agent_registrations_total` | counter | | times the agent became registered with the gateway (`Register` acknowledged) |
 //! | `edgebeat_agent_transport_reconnects_total` | counter | | times the agent lost its registration (see below) |
