@@ -421,3 +421,31 @@ mod tests {
         assert!(err.to_string().contains("client key: "), "{err}");
     }
 }
+
+#[cfg(test)]
+mod connector_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use tonic::codegen::Service as _;
+
+    /// The agent's socket notices a dead link from unacknowledged data: TCP_USER_TIMEOUT is
+    /// set (and Nagle is off), read back from the kernel.
+    #[tokio::test]
+    async fn the_agents_socket_carries_its_user_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut connector = Connector {
+            user_timeout: Duration::from_secs(20),
+        };
+        let uri: tonic::transport::Uri = format!("http://127.0.0.1:{port}").parse().unwrap();
+        let io = connector.call(uri).await.unwrap();
+        let socket = socket2::SockRef::from(io.inner());
+        assert_eq!(
+            socket.tcp_user_timeout().unwrap(),
+            Some(Duration::from_secs(20))
+        );
+        assert!(socket.tcp_nodelay().unwrap());
+        assert!(socket.keepalive().unwrap());
+    }
+}
