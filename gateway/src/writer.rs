@@ -84,6 +84,18 @@ pub fn validate_status(status: &pb::NodeStatus) -> Result<(), String> {
     Ok(())
 }
 
+/// kubelet's event for a condition of `type_` that is written with `status` where the
+/// apiserver held `before` (`None`: the condition is new): the setters of
+/// `pkg/kubelet/nodestatus/setters.go` record one on every status change, and for a new
+/// condition only for the pressure ones (they start `Unknown`; a new Ready records none).
+fn condition_event_reason(type_: &str, status: &str, before: Option<&str>) -> Option<&'static str> {
+    let changed = match before {
+        Some(held) => held != status,
+        None => type_ != "Ready",
+    };
+    changed.then(|| transition_reason(type_, status)).flatten()
+}
+
 /// kubelet's event reason for a condition reaching `status` (`pkg/kubelet/events`).
 fn transition_reason(type_: &str, status: &str) -> Option<&'static str> {
     Some(match (type_, status) {
@@ -339,8 +351,8 @@ impl Writer {
     /// `pkg/kubelet/kubelet_node_status.go`). Recorded once per agent process (not for a
     /// `Register` with `registration_completed`).
     async fn start_events(&self, name: &str, status: &pb::NodeStatus, now: Timestamp) {
-        for c in status.conditions.iter().filter(|c| c.r#type != "Ready") {
-            if let Some(reason) = transition_reason(&c.r#type, &c.status) {
+        for c in &status.conditions {
+            if let Some(reason) = condition_event_reason(&c.r#type, &c.status, None) {
                 self.condition_event(name, reason, now).await;
             }
         }
@@ -441,12 +453,8 @@ impl Writer {
             .iter()
             .flat_map(|s| s.conditions.iter().flatten())
         {
-            let changed = match before.conditions.get(&c.type_) {
-                Some(known) => known.status != c.status,
-                // New: a pressure condition records its event, a new Ready none.
-                None => c.type_ != "Ready",
-            };
-            if changed && let Some(reason) = transition_reason(&c.type_, &c.status) {
+            let held = before.conditions.get(&c.type_).map(|k| k.status.as_str());
+            if let Some(reason) = condition_event_reason(&c.type_, &c.status, held) {
                 self.condition_event(name, reason, now).await;
             }
         }
@@ -512,9 +520,7 @@ impl Writer {
             Err(answer) => return answer,
         };
         // kubelet's own conditions only: others (a CNI's NetworkUnavailable) are not ours.
-        const KUBELET_CONDITIONS: [&str; 4] =
-            ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"];
-        let as_reported = KUBELET_CONDITIONS.iter().all(|t| {
+        let as_reported = CONDITION_TYPES.iter().all(|t| {
             held.conditions
                 .get(*t)
                 .is_some_and(|c| c.status == "True" || c.status == "False")
@@ -530,7 +536,7 @@ impl Writer {
             };
         }
         let now = patch::whole_seconds(self.now());
-        let conditions: Vec<serde_json::Value> = KUBELET_CONDITIONS
+        let conditions: Vec<serde_json::Value> = CONDITION_TYPES
             .iter()
             .map(|t| serde_json::json!({ "type": t, "lastHeartbeatTime": Time(now) }))
             .collect();
@@ -917,6 +923,26 @@ mod tests {
         let mut bad = vec![0; 8];
         bad.extend_from_slice(&[0xff, 0xfe]);
         assert_eq!(LeaseState::decode(&bad), None, "not UTF-8");
+    }
+
+    #[test]
+    fn events_follow_kubelets_setters() {
+        let r = condition_event_reason;
+        assert_eq!(
+            r("MemoryPressure", "False", None),
+            Some("NodeHasSufficientMemory")
+        );
+        assert_eq!(
+            r("Ready", "True", None),
+            None,
+            "a new Ready records nothing"
+        );
+        assert_eq!(r("Ready", "True", Some("Unknown")), Some("NodeReady"));
+        assert_eq!(
+            r("DiskPressure", "True", Some("False")),
+            Some("NodeHasDiskPressure")
+        );
+        assert_eq!(r("PIDPressure", "False", Some("False")), None, "unchanged");
     }
 
     #[test]
