@@ -169,8 +169,9 @@ impl Problems {
                 self.0.extend(fields);
                 None
             }
+            // Not raised by validation helpers (they return `Invalid`); kept whole if one is.
             Err(other) => {
-                self.push("", other.to_string());
+                self.push("agent configuration", other.to_string());
                 None
             }
         }

@@ -218,6 +218,18 @@ impl Topics {
 /// The Topic Alias of the Lease topic (the only one aliased: it carries most messages).
 const LEASE_TOPIC_ALIAS: u16 = 1;
 
+/// Where the Lease topic's Topic Alias stands on the current broker connection (aliases
+/// are per connection, MQTT 5 §3.3.2.3.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaseAlias {
+    /// The broker allows no alias (CONNACK Topic Alias Maximum 0 or absent).
+    Unavailable,
+    /// Allowed, not yet set: the next quiet renewal sends topic and alias.
+    Unset,
+    /// Set: quiet renewals send the alias with an empty topic.
+    Set,
+}
+
 /// Runs the agent's MQTT connection until `cancel` fires or every
 /// [`crate::uplink::Uplink`] handle is dropped.
 ///
@@ -341,10 +353,8 @@ struct Link {
     register_timeouts: Box<dyn Iterator<Item = Duration> + Send>,
     register_timeout: Duration,
     lease_properties: PublishProperties,
-    /// The Lease topic's Topic Alias on this broker connection: `None` when the broker
-    /// allows none (CONNACK Topic Alias Maximum 0), `Some(false)` until the first quiet
-    /// renewal set it, `Some(true)` after (then quiet renewals carry only the alias).
-    lease_alias: Option<bool>,
+    /// The Lease topic's Topic Alias on this broker connection.
+    lease_alias: LeaseAlias,
     max_packet_bytes: usize,
     #[cfg(feature = "mqtt-tls")]
     signer: Option<std::sync::Arc<crate::signing::MessageSigner>>,
@@ -372,7 +382,7 @@ impl Link {
                 message_expiry_interval: Some(expiry),
                 ..PublishProperties::default()
             },
-            lease_alias: None,
+            lease_alias: LeaseAlias::Unavailable,
             max_packet_bytes: options.max_packet_bytes,
             #[cfg(feature = "mqtt-tls")]
             signer: options.signer.clone(),
@@ -420,12 +430,16 @@ impl Link {
         match event {
             Event::Incoming(Packet::ConnAck(connack)) => {
                 // Aliases are per connection: the first quiet renewal sets it again.
-                self.lease_alias = connack
+                let allowed = connack
                     .properties
                     .as_ref()
                     .and_then(|p| p.topic_alias_max)
-                    .is_some_and(|max| max >= LEASE_TOPIC_ALIAS)
-                    .then_some(false);
+                    .is_some_and(|max| max >= LEASE_TOPIC_ALIAS);
+                self.lease_alias = if allowed {
+                    LeaseAlias::Unset
+                } else {
+                    LeaseAlias::Unavailable
+                };
                 tracing::info!(topic = %self.topics.acks, "connected to the MQTT broker");
                 self.register_timeouts = register_timeouts(self.register_timeout);
                 // Subscribed before Register goes out: the broker handles packets of one
@@ -568,8 +582,8 @@ impl Link {
             // this connection. One PUBLISH up, nothing but TCP's ACK down.
             let lease = kind == "lease";
             let (topic, alias) = match self.lease_alias {
-                Some(true) if lease => ("", Some(LEASE_TOPIC_ALIAS)),
-                Some(false) if lease => (topic, Some(LEASE_TOPIC_ALIAS)),
+                LeaseAlias::Set if lease => ("", Some(LEASE_TOPIC_ALIAS)),
+                LeaseAlias::Unset if lease => (topic, Some(LEASE_TOPIC_ALIAS)),
                 _ => (topic, None),
             };
             let queued = self.client.try_publish_with_properties(
@@ -582,8 +596,8 @@ impl Link {
                     ..PublishProperties::default()
                 },
             );
-            if queued.is_ok() && lease && self.lease_alias == Some(false) {
-                self.lease_alias = Some(true);
+            if queued.is_ok() && lease && self.lease_alias == LeaseAlias::Unset {
+                self.lease_alias = LeaseAlias::Set;
             }
             queued
         } else if kind == "lease" {
