@@ -150,12 +150,7 @@ async fn registers_with_labels_facts_and_conditions(transport: Transport) {
         .await
         .unwrap();
     agent.stop().await.unwrap();
-    let reasons: Vec<_> = cluster
-        .standin
-        .events()
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
+    let reasons = cluster.standin.event_reasons();
     assert_eq!(
         reasons,
         [
@@ -468,12 +463,7 @@ async fn transitions_keep_last_transition_time_when_unchanged(transport: Transpo
         })
         .await
         .unwrap();
-    let reasons: Vec<_> = cluster
-        .standin
-        .events()
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
+    let reasons = cluster.standin.event_reasons();
     assert_eq!(
         reasons,
         [
@@ -716,8 +706,7 @@ async fn a_deleted_node_is_registered_again_only_by_a_restart(transport: Transpo
     assert_eq!(http_get(observe, "/readyz").await.unwrap().0, 200);
     // What `kubectl delete node` does, and the garbage collector after it (the Lease is
     // owned by the Node; the stand-in has no garbage collector).
-    let client =
-        kube::Client::try_from(kube::Config::new(cluster.standin.url().parse().unwrap())).unwrap();
+    let client = cluster.standin.kube_client().unwrap();
     let deleted_at = cluster.standin.requests().len();
     Api::<Node>::all(client.clone())
         .delete("rpi4-edge-01", &DeleteParams::default())
@@ -827,8 +816,7 @@ async fn grpc_reconnect_never_creates_a_deleted_node() {
     .unwrap()
     .unwrap();
     assert!(cluster.standin.node("edge-del").is_some());
-    let client =
-        kube::Client::try_from(kube::Config::new(cluster.standin.url().parse().unwrap())).unwrap();
+    let client = cluster.standin.kube_client().unwrap();
     Api::<Node>::all(client)
         .delete("edge-del", &DeleteParams::default())
         .await

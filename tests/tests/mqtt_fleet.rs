@@ -341,12 +341,7 @@ async fn replicas_sharing_a_fleet_record_each_change_once() {
             .load(Ordering::Relaxed);
         assert!(written > 0, "replica {i} carried renewals too");
     }
-    let reasons: Vec<String> = cluster
-        .standin
-        .events()
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
+    let reasons = cluster.standin.event_reasons();
     let count = |r: &str| reasons.iter().filter(|x| *x == r).count();
     assert_eq!(
         count("Rebooted"),

@@ -20,7 +20,7 @@ const LEASE_NS: &str = "kube-node-lease";
 
 async fn setup() -> (StandInHandle, kube::Client) {
     let standin = StandIn::start().await.unwrap();
-    let client = kube::Client::try_from(kube::Config::new(standin.url().parse().unwrap())).unwrap();
+    let client = standin.kube_client().unwrap();
     (standin, client)
 }
 

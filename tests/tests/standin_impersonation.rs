@@ -18,7 +18,7 @@ const LEASE_NS: &str = "kube-node-lease";
 
 /// A client with no impersonation: the cluster admin of these tests.
 fn admin(standin: &StandInHandle) -> kube::Client {
-    kube::Client::try_from(kube::Config::new(standin.url().parse().unwrap())).unwrap()
+    standin.kube_client().unwrap()
 }
 
 /// A client that impersonates `user` with `groups`, as the gateway's impersonation mode

@@ -66,7 +66,7 @@ impl Kubectl {
 
 /// Seeds a node, its lease and an event through kube-rs, as a gateway would.
 async fn seed(standin: &StandInHandle) {
-    let client = kube::Client::try_from(kube::Config::new(standin.url().parse().unwrap())).unwrap();
+    let client = standin.kube_client().unwrap();
     let node: Node = serde_json::from_value(json!({
         "metadata": {"name": "rpi4-edge-01", "labels": {"kubernetes.io/hostname": "rpi4-edge-01", "kubernetes.io/os": "linux",
                      "kubernetes.io/arch": "arm64", "node-role.kubernetes.io/edge": ""}},
@@ -303,7 +303,7 @@ async fn kubectl_get_watch_prints_status_transitions() {
         .await
         .unwrap();
 
-    let client = kube::Client::try_from(kube::Config::new(standin.url().parse().unwrap())).unwrap();
+    let client = standin.kube_client().unwrap();
     let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}});
     Api::<Node>::all(client)
         .patch_status(

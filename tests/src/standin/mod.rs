@@ -291,6 +291,15 @@ impl StandInHandle {
         self.shared.addr
     }
 
+    /// A kube-rs client for [`StandInHandle::url`]: plain HTTP, no credentials (what
+    /// `kubectl` as an administrator would be).
+    ///
+    /// Errors: kube-rs cannot build the client.
+    pub fn kube_client(&self) -> anyhow::Result<kube::Client> {
+        let url = self.url().parse().map_err(anyhow::Error::from)?;
+        Ok(kube::Client::try_from(kube::Config::new(url))?)
+    }
+
     /// Every request received so far, in arrival order of their answers.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared.lock().requests.clone()
@@ -324,6 +333,11 @@ impl StandInHandle {
     /// All core v1 Events, in creation order.
     pub fn events(&self) -> Vec<Event> {
         self.shared.lock().typed_all(Kind::Event)
+    }
+
+    /// The `reason` of every Event that has one, in creation order (e.g. `NodeReady`).
+    pub fn event_reasons(&self) -> Vec<String> {
+        self.events().into_iter().filter_map(|e| e.reason).collect()
     }
 
     /// The current global resourceVersion.
