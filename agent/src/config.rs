@@ -42,6 +42,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::health::{self, HealthSettings};
 use crate::quantity::{Amount, parse_amount, parse_millicores};
 
 /// The label every edgebeat Node carries, `edgebeat.io/container-runtime: none`: no
@@ -313,8 +314,13 @@ pub struct AgentConfig {
     /// `evictionHard`: signal → threshold (default kubelet's Linux hard thresholds).
     pub eviction_hard: BTreeMap<String, Amount>,
     /// `evictionPressureTransitionPeriod`: how long a pressure condition is held after the
-    /// signal last crossed its threshold (default 5 min).
+    /// signal last crossed its threshold (default 5 min). The health conditions use it too.
     pub eviction_pressure_transition_period: Duration,
+    /// The health conditions beyond kubelet's four: `systemMemoryContentionThreshold`,
+    /// `systemDiskContentionThreshold`, `readonlyFilesystemCondition`, `thermalCondition`,
+    /// `thermalLimitCelsius`, `underVoltageCondition`, `clockSyncCondition` (see
+    /// [`HealthSettings`]).
+    pub health: HealthSettings,
     /// `systemReserved`: resource → amount subtracted from allocatable (cpu in millicores,
     /// others in bytes / count).
     pub system_reserved: BTreeMap<String, u64>,
@@ -366,6 +372,7 @@ impl Default for AgentConfig {
             node_labels: BTreeMap::new(),
             eviction_hard: default_eviction_hard(),
             eviction_pressure_transition_period: Duration::from_secs(300),
+            health: HealthSettings::default(),
             system_reserved: BTreeMap::new(),
             kube_reserved: BTreeMap::new(),
             max_pods: 0,
@@ -410,6 +417,13 @@ struct RawConfig {
     node_labels: Option<BTreeMap<String, String>>,
     eviction_hard: Option<BTreeMap<String, String>>,
     eviction_pressure_transition_period: Option<String>,
+    system_memory_contention_threshold: Option<f64>,
+    system_disk_contention_threshold: Option<f64>,
+    readonly_filesystem_condition: Option<bool>,
+    thermal_condition: Option<bool>,
+    thermal_limit_celsius: Option<f64>,
+    under_voltage_condition: Option<bool>,
+    clock_sync_condition: Option<bool>,
     system_reserved: Option<BTreeMap<String, String>>,
     kube_reserved: Option<BTreeMap<String, String>>,
     max_pods: Option<i64>,
@@ -641,6 +655,46 @@ impl AgentConfig {
                     format!("{v:?} must be at most 24h"),
                 ),
                 Err(m) => p.push("evictionPressureTransitionPeriod", m),
+            }
+        }
+        let thresholds = [
+            (
+                "systemMemoryContentionThreshold",
+                raw.system_memory_contention_threshold,
+                &mut c.health.system_memory_contention_threshold,
+            ),
+            (
+                "systemDiskContentionThreshold",
+                raw.system_disk_contention_threshold,
+                &mut c.health.system_disk_contention_threshold,
+            ),
+        ];
+        for (field, value, slot) in thresholds {
+            if let Some(v) = value {
+                match health::check_threshold(v) {
+                    Ok(v) => *slot = v,
+                    Err(m) => p.push(field, m),
+                }
+            }
+        }
+        if let Some(v) = raw.thermal_limit_celsius {
+            match health::check_thermal_limit(v) {
+                Ok(v) => c.health.thermal_limit_celsius = Some(v),
+                Err(m) => p.push("thermalLimitCelsius", m),
+            }
+        }
+        let switches = [
+            (
+                raw.readonly_filesystem_condition,
+                &mut c.health.readonly_filesystem,
+            ),
+            (raw.thermal_condition, &mut c.health.thermal),
+            (raw.under_voltage_condition, &mut c.health.under_voltage),
+            (raw.clock_sync_condition, &mut c.health.clock_sync),
+        ];
+        for (value, slot) in switches {
+            if let Some(v) = value {
+                *slot = v;
             }
         }
         c.system_reserved = parse_reserved(&mut p, "systemReserved", raw.system_reserved);

@@ -3,6 +3,8 @@
 //!
 //! - [`config`]: the YAML configuration (KubeletConfiguration field names).
 //! - [`status`]: the pure status computation `(facts, previous, now) -> NodeStatus`.
+//! - [`health`]: the health conditions beyond kubelet's four (PSI, read-only filesystem,
+//!   thermal, under-voltage, clock sync).
 //! - [`run`]: the status and Lease loops, the observe server and systemd notifications.
 //! - [`metrics`]: the Prometheus metrics (`edgebeat_agent_*`) served on `/metrics`.
 //! - [`systemd`]: `READY=1`, `WATCHDOG=1` and `STOPPING=1` under systemd.
@@ -17,6 +19,7 @@ compile_error!(
 
 pub mod config;
 pub mod header;
+pub mod health;
 pub mod metrics;
 pub mod quantity;
 pub mod run;

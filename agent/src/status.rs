@@ -70,7 +70,8 @@ pub struct ComputedStatus {
     /// `status.allocatable`: capacity − systemReserved − kubeReserved − hard-eviction
     /// reservation (− hugepages for memory), floored at 0.
     pub allocatable: BTreeMap<String, String>,
-    /// MemoryPressure, DiskPressure, PIDPressure, Ready — Ready last.
+    /// MemoryPressure, DiskPressure, PIDPressure, Ready, then the enabled health conditions
+    /// ([`crate::health`]) in [`edgebeat_proto::HEALTH_CONDITION_TYPES`] order.
     pub conditions: Vec<Condition>,
     /// `status.addresses`: (type, address), InternalIP first then Hostname.
     pub addresses: Vec<(&'static str, String)>,
@@ -78,6 +79,9 @@ pub struct ComputedStatus {
     pub node_info: pb::NodeSystemInfo,
     /// Pressure memory for hysteresis.
     pub observed: PressureObserved,
+    /// When each health condition's signal was last seen, by condition type (the
+    /// hysteresis memory of [`crate::health`]).
+    pub health_observed: BTreeMap<&'static str, Duration>,
 }
 
 /// Computes the NodeStatus for `facts` at boot-clock time `now`, carrying condition
@@ -200,6 +204,17 @@ pub fn compute(
         )
     };
     conditions.push(ready);
+    let mut health_observed = previous
+        .map(|p| p.health_observed.clone())
+        .unwrap_or_default();
+    conditions.extend(crate::health::conditions(
+        facts,
+        &config.health,
+        period,
+        previous.map_or(&[], |p| p.conditions.as_slice()),
+        &mut health_observed,
+        now,
+    ));
 
     ComputedStatus {
         capacity,
@@ -208,6 +223,7 @@ pub fn compute(
         addresses: addresses(facts, config),
         node_info: node_info(facts),
         observed,
+        health_observed,
     }
 }
 
@@ -499,6 +515,12 @@ mod tests {
             local_ips: vec!["10.0.3.7".parse().unwrap()],
             default_route_ip: Some("10.0.3.7".parse().unwrap()),
             psi: None,
+            nodefs_mount: None,
+            imagefs_mount: None,
+            thermal_zones: vec![],
+            cooling_devices: vec![],
+            power: None,
+            clock_sync: None,
         }
     }
 

@@ -165,6 +165,25 @@ pub fn initial_node(name: &str, register: &pb::Register, status: NodeStatus) -> 
     }
 }
 
+/// Adds to a [`status_patch`] body a strategic-merge `{"type": t, "$patch": "delete"}`
+/// for each condition type of `types`, which removes it from the Node
+/// (`apimachinery/pkg/util/strategicpatch`: `deleteDirective` in a merging list).
+pub fn delete_conditions<'a>(
+    mut body: serde_json::Value,
+    types: impl IntoIterator<Item = &'a str>,
+) -> serde_json::Value {
+    if let Some(serde_json::Value::Array(conditions)) =
+        body.get_mut("status").and_then(|s| s.get_mut("conditions"))
+    {
+        conditions.extend(
+            types
+                .into_iter()
+                .map(|t| serde_json::json!({ "type": t, "$patch": "delete" })),
+        );
+    }
+    body
+}
+
 /// The body of `PATCH nodes/{name}/status` (`application/strategic-merge-patch+json`), in
 /// kubelet's shape: conditions merge by `type` with a `$setElementOrder/conditions`
 /// directive keeping Ready last; addresses are replaced whole with `{"$patch":"replace"}`

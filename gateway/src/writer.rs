@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
-use edgebeat_proto::{self as pb, Ack, AckCode};
+use edgebeat_proto::{self as pb, Ack, AckCode, HEALTH_CONDITION_TYPES, KUBELET_CONDITION_TYPES};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -50,20 +50,24 @@ fn api_code(e: &kube::Error) -> Option<u16> {
     }
 }
 
-/// Condition types the agent may report; anything else (NetworkUnavailable, made-up types)
-/// is refused: the gateway never writes a condition kubelet would not.
-const CONDITION_TYPES: [&str; 4] = ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"];
+/// Condition types the agent may report: kubelet's four and the optional health conditions
+/// ([`edgebeat_proto::HEALTH_CONDITION_TYPES`]). Anything else (NetworkUnavailable,
+/// made-up types) is refused: the gateway never writes a condition it does not know the
+/// rules of.
+fn reportable(type_: &str) -> bool {
+    KUBELET_CONDITION_TYPES.contains(&type_) || HEALTH_CONDITION_TYPES.contains(&type_)
+}
 
-/// Checks a reported NodeStatus: only kubelet's four conditions, each at most once, each
-/// True or False (Unknown belongs to the node lifecycle controller), with a reason.
+/// Checks a reported NodeStatus: only [`reportable`] condition types, each at most once,
+/// each True or False (Unknown belongs to the node lifecycle controller), with a reason.
 ///
 /// Errors: a message naming the offending condition.
 pub fn validate_status(status: &pb::NodeStatus) -> Result<(), String> {
-    let mut seen = Vec::with_capacity(4);
+    let mut seen = Vec::with_capacity(status.conditions.len());
     for c in &status.conditions {
-        if !CONDITION_TYPES.contains(&c.r#type.as_str()) {
+        if !reportable(&c.r#type) {
             return Err(format!(
-                "malformed: condition type {:?} is not one kubelet reports",
+                "malformed: condition type {:?} is not one kubelet or edgebeat reports",
                 c.r#type
             ));
         }
@@ -94,6 +98,30 @@ fn condition_event_reason(type_: &str, status: &str, before: Option<&str>) -> Op
         None => type_ != "Ready",
     };
     changed.then(|| transition_reason(type_, status)).flatten()
+}
+
+/// The event a written condition records, as (event type, reason): kubelet's conditions as
+/// [`condition_event_reason`]; a health condition, like node-problem-detector's, with its
+/// own reason whenever its status changes or it first appears True — `Warning` when True.
+fn condition_event(
+    type_: &str,
+    status: &str,
+    reason: &str,
+    before: Option<&str>,
+) -> Option<(&'static str, String)> {
+    if KUBELET_CONDITION_TYPES.contains(&type_) {
+        return condition_event_reason(type_, status, before).map(|r| ("Normal", r.to_owned()));
+    }
+    let changed = match before {
+        Some(held) => held != status,
+        None => status == "True",
+    };
+    let kind = if status == "True" {
+        "Warning"
+    } else {
+        "Normal"
+    };
+    (changed && !reason.is_empty()).then(|| (kind, reason.to_owned()))
 }
 
 /// kubelet's event reason for a condition reaching `status` (`pkg/kubelet/events`).
@@ -352,8 +380,8 @@ impl Writer {
     /// `Register` with `registration_completed`).
     async fn start_events(&self, name: &str, status: &pb::NodeStatus, now: Timestamp) {
         for c in &status.conditions {
-            if let Some(reason) = condition_event_reason(&c.r#type, &c.status, None) {
-                self.condition_event(name, reason, now).await;
+            if let Some((kind, reason)) = condition_event(&c.r#type, &c.status, &c.reason, None) {
+                self.condition_event(name, kind, &reason, now).await;
             }
         }
     }
@@ -454,8 +482,9 @@ impl Writer {
             .flat_map(|s| s.conditions.iter().flatten())
         {
             let held = before.conditions.get(&c.type_).map(|k| k.status.as_str());
-            if let Some(reason) = condition_event_reason(&c.type_, &c.status, held) {
-                self.condition_event(name, reason, now).await;
+            let reason = c.reason.as_deref().unwrap_or_default();
+            if let Some((kind, reason)) = condition_event(&c.type_, &c.status, reason, held) {
+                self.condition_event(name, kind, &reason, now).await;
             }
         }
         let boot = written
@@ -519,12 +548,15 @@ impl Writer {
             Ok(held) => held,
             Err(answer) => return answer,
         };
-        // kubelet's own conditions only: others (a CNI's NetworkUnavailable) are not ours.
-        let as_reported = CONDITION_TYPES.iter().all(|t| {
+        // Only conditions the agent reports: others (a CNI's NetworkUnavailable) are not
+        // ours. kubelet's four must all be there; a health condition is refreshed when the
+        // Node has it (the last whole status had it: one it stopped reporting was deleted).
+        let reported = |t: &str| {
             held.conditions
-                .get(*t)
+                .get(t)
                 .is_some_and(|c| c.status == "True" || c.status == "False")
-        });
+        };
+        let as_reported = KUBELET_CONDITION_TYPES.iter().all(|t| reported(t));
         if !as_reported {
             return Ack {
                 resend_status: true,
@@ -536,8 +568,9 @@ impl Writer {
             };
         }
         let now = patch::whole_seconds(self.now());
-        let conditions: Vec<serde_json::Value> = CONDITION_TYPES
+        let conditions: Vec<serde_json::Value> = KUBELET_CONDITION_TYPES
             .iter()
+            .chain(HEALTH_CONDITION_TYPES.iter().filter(|t| reported(t)))
             .map(|t| serde_json::json!({ "type": t, "lastHeartbeatTime": Time(now) }))
             .collect();
         let body = serde_json::json!({ "status": { "conditions": conditions } });
@@ -567,7 +600,14 @@ impl Writer {
         reboot: Reboot,
     ) -> Ack {
         let conditions = patch::conditions(status, now, &held.conditions);
-        let body = match patch::status_patch(&patch::node_status(status, conditions), None) {
+        // A health condition the agent no longer reports (turned off, or its signal gone
+        // from the host) is deleted rather than left to look current.
+        let dropped = HEALTH_CONDITION_TYPES.iter().copied().filter(|t| {
+            held.conditions.contains_key(*t) && !status.conditions.iter().any(|c| c.r#type == *t)
+        });
+        let body = match patch::status_patch(&patch::node_status(status, conditions), None)
+            .map(|body| patch::delete_conditions(body, dropped))
+        {
             Ok(b) => b,
             Err(e) => {
                 return self.reject(
@@ -870,10 +910,10 @@ impl Writer {
 
     /// kubelet `recordNodeStatusEvent`: a `Normal` event `reason` with "Node X status is now:
     /// reason".
-    async fn condition_event(&self, name: &str, reason: &str, now: Timestamp) {
+    async fn condition_event(&self, name: &str, kind: &str, reason: &str, now: Timestamp) {
         self.event(
             name,
-            "Normal",
+            kind,
             reason,
             format!("Node {name} status is now: {reason}"),
             now,
@@ -928,6 +968,22 @@ mod tests {
     #[test]
     fn events_follow_kubelets_setters() {
         let r = condition_event_reason;
+        let health =
+            |status, reason, before| condition_event("ThermalPressure", status, reason, before);
+        assert_eq!(
+            health("True", "TemperatureAboveTripPoint", None),
+            Some(("Warning", "TemperatureAboveTripPoint".to_owned()))
+        );
+        assert_eq!(
+            health("False", "TemperatureNormal", None),
+            None,
+            "new and fine"
+        );
+        assert_eq!(
+            health("False", "TemperatureNormal", Some("True")),
+            Some(("Normal", "TemperatureNormal".to_owned()))
+        );
+        assert_eq!(health("True", "CPUThermallyThrottled", Some("True")), None);
         assert_eq!(
             r("MemoryPressure", "False", None),
             Some("NodeHasSufficientMemory")
@@ -946,7 +1002,7 @@ mod tests {
     }
 
     #[test]
-    fn only_kubelets_conditions_are_accepted() {
+    fn only_kubelets_and_the_health_conditions_are_accepted() {
         let cond = |t: &str, s: &str, r: &str| pb::NodeCondition {
             r#type: t.into(),
             status: s.into(),
@@ -958,6 +1014,14 @@ mod tests {
             ..Default::default()
         };
         assert!(validate_status(&status(vec![cond("Ready", "True", "KubeletReady")])).is_ok());
+        assert!(
+            validate_status(&status(vec![cond(
+                "ReadonlyFilesystem",
+                "True",
+                "FilesystemIsReadOnly"
+            )]))
+            .is_ok()
+        );
         for bad in [
             vec![cond("NetworkUnavailable", "False", "RouteCreated")],
             vec![cond("Ready", "Unknown", "KubeletReady")],

@@ -63,6 +63,25 @@ pub struct HostFacts {
     /// Pressure stall information from `/proc/pressure/{cpu,memory,io}`; `None` when none of
     /// the three is readable (kernel without `CONFIG_PSI` or booted with `psi=0`).
     pub psi: Option<Psi>,
+    /// The mount holding kubelet's root dir (`nodefs`), from the host's mount table; `None`
+    /// when the table is unreadable.
+    pub nodefs_mount: Option<Mount>,
+    /// The mount holding [`ReadOptions::image_fs_dir`](crate::ReadOptions::image_fs_dir)
+    /// (`imagefs`), when set; `None` otherwise or when the table is unreadable.
+    pub imagefs_mount: Option<Mount>,
+    /// Thermal zones of `/sys/class/thermal/thermal_zone*` that report a temperature, in
+    /// zone-number order (kernel `Documentation/driver-api/thermal/sysfs-api.rst`). Empty on
+    /// hosts without thermal drivers (most VMs).
+    pub thermal_zones: Vec<ThermalZone>,
+    /// Cooling devices of `/sys/class/thermal/cooling_device*`, in device-number order.
+    pub cooling_devices: Vec<CoolingDevice>,
+    /// Power-supply signals of Raspberry Pi class boards; `None` on other boards.
+    pub power: Option<PowerFacts>,
+    /// The kernel clock's NTP synchronisation, from `adjtimex(2)`. Not read under the
+    /// [`HostRoot`](crate::HostRoot): the running kernel's clock is the host's even from a
+    /// container (time namespaces do not virtualise `CLOCK_REALTIME`). `None` if the call
+    /// failed.
+    pub clock_sync: Option<ClockSync>,
 }
 
 /// Memory capacity and the `memory.available` eviction signal (kubelet
@@ -186,4 +205,167 @@ pub struct PsiLine {
     pub avg300: f64,
     /// Total stall time since boot, microseconds.
     pub total_us: u64,
+}
+
+/// One entry of the host's mount table (`/proc/<pid>/mountinfo`, kernel
+/// `Documentation/filesystems/proc.rst` §3.5): the mount that holds a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Mount {
+    /// Mount point, host path (field 5, octal escapes such as `\040` decoded).
+    pub mount_point: std::path::PathBuf,
+    /// Filesystem type, e.g. `ext4` (the first field after `-`).
+    pub fs_type: String,
+    /// Mount source, e.g. `/dev/mmcblk0p2`.
+    pub source: String,
+    /// Read-only: `ro` in the per-mount options (field 6) or in the superblock options (the
+    /// last field). A filesystem the kernel remounted read-only after I/O errors (ext4
+    /// `errors=remount-ro`) shows `ro` in the superblock options while the mount itself
+    /// still says `rw`, so both are read.
+    pub read_only: bool,
+}
+
+/// One thermal zone: `/sys/class/thermal/thermal_zoneN/{type,temp,trip_point_*}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ThermalZone {
+    /// The directory name, e.g. `thermal_zone0`.
+    pub zone: String,
+    /// The zone's `type`, e.g. `cpu-thermal` (Raspberry Pi), `CPU-therm` (Jetson),
+    /// `x86_pkg_temp`.
+    pub kind: String,
+    /// `temp`: temperature in millidegrees Celsius.
+    pub temp_millicelsius: i64,
+    /// `trip_point_<i>_type` and `_temp` pairs, in index order; unreadable ones skipped.
+    pub trip_points: Vec<TripPoint>,
+}
+
+/// A thermal zone's trip point (`trip_point_<i>_type`, `trip_point_<i>_temp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct TripPoint {
+    /// What the kernel does when the zone reaches it.
+    pub kind: TripKind,
+    /// Temperature in millidegrees Celsius.
+    pub temp_millicelsius: i64,
+}
+
+/// The kernel's trip point types (`trip_point_<i>_type`, kernel
+/// `drivers/thermal/thermal_sysfs.c`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum TripKind {
+    /// `active`: turn on a fan. Reaching it is normal operation.
+    Active,
+    /// `passive`: throttle the CPU to cool down.
+    Passive,
+    /// `hot`: the platform is told the zone is hot.
+    Hot,
+    /// `critical`: the kernel shuts the system down.
+    Critical,
+}
+
+impl TripKind {
+    /// The sysfs spelling: `active`, `passive`, `hot`, `critical`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Passive => "passive",
+            Self::Hot => "hot",
+            Self::Critical => "critical",
+        }
+    }
+}
+
+/// One cooling device: `/sys/class/thermal/cooling_deviceN/{type,cur_state,max_state}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct CoolingDevice {
+    /// The directory name, e.g. `cooling_device0`.
+    pub device: String,
+    /// `type`, e.g. `cpufreq-cpu0`, `thermal-cpufreq-0`, `Processor`, `pwm-fan`.
+    pub kind: String,
+    /// `cur_state`: 0 = not cooling; higher = more.
+    pub cur_state: u64,
+    /// `max_state`.
+    pub max_state: u64,
+}
+
+impl CoolingDevice {
+    /// A device that cools by slowing the CPU: cpufreq cooling (`cpufreq-cpu<N>`,
+    /// `thermal-cpufreq-<N>`, kernel `drivers/thermal/cpufreq_cooling.c`), ACPI processor
+    /// throttling (`Processor`) or `intel_powerclamp`. A fan (`pwm-fan`) is not one.
+    pub fn throttles_cpu(&self) -> bool {
+        self.kind.contains("cpufreq") || self.kind == "Processor" || self.kind == "intel_powerclamp"
+    }
+}
+
+/// What a Raspberry Pi class board says about its power supply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct PowerFacts {
+    /// `in0_lcrit_alarm` of the `rpi_volt` hwmon device (kernel
+    /// `drivers/hwmon/raspberrypi-hwmon.c`): 1 when the firmware reported under-voltage
+    /// since the driver's previous poll (every 2 s), i.e. now. `None` without the driver.
+    pub under_voltage_alarm: Option<bool>,
+    /// The firmware's throttled word, `/sys/devices/platform/soc/soc:firmware/get_throttled`
+    /// (Raspberry Pi kernels; the value `vcgencmd get_throttled` prints). `None` where
+    /// absent.
+    pub throttled: Option<Throttled>,
+}
+
+/// The Raspberry Pi firmware's throttled bits (Raspberry Pi documentation, "`vcgencmd
+/// get_throttled`"): bits 0–3 describe now, bits 16–19 what has occurred since boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Throttled(pub u32);
+
+impl Throttled {
+    /// Bit 0: under-voltage now.
+    pub fn under_voltage(self) -> bool {
+        self.0 & 1 != 0
+    }
+    /// Bit 1: ARM frequency capped now.
+    pub fn frequency_capped(self) -> bool {
+        self.0 & (1 << 1) != 0
+    }
+    /// Bit 2: throttled now.
+    pub fn throttled(self) -> bool {
+        self.0 & (1 << 2) != 0
+    }
+    /// Bit 3: soft temperature limit active now.
+    pub fn soft_temp_limit(self) -> bool {
+        self.0 & (1 << 3) != 0
+    }
+    /// Bit 16: under-voltage has occurred since boot. The firmware clears its sticky bits
+    /// when asked to; the `rpi_volt` driver asks on every poll, so with that driver loaded
+    /// this bit means "within the last poll" rather than "since boot".
+    pub fn under_voltage_occurred(self) -> bool {
+        self.0 & (1 << 16) != 0
+    }
+    /// Bit 17: frequency capping has occurred.
+    pub fn frequency_capped_occurred(self) -> bool {
+        self.0 & (1 << 17) != 0
+    }
+    /// Bit 18: throttling has occurred.
+    pub fn throttled_occurred(self) -> bool {
+        self.0 & (1 << 18) != 0
+    }
+    /// Bit 19: the soft temperature limit has occurred.
+    pub fn soft_temp_limit_occurred(self) -> bool {
+        self.0 & (1 << 19) != 0
+    }
+}
+
+/// The kernel clock's NTP state (`adjtimex(2)` with no modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ClockSync {
+    /// Synchronised, by systemd's rule (`src/basic/time-util.c: ntp_synced`, what
+    /// `timedatectl` shows as "System clock synchronized"): the call did not return
+    /// `TIME_ERROR`, `STA_UNSYNC` is clear, and `maxerror` is below 16 s.
+    pub synchronized: bool,
+    /// `maxerror`: the kernel's maximum error estimate, microseconds. The kernel adds
+    /// 500 µs per second while no time daemon updates it, and caps it at 16 s.
+    pub max_error_us: i64,
 }

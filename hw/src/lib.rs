@@ -2,7 +2,8 @@
 //!
 //! [`read_host_facts`] reads `/proc`, `/sys` and `/etc` under a [`HostRoot`] (so a container
 //! can read the host through a bind mount and tests can read fixture trees) and returns raw
-//! [`HostFacts`]: identity, capacity, and the eviction signals' inputs. Turning them into a
+//! [`HostFacts`]: identity, capacity, the eviction signals' inputs, and the health signals of
+//! small boards (PSI, read-only filesystems, thermal zones, power supply, clock sync). Turning them into a
 //! NodeStatus is the agent's job. The text formats are parsed by pure functions in
 //! [`parse`], table-tested without a host. [`Clock`] puts wall time and boot time behind a
 //! trait tests replace. [`read_bounded`] reads operator-named files (configuration, secrets,
@@ -17,6 +18,7 @@ mod bounded;
 mod clock;
 mod error;
 mod facts;
+mod ntp;
 pub mod parse;
 mod read;
 mod root;
@@ -26,7 +28,8 @@ pub use bounded::{BoundedReadError, read_bounded};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{HwError, ParseError};
 pub use facts::{
-    CgroupMode, FsStats, HostFacts, HugePages, MemoryFacts, PidStats, Psi, PsiLine, PsiResource,
+    CgroupMode, ClockSync, CoolingDevice, FsStats, HostFacts, HugePages, MemoryFacts, Mount,
+    PidStats, PowerFacts, Psi, PsiLine, PsiResource, ThermalZone, Throttled, TripKind, TripPoint,
 };
 pub use read::{ReadOptions, fs_stats, read_host_facts};
 pub use root::HostRoot;

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use crate::parse;
 use crate::root::host_relative;
 use crate::{
-    CgroupMode, FsStats, HostFacts, HostRoot, HugePages, HwError, MemoryFacts, ParseError,
-    PidStats, Psi,
+    CgroupMode, CoolingDevice, FsStats, HostFacts, HostRoot, HugePages, HwError, MemoryFacts,
+    Mount, ParseError, PidStats, PowerFacts, Psi, ThermalZone, TripPoint,
 };
 
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
@@ -41,6 +41,19 @@ const LOADAVG: &str = "/proc/loadavg";
 const ROUTE: &str = "/proc/net/route";
 const FIB_TRIE: &str = "/proc/net/fib_trie";
 const IF_INET6: &str = "/proc/net/if_inet6";
+/// The host's mount table: init's (the host mount namespace, also from a container that
+/// sees the host's `/proc`), else the agent's own.
+const MOUNTINFO: [&str; 2] = ["/proc/1/mountinfo", "/proc/self/mountinfo"];
+/// At most this much mount table is read (a host with thousands of container mounts
+/// stays well below it).
+const MOUNTINFO_LIMIT: u64 = 4 * 1024 * 1024;
+const THERMAL: &str = "/sys/class/thermal";
+const HWMON: &str = "/sys/class/hwmon";
+const RPI_FIRMWARE_THROTTLED: &str = "/sys/devices/platform/soc/soc:firmware/get_throttled";
+/// Bounds on what a sysfs walk reads: thermal zones and cooling devices per class, trip
+/// points per zone, hwmon devices.
+const MAX_SYSFS_ENTRIES: usize = 64;
+const MAX_TRIP_POINTS: usize = 16;
 const PSI: [&str; 3] = [
     "/proc/pressure/cpu",
     "/proc/pressure/memory",
@@ -90,6 +103,11 @@ pub fn read_host_facts(root: &HostRoot, opts: &ReadOptions) -> Result<HostFacts,
         .map(IpAddr::V4);
     let mut local_ips: Vec<IpAddr> = local_v4.into_iter().map(IpAddr::V4).collect();
     local_ips.extend(host.global_ipv6());
+    let mounts = host.mounts();
+    let mount_of = |dir: &Path| {
+        let path = Path::new("/").join(host_relative(dir));
+        parse::mount_of(mounts.as_deref()?, &path).cloned()
+    };
 
     Ok(HostFacts {
         boot_id,
@@ -117,6 +135,12 @@ pub fn read_host_facts(root: &HostRoot, opts: &ReadOptions) -> Result<HostFacts,
         local_ips,
         default_route_ip,
         psi: host.psi(),
+        nodefs_mount: mount_of(&opts.root_dir),
+        imagefs_mount: opts.image_fs_dir.as_deref().and_then(mount_of),
+        thermal_zones: host.thermal_zones(),
+        cooling_devices: host.cooling_devices(),
+        power: host.power(),
+        clock_sync: crate::ntp::clock_sync(),
     })
 }
 
@@ -301,6 +325,101 @@ impl Host<'_> {
             .into_iter()
             .filter(parse::Inet6Addr::is_global)
             .map(|a| IpAddr::V6(a.addr))
+    }
+
+    /// The host's mount table ([`MOUNTINFO`]); `None` when unreadable or malformed.
+    fn mounts(&self) -> Option<Vec<Mount>> {
+        MOUNTINFO.iter().find_map(|path| {
+            let bytes = crate::read_bounded(&self.root.join(path), MOUNTINFO_LIMIT).ok()?;
+            parse::parse_mountinfo(std::str::from_utf8(&bytes).ok()?).ok()
+        })
+    }
+
+    /// The entries `<prefix><N>` of sysfs class directory `class`, by `N`, at most
+    /// [`MAX_SYSFS_ENTRIES`].
+    fn numbered(&self, class: &str, prefix: &str) -> Vec<(String, PathBuf)> {
+        let Ok(entries) = std::fs::read_dir(self.root.join(class)) else {
+            return Vec::new();
+        };
+        let mut found: Vec<(u32, String, PathBuf)> = entries
+            .filter_map(Result::ok)
+            .filter_map(|entry| {
+                let name = entry.file_name().into_string().ok()?;
+                let n = name.strip_prefix(prefix)?.parse().ok()?;
+                Some((n, name, entry.path()))
+            })
+            .take(4 * MAX_SYSFS_ENTRIES)
+            .collect();
+        found.sort_by_key(|(n, ..)| *n);
+        found
+            .into_iter()
+            .take(MAX_SYSFS_ENTRIES)
+            .map(|(_, name, path)| (name, path))
+            .collect()
+    }
+
+    /// Thermal zones with a readable `temp` (a zone whose sensor fails reads `EIO` or
+    /// `ENODATA` and is left out).
+    fn thermal_zones(&self) -> Vec<ThermalZone> {
+        self.numbered(THERMAL, "thermal_zone")
+            .into_iter()
+            .filter_map(|(zone, dir)| {
+                let read = |file: &str| std::fs::read_to_string(dir.join(file)).ok();
+                let temp_millicelsius = parse::parse_millicelsius(&read("temp")?).ok()?;
+                let trip_points = (0..MAX_TRIP_POINTS)
+                    .map_while(|i| {
+                        let kind = read(&format!("trip_point_{i}_type"))?;
+                        Some((kind, read(&format!("trip_point_{i}_temp"))))
+                    })
+                    .filter_map(|(kind, temp)| {
+                        Some(TripPoint {
+                            kind: parse::parse_trip_kind(&kind)?,
+                            temp_millicelsius: parse::parse_millicelsius(&temp?).ok()?,
+                        })
+                    })
+                    .collect();
+                Some(ThermalZone {
+                    zone,
+                    kind: read("type").as_deref().and_then(parse::parse_id)?,
+                    temp_millicelsius,
+                    trip_points,
+                })
+            })
+            .collect()
+    }
+
+    fn cooling_devices(&self) -> Vec<CoolingDevice> {
+        self.numbered(THERMAL, "cooling_device")
+            .into_iter()
+            .filter_map(|(device, dir)| {
+                let read = |file: &str| std::fs::read_to_string(dir.join(file)).ok();
+                Some(CoolingDevice {
+                    device,
+                    kind: read("type").as_deref().and_then(parse::parse_id)?,
+                    cur_state: parse::parse_u64(&read("cur_state")?, "cur_state").ok()?,
+                    max_state: parse::parse_u64(&read("max_state")?, "max_state").ok()?,
+                })
+            })
+            .collect()
+    }
+
+    /// The `rpi_volt` hwmon alarm and the firmware's throttled word; `None` when the board
+    /// has neither.
+    fn power(&self) -> Option<PowerFacts> {
+        let under_voltage_alarm = self
+            .numbered(HWMON, "hwmon")
+            .into_iter()
+            .find(|(_, dir)| {
+                std::fs::read_to_string(dir.join("name")).is_ok_and(|n| n.trim() == "rpi_volt")
+            })
+            .and_then(|(_, dir)| std::fs::read_to_string(dir.join("in0_lcrit_alarm")).ok())
+            .and_then(|text| parse::parse_u64(&text, "in0_lcrit_alarm").ok())
+            .map(|alarm| alarm != 0);
+        let throttled = self.parse_opt(RPI_FIRMWARE_THROTTLED, parse::parse_throttled);
+        (under_voltage_alarm.is_some() || throttled.is_some()).then_some(PowerFacts {
+            under_voltage_alarm,
+            throttled,
+        })
     }
 
     fn psi(&self) -> Option<Psi> {

@@ -8,8 +8,9 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use edgebeat_hw::{
-    CgroupMode, FsStats, HostFacts, HostRoot, HugePages, MemoryFacts, PidStats, Psi, PsiLine,
-    PsiResource, ReadOptions, read_host_facts,
+    CgroupMode, CoolingDevice, FsStats, HostFacts, HostRoot, HugePages, MemoryFacts, Mount,
+    PidStats, PowerFacts, Psi, PsiLine, PsiResource, ReadOptions, ThermalZone, Throttled, TripKind,
+    TripPoint, read_host_facts,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -67,6 +68,39 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+fn mount(point: &str, fs_type: &str, source: &str, read_only: bool) -> Mount {
+    Mount {
+        mount_point: point.into(),
+        fs_type: fs_type.into(),
+        source: source.into(),
+        read_only,
+    }
+}
+
+fn zone(n: u32, kind: &str, temp: i64, trips: &[(TripKind, i64)]) -> ThermalZone {
+    ThermalZone {
+        zone: format!("thermal_zone{n}"),
+        kind: kind.into(),
+        temp_millicelsius: temp,
+        trip_points: trips
+            .iter()
+            .map(|&(kind, temp_millicelsius)| TripPoint {
+                kind,
+                temp_millicelsius,
+            })
+            .collect(),
+    }
+}
+
+fn cooling(n: u32, kind: &str, cur_state: u64, max_state: u64) -> CoolingDevice {
+    CoolingDevice {
+        device: format!("cooling_device{n}"),
+        kind: kind.into(),
+        cur_state,
+        max_state,
+    }
+}
+
 fn psi_line(avg10: f64, avg60: f64, avg300: f64, total_us: u64) -> PsiLine {
     PsiLine {
         avg10,
@@ -108,7 +142,34 @@ fn rpi4_cgroup1() {
         }),
         local_ips: vec![ip("172.17.0.1"), ip("192.168.1.42"), ip("192.168.4.61")],
         default_route_ip: Some(ip("192.168.1.42")),
-        psi: None,
+        psi: Some(Psi {
+            cpu: Some(PsiResource {
+                some: psi_line(1.04, 0.87, 0.61, 48_210_337),
+                full: Some(psi_line(0.0, 0.0, 0.0, 0)),
+            }),
+            memory: Some(PsiResource {
+                some: psi_line(0.0, 0.11, 0.05, 2_214_512),
+                full: Some(psi_line(0.0, 0.06, 0.02, 1_630_044)),
+            }),
+            io: Some(PsiResource {
+                some: psi_line(0.51, 0.93, 0.72, 61_833_920),
+                full: Some(psi_line(0.27, 0.58, 0.44, 40_157_301)),
+            }),
+        }),
+        nodefs_mount: Some(mount("/", "ext4", "/dev/root", false)),
+        imagefs_mount: None,
+        thermal_zones: vec![zone(
+            0,
+            "cpu-thermal",
+            48_312,
+            &[(TripKind::Passive, 80_000), (TripKind::Critical, 110_000)],
+        )],
+        cooling_devices: vec![cooling(0, "cpufreq-cpu0", 0, 4)],
+        power: Some(PowerFacts {
+            under_voltage_alarm: Some(false),
+            throttled: Some(Throttled(0)),
+        }),
+        clock_sync: facts.clock_sync,
     };
     assert_eq!(facts, want);
     assert_eq!(facts.pid.unwrap().available(), 30_168);
@@ -186,6 +247,26 @@ fn jetson_cgroup2() {
                 full: Some(psi_line(0.08, 0.21, 0.17, 19_214_472)),
             }),
         }),
+        nodefs_mount: Some(mount("/", "ext4", "/dev/nvme0n1p1", false)),
+        imagefs_mount: Some(mount("/", "ext4", "/dev/nvme0n1p1", false)),
+        thermal_zones: [
+            (0, "cpu-thermal", 45_500),
+            (1, "gpu-thermal", 43_812),
+            (2, "soc0-thermal", 44_718),
+        ]
+        .into_iter()
+        .map(|(n, kind, temp)| {
+            zone(
+                n,
+                kind,
+                temp,
+                &[(TripKind::Passive, 99_000), (TripKind::Critical, 104_500)],
+            )
+        })
+        .collect(),
+        cooling_devices: vec![cooling(0, "pwm-fan", 1, 3)],
+        power: None,
+        clock_sync: facts.clock_sync,
     };
     assert_eq!(facts, want);
     assert_eq!(facts.pid.unwrap().available(), 121_677);
@@ -248,7 +329,22 @@ fn nuc_hybrid() {
                 some: psi_line(0.0, 0.05, 0.08, 6_034_421),
                 full: Some(psi_line(0.0, 0.03, 0.06, 5_298_843)),
             }),
-        }),
+        }), // rootDir /var/lib/kubelet is on the separate /var/lib mount.
+        nodefs_mount: Some(mount("/var/lib", "xfs", "/dev/nvme0n1p3", false)),
+        imagefs_mount: None,
+        thermal_zones: vec![
+            zone(0, "acpitz", 27_800, &[(TripKind::Critical, 119_000)]),
+            // x86_pkg_temp's writable trip points read 0 until someone sets them.
+            zone(
+                1,
+                "x86_pkg_temp",
+                41_000,
+                &[(TripKind::Passive, 0), (TripKind::Passive, 0)],
+            ),
+        ],
+        cooling_devices: (0..8).map(|n| cooling(n, "Processor", 0, 3)).collect(),
+        power: None,
+        clock_sync: facts.clock_sync,
     };
     assert_eq!(facts, want);
     assert_eq!(facts.pid.unwrap().available(), 254_176);
@@ -302,6 +398,12 @@ fn only_required_files() {
         local_ips: vec![],
         default_route_ip: None,
         psi: None,
+        nodefs_mount: None,
+        imagefs_mount: None,
+        thermal_zones: vec![],
+        cooling_devices: vec![],
+        power: None,
+        clock_sync: facts.clock_sync,
     };
     assert_eq!(facts, want);
 }
@@ -309,6 +411,9 @@ fn only_required_files() {
 #[test]
 fn real_host_invariants() {
     let facts = read_host_facts(&HostRoot::default(), &ReadOptions::default()).unwrap();
+    // The kernel answers adjtimex to anyone, and the host has a mount table.
+    assert!(facts.clock_sync.is_some());
+    assert!(facts.nodefs_mount.is_some());
     assert_eq!(facts.boot_id.len(), 36, "{:?}", facts.boot_id);
     assert!(facts.logical_cpus > 0);
     assert!(facts.memory.total_bytes > 0);
@@ -337,4 +442,42 @@ fn real_host_invariants() {
         );
         assert_ne!(facts.cgroup, CgroupMode::Unknown);
     }
+}
+
+/// The per-signal trees differ from `rpi4-cgroup1` in one signal each (the rest are relative
+/// symlinks into it).
+#[test]
+fn per_signal_trees_change_one_signal_each() {
+    let read = |name: &str| {
+        read_host_facts(&HostRoot::new(fixture(name)), &ReadOptions::default()).unwrap()
+    };
+    let healthy = read("rpi4-cgroup1");
+    let strip = |mut f: HostFacts| {
+        f.nodefs = None;
+        f
+    };
+
+    let mut want = strip(healthy.clone());
+    want.power = Some(PowerFacts {
+        under_voltage_alarm: Some(true),
+        throttled: Some(Throttled(0x50005)),
+    });
+    assert_eq!(strip(read("rpi4-undervoltage")), want);
+
+    let mut want = strip(healthy.clone());
+    want.thermal_zones[0].temp_millicelsius = 82_700;
+    assert_eq!(strip(read("rpi4-thermal-passive")), want);
+
+    let mut want = strip(healthy.clone());
+    want.nodefs_mount = Some(mount("/", "ext4", "/dev/root", true));
+    assert_eq!(strip(read("rpi4-readonly-root")), want);
+
+    let mut want = strip(healthy);
+    if let Some(psi) = want.psi.as_mut() {
+        psi.memory = Some(PsiResource {
+            some: psi_line(38.21, 31.50, 12.07, 391_822_410),
+            full: Some(psi_line(24.66, 19.93, 7.41, 240_311_872)),
+        });
+    }
+    assert_eq!(strip(read("rpi4-memory-contention")), want);
 }

@@ -79,6 +79,30 @@ pub mod codec {
 /// path (gRPC max message size, MQTT max packet size) uses this value.
 pub const MAX_AGENT_MESSAGE_BYTES: usize = 64 * 1024;
 
+/// The NodeCondition types kubelet reports (`k8s.io/api/core/v1` `NodeConditionType`),
+/// in kubelet's order: the agent reports all four, Ready last.
+pub const KUBELET_CONDITION_TYPES: [&str; 4] =
+    ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"];
+
+/// The health conditions an agent may add to kubelet's four, each optional (off in the
+/// agent's config, or its signal unreadable on the host):
+///
+/// - `SystemMemoryContentionPressure`, `SystemDiskContentionPressure`: KEP-5394 (PSI based
+///   node conditions, `kubernetes/enhancements` `keps/sig-node/5394-psi-node-conditions`);
+/// - `ReadonlyFilesystem`: node-problem-detector's (`config/readonly-monitor.json`);
+/// - `ThermalPressure`, `UnderVoltage`, `ClockUnsynchronized`: edgebeat's own.
+///
+/// The gateway writes no other type. The agent's README section "Health conditions" gives
+/// each one's rule.
+pub const HEALTH_CONDITION_TYPES: [&str; 6] = [
+    "SystemMemoryContentionPressure",
+    "SystemDiskContentionPressure",
+    "ReadonlyFilesystem",
+    "ThermalPressure",
+    "UnderVoltage",
+    "ClockUnsynchronized",
+];
+
 /// Length of a binary boot ID in [`Header::boot_id`], in bytes (a UUID).
 pub const BOOT_ID_BYTES: usize = 16;
 

@@ -1,0 +1,796 @@
+//! Health conditions beyond kubelet's four: the failures of small boards that a data-centre
+//! kubelet never reports, computed from [`HostFacts`] like the pressure conditions.
+//!
+//! | type | True when | source of the rule |
+//! |---|---|---|
+//! | `SystemMemoryContentionPressure` | memory PSI `full` avg10 and avg60 ≥ threshold | KEP-5394 |
+//! | `SystemDiskContentionPressure` | io PSI `full` avg10 and avg60 ≥ threshold | KEP-5394 |
+//! | `ReadonlyFilesystem` | the filesystem of `rootDir` or `imageFsDir` is read-only | node-problem-detector |
+//! | `ThermalPressure` | a thermal zone at or past a passive/hot/critical trip point or `thermalLimitCelsius`, or the CPU thermally throttled | kernel thermal sysfs |
+//! | `UnderVoltage` | the board's power supply is under-voltage now | Raspberry Pi firmware |
+//! | `ClockUnsynchronized` | the kernel clock is not NTP-synchronised | systemd `ntp_synced` |
+//!
+//! **Hysteresis.** As kubelet's eviction manager does for its pressure conditions, a
+//! condition stays True until `evictionPressureTransitionPeriod` has passed since its
+//! signal was last seen (`nodeConditionsLastObservedAt`,
+//! `pkg/kubelet/eviction/eviction_manager.go`). For the PSI conditions the signal is KEP-5394's:
+//! the condition turns True when avg60 *and* avg10 reach the threshold (pressure that is
+//! high and still rising), and the hold lasts while avg60 stays at or above it (the KEP's
+//! "trending lower" state), then for the transition period after.
+//!
+//! **Messages carry the figure of the transition.** A True message names what crossed
+//! which limit ("cpu-thermal (thermal_zone0) at 82.7 °C, at or past its passive trip point
+//! 80.0 °C"). The figure is the one seen when the condition last changed status or reason,
+//! and is kept while neither changes: a live temperature in the message would change the
+//! status every `nodeStatusUpdateFrequency` and send a full status report each time, over
+//! a metered link. The live figures are on the agent's `/metrics`.
+//!
+//! **Unknown is absent.** A signal the host does not expose (no `/proc/pressure`, no thermal
+//! zones, not a Raspberry Pi, the mount table unreadable) gives no condition at all: the
+//! agent never writes `Unknown`, which belongs to the node lifecycle controller.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use edgebeat_hw::{HostFacts, Mount, PsiLine, ThermalZone, Throttled, TripKind};
+
+use crate::status::{Condition, ConditionStatus};
+
+/// The agent's health-condition settings (KubeletConfiguration-style fields of the agent
+/// config; see [`crate::config`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthSettings {
+    /// `systemMemoryContentionThreshold` (KEP-5394's name): memory PSI as a fraction of wall
+    /// time, 0–1 (default 0.1 = 10 %); 0 turns `SystemMemoryContentionPressure` off.
+    pub system_memory_contention_threshold: f64,
+    /// `systemDiskContentionThreshold`: as above for io PSI and
+    /// `SystemDiskContentionPressure`.
+    pub system_disk_contention_threshold: f64,
+    /// `readonlyFilesystemCondition` (default true): report `ReadonlyFilesystem`.
+    pub readonly_filesystem: bool,
+    /// `thermalCondition` (default true): report `ThermalPressure`.
+    pub thermal: bool,
+    /// `thermalLimitCelsius`: a temperature, °C, at or above which any thermal zone makes
+    /// `ThermalPressure` True even below its trip points (default none).
+    pub thermal_limit_celsius: Option<f64>,
+    /// `underVoltageCondition` (default true): report `UnderVoltage`.
+    pub under_voltage: bool,
+    /// `clockSyncCondition` (default true): report `ClockUnsynchronized`.
+    pub clock_sync: bool,
+}
+
+impl Default for HealthSettings {
+    fn default() -> Self {
+        Self {
+            system_memory_contention_threshold: DEFAULT_CONTENTION_THRESHOLD,
+            system_disk_contention_threshold: DEFAULT_CONTENTION_THRESHOLD,
+            readonly_filesystem: true,
+            thermal: true,
+            thermal_limit_celsius: None,
+            under_voltage: true,
+            clock_sync: true,
+        }
+    }
+}
+
+/// Default PSI threshold, a fraction of wall time (10 %). KEP-5394 leaves the default to
+/// experiment; 10 % of time with *every* non-idle task stalled is well past a slow moment
+/// and far below where systemd-oomd acts (60 % by default), so a node stops taking work
+/// before anything is killed.
+pub const DEFAULT_CONTENTION_THRESHOLD: f64 = 0.1;
+
+/// Checks a PSI threshold field: a fraction in `[0, 1]`.
+///
+/// Errors: a message for the config error of that field.
+pub fn check_threshold(value: f64) -> Result<f64, String> {
+    if (0.0..=1.0).contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!(
+            "got {value}; a fraction of time between 0 (off) and 1, e.g. 0.1 for 10 %"
+        ))
+    }
+}
+
+/// Checks `thermalLimitCelsius`: above 0 and at most 150 °C (no board runs hotter).
+///
+/// Errors: a message for the config error of that field.
+pub fn check_thermal_limit(value: f64) -> Result<f64, String> {
+    if value > 0.0 && value <= 150.0 {
+        Ok(value)
+    } else {
+        Err(format!(
+            "got {value}; degrees Celsius above 0 and at most 150, e.g. 80"
+        ))
+    }
+}
+
+/// What a health check saw in one set of facts.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    /// The signal is present now (what `observed` remembers).
+    signal: bool,
+    /// Reason and message when the condition is True now (PSI: avg10 too; others: the
+    /// signal); `None` otherwise.
+    sets: Option<(&'static str, String)>,
+    /// Reason and message when False.
+    fine: (&'static str, String),
+}
+
+/// Computes the enabled health conditions for `facts` at boot-clock time `now` (see the
+/// module docs), in [`edgebeat_proto::HEALTH_CONDITION_TYPES`] order, carrying transitions
+/// and messages over from `previous` and updating `observed` (signal type → when last seen).
+pub fn conditions(
+    facts: &HostFacts,
+    settings: &HealthSettings,
+    period: Duration,
+    previous: &[Condition],
+    observed: &mut BTreeMap<&'static str, Duration>,
+    now: Duration,
+) -> Vec<Condition> {
+    let checks: [(&'static str, Option<Seen>); 6] = [
+        (
+            "SystemMemoryContentionPressure",
+            contention(
+                "memory",
+                psi_full(facts, |p| p.memory.as_ref()),
+                settings.system_memory_contention_threshold,
+                "SystemMemoryContentionPressure",
+            ),
+        ),
+        (
+            "SystemDiskContentionPressure",
+            contention(
+                "io",
+                psi_full(facts, |p| p.io.as_ref()),
+                settings.system_disk_contention_threshold,
+                "SystemDiskContentionPressure",
+            ),
+        ),
+        (
+            "ReadonlyFilesystem",
+            settings
+                .readonly_filesystem
+                .then(|| readonly(facts))
+                .flatten(),
+        ),
+        (
+            "ThermalPressure",
+            settings
+                .thermal
+                .then(|| thermal(facts, settings.thermal_limit_celsius))
+                .flatten(),
+        ),
+        (
+            "UnderVoltage",
+            settings
+                .under_voltage
+                .then(|| under_voltage(facts))
+                .flatten(),
+        ),
+        (
+            "ClockUnsynchronized",
+            settings.clock_sync.then(|| clock(facts)).flatten(),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (type_, seen) in checks {
+        let Some(seen) = seen else {
+            observed.remove(type_);
+            continue;
+        };
+        if seen.signal {
+            observed.insert(type_, now);
+        }
+        let before = previous.iter().find(|c| c.type_ == type_);
+        let was_true = before.is_some_and(|c| c.status == ConditionStatus::True);
+        let held = observed
+            .get(type_)
+            .is_some_and(|t| now.saturating_sub(*t) < period || now == *t);
+        let condition = match (seen.sets, before) {
+            (Some((reason, message)), _) => {
+                carried(before, type_, ConditionStatus::True, reason, message, now)
+            }
+            // Held: the reason and message of the crossing stay.
+            (None, Some(before)) if was_true && held => before.clone(),
+            (None, _) => {
+                let (reason, message) = seen.fine;
+                carried(before, type_, ConditionStatus::False, reason, message, now)
+            }
+        };
+        out.push(condition);
+    }
+    out
+}
+
+/// The condition, keeping `before`'s transition time while the status holds and its
+/// message (with the figure of the transition) while status and reason hold.
+fn carried(
+    before: Option<&Condition>,
+    type_: &'static str,
+    status: ConditionStatus,
+    reason: &'static str,
+    message: String,
+    now: Duration,
+) -> Condition {
+    match before {
+        Some(b) if b.status == status => Condition {
+            type_,
+            status,
+            reason,
+            message: if b.reason == reason {
+                b.message.clone()
+            } else {
+                message
+            },
+            last_transition: b.last_transition,
+        },
+        _ => Condition {
+            type_,
+            status,
+            reason,
+            message,
+            last_transition: now,
+        },
+    }
+}
+
+fn psi_full(
+    facts: &HostFacts,
+    resource: impl Fn(&edgebeat_hw::Psi) -> Option<&edgebeat_hw::PsiResource>,
+) -> Option<PsiLine> {
+    resource(facts.psi.as_ref()?)?.full
+}
+
+/// KEP-5394: `full` PSI of `resource` against `threshold` (a fraction). `None` when off
+/// (threshold 0) or when the kernel gives no `full` line.
+fn contention(
+    resource: &str,
+    full: Option<PsiLine>,
+    threshold: f64,
+    type_: &'static str,
+) -> Option<Seen> {
+    if threshold <= 0.0 {
+        return None;
+    }
+    let full = full?;
+    let limit = threshold * 100.0;
+    let sets = full.avg60 >= limit && full.avg10 >= limit;
+    Some(Seen {
+        signal: full.avg60 >= limit,
+        sets: sets.then(|| {
+            (
+            match type_ {
+                "SystemMemoryContentionPressure" => "KubeletHasSystemMemoryContentionPressure",
+                _ => "KubeletHasSystemDiskContentionPressure",
+            },
+            format!(
+                "{resource} PSI full avg10 {:.2}% and avg60 {:.2}% at or above the threshold {limit}%",
+                full.avg10, full.avg60
+            ),
+            )
+        }),
+        fine: (
+            match type_ {
+                "SystemMemoryContentionPressure" => "KubeletHasNoSystemMemoryContentionPressure",
+                _ => "KubeletHasNoSystemDiskContentionPressure",
+            },
+            format!("{resource} PSI full below the threshold {limit}%"),
+        ),
+    })
+}
+
+/// node-problem-detector's `ReadonlyFilesystem`, for the filesystems of `rootDir` and
+/// `imageFsDir`. `None` when the mount table was unreadable.
+fn readonly(facts: &HostFacts) -> Option<Seen> {
+    let mounts: Vec<(&str, &Mount)> = [
+        ("nodefs", facts.nodefs_mount.as_ref()),
+        ("imagefs", facts.imagefs_mount.as_ref()),
+    ]
+    .into_iter()
+    .filter_map(|(name, m)| Some((name, m?)))
+    .collect();
+    if mounts.is_empty() {
+        return None;
+    }
+    let read_only: Vec<String> = mounts
+        .iter()
+        .filter(|(_, m)| m.read_only)
+        .map(|(name, m)| {
+            format!(
+                "{name} ({} {} on {}) is read-only",
+                m.fs_type,
+                m.source,
+                m.mount_point.display()
+            )
+        })
+        .collect();
+    Some(Seen {
+        signal: !read_only.is_empty(),
+        sets: (!read_only.is_empty()).then(|| ("FilesystemIsReadOnly", read_only.join("; "))),
+        fine: (
+            "FilesystemIsNotReadOnly",
+            "Filesystem is not read-only".into(),
+        ),
+    })
+}
+
+fn celsius(millicelsius: i64) -> f64 {
+    // Thermal sysfs values fit f64 exactly (|value| < 2^53).
+    #[allow(clippy::cast_precision_loss)]
+    let c = millicelsius as f64 / 1000.0;
+    c
+}
+
+/// The lowest trip point of `zone` that means "too hot": passive, hot or critical. Active
+/// trips (a fan) are normal operation; a temperature ≤ 0 is an unset trip (x86_pkg_temp's
+/// writable trips read 0 until set).
+fn hot_trip(zone: &ThermalZone) -> Option<(TripKind, i64)> {
+    zone.trip_points
+        .iter()
+        .filter(|t| t.kind != TripKind::Active && t.temp_millicelsius > 0)
+        .map(|t| (t.kind, t.temp_millicelsius))
+        .min_by_key(|(_, temp)| *temp)
+}
+
+/// `ThermalPressure`: thermal zones against their trip points and `limit`, cooling devices
+/// that slow the CPU, and the Raspberry Pi firmware's soft temperature limit. `None` when the
+/// host has none of those.
+fn thermal(facts: &HostFacts, limit: Option<f64>) -> Option<Seen> {
+    let soft_limit = facts
+        .power
+        .and_then(|p| p.throttled)
+        .map(Throttled::soft_temp_limit);
+    if facts.thermal_zones.is_empty() && facts.cooling_devices.is_empty() && soft_limit.is_none() {
+        return None;
+    }
+    let past_trip = facts.thermal_zones.iter().find_map(|z| {
+        let (kind, trip) = hot_trip(z)?;
+        (z.temp_millicelsius >= trip).then(|| {
+            format!(
+                "{} ({}) at {:.1} °C, at or past its {} trip point {:.1} °C",
+                z.kind,
+                z.zone,
+                celsius(z.temp_millicelsius),
+                kind.as_str(),
+                celsius(trip)
+            )
+        })
+    });
+    let past_limit = limit.and_then(|limit| {
+        facts
+            .thermal_zones
+            .iter()
+            .find(|z| celsius(z.temp_millicelsius) >= limit)
+            .map(|z| {
+                format!(
+                    "{} ({}) at {:.1} °C, at or past thermalLimitCelsius {limit} °C",
+                    z.kind,
+                    z.zone,
+                    celsius(z.temp_millicelsius)
+                )
+            })
+    });
+    let throttled = facts
+        .cooling_devices
+        .iter()
+        .find(|d| d.throttles_cpu() && d.cur_state > 0)
+        .map(|d| {
+            format!(
+                "the CPU is throttled by {} ({}) at state {} of {}",
+                d.kind, d.device, d.cur_state, d.max_state
+            )
+        })
+        .or_else(|| {
+            soft_limit.unwrap_or(false).then(|| {
+                "the firmware's soft temperature limit is active (the CPU is capped)".to_owned()
+            })
+        });
+    let problem = past_trip
+        .map(|m| ("TemperatureAboveTripPoint", m))
+        .or_else(|| past_limit.map(|m| ("TemperatureAboveLimit", m)))
+        .or_else(|| throttled.map(|m| ("CPUThermallyThrottled", m)));
+    let fine = match limit {
+        Some(limit) => format!(
+            "no thermal zone at a passive, hot or critical trip point or {limit} °C; the CPU is not thermally throttled"
+        ),
+        None => "no thermal zone at a passive, hot or critical trip point; the CPU is not thermally throttled".to_owned(),
+    };
+    Some(Seen {
+        signal: problem.is_some(),
+        sets: problem,
+        fine: ("TemperatureNormal", fine),
+    })
+}
+
+/// The set bits of a Raspberry Pi throttled word, in words: "under-voltage, throttled".
+fn describe(t: Throttled, since_boot: bool) -> String {
+    let bits = if since_boot {
+        [
+            (t.under_voltage_occurred(), "under-voltage"),
+            (t.frequency_capped_occurred(), "frequency capping"),
+            (t.throttled_occurred(), "throttling"),
+            (t.soft_temp_limit_occurred(), "soft temperature limit"),
+        ]
+    } else {
+        [
+            (t.under_voltage(), "under-voltage"),
+            (t.frequency_capped(), "frequency capped"),
+            (t.throttled(), "throttled"),
+            (t.soft_temp_limit(), "soft temperature limit"),
+        ]
+    };
+    let set: Vec<&str> = bits.iter().filter(|(on, _)| *on).map(|(_, w)| *w).collect();
+    if set.is_empty() {
+        "none".to_owned()
+    } else {
+        set.join(", ")
+    }
+}
+
+/// `UnderVoltage`: the `rpi_volt` alarm or firmware bit 0. False says whether under-voltage
+/// occurred since boot (bit 16). `None` on boards without either source.
+fn under_voltage(facts: &HostFacts) -> Option<Seen> {
+    let power = facts.power?;
+    let now = power.under_voltage_alarm.unwrap_or(false)
+        || power.throttled.is_some_and(Throttled::under_voltage);
+    let word = power.throttled.map(|t| {
+        format!(
+            "firmware throttled=0x{:x}: now {}; since boot {}",
+            t.0,
+            describe(t, false),
+            describe(t, true)
+        )
+    });
+    let source = match (power.under_voltage_alarm, &word) {
+        (Some(true), Some(w)) => format!("rpi_volt in0_lcrit_alarm=1, {w}"),
+        (Some(true), None) => "rpi_volt in0_lcrit_alarm=1".to_owned(),
+        (_, Some(w)) => w.clone(),
+        (_, None) => "rpi_volt in0_lcrit_alarm=0".to_owned(),
+    };
+    let occurred = power
+        .throttled
+        .is_some_and(Throttled::under_voltage_occurred);
+    Some(Seen {
+        signal: now,
+        sets: now.then(|| {
+            (
+                "UnderVoltageDetected",
+                format!("the power supply is under-voltage ({source})"),
+            )
+        }),
+        fine: if occurred {
+            (
+                "UnderVoltageOccurred",
+                format!("no under-voltage now, but it occurred since boot ({source})"),
+            )
+        } else {
+            (
+                "SufficientVoltage",
+                "the power supply voltage is sufficient".into(),
+            )
+        },
+    })
+}
+
+/// `ClockUnsynchronized`: the kernel's NTP state. `None` when `adjtimex` failed.
+fn clock(facts: &HostFacts) -> Option<Seen> {
+    let sync = facts.clock_sync?;
+    #[allow(clippy::cast_precision_loss)]
+    let max_error_s = sync.max_error_us as f64 / 1e6;
+    Some(Seen {
+        signal: !sync.synchronized,
+        sets: (!sync.synchronized).then(|| {
+            (
+                "NTPNotSynchronized",
+                format!(
+                    "the kernel clock is not synchronized (adjtimex maxerror {max_error_s:.1} s); Lease and status times come from the gateway's clock"
+                ),
+            )
+        }),
+        fine: ("NTPSynchronized", "the kernel clock is synchronized".into()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edgebeat_hw::{
+        ClockSync, CoolingDevice, HostRoot, PowerFacts, Psi, PsiResource, ReadOptions, TripPoint,
+    };
+
+    const PERIOD: Duration = Duration::from_secs(300);
+
+    /// The healthy Raspberry Pi 4 tree, with a synchronised clock.
+    fn healthy() -> HostFacts {
+        let root =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/rpi4-cgroup1");
+        let mut facts =
+            edgebeat_hw::read_host_facts(&HostRoot::new(root), &ReadOptions::default()).unwrap();
+        facts.clock_sync = Some(ClockSync {
+            synchronized: true,
+            max_error_us: 80_000,
+        });
+        facts
+    }
+
+    /// Runs the checks over `steps` of (seconds since boot, facts), returning each step's
+    /// conditions.
+    fn run(settings: &HealthSettings, steps: &[(u64, HostFacts)]) -> Vec<Vec<Condition>> {
+        let mut observed = BTreeMap::new();
+        let mut previous = Vec::new();
+        let mut out = Vec::new();
+        for (t, facts) in steps {
+            let now = Duration::from_secs(*t);
+            previous = conditions(facts, settings, PERIOD, &previous, &mut observed, now);
+            out.push(previous.clone());
+        }
+        out
+    }
+
+    fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+        conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    fn status_of(conditions: &[Condition], type_: &str) -> Option<(ConditionStatus, &'static str)> {
+        get(conditions, type_).map(|c| (c.status, c.reason))
+    }
+
+    fn memory_psi(facts: &mut HostFacts, avg10: f64, avg60: f64) {
+        let line = PsiLine {
+            avg10,
+            avg60,
+            avg300: 0.0,
+            total_us: 0,
+        };
+        let psi = facts.psi.get_or_insert(Psi {
+            cpu: None,
+            memory: None,
+            io: None,
+        });
+        psi.memory = Some(PsiResource {
+            some: line,
+            full: Some(line),
+        });
+    }
+
+    #[test]
+    fn a_healthy_board_reports_every_condition_false() {
+        let got = &run(&HealthSettings::default(), &[(100, healthy())])[0];
+        let types: Vec<&str> = got.iter().map(|c| c.type_).collect();
+        assert_eq!(types, edgebeat_proto::HEALTH_CONDITION_TYPES);
+        for c in got {
+            assert_eq!(c.status, ConditionStatus::False, "{c:?}");
+        }
+        assert_eq!(
+            status_of(got, "ReadonlyFilesystem"),
+            Some((ConditionStatus::False, "FilesystemIsNotReadOnly"))
+        );
+    }
+
+    #[test]
+    fn psi_follows_kep_5394_and_holds_for_the_transition_period() {
+        let at = |avg10, avg60| {
+            let mut f = healthy();
+            memory_psi(&mut f, avg10, avg60);
+            f
+        };
+        let steps = [
+            (0, at(30.0, 5.0)),   // avg10 alone: a spike, not contention
+            (10, at(30.0, 12.0)), // both ≥ 10 %: True
+            (20, at(5.0, 14.0)),  // avg10 down, avg60 still up: held ("trending lower")
+            (30, at(2.0, 8.0)),   // avg60 below: held for the period since it was last up
+            (319, at(2.0, 3.0)),  // 299 s after: still held
+            (320, at(2.0, 3.0)),  // 300 s: False
+        ];
+        let got = run(&HealthSettings::default(), &steps);
+        let status: Vec<ConditionStatus> = got
+            .iter()
+            .map(|c| get(c, "SystemMemoryContentionPressure").unwrap().status)
+            .collect();
+        use ConditionStatus::{False, True};
+        assert_eq!(status, [False, True, True, True, True, False]);
+        let set = get(&got[1], "SystemMemoryContentionPressure").unwrap();
+        assert_eq!(set.reason, "KubeletHasSystemMemoryContentionPressure");
+        assert_eq!(
+            set.message,
+            "memory PSI full avg10 30.00% and avg60 12.00% at or above the threshold 10%"
+        );
+        // The figure of the crossing stays while True.
+        let held = get(&got[2], "SystemMemoryContentionPressure").unwrap();
+        assert_eq!(held.message, set.message);
+        assert_eq!(held.last_transition, Duration::from_secs(10));
+        assert_eq!(
+            get(&got[5], "SystemMemoryContentionPressure")
+                .unwrap()
+                .reason,
+            "KubeletHasNoSystemMemoryContentionPressure"
+        );
+        // io stayed low throughout.
+        assert_eq!(
+            status_of(&got[1], "SystemDiskContentionPressure"),
+            Some((False, "KubeletHasNoSystemDiskContentionPressure"))
+        );
+    }
+
+    #[test]
+    fn unavailable_or_disabled_signals_give_no_condition() {
+        let mut bare = healthy();
+        bare.psi = None;
+        bare.nodefs_mount = None;
+        bare.thermal_zones.clear();
+        bare.cooling_devices.clear();
+        bare.power = None;
+        bare.clock_sync = None;
+        assert_eq!(run(&HealthSettings::default(), &[(1, bare)])[0], vec![]);
+
+        let off = HealthSettings {
+            system_memory_contention_threshold: 0.0,
+            system_disk_contention_threshold: 0.0,
+            readonly_filesystem: false,
+            thermal: false,
+            thermal_limit_celsius: None,
+            under_voltage: false,
+            clock_sync: false,
+        };
+        assert_eq!(run(&off, &[(1, healthy())])[0], vec![]);
+    }
+
+    #[test]
+    fn a_read_only_filesystem_names_itself() {
+        let mut f = healthy();
+        if let Some(m) = f.nodefs_mount.as_mut() {
+            m.read_only = true;
+        }
+        let got = &run(&HealthSettings::default(), &[(1, f)])[0];
+        let c = get(got, "ReadonlyFilesystem").unwrap();
+        assert_eq!(
+            (c.status, c.reason),
+            (ConditionStatus::True, "FilesystemIsReadOnly")
+        );
+        assert_eq!(c.message, "nodefs (ext4 /dev/root on /) is read-only");
+    }
+
+    #[test]
+    fn thermal_rules() {
+        let zone = |temp, trips: &[(TripKind, i64)]| ThermalZone {
+            zone: "thermal_zone0".into(),
+            kind: "cpu-thermal".into(),
+            temp_millicelsius: temp,
+            trip_points: trips
+                .iter()
+                .map(|&(kind, temp_millicelsius)| TripPoint {
+                    kind,
+                    temp_millicelsius,
+                })
+                .collect(),
+        };
+        let reason = |zones: Vec<ThermalZone>, cooling: Vec<CoolingDevice>, limit| {
+            let mut f = healthy();
+            f.thermal_zones = zones;
+            f.cooling_devices = cooling;
+            let settings = HealthSettings {
+                thermal_limit_celsius: limit,
+                ..HealthSettings::default()
+            };
+            let got = run(&settings, &[(1, f)]).remove(0);
+            status_of(&got, "ThermalPressure")
+        };
+        use ConditionStatus::{False, True};
+        let passive = [(TripKind::Active, 50_000), (TripKind::Passive, 80_000)];
+        assert_eq!(
+            reason(vec![zone(79_999, &passive)], vec![], None),
+            Some((False, "TemperatureNormal")),
+            "an active trip (a fan) is normal"
+        );
+        assert_eq!(
+            reason(vec![zone(80_000, &passive)], vec![], None),
+            Some((True, "TemperatureAboveTripPoint"))
+        );
+        assert_eq!(
+            reason(vec![zone(41_000, &[(TripKind::Passive, 0)])], vec![], None),
+            Some((False, "TemperatureNormal")),
+            "a trip at 0 is unset"
+        );
+        assert_eq!(
+            reason(vec![zone(75_000, &passive)], vec![], Some(75.0)),
+            Some((True, "TemperatureAboveLimit"))
+        );
+        let cooling = |kind: &str, cur_state| CoolingDevice {
+            device: "cooling_device0".into(),
+            kind: kind.into(),
+            cur_state,
+            max_state: 4,
+        };
+        assert_eq!(
+            reason(vec![], vec![cooling("cpufreq-cpu0", 2)], None),
+            Some((True, "CPUThermallyThrottled"))
+        );
+        assert_eq!(
+            reason(vec![], vec![cooling("pwm-fan", 3)], None),
+            Some((False, "TemperatureNormal"))
+        );
+    }
+
+    #[test]
+    fn a_live_temperature_does_not_change_the_condition() {
+        let at = |temp| {
+            let mut f = healthy();
+            f.thermal_zones[0].temp_millicelsius = temp;
+            f
+        };
+        let got = run(
+            &HealthSettings::default(),
+            &[(0, at(81_000)), (10, at(83_500)), (20, at(86_000))],
+        );
+        let c: Vec<&Condition> = got
+            .iter()
+            .map(|c| get(c, "ThermalPressure").unwrap())
+            .collect();
+        assert_eq!(
+            c[0].message,
+            "cpu-thermal (thermal_zone0) at 81.0 °C, at or past its passive trip point 80.0 °C"
+        );
+        assert_eq!(c[1], c[0]);
+        assert_eq!(c[2], c[0]);
+    }
+
+    #[test]
+    fn under_voltage_now_and_since_boot() {
+        let with = |alarm: Option<bool>, word: Option<u32>| {
+            let mut f = healthy();
+            f.power = Some(PowerFacts {
+                under_voltage_alarm: alarm,
+                throttled: word.map(Throttled),
+            });
+            let got = run(&HealthSettings::default(), &[(1, f)]).remove(0);
+            get(&got, "UnderVoltage").cloned().unwrap()
+        };
+        let now = with(Some(true), Some(0x50005));
+        assert_eq!(
+            (now.status, now.reason),
+            (ConditionStatus::True, "UnderVoltageDetected")
+        );
+        assert_eq!(
+            now.message,
+            "the power supply is under-voltage (rpi_volt in0_lcrit_alarm=1, firmware throttled=0x50005: now under-voltage, throttled; since boot under-voltage, throttling)"
+        );
+        let past = with(Some(false), Some(0x50000));
+        assert_eq!(
+            (past.status, past.reason),
+            (ConditionStatus::False, "UnderVoltageOccurred")
+        );
+        let fine = with(Some(false), None);
+        assert_eq!(
+            (fine.status, fine.reason),
+            (ConditionStatus::False, "SufficientVoltage")
+        );
+        assert_eq!(with(None, Some(0x1)).status, ConditionStatus::True);
+    }
+
+    #[test]
+    fn an_unsynchronized_clock() {
+        let mut f = healthy();
+        f.clock_sync = Some(ClockSync {
+            synchronized: false,
+            max_error_us: 16_000_000,
+        });
+        let got = &run(&HealthSettings::default(), &[(1, f)])[0];
+        let c = get(got, "ClockUnsynchronized").unwrap();
+        assert_eq!(
+            (c.status, c.reason),
+            (ConditionStatus::True, "NTPNotSynchronized")
+        );
+        assert!(c.message.contains("maxerror 16.0 s"), "{}", c.message);
+    }
+
+    #[test]
+    fn thresholds_are_fractions() {
+        assert_eq!(check_threshold(0.0), Ok(0.0));
+        assert_eq!(check_threshold(1.0), Ok(1.0));
+        assert!(check_threshold(10.0).is_err());
+        assert!(check_threshold(-0.1).is_err());
+        assert!(check_thermal_limit(0.0).is_err());
+        assert_eq!(check_thermal_limit(80.0), Ok(80.0));
+    }
+}
