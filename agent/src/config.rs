@@ -1675,6 +1675,44 @@ mod tests {
     /// A file with several mistakes names every one in a single error: type errors and
     /// unknown fields (top level and inside transport) as well as invalid values.
     #[test]
+    fn health_condition_fields() {
+        let c = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}systemMemoryContentionThreshold: 0.25\nsystemDiskContentionThreshold: 0\nthermalLimitCelsius: 75\nclockSyncCondition: false\nunderVoltageCondition: false\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.health,
+            HealthSettings {
+                system_memory_contention_threshold: 0.25,
+                system_disk_contention_threshold: 0.0,
+                thermal_limit_celsius: Some(75.0),
+                clock_sync: false,
+                under_voltage: false,
+                ..HealthSettings::default()
+            }
+        );
+        let err = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}systemMemoryContentionThreshold: 10\nthermalLimitCelsius: -3\nthermalCondition: maybe\n"
+        ))
+        .unwrap_err();
+        let ConfigError::Invalid(fields) = &err else {
+            panic!("{err}");
+        };
+        let mut names: Vec<_> = fields.iter().map(|f| f.field.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "systemMemoryContentionThreshold",
+                "thermalCondition",
+                "thermalLimitCelsius"
+            ],
+            "{err}"
+        );
+        assert!(err.to_string().contains("between 0 (off) and 1"), "{err}");
+    }
+
+    #[test]
     fn every_invalid_field_is_reported_at_once() {
         let err = AgentConfig::from_yaml(
             "apiVersion: v1\nkind: AgentConfiguration\nmaxPods: many\nnodeStatusUpdateFrequncy: 10s\nnodeLeaseDurationSeconds: -5\nnodeIP: 127.0.0.1\ntransport: {kind: mqtt, endpoint: \"mqtt://b:1883\", keepalive: 1s, usernam: u, topicPrefix: \"a/#\"}\n",

@@ -11,6 +11,18 @@
 //! | `edgebeat_agent_node_not_found` | gauge | | 1 once the gateway said this agent's Node was deleted (`kubectl delete node`): the agent sends nothing more and registers again only when restarted; 0 otherwise |
 //! | `edgebeat_agent_last_lease_renewal_timestamp_seconds` | gauge | | wall-clock time of the last successful renewal, seconds since the epoch (0 before the first) |
 //! | `edgebeat_agent_info` | info | `node`, `transport`, `version` | always 1 |
+//! | `edgebeat_agent_node_condition` | gauge | `condition` | 1 while the condition the agent reports is True, 0 while False; a health condition the host has no signal for has no series |
+//! | `edgebeat_agent_pressure_stall_ratio` | gauge | `resource="cpu\|memory\|io"`, `line="some\|full"`, `window="10s\|60s\|300s"` | PSI averages of `/proc/pressure/*` as a fraction of wall time (kernel `Documentation/accounting/psi.rst`) |
+//! | `edgebeat_agent_filesystem_readonly` | gauge | `filesystem="nodefs\|imagefs"` | 1 while the filesystem holding `rootDir` / `imageFsDir` is read-only |
+//! | `edgebeat_agent_thermal_zone_temperature_celsius` | gauge | `zone`, `type` | each thermal zone's temperature, °C |
+//! | `edgebeat_agent_cooling_device_state` | gauge | `device`, `type` | each cooling device's `cur_state` (0 = not cooling) |
+//! | `edgebeat_agent_rpi_throttled` | gauge | | the Raspberry Pi firmware's `get_throttled` word (bits 0–3 now, 16–19 since boot) |
+//! | `edgebeat_agent_under_voltage` | gauge | | 1 while the `rpi_volt` alarm or firmware bit 0 says under-voltage |
+//! | `edgebeat_agent_clock_synchronized` | gauge | | 1 while the kernel clock is NTP-synchronised (`adjtimex`) |
+//! | `edgebeat_agent_clock_max_error_seconds` | gauge | | the kernel's `maxerror` estimate, seconds |
+//!
+//! The health series are set on every status computation (`nodeStatusUpdateFrequency`), so
+//! they show live figures where the conditions keep the figure of their last transition.
 //!
 //! **Reconnects.** The agent's loops see the transport only through
 //! [`Uplink::registered`](edgebeat_transports::uplink::Uplink::registered), so
@@ -36,6 +48,7 @@
 use std::sync::atomic::AtomicU64;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use edgebeat_hw::HostFacts;
 use edgebeat_proto::{AgentMessage, agent_message::Kind};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -45,6 +58,22 @@ use prometheus_client::registry::{Registry, Unit};
 use prost::Message as _;
 
 type Labels = [(&'static str, &'static str); 1];
+type Dynamic = Vec<(&'static str, String)>;
+type Ratio = Gauge<f64, AtomicU64>;
+
+/// The health signals' series (see the module docs).
+#[derive(Debug, Clone, Default)]
+struct HealthMetrics {
+    condition: Family<Dynamic, Gauge>,
+    stall: Family<Dynamic, Ratio>,
+    readonly: Family<Dynamic, Gauge>,
+    temperature: Family<Dynamic, Ratio>,
+    cooling: Family<Dynamic, Gauge>,
+    rpi_throttled: Gauge,
+    under_voltage: Gauge,
+    clock_synchronized: Gauge,
+    clock_max_error: Ratio,
+}
 
 /// Handles to the agent's metrics (see the module docs); cheap to use from the loops.
 #[derive(Debug, Clone)]
@@ -60,6 +89,7 @@ pub struct AgentMetrics {
     sent_lease: Counter,
     last_renewal: Gauge<f64, AtomicU64>,
     node_not_found: Gauge,
+    health: HealthMetrics,
 }
 
 impl AgentMetrics {
@@ -85,6 +115,7 @@ impl AgentMetrics {
             sent_lease: get(&sent, "kind", "lease"),
             last_renewal: Gauge::default(),
             node_not_found: Gauge::default(),
+            health: HealthMetrics::default(),
         };
         registry.register(
             "edgebeat_agent_lease_renewals",
@@ -122,6 +153,54 @@ impl AgentMetrics {
             "edgebeat_agent_node_not_found",
             "1 once the gateway said this agent's Node was deleted: nothing more is sent, and the agent registers again only when restarted",
             metrics.node_not_found.clone(),
+        );
+        let h = &metrics.health;
+        registry.register(
+            "edgebeat_agent_node_condition",
+            "1 while the node condition the agent reports is True, 0 while False",
+            h.condition.clone(),
+        );
+        registry.register(
+            "edgebeat_agent_pressure_stall_ratio",
+            "PSI averages of /proc/pressure as a fraction of wall time",
+            h.stall.clone(),
+        );
+        registry.register(
+            "edgebeat_agent_filesystem_readonly",
+            "1 while the filesystem holding rootDir (nodefs) or imageFsDir (imagefs) is read-only",
+            h.readonly.clone(),
+        );
+        registry.register_with_unit(
+            "edgebeat_agent_thermal_zone_temperature",
+            "Temperature of each thermal zone",
+            Unit::Celsius,
+            h.temperature.clone(),
+        );
+        registry.register(
+            "edgebeat_agent_cooling_device_state",
+            "cur_state of each cooling device (0 = not cooling)",
+            h.cooling.clone(),
+        );
+        registry.register(
+            "edgebeat_agent_rpi_throttled",
+            "The Raspberry Pi firmware's get_throttled word: bits 0-3 now, 16-19 since boot",
+            h.rpi_throttled.clone(),
+        );
+        registry.register(
+            "edgebeat_agent_under_voltage",
+            "1 while the board's power supply is under-voltage",
+            h.under_voltage.clone(),
+        );
+        registry.register(
+            "edgebeat_agent_clock_synchronized",
+            "1 while the kernel clock is NTP-synchronised",
+            h.clock_synchronized.clone(),
+        );
+        registry.register_with_unit(
+            "edgebeat_agent_clock_max_error",
+            "The kernel clock's maxerror estimate",
+            Unit::Seconds,
+            h.clock_max_error.clone(),
         );
         registry.register(
             "edgebeat_agent",
@@ -195,6 +274,85 @@ impl AgentMetrics {
     }
 }
 
+impl AgentMetrics {
+    /// Sets the health series from one status computation: `facts` as read, and the
+    /// conditions computed from them as (type, True?).
+    pub fn observe_health(
+        &self,
+        facts: &HostFacts,
+        conditions: impl IntoIterator<Item = (&'static str, bool)>,
+    ) {
+        let h = &self.health;
+        let mut present = Vec::new();
+        for (type_, is_true) in conditions {
+            present.push(type_);
+            h.condition
+                .get_or_create(&vec![("condition", type_.to_owned())])
+                .set(i64::from(is_true));
+        }
+        for type_ in edgebeat_proto::HEALTH_CONDITION_TYPES {
+            if !present.contains(&type_) {
+                h.condition.remove(&vec![("condition", type_.to_owned())]);
+            }
+        }
+        if let Some(psi) = &facts.psi {
+            let resources = [("cpu", &psi.cpu), ("memory", &psi.memory), ("io", &psi.io)];
+            for (resource, r) in resources {
+                let Some(r) = r else { continue };
+                for (line, l) in [("some", Some(r.some)), ("full", r.full)] {
+                    let Some(l) = l else { continue };
+                    for (window, avg) in [("10s", l.avg10), ("60s", l.avg60), ("300s", l.avg300)] {
+                        let labels = vec![
+                            ("resource", resource.to_owned()),
+                            ("line", line.to_owned()),
+                            ("window", window.to_owned()),
+                        ];
+                        h.stall.get_or_create(&labels).set(avg / 100.0);
+                    }
+                }
+            }
+        }
+        for (name, mount) in [
+            ("nodefs", &facts.nodefs_mount),
+            ("imagefs", &facts.imagefs_mount),
+        ] {
+            if let Some(m) = mount {
+                h.readonly
+                    .get_or_create(&vec![("filesystem", name.to_owned())])
+                    .set(i64::from(m.read_only));
+            }
+        }
+        for z in &facts.thermal_zones {
+            #[allow(clippy::cast_precision_loss)]
+            let celsius = z.temp_millicelsius as f64 / 1000.0;
+            h.temperature
+                .get_or_create(&vec![("zone", z.zone.clone()), ("type", z.kind.clone())])
+                .set(celsius);
+        }
+        for d in &facts.cooling_devices {
+            h.cooling
+                .get_or_create(&vec![
+                    ("device", d.device.clone()),
+                    ("type", d.kind.clone()),
+                ])
+                .set(i64::try_from(d.cur_state).unwrap_or(i64::MAX));
+        }
+        if let Some(power) = facts.power {
+            if let Some(t) = power.throttled {
+                h.rpi_throttled.set(i64::from(t.0));
+            }
+            let now = power.under_voltage_alarm.unwrap_or(false)
+                || power.throttled.is_some_and(|t| t.under_voltage());
+            h.under_voltage.set(i64::from(now));
+        }
+        if let Some(sync) = facts.clock_sync {
+            h.clock_synchronized.set(i64::from(sync.synchronized));
+            #[allow(clippy::cast_precision_loss)]
+            h.clock_max_error.set(sync.max_error_us as f64 / 1e6);
+        }
+    }
+}
+
 /// The `kind` label of `messages_sent_bytes_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MessageKind {
@@ -237,6 +395,43 @@ mod tests {
         ] {
             assert!(out.contains(line), "missing {line:?} in\n{out}");
         }
+    }
+
+    #[test]
+    fn health_signals_show_live_figures() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/rpi4-undervoltage");
+        let facts = edgebeat_hw::read_host_facts(
+            &edgebeat_hw::HostRoot::new(root),
+            &edgebeat_hw::ReadOptions::default(),
+        )
+        .unwrap();
+        let (m, registry) = AgentMetrics::new("edge-01", "mqtt");
+        m.observe_health(
+            &facts,
+            [
+                ("Ready", true),
+                ("UnderVoltage", true),
+                ("ThermalPressure", false),
+            ],
+        );
+        let out = text(&registry);
+        for line in [
+            "edgebeat_agent_node_condition{condition=\"UnderVoltage\"} 1\n",
+            "edgebeat_agent_node_condition{condition=\"ThermalPressure\"} 0\n",
+            "edgebeat_agent_node_condition{condition=\"Ready\"} 1\n",
+            "edgebeat_agent_under_voltage 1\n",
+            "edgebeat_agent_rpi_throttled 327685\n", // 0x50005
+            "edgebeat_agent_thermal_zone_temperature_celsius{zone=\"thermal_zone0\",type=\"cpu-thermal\"} 48.312\n",
+            "edgebeat_agent_cooling_device_state{device=\"cooling_device0\",type=\"cpufreq-cpu0\"} 0\n",
+            "edgebeat_agent_filesystem_readonly{filesystem=\"nodefs\"} 0\n",
+            "edgebeat_agent_pressure_stall_ratio{resource=\"io\",line=\"full\",window=\"60s\"} 0.0058",
+        ] {
+            assert!(out.contains(line), "missing {line:?} in\n{out}");
+        }
+        // A condition the next computation no longer has loses its series.
+        m.observe_health(&facts, [("Ready", true)]);
+        assert!(!text(&registry).contains("condition=\"UnderVoltage\""));
     }
 
     #[test]

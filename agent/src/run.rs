@@ -95,6 +95,33 @@ fn read_options(config: &AgentConfig) -> ReadOptions {
     }
 }
 
+/// Logs, once at start, each enabled health condition the host gives no signal for (so it
+/// is not reported): PSI without `CONFIG_PSI` or with `psi=0`, no thermal zones, an
+/// unreadable mount table.
+fn say_missing_signals(config: &AgentConfig, facts: &HostFacts) {
+    let h = &config.health;
+    let full = |r: Option<&edgebeat_hw::PsiResource>| r.and_then(|r| r.full).is_some();
+    let psi = facts.psi.as_ref();
+    if h.system_memory_contention_threshold > 0.0 && !full(psi.and_then(|p| p.memory.as_ref())) {
+        tracing::info!(
+            "no memory PSI (/proc/pressure/memory: kernel without CONFIG_PSI, or booted with psi=0): SystemMemoryContentionPressure is not reported"
+        );
+    }
+    if h.system_disk_contention_threshold > 0.0 && !full(psi.and_then(|p| p.io.as_ref())) {
+        tracing::info!(
+            "no io PSI (/proc/pressure/io: kernel without CONFIG_PSI, or booted with psi=0): SystemDiskContentionPressure is not reported"
+        );
+    }
+    if h.readonly_filesystem && facts.nodefs_mount.is_none() {
+        tracing::info!(
+            "the host's mount table (/proc/1/mountinfo, /proc/self/mountinfo) is unreadable: ReadonlyFilesystem is not reported"
+        );
+    }
+    if h.thermal && facts.thermal_zones.is_empty() && facts.cooling_devices.is_empty() {
+        tracing::info!("no thermal zones or cooling devices: ThermalPressure is not reported");
+    }
+}
+
 /// The node name: `nodeName`, else the lower-cased hostname (kubelet `--hostname-override`
 /// semantics).
 ///
@@ -165,6 +192,8 @@ impl Agent {
             None => "none",
         };
         let (metrics, registry) = AgentMetrics::new(&name, transport);
+        metrics.observe_health(&facts, first.condition_states());
+        say_missing_signals(&config, &facts);
         let liveness = Liveness::new(watchdog_bound(&config));
         Ok(Arc::new(Self {
             headers: HeaderFactory::new(name, &facts.boot_id, clock.clone()),
@@ -467,6 +496,7 @@ impl Agent {
                     let previous = self.latest();
                     let next =
                         compute(&facts, &self.config, Some(&previous), self.clock.boottime());
+                    self.metrics.observe_health(&facts, next.condition_states());
                     match self.latest.lock() {
                         Ok(mut g) => *g = next,
                         Err(poisoned) => *poisoned.into_inner() = next,

@@ -248,6 +248,15 @@ fn carry(
     }
 }
 
+impl ComputedStatus {
+    /// Each condition as (type, True?), for the agent's `edgebeat_agent_node_condition`.
+    pub fn condition_states(&self) -> impl Iterator<Item = (&'static str, bool)> + '_ {
+        self.conditions
+            .iter()
+            .map(|c| (c.type_, c.status == ConditionStatus::True))
+    }
+}
+
 /// kubelet's `nodeStatusHasChanged` for what the agent computes: true when anything but the
 /// heartbeat differs. Transition times move only with a status change, so comparing
 /// everything else is equivalent.

@@ -67,14 +67,22 @@ fn once_prints_the_jetson_fixture_status() {
         .unwrap()
         .iter()
         .map(|c| (c["type"].as_str().unwrap(), c["status"].as_str().unwrap()))
+        // The running kernel's clock, not the tree's: either status.
+        .filter(|(t, _)| *t != "ClockUnsynchronized")
         .collect();
+    // kubelet's four, then the health conditions this tree has signals for: PSI, the
+    // mount table, thermal zones; no power (not a Raspberry Pi).
     assert_eq!(
         conditions,
         [
             ("MemoryPressure", "False"),
             ("DiskPressure", "False"),
             ("PIDPressure", "False"),
-            ("Ready", "True")
+            ("Ready", "True"),
+            ("SystemMemoryContentionPressure", "False"),
+            ("SystemDiskContentionPressure", "False"),
+            ("ReadonlyFilesystem", "False"),
+            ("ThermalPressure", "False"),
         ]
     );
 }
@@ -94,4 +102,69 @@ fn missing_host_root_is_a_clear_error() {
     let (ok, _, stderr) = once(&["--once", "--host-root", "/nonexistent/edgebeat"]);
     assert!(!ok);
     assert!(stderr.contains("boot_id"), "{stderr}");
+}
+
+/// The health conditions of `--once` on `tree`: type → (status, reason).
+fn health(tree: &str) -> std::collections::BTreeMap<String, (String, String)> {
+    let root = fixture(tree);
+    let (ok, stdout, stderr) = once(&["--once", "--host-root", root.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let node: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    node["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| edgebeat_proto::HEALTH_CONDITION_TYPES.contains(&c["type"].as_str().unwrap()))
+        .map(|c| {
+            (
+                c["type"].as_str().unwrap().to_owned(),
+                (
+                    c["status"].as_str().unwrap().to_owned(),
+                    c["reason"].as_str().unwrap().to_owned(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Each per-signal tree turns exactly its condition True with the documented reason; the
+/// healthy tree has them all False. `ClockUnsynchronized` reads the running kernel, not the
+/// tree, so it is only required to be there.
+#[test]
+fn once_shows_each_health_signal_on_its_fixture_tree() {
+    let cases = [
+        ("rpi4-cgroup1", None),
+        (
+            "rpi4-undervoltage",
+            Some(("UnderVoltage", "UnderVoltageDetected")),
+        ),
+        (
+            "rpi4-thermal-passive",
+            Some(("ThermalPressure", "TemperatureAboveTripPoint")),
+        ),
+        (
+            "rpi4-readonly-root",
+            Some(("ReadonlyFilesystem", "FilesystemIsReadOnly")),
+        ),
+        (
+            "rpi4-memory-contention",
+            Some((
+                "SystemMemoryContentionPressure",
+                "KubeletHasSystemMemoryContentionPressure",
+            )),
+        ),
+    ];
+    for (tree, failing) in cases {
+        let mut got = health(tree);
+        assert!(got.remove("ClockUnsynchronized").is_some(), "{tree}");
+        assert_eq!(got.len(), 5, "{tree}: {got:?}");
+        for (type_, (status, reason)) in &got {
+            match failing {
+                Some((t, r)) if t == type_ => {
+                    assert_eq!((status.as_str(), reason.as_str()), ("True", r), "{tree}")
+                }
+                _ => assert_eq!(status, "False", "{tree}: {type_} {reason}"),
+            }
+        }
+    }
 }
