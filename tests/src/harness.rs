@@ -453,6 +453,12 @@ impl Cluster {
                     keepalive: Duration::from_secs(30),
                 },
             }),
+            // ClockUnsynchronized reads the running kernel, not the fixture tree: off, so a
+            // scenario sees the same conditions (and events) on every machine.
+            health: edgebeat_agent::health::HealthSettings {
+                clock_sync: false,
+                ..Default::default()
+            },
             ..AgentConfig::default()
         }
     }

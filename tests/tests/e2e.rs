@@ -893,6 +893,99 @@ async fn a_vanished_hugepage_size_is_removed_when_the_agent_starts(transport: Tr
     );
 }
 
+/// A health condition flips on the apiserver with one status report: the Raspberry Pi's
+/// `rpi_volt` alarm goes up, `UnderVoltage` turns True with its reason and a Warning event,
+/// and the agent's later computations (every 100 ms here) send no further whole status —
+/// only the periodic heartbeat refreshes, which keep the condition's lastHeartbeatTime
+/// current.
+async fn a_health_condition_flips_with_one_status_report(transport: Transport) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let agent = cluster
+        .start_agent(cluster.agent_config("rpi4-edge-01", host.path()))
+        .unwrap();
+    // A whole status carries `status` fields; a periodic refresh only lastHeartbeatTime.
+    let whole = |r: &RecordedRequest| {
+        is_status_patch(r, "rpi4-edge-01")
+            && std::str::from_utf8(&r.body)
+                .is_ok_and(|b| b.contains("\"UnderVoltage\"") && b.contains("\"reason\""))
+    };
+    cluster
+        .standin
+        .wait_until(DEADLINE, "first status patch", |v| {
+            v.requests().iter().any(whole)
+        })
+        .await
+        .unwrap();
+    let first = cluster.standin.node("rpi4-edge-01").unwrap();
+    let before = condition(&first, "UnderVoltage");
+    assert_eq!(
+        (before.status.as_str(), before.reason.as_deref()),
+        ("False", Some("SufficientVoltage"))
+    );
+    for type_ in pb::HEALTH_CONDITION_TYPES {
+        if type_ != "ClockUnsynchronized" {
+            assert_eq!(condition(&first, type_).status, "False", "{type_}");
+        }
+    }
+    let flipped_at = cluster.standin.requests().len();
+    std::fs::write(
+        host.path().join("sys/class/hwmon/hwmon0/in0_lcrit_alarm"),
+        "1\n",
+    )
+    .unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "UnderVoltage=True", |v| {
+            v.node("rpi4-edge-01")
+                .is_some_and(|n| condition(&n, "UnderVoltage").status == "True")
+        })
+        .await
+        .unwrap();
+    // Two periodic reports (2 s each) later, still one whole status since the flip.
+    cluster
+        .standin
+        .wait_until(DEADLINE, "two heartbeat refreshes after the flip", |v| {
+            v.requests()[flipped_at..]
+                .iter()
+                .filter(|r| is_status_patch(r, "rpi4-edge-01") && !whole(r))
+                .count()
+                >= 2
+        })
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    let after = &cluster.standin.requests()[flipped_at..];
+    assert_eq!(
+        after.iter().filter(|r| whole(r)).count(),
+        1,
+        "one whole status report for the flip"
+    );
+    let node = cluster.standin.node("rpi4-edge-01").unwrap();
+    let c = condition(&node, "UnderVoltage");
+    assert_eq!(c.reason.as_deref(), Some("UnderVoltageDetected"));
+    assert_eq!(
+        c.message.as_deref(),
+        Some(
+            "the power supply is under-voltage (rpi_volt in0_lcrit_alarm=1, firmware throttled=0x0: now none; since boot none)"
+        )
+    );
+    assert!(
+        c.last_heartbeat_time.as_ref().unwrap().0 > c.last_transition_time.as_ref().unwrap().0,
+        "the refreshes reached the health condition"
+    );
+    cluster
+        .standin
+        .wait_until(DEADLINE, "the Warning event", |v| {
+            v.events().iter().any(|e| {
+                e.reason.as_deref() == Some("UnderVoltageDetected")
+                    && e.type_.as_deref() == Some("Warning")
+            })
+        })
+        .await
+        .unwrap();
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod grpc {
@@ -926,4 +1019,5 @@ scenarios!(
     node_set_unknown_during_an_outage_is_ready_again_within_seconds,
     a_deleted_node_is_registered_again_only_by_a_restart,
     a_vanished_hugepage_size_is_removed_when_the_agent_starts,
+    a_health_condition_flips_with_one_status_report,
 );
