@@ -70,8 +70,9 @@ pub struct ComputedStatus {
     /// `status.allocatable`: capacity − systemReserved − kubeReserved − hard-eviction
     /// reservation (− hugepages for memory), floored at 0.
     pub allocatable: BTreeMap<String, String>,
-    /// MemoryPressure, DiskPressure, PIDPressure, Ready, then the enabled health conditions
-    /// ([`crate::health`]) in [`edgebeat_proto::HEALTH_CONDITION_TYPES`] order.
+    /// The enabled health conditions ([`crate::health`]) in
+    /// [`edgebeat_proto::HEALTH_CONDITION_TYPES`] order, then MemoryPressure, DiskPressure,
+    /// PIDPressure, Ready — Ready last.
     pub conditions: Vec<Condition>,
     /// `status.addresses`: (type, address), InternalIP first then Hostname.
     pub addresses: Vec<(&'static str, String)>,
@@ -207,14 +208,18 @@ pub fn compute(
     let mut health_observed = previous
         .map(|p| p.health_observed.clone())
         .unwrap_or_default();
-    conditions.extend(crate::health::conditions(
+    // Health conditions first, Ready last: the order `kubectl describe node` shows beside
+    // node-problem-detector's conditions.
+    let mut health = crate::health::conditions(
         facts,
         &config.health,
         period,
         previous.map_or(&[], |p| p.conditions.as_slice()),
         &mut health_observed,
         now,
-    ));
+    );
+    health.append(&mut conditions);
+    let conditions = health;
 
     ComputedStatus {
         capacity,

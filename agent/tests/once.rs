@@ -70,19 +70,19 @@ fn once_prints_the_jetson_fixture_status() {
         // The running kernel's clock, not the tree's: either status.
         .filter(|(t, _)| *t != "ClockUnsynchronized")
         .collect();
-    // kubelet's four, then the health conditions this tree has signals for: PSI, the
-    // mount table, thermal zones; no power (not a Raspberry Pi).
+    // The health conditions this tree has signals for (PSI, the mount table, thermal
+    // zones; no power: not a Raspberry Pi), then kubelet's four, Ready last.
     assert_eq!(
         conditions,
         [
-            ("MemoryPressure", "False"),
-            ("DiskPressure", "False"),
-            ("PIDPressure", "False"),
-            ("Ready", "True"),
             ("SystemMemoryContentionPressure", "False"),
             ("SystemDiskContentionPressure", "False"),
             ("ReadonlyFilesystem", "False"),
             ("ThermalPressure", "False"),
+            ("MemoryPressure", "False"),
+            ("DiskPressure", "False"),
+            ("PIDPressure", "False"),
+            ("Ready", "True"),
         ]
     );
 }

@@ -95,9 +95,21 @@ async fn registers_with_labels_facts_and_conditions(transport: Transport) {
         .iter()
         .map(|c| c.type_.as_str())
         .collect();
+    // The health conditions the fixture has signals for (the clock's is off in tests),
+    // then kubelet's: Ready last.
     assert_eq!(
         types,
-        ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"],
+        [
+            "SystemMemoryContentionPressure",
+            "SystemDiskContentionPressure",
+            "ReadonlyFilesystem",
+            "ThermalPressure",
+            "UnderVoltage",
+            "MemoryPressure",
+            "DiskPressure",
+            "PIDPressure",
+            "Ready"
+        ],
         "Ready last"
     );
     let ready = condition(&node, "Ready");
@@ -264,10 +276,10 @@ async fn steady_node_patches_status_once_then_per_report_period(transport: Trans
         "second PATCH only after the report period, got {gap:?}"
     );
     let v: serde_json::Value = serde_json::from_slice(&patches[0].body).unwrap();
-    assert_eq!(
-        v["status"]["$setElementOrder/conditions"][3]["type"],
-        "Ready"
-    );
+    let order = v["status"]["$setElementOrder/conditions"]
+        .as_array()
+        .unwrap();
+    assert_eq!(order.last().unwrap()["type"], "Ready", "Ready last");
     // The periodic report of an unchanged node is "unchanged": its PATCH refreshes only
     // the heartbeat times (what kubelet's two-way merge patch of an unchanged node holds).
     let periodic: serde_json::Value = serde_json::from_slice(&patches[1].body).unwrap();
