@@ -57,7 +57,10 @@ fn read_quiescent(
         let before: Vec<FsStats> = stat_paths.iter().map(|p| statvfs(p)).collect();
         let facts = read_host_facts(&HostRoot::new(root), opts).unwrap();
         let after: Vec<FsStats> = stat_paths.iter().map(|p| statvfs(p)).collect();
-        if before == after {
+        // Equal before and after can still hide a change and its undo in between: the
+        // facts' own readings must be the settled ones too.
+        let settled = |fs: Option<FsStats>| fs.is_none_or(|fs| after.contains(&fs));
+        if before == after && settled(facts.nodefs) && settled(facts.imagefs) {
             return (facts, after);
         }
     }
