@@ -199,6 +199,34 @@ impl AgentMessage {
         }
     }
 
+    /// Leaves out of a quiet message's header what its MQTT topic already says
+    /// (`{prefix}/nodes/{node}/{kind}`): the node name, and, unless the message is `signed`,
+    /// the wall time (it only serves the signed clock window and the skew metric, which
+    /// skips 0). The boot ID and `seq` stay: replay checks need them. For an MQTT
+    /// connection whose gateway accepted `Register` with [`Ack::compact_headers`]. Other
+    /// messages are unchanged.
+    pub fn compact_header_for_topic(&mut self, signed: bool) {
+        if let Some(h) = self.quiet_header_mut() {
+            h.node_name.clear();
+            if !signed {
+                h.wall_time_ms = 0;
+            }
+        }
+    }
+
+    /// Restores the node name that [`AgentMessage::compact_header_for_topic`] left out of a
+    /// quiet message published under `node`'s topic. Returns whether it did (a quiet
+    /// message with an empty node name).
+    pub fn complete_node_name(&mut self, node: &str) -> bool {
+        match self.quiet_header_mut() {
+            Some(h) if h.node_name.is_empty() => {
+                node.clone_into(&mut h.node_name);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Short name of the message kind for logs and metric labels: `register`, `status`,
     /// `lease`, or `unknown`.
     pub fn kind_name(&self) -> &'static str {
@@ -325,6 +353,45 @@ mod tests {
         loud.compact_header();
         assert_eq!(loud, renewal(false));
         assert!(!loud.complete_header(&Header::default()));
+    }
+
+    #[test]
+    fn a_topic_compact_renewal_keeps_boot_and_seq() {
+        let full = Header {
+            node_name: "edge-0001".into(),
+            boot_id: boot_id_to_bytes("0f8fad5b-d9cb-469f-a165-70867728950e"),
+            seq: 86_400_000_000,
+            wall_time_ms: 1_780_000_000_000,
+        };
+        let renewal = |quiet| AgentMessage {
+            kind: Some(agent_message::Kind::Lease(LeaseRenewal {
+                header: Some(full.clone()),
+                lease_duration_seconds: 40,
+                lease_state: Vec::new(),
+                quiet,
+            })),
+        };
+        let whole = renewal(true).encoded_len();
+        let mut plain = renewal(true);
+        plain.compact_header_for_topic(false);
+        // Node name (9 + 2) and wall time (6 + 1) left out.
+        assert_eq!(whole - plain.encoded_len(), 18);
+        let mut signed = renewal(true);
+        signed.compact_header_for_topic(true);
+        assert_eq!(signed.header().unwrap().wall_time_ms, full.wall_time_ms);
+        assert!(signed.complete_node_name("edge-0001"));
+        assert_eq!(signed, renewal(true));
+        assert!(plain.complete_node_name("edge-0001"));
+        let back = plain.header().unwrap();
+        assert_eq!(
+            (&*back.node_name, &back.boot_id, back.seq, back.wall_time_ms),
+            ("edge-0001", &full.boot_id, full.seq, 0)
+        );
+        // A header that names its node is never rewritten, and loud messages stay whole.
+        assert!(!renewal(true).complete_node_name("other"));
+        let mut loud = renewal(false);
+        loud.compact_header_for_topic(false);
+        assert_eq!(loud, renewal(false));
     }
 
     #[test]

@@ -361,3 +361,65 @@ async fn quiet_renewals_are_answered_only_when_not_written() {
     assert_eq!(code(&refused), AckCode::Retry, "{}", refused.reason);
     cancel.cancel();
 }
+
+/// Over plain MQTT, a quiet renewal leaves to the topic what the topic says: no node name,
+/// no wall time (unsigned, it serves no check). Boot ID and seq stay for the replay checks,
+/// and the gateway writes the Lease from it. Read off the broker by a plain subscriber.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_quiet_renewals_leave_the_node_name_to_the_topic() {
+    use prost::Message as _;
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+
+    let cluster = Cluster::start(Transport::Mqtt).await.unwrap();
+    let broker = cluster.broker.as_ref().unwrap();
+    let mut options = MqttOptions::new("compact-sniffer", broker.host(), broker.port());
+    options.set_keep_alive(Duration::from_secs(30));
+    let (client, mut events) = AsyncClient::new(options, 16);
+    let topic = format!(
+        "{}/nodes/rpi4-edge-01/lease",
+        edgebeat_transports::mqtt::DEFAULT_TOPIC_PREFIX
+    );
+    client.subscribe(&topic, QoS::AtMostOnce).await.unwrap();
+    // Subscribed before the agent starts, so its first renewals are seen.
+    tokio::time::timeout(T, async {
+        loop {
+            if let Ok(Event::Incoming(Packet::SubAck(_))) = events.poll().await {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let agent = cluster
+        .start_agent(cluster.agent_config("rpi4-edge-01", &fixture("rpi4-cgroup1")))
+        .unwrap();
+    let compact = tokio::time::timeout(T, async {
+        loop {
+            let Ok(Event::Incoming(Packet::Publish(p))) = events.poll().await else {
+                continue;
+            };
+            let message = pb::AgentMessage::decode(p.payload.as_ref()).unwrap();
+            if message.is_quiet() {
+                return message;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let header = compact.header().unwrap();
+    assert_eq!(
+        (header.node_name.as_str(), header.wall_time_ms),
+        ("", 0),
+        "{header:?}"
+    );
+    assert_eq!(header.boot_id.len(), 16);
+    assert!(header.seq > 0);
+    // The gateway takes the node from the topic and keeps writing the Lease.
+    cluster
+        .wait_for_renewals("rpi4-edge-01", 3, T)
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+}

@@ -73,6 +73,13 @@ async fn forged_replayed_and_foreign_mqtt_messages_are_refused_while_nodes_keep_
     let captured = spy.next_on(&lease_topic).await;
     let sealed = SignedMessage::decode(captured.as_slice()).unwrap();
     assert!(!sealed.signature.is_empty(), "agents sign every message");
+    // A quiet renewal leaves its node name to the topic (Ack.compact_headers); signed, it
+    // keeps the boot ID, seq and wall time the replay and clock checks need.
+    let inner = edgebeat_proto::AgentMessage::decode(sealed.signed_message.as_slice()).unwrap();
+    let header = inner.header().unwrap();
+    assert!(inner.is_quiet());
+    assert_eq!(header.node_name, "", "the topic names the node");
+    assert!(header.wall_time_ms > 0 && header.boot_id.len() == 16 && header.seq > 0);
 
     // 1. Replayed verbatim: the signature is good, the per-boot seq is not new.
     spy.publish(&lease_topic, captured.clone(), false).await;
@@ -172,6 +179,20 @@ async fn forged_replayed_and_foreign_mqtt_messages_are_refused_while_nodes_keep_
     spy.publish(&lease_topic, old, false).await;
     cluster
         .wait_for_rejections(RejectReason::ClockSkew, 1, DEADLINE)
+        .await;
+
+    // 8. edge-a's captured renewal, which names no node, published on edge-b's topic: the
+    //    topic's node is the signer the gateway checks, and edge-a's signature does not
+    //    verify with edge-b's key.
+    let bad_signatures = cluster.rejections(RejectReason::BadSignature);
+    spy.publish(
+        &format!("{PREFIX}/nodes/edge-b/lease"),
+        captured.clone(),
+        false,
+    )
+    .await;
+    cluster
+        .wait_for_rejections(RejectReason::BadSignature, bad_signatures + 1, DEADLINE)
         .await;
 
     // The genuine nodes kept renewing throughout and still do; edge-x never existed.

@@ -312,9 +312,12 @@ impl Session {
     /// where the connection is to a broker, not to the gateway (MQTT), a reconnect says
     /// nothing about what the gateway knows, so the agent does not register again (any
     /// gateway replica reads the Node when it does not know it).
-    pub fn resumed() -> Self {
+    /// `compact_headers`: what the gateway said when it accepted `Register` (a gateway
+    /// property, not the connection's).
+    pub fn resumed(compact_headers: bool) -> Self {
         Self {
             registered: true,
+            compact_headers,
             ..Self::new()
         }
     }
@@ -324,9 +327,9 @@ impl Session {
         self.registered
     }
 
-    /// Whether quiet renewals may go with a compact header on this connection
-    /// ([`AgentMessage::compact_header`]): the gateway said so when it accepted
-    /// `Register` (`Ack.compact_headers`, gRPC only).
+    /// Whether quiet messages may go with a compact header on this connection: the gateway
+    /// said so when it accepted `Register` (`Ack.compact_headers`). gRPC then sends
+    /// [`AgentMessage::compact_header`], MQTT [`AgentMessage::compact_header_for_topic`].
     pub fn compact_headers(&self) -> bool {
         self.registered && self.compact_headers
     }

@@ -265,9 +265,11 @@ pub struct Ack {
     /// older agent registers again.)
     #[prost(bool, tag = "7")]
     pub node_not_found: bool,
-    /// On an accepted Register over gRPC: on this stream, quiet Lease renewals may leave
-    /// Header.node_name, boot_id and wall_time_ms empty; the gateway takes node name and boot
-    /// ID from the stream's Register (its identity checks apply as to a full header).
+    /// On an accepted Register: quiet messages may leave out what the gateway already knows.
+    /// Over gRPC, on this stream, Header.node_name, boot_id and wall_time_ms; the gateway takes
+    /// node name and boot ID from the stream's Register. Over MQTT, Header.node_name (the
+    /// topic names the node) and, when not signed, wall_time_ms; boot_id and seq stay. Either
+    /// way the identity checks apply as to a full header.
     #[prost(bool, tag = "8")]
     pub compact_headers: bool,
 }

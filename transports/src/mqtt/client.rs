@@ -350,6 +350,8 @@ struct Link {
     /// The gateway accepted our Register on an earlier broker connection; a reconnect to the
     /// broker does not undo that (see `Session::resumed`).
     resume: bool,
+    /// ... and said quiet messages may leave out what the topic says (`Ack.compact_headers`).
+    resume_compact: bool,
     register_timeouts: Box<dyn Iterator<Item = Duration> + Send>,
     register_timeout: Duration,
     lease_properties: PublishProperties,
@@ -376,6 +378,7 @@ impl Link {
             register,
             session: None,
             resume: false,
+            resume_compact: false,
             register_timeouts: register_timeouts(options.register_timeout),
             register_timeout: options.register_timeout,
             lease_properties: PublishProperties {
@@ -393,6 +396,14 @@ impl Link {
     /// The payload of an encoded `AgentMessage`: itself, or a `SignedMessage` with a signer.
     ///
     /// Errors: the signer's message when signing fails.
+    /// Whether messages are signed on this link.
+    fn signs(&self) -> bool {
+        #[cfg(feature = "mqtt-tls")]
+        return self.signer.is_some();
+        #[cfg(not(feature = "mqtt-tls"))]
+        false
+    }
+
     fn payload(&self, message: Vec<u8>) -> Result<Vec<u8>, String> {
         #[cfg(feature = "mqtt-tls")]
         if let Some(signer) = &self.signer {
@@ -451,7 +462,7 @@ impl Link {
                     tracing::warn!(%error, "could not queue the acks subscription");
                 }
                 if self.resume {
-                    self.session = Some(Session::resumed());
+                    self.session = Some(Session::resumed(self.resume_compact));
                     return Timer::Disarm;
                 }
                 self.session = Some(Session::new());
@@ -549,7 +560,12 @@ impl Link {
             let _ = request.reply.send(Err(UplinkError::NotConnected));
             return;
         }
-        let message = request.message;
+        let mut message = request.message;
+        if self.session.as_ref().is_some_and(Session::compact_headers) {
+            // The topic names the node; a signed message keeps its wall time for the
+            // gateway's clock window.
+            message.compact_header_for_topic(self.signs());
+        }
         let seq = message.header().map_or(0, |h| h.seq);
         let kind = message.kind_name();
         let Some(topic) = self.topics.for_kind(kind) else {
@@ -645,6 +661,7 @@ impl Link {
         let mut session = self.session.take()?;
         let registered = session.registered();
         self.resume = registered;
+        self.resume_compact = session.compact_headers();
         session.fail_pending();
         Some(registered)
     }

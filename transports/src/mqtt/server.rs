@@ -553,7 +553,11 @@ fn open(
     now: UnixTime,
 ) -> Result<(AgentMessage, bool), Refusal> {
     let decode = |bytes: &[u8]| {
-        let message = AgentMessage::decode(bytes).map_err(|_| Refusal::silent(REJECT_MALFORMED))?;
+        let mut message =
+            AgentMessage::decode(bytes).map_err(|_| Refusal::silent(REJECT_MALFORMED))?;
+        // A quiet message may leave its node name to the topic (`Ack.compact_headers`); a
+        // signed one is still bound to the node, by the key of the topic's node.
+        message.complete_node_name(node);
         let header_node = message.header().map(|h| h.node_name.as_str());
         if header_node != Some(node) || message.kind_name() != kind {
             return Err(Refusal::silent(REJECT_MISMATCH));
@@ -910,7 +914,15 @@ impl<H: Handler> Workers<H> {
                 };
                 let peer = peer(work.signed.then_some(node.as_str()));
                 let quiet = work.message.is_quiet();
-                let ack = Box::pin(handler.handle(&peer, *work.message)).await;
+                let register = matches!(
+                    work.message.kind,
+                    Some(edgebeat_proto::agent_message::Kind::Register(_))
+                );
+                let mut ack = Box::pin(handler.handle(&peer, *work.message)).await;
+                // Quiet messages of this node may now leave out what their topic says.
+                if register && ack.registered {
+                    ack.compact_headers = true;
+                }
                 // A quiet renewal that was written gets no answer (nothing on the link).
                 if !edgebeat_proto::answer_needed(quiet, &ack) {
                     continue;
