@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use edgebeat_proto as pb;
+use edgebeat_proto::{self as pb, HEALTH_CONDITION_TYPES, KUBELET_CONDITION_TYPES};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
@@ -31,13 +31,93 @@ fn managed_labels() -> BTreeMap<String, String> {
     BTreeMap::from([(MANAGED_LABEL.0.to_owned(), MANAGED_LABEL.1.to_owned())])
 }
 
+/// A condition's status as the apiserver holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldStatus {
+    /// `"True"`.
+    True,
+    /// `"False"`.
+    False,
+    /// `"Unknown"` (the node lifecycle controller's), or any other string.
+    Unknown,
+}
+
+impl HeldStatus {
+    /// `"True"` and `"False"` as themselves; anything else is `Unknown`.
+    pub fn parse(status: &str) -> Self {
+        match status {
+            "True" => Self::True,
+            "False" => Self::False,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// The API string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+            Self::Unknown => "Unknown",
+        }
+    }
+
+    /// True or False: what an agent writes (Unknown is the controller's).
+    pub fn is_reported(self) -> bool {
+        self != Self::Unknown
+    }
+}
+
 /// What the gateway remembers of one condition: its status and when it last changed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KnownCondition {
-    /// `"True"`, `"False"` or `"Unknown"`.
-    pub status: String,
+    /// The status held.
+    pub status: HeldStatus,
     /// lastTransitionTime as written.
     pub last_transition: Timestamp,
+}
+
+/// Condition types an agent may report, the slots of [`KnownConditions`]: kubelet's, then
+/// the health conditions.
+const CONDITION_SLOTS: usize = KUBELET_CONDITION_TYPES.len() + HEALTH_CONDITION_TYPES.len();
+
+/// The [`KnownCondition`] of each condition type an agent may report
+/// ([`edgebeat_proto::KUBELET_CONDITION_TYPES`], [`edgebeat_proto::HEALTH_CONDITION_TYPES`]),
+/// the only ones the gateway diffs against; other types (a CNI's NetworkUnavailable,
+/// node-problem-detector's) are not kept. One fixed slot per type, inline: 240 bytes per
+/// node whatever the Node holds, where a map of owned strings cost about 0.8 KiB for
+/// kubelet's four alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KnownConditions([Option<KnownCondition>; CONDITION_SLOTS]);
+
+impl KnownConditions {
+    fn slot(type_: &str) -> Option<usize> {
+        KUBELET_CONDITION_TYPES
+            .iter()
+            .chain(HEALTH_CONDITION_TYPES.iter())
+            .position(|t| *t == type_)
+    }
+
+    /// The condition of `type_`, if held (and reportable).
+    pub fn get(&self, type_: &str) -> Option<&KnownCondition> {
+        self.0.get(Self::slot(type_)?)?.as_ref()
+    }
+
+    /// Whether a condition of `type_` is held.
+    pub fn contains_key(&self, type_: &str) -> bool {
+        self.get(type_).is_some()
+    }
+
+    /// Records `condition` for `type_`; a type no agent reports is ignored.
+    pub fn insert(&mut self, type_: &str, condition: KnownCondition) {
+        if let Some(slot) = Self::slot(type_).and_then(|i| self.0.get_mut(i)) {
+            *slot = Some(condition);
+        }
+    }
+
+    /// Every condition held.
+    pub fn values(&self) -> impl Iterator<Item = &KnownCondition> {
+        self.0.iter().flatten()
+    }
 }
 
 /// Truncates to whole seconds: `metav1.Time` keeps second precision only.
@@ -55,7 +135,7 @@ pub fn whole_seconds(t: Timestamp) -> Timestamp {
 pub fn conditions(
     status: &pb::NodeStatus,
     now: Timestamp,
-    known: &BTreeMap<String, KnownCondition>,
+    known: &KnownConditions,
 ) -> Vec<NodeCondition> {
     let now = whole_seconds(now);
     status
@@ -63,7 +143,7 @@ pub fn conditions(
         .iter()
         .map(|c| {
             let transition = match known.get(&c.r#type) {
-                Some(k) if k.status == c.status => k.last_transition,
+                Some(k) if k.status.as_str() == c.status => k.last_transition,
                 _ => now,
             };
             NodeCondition {
@@ -368,21 +448,43 @@ mod tests {
     }
 
     #[test]
+    fn known_conditions_are_inline_slots() {
+        // The per-node cost the view's docs state.
+        assert!(std::mem::size_of::<KnownConditions>() <= 240);
+        let mut known = KnownConditions::default();
+        let at: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
+        for t in KUBELET_CONDITION_TYPES.iter().chain(&HEALTH_CONDITION_TYPES) {
+            known.insert(
+                t,
+                KnownCondition {
+                    status: HeldStatus::False,
+                    last_transition: at,
+                },
+            );
+        }
+        assert_eq!(known.values().count(), CONDITION_SLOTS);
+        assert!(known.contains_key("UnderVoltage") && !known.contains_key("KernelDeadlock"));
+        assert_eq!(HeldStatus::parse("maybe"), HeldStatus::Unknown);
+    }
+
+    #[test]
     fn transitions_are_kept_when_unchanged_and_now_otherwise() {
         let now: Timestamp = "2026-11-21T10:00:00.750Z".parse().unwrap();
         let second: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
         let earlier: Timestamp = "2026-11-20T08:00:00Z".parse().unwrap();
         let unknown_at: Timestamp = "2026-11-21T09:59:50Z".parse().unwrap();
         let held = |status: &str, at| KnownCondition {
-            status: status.into(),
+            status: HeldStatus::parse(status),
             last_transition: at,
         };
-        let known = BTreeMap::from([
-            ("Ready".to_owned(), held("True", earlier)),
-            ("MemoryPressure".to_owned(), held("True", earlier)),
-            // The node lifecycle controller's Unknown, during an outage.
-            ("DiskPressure".to_owned(), held("Unknown", unknown_at)),
-        ]);
+        let mut known = KnownConditions::default();
+        known.insert("Ready", held("True", earlier));
+        known.insert("MemoryPressure", held("True", earlier));
+        // The node lifecycle controller's Unknown, during an outage.
+        known.insert("DiskPressure", held("Unknown", unknown_at));
+        // Not an agent's: not kept.
+        known.insert("NetworkUnavailable", held("False", earlier));
+        assert_eq!(known.values().count(), 3);
         let c = conditions(&report(), now, &known);
         assert_eq!(c.len(), 4);
         assert_eq!(c[3].type_, "Ready", "Ready last");
@@ -413,7 +515,10 @@ mod tests {
     #[test]
     fn status_patch_has_kubelets_directives() {
         let now: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
-        let s = node_status(&report(), conditions(&report(), now, &BTreeMap::new()));
+        let s = node_status(
+            &report(),
+            conditions(&report(), now, &KnownConditions::default()),
+        );
         let patch = status_patch(&s, None).unwrap();
         let status = &patch["status"];
         assert_eq!(

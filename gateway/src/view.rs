@@ -16,7 +16,7 @@
 //!   waits for the watch to catch up.
 //!
 //! Only what the gateway diffs against is stored ([`NodeRecord`] and [`LeaseRecord`]: by
-//! their types about 1 KiB per node, most of it the four conditions), never whole objects. Objects of both sources are
+//! their types about 0.5 KiB per node, the conditions in fixed slots), never whole objects. Objects of both sources are
 //! ordered by `metadata.resourceVersion` compared as integers, as the apiserver's own
 //! storage does (`staging/src/k8s.io/apiserver/pkg/storage/etcd3/api_object_versioner.go:
 //! APIObjectVersioner.ParseResourceVersion`); an older object never replaces a newer one.
@@ -37,7 +37,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, ResourceExt};
 
-use crate::patch::{KnownCondition, LEASE_NAMESPACE, MANAGED_LABEL};
+use crate::patch::{HeldStatus, KnownCondition, KnownConditions, LEASE_NAMESPACE, MANAGED_LABEL};
 
 /// The label selector of [`MANAGED_LABEL`] (`key=value`).
 pub fn managed_selector() -> String {
@@ -54,7 +54,7 @@ pub struct NodeRecord {
     /// `status.nodeInfo.bootID`, for kubelet's `Rebooted` event.
     pub boot_id: Option<Box<str>>,
     /// Status and lastTransitionTime of each condition, by type.
-    pub conditions: BTreeMap<String, KnownCondition>,
+    pub conditions: KnownConditions,
     /// The Node carries [`MANAGED_LABEL`], so the Node watch follows it; a record of a
     /// Node without it (registered before the label, or the label removed) is only as
     /// fresh as the read or write that made it.
@@ -64,21 +64,22 @@ pub struct NodeRecord {
 impl NodeRecord {
     /// The record of `node`.
     pub fn of(node: &Node) -> Self {
-        let conditions = node
+        let mut conditions = KnownConditions::default();
+        for c in node
             .status
             .iter()
             .flat_map(|s| s.conditions.iter().flatten())
-            .filter_map(|c| {
-                let t = c.last_transition_time.as_ref()?;
-                Some((
-                    c.type_.clone(),
+        {
+            if let Some(t) = &c.last_transition_time {
+                conditions.insert(
+                    &c.type_,
                     KnownCondition {
-                        status: c.status.clone(),
+                        status: HeldStatus::parse(&c.status),
                         last_transition: t.0,
                     },
-                ))
-            })
-            .collect();
+                );
+            }
+        }
         Self {
             resource_version: integer_version(node.metadata.resource_version.as_deref()),
             uid: node.metadata.uid.as_deref().map(Box::from),
@@ -98,7 +99,9 @@ impl NodeRecord {
     /// wrote it (`pkg/controller/nodelifecycle/node_lifecycle_controller.go:
     /// tryUpdateNodeHealth`) and only a full status report repairs it.
     pub fn has_unknown_condition(&self) -> bool {
-        self.conditions.values().any(|c| c.status == "Unknown")
+        self.conditions
+            .values()
+            .any(|c| c.status == HeldStatus::Unknown)
     }
 }
 

@@ -554,7 +554,7 @@ impl Writer {
         let reported = |t: &str| {
             held.conditions
                 .get(t)
-                .is_some_and(|c| c.status == "True" || c.status == "False")
+                .is_some_and(|c| c.status.is_reported())
         };
         let as_reported = KUBELET_CONDITION_TYPES.iter().all(|t| reported(t));
         if !as_reported {
