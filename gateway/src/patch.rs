@@ -453,7 +453,10 @@ mod tests {
         assert!(std::mem::size_of::<KnownConditions>() <= 240);
         let mut known = KnownConditions::default();
         let at: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
-        for t in KUBELET_CONDITION_TYPES.iter().chain(&HEALTH_CONDITION_TYPES) {
+        for t in KUBELET_CONDITION_TYPES
+            .iter()
+            .chain(&HEALTH_CONDITION_TYPES)
+        {
             known.insert(
                 t,
                 KnownCondition {

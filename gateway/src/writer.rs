@@ -603,7 +603,7 @@ impl Writer {
         // A health condition the agent no longer reports (turned off, or its signal gone
         // from the host) is deleted rather than left to look current.
         let dropped = HEALTH_CONDITION_TYPES.iter().copied().filter(|t| {
-            held.conditions.contains_key(*t) && !status.conditions.iter().any(|c| c.r#type == *t)
+            held.conditions.contains_key(t) && !status.conditions.iter().any(|c| c.r#type == *t)
         });
         let body = match patch::status_patch(&patch::node_status(status, conditions), None)
             .map(|body| patch::delete_conditions(body, dropped))
