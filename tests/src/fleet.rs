@@ -68,6 +68,9 @@ pub struct FleetOptions {
     /// kubelet-style certificate (issued when the node starts) and the gateway's. `None`:
     /// plaintext.
     pub site_ca: Option<Arc<crate::pki::Ca>>,
+    /// Each node also reports the agent's six health conditions (all False), as an agent
+    /// with every health signal does.
+    pub health_conditions: bool,
 }
 
 impl FleetOptions {
@@ -87,6 +90,7 @@ impl FleetOptions {
             reboots_per_minute: 0.0,
             ack_timeout: Duration::from_secs(10),
             site_ca: None,
+            health_conditions: false,
         }
     }
 
@@ -202,6 +206,7 @@ struct Host {
     cpus: u32,
     address: String,
     memory_pressure: bool,
+    health_conditions: bool,
 }
 
 impl Host {
@@ -220,6 +225,7 @@ impl Host {
                 index & 255
             ),
             memory_pressure: false,
+            health_conditions: options.health_conditions,
         }
     }
 
@@ -260,30 +266,53 @@ impl Host {
                 "kubelet has sufficient memory available",
             )
         };
+        let health: &[(&str, &str)] = if self.health_conditions {
+            &[
+                (
+                    "SystemMemoryContentionPressure",
+                    "KubeletHasNoSystemMemoryContentionPressure",
+                ),
+                (
+                    "SystemDiskContentionPressure",
+                    "KubeletHasNoSystemDiskContentionPressure",
+                ),
+                ("ReadonlyFilesystem", "FilesystemIsNotReadOnly"),
+                ("ThermalPressure", "TemperatureNormal"),
+                ("UnderVoltage", "SufficientVoltage"),
+                ("ClockUnsynchronized", "NTPSynchronized"),
+            ]
+        } else {
+            &[]
+        };
+        let mut conditions: Vec<pb::NodeCondition> = health
+            .iter()
+            .map(|(t, reason)| condition(t, "False", reason, "simulated"))
+            .collect();
+        conditions.extend([
+            memory_condition,
+            condition(
+                "DiskPressure",
+                "False",
+                "KubeletHasNoDiskPressure",
+                "kubelet has no disk pressure",
+            ),
+            condition(
+                "PIDPressure",
+                "False",
+                "KubeletHasSufficientPID",
+                "kubelet has sufficient PID available",
+            ),
+            condition(
+                "Ready",
+                "True",
+                "KubeletReady",
+                "kubelet is posting ready status",
+            ),
+        ]);
         pb::NodeStatus {
             capacity: resources(&memory, &disk),
             allocatable: resources(&allocatable_memory, &allocatable_disk),
-            conditions: vec![
-                memory_condition,
-                condition(
-                    "DiskPressure",
-                    "False",
-                    "KubeletHasNoDiskPressure",
-                    "kubelet has no disk pressure",
-                ),
-                condition(
-                    "PIDPressure",
-                    "False",
-                    "KubeletHasSufficientPID",
-                    "kubelet has sufficient PID available",
-                ),
-                condition(
-                    "Ready",
-                    "True",
-                    "KubeletReady",
-                    "kubelet is posting ready status",
-                ),
-            ],
+            conditions,
             addresses: vec![
                 pb::NodeAddress {
                     r#type: "InternalIP".into(),

@@ -83,6 +83,9 @@ struct Args {
     /// Chance per status computation that a node's MemoryPressure flips.
     #[arg(long, default_value_t = 0.001)]
     flip_probability: f64,
+    /// Each node also reports the agent's six health conditions (all False).
+    #[arg(long)]
+    health_conditions: bool,
     /// Where the gateway's log goes (warnings and errors); discarded without it.
     #[arg(long, value_name = "FILE")]
     gateway_log: Option<PathBuf>,
@@ -455,6 +458,7 @@ async fn main() -> anyhow::Result<()> {
     options.renew_interval = Duration::from_secs_f64(args.renew_interval);
     options.reboots_per_minute = args.reboots_per_minute;
     options.flip_probability = args.flip_probability;
+    options.health_conditions = args.health_conditions;
     options.site_ca = site_ca;
     let lease_duration = f64::from(options.lease_duration_seconds);
     let stats = Arc::new(FleetStats::default());
