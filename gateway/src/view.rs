@@ -16,7 +16,8 @@
 //!   waits for the watch to catch up.
 //!
 //! Only what the gateway diffs against is stored ([`NodeRecord`] and [`LeaseRecord`]: by
-//! their types about 0.5 KiB per node, the conditions in fixed slots), never whole objects. Objects of both sources are
+//! their types well under 1 KiB per node, the conditions in fixed slots), never whole
+//! objects. Objects of both sources are
 //! ordered by `metadata.resourceVersion` compared as integers, as the apiserver's own
 //! storage does (`staging/src/k8s.io/apiserver/pkg/storage/etcd3/api_object_versioner.go:
 //! APIObjectVersioner.ParseResourceVersion`); an older object never replaces a newer one.
