@@ -844,21 +844,17 @@ fn validate_transport(
             )
         }
         Some("mqtt") => {
-            if keepalive.is_some_and(|k| k < Duration::from_secs(5)) {
-                p.push("transport.keepalive", "must be at least 5s for MQTT");
+            if let Some(Err(why)) =
+                keepalive.map(edgebeat_transports::endpoint::check_mqtt_keepalive)
+            {
+                p.push("transport.keepalive", format!("{why} for MQTT"));
             }
             let credentials = mqtt_credentials(p, t.username, t.password_file);
             let topic_prefix = t.topic_prefix.unwrap_or_else(|| "edgebeat/v1".to_owned());
-            if topic_prefix.is_empty()
-                || topic_prefix.contains(['+', '#'])
-                || topic_prefix.starts_with('$')
-                || topic_prefix.ends_with('/')
-            {
+            if let Err(why) = edgebeat_transports::endpoint::check_topic_prefix(&topic_prefix) {
                 p.push(
                     "transport.topicPrefix",
-                    format!(
-                        "{topic_prefix:?} must be a plain topic path without wildcards, leading $ or trailing /, e.g. edgebeat/v1"
-                    ),
+                    format!("{topic_prefix:?} {why}; a plain topic path, e.g. edgebeat/v1"),
                 );
             }
             if let Some(id) = &t.client_id
@@ -1315,6 +1311,20 @@ mod tests {
             (
                 "transport: {kind: mqtt, endpoint: \"mqtt://b\", topicPrefix: \"a/#\"}\n",
                 "transport.topicPrefix",
+            ),
+            // Rules that once drifted from the MQTT transport's (a config that loaded but
+            // failed to run): a leading `/`, a NUL, a keepalive over MQTT's 16 bits.
+            (
+                "transport: {kind: mqtt, endpoint: \"mqtt://b\", topicPrefix: /edgebeat}\n",
+                "transport.topicPrefix",
+            ),
+            (
+                "transport: {kind: mqtt, endpoint: \"mqtt://b\", topicPrefix: \"a\\0b\"}\n",
+                "transport.topicPrefix",
+            ),
+            (
+                "transport: {kind: mqtt, endpoint: \"mqtt://b\", keepalive: 20h}\n",
+                "transport.keepalive",
             ),
             (
                 "transport: {kind: mqtt, endpoint: \"mqtt://b\", username: u}\n",

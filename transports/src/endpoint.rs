@@ -1,6 +1,9 @@
 //! Broker endpoints as the agent's `transport.endpoint` and the gateway's `--mqtt-endpoint`
-//! write them. Plain string handling, built whatever the features, so that configuration
-//! can be checked by any build.
+//! write them, and the MQTT topic prefix and keepalive rules. Plain string handling, built
+//! whatever the features, so that configuration is checked by any build with the rules the
+//! transports apply: a config that loads is one the transport runs.
+
+use std::time::Duration;
 
 /// An MQTT broker endpoint: `mqtt://host[:port]` (port 1883) or `mqtts://host[:port]`
 /// (MQTT over TLS, port 8883). An IPv6 address is written in brackets, `mqtt://[::1]:1883`.
@@ -69,6 +72,55 @@ impl std::str::FromStr for MqttEndpoint {
             tls,
         })
     }
+}
+
+/// Checks an MQTT topic prefix (`transport.topicPrefix`, the gateway's `--mqtt-topic-prefix`):
+/// not empty, no wildcard, no `$` start (reserved for the broker), no leading or trailing
+/// `/`, no NUL (MQTT 5.0 §4.7). The one rule the agent's config, the MQTT uplink and the MQTT
+/// ingress all apply.
+///
+/// Errors: what is wrong, to follow the field's name.
+pub fn check_topic_prefix(prefix: &str) -> Result<(), &'static str> {
+    if prefix.is_empty() {
+        return Err("must not be empty");
+    }
+    if prefix.starts_with('$') {
+        return Err("must not start with '$' (reserved by MQTT)");
+    }
+    if prefix.starts_with('/') || prefix.ends_with('/') {
+        return Err("must not start or end with '/'");
+    }
+    if prefix.contains(['+', '#', '\0']) {
+        return Err("must not contain '+', '#' or NUL");
+    }
+    Ok(())
+}
+
+/// Checks one topic level (node name, share group): not empty, no `/`, wildcard or NUL.
+///
+/// Errors: what is wrong.
+pub fn check_topic_level(level: &str) -> Result<(), &'static str> {
+    if level.is_empty() {
+        return Err("must not be empty");
+    }
+    if level.contains(['/', '+', '#', '\0']) {
+        return Err("must not contain '/', '+', '#' or NUL");
+    }
+    Ok(())
+}
+
+/// Checks an MQTT keepalive for rumqttc (which panics below 5 s) and MQTT (a 16-bit count of
+/// seconds, MQTT 5.0 §3.1.2.10).
+///
+/// Errors: what is wrong.
+pub fn check_mqtt_keepalive(keepalive: Duration) -> Result<(), &'static str> {
+    if keepalive < Duration::from_secs(5) {
+        return Err("must be at least 5 s");
+    }
+    if keepalive.as_secs() > u64::from(u16::MAX) {
+        return Err("must be at most 65535 s");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -121,45 +121,10 @@ pub fn parse_node_topic<'t>(prefix: &str, topic: &'t str) -> Option<(&'t str, &'
     Some((node, kind))
 }
 
-/// Checks a topic prefix: not empty, no wildcard, no `$` start (reserved for the broker), no
-/// leading or trailing `/`, no NUL.
-pub(crate) fn check_prefix(prefix: &str) -> Result<(), &'static str> {
-    if prefix.is_empty() {
-        return Err("must not be empty");
-    }
-    if prefix.starts_with('$') {
-        return Err("must not start with '$' (reserved by MQTT)");
-    }
-    if prefix.starts_with('/') || prefix.ends_with('/') {
-        return Err("must not start or end with '/'");
-    }
-    if prefix.contains(['+', '#', '\0']) {
-        return Err("must not contain '+', '#' or NUL");
-    }
-    Ok(())
-}
-
-/// Checks one topic level (node name, share group): not empty, no `/`, wildcard or NUL.
-pub(crate) fn check_level(level: &str) -> Result<(), &'static str> {
-    if level.is_empty() {
-        return Err("must not be empty");
-    }
-    if level.contains(['/', '+', '#', '\0']) {
-        return Err("must not contain '/', '+', '#' or NUL");
-    }
-    Ok(())
-}
-
-/// Checks a keepalive for rumqttc (which panics below 5 s) and MQTT (16-bit seconds).
-pub(crate) fn check_keepalive(keepalive: Duration) -> Result<(), &'static str> {
-    if keepalive < Duration::from_secs(5) {
-        return Err("must be at least 5 s");
-    }
-    if keepalive.as_secs() > u64::from(u16::MAX) {
-        return Err("must be at most 65535 s");
-    }
-    Ok(())
-}
+pub(crate) use crate::endpoint::{
+    check_mqtt_keepalive as check_keepalive, check_topic_level as check_level,
+    check_topic_prefix as check_prefix,
+};
 
 /// One `EventLoop::poll()` that owns the event loop and hands it back with the result.
 pub(crate) type NextEvent =
