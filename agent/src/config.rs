@@ -1132,14 +1132,8 @@ fn is_link_local(ip: &IpAddr) -> bool {
 ///
 /// Errors: a message saying what is wrong.
 pub fn validate_node_name(name: &str) -> Result<(), String> {
-    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
-    let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    if name.is_empty()
-        || name.len() > 253
-        || !name.chars().all(ok_char)
-        || !edge_ok(name.chars().next())
-        || !edge_ok(name.chars().last())
-    {
+    // The rule the gateway and the TLS identity check apply, owned by one function.
+    if !edgebeat_transports::tls::is_node_name(name) {
         return Err(format!(
             "{name:?} is not a valid node name: use lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters"
         ));
