@@ -90,27 +90,11 @@ fn main() -> anyhow::Result<()> {
         let cancel = CancellationToken::new();
         let stop = cancel.clone();
         tokio::spawn(async move {
-            shutdown_signal().await;
+            edgebeat_transports::observe::shutdown_signal().await;
             tracing::info!("shutting down");
             stop.cancel();
         });
         agent.run(cancel).await?;
         Ok(())
     })
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(error) => {
-            tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the agent");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

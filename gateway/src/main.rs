@@ -249,7 +249,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let signal = stop.clone();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        edgebeat_transports::observe::shutdown_signal().await;
         signal.cancel();
     });
     let mut registry = prometheus_client::registry::Registry::default();
@@ -573,18 +573,6 @@ fn posture(
             "{}; require node identities there, or pass --allow-unidentified-agents to accept that anyone who reaches it can write nodes",
             unidentified.join("; ")
         ),
-    }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    if let Ok(mut term) = signal(SignalKind::terminate()) {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    } else {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
 

@@ -18,6 +18,9 @@
 #[cfg(feature = "uplink")]
 pub mod uplink;
 
+#[cfg(any(feature = "uplink", feature = "mqtt-ingress"))]
+pub mod backoff;
+
 pub mod tls;
 
 pub mod endpoint;

@@ -1,5 +1,5 @@
 //! Health, readiness and Prometheus metrics over HTTP/1.1, one small server for both binaries
-//! (feature `observe`).
+//! (feature `observe`), and the one [`shutdown_signal`] they both stop on.
 //!
 //! | request          | answer                                                                     |
 //! |------------------|----------------------------------------------------------------------------|
@@ -219,6 +219,25 @@ fn respond(status: StatusCode, content_type: &'static str, body: String) -> Resp
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT): what stops either binary, whether systemd or the
+/// kubelet sends SIGTERM or someone presses Ctrl-C. When SIGTERM cannot be listened for, logs
+/// a warning and waits for Ctrl-C alone.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the process");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -439,13 +439,7 @@ fn subscribe(client: &AsyncClient, filters: &[Filter]) {
 }
 
 fn reconnect_backoff() -> impl Iterator<Item = Duration> {
-    use backon::BackoffBuilder;
-    backon::ExponentialBuilder::default()
-        .with_jitter()
-        .with_min_delay(BACKOFF_MIN)
-        .with_max_delay(BACKOFF_MAX)
-        .without_max_times()
-        .build()
+    crate::backoff::reconnect_backoff(BACKOFF_MIN, BACKOFF_MAX)
 }
 
 /// What one PUBLISH under the subscriptions is.
