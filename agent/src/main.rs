@@ -38,16 +38,11 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter: tracing_subscriber::filter::Targets = args
-        .log_level
-        .parse()
-        .with_context(|| format!("--log-level {:?}", args.log_level))?;
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .with(filter)
-        .init();
+    edgebeat_transports::observe::init_logging(
+        &args.log_level,
+        edgebeat_transports::observe::LogTo::Stderr,
+    )
+    .map_err(|e| anyhow::anyhow!("--log-level {:?}: {e}", args.log_level))?;
 
     let mut config = match &args.config {
         Some(path) => AgentConfig::load(path)?,

@@ -147,16 +147,11 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter: tracing_subscriber::filter::Targets = args
-        .log_level
-        .parse()
-        .with_context(|| format!("--log-level {:?}", args.log_level))?;
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer())
-        .with(filter)
-        .init();
+    edgebeat_transports::observe::init_logging(
+        &args.log_level,
+        edgebeat_transports::observe::LogTo::Stdout,
+    )
+    .map_err(|e| anyhow::anyhow!("--log-level {:?}: {e}", args.log_level))?;
     // rustls on ring for every TLS user in the process (gRPC server, kube client).
     tls::install_ring_provider();
     let grpc_options = match args.grpc_listen {

@@ -1,5 +1,6 @@
 //! Health, readiness and Prometheus metrics over HTTP/1.1, one small server for both binaries
-//! (feature `observe`), and the one [`shutdown_signal`] they both stop on.
+//! (feature `observe`), and the process plumbing they share: one [`init_logging`], one
+//! [`shutdown_signal`].
 //!
 //! | request          | answer                                                                     |
 //! |------------------|----------------------------------------------------------------------------|
@@ -219,6 +220,35 @@ fn respond(status: StatusCode, content_type: &'static str, body: String) -> Resp
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+/// Where a binary's log lines go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogTo {
+    /// Standard output (the gateway: a container's log).
+    Stdout,
+    /// Standard error (the agent, whose `--once` prints JSON on standard output).
+    Stderr,
+}
+
+/// Installs the process's log subscriber, the same for both binaries: tracing-subscriber's
+/// `fmt` lines, filtered by `filter` (a level such as `info`, or `target=level,…`:
+/// tracing-subscriber's `Targets` syntax), written to `to`.
+///
+/// Errors: why `filter` does not parse. Nothing is installed then.
+pub fn init_logging(filter: &str, to: LogTo) -> Result<(), String> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let targets: tracing_subscriber::filter::Targets =
+        filter.parse().map_err(|e| format!("{e}"))?;
+    let registry = tracing_subscriber::registry().with(targets);
+    match to {
+        LogTo::Stdout => registry.with(tracing_subscriber::fmt::layer()).init(),
+        LogTo::Stderr => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .init(),
+    }
+    Ok(())
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT): what stops either binary, whether systemd or the
