@@ -1676,8 +1676,17 @@ mod tests {
         }
     }
 
-    /// A file with several mistakes names every one in a single error: type errors and
-    /// unknown fields (top level and inside transport) as well as invalid values.
+    /// The fields `yaml` is refused for, sorted, and the error.
+    fn refused_fields(yaml: &str) -> (Vec<String>, ConfigError) {
+        let err = AgentConfig::from_yaml(yaml).unwrap_err();
+        let ConfigError::Invalid(fields) = &err else {
+            panic!("{err}");
+        };
+        let mut names: Vec<String> = fields.iter().map(|f| f.field.clone()).collect();
+        names.sort_unstable();
+        (names, err)
+    }
+
     #[test]
     fn health_condition_fields() {
         let c = AgentConfig::from_yaml(&format!(
@@ -1695,15 +1704,9 @@ mod tests {
                 ..HealthSettings::default()
             }
         );
-        let err = AgentConfig::from_yaml(&format!(
+        let (names, err) = refused_fields(&format!(
             "{MINIMAL}systemMemoryContentionThreshold: 10\nthermalLimitCelsius: -3\nthermalCondition: maybe\n"
-        ))
-        .unwrap_err();
-        let ConfigError::Invalid(fields) = &err else {
-            panic!("{err}");
-        };
-        let mut names: Vec<_> = fields.iter().map(|f| f.field.as_str()).collect();
-        names.sort_unstable();
+        ));
         assert_eq!(
             names,
             [
@@ -1716,17 +1719,13 @@ mod tests {
         assert!(err.to_string().contains("between 0 (off) and 1"), "{err}");
     }
 
+    /// A file with several mistakes names every one in a single error: type errors and
+    /// unknown fields (top level and inside transport) as well as invalid values.
     #[test]
     fn every_invalid_field_is_reported_at_once() {
-        let err = AgentConfig::from_yaml(
+        let (names, err) = refused_fields(
             "apiVersion: v1\nkind: AgentConfiguration\nmaxPods: many\nnodeStatusUpdateFrequncy: 10s\nnodeLeaseDurationSeconds: -5\nnodeIP: 127.0.0.1\ntransport: {kind: mqtt, endpoint: \"mqtt://b:1883\", keepalive: 1s, usernam: u, topicPrefix: \"a/#\"}\n",
-        )
-        .unwrap_err();
-        let ConfigError::Invalid(fields) = &err else {
-            panic!("{err}");
-        };
-        let mut names: Vec<_> = fields.iter().map(|f| f.field.as_str()).collect();
-        names.sort_unstable();
+        );
         assert_eq!(
             names,
             [

@@ -73,6 +73,21 @@ impl Default for HealthSettings {
     }
 }
 
+impl HealthSettings {
+    /// Every health condition off: kubelet's four conditions alone.
+    pub fn off() -> Self {
+        Self {
+            system_memory_contention_threshold: 0.0,
+            system_disk_contention_threshold: 0.0,
+            readonly_filesystem: false,
+            thermal: false,
+            thermal_limit_celsius: None,
+            under_voltage: false,
+            clock_sync: false,
+        }
+    }
+}
+
 /// Default PSI threshold, a fraction of wall time (10 %). KEP-5394 leaves the default to
 /// experiment; 10 % of time with *every* non-idle task stalled is well past a slow moment
 /// and far below where systemd-oomd acts (60 % by default), so a node stops taking work
@@ -135,7 +150,10 @@ pub fn conditions(
                 "memory",
                 psi_full(facts, |p| p.memory.as_ref()),
                 settings.system_memory_contention_threshold,
-                "SystemMemoryContentionPressure",
+                [
+                    "KubeletHasSystemMemoryContentionPressure",
+                    "KubeletHasNoSystemMemoryContentionPressure",
+                ],
             ),
         ),
         (
@@ -144,7 +162,10 @@ pub fn conditions(
                 "io",
                 psi_full(facts, |p| p.io.as_ref()),
                 settings.system_disk_contention_threshold,
-                "SystemDiskContentionPressure",
+                [
+                    "KubeletHasSystemDiskContentionPressure",
+                    "KubeletHasNoSystemDiskContentionPressure",
+                ],
             ),
         ),
         (
@@ -242,13 +263,14 @@ fn psi_full(
     resource(facts.psi.as_ref()?)?.full
 }
 
-/// KEP-5394: `full` PSI of `resource` against `threshold` (a fraction). `None` when off
-/// (threshold 0) or when the kernel gives no `full` line.
+/// KEP-5394: `full` PSI of `resource` against `threshold` (a fraction), with the True and
+/// False reasons of its condition. `None` when off (threshold 0) or when the kernel gives no
+/// `full` line.
 fn contention(
     resource: &str,
     full: Option<PsiLine>,
     threshold: f64,
-    type_: &'static str,
+    [pressure, no_pressure]: [&'static str; 2],
 ) -> Option<Seen> {
     if threshold <= 0.0 {
         return None;
@@ -259,22 +281,14 @@ fn contention(
     Some(Seen {
         signal: full.avg60 >= limit,
         sets: sets.then(|| {
-            (
-            match type_ {
-                "SystemMemoryContentionPressure" => "KubeletHasSystemMemoryContentionPressure",
-                _ => "KubeletHasSystemDiskContentionPressure",
-            },
-            format!(
+            let message = format!(
                 "{resource} PSI full avg10 {:.2}% and avg60 {:.2}% at or above the threshold {limit}%",
                 full.avg10, full.avg60
-            ),
-            )
+            );
+            (pressure, message)
         }),
         fine: (
-            match type_ {
-                "SystemMemoryContentionPressure" => "KubeletHasNoSystemMemoryContentionPressure",
-                _ => "KubeletHasNoSystemDiskContentionPressure",
-            },
+            no_pressure,
             format!("{resource} PSI full below the threshold {limit}%"),
         ),
     })
@@ -624,16 +638,7 @@ mod tests {
         bare.clock_sync = None;
         assert_eq!(run(&HealthSettings::default(), &[(1, bare)])[0], vec![]);
 
-        let off = HealthSettings {
-            system_memory_contention_threshold: 0.0,
-            system_disk_contention_threshold: 0.0,
-            readonly_filesystem: false,
-            thermal: false,
-            thermal_limit_celsius: None,
-            under_voltage: false,
-            clock_sync: false,
-        };
-        assert_eq!(run(&off, &[(1, healthy())])[0], vec![]);
+        assert_eq!(run(&HealthSettings::off(), &[(1, healthy())])[0], vec![]);
     }
 
     #[test]

@@ -97,7 +97,8 @@ fn read_options(config: &AgentConfig) -> ReadOptions {
 
 /// Logs, once at start, each enabled health condition the host gives no signal for (so it
 /// is not reported): PSI without `CONFIG_PSI` or with `psi=0`, no thermal zones, an
-/// unreadable mount table.
+/// unreadable mount table. Not `UnderVoltage`, whose signal only Raspberry Pi class boards
+/// have (its absence elsewhere is normal), nor the clock (`adjtimex` does not fail).
 fn say_missing_signals(config: &AgentConfig, facts: &HostFacts) {
     let h = &config.health;
     let full = |r: Option<&edgebeat_hw::PsiResource>| r.and_then(|r| r.full).is_some();

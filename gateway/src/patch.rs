@@ -98,6 +98,12 @@ impl KnownConditions {
             .position(|t| *t == type_)
     }
 
+    /// Whether `type_` is one an agent may report: kubelet's four and the health
+    /// conditions. The gateway writes no other condition type.
+    pub fn reportable(type_: &str) -> bool {
+        Self::slot(type_).is_some()
+    }
+
     /// The condition of `type_`, if held (and reportable).
     pub fn get(&self, type_: &str) -> Option<&KnownCondition> {
         self.0.get(Self::slot(type_)?)?.as_ref()

@@ -50,22 +50,16 @@ fn api_code(e: &kube::Error) -> Option<u16> {
     }
 }
 
-/// Condition types the agent may report: kubelet's four and the optional health conditions
-/// ([`edgebeat_proto::HEALTH_CONDITION_TYPES`]). Anything else (NetworkUnavailable,
-/// made-up types) is refused: the gateway never writes a condition it does not know the
-/// rules of.
-fn reportable(type_: &str) -> bool {
-    KUBELET_CONDITION_TYPES.contains(&type_) || HEALTH_CONDITION_TYPES.contains(&type_)
-}
-
-/// Checks a reported NodeStatus: only [`reportable`] condition types, each at most once,
-/// each True or False (Unknown belongs to the node lifecycle controller), with a reason.
+/// Checks a reported NodeStatus: only condition types an agent may report (kubelet's four
+/// and [`edgebeat_proto::HEALTH_CONDITION_TYPES`], [`patch::KnownConditions::reportable`]),
+/// each at most once, each True or False (Unknown belongs to the node lifecycle
+/// controller), with a reason.
 ///
 /// Errors: a message naming the offending condition.
 pub fn validate_status(status: &pb::NodeStatus) -> Result<(), String> {
     let mut seen = Vec::with_capacity(status.conditions.len());
     for c in &status.conditions {
-        if !reportable(&c.r#type) {
+        if !patch::KnownConditions::reportable(&c.r#type) {
             return Err(format!(
                 "malformed: condition type {:?} is not one kubelet or edgebeat reports",
                 c.r#type

@@ -319,22 +319,32 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_compact_quiet_renewal_is_a_sequence_number() {
-        let full = Header {
+    /// A whole header, as an agent fills it.
+    fn full_header() -> Header {
+        Header {
             node_name: "edge-0001".into(),
             boot_id: boot_id_to_bytes("0f8fad5b-d9cb-469f-a165-70867728950e"),
             seq: 86_400_000_000,
             wall_time_ms: 1_780_000_000_000,
-        };
-        let renewal = |quiet| AgentMessage {
+        }
+    }
+
+    /// A Lease renewal with `header`, quiet or not.
+    fn renewal_with(header: &Header, quiet: bool) -> AgentMessage {
+        AgentMessage {
             kind: Some(agent_message::Kind::Lease(LeaseRenewal {
-                header: Some(full.clone()),
+                header: Some(header.clone()),
                 lease_duration_seconds: 40,
                 lease_state: Vec::new(),
                 quiet,
             })),
-        };
+        }
+    }
+
+    #[test]
+    fn a_compact_quiet_renewal_is_a_sequence_number() {
+        let full = full_header();
+        let renewal = |quiet| renewal_with(&full, quiet);
         let mut compact = renewal(true);
         compact.compact_header();
         assert!(
@@ -357,20 +367,8 @@ mod tests {
 
     #[test]
     fn a_topic_compact_renewal_keeps_boot_and_seq() {
-        let full = Header {
-            node_name: "edge-0001".into(),
-            boot_id: boot_id_to_bytes("0f8fad5b-d9cb-469f-a165-70867728950e"),
-            seq: 86_400_000_000,
-            wall_time_ms: 1_780_000_000_000,
-        };
-        let renewal = |quiet| AgentMessage {
-            kind: Some(agent_message::Kind::Lease(LeaseRenewal {
-                header: Some(full.clone()),
-                lease_duration_seconds: 40,
-                lease_state: Vec::new(),
-                quiet,
-            })),
-        };
+        let full = full_header();
+        let renewal = |quiet| renewal_with(&full, quiet);
         let whole = renewal(true).encoded_len();
         let mut plain = renewal(true);
         plain.compact_header_for_topic(false);

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
-use edgebeat_proto::{Ack, AgentMessage};
+use edgebeat_proto::{Ack, AgentMessage, GatewayMessage, agent_message, gateway_message};
 
 /// Which transport carried a message (a metric label and log field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,6 +22,40 @@ impl TransportKind {
             Self::Grpc => "grpc",
             Self::Mqtt => "mqtt",
         }
+    }
+}
+
+/// What a message asked, noted before it goes to the [`Handler`], to shape the answer: the
+/// one answering rule of every ingress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asked {
+    register: bool,
+    quiet: bool,
+}
+
+impl Asked {
+    /// What `message` asks: a `Register`, a quiet message ([`AgentMessage::is_quiet`]).
+    pub fn of(message: &AgentMessage) -> Self {
+        Self {
+            register: matches!(message.kind, Some(agent_message::Kind::Register(_))),
+            quiet: message.is_quiet(),
+        }
+    }
+
+    /// The answer to send for `ack`, or `None`:
+    /// - an accepted `Register` says quiet messages may now be compact
+    ///   (`Ack.compact_headers`): every ingress restores what they leave out, gRPC from the
+    ///   stream's `Register`, MQTT from the topic;
+    /// - a quiet message that was written gets no answer, nothing on the link
+    ///   ([`edgebeat_proto::answer_needed`]).
+    pub fn answer(self, mut ack: Ack) -> Option<GatewayMessage> {
+        if self.register && ack.registered {
+            ack.compact_headers = true;
+        }
+        let needed = edgebeat_proto::answer_needed(self.quiet, &ack);
+        needed.then_some(GatewayMessage {
+            kind: Some(gateway_message::Kind::Ack(ack)),
+        })
     }
 }
 
@@ -166,5 +200,51 @@ impl RejectReason {
             Self::FleetFull => "fleet_full",
             Self::Superseded => "superseded",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edgebeat_proto::{AckCode, LeaseRenewal, Register};
+
+    fn answered(message: &AgentMessage, ack: Ack) -> Option<Ack> {
+        match Asked::of(message).answer(ack)?.kind? {
+            gateway_message::Kind::Ack(ack) => Some(ack),
+        }
+    }
+
+    #[test]
+    fn an_accepted_register_allows_compact_headers_and_written_quiet_messages_are_silent() {
+        let register = AgentMessage {
+            kind: Some(agent_message::Kind::Register(Register::default())),
+        };
+        let accepted = Ack {
+            registered: true,
+            ..Ack::default()
+        };
+        assert!(answered(&register, accepted).unwrap().compact_headers);
+        assert!(!answered(&register, Ack::default()).unwrap().compact_headers);
+
+        let quiet = AgentMessage {
+            kind: Some(agent_message::Kind::Lease(LeaseRenewal {
+                quiet: true,
+                ..LeaseRenewal::default()
+            })),
+        };
+        let written = Ack {
+            code: AckCode::Ok.into(),
+            ..Ack::default()
+        };
+        assert_eq!(answered(&quiet, written), None, "written: silence");
+        let retry = Ack {
+            code: AckCode::Retry.into(),
+            ..Ack::default()
+        };
+        assert_eq!(
+            answered(&quiet, retry.clone()),
+            Some(retry),
+            "news is answered"
+        );
     }
 }

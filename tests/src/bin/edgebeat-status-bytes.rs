@@ -27,15 +27,6 @@ use prost::Message as _;
 const FLIPS_PER_DAY: usize = 4;
 
 fn main() -> anyhow::Result<()> {
-    let off = HealthSettings {
-        system_memory_contention_threshold: 0.0,
-        system_disk_contention_threshold: 0.0,
-        readonly_filesystem: false,
-        thermal: false,
-        thermal_limit_celsius: None,
-        under_voltage: false,
-        clock_sync: false,
-    };
     println!(
         "| tree | health conditions | NodeStatus without, B | with, B | added per whole report, B | added per node-day, B |"
     );
@@ -65,7 +56,7 @@ fn main() -> anyhow::Result<()> {
             let extra = status.conditions.len() - 4;
             (status.to_proto(now).encoded_len(), extra)
         };
-        let (without, _) = size(off.clone());
+        let (without, _) = size(HealthSettings::off());
         let (with, extra) = size(HealthSettings::default());
         let added = with - without;
         println!(

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use edgebeat_proto::heartbeat_server::{Heartbeat, HeartbeatServer};
 use edgebeat_proto::{
-    AgentMessage, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, agent_message, gateway_message,
+    AgentMessage, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, agent_message,
 };
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -11,7 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::tls::{self, GrpcServerTls};
-use crate::ingress::{Handler, Peer, RejectReason, TransportKind};
+use crate::ingress::{Asked, Handler, Peer, RejectReason, TransportKind};
 
 /// Settings of the gateway's gRPC server.
 #[derive(Debug, Clone)]
@@ -113,10 +113,8 @@ impl<H: Handler> Heartbeat for Service<H> {
                 };
                 return match next {
                     Ok(Some(mut message)) => {
-                        let quiet = message.is_quiet();
-                        let register =
-                            matches!(message.kind, Some(agent_message::Kind::Register(_)));
-                        if register {
+                        let asked = Asked::of(&message);
+                        if matches!(message.kind, Some(agent_message::Kind::Register(_))) {
                             state.register = message.header().cloned();
                         } else if let Some(header) = &state.register {
                             message.complete_header(header);
@@ -125,19 +123,11 @@ impl<H: Handler> Heartbeat for Service<H> {
                         // cancel the gateway's writes half-way (a Node patched but its Event
                         // not recorded). The task lives only while the message is handled.
                         let (handler, peer) = (state.handler.clone(), state.peer.clone());
-                        let mut ack =
-                            tokio::spawn(async move { handler.handle(&peer, message).await })
-                                .await
-                                .ok()?;
-                        if register && ack.registered {
-                            ack.compact_headers = true;
-                        }
-                        // A quiet renewal that was written gets no answer (nothing on the link).
-                        if !edgebeat_proto::answer_needed(quiet, &ack) {
+                        let ack = tokio::spawn(async move { handler.handle(&peer, message).await })
+                            .await
+                            .ok()?;
+                        let Some(reply) = asked.answer(ack) else {
                             continue;
-                        }
-                        let reply = GatewayMessage {
-                            kind: Some(gateway_message::Kind::Ack(ack)),
                         };
                         Some((Ok(reply), Some(state)))
                     }

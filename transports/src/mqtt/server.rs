@@ -21,7 +21,7 @@ use super::{
     check_prefix, disconnect, gateway_filter, next_event, parse_certificate_topic,
     parse_node_topic,
 };
-use crate::ingress::{Handler, Peer, RejectReason, Rejection, TransportKind};
+use crate::ingress::{Asked, Handler, Peer, RejectReason, Rejection, TransportKind};
 use crate::signing::{self, CertificateVerifier, NodeKey, SignatureError};
 use crate::tls::ClientTls;
 
@@ -907,22 +907,10 @@ impl<H: Handler> Workers<H> {
                     }
                 };
                 let peer = peer(work.signed.then_some(node.as_str()));
-                let quiet = work.message.is_quiet();
-                let register = matches!(
-                    work.message.kind,
-                    Some(edgebeat_proto::agent_message::Kind::Register(_))
-                );
-                let mut ack = Box::pin(handler.handle(&peer, *work.message)).await;
-                // Quiet messages of this node may now leave out what their topic says.
-                if register && ack.registered {
-                    ack.compact_headers = true;
-                }
-                // A quiet renewal that was written gets no answer (nothing on the link).
-                if !edgebeat_proto::answer_needed(quiet, &ack) {
+                let asked = Asked::of(&work.message);
+                let ack = Box::pin(handler.handle(&peer, *work.message)).await;
+                let Some(reply) = asked.answer(ack) else {
                     continue;
-                }
-                let reply = GatewayMessage {
-                    kind: Some(gateway_message::Kind::Ack(ack)),
                 };
                 if let Err(error) = client
                     .publish(&topic, QoS::AtLeastOnce, false, reply.encode_to_vec())
