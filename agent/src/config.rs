@@ -53,6 +53,10 @@ pub const CONTAINER_RUNTIME_LABEL: (&str, &str) = ("edgebeat.io/container-runtim
 /// Default `transport.keepalive` for gRPC (5 min; see [`TransportConfig::Grpc`]).
 pub const GRPC_KEEPALIVE: Duration = Duration::from_secs(300);
 
+/// Default `transport.keepalive` for MQTT (5 min, the MQTT uplink's
+/// `DEFAULT_AGENT_KEEPALIVE`; see [`MqttTransport::keepalive`]).
+pub const MQTT_KEEPALIVE: Duration = Duration::from_secs(300);
+
 /// `apiVersion` the agent accepts.
 pub const API_VERSION: &str = "edgebeat.io/v1alpha1";
 /// `kind` the agent accepts.
@@ -286,7 +290,9 @@ pub struct MqttTransport {
     pub credentials: Option<(String, String)>,
     /// `transport.topicPrefix` (default `edgebeat/v1`).
     pub topic_prefix: String,
-    /// `transport.keepalive`: MQTT keep alive (default 30 s, at least 5 s).
+    /// `transport.keepalive`: MQTT Keep Alive, rumqttc's PINGREQ cadence (default
+    /// [`MQTT_KEEPALIVE`], 5 min; at least 5 s, at most 65,535 s). A dead path is noticed
+    /// sooner, by renewals sent at QoS 1 as probes (README, "Transports").
     pub keepalive: Duration,
 }
 
@@ -787,7 +793,7 @@ fn validate_transport(
     let keepalive = match (&t.keepalive, t.kind.as_deref()) {
         (Some(v), _) => p.take(parse_positive_duration("transport.keepalive", v)),
         (None, Some("grpc")) => Some(GRPC_KEEPALIVE),
-        (None, _) => Some(Duration::from_secs(30)),
+        (None, _) => Some(MQTT_KEEPALIVE),
     };
     let kind = t.kind.as_deref().unwrap_or("");
     let example = match kind {

@@ -76,6 +76,15 @@ impl Node {
         }
     }
 
+    /// A quiet renewal (`LeaseRenewal.quiet`): QoS 0 unless it is a probe.
+    fn quiet_lease(&self) -> AgentMessage {
+        let mut message = self.lease();
+        if let Some(Kind::Lease(lease)) = &mut message.kind {
+            lease.quiet = true;
+        }
+        message
+    }
+
     fn status(&self) -> AgentMessage {
         AgentMessage {
             kind: Some(Kind::Status(StatusReport {
@@ -850,6 +859,167 @@ async fn last_will_only_on_abrupt_disconnect() {
         !received.iter().any(|t| t.contains("/clean/will")),
         "clean shutdown published a will: {received:?}"
     );
+}
+
+/// A TCP relay between agents and the broker whose existing connections can be frozen:
+/// bytes stop flowing both ways while both sockets stay open, as on a path that died
+/// without a reset (a cellular NAT that forgot the mapping). New connections flow.
+struct Relay {
+    port: u16,
+    accepted: watch::Receiver<usize>,
+    /// Connections with an index below this are frozen.
+    frozen_below: watch::Sender<usize>,
+}
+
+impl Relay {
+    async fn start(broker: &Mosquitto) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (accepted_tx, accepted) = watch::channel(0);
+        let (frozen_below, frozen) = watch::channel(0);
+        let upstream = format!("{}:{}", broker.host(), broker.port());
+        tokio::spawn(async move {
+            let mut index = 0;
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pump(client_read, server_write, frozen.clone(), index));
+                tokio::spawn(pump(server_read, client_write, frozen.clone(), index));
+                index += 1;
+                accepted_tx.send_replace(index);
+            }
+        });
+        Self {
+            port,
+            accepted,
+            frozen_below,
+        }
+    }
+
+    /// Freezes every connection made so far.
+    fn freeze(&self) {
+        self.frozen_below.send_replace(*self.accepted.borrow());
+    }
+}
+
+/// Copies `from` to `to` until either closes, or forever holds both once `index` is frozen.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut frozen_below: watch::Receiver<usize>,
+    index: usize,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0_u8; 16 * 1024];
+    loop {
+        let read = tokio::select! {
+            _ = frozen_below.wait_for(|below| index < *below) => break,
+            read = from.read(&mut buf) => read,
+        };
+        let n = match read {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if index < *frozen_below.borrow() || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    // Frozen: keep both halves open, move nothing.
+    std::future::pending::<()>().await;
+    drop((from, to));
+}
+
+/// Quiet renewals go at QoS 0, which nothing answers; once the broker has been silent for
+/// `probe_interval`, one goes at QoS 1 (with the Lease's Message Expiry Interval) so its
+/// PUBACK proves the path. When the path dies without a reset (both sockets open, nothing
+/// moving), the missing PUBACK makes the agent drop the connection after `probe_timeout`
+/// and make a new one, long before the MQTT keepalive (here 10 min) or TCP would notice,
+/// and renewals flow again through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dead_path_is_noticed_by_a_probe() {
+    let broker = Mosquitto::start().await;
+    let relay = Relay::start(&broker).await;
+    let handler = Recorder::new();
+    let gateway = start_gateway(
+        MqttIngressOptions::new(broker.host(), broker.port(), "gw-0"),
+        &handler,
+    );
+    let (_watcher, mut watched) = raw_client(
+        &broker,
+        "watcher",
+        Some(&format!("{PREFIX}/nodes/edge-0010/lease")),
+    )
+    .await;
+    let node = Node::new("edge-0010");
+    let mut options = uplink_options(&broker, &node);
+    options.port = relay.port;
+    options.keepalive = Duration::from_secs(600);
+    options.probe_interval = Duration::from_millis(500);
+    options.probe_timeout = Duration::from_secs(1);
+    let agent = start_agent(options, &node);
+    agent.until_registered(&broker).await;
+
+    // Renew every 100 ms until the watcher has seen both QoS 0 renewals and a QoS 1 probe.
+    let (mut qos0, mut probes) = (0, 0);
+    let renewing = tokio::time::timeout(DEADLINE, async {
+        while qos0 == 0 || probes == 0 {
+            let _ = agent
+                .uplink
+                .send(node.quiet_lease(), Duration::from_millis(100))
+                .await;
+            while let Ok(p) = watched.try_recv() {
+                match p.qos {
+                    QoS::AtMostOnce => qos0 += 1,
+                    _ => {
+                        let expiry = p
+                            .properties
+                            .as_ref()
+                            .and_then(|p| p.message_expiry_interval);
+                        assert_eq!(expiry, Some(10), "a probe carries the Lease's expiry");
+                        probes += 1;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        renewing.is_ok(),
+        "qos0 {qos0}, probes {probes}\n{}",
+        broker.log()
+    );
+
+    relay.freeze();
+    let mut accepted = relay.accepted.clone();
+    let before = handler.count("edge-0010", "lease");
+    let recovered = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let _ = agent
+                .uplink
+                .send(node.quiet_lease(), Duration::from_millis(100))
+                .await;
+            if *accepted.borrow_and_update() >= 2 && handler.count("edge-0010", "lease") > before {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        recovered.is_ok(),
+        "no new connection and renewal after the path froze (connections: {})\n{}",
+        *relay.accepted.borrow(),
+        broker.log()
+    );
+    assert_eq!(
+        handler.count("edge-0010", "register"),
+        1,
+        "the new broker connection resumes the registration"
+    );
+    agent.cancel.cancel();
+    gateway.stop().await;
 }
 
 // ---------------------------------------------------------------------------------------
