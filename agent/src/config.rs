@@ -292,7 +292,8 @@ pub struct MqttTransport {
     pub topic_prefix: String,
     /// `transport.keepalive`: MQTT Keep Alive, rumqttc's PINGREQ cadence (default
     /// [`MQTT_KEEPALIVE`], 5 min; at least 5 s, at most 65,535 s). A dead path is noticed
-    /// sooner, by renewals sent at QoS 1 as probes (README, "Transports").
+    /// sooner, by `TCP_USER_TIMEOUT` on unacknowledged renewals (README, "MQTT in one
+    /// paragraph").
     pub keepalive: Duration,
 }
 

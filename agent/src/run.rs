@@ -348,15 +348,6 @@ impl Agent {
                 }
                 options.topic_prefix = m.topic_prefix;
                 options.keepalive = m.keepalive;
-                // Probes: a quiet renewal goes at QoS 1 after lease duration − renew interval
-                // without a packet from the broker, and its PUBACK may take one renew
-                // interval, so a path that died without a reset is noticed within one
-                // nodeLeaseDurationSeconds (30 s + 10 s at kubelet's defaults).
-                let renew = self.config.lease_renew_interval();
-                options.probe_timeout = renew;
-                options.probe_interval =
-                    Duration::from_secs(self.config.node_lease_duration_seconds.into())
-                        .saturating_sub(renew);
                 // Message Expiry Interval: no longer than the renew interval (whole seconds,
                 // at least 1), so a broker never hands a gateway a backlog of stale renewals.
                 options.lease_expiry =

@@ -12,6 +12,7 @@
 //! - [`link`]: an edge link of a network namespace and a veth pair, with its counters.
 
 pub mod broker;
+pub mod faults;
 pub mod fleet;
 pub mod harness;
 pub mod link;

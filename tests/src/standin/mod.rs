@@ -405,6 +405,12 @@ impl StandInHandle {
         self.shared.lock().renew_times("kube-node-lease")
     }
 
+    /// A receiver that sees every change of the store (its value is a change counter), for
+    /// callers that record what happened as it happens instead of polling.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.changed.subscribe()
+    }
+
     /// Removes every fault rule and the latency.
     pub fn clear_faults(&self) {
         self.shared.mutate(|s| {

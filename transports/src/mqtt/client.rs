@@ -6,13 +6,11 @@ use edgebeat_proto::{
     Ack, AckCode, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, gateway_message,
 };
 use prost::Message;
-use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{
     LastWill, Packet, Publish, PublishProperties, SubscribeReasonCode,
 };
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -39,19 +37,17 @@ const REGISTER_TIMEOUT_MAX: Duration = Duration::from_secs(60);
 const CERTIFICATE_REPUBLISH_MIN_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Default MQTT keepalive of the agent, 5 min: with renewals every 10 s the broker hears from
-/// a live agent anyway, and the path to the broker is checked by probes
-/// ([`DEFAULT_PROBE_INTERVAL`]), so PINGREQ only has to keep the broker's own limit
+/// a live agent anyway, and a dead path to the broker is noticed from unacknowledged renewals
+/// ([`DEFAULT_USER_TIMEOUT`]), so PINGREQ only has to keep the broker's own limit
 /// (1.5 × keepalive) for a silent client. Each PINGREQ/PINGRESP exchange costs about 240 B on
 /// the link with TCP's headers and ACKs, and rumqttc sends one every keepalive whatever else
 /// was sent (0.63 MB a day at 30 s; BENCHMARKS.md, "MQTT headers left to the topic").
 pub const DEFAULT_AGENT_KEEPALIVE: Duration = Duration::from_secs(300);
 
-/// Default [`MqttUplinkOptions::probe_interval`], 30 s.
-pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(30);
-
-/// Default [`MqttUplinkOptions::probe_timeout`], 10 s. With [`DEFAULT_PROBE_INTERVAL`] a path
-/// that died without a reset is noticed within 40 s, one `nodeLeaseDurationSeconds`.
-pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`MqttUplinkOptions::user_timeout`], 20 s: the gRPC uplink's `TCP_USER_TIMEOUT`
+/// (twice its keepalive timeout). With renewals every 10 s, a path that died without a reset
+/// is noticed within 30 s, inside one `nodeLeaseDurationSeconds` (40 s).
+pub const DEFAULT_USER_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Settings of the agent's MQTT uplink.
 #[derive(Debug, Clone)]
@@ -69,24 +65,16 @@ pub struct MqttUplinkOptions {
     pub topic_prefix: String,
     /// MQTT keepalive (default [`DEFAULT_AGENT_KEEPALIVE`], 5 min; at least 5 s): rumqttc's
     /// PINGREQ cadence, and the broker drops a client silent for 1.5 × this. Not what
-    /// notices a dead path while renewals flow: see `probe_interval`.
+    /// notices a dead path while renewals flow: see `user_timeout`.
     pub keepalive: Duration,
-    /// Longest the agent goes without hearing from the broker before a quiet message (a
-    /// renewal) goes at QoS 1 instead of 0, so that the broker's PUBACK proves the path
-    /// (default [`DEFAULT_PROBE_INTERVAL`], 30 s; zero: never, only PINGREQ checks it).
-    ///
-    /// Why: quiet messages go at QoS 0, whose loss only delays by one renew interval, but
-    /// nothing comes back for them, and rumqttc offers no `TCP_USER_TIMEOUT` (the gRPC
-    /// uplink's way to notice a dead link from unacknowledged data), so without probes a
-    /// path that died without a reset (a cellular NAT rebinding, a cut cable) would only be
-    /// noticed by the next PINGREQ or by TCP giving up after ~15 min of retransmissions. A
-    /// probe costs one PUBACK down and TCP's ACK of it up, about 70 B (a PINGREQ exchange
-    /// costs about 240 B).
-    pub probe_interval: Duration,
-    /// Longest a QoS 1 PUBLISH (a probe, a Register, a status report) or a PINGREQ may wait
-    /// for any packet from the broker before the connection counts as dead, is dropped and
-    /// made anew (default [`DEFAULT_PROBE_TIMEOUT`], 10 s; must be > 0).
-    pub probe_timeout: Duration,
+    /// The socket's `TCP_USER_TIMEOUT` (tcp(7); default [`DEFAULT_USER_TIMEOUT`], 20 s; at
+    /// least 1 s; `None`: the kernel's default, ~15 min of retransmissions): the longest a
+    /// sent renewal may stay unacknowledged by the broker's TCP before the kernel drops the
+    /// connection and the uplink makes a new one. Quiet renewals go at QoS 0, which nothing
+    /// answers, so this is what notices a path that died without a reset (a cellular NAT
+    /// that forgot the mapping, a cut cable) while renewals flow, at no cost on the wire. Set
+    /// through edgebeat's patched rumqttc (`vendor/rumqttc/EDGEBEAT-PATCH.md`).
+    pub user_timeout: Option<Duration>,
     /// Message Expiry Interval of Lease renewals (default 10 s, kubelet's renew interval;
     /// at least 1 s, fractions dropped): the broker discards a renewal it could not deliver
     /// in time instead of handing a gateway a backlog of stale ones. Set it to the renew
@@ -129,8 +117,7 @@ impl MqttUplinkOptions {
             credentials: None,
             topic_prefix: DEFAULT_TOPIC_PREFIX.to_owned(),
             keepalive: DEFAULT_AGENT_KEEPALIVE,
-            probe_interval: DEFAULT_PROBE_INTERVAL,
-            probe_timeout: DEFAULT_PROBE_TIMEOUT,
+            user_timeout: Some(DEFAULT_USER_TIMEOUT),
             lease_expiry: Duration::from_secs(10),
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(7),
@@ -166,8 +153,11 @@ impl MqttUplinkOptions {
         if self.register_timeout.is_zero() {
             return Err(invalid("register_timeout", "must be > 0"));
         }
-        if self.probe_timeout.is_zero() {
-            return Err(invalid("probe_timeout", "must be > 0"));
+        if self
+            .user_timeout
+            .is_some_and(|t| t < Duration::from_secs(1))
+        {
+            return Err(invalid("user_timeout", "must be at least 1 s"));
         }
         if self.max_packet_bytes == 0 || u32::try_from(self.max_packet_bytes).is_err() {
             return Err(invalid(
@@ -196,6 +186,9 @@ impl MqttUplinkOptions {
             // default, ~13 MB); an agent has at most a status report, a renewal and a Register in flight.
             .set_outgoing_inflight_upper_limit(16)
             .set_max_packet_size(u32::try_from(self.max_packet_bytes).ok());
+        let mut network = rumqttc::NetworkOptions::new();
+        network.set_tcp_user_timeout(self.user_timeout);
+        mqtt.set_network_options(network);
         if let Some((username, password)) = &self.credentials {
             mqtt.set_credentials(username, password);
         }
@@ -314,7 +307,7 @@ pub async fn run_uplink(
     let (client, eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
     let mut link = Link::new(&options, topics, client, register);
     let mut backoff = reconnect_backoff(options.backoff_min, options.backoff_max);
-    let mut next = next_event(eventloop, None);
+    let mut next = next_event(eventloop);
     let register_timer = tokio::time::sleep(Duration::MAX);
     tokio::pin!(register_timer);
     let mut timer_armed = false;
@@ -329,9 +322,8 @@ pub async fn run_uplink(
             }
             (mut eventloop, result) = &mut next => match result {
                 Ok(event) => {
-                    let change = link.on_event(event, &driver);
-                    next = next_event(eventloop, link.dead_at());
-                    change
+                    next = next_event(eventloop);
+                    link.on_event(event, &driver)
                 }
                 Err(error) => {
                     let was_registered = link.close(&driver).unwrap_or(false);
@@ -349,7 +341,7 @@ pub async fn run_uplink(
                     let will = last_will(&link.topics, &node_name, &link.register);
                     eventloop.options.set_last_will(will);
                     // rumqttc reconnects on this poll.
-                    next = next_event(eventloop, None);
+                    next = next_event(eventloop);
                     Timer::Disarm
                 }
             },
@@ -401,13 +393,6 @@ struct Link {
     signer: Option<std::sync::Arc<crate::signing::MessageSigner>>,
     /// When the certificate was last published (see [`Link::publish_certificate`]).
     certificate_published: Option<tokio::time::Instant>,
-    /// When the broker last sent a packet on this connection (or the connection began).
-    last_heard: Instant,
-    /// When the first QoS 1 PUBLISH or PINGREQ written since `last_heard` went out: the
-    /// connection is dead if nothing comes back within `probe_timeout` of it.
-    unanswered_since: Option<Instant>,
-    probe_interval: Duration,
-    probe_timeout: Duration,
 }
 
 impl Link {
@@ -436,44 +421,6 @@ impl Link {
             #[cfg(feature = "mqtt-tls")]
             signer: options.signer.clone(),
             certificate_published: None,
-            last_heard: Instant::now(),
-            unanswered_since: None,
-            probe_interval: options.probe_interval,
-            probe_timeout: options.probe_timeout,
-        }
-    }
-
-    /// When the connection counts as dead if the broker still sent nothing: `probe_timeout`
-    /// after the first unanswered QoS 1 PUBLISH or PINGREQ; `None` while nothing waits.
-    fn dead_at(&self) -> Option<Instant> {
-        self.unanswered_since.map(|t| t + self.probe_timeout)
-    }
-
-    /// Whether the next quiet message should go at QoS 1 as a probe (see
-    /// [`MqttUplinkOptions::probe_interval`]): nothing heard for `probe_interval` and
-    /// nothing already waiting for an answer.
-    fn probe_due(&self) -> bool {
-        !self.probe_interval.is_zero()
-            && self.unanswered_since.is_none()
-            && self.last_heard.elapsed() >= self.probe_interval
-    }
-
-    /// Keeps `last_heard` and `unanswered_since` for [`Link::dead_at`] and
-    /// [`Link::probe_due`].
-    fn note_traffic(&mut self, event: &Event) {
-        match event {
-            Event::Incoming(_) => {
-                self.last_heard = Instant::now();
-                self.unanswered_since = None;
-            }
-            // Packet id 0: a QoS 0 PUBLISH, which nothing answers.
-            Event::Outgoing(Outgoing::Publish(pkid)) if *pkid != 0 => {
-                self.unanswered_since.get_or_insert_with(Instant::now);
-            }
-            Event::Outgoing(Outgoing::PingReq) => {
-                self.unanswered_since.get_or_insert_with(Instant::now);
-            }
-            Event::Outgoing(_) => {}
         }
     }
 
@@ -522,7 +469,6 @@ impl Link {
     }
 
     fn on_event(&mut self, event: Event, driver: &UplinkDriver) -> Timer {
-        self.note_traffic(&event);
         match event {
             Event::Incoming(Packet::ConnAck(connack)) => {
                 // Aliases are per connection: the first quiet renewal sets it again.
@@ -680,31 +626,21 @@ impl Link {
             // A quiet message (a renewal, an unchanged status report): QoS 0, as a lost one
             // only delays by one period and nothing queues QoS 0 messages for an absent
             // gateway (so no expiry either); a renewal's topic as a Topic Alias once set on
-            // this connection. One PUBLISH up, nothing but TCP's ACK down. When the broker
-            // has been silent for `probe_interval`, QoS 1 instead (a probe), with the
-            // Lease's Message Expiry Interval so that it cannot reach a gateway late.
+            // this connection. One PUBLISH up, nothing but TCP's ACK down (whose absence
+            // `user_timeout` notices).
             let lease = kind == "lease";
             let (topic, alias) = match self.lease_alias {
                 LeaseAlias::Set if lease => ("", Some(LEASE_TOPIC_ALIAS)),
                 LeaseAlias::Unset if lease => (topic, Some(LEASE_TOPIC_ALIAS)),
                 _ => (topic, None),
             };
-            let (qos, expiry) = if self.probe_due() {
-                (
-                    QoS::AtLeastOnce,
-                    self.lease_properties.message_expiry_interval,
-                )
-            } else {
-                (QoS::AtMostOnce, None)
-            };
             let queued = self.client.try_publish_with_properties(
                 topic,
-                qos,
+                QoS::AtMostOnce,
                 false,
                 payload,
                 PublishProperties {
                     topic_alias: alias,
-                    message_expiry_interval: expiry,
                     ..PublishProperties::default()
                 },
             );
@@ -754,7 +690,6 @@ impl Link {
     /// registered. A registration survives (the next connection resumes it); pending
     /// requests fail.
     fn close(&mut self, _driver: &UplinkDriver) -> Option<bool> {
-        self.unanswered_since = None;
         let mut session = self.session.take()?;
         let registered = session.registered();
         self.resume = registered;

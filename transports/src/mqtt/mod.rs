@@ -41,8 +41,7 @@ mod server;
 
 #[cfg(feature = "mqtt-uplink")]
 pub use client::{
-    DEFAULT_AGENT_KEEPALIVE, DEFAULT_PROBE_INTERVAL, DEFAULT_PROBE_TIMEOUT, MqttUplinkError,
-    MqttUplinkOptions, run_uplink,
+    DEFAULT_AGENT_KEEPALIVE, DEFAULT_USER_TIMEOUT, MqttUplinkError, MqttUplinkOptions, run_uplink,
 };
 #[cfg(feature = "mqtt-ingress")]
 pub use server::{
@@ -59,7 +58,7 @@ pub const DEFAULT_TOPIC_PREFIX: &str = "edgebeat/v1";
 pub const DEFAULT_SHARE_GROUP: &str = "edgebeat-gateway";
 
 /// Default MQTT keepalive of the gateway's ingress, 30 s (the agent's is
-/// `DEFAULT_AGENT_KEEPALIVE`, 5 min, as probes check its path).
+/// `DEFAULT_AGENT_KEEPALIVE`, 5 min, as `TCP_USER_TIMEOUT` watches its path).
 ///
 /// Tuned for flaky links: the broker declares a silent client dead after 1.5 × keepalive
 /// (45 s, then the Last Will goes out) and rumqttc after a ping unanswered for one keepalive,
@@ -137,36 +136,10 @@ pub(crate) type NextEvent =
 /// Starts the next `poll()`. The future is kept across `select!` iterations and only
 /// replaced once it completed: dropping `poll()` halfway could lose a packet rumqttc had
 /// already taken from its queue and counted as in flight.
-///
-/// With a `dead_at` deadline, the connection counts as dead once it passes first: the
-/// network connection is dropped (`EventLoop::clean`, which keeps nothing the caller does
-/// not clear) and the result is a [`std::io::ErrorKind::TimedOut`] I/O error, so the caller
-/// reconnects as after any lost connection. The agent's uplink sets it while a QoS 1 PUBLISH
-/// waits for any packet from the broker (see `MqttUplinkOptions::probe_timeout`).
-pub(crate) fn next_event(
-    mut eventloop: EventLoop,
-    dead_at: Option<tokio::time::Instant>,
-) -> NextEvent {
+pub(crate) fn next_event(mut eventloop: EventLoop) -> NextEvent {
     Box::pin(async move {
-        let polled = match dead_at {
-            None => Some(eventloop.poll().await),
-            Some(at) => tokio::select! {
-                biased;
-                result = eventloop.poll() => Some(result),
-                () = tokio::time::sleep_until(at) => None,
-            },
-        };
-        match polled {
-            Some(result) => (eventloop, result),
-            None => {
-                eventloop.clean();
-                let error = std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the broker sent nothing back for a QoS 1 PUBLISH in time",
-                );
-                (eventloop, Err(ConnectionError::Io(error)))
-            }
-        }
+        let result = eventloop.poll().await;
+        (eventloop, result)
     })
 }
 
@@ -197,9 +170,9 @@ pub(crate) async fn disconnect(client: &AsyncClient, mut next: NextEvent) {
             (eventloop, result) = &mut next => match result {
                 Ok(Event::Outgoing(Outgoing::Disconnect)) => {
                     sent = true;
-                    next = next_event(eventloop, None);
+                    next = next_event(eventloop);
                 }
-                Ok(_) => next = next_event(eventloop, None),
+                Ok(_) => next = next_event(eventloop),
                 // Before DISCONNECT went out this is a broken connection (nothing more to
                 // do); after it, the broker closing its end: done either way. Polling again
                 // would reconnect.

@@ -361,7 +361,7 @@ pub async fn serve<H: Handler>(
         }),
     };
     let mut backoff = reconnect_backoff();
-    let mut next = next_event(eventloop, None);
+    let mut next = next_event(eventloop);
     let mut sweep = tokio::time::interval(WORKER_IDLE / 5);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
@@ -371,7 +371,7 @@ pub async fn serve<H: Handler>(
             _ = sweep.tick() => workers.evict_idle(),
             (eventloop, result) = &mut next => match result {
                 Ok(event) => {
-                    next = next_event(eventloop, None);
+                    next = next_event(eventloop);
                     match event {
                         Event::Incoming(Packet::ConnAck(_)) => {
                             tracing::info!(%filter, "connected to the MQTT broker; subscribing");
@@ -412,7 +412,7 @@ pub async fn serve<H: Handler>(
                         () = tokio::time::sleep(delay) => {}
                     }
                     // rumqttc reconnects on this poll.
-                    next = next_event(eventloop, None);
+                    next = next_event(eventloop);
                 }
             },
         }

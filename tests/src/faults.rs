@@ -1,0 +1,419 @@
+//! Faults on a real network path: real `edgebeat-agent` processes, some in the network
+//! namespace of a [`Link`] (the "cut" nodes) and some on loopback (the control nodes), one
+//! cluster (the stand-in apiserver, a gateway and, for MQTT, Mosquitto) on this side. The
+//! link is cut by taking its gateway-side veth end down (`ip link set … down`), or slowed by
+//! a token bucket on both ends (`tc qdisc … tbf`; this kernel has no `netem`).
+//!
+//! Every Lease write is recorded as it happens (the stand-in's change feed, no sampling), so
+//! the figures are exact: a Lease's age at any instant is the time since its last
+//! `renewTime`, and it expired when a gap between two writes (or since the last one)
+//! exceeded `nodeLeaseDurationSeconds`, which is when kube-controller-manager's node
+//! lifecycle controller would start counting the node as not ready.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use jiff::Timestamp;
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{Cluster, Transport};
+use crate::link::{AGENT_INTERFACE, GATEWAY_IP, HOST_INTERFACE, Link, NAMESPACE, forward};
+
+/// What happens to the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The link is down for this long: nothing crosses, no reset reaches either side.
+    Cut(Duration),
+    /// Both directions are limited to `kbit` kbit/s (token bucket, 5 s of queue) for
+    /// `length`.
+    Slow {
+        /// Rate in kbit/s (1 kbit = 1,000 bits).
+        kbit: u32,
+        /// How long the limit stays.
+        length: Duration,
+    },
+}
+
+impl Fault {
+    /// How long the fault lasts.
+    pub fn length(self) -> Duration {
+        match self {
+            Fault::Cut(d) => d,
+            Fault::Slow { length, .. } => length,
+        }
+    }
+
+    /// A short description for tables, e.g. `cut 15 s` or `tbf 8 kbit/s, 60 s`.
+    pub fn describe(self) -> String {
+        match self {
+            Fault::Cut(d) => format!("link cut {} s", d.as_secs()),
+            Fault::Slow { kbit, length } => {
+                format!("tbf {kbit} kbit/s both ways, {} s", length.as_secs())
+            }
+        }
+    }
+}
+
+/// One run: a transport, a fault, how many agents sit behind the link and beside it.
+#[derive(Debug, Clone, Copy)]
+pub struct Scenario {
+    /// The agents' transport (plaintext; the gateway allows unidentified agents).
+    pub transport: Transport,
+    /// What happens to the link.
+    pub fault: Fault,
+    /// Agents in the link's namespace (affected by the fault), named `cut-N`.
+    pub cut_nodes: usize,
+    /// Agents on loopback (unaffected), named `ctl-N`.
+    pub control_nodes: usize,
+    /// `nodeLeaseDurationSeconds` of every agent (kubelet: 40; renewals every quarter).
+    pub lease_duration_seconds: u32,
+}
+
+/// What a [`Scenario`] measured. Ages and durations are from the gateway's `renewTime`
+/// stamps (this host's clock).
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Cut nodes whose Lease expired (a gap between writes over the lease duration).
+    pub expired_cut: usize,
+    /// Control nodes whose Lease expired: 0 unless the fault leaked beyond the link.
+    pub expired_control: usize,
+    /// Largest Lease age of a cut node, from one lease duration before the fault to the end.
+    pub max_age_cut: Duration,
+    /// Largest Lease age of a control node over the same span.
+    pub max_age_control: Duration,
+    /// For each cut node, time from the fault's end to its first Lease write after it;
+    /// the largest. `None` when some cut node had not renewed by the deadline.
+    pub recovery: Option<Duration>,
+    /// Lease writes of cut nodes stamped while the link was down (from 1 s after the cut
+    /// to its end): nothing can cross a cut link, so each would be a renewal held back and
+    /// written late. 0 for a slow link (not applicable).
+    pub stale_writes: usize,
+    /// Lease writes of cut nodes during the fault.
+    pub writes_during_fault: usize,
+    /// VmRSS of this process (stand-in, gateway and relay run in it), KiB, before and after.
+    pub rss_kib: (u64, u64),
+}
+
+/// Runs `scenario`: starts the cluster, the link and the agents, waits until every node
+/// renewed twice, applies the fault for its length, waits (up to three lease durations) for
+/// every cut node to renew after it, watches one more lease duration and reports.
+///
+/// Errors: the link, the cluster or an agent could not start, a node never renewed, or a
+/// `tc`/`ip` command failed.
+pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
+    let link = Link::create()?;
+    let cluster = Cluster::start(scenario.transport).await?;
+    let upstream: SocketAddr = match &cluster.broker {
+        Some(b) => SocketAddr::new(b.host().parse()?, b.port()),
+        None => cluster.grpc_url.trim_start_matches("http://").parse()?,
+    };
+    let port = forward(upstream).await?;
+    let dir = tempfile::tempdir()?;
+    let host = crate::harness::fixture_copy("rpi4-cgroup1")?;
+    let lease = Duration::from_secs(scenario.lease_duration_seconds.into());
+    let mut agents = Vec::new();
+    let mut cut = Vec::new();
+    let mut control = Vec::new();
+    for i in 0..scenario.cut_nodes + scenario.control_nodes {
+        let behind = i < scenario.cut_nodes;
+        let name = if behind {
+            format!("cut-{i}")
+        } else {
+            format!("ctl-{}", i - scenario.cut_nodes)
+        };
+        let endpoint = if behind {
+            SocketAddr::new(GATEWAY_IP.parse()?, port)
+        } else {
+            upstream
+        };
+        let config = dir.path().join(format!("{name}.yaml"));
+        let (kind, scheme) = match scenario.transport {
+            Transport::Grpc => ("grpc", "http"),
+            Transport::Mqtt => ("mqtt", "mqtt"),
+        };
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {name}\nhostRoot: {}\nnodeLeaseDurationSeconds: {}\nclockSyncCondition: false\ntransport: {{kind: {kind}, endpoint: \"{scheme}://{endpoint}\"}}\n",
+                host.path().display(),
+                scenario.lease_duration_seconds,
+            ),
+        )?;
+        let binary = crate::link::agent_binary()?;
+        let mut command = if behind {
+            link.command(&binary)
+        } else {
+            let mut c = tokio::process::Command::new(&binary);
+            c.kill_on_drop(true);
+            c
+        };
+        let log = std::fs::File::create(dir.path().join(format!("{name}.log")))?;
+        let child = command
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "warn")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting edgebeat-agent for {name}"))?;
+        agents.push(child);
+        if behind { &mut cut } else { &mut control }.push(name);
+    }
+
+    let writes = Writes::record(&cluster);
+    let everyone: Vec<String> = cut.iter().chain(&control).cloned().collect();
+    let steady = writes
+        .until(lease * 3 + Duration::from_secs(30), |w| {
+            everyone
+                .iter()
+                .all(|n| w.get(n).is_some_and(|t| t.len() >= 2))
+        })
+        .await;
+    if !steady {
+        let logs = logs(dir.path(), &everyone);
+        bail!("not every node renewed twice within the deadline\n{logs}");
+    }
+    let rss_before = rss_kib();
+    let watched_from = Timestamp::now() - jiff::SignedDuration::try_from(lease)?;
+
+    let fault_start = Timestamp::now();
+    apply(scenario.fault, true)?;
+    tokio::time::sleep(scenario.fault.length()).await; // the fault's own length
+    apply(scenario.fault, false)?;
+    let fault_end = Timestamp::now();
+
+    // Every cut node renews after the fault, within three lease durations.
+    let recovered = writes
+        .until(lease * 3, |w| {
+            cut.iter()
+                .all(|n| w.get(n).is_some_and(|t| t.iter().any(|&x| x > fault_end)))
+        })
+        .await;
+    // One more lease duration of normal running: an expiry caused late would show.
+    tokio::time::sleep(lease).await; // an observation window, not a wait for state
+    let end = Timestamp::now();
+    let rss_after = rss_kib();
+    let written = writes.stop();
+    drop(agents);
+
+    let age = |name: &str| max_age(written.get(name).map_or(&[][..], |t| t), watched_from, end);
+    let ages = |names: &[String]| names.iter().map(|n| age(n)).collect::<Vec<_>>();
+    let (cut_ages, control_ages) = (ages(&cut), ages(&control));
+    let expired = |ages: &[Duration]| ages.iter().filter(|a| **a > lease).count();
+    let stale_from = fault_start + jiff::SignedDuration::from_secs(1);
+    let in_span = |from: Timestamp, to: Timestamp| {
+        cut.iter()
+            .map(|n| {
+                written
+                    .get(n)
+                    .map_or(0, |t| t.iter().filter(|&&x| x >= from && x < to).count())
+            })
+            .sum::<usize>()
+    };
+    let recovery = recovered.then(|| {
+        cut.iter()
+            .filter_map(|n| written.get(n)?.iter().find(|&&x| x > fault_end).copied())
+            .map(|x| Duration::try_from(x - fault_end).unwrap_or_default())
+            .max()
+            .unwrap_or_default()
+    });
+    Ok(Outcome {
+        scenario,
+        expired_cut: expired(&cut_ages),
+        expired_control: expired(&control_ages),
+        max_age_cut: cut_ages.into_iter().max().unwrap_or_default(),
+        max_age_control: control_ages.into_iter().max().unwrap_or_default(),
+        recovery,
+        stale_writes: match scenario.fault {
+            Fault::Cut(_) => in_span(stale_from, fault_end),
+            Fault::Slow { .. } => 0,
+        },
+        writes_during_fault: in_span(fault_start, fault_end),
+        rss_kib: (rss_before, rss_after),
+    })
+}
+
+/// The largest Lease age between `from` and `to` given the sorted write times `writes`: the
+/// longest gap between consecutive writes (the first counted from `from`), or since the
+/// last write until `to`.
+pub fn max_age(writes: &[Timestamp], from: Timestamp, to: Timestamp) -> Duration {
+    let mut last = writes.iter().rev().find(|&&t| t <= from).copied();
+    let mut longest = Duration::ZERO;
+    for &t in writes.iter().filter(|&&t| t > from && t <= to) {
+        let since = last.unwrap_or(from);
+        longest = longest.max(Duration::try_from(t - since).unwrap_or_default());
+        last = Some(t);
+    }
+    let tail = Duration::try_from(to - last.unwrap_or(from)).unwrap_or_default();
+    longest.max(tail)
+}
+
+/// Takes the fault on (`on`) or off.
+fn apply(fault: Fault, on: bool) -> anyhow::Result<()> {
+    match fault {
+        Fault::Cut(_) => run_cmd(
+            "ip",
+            &[
+                "link",
+                "set",
+                HOST_INTERFACE,
+                if on { "down" } else { "up" },
+            ],
+        ),
+        Fault::Slow { kbit, .. } => {
+            let rate = format!("{kbit}kbit");
+            for (netns, dev) in [(None, HOST_INTERFACE), (Some(NAMESPACE), AGENT_INTERFACE)] {
+                let mut args: Vec<&str> = Vec::new();
+                if let Some(ns) = netns {
+                    args.extend(["-n", ns]);
+                }
+                if on {
+                    // Burst of one full frame; 5 s of queue before tbf drops.
+                    args.extend([
+                        "qdisc", "replace", "dev", dev, "root", "tbf", "rate", &rate, "burst",
+                        "1600", "latency", "5s",
+                    ]);
+                } else {
+                    args.extend(["qdisc", "del", "dev", dev, "root"]);
+                }
+                run_cmd("tc", &args)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn run_cmd(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// VmRSS of this process in KiB (0 if unreadable).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn logs(dir: &std::path::Path, names: &[String]) -> String {
+    names
+        .iter()
+        .map(|n| {
+            let log = std::fs::read_to_string(dir.join(format!("{n}.log"))).unwrap_or_default();
+            format!("--- {n}\n{log}")
+        })
+        .collect()
+}
+
+/// Every distinct `renewTime` of every Lease, recorded from the stand-in's change feed.
+struct Writes {
+    seen: Arc<Mutex<BTreeMap<String, Vec<Timestamp>>>>,
+    changed: tokio::sync::watch::Receiver<u64>,
+    cancel: CancellationToken,
+}
+
+impl Writes {
+    fn record(cluster: &Cluster) -> Self {
+        let seen: Arc<Mutex<BTreeMap<String, Vec<Timestamp>>>> = Arc::default();
+        let cancel = CancellationToken::new();
+        let standin = cluster.standin.clone();
+        let mut changes = standin.changes();
+        let changed = standin.changes();
+        let (into, stop) = (seen.clone(), cancel.clone());
+        tokio::spawn(async move {
+            loop {
+                changes.borrow_and_update();
+                let now = standin.lease_renew_times();
+                if let Ok(mut seen) = into.lock() {
+                    for (name, t) in now {
+                        let times = seen.entry(name).or_default();
+                        if times.last() != Some(&t) {
+                            times.push(t);
+                        }
+                    }
+                }
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    r = changes.changed() => if r.is_err() { return },
+                }
+            }
+        });
+        Self {
+            seen,
+            changed,
+            cancel,
+        }
+    }
+
+    /// Waits up to `deadline` until `done` holds for the recorded writes; returns whether
+    /// it did.
+    async fn until(
+        &self,
+        deadline: Duration,
+        done: impl Fn(&BTreeMap<String, Vec<Timestamp>>) -> bool,
+    ) -> bool {
+        let mut changed = self.changed.clone();
+        let check = |seen: &Mutex<BTreeMap<String, Vec<Timestamp>>>| {
+            seen.lock().map(|s| done(&s)).unwrap_or(false)
+        };
+        tokio::time::timeout(deadline, async {
+            loop {
+                changed.borrow_and_update();
+                if check(&self.seen) {
+                    return;
+                }
+                if changed.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
+        .await
+        .is_ok()
+            || check(&self.seen)
+    }
+
+    fn stop(self) -> BTreeMap<String, Vec<Timestamp>> {
+        self.cancel.cancel();
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_age_is_the_longest_gap_or_the_tail() {
+        let t = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let writes = [t(0), t(10), t(20), t(65), t(75)];
+        assert_eq!(max_age(&writes, t(5), t(80)), Duration::from_secs(45));
+        // From before the first write counted in the window: the write before it counts.
+        assert_eq!(max_age(&writes, t(12), t(30)), Duration::from_secs(10));
+        // No write after the last: the tail.
+        assert_eq!(max_age(&writes, t(70), t(130)), Duration::from_secs(55));
+        assert_eq!(max_age(&[], t(0), t(7)), Duration::from_secs(7));
+    }
+}
