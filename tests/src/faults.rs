@@ -98,6 +98,10 @@ pub struct Outcome {
     pub writes_during_fault: usize,
     /// VmRSS of this process (stand-in, gateway and relay run in it), KiB, before and after.
     pub rss_kib: (u64, u64),
+    /// Gaps longer than 1.5 renew intervals between two Lease writes of a control node:
+    /// `(node, the write that ended the gap, the gap)`. Empty when the fault stayed on the
+    /// link.
+    pub control_gaps: Vec<(String, Timestamp, Duration)>,
 }
 
 /// Runs `scenario`: starts the cluster, the link and the agents, waits until every node
@@ -223,7 +227,23 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
             .max()
             .unwrap_or_default()
     });
+    let renew = lease / 4;
+    let control_gaps = control
+        .iter()
+        .flat_map(|n| {
+            let times = written.get(n).cloned().unwrap_or_default();
+            times
+                .windows(2)
+                .filter(|w| w[1] > watched_from)
+                .filter_map(|w| {
+                    let gap = Duration::try_from(w[1] - w[0]).ok()?;
+                    (gap > renew * 3 / 2).then(|| (n.clone(), w[1], gap))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
     Ok(Outcome {
+        control_gaps,
         scenario,
         expired_cut: expired(&cut_ages),
         expired_control: expired(&control_ages),
@@ -240,14 +260,16 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
 }
 
 /// The largest Lease age between `from` and `to` given the sorted write times `writes`: the
-/// longest gap between consecutive writes (the first counted from `from`), or since the
-/// last write until `to`.
+/// longest gap between consecutive writes (the first from the last write at or before
+/// `from`; before a Lease's first write there is no age), or since the last write until
+/// `to`. With no write at all, the whole span.
 pub fn max_age(writes: &[Timestamp], from: Timestamp, to: Timestamp) -> Duration {
     let mut last = writes.iter().rev().find(|&&t| t <= from).copied();
     let mut longest = Duration::ZERO;
     for &t in writes.iter().filter(|&&t| t > from && t <= to) {
-        let since = last.unwrap_or(from);
-        longest = longest.max(Duration::try_from(t - since).unwrap_or_default());
+        if let Some(since) = last {
+            longest = longest.max(Duration::try_from(t - since).unwrap_or_default());
+        }
         last = Some(t);
     }
     let tail = Duration::try_from(to - last.unwrap_or(from)).unwrap_or_default();
@@ -415,5 +437,10 @@ mod tests {
         // No write after the last: the tail.
         assert_eq!(max_age(&writes, t(70), t(130)), Duration::from_secs(55));
         assert_eq!(max_age(&[], t(0), t(7)), Duration::from_secs(7));
+        // A Lease written first inside the span: no age before that write.
+        assert_eq!(
+            max_age(&[t(30), t(40)], t(0), t(45)),
+            Duration::from_secs(10)
+        );
     }
 }

@@ -451,7 +451,8 @@ struct Side<'a> {
 
 impl Side<'_> {
     /// Starts an agent for `node` reporting status every `report_every`, waits until it is
-    /// registered and renewing, counts `length` of the link (with `flip`, MemoryPressure
+    /// registered and renewing, counts about `length` of the link, from one Lease write to
+    /// the one that ends `length` / 10.2 s renew periods later (with `flip`, MemoryPressure
     /// turns True at its start), and kills it.
     async fn window(
         &self,
@@ -533,8 +534,21 @@ impl Side<'_> {
                 case.name()
             );
         }
+        // The window runs from one Lease write to a later one, so that it holds whole renew
+        // periods: a window of fixed length catches 11 or 12 renewals in 120 s (the period
+        // is 10 to 10.4 s with kubelet's jitter), which moves the day's figure by 8 %.
+        let (renewed_steady, _) = written(&self.cluster.standin.requests());
+        let renewal_after = |after: usize, what: &'static str| {
+            self.cluster.standin.wait_until(
+                length * 2 + std::time::Duration::from_secs(60),
+                what,
+                move |v| written(v.requests()).0 > after,
+            )
+        };
+        renewal_after(renewed_steady, "a renewal to start the window").await?;
         let (renewed, reported) = written(&self.cluster.standin.requests());
         let before = self.link.counters()?;
+        let started = tokio::time::Instant::now();
         if flip {
             // The root cgroup's usage leaves under 100Mi available (rpi4-cgroup1: MemTotal
             // 3,978,792,960 B, total_inactive_file 991,285,248 B).
@@ -545,8 +559,24 @@ impl Side<'_> {
                 format!("{usage}\n"),
             )?;
         }
-        tokio::time::sleep(length).await;
+        // Renewals in `length` at kubelet's mean period (the renew interval × 1.02).
+        let periods = (length.as_secs_f64() / 10.2).round().max(1.0) as usize;
+        let mut last = renewed + periods - 1;
+        if flip {
+            // The flip's report belongs in the window: end at the first write after it.
+            self.cluster
+                .standin
+                .wait_until(
+                    length * 2 + std::time::Duration::from_secs(60),
+                    "the flip's report",
+                    |v| written(v.requests()).1 > reported,
+                )
+                .await?;
+            last = last.max(written(&self.cluster.standin.requests()).0);
+        }
+        renewal_after(last, "the window's renewals").await?;
         let counters = self.link.counters()?.since(before);
+        let length = started.elapsed();
         let (renewed_after, reported_after) = written(&self.cluster.standin.requests());
         let _ = agent.kill().await;
         Ok(Window {

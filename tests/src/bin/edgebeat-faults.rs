@@ -92,6 +92,12 @@ async fn main() -> anyhow::Result<()> {
             })
             .await?;
             println!("{}", row(&outcome));
+            for (node, at, gap) in &outcome.control_gaps {
+                eprintln!(
+                    "  control node {node}: {:.1} s between Lease writes, ending {at}",
+                    gap.as_secs_f64()
+                );
+            }
         }
     }
     Ok(())
