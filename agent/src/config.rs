@@ -53,9 +53,9 @@ pub const CONTAINER_RUNTIME_LABEL: (&str, &str) = ("edgebeat.io/container-runtim
 /// Default `transport.keepalive` for gRPC (5 min; see [`TransportConfig::Grpc`]).
 pub const GRPC_KEEPALIVE: Duration = Duration::from_secs(300);
 
-/// Default `transport.keepalive` for MQTT (5 min, the MQTT uplink's
+/// Default `transport.keepalive` for MQTT (30 min, the MQTT uplink's
 /// `DEFAULT_AGENT_KEEPALIVE`; see [`MqttTransport::keepalive`]).
-pub const MQTT_KEEPALIVE: Duration = Duration::from_secs(300);
+pub const MQTT_KEEPALIVE: Duration = Duration::from_secs(1800);
 
 /// `apiVersion` the agent accepts.
 pub const API_VERSION: &str = "edgebeat.io/v1alpha1";
@@ -291,7 +291,7 @@ pub struct MqttTransport {
     /// `transport.topicPrefix` (default `edgebeat/v1`).
     pub topic_prefix: String,
     /// `transport.keepalive`: MQTT Keep Alive, rumqttc's PINGREQ cadence (default
-    /// [`MQTT_KEEPALIVE`], 5 min; at least 5 s, at most 65,535 s). A dead path is noticed
+    /// [`MQTT_KEEPALIVE`], 30 min; at least 5 s, at most 65,535 s). A dead path is noticed
     /// sooner, by `TCP_USER_TIMEOUT` on unacknowledged renewals (README, "MQTT in one
     /// paragraph").
     pub keepalive: Duration,

@@ -617,7 +617,8 @@ impl Agent {
 
     /// Lease loop (kubelet's lease controller): once registered, renew every
     /// `nodeLeaseDurationSeconds` × 0.25 with jitter 0.04; up to [`ATTEMPTS_PER_TICK`]
-    /// attempts per tick; after a failed tick retry with backoff from 200 ms doubling to 7 s.
+    /// attempts per tick; after a failed tick retry with backoff from 200 ms doubling to 7 s,
+    /// or as soon as the transport makes a connection ([`Uplink::connections`]).
     ///
     /// Renewals are quiet (`LeaseRenewal.quiet`): the gateway answers only when one was not
     /// written, so each attempt waits for an answer until the next renewal is due, and
@@ -625,6 +626,7 @@ impl Agent {
     /// before.
     pub async fn lease_loop(self: Arc<Self>, uplink: Uplink, cancel: CancellationToken) {
         let mut registered = uplink.registered();
+        let mut connections = uplink.connections();
         let mut backoff = None;
         let mut lease_state = Vec::new();
         loop {
@@ -639,6 +641,7 @@ impl Agent {
                 }
                 self.liveness.waiting(false);
             }
+            connections.borrow_and_update();
             let delay = if let Some(waited) = self.renew(&uplink, &mut lease_state).await {
                 backoff = None;
                 // A quiet renewal's silence was already the wait.
@@ -655,9 +658,13 @@ impl Agent {
                     .next()
                     .unwrap_or(Duration::from_secs(7))
             };
+            // After a failed tick, a connection coming up ends the backoff: the link is
+            // back, and the Lease has gone unrenewed since the failure.
+            let failing = backoff.is_some();
             tokio::select! {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(delay) => {}
+                Ok(()) = connections.changed(), if failing => {}
             }
         }
     }
@@ -991,6 +998,48 @@ mod tests {
             "the gateway wants the whole status"
         );
         drop(uplink);
+        gateway.abort();
+    }
+
+    /// After failed ticks the lease loop backs off (200 ms doubling to 7 s, as kubelet), but a
+    /// connection coming up ends the wait: the first renewal after an outage goes out with
+    /// the connection, not up to 7 s later.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_coming_up_ends_the_renewal_backoff() {
+        let agent = fixture_agent();
+        let (uplink, mut driver) = edgebeat_transports::uplink::channel(4);
+        driver.registered.send_replace(true);
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (sent_tx, mut sent) = tokio::sync::mpsc::unbounded_channel();
+        let link_up = up.clone();
+        let connections = driver.connections.clone();
+        let gateway = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Some(request) = driver.requests.recv().await {
+                let _ = sent_tx.send(tokio::time::Instant::now());
+                if link_up.load(std::sync::atomic::Ordering::SeqCst) {
+                    held.push(request); // silence: written
+                } else {
+                    let _ = request.reply.send(Err(UplinkError::NotConnected));
+                }
+            }
+        });
+        let cancel = CancellationToken::new();
+        let lease = tokio::spawn(agent.clone().lease_loop(uplink, cancel.clone()));
+        // A minute of outage: the backoff has grown to its 7 s cap.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let back = tokio::time::Instant::now();
+        up.store(true, std::sync::atomic::Ordering::SeqCst);
+        connections.send_modify(|n| *n += 1);
+        let first = loop {
+            let at = sent.recv().await.unwrap();
+            if at >= back {
+                break at;
+            }
+        };
+        assert_eq!(first, back, "the renewal goes with the connection");
+        cancel.cancel();
+        lease.await.unwrap();
         gateway.abort();
     }
 

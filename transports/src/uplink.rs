@@ -64,6 +64,7 @@ pub struct Uplink {
     registered: watch::Receiver<bool>,
     registration: watch::Receiver<NodeRegistration>,
     status_requests: watch::Receiver<u64>,
+    connections: watch::Receiver<u64>,
 }
 
 /// The transport's half of an uplink: requests to send and signals to raise.
@@ -80,6 +81,17 @@ pub struct UplinkDriver {
     /// agent compares it with the count its last report answered, so a request is served
     /// once, by whichever report comes next.
     pub status_requests: watch::Sender<u64>,
+    /// Counts connections made (a gRPC stream opened, an MQTT CONNACK), so that a loop
+    /// backing off after failed sends can try again as soon as one is up (see
+    /// [`Uplink::connections`]); raise it with [`UplinkDriver::connected`].
+    pub connections: watch::Sender<u64>,
+}
+
+impl UplinkDriver {
+    /// Records that a connection is up (see [`UplinkDriver::connections`]).
+    pub fn connected(&self) {
+        self.connections.send_modify(|n| *n = n.wrapping_add(1));
+    }
 }
 
 /// Creates a connected pair of [`Uplink`] and [`UplinkDriver`]. `depth` bounds the
@@ -89,18 +101,21 @@ pub fn channel(depth: usize) -> (Uplink, UplinkDriver) {
     let (registered_tx, registered) = watch::channel(false);
     let (registration_tx, registration) = watch::channel(NodeRegistration::Pending);
     let (status_requests_tx, status_requests) = watch::channel(0);
+    let (connections_tx, connections) = watch::channel(0);
     (
         Uplink {
             tx,
             registered,
             registration,
             status_requests,
+            connections,
         },
         UplinkDriver {
             requests,
             registered: registered_tx,
             registration: registration_tx,
             status_requests: status_requests_tx,
+            connections: connections_tx,
         },
     )
 }
@@ -145,6 +160,14 @@ impl Uplink {
     /// every request.
     pub fn status_requests(&self) -> watch::Receiver<u64> {
         self.status_requests.clone()
+    }
+
+    /// How many connections the transport has made; the receiver changes when one comes
+    /// up (a gRPC stream opened, an MQTT CONNACK). A loop backing off after failed sends
+    /// waits on it too, so that after an outage the first renewal goes out as soon as the
+    /// link is back rather than when the backoff (up to 7 s) ends.
+    pub fn connections(&self) -> watch::Receiver<u64> {
+        self.connections.clone()
     }
 }
 

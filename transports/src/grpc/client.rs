@@ -301,6 +301,7 @@ async fn session(
     };
     let mut state = Session::new();
     state.register_sent(register_seq);
+    driver.connected();
     let register_retry = tokio::time::sleep(Duration::MAX);
     tokio::pin!(register_retry);
     let mut retry_armed = false;

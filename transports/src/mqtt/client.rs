@@ -36,13 +36,15 @@ const REGISTER_TIMEOUT_MAX: Duration = Duration::from_secs(60);
 /// publish per 30 s.
 const CERTIFICATE_REPUBLISH_MIN_INTERVAL: Duration = Duration::from_secs(30);
 
-/// Default MQTT keepalive of the agent, 5 min: with renewals every 10 s the broker hears from
+/// Default MQTT keepalive of the agent, 30 min: with renewals every 10 s the broker hears from
 /// a live agent anyway, and a dead path to the broker is noticed from unacknowledged renewals
 /// ([`DEFAULT_USER_TIMEOUT`]), so PINGREQ only has to keep the broker's own limit
-/// (1.5 × keepalive) for a silent client. Each PINGREQ/PINGRESP exchange costs about 240 B on
-/// the link with TCP's headers and ACKs, and rumqttc sends one every keepalive whatever else
-/// was sent (0.63 MB a day at 30 s; BENCHMARKS.md, "MQTT headers left to the topic").
-pub const DEFAULT_AGENT_KEEPALIVE: Duration = Duration::from_secs(300);
+/// (1.5 × keepalive, 45 min) for a client that went silent without closing. Each
+/// PINGREQ/PINGRESP exchange costs about 240 B on the link with TCP's headers and ACKs, and
+/// rumqttc sends one every keepalive whatever else was sent: 0.63 MB a day at 30 s, 0.07 MB
+/// at 5 min, 0.01 MB at 30 min (BENCHMARKS.md, "Bytes on a metered link"). It is the MQTT
+/// counterpart of the gRPC uplink's pings only when idle.
+pub const DEFAULT_AGENT_KEEPALIVE: Duration = Duration::from_secs(1800);
 
 /// Default [`MqttUplinkOptions::user_timeout`], 20 s: the gRPC uplink's `TCP_USER_TIMEOUT`
 /// (twice its keepalive timeout). With renewals every 10 s, a path that died without a reset
@@ -63,7 +65,7 @@ pub struct MqttUplinkOptions {
     pub credentials: Option<(String, String)>,
     /// Prefix of every topic (default [`DEFAULT_TOPIC_PREFIX`]); see [the module docs](super).
     pub topic_prefix: String,
-    /// MQTT keepalive (default [`DEFAULT_AGENT_KEEPALIVE`], 5 min; at least 5 s): rumqttc's
+    /// MQTT keepalive (default [`DEFAULT_AGENT_KEEPALIVE`], 30 min; at least 5 s): rumqttc's
     /// PINGREQ cadence, and the broker drops a client silent for 1.5 × this. Not what
     /// notices a dead path while renewals flow: see `user_timeout`.
     pub keepalive: Duration,
@@ -492,6 +494,7 @@ impl Link {
                 {
                     tracing::warn!(%error, "could not queue the acks subscription");
                 }
+                driver.connected();
                 if self.resume {
                     self.session = Some(Session::resumed(self.resume_compact));
                     return Timer::Disarm;

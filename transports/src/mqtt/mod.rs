@@ -58,7 +58,7 @@ pub const DEFAULT_TOPIC_PREFIX: &str = "edgebeat/v1";
 pub const DEFAULT_SHARE_GROUP: &str = "edgebeat-gateway";
 
 /// Default MQTT keepalive of the gateway's ingress, 30 s (the agent's is
-/// `DEFAULT_AGENT_KEEPALIVE`, 5 min, as `TCP_USER_TIMEOUT` watches its path).
+/// `DEFAULT_AGENT_KEEPALIVE`, 30 min, as `TCP_USER_TIMEOUT` watches its path).
 ///
 /// Tuned for flaky links: the broker declares a silent client dead after 1.5 × keepalive
 /// (45 s, then the Last Will goes out) and rumqttc after a ping unanswered for one keepalive,
