@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,7 +20,9 @@ use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
 use crate::harness::{Cluster, Transport};
-use crate::link::{AGENT_INTERFACE, GATEWAY_IP, HOST_INTERFACE, Link, NAMESPACE, forward};
+use crate::link::{
+    AGENT_INTERFACE, GATEWAY_IP, HOST_INTERFACE, Link, NAMESPACE, forward, run_tool,
+};
 
 /// What happens to the link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,7 +280,7 @@ pub fn max_age(writes: &[Timestamp], from: Timestamp, to: Timestamp) -> Duration
 /// Takes the fault on (`on`) or off.
 fn apply(fault: Fault, on: bool) -> anyhow::Result<()> {
     match fault {
-        Fault::Cut(_) => run_cmd(
+        Fault::Cut(_) => run_tool(
             "ip",
             &[
                 "link",
@@ -304,27 +305,11 @@ fn apply(fault: Fault, on: bool) -> anyhow::Result<()> {
                 } else {
                     args.extend(["qdisc", "del", "dev", dev, "root"]);
                 }
-                run_cmd("tc", &args)?;
+                run_tool("tc", &args)?;
             }
             Ok(())
         }
     }
-}
-
-fn run_cmd(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {program}"))?;
-    if !out.status.success() {
-        bail!(
-            "{program} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
 }
 
 /// VmRSS of this process in KiB (0 if unreadable).

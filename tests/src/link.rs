@@ -77,14 +77,21 @@ pub struct Link {
 pub const LOCK_FILE: &str = "/run/edgebeat-link.lock";
 
 fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("ip")
+    run_tool("ip", args)
+}
+
+/// Runs `program` (`ip`, `tc`) with `args` to completion.
+///
+/// Errors: it cannot start, or exits unsuccessfully (its stderr in the message).
+pub(crate) fn run_tool(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .context("running ip (iproute2)")?;
+        .with_context(|| format!("running {program} (iproute2)"))?;
     if !out.status.success() {
         bail!(
-            "ip {}: {}",
+            "{program} {}: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         );
