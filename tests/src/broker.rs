@@ -107,6 +107,11 @@ impl Broker {
         self.port
     }
 
+    /// The broker process's id while it runs (for its RSS and open files in /proc).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
     /// The broker's host, `127.0.0.1`.
     pub fn host(&self) -> &str {
         "127.0.0.1"

@@ -16,6 +16,10 @@
 //!   sample (a node the node lifecycle controller would have marked NotReady);
 //! - `gateway_rss_mib` (VmRSS at the end), `gateway_rss_per_node_kib`, `gateway_cpu_s_per_s`;
 //! - `sim_rss_mib`, `sim_rss_per_node_kib` (this process, the stand-in included);
+//! - for a soak, from the progress lines after the warm-up: `gateway_rss_slope_kib_per_min`
+//!   (least-squares slope of the gateway's VmRSS), `gateway_fds_first`/`_last` (entries of
+//!   /proc/<pid>/fd, summed over replicas), and `broker_rss_slope_kib_per_min`,
+//!   `broker_fds_first`/`_last` for Mosquitto;
 //! - `apiserver_<METHOD>_<resource>_per_node_hour`: requests the stand-in answered 2xx.
 //!
 //! With `--ack-only` the gateway is replaced by a subscriber that only acknowledges: this
@@ -267,6 +271,24 @@ fn figures_of(pids: &[u32]) -> (u64, f64) {
         .fold((0, 0.0), |(rss, cpu), (r, c)| (rss + r, cpu + c))
 }
 
+/// Open file descriptors of `pid` (entries of /proc/<pid>/fd; 0 if unreadable).
+fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// Least-squares slope of `points` (x, y); 0 with fewer than two distinct x.
+fn least_squares_slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    let (sx, sy) = points
+        .iter()
+        .fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (num, den) = points.iter().fold((0.0, 0.0), |(num, den), (x, y)| {
+        (num + (x - mx) * (y - my), den + (x - mx) * (x - mx))
+    });
+    if den > 0.0 { num / den } else { 0.0 }
+}
+
 /// `(VmRSS KiB, utime+stime seconds)` of `pid` from /proc.
 fn process_figures(pid: u32) -> Option<(u64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -477,6 +499,10 @@ async fn main() -> anyhow::Result<()> {
     let mut last_messages = 0u64;
     let measured_from = started + Duration::from_secs(args.ramp);
     let mut messages_at_measure = None;
+    let broker_pid = broker.as_ref().and_then(Broker::pid);
+    // (minutes since start, gateway RSS KiB, gateway fds, broker RSS KiB, broker fds) per
+    // progress line after the warm-up.
+    let mut soak: Vec<(f64, f64, usize, f64, usize)> = Vec::new();
     println!(
         "nodes={} transport={:?} replicas={} renew_interval_s={} ack_only={} mtls={} apiserver_latency_ms={} gateway_args={:?}",
         args.nodes,
@@ -525,6 +551,16 @@ async fn main() -> anyhow::Result<()> {
                 rss as f64 / 1024.0,
                 cpu - cpu_start,
             );
+            if started.elapsed() >= warm_up {
+                let (broker_rss, _) = broker_pid.and_then(process_figures).unwrap_or_default();
+                soak.push((
+                    started.elapsed().as_secs_f64() / 60.0,
+                    rss as f64,
+                    pids.iter().map(|p| open_files(*p)).sum(),
+                    broker_rss as f64,
+                    broker_pid.map_or(0, open_files),
+                ));
+            }
             all_latencies.extend(window);
             last_messages = messages;
             last_report = tokio::time::Instant::now();
@@ -608,6 +644,21 @@ async fn main() -> anyhow::Result<()> {
         "sim_rss_per_node_kib",
         format!("{:.1}", sim_rss as f64 / args.nodes as f64),
     );
+    if soak.len() >= 2 {
+        let (first, last) = (soak[0], soak[soak.len() - 1]);
+        let slope = |y: fn(&(f64, f64, usize, f64, usize)) -> f64| {
+            let points: Vec<(f64, f64)> = soak.iter().map(|s| (s.0, y(s))).collect();
+            format!("{:.1}", least_squares_slope(&points))
+        };
+        put("gateway_rss_slope_kib_per_min", slope(|s| s.1));
+        put("gateway_fds_first", first.2.to_string());
+        put("gateway_fds_last", last.2.to_string());
+        if broker_pid.is_some() {
+            put("broker_rss_slope_kib_per_min", slope(|s| s.3));
+            put("broker_fds_first", first.4.to_string());
+            put("broker_fds_last", last.4.to_string());
+        }
+    }
     let node_hours = args.nodes as f64 * elapsed / 3600.0;
     for (key, count) in standin.request_counts() {
         let mut parts = key.split(' ');

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Soak: 10,000 simulated nodes for an hour at kubelet's cadence, through the real gateway
+# binary (and Mosquitto for MQTT). Prints edgebeat-fleet's progress lines and summary, with
+# the gateway's and broker's RSS slopes and open files (RELIABILITY.md, "Soak").
+#
+#   scripts/soak.sh                   # MQTT, 10,000 nodes, 3,600 s
+#   TRANSPORTS="grpc mqtt" scripts/soak.sh 10000 3600
+#   scripts/soak.sh 2000 600          # shorter
+#
+# Extra arguments after the first two go to edgebeat-fleet (e.g. --reboots-per-minute 10).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+nodes=${1:-10000}
+duration=${2:-3600}
+shift $(( $# > 2 ? 2 : $# ))
+TRANSPORTS=${TRANSPORTS:-mqtt} exec scripts/fleet.sh "$nodes" "$duration" "$@"
