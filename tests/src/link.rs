@@ -399,7 +399,9 @@ pub fn agent_binary() -> anyhow::Result<std::path::PathBuf> {
 /// the real `edgebeat-agent` binary in the link's namespace at kubelet's default cadence
 /// (Lease renewed every 10 s), and counts three steady windows of `window` each (see
 /// [`Measurement`]); the second reports status every `report_every`. `keepalive` sets
-/// `transport.keepalive` (`None`: the agent's default).
+/// `transport.keepalive` (`None`: the agent's default). `agent_sysctls` (`key=value`, e.g.
+/// `net.ipv4.tcp_timestamps=0`) are set in the agent's namespace: host tuning an operator
+/// could apply on the board.
 ///
 /// Errors: the link, the cluster or the agent could not start, or the agent did not
 /// register within a minute.
@@ -408,9 +410,20 @@ pub async fn measure(
     window: std::time::Duration,
     report_every: std::time::Duration,
     keepalive: Option<std::time::Duration>,
+    agent_sysctls: &[String],
 ) -> anyhow::Result<Measurement> {
     use crate::harness::{Cluster, Transport, gateway_options, mtls_options};
     let link = Link::create()?;
+    for setting in agent_sysctls {
+        anyhow::ensure!(
+            setting.contains('='),
+            "{setting:?}: expected key=value, e.g. net.ipv4.tcp_timestamps=0"
+        );
+        run_tool(
+            "ip",
+            &["netns", "exec", NAMESPACE, "sysctl", "-q", "-w", setting],
+        )?;
+    }
     let site = crate::pki::Ca::new("edgebeat site CA");
     let cluster = match case {
         Case::Grpc => Cluster::start(Transport::Grpc).await?,

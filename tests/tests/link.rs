@@ -16,9 +16,15 @@ async fn the_link_is_measured_on_both_transports() {
         return;
     }
     for case in [Case::Grpc, Case::Mqtt] {
-        let m = measure(case, Duration::from_secs(12), Duration::from_secs(10), None)
-            .await
-            .unwrap();
+        let m = measure(
+            case,
+            Duration::from_secs(12),
+            Duration::from_secs(10),
+            None,
+            &[],
+        )
+        .await
+        .unwrap();
         let r = &m.renewals;
         println!(
             "{}: {} renewals, {} B in 12 s; {:.0} B per periodic report, {:.0} B per flip; {:.2} MB/node-day",

@@ -35,6 +35,10 @@ struct Args {
     /// transports).
     #[arg(long)]
     keepalive: Option<u64>,
+    /// A kernel setting for the agent's side, `key=value` (repeatable), e.g.
+    /// `net.ipv4.tcp_timestamps=0`: host tuning an operator could apply on the board.
+    #[arg(long = "agent-sysctl")]
+    agent_sysctls: Vec<String>,
     /// Cases to run: grpc, grpc-mtls, mqtt, mqtt-tls (default: all).
     #[arg(long = "case", value_parser = parse_case)]
     cases: Vec<Case>,
@@ -71,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
             window,
             Duration::from_secs(args.report_every),
             args.keepalive.map(Duration::from_secs),
+            &args.agent_sysctls,
         )
         .await
         .with_context(|| case.name())?;
