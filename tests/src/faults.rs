@@ -1,4 +1,4 @@
-//! Faults on a real network path: real `edgebeat-agent` processes, some in the network
+//! Faults on a real network path and at the apiserver: real `edgebeat-agent` processes, some in the network
 //! namespace of a [`Link`] (the "cut" nodes) and some on loopback (the control nodes), one
 //! cluster (the stand-in apiserver, a gateway and, for MQTT, Mosquitto) on this side. The
 //! link is cut by taking its gateway-side veth end down (`ip link set … down`), or slowed by
@@ -37,6 +37,23 @@ pub enum Fault {
         /// How long the limit stays.
         length: Duration,
     },
+    /// The apiserver (the stand-in) answers every request with `code` for `length`: 503
+    /// (down, a rolling restart) or 429 (API Priority and Fairness shedding load, with
+    /// `Retry-After: 1`). Every node is affected; the link stays up.
+    Apiserver {
+        /// HTTP status of every answer.
+        code: u16,
+        /// How long.
+        length: Duration,
+    },
+    /// The next `times` Lease PUTs are answered 409 Conflict (another writer got there
+    /// first), then the fault ends after `length`.
+    LeaseConflicts {
+        /// PUTs answered 409.
+        times: u32,
+        /// How long the window lasts.
+        length: Duration,
+    },
 }
 
 impl Fault {
@@ -44,7 +61,9 @@ impl Fault {
     pub fn length(self) -> Duration {
         match self {
             Fault::Cut(d) => d,
-            Fault::Slow { length, .. } => length,
+            Fault::Slow { length, .. }
+            | Fault::Apiserver { length, .. }
+            | Fault::LeaseConflicts { length, .. } => length,
         }
     }
 
@@ -54,6 +73,12 @@ impl Fault {
             Fault::Cut(d) => format!("link cut {} s", d.as_secs()),
             Fault::Slow { kbit, length } => {
                 format!("tbf {kbit} kbit/s both ways, {} s", length.as_secs())
+            }
+            Fault::Apiserver { code, length } => {
+                format!("apiserver answers {code}, {} s", length.as_secs())
+            }
+            Fault::LeaseConflicts { times, length } => {
+                format!("{times} Lease PUTs answered 409, {} s", length.as_secs())
             }
         }
     }
@@ -91,9 +116,10 @@ pub struct Outcome {
     /// For each cut node, time from the fault's end to its first Lease write after it;
     /// the largest. `None` when some cut node had not renewed by the deadline.
     pub recovery: Option<Duration>,
-    /// Lease writes of cut nodes stamped while the link was down (from 1 s after the cut
-    /// to its end): nothing can cross a cut link, so each would be a renewal held back and
-    /// written late. 0 for a slow link (not applicable).
+    /// Lease writes of cut nodes stamped from 1 s into a cut or an apiserver outage to its
+    /// end: nothing can cross a cut link or be written to an apiserver that is down, so each
+    /// would be a renewal held back and written late. 0 where not applicable (a slow link,
+    /// conflicts).
     pub stale_writes: usize,
     /// Lease writes of cut nodes during the fault.
     pub writes_during_fault: usize,
@@ -188,9 +214,9 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
     let watched_from = Timestamp::now() - jiff::SignedDuration::try_from(lease)?;
 
     let fault_start = Timestamp::now();
-    apply(scenario.fault, true)?;
+    apply(&cluster, scenario.fault, true)?;
     tokio::time::sleep(scenario.fault.length()).await; // the fault's own length
-    apply(scenario.fault, false)?;
+    apply(&cluster, scenario.fault, false)?;
     let fault_end = Timestamp::now();
 
     // Every cut node renews after the fault, within three lease durations.
@@ -252,8 +278,8 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
         max_age_control: control_ages.into_iter().max().unwrap_or_default(),
         recovery,
         stale_writes: match scenario.fault {
-            Fault::Cut(_) => in_span(stale_from, fault_end),
-            Fault::Slow { .. } => 0,
+            Fault::Cut(_) | Fault::Apiserver { .. } => in_span(stale_from, fault_end),
+            Fault::Slow { .. } | Fault::LeaseConflicts { .. } => 0,
         },
         writes_during_fault: in_span(fault_start, fault_end),
         rss_kib: (rss_before, rss_after),
@@ -278,8 +304,32 @@ pub fn max_age(writes: &[Timestamp], from: Timestamp, to: Timestamp) -> Duration
 }
 
 /// Takes the fault on (`on`) or off.
-fn apply(fault: Fault, on: bool) -> anyhow::Result<()> {
+fn apply(cluster: &Cluster, fault: Fault, on: bool) -> anyhow::Result<()> {
+    use crate::standin::FaultRule;
     match fault {
+        Fault::Apiserver { code, .. } => {
+            if on {
+                cluster
+                    .standin
+                    .inject(FaultRule::status(None, "", code, u32::MAX));
+            } else {
+                cluster.standin.clear_faults();
+            }
+            Ok(())
+        }
+        Fault::LeaseConflicts { times, .. } => {
+            if on {
+                cluster.standin.inject(FaultRule::status(
+                    Some(http::Method::PUT),
+                    "/leases/",
+                    409,
+                    times,
+                ));
+            } else {
+                cluster.standin.clear_faults();
+            }
+            Ok(())
+        }
         Fault::Cut(_) => run_tool(
             "ip",
             &[

@@ -1,11 +1,12 @@
-//! `edgebeat-faults`: faults on a real network path, measured.
+//! `edgebeat-faults`: faults on a real network path and at the apiserver, measured.
 //!
 //! Each row runs real `edgebeat-agent` processes, some in a network namespace behind a veth
 //! pair (the cut nodes) and some on loopback (the control nodes), against a gateway, the
 //! stand-in apiserver and (MQTT) Mosquitto, at kubelet's cadence, then cuts or slows the
-//! link ([`edgebeat_tests::faults`]) and prints one table row: lease expiries of cut and
-//! control nodes, the largest Lease age, how long after the link returned every cut node
-//! renewed, Lease writes stamped while the link was down, and this process's RSS.
+//! link, or makes the apiserver fail ([`edgebeat_tests::faults`]), and prints one table
+//! row: lease expiries of cut and control nodes, the largest Lease age, how long after the
+//! fault every cut node renewed, Lease writes stamped during the fault, and this process's
+//! RSS.
 //!
 //! Run as root: `scripts/faults.sh` (it builds this and the agent, release).
 
@@ -40,6 +41,11 @@ struct Args {
     /// Length of the slow spell, seconds.
     #[arg(long, default_value_t = 60)]
     slow_length: u64,
+    /// Length of the apiserver's outage (503) and overload (429) spells, seconds; 0 skips
+    /// the apiserver rows. They run on the first transport only: the gateway's writes to
+    /// the apiserver do not depend on the agents' transport.
+    #[arg(long, default_value_t = 60)]
+    apiserver_fault: u64,
     /// Transports: grpc, mqtt (default both).
     #[arg(long = "transport")]
     transports: Vec<String>,
@@ -81,8 +87,28 @@ async fn main() -> anyhow::Result<()> {
         args.lease_duration, args.cut_nodes, args.control_nodes
     );
     println!("{}", header());
-    for transport in transports {
-        for fault in faults {
+    let apiserver = Duration::from_secs(args.apiserver_fault);
+    let apiserver_faults = [
+        Fault::Apiserver {
+            code: 503,
+            length: apiserver,
+        },
+        Fault::Apiserver {
+            code: 429,
+            length: apiserver,
+        },
+        Fault::LeaseConflicts {
+            times: 20,
+            length: Duration::from_secs(30),
+        },
+    ];
+    for (i, transport) in transports.into_iter().enumerate() {
+        let extra = if i == 0 && !apiserver.is_zero() {
+            &apiserver_faults[..]
+        } else {
+            &[]
+        };
+        for &fault in faults.iter().chain(extra) {
             let outcome = run(Scenario {
                 transport,
                 fault,
