@@ -27,6 +27,10 @@ pub const AGENT_INTERFACE: &str = "eb-link-agent";
 pub const GATEWAY_IP: &str = "10.213.0.1";
 /// Address of the agent side of the link.
 pub const AGENT_IP: &str = "10.213.0.2";
+/// MAC address of the gateway side (locally administered).
+const HOST_MAC: &str = "02:eb:00:00:00:01";
+/// MAC address of the agent side (locally administered).
+const AGENT_MAC: &str = "02:eb:00:00:00:02";
 
 /// Interface counters of the gateway-side veth end: `rx` is what the agent sent, `tx` what
 /// it received. Frames are counted whole (14-byte Ethernet header included, no FCS).
@@ -119,8 +123,12 @@ fn sysctl_ipv6_off(namespace: Option<&str>, interface: &str) -> anyhow::Result<(
 
 impl Link {
     /// Waits for [`LOCK_FILE`], then creates the namespace and the veth pair, addresses
-    /// both ends (`/30`), turns IPv6 off on both (nothing but the agent's traffic is
-    /// counted) and brings them up, after removing a link left by an earlier run.
+    /// both ends (`/30`), turns IPv6 off on both and gives each a permanent neighbour entry
+    /// for the other (nothing but the agent's traffic is counted: a metered cellular or
+    /// satellite uplink carries IP only, on a raw-IP or point-to-point interface without
+    /// ARP, while a veth pair would otherwise refresh its neighbour entries with an ARP
+    /// exchange about every 50 s, about 0.15 MB a day) and brings them up, after removing a
+    /// link left by an earlier run.
     ///
     /// Errors: not root, no `ip` command, or the kernel refuses (no veth, no namespaces).
     pub fn create() -> anyhow::Result<Link> {
@@ -136,11 +144,15 @@ impl Link {
             "link",
             "add",
             HOST_INTERFACE,
+            "address",
+            HOST_MAC,
             "type",
             "veth",
             "peer",
             "name",
             AGENT_INTERFACE,
+            "address",
+            AGENT_MAC,
             "netns",
             NAMESPACE,
         ])?;
@@ -156,6 +168,17 @@ impl Link {
         sysctl_ipv6_off(Some(NAMESPACE), AGENT_INTERFACE)?;
         ip(&["link", "set", HOST_INTERFACE, "up"])?;
         ip(&[
+            "neigh",
+            "replace",
+            AGENT_IP,
+            "lladdr",
+            AGENT_MAC,
+            "dev",
+            HOST_INTERFACE,
+            "nud",
+            "permanent",
+        ])?;
+        ip(&[
             "-n",
             NAMESPACE,
             "addr",
@@ -165,6 +188,19 @@ impl Link {
             AGENT_INTERFACE,
         ])?;
         ip(&["-n", NAMESPACE, "link", "set", AGENT_INTERFACE, "up"])?;
+        ip(&[
+            "-n",
+            NAMESPACE,
+            "neigh",
+            "replace",
+            GATEWAY_IP,
+            "lladdr",
+            HOST_MAC,
+            "dev",
+            AGENT_INTERFACE,
+            "nud",
+            "permanent",
+        ])?;
         ip(&["-n", NAMESPACE, "link", "set", "lo", "up"])?;
         Ok(link)
     }
