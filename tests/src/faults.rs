@@ -113,21 +113,22 @@ pub struct Outcome {
     pub max_age_cut: Duration,
     /// Largest Lease age of a control node over the same span.
     pub max_age_control: Duration,
-    /// For each cut node, time from the fault's end to its first Lease write after it;
-    /// the largest. `None` when some cut node had not renewed by the deadline.
+    /// For each affected node (the cut nodes for a fault of the link, every node for one of
+    /// the apiserver), time from the fault's end to its first Lease write after it; the
+    /// largest. `None` when some affected node had not renewed by the deadline.
     pub recovery: Option<Duration>,
-    /// Lease writes of cut nodes stamped from 1 s into a cut or an apiserver outage to its
+    /// Lease writes of affected nodes stamped from 1 s into a cut or an apiserver outage to its
     /// end: nothing can cross a cut link or be written to an apiserver that is down, so each
     /// would be a renewal held back and written late. 0 where not applicable (a slow link,
     /// conflicts).
     pub stale_writes: usize,
-    /// Lease writes of cut nodes during the fault.
+    /// Lease writes of affected nodes during the fault.
     pub writes_during_fault: usize,
     /// VmRSS of this process (stand-in, gateway and relay run in it), KiB, before and after.
     pub rss_kib: (u64, u64),
-    /// Gaps longer than 1.5 renew intervals between two Lease writes of a control node:
-    /// `(node, the write that ended the gap, the gap)`. Empty when the fault stayed on the
-    /// link.
+    /// For a fault of the link, gaps longer than 1.5 renew intervals between two Lease writes
+    /// of a control node: `(node, the write that ended the gap, the gap)`. Empty when the
+    /// fault stayed on the link (and for apiserver faults, which reach every node).
     pub control_gaps: Vec<(String, Timestamp, Duration)>,
 }
 
@@ -219,10 +220,16 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
     apply(&cluster, scenario.fault, false)?;
     let fault_end = Timestamp::now();
 
-    // Every cut node renews after the fault, within three lease durations.
+    // Every affected node renews after the fault, within three lease durations: the cut
+    // nodes for a fault of the link, every node for one of the apiserver.
+    let affected: &[String] = match scenario.fault {
+        Fault::Cut(_) | Fault::Slow { .. } => &cut,
+        Fault::Apiserver { .. } | Fault::LeaseConflicts { .. } => &everyone,
+    };
     let recovered = writes
         .until(lease * 3, |w| {
-            cut.iter()
+            affected
+                .iter()
                 .all(|n| w.get(n).is_some_and(|t| t.iter().any(|&x| x > fault_end)))
         })
         .await;
@@ -239,7 +246,8 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
     let expired = |ages: &[Duration]| ages.iter().filter(|a| **a > lease).count();
     let stale_from = fault_start + jiff::SignedDuration::from_secs(1);
     let in_span = |from: Timestamp, to: Timestamp| {
-        cut.iter()
+        affected
+            .iter()
             .map(|n| {
                 written
                     .get(n)
@@ -248,15 +256,18 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
             .sum::<usize>()
     };
     let recovery = recovered.then(|| {
-        cut.iter()
+        affected
+            .iter()
             .filter_map(|n| written.get(n)?.iter().find(|&&x| x > fault_end).copied())
             .map(|x| Duration::try_from(x - fault_end).unwrap_or_default())
             .max()
             .unwrap_or_default()
     });
     let renew = lease / 4;
+    let link_fault = matches!(scenario.fault, Fault::Cut(_) | Fault::Slow { .. });
     let control_gaps = control
         .iter()
+        .filter(|_| link_fault)
         .flat_map(|n| {
             let times = written.get(n).cloned().unwrap_or_default();
             times
