@@ -375,15 +375,7 @@ fn apply(cluster: &Cluster, fault: Fault, on: bool) -> anyhow::Result<()> {
 
 /// VmRSS of this process in KiB (0 if unreadable).
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    crate::procfs::vm_rss_kib(std::process::id()).unwrap_or(0)
 }
 
 fn logs(dir: &std::path::Path, names: &[String]) -> String {

@@ -18,6 +18,7 @@ pub mod harness;
 pub mod link;
 pub mod messages;
 pub mod pki;
+pub mod procfs;
 pub mod requests;
 pub mod spy;
 pub mod standin;

@@ -221,6 +221,15 @@ impl Link {
             .is_ok_and(|s| s.success())
     }
 
+    /// Errors unless [`Link::available`]: for benchmarks, which cannot measure without it.
+    pub fn require() -> anyhow::Result<()> {
+        anyhow::ensure!(
+            Self::available(),
+            "needs root with `ip netns` (network namespaces and veth pairs)"
+        );
+        Ok(())
+    }
+
     /// The gateway-side counters now.
     ///
     /// Errors: the interface is gone or its statistics unreadable.

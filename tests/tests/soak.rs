@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use edgebeat_tests::fleet::{FleetOptions, FleetStats, FleetTransport, run_fleet};
 use edgebeat_tests::harness::{Cluster, Transport, wait_for};
+use edgebeat_tests::procfs::{open_files, vm_rss_kib};
 use tokio_util::sync::CancellationToken;
 
 const NODES: usize = 500;
@@ -19,20 +20,8 @@ const RUN: Duration = Duration::from_secs(120);
 /// Open files may move by a few (a connection being made, a log file) but not per reboot.
 const FD_SLACK: usize = 16;
 
-fn open_files(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
-}
-
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    vm_rss_kib(pid).unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

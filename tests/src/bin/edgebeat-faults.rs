@@ -57,10 +57,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    anyhow::ensure!(
-        Link::available(),
-        "needs root with `ip netns` (network namespaces and veth pairs)"
-    );
+    Link::require()?;
     let renew = u64::from(args.lease_duration) / 4;
     let short = args
         .short_cut

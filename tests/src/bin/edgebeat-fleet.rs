@@ -40,6 +40,7 @@ use anyhow::Context;
 use clap::Parser;
 use edgebeat_tests::broker::Broker;
 use edgebeat_tests::fleet::{FleetOptions, FleetStats, FleetTransport, quantile, run_fleet};
+use edgebeat_tests::procfs::{open_files, vm_rss_kib};
 use edgebeat_tests::standin::StandIn;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -271,11 +272,6 @@ fn figures_of(pids: &[u32]) -> (u64, f64) {
         .fold((0, 0.0), |(rss, cpu), (r, c)| (rss + r, cpu + c))
 }
 
-/// Open file descriptors of `pid` (entries of /proc/<pid>/fd; 0 if unreadable).
-fn open_files(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
-}
-
 /// Least-squares slope of `points` (x, y); 0 with fewer than two distinct x.
 fn least_squares_slope(points: &[(f64, f64)]) -> f64 {
     let n = points.len() as f64;
@@ -291,14 +287,7 @@ fn least_squares_slope(points: &[(f64, f64)]) -> f64 {
 
 /// `(VmRSS KiB, utime+stime seconds)` of `pid` from /proc.
 fn process_figures(pid: u32) -> Option<(u64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
+    let rss = vm_rss_kib(pid)?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised command: utime and stime are the 12th and 13th.
     let after = stat.rsplit_once(')')?.1;

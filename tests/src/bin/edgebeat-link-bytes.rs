@@ -51,10 +51,7 @@ fn parse_case(text: &str) -> Result<Case, String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    anyhow::ensure!(
-        Link::available(),
-        "needs root with `ip netns` (network namespaces and veth pairs)"
-    );
+    Link::require()?;
     let cases = if args.cases.is_empty() {
         Case::ALL.to_vec()
     } else {
