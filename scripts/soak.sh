@@ -8,6 +8,8 @@
 #   scripts/soak.sh 2000 600          # shorter
 #
 # Extra arguments after the first two go to edgebeat-fleet (e.g. --reboots-per-minute 10).
+# The slopes and open-file counts come from the progress lines (one a minute) after the
+# warm-up (ramp + one lease duration), so a run needs a few minutes to print them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
