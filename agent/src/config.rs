@@ -53,9 +53,9 @@ pub const CONTAINER_RUNTIME_LABEL: (&str, &str) = ("edgebeat.io/container-runtim
 /// Default `transport.keepalive` for gRPC (5 min; see [`TransportConfig::Grpc`]).
 pub const GRPC_KEEPALIVE: Duration = Duration::from_secs(300);
 
-/// Default `transport.keepalive` for MQTT (30 min, the MQTT uplink's
-/// `DEFAULT_AGENT_KEEPALIVE`; see [`MqttTransport::keepalive`]).
-pub const MQTT_KEEPALIVE: Duration = Duration::from_secs(1800);
+/// Default `transport.keepalive` for MQTT: 30 min, the one the MQTT uplink defaults to too
+/// (see [`MqttTransport::keepalive`] and the constant's own docs for why).
+pub use edgebeat_transports::endpoint::MQTT_AGENT_KEEPALIVE as MQTT_KEEPALIVE;
 
 /// `apiVersion` the agent accepts.
 pub const API_VERSION: &str = "edgebeat.io/v1alpha1";

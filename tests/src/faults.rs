@@ -15,13 +15,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
 use crate::harness::{Cluster, Transport};
 use crate::link::{
-    AGENT_INTERFACE, GATEWAY_IP, HOST_INTERFACE, Link, NAMESPACE, forward, run_tool,
+    AGENT_INTERFACE, GATEWAY_IP, HOST_INTERFACE, Link, NAMESPACE, forward, run_tool, spawn_agent,
 };
 
 /// What happens to the link.
@@ -67,7 +67,13 @@ impl Fault {
         }
     }
 
-    /// A short description for tables, e.g. `cut 15 s` or `tbf 8 kbit/s, 60 s`.
+    /// Whether the fault is on the link (a cut, a slow link), reaching only the nodes behind
+    /// it; otherwise it is the apiserver's and reaches every node.
+    pub fn on_link(self) -> bool {
+        matches!(self, Fault::Cut(_) | Fault::Slow { .. })
+    }
+
+    /// A short description for tables, e.g. `link cut 20 s` or `tbf 8 kbit/s both ways, 60 s`.
     pub fn describe(self) -> String {
         match self {
             Fault::Cut(d) => format!("link cut {} s", d.as_secs()),
@@ -117,10 +123,10 @@ pub struct Outcome {
     /// the apiserver), time from the fault's end to its first Lease write after it; the
     /// largest. `None` when some affected node had not renewed by the deadline.
     pub recovery: Option<Duration>,
-    /// Lease writes of affected nodes stamped from 1 s into a cut or an apiserver outage to its
-    /// end: nothing can cross a cut link or be written to an apiserver that is down, so each
-    /// would be a renewal held back and written late. 0 where not applicable (a slow link,
-    /// conflicts).
+    /// Lease writes of cut nodes stamped from 1 s into a cut to its end: nothing can cross a
+    /// cut link, so each would be a renewal the gateway held back and wrote late. 0 for other
+    /// faults, where it would not tell (a slow link and conflicts let writes through; during
+    /// an apiserver outage no write can succeed at all).
     pub stale_writes: usize,
     /// Lease writes of affected nodes during the fault.
     pub writes_during_fault: usize,
@@ -134,7 +140,7 @@ pub struct Outcome {
 
 /// Runs `scenario`: starts the cluster, the link and the agents, waits until every node
 /// renewed twice, applies the fault for its length, waits (up to three lease durations) for
-/// every cut node to renew after it, watches one more lease duration and reports.
+/// every affected node to renew after it, watches one more lease duration and reports.
 ///
 /// Errors: the link, the cluster or an agent could not start, a node never renewed, or a
 /// `tc`/`ip` command failed.
@@ -178,23 +184,15 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
             ),
         )?;
         let binary = crate::link::agent_binary()?;
-        let mut command = if behind {
+        let command = if behind {
             link.command(&binary)
         } else {
             let mut c = tokio::process::Command::new(&binary);
             c.kill_on_drop(true);
             c
         };
-        let log = std::fs::File::create(dir.path().join(format!("{name}.log")))?;
-        let child = command
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "warn")
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting edgebeat-agent for {name}"))?;
-        agents.push(child);
+        let log = dir.path().join(format!("{name}.log"));
+        agents.push(spawn_agent(command, &config, &log)?);
         if behind { &mut cut } else { &mut control }.push(name);
     }
 
@@ -222,9 +220,10 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
 
     // Every affected node renews after the fault, within three lease durations: the cut
     // nodes for a fault of the link, every node for one of the apiserver.
-    let affected: &[String] = match scenario.fault {
-        Fault::Cut(_) | Fault::Slow { .. } => &cut,
-        Fault::Apiserver { .. } | Fault::LeaseConflicts { .. } => &everyone,
+    let affected: &[String] = if scenario.fault.on_link() {
+        &cut
+    } else {
+        &everyone
     };
     let recovered = writes
         .until(lease * 3, |w| {
@@ -264,10 +263,9 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
             .unwrap_or_default()
     });
     let renew = lease / 4;
-    let link_fault = matches!(scenario.fault, Fault::Cut(_) | Fault::Slow { .. });
     let control_gaps = control
         .iter()
-        .filter(|_| link_fault)
+        .filter(|_| scenario.fault.on_link())
         .flat_map(|n| {
             let times = written.get(n).cloned().unwrap_or_default();
             times
@@ -289,8 +287,8 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<Outcome> {
         max_age_control: control_ages.into_iter().max().unwrap_or_default(),
         recovery,
         stale_writes: match scenario.fault {
-            Fault::Cut(_) | Fault::Apiserver { .. } => in_span(stale_from, fault_end),
-            Fault::Slow { .. } | Fault::LeaseConflicts { .. } => 0,
+            Fault::Cut(_) => in_span(stale_from, fault_end),
+            _ => 0,
         },
         writes_during_fault: in_span(fault_start, fault_end),
         rss_kib: (rss_before, rss_after),

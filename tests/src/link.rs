@@ -103,22 +103,33 @@ pub(crate) fn run_tool(program: &str, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `net.ipv6.conf.<interface>.disable_ipv6 = 1`, in `namespace` when given.
-fn sysctl_ipv6_off(namespace: Option<&str>, interface: &str) -> anyhow::Result<()> {
-    let key = format!("/proc/sys/net/ipv6/conf/{interface}/disable_ipv6");
-    let status = match namespace {
-        None => {
-            return std::fs::write(&key, "1").with_context(|| format!("writing {key}"));
-        }
-        Some(ns) => Command::new("ip")
-            .args(["netns", "exec", ns, "sh", "-c", &format!("echo 1 > {key}")])
-            .status()
-            .context("running ip netns exec")?,
-    };
-    if !status.success() {
-        bail!("could not write {key} in {namespace:?}");
+/// Sets the kernel setting `key` (sysctl's dotted name, e.g. `net.ipv4.tcp_timestamps`) to
+/// `value`, in `namespace` when given (through `ip netns exec`), by writing
+/// `/proc/sys/<key with / for .>` (sysctl(8) does the same; procps need not be installed).
+///
+/// Errors: a key or value with characters outside letters, digits, `.`, `_`, `-` (and
+/// spaces in the value), or the write failing.
+fn write_sysctl(namespace: Option<&str>, key: &str, value: &str) -> anyhow::Result<()> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    anyhow::ensure!(
+        !key.is_empty() && key.chars().all(plain) && value.chars().all(|c| plain(c) || c == ' '),
+        "{key}={value}: a sysctl name and value of letters, digits, '.', '_' and '-'"
+    );
+    let path = format!("/proc/sys/{}", key.replace('.', "/"));
+    match namespace {
+        None => std::fs::write(&path, value).with_context(|| format!("writing {path}")),
+        Some(ns) => run_tool(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                ns,
+                "sh",
+                "-c",
+                &format!("echo {value} > {path}"),
+            ],
+        ),
     }
-    Ok(())
 }
 
 impl Link {
@@ -164,8 +175,16 @@ impl Link {
             HOST_INTERFACE,
         ])?;
         // No IPv6 on the link: its router solicitations and MLD reports would be counted.
-        sysctl_ipv6_off(None, HOST_INTERFACE)?;
-        sysctl_ipv6_off(Some(NAMESPACE), AGENT_INTERFACE)?;
+        write_sysctl(
+            None,
+            &format!("net.ipv6.conf.{HOST_INTERFACE}.disable_ipv6"),
+            "1",
+        )?;
+        write_sysctl(
+            Some(NAMESPACE),
+            &format!("net.ipv6.conf.{AGENT_INTERFACE}.disable_ipv6"),
+            "1",
+        )?;
         ip(&["link", "set", HOST_INTERFACE, "up"])?;
         ip(&[
             "neigh",
@@ -363,6 +382,10 @@ pub struct Measurement {
     pub with_flip: Window,
 }
 
+/// kubelet's mean time between two Lease renewals at its defaults: the 10 s renew interval
+/// stretched by `wait.JitterUntil`'s jitter factor 0.04, on average by 2 % (10.2 s).
+pub const MEAN_RENEW_PERIOD: std::time::Duration = std::time::Duration::from_millis(10_200);
+
 /// Status reports in a day at kubelet's `nodeStatusReportFrequency` (5 min).
 pub const REPORTS_PER_DAY: f64 = 288.0;
 /// Condition flips assumed per day (each one status report, sent at once).
@@ -440,6 +463,26 @@ pub fn agent_binary() -> anyhow::Result<std::path::PathBuf> {
     Ok(agent)
 }
 
+/// Starts the agent `command` (from [`Link::command`] or a plain `edgebeat-agent` command)
+/// with `--config config`, logging warnings and errors to the file `log`.
+///
+/// Errors: the log file cannot be created or the agent cannot start.
+pub(crate) fn spawn_agent(
+    mut command: tokio::process::Command,
+    config: &Path,
+    log: &Path,
+) -> anyhow::Result<tokio::process::Child> {
+    let log = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    command
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting edgebeat-agent with {}", config.display()))
+}
+
 /// Measures `case`: starts the stand-in, a gateway (and Mosquitto for MQTT) on this side,
 /// the real `edgebeat-agent` binary in the link's namespace at kubelet's default cadence
 /// (Lease renewed every 10 s), and counts three steady windows of `window` each (see
@@ -460,14 +503,10 @@ pub async fn measure(
     use crate::harness::{Cluster, Transport, gateway_options, mtls_options};
     let link = Link::create()?;
     for setting in agent_sysctls {
-        anyhow::ensure!(
-            setting.contains('='),
-            "{setting:?}: expected key=value, e.g. net.ipv4.tcp_timestamps=0"
-        );
-        run_tool(
-            "ip",
-            &["netns", "exec", NAMESPACE, "sysctl", "-q", "-w", setting],
-        )?;
+        let (key, value) = setting.split_once('=').with_context(|| {
+            format!("{setting:?}: expected key=value, e.g. net.ipv4.tcp_timestamps=0")
+        })?;
+        write_sysctl(Some(NAMESPACE), key, value)?;
     }
     let site = crate::pki::Ca::new("edgebeat site CA");
     let cluster = match case {
@@ -517,8 +556,8 @@ struct Side<'a> {
 impl Side<'_> {
     /// Starts an agent for `node` reporting status every `report_every`, waits until it is
     /// registered and renewing, counts about `length` of the link, from one Lease write to
-    /// the one that ends `length` / 10.2 s renew periods later (with `flip`, MemoryPressure
-    /// turns True at its start), and kills it.
+    /// the one that ends `length` / [`MEAN_RENEW_PERIOD`] renew periods later (with `flip`,
+    /// MemoryPressure turns True at its start), and kills it.
     async fn window(
         &self,
         node: &str,
@@ -562,17 +601,11 @@ impl Side<'_> {
                 self.port,
             ),
         )?;
-        let log = std::fs::File::create(file("agent.log"))?;
-        let mut agent = self
-            .link
-            .command(&agent_binary()?)
-            .arg("--config")
-            .arg(file("agent.yaml"))
-            .env("RUST_LOG", "warn")
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting edgebeat-agent in the link's namespace")?;
+        let mut agent = spawn_agent(
+            self.link.command(&agent_binary()?),
+            &file("agent.yaml"),
+            &file("agent.log"),
+        )?;
         let written = |requests: &[crate::standin::RecordedRequest]| {
             (
                 crate::requests::count(requests, |r| crate::requests::is_lease_renewed(r, node)),
@@ -625,7 +658,9 @@ impl Side<'_> {
             )?;
         }
         // Renewals in `length` at kubelet's mean period (the renew interval × 1.02).
-        let periods = (length.as_secs_f64() / 10.2).round().max(1.0) as usize;
+        let periods = (length.as_secs_f64() / MEAN_RENEW_PERIOD.as_secs_f64())
+            .round()
+            .max(1.0) as usize;
         let mut last = renewed + periods - 1;
         if flip {
             // The flip's report belongs in the window: end at the first write after it.

@@ -109,6 +109,19 @@ pub fn check_topic_level(level: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Default MQTT keepalive of the agent, 30 min, for its config (`transport.keepalive`) and
+/// its MQTT uplink alike.
+///
+/// With renewals every 10 s the broker hears from a live agent anyway, and a dead path to
+/// the broker is noticed from unacknowledged renewals (`TCP_USER_TIMEOUT`, the MQTT
+/// uplink's `user_timeout`), so PINGREQ only has to keep the broker's own limit
+/// (1.5 × keepalive, 45 min) for a client that went silent without closing. rumqttc sends a
+/// PINGREQ every keepalive whatever else was sent. At 30 s that cost 0.63 MB a day
+/// (BENCHMARKS.md, "MQTT headers left to the topic": 2.08 against 1.45 MB at 5 min), about
+/// 240 B an exchange, so about 0.01 MB a day at 30 min. It is the MQTT counterpart of the
+/// gRPC uplink's pings only when idle.
+pub const MQTT_AGENT_KEEPALIVE: Duration = Duration::from_secs(1800);
+
 /// Checks an MQTT keepalive for rumqttc (which panics below 5 s) and MQTT (a 16-bit count of
 /// seconds, MQTT 5.0 §3.1.2.10).
 ///

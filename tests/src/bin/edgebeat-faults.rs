@@ -149,6 +149,10 @@ fn row(o: &Outcome) -> String {
         .map_or("not within 3 lease durations".to_owned(), |d| {
             format!("{:.1} s", d.as_secs_f64())
         });
+    let stale = match s.fault {
+        Fault::Cut(_) => o.stale_writes.to_string(),
+        _ => "n/a".to_owned(),
+    };
     format!(
         "| {transport} | {} | {} of {} / {} of {} | {:.1} s / {:.1} s | {recovery} | {} ({}) | {} → {} MiB |",
         s.fault.describe(),
@@ -159,7 +163,7 @@ fn row(o: &Outcome) -> String {
         o.max_age_cut.as_secs_f64(),
         o.max_age_control.as_secs_f64(),
         o.writes_during_fault,
-        o.stale_writes,
+        stale,
         o.rss_kib.0 / 1024,
         o.rss_kib.1 / 1024,
     )

@@ -272,6 +272,20 @@ fn figures_of(pids: &[u32]) -> (u64, f64) {
         .fold((0, 0.0), |(rss, cpu), (r, c)| (rss + r, cpu + c))
 }
 
+/// The soak figures of one progress line after the warm-up.
+struct SoakSample {
+    /// Since the run started.
+    minutes: f64,
+    /// VmRSS of the gateway replicas, summed.
+    gateway_rss_kib: f64,
+    /// Open files of the gateway replicas, summed.
+    gateway_fds: usize,
+    /// VmRSS of Mosquitto (0 without a broker).
+    broker_rss_kib: f64,
+    /// Open files of Mosquitto (0 without a broker).
+    broker_fds: usize,
+}
+
 /// Least-squares slope of `points` (x, y); 0 with fewer than two distinct x.
 fn least_squares_slope(points: &[(f64, f64)]) -> f64 {
     let n = points.len() as f64;
@@ -489,9 +503,7 @@ async fn main() -> anyhow::Result<()> {
     let measured_from = started + Duration::from_secs(args.ramp);
     let mut messages_at_measure = None;
     let broker_pid = broker.as_ref().and_then(Broker::pid);
-    // (minutes since start, gateway RSS KiB, gateway fds, broker RSS KiB, broker fds) per
-    // progress line after the warm-up.
-    let mut soak: Vec<(f64, f64, usize, f64, usize)> = Vec::new();
+    let mut soak: Vec<SoakSample> = Vec::new();
     println!(
         "nodes={} transport={:?} replicas={} renew_interval_s={} ack_only={} mtls={} apiserver_latency_ms={} gateway_args={:?}",
         args.nodes,
@@ -541,14 +553,13 @@ async fn main() -> anyhow::Result<()> {
                 cpu - cpu_start,
             );
             if started.elapsed() >= warm_up {
-                let (broker_rss, _) = broker_pid.and_then(process_figures).unwrap_or_default();
-                soak.push((
-                    started.elapsed().as_secs_f64() / 60.0,
-                    rss as f64,
-                    pids.iter().map(|p| open_files(*p)).sum(),
-                    broker_rss as f64,
-                    broker_pid.map_or(0, open_files),
-                ));
+                soak.push(SoakSample {
+                    minutes: started.elapsed().as_secs_f64() / 60.0,
+                    gateway_rss_kib: rss as f64,
+                    gateway_fds: pids.iter().map(|p| open_files(*p)).sum(),
+                    broker_rss_kib: broker_pid.and_then(vm_rss_kib).unwrap_or(0) as f64,
+                    broker_fds: broker_pid.map_or(0, open_files),
+                });
             }
             all_latencies.extend(window);
             last_messages = messages;
@@ -633,19 +644,21 @@ async fn main() -> anyhow::Result<()> {
         "sim_rss_per_node_kib",
         format!("{:.1}", sim_rss as f64 / args.nodes as f64),
     );
-    if soak.len() >= 2 {
-        let (first, last) = (soak[0], soak[soak.len() - 1]);
-        let slope = |y: fn(&(f64, f64, usize, f64, usize)) -> f64| {
-            let points: Vec<(f64, f64)> = soak.iter().map(|s| (s.0, y(s))).collect();
+    if let [first, .., last] = soak.as_slice() {
+        let slope = |y: fn(&SoakSample) -> f64| {
+            let points: Vec<(f64, f64)> = soak.iter().map(|s| (s.minutes, y(s))).collect();
             format!("{:.1}", least_squares_slope(&points))
         };
-        put("gateway_rss_slope_kib_per_min", slope(|s| s.1));
-        put("gateway_fds_first", first.2.to_string());
-        put("gateway_fds_last", last.2.to_string());
+        put(
+            "gateway_rss_slope_kib_per_min",
+            slope(|s| s.gateway_rss_kib),
+        );
+        put("gateway_fds_first", first.gateway_fds.to_string());
+        put("gateway_fds_last", last.gateway_fds.to_string());
         if broker_pid.is_some() {
-            put("broker_rss_slope_kib_per_min", slope(|s| s.3));
-            put("broker_fds_first", first.4.to_string());
-            put("broker_fds_last", last.4.to_string());
+            put("broker_rss_slope_kib_per_min", slope(|s| s.broker_rss_kib));
+            put("broker_fds_first", first.broker_fds.to_string());
+            put("broker_fds_last", last.broker_fds.to_string());
         }
     }
     let node_hours = args.nodes as f64 * elapsed / 3600.0;

@@ -31,8 +31,8 @@ struct Args {
     /// nodeStatusReportFrequency in the second window, seconds.
     #[arg(long, default_value_t = 30)]
     report_every: u64,
-    /// transport.keepalive of the agents, seconds (default: the agent's, 5 min for both
-    /// transports).
+    /// transport.keepalive of the agents, seconds (default: the agent's, 5 min for gRPC and
+    /// 30 min for MQTT).
     #[arg(long)]
     keepalive: Option<u64>,
     /// A kernel setting for the agent's side, `key=value` (repeatable), e.g.

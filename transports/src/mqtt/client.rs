@@ -36,15 +36,7 @@ const REGISTER_TIMEOUT_MAX: Duration = Duration::from_secs(60);
 /// publish per 30 s.
 const CERTIFICATE_REPUBLISH_MIN_INTERVAL: Duration = Duration::from_secs(30);
 
-/// Default MQTT keepalive of the agent, 30 min: with renewals every 10 s the broker hears from
-/// a live agent anyway, and a dead path to the broker is noticed from unacknowledged renewals
-/// ([`DEFAULT_USER_TIMEOUT`]), so PINGREQ only has to keep the broker's own limit
-/// (1.5 × keepalive, 45 min) for a client that went silent without closing. Each
-/// PINGREQ/PINGRESP exchange costs about 240 B on the link with TCP's headers and ACKs, and
-/// rumqttc sends one every keepalive whatever else was sent: 0.63 MB a day at 30 s, 0.07 MB
-/// at 5 min, 0.01 MB at 30 min (BENCHMARKS.md, "Bytes on a metered link"). It is the MQTT
-/// counterpart of the gRPC uplink's pings only when idle.
-pub const DEFAULT_AGENT_KEEPALIVE: Duration = Duration::from_secs(1800);
+pub use crate::endpoint::MQTT_AGENT_KEEPALIVE as DEFAULT_AGENT_KEEPALIVE;
 
 /// Default [`MqttUplinkOptions::user_timeout`], 20 s: the gRPC uplink's `TCP_USER_TIMEOUT`
 /// (twice its keepalive timeout). With renewals every 10 s, a path that died without a reset
