@@ -62,6 +62,8 @@ impl HeaderFactory {
             boot_id: self.boot_id.clone(),
             seq,
             wall_time_ms,
+            // Named by boot_id; the MQTT uplink may name it by tag (`AgentMessage::tag_boot`).
+            boot_tag: 0,
         }
     }
 }

@@ -25,7 +25,12 @@
 //!    replayed and is refused. A `seq` further ahead of the boot's clock than the age limit
 //!    (at least 1 s) is refused and not recorded: the agent's CLOCK_BOOTTIME cannot run
 //!    ahead of real time, and accepting it would make the genuine messages after it look
-//!    replayed, then stale.
+//!    replayed, then stale. A quiet MQTT message may name its boot by `Header.boot_tag`
+//!    instead of its boot ID: it is taken as the current boot when the tag matches it, and
+//!    otherwise refused as [`RejectReason::UnknownBoot`] without touching any state (the
+//!    agent's next message carries the boot ID), so a tag can never start or move a boot.
+//!    (The gateway first completes such a header from the Node's `status.nodeInfo.bootID`
+//!    when that has the tag: the apiserver's word, not the sender's.)
 //! 4. **Rate limit**: a token bucket per node ([`TokenBucket`]). It comes after the replay
 //!    check, so replaying an old message cannot drain a node's tokens, and a rate-limited
 //!    message's `seq` is recorded anyway, so it cannot be replayed later.
@@ -184,6 +189,11 @@ impl NodeAdmission {
         self.identified
     }
 
+    /// Whether `tag` ([`pb::Header::boot_tag`]) names the boot this node is in.
+    pub fn holds_boot_tag(&self, tag: u32) -> bool {
+        !self.boot_id.is_empty() && pb::boot_tag(&self.boot_id) == tag
+    }
+
     /// Rules 2–5 of the module docs for one message with `header`, received at `now` (the
     /// gateway's monotonic clock; `origin` is the fixed instant [`Freshness`] measures
     /// from). `heartbeat` says whether it is a Lease renewal or status report (only those
@@ -214,7 +224,14 @@ impl NodeAdmission {
         }
         self.old_boots
             .retain(|(_, at)| now.saturating_duration_since(*at) < policy.old_boot_memory);
-        let new_boot = self.boot_id != header.boot_id;
+        if header.boot_id.is_empty() && !self.holds_boot_tag(header.boot_tag) {
+            return Verdict::Reject(Refusal::new(
+                RejectReason::UnknownBoot,
+                "this replica does not hold the boot of this boot tag: send the boot ID",
+            ));
+        }
+        // Named by a matching tag: the current boot.
+        let new_boot = !header.boot_id.is_empty() && self.boot_id != header.boot_id;
         if new_boot {
             if provenance.wall_time_verified
                 && !self.boot_id.is_empty()
@@ -317,6 +334,7 @@ mod tests {
             boot_id: vec![boot; 16],
             seq,
             wall_time_ms,
+            boot_tag: 0,
         }
     }
 
@@ -513,6 +531,46 @@ mod tests {
         assert_eq!(reason(replay), RejectReason::Replayed);
         assert!(matches!(
             node.admit(&p, &header(2, 6, 2_100), SIGNED, false, t0, Instant::now()),
+            Verdict::Admit(Admitted {
+                new_boot: false,
+                ..
+            })
+        ));
+    }
+
+    /// A boot tag stands for the boot it matches and nothing else: it never starts a boot,
+    /// never moves one, and a refused one leaves no trace.
+    #[tokio::test(start_paused = true)]
+    async fn a_boot_tag_names_only_the_boot_held() {
+        let p = policy(Posture::Identified);
+        let t0 = Instant::now();
+        let tagged = |boot: u8, seq| pb::Header {
+            boot_id: Vec::new(),
+            boot_tag: pb::boot_tag(&[boot; 16]),
+            ..header(boot, seq, 0)
+        };
+        let mut node = NodeAdmission::default();
+        let first = node.admit(&p, &tagged(1, 10 * SEC), MTLS, true, t0, t0);
+        assert_eq!(reason(first), RejectReason::UnknownBoot, "no boot held yet");
+        assert!(matches!(
+            node.admit(&p, &header(1, 11 * SEC, 0), MTLS, true, t0, t0),
+            Verdict::Admit(Admitted { new_boot: true, .. })
+        ));
+        assert!(matches!(
+            node.admit(&p, &tagged(1, 12 * SEC), MTLS, true, t0, t0),
+            Verdict::Admit(Admitted {
+                new_boot: false,
+                ..
+            })
+        ));
+        // Replay rules hold as for a boot ID.
+        let replay = node.admit(&p, &tagged(1, 12 * SEC), MTLS, true, t0, t0);
+        assert_eq!(reason(replay), RejectReason::Replayed);
+        // Another boot's tag is refused and changes nothing: the held boot goes on.
+        let other = node.admit(&p, &tagged(2, SEC), MTLS, true, t0, t0);
+        assert_eq!(reason(other), RejectReason::UnknownBoot);
+        assert!(matches!(
+            node.admit(&p, &header(1, 13 * SEC, 0), MTLS, true, t0, t0),
             Verdict::Admit(Admitted {
                 new_boot: false,
                 ..

@@ -157,7 +157,9 @@ const SLOT_IDLE: Duration = Duration::from_secs(15 * 60);
 const SWEEP_EVERY: u64 = 4096;
 
 /// A heartbeat's boot ID (the header's 16 bytes) and sequence number.
-type BootSeq = ([u8; 16], u64);
+/// A heartbeat's boot, as its tag ([`pb::Header::named_boot_tag`]: the same whether the
+/// header carries the boot ID or the tag), and its sequence number.
+type BootSeq = (u32, u64);
 
 /// A node's slot and the identified heartbeats queued for it.
 #[derive(Default)]
@@ -177,12 +179,12 @@ struct SlotCell {
 struct Waiting<'a> {
     cell: &'a SlotCell,
     kind: usize,
-    boot: [u8; 16],
+    boot: u32,
     seq: u64,
 }
 
 impl<'a> Waiting<'a> {
-    fn new(cell: &'a SlotCell, kind: usize, boot: [u8; 16], seq: u64) -> Self {
+    fn new(cell: &'a SlotCell, kind: usize, boot: u32, seq: u64) -> Self {
         {
             let mut newest = cell.newest[kind]
                 .lock()
@@ -397,6 +399,22 @@ impl Gateway {
         )
     }
 
+    /// The boot ID that `header`'s [`pb::Header::boot_tag`] names, from the Node watch's
+    /// `status.nodeInfo.bootID`, when the header names its boot by tag only, `admission`
+    /// does not hold that boot, and the Node's bootID has that tag. `None` otherwise.
+    fn boot_of_tag(
+        &self,
+        admission: &NodeAdmission,
+        name: &str,
+        header: &pb::Header,
+    ) -> Option<Vec<u8>> {
+        if !header.boot_id.is_empty() || admission.holds_boot_tag(header.boot_tag) {
+            return None;
+        }
+        let boot_id = pb::boot_id_to_bytes(&self.writer.view.boot_id(name)?);
+        (pb::boot_tag(&boot_id) == header.boot_tag).then_some(boot_id)
+    }
+
     async fn handle_message(&self, peer: &Peer, message: pb::AgentMessage) -> Ack {
         let Some(header) = message.header() else {
             return self.reject(
@@ -423,10 +441,10 @@ impl Gateway {
         };
         // Only identified heartbeats supersede each other: an unidentified message in a
         // node's name must not cost that node a write.
-        let boot = <[u8; 16]>::try_from(header.boot_id.as_slice()).ok();
-        let waiting = match (&message.kind, provenance.identity, boot) {
-            (Some(Kind::Lease(_)), Some(_), Some(boot)) => Some(Waiting::new(&cell, 0, boot, seq)),
-            (Some(Kind::Status(_)), Some(_), Some(boot)) => Some(Waiting::new(&cell, 1, boot, seq)),
+        let boot = header.named_boot_tag();
+        let waiting = match (&message.kind, provenance.identity) {
+            (Some(Kind::Lease(_)), Some(_)) => Some(Waiting::new(&cell, 0, boot, seq)),
+            (Some(Kind::Status(_)), Some(_)) => Some(Waiting::new(&cell, 1, boot, seq)),
             _ => None,
         };
         let mut slot = cell.state.lock().await;
@@ -448,6 +466,21 @@ impl Gateway {
         }
         let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
         let policy = self.options.admission();
+        // A boot named by tag that this replica does not hold (a shared subscription gave
+        // it the node's first message since the node rebooted or the replica started): the
+        // Node's status.nodeInfo.bootID, which the Node watch holds once the node's status
+        // was written in this boot, names it without a round trip to the agent.
+        let from_view;
+        let header = match self.boot_of_tag(&slot.admission, name, header) {
+            Some(boot_id) => {
+                from_view = pb::Header {
+                    boot_id,
+                    ..header.clone()
+                };
+                &from_view
+            }
+            None => header,
+        };
         let age = match slot.admission.admit(
             &policy,
             header,
@@ -461,6 +494,19 @@ impl Gateway {
             Verdict::Admit(admitted) => {
                 slot.last_seen = Some(received);
                 admitted.age
+            }
+            Verdict::Reject(refusal) if refusal.reason == RejectReason::UnknownBoot => {
+                // Not a fault: this replica has not seen the boot yet. The answer asks for
+                // the boot ID, which the agent's retry carries.
+                self.counters.count_rejection(RejectReason::UnknownBoot);
+                tracing::debug!(
+                    node = name,
+                    "boot tag of a boot this replica does not hold; asking for the boot ID"
+                );
+                return Ack {
+                    send_boot_id: true,
+                    ..ack(seq, AckCode::Retry, refusal.detail)
+                };
             }
             Verdict::Reject(refusal) => return self.reject(seq, refusal.reason, refusal.detail),
             Verdict::Stale(age) => {
@@ -708,7 +754,7 @@ mod tests {
     #[test]
     fn only_a_newer_heartbeat_of_the_same_boot_supersedes() {
         let cell = SlotCell::default();
-        let (boot, next_boot) = ([1; 16], [2; 16]);
+        let (boot, next_boot) = (pb::boot_tag(&[1; 16]), pb::boot_tag(&[2; 16]));
         // A replay (lower sequence) queued behind a genuine renewal supersedes nothing.
         let genuine = Waiting::new(&cell, 0, boot, 10);
         let replay = Waiting::new(&cell, 0, boot, 5);
@@ -780,6 +826,7 @@ mod tests {
                     boot_id: vec![7; 16],
                     seq,
                     wall_time_ms: 1_800_000_000_000 - behind_ms,
+                    boot_tag: 0,
                 }),
                 status: None,
                 ..Default::default()
@@ -846,6 +893,7 @@ mod tests {
                     boot_id: vec![1; 16],
                     seq: 1,
                     wall_time_ms: 0,
+                    boot_tag: 0,
                 }),
                 ..Default::default()
             })),

@@ -268,6 +268,11 @@ impl ApiserverView {
         self.nodes.map().get(name).cloned()
     }
 
+    /// `status.nodeInfo.bootID` of Node `name`, as the view holds it.
+    pub fn boot_id(&self, name: &str) -> Option<Box<str>> {
+        self.nodes.map().get(name)?.boot_id.clone()
+    }
+
     /// Whether Node `name` is known to hold an `Unknown` condition.
     pub fn node_has_unknown_condition(&self, name: &str) -> bool {
         self.nodes

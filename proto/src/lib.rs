@@ -144,6 +144,33 @@ pub fn boot_id_to_string(bytes: &[u8]) -> String {
     s
 }
 
+/// [`Header::boot_tag`] of a boot ID (`boot_id` as [`Header::boot_id`] carries it): the
+/// low 32 bits of its 64-bit FNV-1a hash. The [`fnv`] crate's hasher is FNV-1a 64 with the
+/// standard offset basis and prime, fed the bytes alone (no length prefix), as the contract
+/// (`edgebeat/v1/heartbeat.proto`) specifies.
+pub fn boot_tag(boot_id: &[u8]) -> u32 {
+    use std::hash::Hasher as _;
+    let mut hasher = fnv::FnvHasher::default();
+    hasher.write(boot_id);
+    // Truncation is the rule: the low 32 bits.
+    #[allow(clippy::cast_possible_truncation)]
+    let tag = hasher.finish() as u32;
+    tag
+}
+
+impl Header {
+    /// The tag of the boot this header names: [`Header::boot_tag`] when it carries no boot
+    /// ID, else the tag of its boot ID ([`boot_tag`]). Two headers of one boot have the same
+    /// one, whichever way each names the boot.
+    pub fn named_boot_tag(&self) -> u32 {
+        if self.boot_id.is_empty() {
+            self.boot_tag
+        } else {
+            boot_tag(&self.boot_id)
+        }
+    }
+}
+
 impl AgentMessage {
     /// The [`Header`] of whichever message this is, or `None` when the `kind` is unset or
     /// unknown to this version (a newer agent) or the header is missing.
@@ -214,6 +241,20 @@ impl AgentMessage {
         }
     }
 
+    /// Names the boot of a quiet message by [`Header::boot_tag`] instead of its boot ID
+    /// (16 bytes less on the wire, 13 fewer encoded), for an MQTT connection whose gateway
+    /// accepted `Register` with [`Ack::boot_tags`]. The receiver restores nothing: it
+    /// matches the tag against the boot it holds ([`Header::named_boot_tag`]). Other
+    /// messages, and headers without a boot ID, are unchanged.
+    pub fn tag_boot(&mut self) {
+        if let Some(h) = self.quiet_header_mut()
+            && !h.boot_id.is_empty()
+        {
+            h.boot_tag = boot_tag(&h.boot_id);
+            h.boot_id.clear();
+        }
+    }
+
     /// Restores the node name that [`AgentMessage::compact_header_for_topic`] left out of a
     /// quiet message published under `node`'s topic. Returns whether it did (a quiet
     /// message with an empty node name).
@@ -247,6 +288,7 @@ impl Ack {
     pub fn is_news(&self) -> bool {
         AckCode::try_from(self.code) != Ok(AckCode::Ok)
             || self.resend_status
+            || self.send_boot_id
             || self.node_not_found
             || self.registered
     }
@@ -326,6 +368,7 @@ mod tests {
             boot_id: boot_id_to_bytes("0f8fad5b-d9cb-469f-a165-70867728950e"),
             seq: 86_400_000_000,
             wall_time_ms: 1_780_000_000_000,
+            boot_tag: 0,
         }
     }
 
@@ -393,6 +436,28 @@ mod tests {
     }
 
     #[test]
+    fn a_boot_tag_names_the_boot_in_five_bytes() {
+        let full = full_header();
+        // FNV-1a 64 of the empty input is the offset basis; of "a", a published vector.
+        assert_eq!(boot_tag(b""), 0x8422_2325);
+        assert_eq!(boot_tag(b"a"), 0x8601_ec8c); // of 0xaf63dc4c8601ec8c
+        let mut plain = renewal_with(&full, true);
+        plain.compact_header_for_topic(false);
+        let mut tagged = plain.clone();
+        tagged.tag_boot();
+        // 18 bytes of boot ID become 5 of tag.
+        assert_eq!(plain.encoded_len() - tagged.encoded_len(), 13);
+        let header = tagged.header().unwrap();
+        assert!(header.boot_id.is_empty());
+        assert_eq!(header.named_boot_tag(), full.named_boot_tag());
+        assert_eq!(header.seq, full.seq);
+        // Loud messages keep their boot ID.
+        let mut loud = renewal_with(&full, false);
+        loud.tag_boot();
+        assert_eq!(loud, renewal_with(&full, false));
+    }
+
+    #[test]
     fn lease_renewal_is_tens_of_bytes() {
         let msg = AgentMessage {
             kind: Some(agent_message::Kind::Lease(LeaseRenewal {
@@ -401,6 +466,7 @@ mod tests {
                     boot_id: boot_id_to_bytes("0f8fad5b-d9cb-469f-a165-70867728950e"),
                     seq: 86_400_000_000 * 30,
                     wall_time_ms: 1_780_000_000_000,
+                    boot_tag: 0,
                 }),
                 lease_duration_seconds: 40,
                 lease_state: Vec::new(),

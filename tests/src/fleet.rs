@@ -381,6 +381,7 @@ impl Headers {
             boot_id: self.boot_id.to_vec(),
             seq,
             wall_time_ms,
+            boot_tag: 0,
         }
     }
 }

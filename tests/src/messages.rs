@@ -13,6 +13,7 @@ pub fn header(node: &str, seq: u64) -> pb::Header {
         boot_id: pb::boot_id_to_bytes(BOOT),
         seq,
         wall_time_ms: 0,
+        boot_tag: 0,
     }
 }
 

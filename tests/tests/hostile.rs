@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use edgebeat_gateway::GatewayOptions;
 use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
-use edgebeat_tests::harness::{Cluster, Transport, fixture};
-use edgebeat_tests::messages::{register, renewal};
+use edgebeat_tests::harness::{Cluster, Transport, fixture, gateway_options, wait_for};
+use edgebeat_tests::messages::{BOOT, register, renewal};
 use edgebeat_transports::grpc::{GrpcUplinkOptions, run_uplink};
+use edgebeat_transports::ingress::{Handler as _, Peer, RejectReason, TransportKind};
 use edgebeat_transports::uplink::{Uplink, channel};
 use http::Method;
 use tokio_util::sync::CancellationToken;
@@ -363,8 +364,8 @@ async fn quiet_renewals_are_answered_only_when_not_written() {
 }
 
 /// Over plain MQTT, a quiet renewal leaves to the topic what the topic says: no node name,
-/// no wall time (unsigned, it serves no check). Boot ID and seq stay for the replay checks,
-/// and the gateway writes the Lease from it. Read off the broker by a plain subscriber.
+/// no wall time (unsigned, it serves no check), and names its boot by tag. The tag and seq
+/// serve the replay checks, and the gateway writes the Lease from it. Read off the broker by a plain subscriber.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_quiet_renewals_leave_the_node_name_to_the_topic() {
     use prost::Message as _;
@@ -414,7 +415,15 @@ async fn mqtt_quiet_renewals_leave_the_node_name_to_the_topic() {
         ("", 0),
         "{header:?}"
     );
-    assert_eq!(header.boot_id.len(), 16);
+    // The boot is named by its 4-byte tag (`Ack.boot_tags`), the one of the host's boot ID.
+    let boot_id =
+        std::fs::read_to_string(fixture("rpi4-cgroup1").join("proc/sys/kernel/random/boot_id"))
+            .unwrap();
+    assert!(header.boot_id.is_empty(), "{header:?}");
+    assert_eq!(
+        header.boot_tag,
+        pb::boot_tag(&pb::boot_id_to_bytes(boot_id.trim()))
+    );
     assert!(header.seq > 0);
     // The gateway takes the node from the topic and keeps writing the Lease.
     cluster
@@ -422,4 +431,72 @@ async fn mqtt_quiet_renewals_leave_the_node_name_to_the_topic() {
         .await
         .unwrap();
     agent.stop().await.unwrap();
+}
+
+/// A quiet renewal that names its boot by tag (`Header.boot_tag`, MQTT's compact form) is
+/// written when the gateway holds that boot, or when the Node's `status.nodeInfo.bootID`
+/// has the tag (a restarted replica, from its Node watch, without asking). Another boot's
+/// tag is answered RETRY with `send_boot_id`, changes nothing, and the renewal that then
+/// carries the boot ID is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_tag_names_a_boot_the_gateway_holds_or_asks_for() {
+    const NODE: &str = "tagged-01";
+    const REBOOTED: &str = "a3d1c0de-7b4e-4f1a-9c2d-5e6f7a8b9c0d";
+    let mut cluster = Cluster::start(Transport::Grpc).await.unwrap();
+    let peer = Peer::unidentified(TransportKind::Mqtt, None);
+    let with_boot = |seq, boot: &str| {
+        let mut m = renewal(NODE, seq);
+        if let Some(Kind::Lease(l)) = &mut m.kind {
+            l.quiet = true;
+            if let Some(h) = &mut l.header {
+                h.boot_id = pb::boot_id_to_bytes(boot);
+            }
+        }
+        m
+    };
+    let tagged = |seq, boot: &str| {
+        let mut m = with_boot(seq, boot);
+        m.tag_boot();
+        assert!(m.header().unwrap().boot_id.is_empty());
+        m
+    };
+    let gateway = cluster.gateway().clone();
+    let ack = gateway.handle(&peer, register(NODE, 1_000_000)).await;
+    assert!(ack.registered, "{}", ack.reason);
+    let ack = gateway.handle(&peer, tagged(2_000_000, BOOT)).await;
+    assert_eq!(code(&ack), AckCode::Ok, "the boot it holds: {}", ack.reason);
+
+    // A fresh replica holds no boot; its Node watch has the Node's bootID.
+    cluster.restart_gateway(gateway_options()).await.unwrap();
+    let gateway = cluster.gateway().clone();
+    wait_for("the Node watch to list", T, || {
+        gateway.view().nodes_watched()
+    })
+    .await;
+    let ack = gateway.handle(&peer, tagged(3_000_000, BOOT)).await;
+    assert_eq!(
+        code(&ack),
+        AckCode::Ok,
+        "from the Node watch: {}",
+        ack.reason
+    );
+    assert_eq!(gateway.counters.rejections(RejectReason::UnknownBoot), 0);
+
+    // The node rebooted and its status is not written yet: the tag names no boot known.
+    let ack = gateway.handle(&peer, tagged(1_000, REBOOTED)).await;
+    assert_eq!(
+        (code(&ack), ack.send_boot_id),
+        (AckCode::Retry, true),
+        "{}",
+        ack.reason
+    );
+    assert_eq!(gateway.counters.rejections(RejectReason::UnknownBoot), 1);
+    let ack = gateway.handle(&peer, with_boot(2_000, REBOOTED)).await;
+    assert_eq!(code(&ack), AckCode::Ok, "with its boot ID: {}", ack.reason);
+    let ack = gateway.handle(&peer, tagged(3_000, REBOOTED)).await;
+    assert_eq!(code(&ack), AckCode::Ok, "then by tag: {}", ack.reason);
+    // The earlier boot's tag, though the Node still reports that boot, is a replay.
+    let ack = gateway.handle(&peer, tagged(4_000_000, BOOT)).await;
+    assert_eq!(code(&ack), AckCode::Rejected, "{}", ack.reason);
+    assert_eq!(gateway.counters.rejections(RejectReason::Replayed), 1);
 }

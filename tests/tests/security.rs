@@ -73,13 +73,20 @@ async fn forged_replayed_and_foreign_mqtt_messages_are_refused_while_nodes_keep_
     let captured = spy.next_on(&lease_topic).await;
     let sealed = SignedMessage::decode(captured.as_slice()).unwrap();
     assert!(!sealed.signature.is_empty(), "agents sign every message");
-    // A quiet renewal leaves its node name to the topic (Ack.compact_headers); signed, it
-    // keeps the boot ID, seq and wall time the replay and clock checks need.
+    // A quiet renewal leaves its node name to the topic (Ack.compact_headers) and names its
+    // boot by tag (Ack.boot_tags); signed, it keeps the seq and wall time the replay and
+    // clock checks need.
     let inner = edgebeat_proto::AgentMessage::decode(sealed.signed_message.as_slice()).unwrap();
     let header = inner.header().unwrap();
     assert!(inner.is_quiet());
     assert_eq!(header.node_name, "", "the topic names the node");
-    assert!(header.wall_time_ms > 0 && header.boot_id.len() == 16 && header.seq > 0);
+    let boot_id = std::fs::read_to_string(root.join("proc/sys/kernel/random/boot_id")).unwrap();
+    assert!(header.boot_id.is_empty());
+    assert_eq!(
+        header.boot_tag,
+        edgebeat_proto::boot_tag(&edgebeat_proto::boot_id_to_bytes(boot_id.trim()))
+    );
+    assert!(header.wall_time_ms > 0 && header.seq > 0);
 
     // 1. Replayed verbatim: the signature is good, the per-boot seq is not new.
     spy.publish(&lease_topic, captured.clone(), false).await;

@@ -45,12 +45,14 @@ impl Asked {
     /// The answer to send for `ack`, or `None`:
     /// - an accepted `Register` says quiet messages may now be compact
     ///   (`Ack.compact_headers`): every ingress restores what they leave out, gRPC from the
-    ///   stream's `Register`, MQTT from the topic;
+    ///   stream's `Register`, MQTT from the topic; and that MQTT may name the boot by
+    ///   `Header.boot_tag` (`Ack.boot_tags`), which the gateway's admission resolves;
     /// - a quiet message that was written gets no answer, nothing on the link
     ///   ([`edgebeat_proto::answer_needed`]).
     pub fn answer(self, mut ack: Ack) -> Option<GatewayMessage> {
         if self.register && ack.registered {
             ack.compact_headers = true;
+            ack.boot_tags = true;
         }
         let needed = edgebeat_proto::answer_needed(self.quiet, &ack);
         needed.then_some(GatewayMessage {
@@ -157,11 +159,16 @@ pub enum RejectReason {
     /// from the same (identified) node was already waiting: after a backlog only the newest
     /// is written. Not a fault of the sender; logged at debug level only.
     Superseded,
+    /// A quiet MQTT message named its boot by `Header.boot_tag`, and this replica does not
+    /// hold that boot for the node: answered RETRY with `Ack.send_boot_id`, and the agent's
+    /// next message teaches it the boot. Routine after a reboot or a replica start (once per
+    /// replica and boot); logged at debug level only.
+    UnknownBoot,
 }
 
 impl RejectReason {
     /// Every reason, in label order.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::Malformed,
         Self::TooLarge,
         Self::Invalid,
@@ -178,6 +185,7 @@ impl RejectReason {
         Self::Certificate,
         Self::FleetFull,
         Self::Superseded,
+        Self::UnknownBoot,
     ];
 
     /// The label value, snake_case: `malformed`, `too_large`, `bad_signature`…
@@ -199,6 +207,7 @@ impl RejectReason {
             Self::Certificate => "certificate",
             Self::FleetFull => "fleet_full",
             Self::Superseded => "superseded",
+            Self::UnknownBoot => "unknown_boot",
         }
     }
 }
@@ -223,8 +232,10 @@ mod tests {
             registered: true,
             ..Ack::default()
         };
-        assert!(answered(&register, accepted).unwrap().compact_headers);
-        assert!(!answered(&register, Ack::default()).unwrap().compact_headers);
+        let accepted_ack = answered(&register, accepted).unwrap();
+        assert!(accepted_ack.compact_headers && accepted_ack.boot_tags);
+        let refused = answered(&register, Ack::default()).unwrap();
+        assert!(!refused.compact_headers && !refused.boot_tags);
 
         let quiet = AgentMessage {
             kind: Some(agent_message::Kind::Lease(LeaseRenewal {

@@ -283,6 +283,40 @@ pub enum AfterAck {
     RegisterAfter(Duration),
 }
 
+/// Messages that carry the boot ID after a gateway replica asked for it (`Ack.send_boot_id`).
+/// Replicas behind an MQTT shared subscription take a node's messages in turn (Mosquitto
+/// hands them out round robin), so one message might always reach a replica that knows the
+/// boot; four reach each of up to four replicas. Each costs 13 bytes more than a tagged one.
+pub const BOOT_ID_MESSAGES: u8 = 4;
+
+/// What quiet messages' headers may leave out, as the gateway said when it accepted
+/// `Register` ([`Ack::compact_headers`], [`Ack::boot_tags`]): a gateway property, so an MQTT
+/// session resumed on a new broker connection keeps it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HeaderForm {
+    /// Whole headers: not registered, or a gateway that predates compact headers.
+    #[default]
+    Full,
+    /// `Ack.compact_headers`: gRPC sends [`AgentMessage::compact_header`], MQTT
+    /// [`AgentMessage::compact_header_for_topic`].
+    Compact,
+    /// `Ack.compact_headers` and `Ack.boot_tags`: as [`HeaderForm::Compact`], and MQTT also
+    /// names the boot by tag ([`AgentMessage::tag_boot`]) unless the gateway asked for the
+    /// boot ID ([`Session::take_boot_id_request`]). gRPC leaves the boot out altogether.
+    CompactBootTag,
+}
+
+impl HeaderForm {
+    /// What an accepted `Register`'s `ack` allows.
+    pub fn of(ack: &Ack) -> Self {
+        match (ack.compact_headers, ack.boot_tags) {
+            (false, _) => Self::Full,
+            (true, false) => Self::Compact,
+            (true, true) => Self::CompactBootTag,
+        }
+    }
+}
+
 /// Per-connection protocol state shared by every uplink driver, with no I/O: which
 /// requests await an [`Ack`], whether `Register` was accepted, and the registration backoff
 /// (kubelet's: 100 ms doubling to 7 s). Drivers feed it sends and acks and act on what it
@@ -293,8 +327,11 @@ pub struct Session {
     pending: std::collections::HashMap<u64, (oneshot::Sender<Result<Ack, UplinkError>>, bool)>,
     register_seq: Option<u64>,
     registered: bool,
-    /// The gateway accepted `Register` with `compact_headers` on this connection.
-    compact_headers: bool,
+    /// What the gateway allowed when it accepted `Register`.
+    header_form: HeaderForm,
+    /// A gateway replica answered `send_boot_id`: this many next messages carry the boot
+    /// ID ([`BOOT_ID_MESSAGES`]).
+    boot_id_messages: u8,
     backoff: Box<dyn Iterator<Item = Duration> + Send>,
 }
 
@@ -311,7 +348,8 @@ impl Session {
             pending: std::collections::HashMap::new(),
             register_seq: None,
             registered: false,
-            compact_headers: false,
+            header_form: HeaderForm::Full,
+            boot_id_messages: 0,
             backoff: Box::new(reconnect_backoff(
                 Duration::from_millis(100),
                 Duration::from_secs(7),
@@ -323,12 +361,12 @@ impl Session {
     /// where the connection is to a broker, not to the gateway (MQTT), a reconnect says
     /// nothing about what the gateway knows, so the agent does not register again (any
     /// gateway replica reads the Node when it does not know it).
-    /// `compact_headers`: what the gateway said when it accepted `Register` (a gateway
+    /// `header_form`: what the gateway said when it accepted `Register` (a gateway
     /// property, not the connection's).
-    pub fn resumed(compact_headers: bool) -> Self {
+    pub fn resumed(header_form: HeaderForm) -> Self {
         Self {
             registered: true,
-            compact_headers,
+            header_form,
             ..Self::new()
         }
     }
@@ -338,11 +376,23 @@ impl Session {
         self.registered
     }
 
-    /// Whether quiet messages may go with a compact header on this connection: the gateway
-    /// said so when it accepted `Register` (`Ack.compact_headers`). gRPC then sends
-    /// [`AgentMessage::compact_header`], MQTT [`AgentMessage::compact_header_for_topic`].
-    pub fn compact_headers(&self) -> bool {
-        self.registered && self.compact_headers
+    /// How quiet messages' headers go on this connection ([`HeaderForm`]): whole until
+    /// the gateway accepted `Register`, then as it allowed.
+    pub fn header_form(&self) -> HeaderForm {
+        if self.registered {
+            self.header_form
+        } else {
+            HeaderForm::Full
+        }
+    }
+
+    /// Whether the message about to be sent carries the boot ID because a gateway replica
+    /// asked for it (`Ack.send_boot_id`): true for the [`BOOT_ID_MESSAGES`] messages sent
+    /// after the request.
+    pub fn take_boot_id_request(&mut self) -> bool {
+        let requested = self.boot_id_messages > 0;
+        self.boot_id_messages = self.boot_id_messages.saturating_sub(1);
+        requested
     }
 
     /// Records that `Register` with `seq` was sent.
@@ -393,7 +443,7 @@ impl Session {
             }
             if ack.registered {
                 self.registered = true;
-                self.compact_headers = ack.compact_headers;
+                self.header_form = HeaderForm::of(&ack);
                 self.backoff = Box::new(reconnect_backoff(
                     Duration::from_millis(100),
                     Duration::from_secs(7),
@@ -414,6 +464,7 @@ impl Session {
         }
         let node_not_found = ack.node_not_found;
         let resend_status = ack.resend_status;
+        let send_boot_id = ack.send_boot_id;
         let Some((reply, _)) = self.pending.remove(&ack.seq) else {
             tracing::debug!(
                 seq = ack.seq,
@@ -422,6 +473,9 @@ impl Session {
             return AfterAck::Nothing;
         };
         let _ = reply.send(Ok(ack));
+        if send_boot_id {
+            self.boot_id_messages = BOOT_ID_MESSAGES;
+        }
         if node_not_found {
             self.node_not_found(driver);
         } else if resend_status {
@@ -497,6 +551,60 @@ mod session_tests {
             AfterAck::Nothing
         );
         assert_eq!(rx.try_recv().unwrap().unwrap().seq, 11);
+    }
+
+    #[test]
+    fn the_header_form_is_what_register_was_accepted_with_and_boot_id_requests_last() {
+        let (_uplink, driver) = channel(4);
+        let mut s = Session::new();
+        assert_eq!(s.header_form(), HeaderForm::Full);
+        s.register_sent(Some(1));
+        let accepted = Ack {
+            seq: 1,
+            code: AckCode::Ok.into(),
+            registered: true,
+            compact_headers: true,
+            boot_tags: true,
+            ..Default::default()
+        };
+        s.on_ack(accepted, &driver);
+        assert_eq!(s.header_form(), HeaderForm::CompactBootTag);
+        assert!(!s.take_boot_id_request());
+        // A replica that does not hold the boot asks for it: the next BOOT_ID_MESSAGES
+        // messages carry it, then tags again.
+        let (tx, _rx) = oneshot::channel();
+        s.track(2, tx, true);
+        let ask = Ack {
+            seq: 2,
+            code: AckCode::Retry.into(),
+            send_boot_id: true,
+            ..Default::default()
+        };
+        s.on_ack(ask, &driver);
+        for _ in 0..BOOT_ID_MESSAGES {
+            assert!(s.take_boot_id_request());
+        }
+        assert!(!s.take_boot_id_request());
+        // An unsolicited request changes nothing.
+        let forged = Ack {
+            seq: 99,
+            send_boot_id: true,
+            ..Default::default()
+        };
+        s.on_ack(forged, &driver);
+        assert!(!s.take_boot_id_request());
+        // Compact headers without boot tags (an older gateway): never tags.
+        assert_eq!(
+            HeaderForm::of(&Ack {
+                compact_headers: true,
+                ..Default::default()
+            }),
+            HeaderForm::Compact
+        );
+        assert_eq!(
+            Session::resumed(HeaderForm::CompactBootTag).header_form(),
+            HeaderForm::CompactBootTag
+        );
     }
 
     #[test]

@@ -53,6 +53,7 @@ impl Node {
             boot_id: BOOT_ID.to_vec(),
             seq: self.seq.fetch_add(1, Ordering::SeqCst),
             wall_time_ms: 1_780_000_000_000,
+            boot_tag: 0,
         }
     }
 

@@ -21,6 +21,14 @@ pub struct Header {
     /// is derived from it.
     #[prost(int64, tag = "4")]
     pub wall_time_ms: i64,
+    /// Names the boot in place of boot_id, which is then empty: the low 32 bits of the 64-bit
+    /// FNV-1a hash of boot_id's bytes (offset basis 0xcbf29ce484222325, prime 0x100000001b3).
+    /// Only in quiet messages over MQTT, once the gateway accepted Register with
+    /// Ack.boot_tags. A receiver takes the boot it holds for the node when the tag matches
+    /// it; otherwise it cannot tell the boot and answers RETRY with Ack.send_boot_id. Not a
+    /// security measure: who sent a message is the transport's to establish.
+    #[prost(fixed32, tag = "5")]
+    pub boot_tag: u32,
 }
 /// A NodeCondition as kubelet computes it (core/v1 NodeCondition), with the transition time
 /// made relative so that it survives a wrong agent clock.
@@ -268,10 +276,20 @@ pub struct Ack {
     /// On an accepted Register: quiet messages may leave out what the gateway already knows.
     /// Over gRPC, on this stream, Header.node_name, boot_id and wall_time_ms; the gateway takes
     /// node name and boot ID from the stream's Register. Over MQTT, Header.node_name (the
-    /// topic names the node) and, when not signed, wall_time_ms; boot_id and seq stay. Either
-    /// way the identity checks apply as to a full header.
+    /// topic names the node) and, when not signed, wall_time_ms; boot_id (unless boot_tags)
+    /// and seq stay. Either way the identity checks apply as to a full header.
     #[prost(bool, tag = "8")]
     pub compact_headers: bool,
+    /// On an accepted Register, with compact_headers: quiet messages over MQTT may also carry
+    /// Header.boot_tag in place of boot_id (5 bytes on the wire instead of 18).
+    #[prost(bool, tag = "9")]
+    pub boot_tags: bool,
+    /// With code RETRY: the message named its boot by Header.boot_tag, and this gateway
+    /// replica does not hold that boot for the node (a shared subscription gave it the node's
+    /// first message since the node rebooted or the replica started). The agent sends its
+    /// next message with boot_id, which teaches the replica the boot.
+    #[prost(bool, tag = "10")]
+    pub send_boot_id: bool,
 }
 /// Everything the gateway sends back.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -14,7 +14,7 @@ use super::tls::ClientTls;
 use super::tls::{self};
 
 use crate::uplink::{
-    AfterAck, RegisterFn, Session, UplinkDriver, UplinkError, reconnect_backoff,
+    AfterAck, HeaderForm, RegisterFn, Session, UplinkDriver, UplinkError, reconnect_backoff,
     refuse_while_waiting,
 };
 
@@ -317,7 +317,7 @@ async fn session(
                 let seq = request.message.header().map_or(0, |h| h.seq);
                 let quiet = request.message.is_quiet();
                 let mut message = request.message;
-                if state.compact_headers() {
+                if state.header_form() != HeaderForm::Full {
                     // The stream's Register told the gateway who and which boot.
                     message.compact_header();
                 }

@@ -18,8 +18,8 @@ use super::{
     check_keepalive, check_level, check_prefix, disconnect, next_event, node_topic,
 };
 use crate::uplink::{
-    AfterAck, RegisterFn, Request, Session, UplinkDriver, UplinkError, reconnect_backoff,
-    refuse_while_waiting,
+    AfterAck, HeaderForm, RegisterFn, Request, Session, UplinkDriver, UplinkError,
+    reconnect_backoff, refuse_while_waiting,
 };
 
 /// Capacity of rumqttc's own request queue. Requests are only handed to it while connected
@@ -375,8 +375,8 @@ struct Link {
     /// The gateway accepted our Register on an earlier broker connection; a reconnect to the
     /// broker does not undo that (see `Session::resumed`).
     resume: bool,
-    /// ... and said quiet messages may leave out what the topic says (`Ack.compact_headers`).
-    resume_compact: bool,
+    /// ... and what it said quiet messages may leave out.
+    resume_form: HeaderForm,
     register_timeouts: Box<dyn Iterator<Item = Duration> + Send>,
     register_timeout: Duration,
     lease_properties: PublishProperties,
@@ -403,7 +403,7 @@ impl Link {
             register,
             session: None,
             resume: false,
-            resume_compact: false,
+            resume_form: HeaderForm::Full,
             register_timeouts: register_timeouts(options.register_timeout),
             register_timeout: options.register_timeout,
             lease_properties: PublishProperties {
@@ -488,7 +488,7 @@ impl Link {
                 }
                 driver.connected();
                 if self.resume {
-                    self.session = Some(Session::resumed(self.resume_compact));
+                    self.session = Some(Session::resumed(self.resume_form));
                     return Timer::Disarm;
                 }
                 self.session = Some(Session::new());
@@ -587,10 +587,18 @@ impl Link {
             return;
         }
         let mut message = request.message;
-        if self.session.as_ref().is_some_and(Session::compact_headers) {
-            // The topic names the node; a signed message keeps its wall time for the
-            // gateway's clock window.
-            message.compact_header_for_topic(self.signs());
+        let signs = self.signs();
+        if let Some(session) = self.session.as_mut() {
+            let form = session.header_form();
+            if form != HeaderForm::Full {
+                // The topic names the node; a signed message keeps its wall time for the
+                // gateway's clock window.
+                message.compact_header_for_topic(signs);
+            }
+            // A replica that asked for the boot ID learns it from this message.
+            if !session.take_boot_id_request() && form == HeaderForm::CompactBootTag {
+                message.tag_boot();
+            }
         }
         let seq = message.header().map_or(0, |h| h.seq);
         let kind = message.kind_name();
@@ -688,7 +696,7 @@ impl Link {
         let mut session = self.session.take()?;
         let registered = session.registered();
         self.resume = registered;
-        self.resume_compact = session.compact_headers();
+        self.resume_form = session.header_form();
         session.fail_pending();
         Some(registered)
     }
@@ -785,7 +793,7 @@ mod tests {
                         node_name: "n".into(),
                         boot_id: vec![1; 16],
                         seq: 42,
-                        wall_time_ms: 0,
+                        ..Header::default()
                     }),
                     ..Default::default()
                 },

@@ -797,10 +797,9 @@ impl<H: Handler> Workers<H> {
             entry.queue.retain(|queued| {
                 let older = queued.signed
                     && queued.message.kind_name() == kind
-                    && queued
-                        .message
-                        .header()
-                        .is_some_and(|h| h.boot_id == newer.boot_id && h.seq < newer.seq);
+                    && queued.message.header().is_some_and(|h| {
+                        h.named_boot_tag() == newer.named_boot_tag() && h.seq < newer.seq
+                    });
                 if older {
                     superseded.push(queued.message.header().map_or(0, |h| h.seq));
                 }
