@@ -40,15 +40,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use edgebeat_proto::registration;
 use serde::Deserialize;
 
 use crate::health::{self, HealthSettings};
 use crate::quantity::{Amount, parse_amount, parse_millicores};
 
-/// The label every edgebeat Node carries, `edgebeat.io/container-runtime: none`: no
-/// container runtime runs its pods, so workloads and DaemonSets keep away with a node
-/// affinity on it (the README has the snippet). `nodeLabels` cannot override it.
-pub const CONTAINER_RUNTIME_LABEL: (&str, &str) = ("edgebeat.io/container-runtime", "none");
+pub use edgebeat_proto::registration::{CONTAINER_RUNTIME_LABEL, DEFAULT_LABEL_KEYS};
 
 /// Default `transport.keepalive` for gRPC (5 min; see [`TransportConfig::Grpc`]).
 pub const GRPC_KEEPALIVE: Duration = Duration::from_secs(300);
@@ -603,21 +601,32 @@ impl AgentConfig {
         c.register_node = raw.register_node.unwrap_or(true);
         c.register_schedulable = raw.register_schedulable.unwrap_or(true);
         if let Some(taints) = raw.register_with_taints {
+            if taints.len() > registration::MAX_TAINTS {
+                p.push(
+                    "registerWithTaints",
+                    format!(
+                        "{} taints; at most {} are accepted",
+                        taints.len(),
+                        registration::MAX_TAINTS
+                    ),
+                );
+            }
             for (i, t) in taints.iter().enumerate() {
-                if !matches!(
-                    t.effect.as_str(),
-                    "NoSchedule" | "PreferNoSchedule" | "NoExecute"
-                ) {
+                if !registration::TAINT_EFFECTS.contains(&t.effect.as_str()) {
                     p.push(
                         format!("registerWithTaints[{i}].effect"),
                         format!(
-                            "got {:?}; use NoSchedule, PreferNoSchedule or NoExecute",
-                            t.effect
+                            "got {:?}; use {}",
+                            t.effect,
+                            registration::TAINT_EFFECTS.join(", ")
                         ),
                     );
                 }
-                if t.key.is_empty() {
-                    p.push(format!("registerWithTaints[{i}].key"), "must not be empty");
+                if let Err(e) = registration::check_key(&t.key) {
+                    p.push(format!("registerWithTaints[{i}].key"), e);
+                }
+                if let Err(e) = registration::check_value(&t.value) {
+                    p.push(format!("registerWithTaints[{i}].value"), e);
                 }
             }
             c.register_with_taints = taints;
@@ -629,6 +638,32 @@ impl AgentConfig {
                     format!(
                         "got {value:?}; the agent always sets it to {:?} (an edgebeat node runs no containers); remove it",
                         CONTAINER_RUNTIME_LABEL.1
+                    ),
+                );
+            }
+            for (key, value) in &labels {
+                if let Err(e) = registration::check_label(key, value) {
+                    p.push(format!("nodeLabels[{key:?}]"), e);
+                }
+            }
+            for key in registration::forbidden_labels(labels.keys().map(String::as_str)) {
+                p.push(
+                    format!("nodeLabels[{key:?}]"),
+                    "a node may not set kubernetes.io or k8s.io labels other than kubelet's (NodeRestriction); use your own prefix, e.g. example.com/role, or node.kubernetes.io/…",
+                );
+            }
+            let total = DEFAULT_LABEL_KEYS.len()
+                + labels
+                    .keys()
+                    .filter(|k| !DEFAULT_LABEL_KEYS.contains(&k.as_str()))
+                    .count();
+            if total > registration::MAX_LABELS {
+                p.push(
+                    "nodeLabels",
+                    format!(
+                        "{total} labels with the agent's own {}; at most {} are accepted",
+                        DEFAULT_LABEL_KEYS.len(),
+                        registration::MAX_LABELS
                     ),
                 );
             }
@@ -833,13 +868,22 @@ fn validate_transport(
                     );
                 }
             }
+            if !cfg!(feature = "grpc") {
+                p.push(
+                    "transport.kind",
+                    "this agent was built without gRPC (cargo feature grpc); use kind: mqtt or an agent built with it",
+                );
+            }
             let endpoint = endpoint?;
-            if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            if let Err(m) = edgebeat_transports::endpoint::check_grpc_endpoint(&endpoint) {
+                p.push("transport.endpoint", m);
+                return None;
+            }
+            if endpoint.starts_with("https://") && !cfg!(feature = "grpc-tls") {
                 p.push(
                     "transport.endpoint",
-                    format!("{endpoint:?} must start with http:// or https:// for kind: grpc"),
+                    "this build has no gRPC TLS support (feature grpc-tls); use http:// or an agent built with TLS",
                 );
-                return None;
             }
             let tls = tls(p, &endpoint, "https://");
             (
@@ -851,6 +895,12 @@ fn validate_transport(
             )
         }
         Some("mqtt") => {
+            if !cfg!(feature = "mqtt") {
+                p.push(
+                    "transport.kind",
+                    "this agent was built without MQTT (cargo feature mqtt); use kind: grpc or an agent built with it",
+                );
+            }
             if let Some(Err(why)) =
                 keepalive.map(edgebeat_transports::endpoint::check_mqtt_keepalive)
             {
@@ -1134,15 +1184,24 @@ fn is_link_local(ip: &IpAddr) -> bool {
     }
 }
 
-/// Checks a Node name: a DNS-1123 subdomain (lower-case alphanumerics, `-` and `.`, at most
-/// 253 characters, starting and ending alphanumeric), as the apiserver validates it.
+/// Checks a Node name for this agent: a DNS-1123 subdomain (lower-case alphanumerics, `-`
+/// and `.`, starting and ending alphanumeric), as the apiserver validates it
+/// ([`registration::is_node_name`]), and at most 63 characters, because it is also the
+/// value of the Node's `kubernetes.io/hostname` label ([`registration::check_value`]); a
+/// longer name would load and then never register.
 ///
 /// Errors: a message saying what is wrong.
 pub fn validate_node_name(name: &str) -> Result<(), String> {
-    // The rule the gateway and the TLS identity check apply, owned by one function.
-    if !edgebeat_transports::tls::is_node_name(name) {
+    if !registration::is_node_name(name) {
         return Err(format!(
-            "{name:?} is not a valid node name: use lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters"
+            "{name:?} is not a valid node name: use lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
+        ));
+    }
+    if registration::check_value(name).is_err() {
+        return Err(format!(
+            "{name:?} is {} characters; a node name is also its kubernetes.io/hostname label, which allows at most {}",
+            name.len(),
+            registration::MAX_LABEL_VALUE_BYTES
         ));
     }
     Ok(())
@@ -1352,6 +1411,39 @@ mod tests {
             ("healthzBindAddress: 127.0.0.1\n", "healthzBindAddress"),
             ("healthzBindAddress: 127.0.0.1:0\n", "healthzBindAddress"),
             ("healthzBindAddress: \"::1:10248\"\n", "healthzBindAddress"),
+            // Rules that once drifted from the gateway's and the apiserver's (a config
+            // that loaded but whose node never registered): the hostname label's length,
+            // label and taint syntax, NodeRestriction's labels.
+            (
+                "nodeName: edge-01234567890123456789012345678901234567890123456789012345678\n",
+                "nodeName",
+            ),
+            (
+                "nodeLabels: {node-role.kubernetes.io/edge: \"\"}\n",
+                "nodeLabels[\"node-role.kubernetes.io/edge\"]",
+            ),
+            ("nodeLabels: {site: plant 3}\n", "nodeLabels[\"site\"]"),
+            (
+                "nodeLabels: {Example.com/site: a}\n",
+                "nodeLabels[\"Example.com/site\"]",
+            ),
+            (
+                "registerWithTaints: [{key: a b, effect: NoSchedule}]\n",
+                "registerWithTaints[0].key",
+            ),
+            (
+                "registerWithTaints: [{key: a, value: -x, effect: NoSchedule}]\n",
+                "registerWithTaints[0].value",
+            ),
+            // ... and from the gRPC uplink's endpoint parser.
+            (
+                "transport: {kind: grpc, endpoint: \"http://\"}\n",
+                "transport.endpoint",
+            ),
+            (
+                "transport: {kind: grpc, endpoint: \"http://gw:x\"}\n",
+                "transport.endpoint",
+            ),
         ];
         for (body, field) in cases {
             let err = AgentConfig::from_yaml(&format!("{MINIMAL}{body}"))
@@ -1362,6 +1454,22 @@ mod tests {
                 "{body:?} gave {err:?}"
             );
         }
+    }
+
+    /// The registration's label limit counts the agent's own labels: 59 more than its
+    /// six are one too many for the gateway, so the config says so.
+    #[test]
+    fn node_labels_are_counted_with_the_agents_own() {
+        let labels = |n: usize| {
+            let list: Vec<String> = (0..n).map(|i| format!("example.com/l{i}: v")).collect();
+            format!("{MINIMAL}nodeLabels: {{{}}}\n", list.join(", "))
+        };
+        assert!(AgentConfig::from_yaml(&labels(58)).is_ok());
+        let err = AgentConfig::from_yaml(&labels(59)).unwrap_err().to_string();
+        assert!(err.starts_with("nodeLabels: 65 labels"), "{err}");
+        // Overriding a default label adds none.
+        let yaml = format!("{MINIMAL}nodeLabels: {{kubernetes.io/hostname: edge-01}}\n");
+        assert!(AgentConfig::from_yaml(&yaml).is_ok());
     }
 
     #[test]

@@ -22,7 +22,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{AgentConfig, CONTAINER_RUNTIME_LABEL, TransportConfig, validate_node_name};
+use crate::config::{
+    AgentConfig, CONTAINER_RUNTIME_LABEL, DEFAULT_LABEL_KEYS, TransportConfig, validate_node_name,
+};
 use crate::header::HeaderFactory;
 use crate::metrics::{AgentMetrics, MessageKind};
 use crate::status::{ComputedStatus, compute, has_changed};
@@ -150,25 +152,15 @@ pub fn node_labels(
     facts: &HostFacts,
     node_name: &str,
 ) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::from([
-        ("kubernetes.io/hostname".to_owned(), node_name.to_owned()),
-        (
-            "kubernetes.io/os".to_owned(),
-            facts.operating_system.to_owned(),
-        ),
-        (
-            "kubernetes.io/arch".to_owned(),
-            facts.architecture.to_owned(),
-        ),
-        (
-            "beta.kubernetes.io/os".to_owned(),
-            facts.operating_system.to_owned(),
-        ),
-        (
-            "beta.kubernetes.io/arch".to_owned(),
-            facts.architecture.to_owned(),
-        ),
-    ]);
+    let os = facts.operating_system;
+    let arch = facts.architecture;
+    // DEFAULT_LABEL_KEYS' order; the last, the container runtime label, goes on last.
+    let values = [node_name, os, arch, os, arch];
+    let mut labels: BTreeMap<String, String> = DEFAULT_LABEL_KEYS
+        .iter()
+        .zip(values)
+        .map(|(k, v)| ((*k).to_owned(), v.to_owned()))
+        .collect();
     labels.extend(config.node_labels.clone());
     labels.insert(
         CONTAINER_RUNTIME_LABEL.0.to_owned(),

@@ -1,135 +1,18 @@
-//! What a node may write, whatever the transport: the rules of the NodeRestriction
-//! admission plugin (`plugin/pkg/admission/noderestriction/admission.go`) and kubelet's own
-//! label rules (`k8s.io/kubelet/pkg/apis: IsKubeletLabel`), plus input limits and a
-//! per-node rate limit. The gateway enforces them itself because in service-account mode
-//! the apiserver's NodeRestriction does not apply to it.
+//! What a node may write, whatever the transport: input limits on a reported status and a
+//! per-node rate limit. What a registration may carry (NodeRestriction's label rules,
+//! label and taint syntax) is [`edgebeat_proto::registration`], shared with the agent's
+//! config. The gateway enforces both itself because in service-account mode the
+//! apiserver's NodeRestriction does not apply to it.
 
 use std::time::Duration;
 
 use edgebeat_proto as pb;
 use tokio::time::Instant;
 
-/// Labels kubelet sets and may always set (`IsKubeletLabel`'s fixed list).
-const KUBELET_LABELS: [&str; 11] = [
-    "kubernetes.io/hostname",
-    "topology.kubernetes.io/zone",
-    "topology.kubernetes.io/region",
-    "failure-domain.beta.kubernetes.io/zone",
-    "failure-domain.beta.kubernetes.io/region",
-    "node.kubernetes.io/instance-type",
-    "beta.kubernetes.io/instance-type",
-    "kubernetes.io/os",
-    "kubernetes.io/arch",
-    "beta.kubernetes.io/os",
-    "beta.kubernetes.io/arch",
-];
-
-/// Label namespaces a node may use freely (`kubeletLabelNamespaces`).
-const KUBELET_NAMESPACES: [&str; 2] = ["kubelet.kubernetes.io", "node.kubernetes.io"];
-
-fn namespace(key: &str) -> &str {
-    key.split_once('/').map_or("", |(ns, _)| ns)
-}
-
-fn in_namespace(ns: &str, domain: &str) -> bool {
-    ns == domain
-        || ns
-            .strip_suffix(domain)
-            .is_some_and(|rest| rest.ends_with('.'))
-}
-
-/// kubelet's `IsKubeletLabel`: one of the labels kubelet computes, or any label in the
-/// `kubelet.kubernetes.io` / `node.kubernetes.io` namespaces.
-pub fn is_kubelet_label(key: &str) -> bool {
-    KUBELET_LABELS.contains(&key)
-        || KUBELET_NAMESPACES
-            .iter()
-            .any(|d| in_namespace(namespace(key), d))
-}
-
-/// NodeRestriction's `getForbiddenLabels`: labels under `node-restriction.kubernetes.io`,
-/// and `kubernetes.io` / `k8s.io` labels that are not kubelet labels. Returns the forbidden
-/// keys among `keys`, sorted.
-pub fn forbidden_labels<'a>(keys: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
-    let mut out: Vec<&str> = keys
-        .into_iter()
-        .filter(|key| {
-            let ns = namespace(key);
-            in_namespace(ns, "node-restriction.kubernetes.io")
-                || ((in_namespace(ns, "kubernetes.io") || in_namespace(ns, "k8s.io"))
-                    && !is_kubelet_label(key))
-        })
-        .collect();
-    out.sort_unstable();
-    out
-}
-
-/// Most labels and taints a registration may carry (kubelet sets five labels; sites add a
-/// few). Bounds the work and the Node object a hostile agent can cause.
-pub const MAX_LABELS: usize = 64;
-/// Most taints a registration may carry.
-pub const MAX_TAINTS: usize = 16;
-/// Longest label or taint key accepted, in bytes (a DNS-1123 prefix of 253 + `/` + a
-/// 63-byte name).
-pub const MAX_KEY_BYTES: usize = 317;
-/// Longest label or taint value, in bytes (Kubernetes' limit).
-pub const MAX_VALUE_BYTES: usize = 63;
 /// Longest free-text field in a status (condition message, nodeInfo fields), in bytes.
 pub const MAX_TEXT_BYTES: usize = 1024;
 /// Most addresses or resource entries in a status.
 pub const MAX_ENTRIES: usize = 32;
-
-/// Checks a registration against NodeRestriction and the input limits: no forbidden
-/// labels, at most [`MAX_LABELS`] labels and [`MAX_TAINTS`] taints, keys and values within
-/// Kubernetes' lengths, taint effects Kubernetes knows.
-///
-/// Errors: a message naming the offending label or taint, for the Ack and the log.
-pub fn validate_register(register: &pb::Register) -> Result<(), String> {
-    if register.labels.len() > MAX_LABELS {
-        return Err(format!(
-            "too many labels: {} > {MAX_LABELS}",
-            register.labels.len()
-        ));
-    }
-    if register.taints.len() > MAX_TAINTS {
-        return Err(format!(
-            "too many taints: {} > {MAX_TAINTS}",
-            register.taints.len()
-        ));
-    }
-    for (key, value) in &register.labels {
-        if key.is_empty() || key.len() > MAX_KEY_BYTES || value.len() > MAX_VALUE_BYTES {
-            return Err(format!(
-                "label {key:?} exceeds Kubernetes' key or value length"
-            ));
-        }
-    }
-    let forbidden = forbidden_labels(register.labels.keys().map(String::as_str));
-    if !forbidden.is_empty() {
-        return Err(format!(
-            "forbidden labels (NodeRestriction): {}",
-            forbidden.join(", ")
-        ));
-    }
-    for t in &register.taints {
-        if t.key.is_empty() || t.key.len() > MAX_KEY_BYTES || t.value.len() > MAX_VALUE_BYTES {
-            return Err(format!(
-                "taint {:?} exceeds Kubernetes' key or value length",
-                t.key
-            ));
-        }
-        if !matches!(
-            t.effect.as_str(),
-            "NoSchedule" | "PreferNoSchedule" | "NoExecute"
-        ) {
-            return Err(format!(
-                "taint {:?} has unknown effect {:?}",
-                t.key, t.effect
-            ));
-        }
-    }
-    Ok(())
-}
 
 /// Checks the sizes in a reported status: at most [`MAX_ENTRIES`] addresses and resource
 /// entries each, text fields at most [`MAX_TEXT_BYTES`].
@@ -221,81 +104,6 @@ impl TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn noderestriction_label_rules() {
-        let keys = [
-            "kubernetes.io/hostname",
-            "kubernetes.io/arch",
-            "node.kubernetes.io/instance-type",
-            "node.kubernetes.io/edge",
-            "foo.node.kubernetes.io/bar",
-            "kubelet.kubernetes.io/x",
-            "topology.kubernetes.io/zone",
-            "example.com/site",
-            "site",
-            // forbidden:
-            "node-role.kubernetes.io/control-plane",
-            "node-restriction.kubernetes.io/trusted",
-            "x.node-restriction.kubernetes.io/a",
-            "kubernetes.io/role",
-            "k8s.io/anything",
-            "sub.k8s.io/x",
-        ];
-        assert_eq!(
-            forbidden_labels(keys),
-            [
-                "k8s.io/anything",
-                "kubernetes.io/role",
-                "node-restriction.kubernetes.io/trusted",
-                "node-role.kubernetes.io/control-plane",
-                "sub.k8s.io/x",
-                "x.node-restriction.kubernetes.io/a",
-            ]
-        );
-        assert!(
-            !is_kubelet_label("evilnode.kubernetes.io/x"),
-            "a suffix match needs a dot"
-        );
-    }
-
-    #[test]
-    fn registrations_are_bounded_and_restricted() {
-        let mut r = pb::Register::default();
-        r.labels
-            .insert("kubernetes.io/hostname".into(), "edge-01".into());
-        assert!(validate_register(&r).is_ok());
-        r.labels.insert(
-            "node-role.kubernetes.io/control-plane".into(),
-            String::new(),
-        );
-        let err = validate_register(&r).unwrap_err();
-        assert!(
-            err.contains("node-role.kubernetes.io/control-plane"),
-            "{err}"
-        );
-        let mut r = pb::Register::default();
-        for i in 0..=MAX_LABELS {
-            r.labels.insert(format!("example.com/l{i}"), "v".into());
-        }
-        assert!(
-            validate_register(&r)
-                .unwrap_err()
-                .starts_with("too many labels")
-        );
-        let mut r = pb::Register::default();
-        r.labels.insert("example.com/l".into(), "v".repeat(64));
-        assert!(validate_register(&r).is_err());
-        let r = pb::Register {
-            taints: vec![pb::Taint {
-                key: "k".into(),
-                value: String::new(),
-                effect: "Sometimes".into(),
-            }],
-            ..Default::default()
-        };
-        assert!(validate_register(&r).is_err());
-    }
 
     #[test]
     fn status_sizes_are_bounded() {

@@ -272,7 +272,7 @@ impl Writer {
         };
         if let Err(why) = validate_status(status)
             .and_then(|()| crate::restriction::validate_status_limits(status))
-            .and_then(|()| crate::restriction::validate_register(register))
+            .and_then(|()| pb::registration::validate_register(register))
         {
             return self.reject(seq, RejectReason::Invalid, why);
         }
@@ -426,18 +426,8 @@ impl Writer {
         existing: &Node,
         register: &pb::Register,
     ) -> Result<(), kube::Error> {
-        const DEFAULT_LABELS: [&str; 6] = [
-            "kubernetes.io/hostname",
-            "kubernetes.io/os",
-            "kubernetes.io/arch",
-            "beta.kubernetes.io/os",
-            "beta.kubernetes.io/arch",
-            // edgebeat's own default: no container runtime behind the node (the agent's
-            // `CONTAINER_RUNTIME_LABEL`), also on Nodes registered before it existed.
-            "edgebeat.io/container-runtime",
-        ];
         let current = existing.metadata.labels.clone().unwrap_or_default();
-        let wanted: BTreeMap<String, String> = DEFAULT_LABELS
+        let wanted: BTreeMap<String, String> = pb::registration::DEFAULT_LABEL_KEYS
             .iter()
             .filter_map(|k| {
                 register

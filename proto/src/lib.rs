@@ -17,6 +17,8 @@ pub mod v1 {
 
 pub use v1::*;
 
+pub mod registration;
+
 /// The codec of the generated `Heartbeat` client and server: prost, with buffers sized to
 /// edgebeat's messages instead of tonic's 8 KiB default.
 ///

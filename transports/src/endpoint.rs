@@ -74,6 +74,37 @@ impl std::str::FromStr for MqttEndpoint {
     }
 }
 
+/// Checks a gateway's gRPC endpoint (the agent's `transport.endpoint` for `kind: grpc`):
+/// `http://host[:port]`, or `https://host[:port]` for TLS, parsed by `http::Uri` as tonic's
+/// `Endpoint::from_shared` parses it when the uplink starts, so an endpoint the config
+/// accepts is one the uplink takes.
+///
+/// Errors: what is wrong, quoting the text.
+pub fn check_grpc_endpoint(url: &str) -> Result<(), String> {
+    const FIX: &str = "use http://host:port, or https://host:port for TLS";
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL ({e}); {FIX}"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(format!(
+            "{url:?} must start with http:// or https:// for kind: grpc"
+        ));
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("{url:?} has no host; {FIX}"));
+    }
+    // `http::Uri` takes `gw:x` with no port, and the connector would then dial port 80.
+    let authority = uri.authority().map_or("", http::uri::Authority::as_str);
+    let after_host = authority.rsplit_once(']').map_or(authority, |(_, rest)| rest);
+    if authority.contains('@') || (after_host.contains(':') && uri.port_u16().is_none()) {
+        return Err(format!("{url:?} has an invalid port or user info; {FIX}"));
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(format!("{url:?} must not have a path or query; {FIX}"));
+    }
+    Ok(())
+}
+
 /// Checks an MQTT topic prefix (`transport.topicPrefix`, the gateway's `--mqtt-topic-prefix`):
 /// not empty, no wildcard, no `$` start (reserved for the broker), no leading or trailing
 /// `/`, no NUL (MQTT 5.0 §4.7). The one rule the agent's config, the MQTT uplink and the MQTT
@@ -142,6 +173,31 @@ mod tests {
 
     fn parse(url: &str) -> Result<(String, u16, bool), String> {
         url.parse::<MqttEndpoint>().map(|e| (e.host, e.port, e.tls))
+    }
+
+    /// Every endpoint the check accepts, tonic's parser takes (the uplink's); the ones it
+    /// refuses once loaded and then failed when the agent started.
+    #[test]
+    fn grpc_endpoints_are_what_the_uplink_parses() {
+        for good in [
+            "http://gw:7443",
+            "https://gateway.example:443",
+            "http://10.0.0.1:7443/",
+            "http://[::1]:7443",
+        ] {
+            assert_eq!(check_grpc_endpoint(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "http://",
+            "http://gw:x",
+            "http://gw gw:7443",
+            "gw:7443",
+            "mqtt://gw:1883",
+            "http://gw:7443/heartbeat",
+            "http://:7443",
+        ] {
+            assert!(check_grpc_endpoint(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

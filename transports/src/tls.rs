@@ -273,19 +273,10 @@ pub fn node_identity(leaf_der: &[u8]) -> Result<String, String> {
     Ok(name.to_owned())
 }
 
-/// A Node name as the apiserver validates it: a DNS-1123 subdomain (at most 253 bytes of
-/// lower-case letters, digits, `-` and `.`, starting and ending with a letter or digit;
-/// `k8s.io/apimachinery/pkg/util/validation: IsDNS1123Subdomain`). Built whatever the
-/// features: the agent's config, the gateway and the certificate check share it.
-pub fn is_node_name(name: &str) -> bool {
-    let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.';
-    let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    !name.is_empty()
-        && name.len() <= 253
-        && name.bytes().all(ok)
-        && edge(name.as_bytes().first())
-        && edge(name.as_bytes().last())
-}
+/// A Node name as the apiserver validates it (a DNS-1123 subdomain): the one rule, in
+/// [`edgebeat_proto::registration::is_node_name`], that the agent's config, the gateway and
+/// the certificate check share.
+pub use edgebeat_proto::registration::is_node_name;
 
 #[cfg(all(test, feature = "node-identity"))]
 mod tests {

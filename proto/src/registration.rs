@@ -1,0 +1,352 @@
+//! What a node's registration may carry, as the apiserver and its NodeRestriction admission
+//! plugin take it: one set of rules for the agent, which checks its `nodeName`,
+//! `nodeLabels` and `registerWithTaints` when its config loads (as kubelet checks
+//! `--node-labels` and `registerWithTaints` at start), and for the gateway, which checks
+//! every [`Register`] before it writes anything (in service-account mode the apiserver's
+//! NodeRestriction does not apply to the gateway).
+//!
+//! Sources:
+//! - names and labels: `k8s.io/apimachinery/pkg/util/validation/validation.go`
+//!   (`IsDNS1123Subdomain`, `IsQualifiedName`, `IsValidLabelValue`);
+//! - labels a node may set: `plugin/pkg/admission/noderestriction/admission.go`
+//!   (`getForbiddenLabels`) and `k8s.io/kubelet/pkg/apis/well_known_labels.go`
+//!   (`IsKubeletLabel`); kubelet refuses other `kubernetes.io` labels at start
+//!   (`cmd/kubelet/app/options/options.go: ValidateKubeletFlags`);
+//! - taint effects: core/v1 `TaintEffect`.
+
+use crate::Register;
+
+/// Labels kubelet sets and may always set (`IsKubeletLabel`'s fixed list).
+const KUBELET_LABELS: [&str; 11] = [
+    "kubernetes.io/hostname",
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+    "node.kubernetes.io/instance-type",
+    "beta.kubernetes.io/instance-type",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+];
+
+/// Label namespaces a node may use freely (`kubeletLabelNamespaces`).
+const KUBELET_NAMESPACES: [&str; 2] = ["kubelet.kubernetes.io", "node.kubernetes.io"];
+
+/// The label every edgebeat Node carries, `edgebeat.io/container-runtime: none`: no
+/// container runtime runs its pods, so workloads and DaemonSets keep away with a node
+/// affinity on it (the README has the snippet). `nodeLabels` cannot override it.
+pub const CONTAINER_RUNTIME_LABEL: (&str, &str) = ("edgebeat.io/container-runtime", "none");
+
+/// The labels the agent sets on every Node, in this order: kubelet's defaults
+/// (`pkg/kubelet/kubelet_node_status.go: initialNode`: hostname, OS and architecture, and
+/// their beta forms), then [`CONTAINER_RUNTIME_LABEL`]. `nodeLabels` may override all but
+/// the last; the gateway reconciles them on an existing Node.
+pub const DEFAULT_LABEL_KEYS: [&str; 6] = [
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+    CONTAINER_RUNTIME_LABEL.0,
+];
+
+/// The taint effects Kubernetes knows (core/v1 `TaintEffect`).
+pub const TAINT_EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
+
+/// Most labels a registration may carry (kubelet sets six; sites add a few). Bounds the
+/// work and the Node object a hostile agent can cause.
+pub const MAX_LABELS: usize = 64;
+/// Most taints a registration may carry.
+pub const MAX_TAINTS: usize = 16;
+/// Longest label value, and longest name part of a label key, in bytes (Kubernetes' limit).
+pub const MAX_LABEL_VALUE_BYTES: usize = 63;
+/// Longest DNS-1123 subdomain, in bytes: a Node name, or a label key's prefix.
+pub const MAX_SUBDOMAIN_BYTES: usize = 253;
+
+/// A DNS-1123 subdomain (`IsDNS1123Subdomain`): at most 253 bytes of lower-case letters,
+/// digits, `-` and `.`, starting and ending with a letter or digit. This is the rule for a
+/// Node name, which the agent's config, the gateway and the certificate check share.
+pub fn is_node_name(name: &str) -> bool {
+    let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.';
+    let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    !name.is_empty()
+        && name.len() <= MAX_SUBDOMAIN_BYTES
+        && name.bytes().all(ok)
+        && edge(name.as_bytes().first())
+        && edge(name.as_bytes().last())
+}
+
+/// Letters, digits, `-`, `_` and `.`, starting and ending with a letter or digit: a label
+/// value when not empty, and the name part of a qualified name.
+fn is_label_token(s: &str) -> bool {
+    let edge = |b: Option<&u8>| b.is_some_and(u8::is_ascii_alphanumeric);
+    s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && edge(s.as_bytes().first())
+        && edge(s.as_bytes().last())
+}
+
+/// Checks a label or taint key (`IsQualifiedName`): an optional DNS-1123 subdomain prefix
+/// and `/`, then a name of 1 to 63 bytes of letters, digits, `-`, `_` and `.`, starting and
+/// ending with a letter or digit.
+///
+/// Errors: what is wrong with `key`.
+pub fn check_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix
+        && !is_node_name(prefix)
+    {
+        return Err(format!(
+            "key {key:?}: the prefix before '/' must be a DNS subdomain (lower-case letters, digits, '-' and '.', at most {MAX_SUBDOMAIN_BYTES} characters)"
+        ));
+    }
+    if name.len() > MAX_LABEL_VALUE_BYTES || !is_label_token(name) {
+        return Err(format!(
+            "key {key:?}: the name must be 1 to {MAX_LABEL_VALUE_BYTES} characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a label or taint value (`IsValidLabelValue`): empty, or at most 63 bytes of
+/// letters, digits, `-`, `_` and `.`, starting and ending with a letter or digit.
+///
+/// Errors: what is wrong with `value`.
+pub fn check_value(value: &str) -> Result<(), String> {
+    if value.is_empty() || (value.len() <= MAX_LABEL_VALUE_BYTES && is_label_token(value)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "value {value:?} must be empty or at most {MAX_LABEL_VALUE_BYTES} characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+        ))
+    }
+}
+
+fn namespace(key: &str) -> &str {
+    key.split_once('/').map_or("", |(ns, _)| ns)
+}
+
+fn in_namespace(ns: &str, domain: &str) -> bool {
+    ns == domain
+        || ns
+            .strip_suffix(domain)
+            .is_some_and(|rest| rest.ends_with('.'))
+}
+
+/// kubelet's `IsKubeletLabel`: one of the labels kubelet computes, or any label in the
+/// `kubelet.kubernetes.io` / `node.kubernetes.io` namespaces.
+pub fn is_kubelet_label(key: &str) -> bool {
+    KUBELET_LABELS.contains(&key)
+        || KUBELET_NAMESPACES
+            .iter()
+            .any(|d| in_namespace(namespace(key), d))
+}
+
+/// NodeRestriction's `getForbiddenLabels`: labels under `node-restriction.kubernetes.io`,
+/// and `kubernetes.io` / `k8s.io` labels that are not kubelet labels. Returns the forbidden
+/// keys among `keys`, sorted.
+pub fn forbidden_labels<'a>(keys: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut out: Vec<&str> = keys
+        .into_iter()
+        .filter(|key| {
+            let ns = namespace(key);
+            in_namespace(ns, "node-restriction.kubernetes.io")
+                || ((in_namespace(ns, "kubernetes.io") || in_namespace(ns, "k8s.io"))
+                    && !is_kubelet_label(key))
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Checks one label: its key ([`check_key`]) and value ([`check_value`]).
+///
+/// Errors: what is wrong, naming the label.
+pub fn check_label(key: &str, value: &str) -> Result<(), String> {
+    check_key(key)
+        .and_then(|()| check_value(value))
+        .map_err(|e| format!("label {key:?}: {e}"))
+}
+
+/// Checks one taint: key ([`check_key`]), value ([`check_value`]) and effect
+/// ([`TAINT_EFFECTS`]).
+///
+/// Errors: what is wrong, naming the taint.
+pub fn check_taint(key: &str, value: &str, effect: &str) -> Result<(), String> {
+    check_key(key)
+        .and_then(|()| check_value(value))
+        .and_then(|()| {
+            if TAINT_EFFECTS.contains(&effect) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "unknown effect {effect:?}; use {}",
+                    TAINT_EFFECTS.join(", ")
+                ))
+            }
+        })
+        .map_err(|e| format!("taint {key:?}: {e}"))
+}
+
+/// Checks a registration: at most [`MAX_LABELS`] labels and [`MAX_TAINTS`] taints, each
+/// label and taint well formed ([`check_label`], [`check_taint`]), no label a node may not
+/// set ([`forbidden_labels`]).
+///
+/// Errors: a message naming the offending label or taint, for the Ack and the log.
+pub fn validate_register(register: &Register) -> Result<(), String> {
+    if register.labels.len() > MAX_LABELS {
+        return Err(format!(
+            "too many labels: {} > {MAX_LABELS}",
+            register.labels.len()
+        ));
+    }
+    if register.taints.len() > MAX_TAINTS {
+        return Err(format!(
+            "too many taints: {} > {MAX_TAINTS}",
+            register.taints.len()
+        ));
+    }
+    for (key, value) in &register.labels {
+        check_label(key, value)?;
+    }
+    let forbidden = forbidden_labels(register.labels.keys().map(String::as_str));
+    if !forbidden.is_empty() {
+        return Err(format!(
+            "forbidden labels (NodeRestriction): {}",
+            forbidden.join(", ")
+        ));
+    }
+    for t in &register.taints {
+        check_taint(&t.key, &t.value, &t.effect)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_values_follow_apimachinery() {
+        for good in [
+            "site",
+            "example.com/edge",
+            "node.kubernetes.io/exclude-from-external-load-balancers",
+            "a_b.c-d",
+        ] {
+            assert_eq!(check_key(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "/edge",
+            "Example.com/edge",
+            "example.com/",
+            "-site",
+            "site-",
+            "a b",
+            &"k".repeat(64),
+        ] {
+            assert!(check_key(bad).is_err(), "{bad:?}");
+        }
+        for good in ["", "true", "plant-3", "A_b.9", &"v".repeat(63)] {
+            assert_eq!(check_value(good), Ok(()), "{good}");
+        }
+        for bad in ["-x", "x.", "two words", "é", &"v".repeat(64)] {
+            assert!(check_value(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn noderestriction_label_rules() {
+        let keys = [
+            "kubernetes.io/hostname",
+            "kubernetes.io/arch",
+            "node.kubernetes.io/instance-type",
+            "node.kubernetes.io/edge",
+            "foo.node.kubernetes.io/bar",
+            "kubelet.kubernetes.io/x",
+            "topology.kubernetes.io/zone",
+            "example.com/site",
+            "site",
+            // forbidden:
+            "node-role.kubernetes.io/control-plane",
+            "node-restriction.kubernetes.io/trusted",
+            "x.node-restriction.kubernetes.io/a",
+            "kubernetes.io/role",
+            "k8s.io/anything",
+            "sub.k8s.io/x",
+        ];
+        assert_eq!(
+            forbidden_labels(keys),
+            [
+                "k8s.io/anything",
+                "kubernetes.io/role",
+                "node-restriction.kubernetes.io/trusted",
+                "node-role.kubernetes.io/control-plane",
+                "sub.k8s.io/x",
+                "x.node-restriction.kubernetes.io/a",
+            ]
+        );
+        assert!(
+            !is_kubelet_label("evilnode.kubernetes.io/x"),
+            "a suffix match needs a dot"
+        );
+    }
+
+    #[test]
+    fn registrations_are_bounded_and_restricted() {
+        let mut r = Register::default();
+        r.labels
+            .insert("kubernetes.io/hostname".into(), "edge-01".into());
+        assert!(validate_register(&r).is_ok());
+        r.labels.insert(
+            "node-role.kubernetes.io/control-plane".into(),
+            String::new(),
+        );
+        let err = validate_register(&r).unwrap_err();
+        assert!(
+            err.contains("node-role.kubernetes.io/control-plane"),
+            "{err}"
+        );
+        let mut r = Register::default();
+        for i in 0..=MAX_LABELS {
+            r.labels.insert(format!("example.com/l{i}"), "v".into());
+        }
+        assert!(
+            validate_register(&r)
+                .unwrap_err()
+                .starts_with("too many labels")
+        );
+        let mut r = Register::default();
+        r.labels.insert("example.com/l".into(), "v".repeat(64));
+        assert!(validate_register(&r).is_err());
+        let r = Register {
+            taints: vec![crate::Taint {
+                key: "k".into(),
+                value: String::new(),
+                effect: "Sometimes".into(),
+            }],
+            ..Default::default()
+        };
+        assert!(validate_register(&r).is_err());
+    }
+
+    #[test]
+    fn taints_name_their_fault() {
+        assert_eq!(
+            check_taint("example.com/edge", "true", "NoSchedule"),
+            Ok(())
+        );
+        let e = check_taint("example.com/edge", "", "Sometimes").unwrap_err();
+        assert!(
+            e.contains("unknown effect") && e.contains("NoExecute"),
+            "{e}"
+        );
+        assert!(check_taint("", "", "NoSchedule").is_err());
+    }
+}
