@@ -699,7 +699,7 @@ impl Handler for Gateway {
             tracing::debug!(transport = peer.transport.as_str(), node = ?peer.identity, detail, "heartbeat superseded");
             return;
         }
-        tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, why = why.as_str(), detail, "message refused by the transport");
+        tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, node = ?peer.identity, why = why.as_str(), detail, "message refused by the transport");
     }
 }
 

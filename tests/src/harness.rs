@@ -542,7 +542,17 @@ impl Cluster {
     ///
     /// Errors: the agent's start-up errors (unreadable host facts, bad node name).
     pub fn start_agent(&self, config: AgentConfig) -> anyhow::Result<AgentHandle> {
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        self.start_agent_with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// As [`Cluster::start_agent`], reading time from `clock` (e.g. a [`ShiftedClock`]).
+    ///
+    /// Errors: as [`Cluster::start_agent`].
+    pub fn start_agent_with_clock(
+        &self,
+        config: AgentConfig,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<AgentHandle> {
         let agent = Agent::new(config, clock)?;
         let node_name = agent.node_name().to_owned();
         let cancel = CancellationToken::new();
@@ -553,6 +563,39 @@ impl Cluster {
             cancel,
             task,
         })
+    }
+}
+
+/// The real clocks with the wall clock stepped by an offset that a test changes while the
+/// agent runs: a board without an RTC whose clock jumps (NTP's first sync, a wrong manual
+/// date). CLOCK_BOOTTIME is untouched, as a wall-clock step leaves it.
+#[derive(Debug, Default)]
+pub struct ShiftedClock {
+    offset_ms: std::sync::atomic::AtomicI64,
+}
+
+impl ShiftedClock {
+    /// Sets the wall clock to real time plus `offset_ms` milliseconds (negative: behind).
+    pub fn shift(&self, offset_ms: i64) {
+        self.offset_ms
+            .store(offset_ms, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Clock for ShiftedClock {
+    fn now(&self) -> std::time::SystemTime {
+        let real = SystemClock.now();
+        let offset = self.offset_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let by = Duration::from_millis(offset.unsigned_abs());
+        if offset >= 0 {
+            real + by
+        } else {
+            real.checked_sub(by).unwrap_or(std::time::UNIX_EPOCH)
+        }
+    }
+
+    fn boottime(&self) -> Duration {
+        SystemClock.boottime()
     }
 }
 

@@ -95,7 +95,9 @@ pub fn check_grpc_endpoint(url: &str) -> Result<(), String> {
     }
     // `http::Uri` takes `gw:x` with no port, and the connector would then dial port 80.
     let authority = uri.authority().map_or("", http::uri::Authority::as_str);
-    let after_host = authority.rsplit_once(']').map_or(authority, |(_, rest)| rest);
+    let after_host = authority
+        .rsplit_once(']')
+        .map_or(authority, |(_, rest)| rest);
     if authority.contains('@') || (after_host.contains(':') && uri.port_u16().is_none()) {
         return Err(format!("{url:?} has an invalid port or user info; {FIX}"));
     }

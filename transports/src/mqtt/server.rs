@@ -586,9 +586,14 @@ fn open(
                 .unwrap_or(i64::MAX)
                 .saturating_mul(1000);
             let skew_ms = i64::try_from(policy.max_clock_skew.as_millis()).unwrap_or(i64::MAX);
-            if now_ms.saturating_sub(sent_ms).saturating_abs() > skew_ms {
+            let ahead_ms = sent_ms.saturating_sub(now_ms);
+            if ahead_ms.saturating_abs() > skew_ms {
                 let seq = message.header().map_or(0, |h| h.seq);
-                return Err(Refusal::answered(REJECT_CLOCK, seq, AckCode::Rejected));
+                let mut refusal = Refusal::answered(REJECT_CLOCK, seq, AckCode::Rejected);
+                if let Some(ack) = refusal.ack.as_mut() {
+                    ack.reason = clock_skew_reason(ahead_ms, policy.max_clock_skew);
+                }
+                return Err(refusal);
             }
             Ok((message, true))
         }
@@ -597,6 +602,20 @@ fn open(
             Err(Refusal::silent(REJECT_BAD_SIGNATURE))
         }
     }
+}
+
+/// The answer to a signed message whose wall time is `ahead_ms` ahead of the gateway's
+/// clock (behind when negative), outside the window `max`: the agent logs it, so it says by
+/// how much and what to fix, e.g. "signed wall time is 3600.0 s ahead of the gateway's
+/// clock, outside its ±30 s window: set this node's clock (NTP, or an RTC)".
+fn clock_skew_reason(ahead_ms: i64, max: Duration) -> String {
+    #[allow(clippy::cast_precision_loss)] // for a message: tenths of a second suffice
+    let seconds = ahead_ms.unsigned_abs() as f64 / 1000.0;
+    let side = if ahead_ms >= 0 { "ahead of" } else { "behind" };
+    format!(
+        "signed wall time is {seconds:.1} s {side} the gateway's clock, outside its ±{} s window: set this node's clock (NTP, or an RTC)",
+        max.as_secs()
+    )
 }
 
 /// The [`Peer`] of an MQTT message: an identity, and a verified wall time, only when its
@@ -751,8 +770,13 @@ impl<H: Handler> Workers<H> {
             Err(refusal) => {
                 let refused = refusal.reason;
                 tracing::debug!(%node, detail = refused.detail, "MQTT message refused");
-                self.handler
-                    .rejected(&peer(None), refused.reason, refused.detail);
+                // An answered refusal's signature verified: the node itself sent it, and the
+                // answer says the most about why.
+                let (who, detail) = match &refusal.ack {
+                    Some(ack) => (peer(Some(node)), ack.reason.as_str()),
+                    None => (peer(None), refused.detail),
+                };
+                self.handler.rejected(&who, refused.reason, detail);
                 if let Some(ack) = refusal.ack {
                     self.answer(node, ack);
                 }
@@ -1191,6 +1215,15 @@ mod tests {
                 later
             )),
             (REJECT_CLOCK, AckCode::Rejected, 1, false)
+        );
+        let reason = open("n1", "lease", &sealed, Some(&required), Some(&key), later)
+            .unwrap_err()
+            .ack
+            .unwrap()
+            .reason;
+        assert_eq!(
+            reason,
+            "signed wall time is 31.0 s behind the gateway's clock, outside its ±30 s window: set this node's clock (NTP, or an RTC)"
         );
         let within = UnixTime::since_unix_epoch(Duration::from_secs(29));
         assert!(open("n1", "lease", &sealed, Some(&required), Some(&key), within).is_ok());
