@@ -194,15 +194,72 @@ impl Problems {
     }
 }
 
-/// The eviction signals kubelet knows (`pkg/kubelet/eviction/api/types.go`).
-pub const EVICTION_SIGNALS: [&str; 6] = [
-    "memory.available",
-    "nodefs.available",
-    "nodefs.inodesFree",
-    "imagefs.available",
-    "imagefs.inodesFree",
-    "pid.available",
-];
+/// An eviction signal kubelet knows, a key of `evictionHard`
+/// (`pkg/kubelet/eviction/api/types.go`). The status computes pressure from
+/// [`AgentConfig::eviction_hard`] by these values, so a misspelt signal is a compile error,
+/// not a threshold that silently never applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EvictionSignal {
+    /// `memory.available`: bytes of memory available (MemoryPressure).
+    MemoryAvailable,
+    /// `nodefs.available`: bytes free on the node's root filesystem (DiskPressure).
+    NodeFsAvailable,
+    /// `nodefs.inodesFree`: inodes free on it (DiskPressure).
+    NodeFsInodesFree,
+    /// `imagefs.available`: bytes free on the image filesystem, when separate (DiskPressure).
+    ImageFsAvailable,
+    /// `imagefs.inodesFree`: inodes free on it (DiskPressure).
+    ImageFsInodesFree,
+    /// `pid.available`: process IDs left below `pid_max` (PIDPressure).
+    PidAvailable,
+}
+
+impl EvictionSignal {
+    /// Every signal, in kubelet's order.
+    pub const ALL: [Self; 6] = [
+        Self::MemoryAvailable,
+        Self::NodeFsAvailable,
+        Self::NodeFsInodesFree,
+        Self::ImageFsAvailable,
+        Self::ImageFsInodesFree,
+        Self::PidAvailable,
+    ];
+
+    /// kubelet's name, the `evictionHard` key: `memory.available`, `nodefs.available`…
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MemoryAvailable => "memory.available",
+            Self::NodeFsAvailable => "nodefs.available",
+            Self::NodeFsInodesFree => "nodefs.inodesFree",
+            Self::ImageFsAvailable => "imagefs.available",
+            Self::ImageFsInodesFree => "imagefs.inodesFree",
+            Self::PidAvailable => "pid.available",
+        }
+    }
+}
+
+impl std::str::FromStr for EvictionSignal {
+    type Err = String;
+
+    /// Parses kubelet's name of a signal.
+    ///
+    /// Errors: a message listing the signals kubelet knows.
+    fn from_str(name: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.as_str() == name)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::ALL.iter().map(|s| s.as_str()).collect();
+                format!("unknown signal; use one of {}", known.join(", "))
+            })
+    }
+}
+
+impl std::fmt::Display for EvictionSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// A registration taint (core/v1 Taint), applied once when the Node is created.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -317,7 +374,7 @@ pub struct AgentConfig {
     /// `nodeLabels`: labels added at registration; they override the defaults.
     pub node_labels: BTreeMap<String, String>,
     /// `evictionHard`: signal → threshold (default kubelet's Linux hard thresholds).
-    pub eviction_hard: BTreeMap<String, Amount>,
+    pub eviction_hard: BTreeMap<EvictionSignal, Amount>,
     /// `evictionPressureTransitionPeriod`: how long a pressure condition is held after the
     /// signal last crossed its threshold (default 5 min). The health conditions use it too.
     pub eviction_pressure_transition_period: Duration,
@@ -395,15 +452,15 @@ impl Default for AgentConfig {
 
 /// Kubelet's default hard eviction thresholds on Linux
 /// (`pkg/kubelet/eviction/defaults_linux.go`).
-pub fn default_eviction_hard() -> BTreeMap<String, Amount> {
+pub fn default_eviction_hard() -> BTreeMap<EvictionSignal, Amount> {
     BTreeMap::from([
         (
-            "memory.available".to_owned(),
+            EvictionSignal::MemoryAvailable,
             Amount::Absolute(100 * 1024 * 1024),
         ),
-        ("nodefs.available".to_owned(), Amount::Percentage(0.1)),
-        ("nodefs.inodesFree".to_owned(), Amount::Percentage(0.05)),
-        ("imagefs.available".to_owned(), Amount::Percentage(0.15)),
+        (EvictionSignal::NodeFsAvailable, Amount::Percentage(0.1)),
+        (EvictionSignal::NodeFsInodesFree, Amount::Percentage(0.05)),
+        (EvictionSignal::ImageFsAvailable, Amount::Percentage(0.15)),
     ])
 }
 
@@ -672,15 +729,15 @@ impl AgentConfig {
         if let Some(hard) = raw.eviction_hard {
             // kubelet: setting any evictionHard key drops the other defaults.
             c.eviction_hard = BTreeMap::new();
-            for (signal, value) in hard {
-                let field = format!("evictionHard[{signal:?}]");
-                if !EVICTION_SIGNALS.contains(&signal.as_str()) {
-                    p.push(
-                        field,
-                        format!("unknown signal; use one of {}", EVICTION_SIGNALS.join(", ")),
-                    );
-                    continue;
-                }
+            for (name, value) in hard {
+                let field = format!("evictionHard[{name:?}]");
+                let signal = match name.parse::<EvictionSignal>() {
+                    Ok(signal) => signal,
+                    Err(e) => {
+                        p.push(field, e);
+                        continue;
+                    }
+                };
                 match parse_amount(&value, true) {
                     Ok(amount) => {
                         c.eviction_hard.insert(signal, amount);
@@ -1309,7 +1366,10 @@ mod tests {
             2,
             "setting evictionHard drops the other defaults"
         );
-        assert_eq!(c.eviction_hard["pid.available"], Amount::Percentage(0.1));
+        assert_eq!(
+            c.eviction_hard[&EvictionSignal::PidAvailable],
+            Amount::Percentage(0.1)
+        );
         assert_eq!(
             c.eviction_pressure_transition_period,
             Duration::from_secs(90)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use edgebeat_hw::HostFacts;
 use edgebeat_proto as pb;
 
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, EvictionSignal};
 use crate::quantity::{Amount, format_binary, format_millicores};
 
 /// `nodeInfo.kubeletVersion` the agent reports: the Kubernetes API level it follows, tagged
@@ -288,8 +288,8 @@ struct Met {
 /// Which hard eviction thresholds the facts cross (`evictionHard`, operator LessThan).
 /// A signal that cannot be observed crosses nothing, as in kubelet.
 fn thresholds_met(facts: &HostFacts, config: &AgentConfig) -> Met {
-    let below = |signal: &str, observed: Option<u64>, capacity: Option<u64>| -> bool {
-        match (config.eviction_hard.get(signal), observed, capacity) {
+    let below = |signal, observed: Option<u64>, capacity: Option<u64>| -> bool {
+        match (config.eviction_hard.get(&signal), observed, capacity) {
             (Some(threshold), Some(value), Some(cap)) => value < threshold.resolve(cap),
             _ => false,
         }
@@ -299,29 +299,29 @@ fn thresholds_met(facts: &HostFacts, config: &AgentConfig) -> Met {
     let imagefs = facts.imagefs.as_ref();
     Met {
         memory: below(
-            "memory.available",
+            EvictionSignal::MemoryAvailable,
             mem.available_bytes,
             Some(mem.total_bytes),
         ),
         disk: below(
-            "nodefs.available",
+            EvictionSignal::NodeFsAvailable,
             nodefs.map(|f| f.available_bytes),
             nodefs.map(|f| f.capacity_bytes),
         ) || below(
-            "nodefs.inodesFree",
+            EvictionSignal::NodeFsInodesFree,
             nodefs.map(|f| f.inodes_free),
             nodefs.map(|f| f.inodes),
         ) || below(
-            "imagefs.available",
+            EvictionSignal::ImageFsAvailable,
             imagefs.map(|f| f.available_bytes),
             imagefs.map(|f| f.capacity_bytes),
         ) || below(
-            "imagefs.inodesFree",
+            EvictionSignal::ImageFsInodesFree,
             imagefs.map(|f| f.inodes_free),
             imagefs.map(|f| f.inodes),
         ),
         pid: below(
-            "pid.available",
+            EvictionSignal::PidAvailable,
             facts.pid.as_ref().map(|p| p.available()),
             facts.pid.as_ref().map(|p| p.max_pid),
         ),
@@ -375,10 +375,10 @@ fn allocatable(
         config.system_reserved.get(resource).copied().unwrap_or(0)
             + config.kube_reserved.get(resource).copied().unwrap_or(0)
     };
-    let eviction = |signal: &str, cap: u64| {
+    let eviction = |signal: EvictionSignal, cap: u64| {
         config
             .eviction_hard
-            .get(signal)
+            .get(&signal)
             .map_or(0, |a: &Amount| a.resolve(cap))
     };
     let mut out = capacity.clone();
@@ -398,7 +398,7 @@ fn allocatable(
             .sum();
         let v = cap
             .saturating_sub(reserved("memory"))
-            .saturating_sub(eviction("memory.available", cap))
+            .saturating_sub(eviction(EvictionSignal::MemoryAvailable, cap))
             .saturating_sub(hugepages);
         out.insert("memory".into(), format_binary(v));
     }
@@ -406,7 +406,7 @@ fn allocatable(
         let cap = nodefs.capacity_bytes;
         let v = cap
             .saturating_sub(reserved("ephemeral-storage"))
-            .saturating_sub(eviction("nodefs.available", cap));
+            .saturating_sub(eviction(EvictionSignal::NodeFsAvailable, cap));
         out.insert("ephemeral-storage".into(), format_binary(v));
     }
     out
@@ -693,7 +693,7 @@ mod tests {
                 name: "pid.available threshold",
                 tweak: |f, c| {
                     c.eviction_hard
-                        .insert("pid.available".into(), Amount::Percentage(0.1));
+                        .insert(EvictionSignal::PidAvailable, Amount::Percentage(0.1));
                     f.pid.as_mut().unwrap().running_tasks = 30000;
                 },
                 want: [F, F, T],
@@ -702,7 +702,7 @@ mod tests {
                 name: "evictionHard replaces defaults",
                 tweak: |f, c| {
                     c.eviction_hard =
-                        BTreeMap::from([("memory.available".into(), Amount::Absolute(GI))]);
+                        BTreeMap::from([(EvictionSignal::MemoryAvailable, Amount::Absolute(GI))]);
                     f.nodefs.as_mut().unwrap().available_bytes = 0;
                     f.memory.available_bytes = Some(GI - 1);
                 },
