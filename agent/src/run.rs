@@ -57,12 +57,34 @@ pub enum AgentError {
         "transport: required to run; add e.g. `transport: {{kind: grpc, endpoint: \"http://gateway:7443\"}}`"
     )]
     NoTransport,
-    /// The transport could not start (bad endpoint).
+    /// The gRPC uplink could not start (endpoint, TLS settings).
+    #[cfg(feature = "grpc")]
     #[error("transport: {0}")]
-    Transport(String),
+    Grpc(#[source] edgebeat_transports::grpc::GrpcUplinkError),
+    /// The MQTT uplink could not start (an option, TLS settings).
+    #[cfg(feature = "mqtt")]
+    #[error("transport: {0}")]
+    Mqtt(#[source] edgebeat_transports::mqtt::MqttUplinkError),
+    /// The node key cannot sign MQTT messages (checked at load: the files changed since).
+    #[error("transport.keyFile: cannot sign MQTT messages with it: {0}")]
+    SigningKey(String),
+    /// `transport.kind` names a transport this build was made without.
+    #[error("transport: this build has no {transport} support (cargo feature {feature})")]
+    NotBuilt {
+        /// `gRPC` or `MQTT`.
+        transport: &'static str,
+        /// The agent's cargo feature that adds it.
+        feature: &'static str,
+    },
     /// The observe server could not bind `healthzBindAddress` (address in use, not local).
-    #[error("healthzBindAddress: {0}")]
-    Healthz(String),
+    #[error("healthzBindAddress: binding {addr}: {source}")]
+    Healthz {
+        /// The address configured.
+        addr: std::net::SocketAddr,
+        /// What binding it returned.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Everything the loops share.
@@ -263,7 +285,8 @@ impl Agent {
     /// Runs the configured transport and both loops until `cancel` fires, with the observe
     /// server when `healthzBindAddress` is set and systemd notifications under systemd.
     ///
-    /// Errors: [`AgentError::NoTransport`] or [`AgentError::Transport`] at start, and
+    /// Errors: [`AgentError::NoTransport`], [`AgentError::NotBuilt`] or the uplink's error
+    /// (`AgentError::Grpc`, `AgentError::Mqtt`, [`AgentError::SigningKey`]) at start, and
     /// [`AgentError::Healthz`] when `healthzBindAddress` cannot be bound (fail fast: a
     /// misconfigured probe port is found at deploy time, not by a prober later).
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) -> Result<(), AgentError> {
@@ -271,7 +294,7 @@ impl Agent {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
-                    .map_err(|e| AgentError::Healthz(format!("binding {addr}: {e}")))?;
+                    .map_err(|source| AgentError::Healthz { addr, source })?;
                 if let Ok(bound) = listener.local_addr() {
                     let _ = self.observe_addr.set(bound);
                 }
@@ -306,15 +329,16 @@ impl Agent {
                 Box::pin(async move {
                     edgebeat_transports::grpc::run_uplink(options, register, driver, cancel)
                         .await
-                        .map_err(|e| AgentError::Transport(e.to_string()))
+                        .map_err(AgentError::Grpc)
                 }) as TransportTask
             }
             #[cfg(not(feature = "grpc"))]
             Some(TransportConfig::Grpc { .. }) => {
                 drop((register, driver));
-                return Err(AgentError::Transport(
-                    "this build has no gRPC support (feature grpc)".into(),
-                ));
+                return Err(AgentError::NotBuilt {
+                    transport: "gRPC",
+                    feature: "grpc",
+                });
             }
             #[cfg(feature = "mqtt")]
             Some(TransportConfig::Mqtt(m)) => {
@@ -331,9 +355,7 @@ impl Agent {
                     if let Some(client) = &tls.client {
                         // Checked at load; an error here means the files changed since.
                         let signer = MessageSigner::from_pem(&client.cert_pem, &client.key_pem)
-                            .map_err(|e| {
-                                AgentError::Transport(format!("transport.keyFile: {e}"))
-                            })?;
+                            .map_err(AgentError::SigningKey)?;
                         options.signer = Some(Arc::new(signer));
                     }
                     options.tls = Some(client_tls(tls));
@@ -348,15 +370,16 @@ impl Agent {
                 Box::pin(async move {
                     run_uplink(options, name, register, driver, cancel)
                         .await
-                        .map_err(|e| AgentError::Transport(e.to_string()))
+                        .map_err(AgentError::Mqtt)
                 }) as TransportTask
             }
             #[cfg(not(feature = "mqtt"))]
             Some(TransportConfig::Mqtt(_)) => {
                 drop((register, driver));
-                return Err(AgentError::Transport(
-                    "this build has no MQTT support (feature mqtt)".into(),
-                ));
+                return Err(AgentError::NotBuilt {
+                    transport: "MQTT",
+                    feature: "mqtt",
+                });
             }
         };
         tracing::info!(node = self.node_name(), "edgebeat agent starting");
