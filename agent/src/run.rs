@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use edgebeat_hw::{Clock, HostFacts, HostRoot, ReadOptions, read_host_facts};
 use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
+use edgebeat_transports::backoff::{RETRY_MAX, RETRY_MIN};
 use edgebeat_transports::uplink::{NodeRegistration, Uplink, UplinkError, reconnect_backoff};
 use prometheus_client::registry::Registry;
 use prost::Message as _;
@@ -667,11 +668,9 @@ impl Agent {
                 }
             } else {
                 backoff
-                    .get_or_insert_with(|| {
-                        reconnect_backoff(Duration::from_millis(200), Duration::from_secs(7))
-                    })
+                    .get_or_insert_with(|| reconnect_backoff(RETRY_MIN, RETRY_MAX))
                     .next()
-                    .unwrap_or(Duration::from_secs(7))
+                    .unwrap_or(RETRY_MAX)
             };
             // After a failed tick, a connection coming up ends the backoff: the link is
             // back, and the Lease has gone unrenewed since the failure.

@@ -172,6 +172,7 @@ impl Uplink {
 }
 
 pub use crate::backoff::reconnect_backoff;
+use crate::backoff::{REGISTER_RETRY_MIN, RETRY_MAX};
 
 /// Answers every request that arrives while there is no connection with
 /// [`UplinkError::NotConnected`], until `delay` has passed or `cancel` fires. Returns
@@ -350,10 +351,7 @@ impl Session {
             registered: false,
             header_form: HeaderForm::Full,
             boot_id_messages: 0,
-            backoff: Box::new(reconnect_backoff(
-                Duration::from_millis(100),
-                Duration::from_secs(7),
-            )),
+            backoff: Box::new(reconnect_backoff(REGISTER_RETRY_MIN, RETRY_MAX)),
         }
     }
 
@@ -444,10 +442,7 @@ impl Session {
             if ack.registered {
                 self.registered = true;
                 self.header_form = HeaderForm::of(&ack);
-                self.backoff = Box::new(reconnect_backoff(
-                    Duration::from_millis(100),
-                    Duration::from_secs(7),
-                ));
+                self.backoff = Box::new(reconnect_backoff(REGISTER_RETRY_MIN, RETRY_MAX));
                 driver.registered.send_replace(true);
                 driver.registration.send_if_modified(|r| {
                     let first = *r == NodeRegistration::Pending;
@@ -458,7 +453,7 @@ impl Session {
                 });
                 return AfterAck::Nothing;
             }
-            let delay = self.backoff.next().unwrap_or(Duration::from_secs(7));
+            let delay = self.backoff.next().unwrap_or(RETRY_MAX);
             tracing::warn!(reason = %ack.reason, ?delay, "registration not accepted; retrying");
             return AfterAck::RegisterAfter(delay);
         }

@@ -53,8 +53,8 @@ impl GrpcUplinkOptions {
             keepalive: super::DEFAULT_KEEPALIVE,
             keepalive_timeout: super::DEFAULT_KEEPALIVE_TIMEOUT,
             connect_timeout: Duration::from_secs(10),
-            backoff_min: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(7),
+            backoff_min: crate::backoff::RETRY_MIN,
+            backoff_max: crate::backoff::RETRY_MAX,
         }
     }
 }

@@ -113,8 +113,8 @@ impl MqttUplinkOptions {
             keepalive: DEFAULT_AGENT_KEEPALIVE,
             user_timeout: Some(DEFAULT_USER_TIMEOUT),
             lease_expiry: Duration::from_secs(10),
-            backoff_min: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(7),
+            backoff_min: crate::backoff::RETRY_MIN,
+            backoff_max: crate::backoff::RETRY_MAX,
             max_packet_bytes: MAX_AGENT_MESSAGE_BYTES,
             register_timeout: Duration::from_secs(5),
             #[cfg(feature = "mqtt-tls")]

@@ -104,10 +104,6 @@ const REQUEST_QUEUE: usize = 256;
 /// A node's queue is forgotten after this long without messages.
 const WORKER_IDLE: Duration = Duration::from_secs(300);
 
-/// Reconnect delays to the broker: 200 ms doubling with jitter to 7 s.
-const BACKOFF_MIN: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(7);
-
 /// Settings of the gateway's MQTT ingress.
 #[derive(Debug, Clone)]
 pub struct MqttIngressOptions {
@@ -405,7 +401,7 @@ pub async fn serve<H: Handler>(
                     if let Some(subscribed) = &options.subscribed {
                         subscribed.send_replace(false);
                     }
-                    let delay = backoff.next().unwrap_or(BACKOFF_MAX);
+                    let delay = backoff.next().unwrap_or(crate::backoff::RETRY_MAX);
                     tracing::warn!(%error, ?delay, broker = %options.host, "MQTT connection lost; reconnecting");
                     tokio::select! {
                         () = &mut shutdown => return Ok(()),
@@ -439,7 +435,8 @@ fn subscribe(client: &AsyncClient, filters: &[Filter]) {
 }
 
 fn reconnect_backoff() -> impl Iterator<Item = Duration> {
-    crate::backoff::reconnect_backoff(BACKOFF_MIN, BACKOFF_MAX)
+    // Reconnect delays to the broker: 200 ms doubling with jitter to 7 s.
+    crate::backoff::reconnect_backoff(crate::backoff::RETRY_MIN, crate::backoff::RETRY_MAX)
 }
 
 /// What one PUBLISH under the subscriptions is.
