@@ -308,32 +308,17 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Largest --mqtt-password-file, bytes (4 KiB): a password or token, not a document; a wrong
-/// path such as `/dev/zero` fails at start instead of hanging.
-const MAX_PASSWORD_FILE_BYTES: u64 = 4 * 1024;
-/// Largest --grpc-tls-cert, --grpc-tls-key or --grpc-client-ca file, bytes (1 MiB): room for
-/// a long chain or a large CA bundle.
-const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
-
-/// The MQTT password from --mqtt-password-file: at most [`MAX_PASSWORD_FILE_BYTES`] of
-/// UTF-8, trailing CR/LF removed.
+/// The MQTT password from --mqtt-password-file ([`edgebeat_hw::read_password_file`], as
+/// the agent's `transport.passwordFile`), the flag named in the error.
 fn read_password_file(file: &std::path::Path) -> anyhow::Result<String> {
-    let bytes = edgebeat_hw::read_bounded(file, MAX_PASSWORD_FILE_BYTES)
-        .with_context(|| format!("--mqtt-password-file {}", file.display()))?;
-    let password = String::from_utf8(bytes).with_context(|| {
-        format!(
-            "--mqtt-password-file {}: not UTF-8 text; the password must be UTF-8",
-            file.display()
-        )
-    })?;
-    Ok(password.trim_end_matches(['\r', '\n']).to_owned())
+    edgebeat_hw::read_password_file(file).context("--mqtt-password-file")
 }
 
 /// The MQTT ingress options from the `--mqtt-*` flags (`None` without --mqtt-endpoint):
 /// files read and checked now, so a bad file stops the gateway at start with the flag named.
 fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions>> {
     let read = |flag: &str, path: &PathBuf| {
-        edgebeat_hw::read_bounded(path, MAX_PEM_FILE_BYTES)
+        edgebeat_hw::read_bounded(path, edgebeat_hw::MAX_PEM_FILE_BYTES)
             .with_context(|| format!("{flag} {}", path.display()))
     };
     let Some(url) = &args.mqtt_endpoint else {
@@ -421,7 +406,7 @@ fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions
 /// stops the gateway at start with the flag named.
 fn grpc_server_options(args: &Args) -> anyhow::Result<GrpcServerOptions> {
     let read = |flag: &str, path: &PathBuf| {
-        edgebeat_hw::read_bounded(path, MAX_PEM_FILE_BYTES)
+        edgebeat_hw::read_bounded(path, edgebeat_hw::MAX_PEM_FILE_BYTES)
             .with_context(|| format!("{flag} {}", path.display()))
     };
     let require_node_identity = args
@@ -742,7 +727,7 @@ mod tests {
             read_password_file(std::path::Path::new("/dev/zero")).unwrap_err()
         );
         assert!(
-            err.starts_with("--mqtt-password-file /dev/zero: ")
+            err.starts_with("--mqtt-password-file: /dev/zero: ")
                 && err.contains("larger than 4096 bytes"),
             "{err}"
         );
@@ -764,16 +749,5 @@ mod tests {
                 && err.contains("larger than 1048576 bytes"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn password_file_loses_its_trailing_newline() {
-        let dir = std::env::temp_dir().join(format!("edgebeat-gw-pw-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("password");
-        std::fs::write(&file, "s3cret\r\n").unwrap();
-        let password = read_password_file(&file);
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(password.unwrap(), "s3cret");
     }
 }

@@ -1,4 +1,5 @@
-//! Bounded file reads for configuration and secret files: [`read_bounded`].
+//! Bounded file reads for configuration and secret files: [`read_bounded`], and
+//! [`read_password_file`] for the MQTT password of the agent and of the gateway.
 //!
 //! A path an operator typed (`passwordFile: /dev/zero`, a multi-gigabyte log, a FIFO with
 //! no writer, a directory) must give a clear error at start, not a hang or an out-of-memory
@@ -45,6 +46,39 @@ pub enum BoundedReadError {
         /// The limit, bytes.
         limit: u64,
     },
+    /// A password file that is not UTF-8 text, e.g. `/etc/pw: not UTF-8 text (invalid
+    /// utf-8 sequence of 1 bytes from index 0); the password must be UTF-8`.
+    #[error("{}: not UTF-8 text ({source}); the password must be UTF-8", path.display())]
+    NotUtf8 {
+        /// The path as given.
+        path: PathBuf,
+        /// Where the text stopped being UTF-8.
+        #[source]
+        source: std::string::FromUtf8Error,
+    },
+}
+
+/// Largest MQTT password file, bytes (4 KiB): a password or token, not a document; a wrong
+/// path such as `/dev/zero` fails at start instead of hanging.
+pub const MAX_PASSWORD_FILE_BYTES: u64 = 4 * 1024;
+
+/// Largest PEM file (a certificate chain, a private key or a CA bundle), bytes (1 MiB):
+/// room for a long chain or a large CA bundle.
+pub const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Reads an MQTT password file: at most [`MAX_PASSWORD_FILE_BYTES`] of UTF-8 text, its
+/// trailing CR/LF removed (an editor's final newline is not part of the password; other
+/// whitespace is kept). Mounted Kubernetes Secrets and `echo s3cret > file` both read as
+/// `s3cret`.
+///
+/// Errors: those of [`read_bounded`], and [`BoundedReadError::NotUtf8`].
+pub fn read_password_file(path: &Path) -> Result<String, BoundedReadError> {
+    let bytes = read_bounded(path, MAX_PASSWORD_FILE_BYTES)?;
+    let password = String::from_utf8(bytes).map_err(|source| BoundedReadError::NotUtf8 {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(password.trim_end_matches(['\r', '\n']).to_owned())
 }
 
 /// Reads the whole file at `path`, refusing it if it holds more than `limit` bytes.
@@ -122,6 +156,26 @@ mod tests {
         let empty = dir.path().join("empty");
         std::fs::write(&empty, b"").unwrap();
         assert_eq!(read_bounded(&empty, 0).unwrap(), b"");
+    }
+
+    #[test]
+    fn a_password_file_loses_only_its_trailing_newline_and_must_be_utf8() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("password");
+        std::fs::write(&path, "s3 cret\r\n").unwrap();
+        assert_eq!(read_password_file(&path).unwrap(), "s3 cret");
+        std::fs::write(&path, [0xffu8, b'\n']).unwrap();
+        let err = read_password_file(&path).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("{}: not UTF-8 text (", path.display()))
+                && err.ends_with("); the password must be UTF-8"),
+            "{err}"
+        );
+        let err = within_10s(|| read_password_file(Path::new("/dev/zero")).unwrap_err());
+        assert!(
+            matches!(err, BoundedReadError::TooLarge { limit: 4096, .. }),
+            "{err}"
+        );
     }
 
     #[test]
