@@ -29,6 +29,15 @@
 //! message is then also signed end to end with `keyFile` (ECDSA P-256 or Ed25519), because
 //! the broker is a third party; the gateway verifies the signature against the site CA.
 //!
+//! A clustered broker takes its nodes as `endpoints` instead of `endpoint`; after a lost
+//! connection the agent tries the next one (all `mqtt://` or all `mqtts://`):
+//!
+//! ```yaml
+//! transport:
+//!   kind: mqtt
+//!   endpoints: ["mqtt://broker-0.plant:1883", "mqtt://broker-1.plant:1883"]
+//! ```
+//!
 //! Unknown fields are rejected. A file with several mistakes gets one error that lists
 //! every invalid field (unknown ones and values of the wrong type included), each naming
 //! the field and how to fix it. Defaults are kubelet's
@@ -63,11 +72,12 @@ pub const KIND: &str = "AgentConfiguration";
 /// Largest configuration file [`AgentConfig::load`] reads, bytes (1 MiB): a real one is a
 /// few hundred bytes; a wrong path such as `/dev/zero` fails at once instead of hanging.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
-/// Largest `transport.passwordFile`, bytes (4 KiB): a password or token, not a document.
-pub const MAX_PASSWORD_FILE_BYTES: u64 = 4 * 1024;
-/// Largest `transport.caFile`, `certFile` or `keyFile`, bytes (1 MiB): room for a large CA
-/// bundle (the whole Mozilla root store is about 220 KiB of PEM).
-pub const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
+/// Largest `transport.passwordFile`, bytes (4 KiB), shared with the gateway's
+/// `--mqtt-password-file`.
+pub use edgebeat_hw::MAX_PASSWORD_FILE_BYTES;
+/// Largest `transport.caFile`, `certFile` or `keyFile`, bytes (1 MiB), shared with the
+/// gateway's TLS files (the whole Mozilla root store is about 220 KiB of PEM).
+pub use edgebeat_hw::MAX_PEM_FILE_BYTES;
 
 /// A configuration error: which field, what is wrong, and how to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -291,53 +301,23 @@ pub enum TransportConfig {
     Mqtt(MqttTransport),
 }
 
-/// TLS material of a transport on an `https://` (gRPC) or `mqtts://` (MQTT) endpoint, read and parsed at load
-/// (`transport.caFile`, `transport.certFile`, `transport.keyFile`). Certificates are not
+/// TLS material of a transport on an `https://` (gRPC) or `mqtts://` (MQTT) endpoint, read and
+/// checked at load (`transport.caFile`, `transport.certFile`, `transport.keyFile`): the
+/// transports' own [`ClientTls`], which the agent hands them unchanged. Certificates are not
 /// reloaded: after rotating the files, restart the agent.
-#[derive(Clone, PartialEq, Eq)]
-pub struct TransportTls {
-    /// PEM CA certificate(s) from `transport.caFile`: the server's (gateway's, broker's)
-    /// certificate must chain to one of them and name the endpoint's host.
-    pub ca_pem: Vec<u8>,
-    /// PEM certificate chain (`transport.certFile`) and private key (`transport.keyFile`)
-    /// presented to the gateway, when both are set.
-    pub client: Option<ClientCertificate>,
-}
-
-/// A client certificate and its key, PEM.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ClientCertificate {
-    /// PEM certificate chain, leaf first (`transport.certFile`).
-    pub cert_pem: Vec<u8>,
-    /// PEM private key (`transport.keyFile`).
-    pub key_pem: Vec<u8>,
-}
-
-impl std::fmt::Debug for TransportTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TransportTls")
-            .field("ca_pem", &format_args!("{} bytes", self.ca_pem.len()))
-            .field("client", &self.client)
-            .finish()
-    }
-}
-
-impl std::fmt::Debug for ClientCertificate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientCertificate")
-            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
-            .field("key_pem", &format_args!("<redacted>"))
-            .finish()
-    }
-}
+pub use edgebeat_transports::tls::{ClientTls, TlsIdentity};
 
 /// MQTT settings (`transport.kind: mqtt`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MqttTransport {
-    /// Broker host, from `transport.endpoint` (`mqtt://host:port`, port default 1883).
+    /// Broker host, from `transport.endpoint` (`mqtt://host:port`, port default 1883), or
+    /// the first of `transport.endpoints`.
     pub host: String,
     /// Broker port.
     pub port: u16,
+    /// `(host, port)` of the rest of `transport.endpoints`: other nodes of the same broker
+    /// cluster, each tried in turn after a lost connection (empty with one endpoint).
+    pub failover: Vec<(String, u16)>,
     /// `transport.clientID` (default `edgebeat-agent-<nodeName>`).
     pub client_id: Option<String>,
     /// `transport.username` and the contents of `transport.passwordFile` (trailing newline
@@ -410,7 +390,7 @@ pub struct AgentConfig {
     /// `mqtts://` (required there, refused on plain endpoints); with MQTT the key also signs
     /// every message. Kept beside [`TransportConfig`] rather than in
     /// its `Grpc` variant so code that builds that variant keeps compiling.
-    pub transport_tls: Option<TransportTls>,
+    pub transport_tls: Option<ClientTls>,
     /// `healthzBindAddress`: `IP:port` of the observe server (`/healthz`, `/readyz`,
     /// `/metrics`), e.g. `127.0.0.1:10248`; off when not set (the default).
     ///
@@ -504,6 +484,7 @@ struct RawConfig {
 struct RawTransport {
     kind: Option<String>,
     endpoint: Option<String>,
+    endpoints: Option<Vec<String>>,
     keepalive: Option<String>,
     #[serde(rename = "clientID")]
     client_id: Option<String>,
@@ -881,7 +862,7 @@ impl AgentConfig {
 fn validate_transport(
     p: &mut Problems,
     t: RawTransport,
-) -> Option<(TransportConfig, Option<TransportTls>)> {
+) -> Option<(TransportConfig, Option<ClientTls>)> {
     let before = p.len();
     let keepalive = match (&t.keepalive, t.kind.as_deref()) {
         (Some(v), _) => p.take(parse_positive_duration("transport.keepalive", v)),
@@ -893,7 +874,27 @@ fn validate_transport(
         "mqtt" => "mqtt://broker.example:1883",
         _ => "http://gateway.example:7443",
     };
-    let endpoint = t.endpoint.clone();
+    // `endpoint`, or the several broker URLs of `endpoints` (MQTT only).
+    let endpoints: Vec<String> = match (t.endpoint.clone(), t.endpoints.clone()) {
+        (Some(one), None) => vec![one],
+        (None, Some(list)) if list.is_empty() => {
+            p.push(
+                "transport.endpoints",
+                format!("must list at least one URL, e.g. [{example}]"),
+            );
+            return None;
+        }
+        (None, Some(list)) => list,
+        (None, None) => Vec::new(),
+        (Some(_), Some(list)) => {
+            p.push(
+                "transport.endpoints",
+                "set transport.endpoint or transport.endpoints, not both",
+            );
+            list
+        }
+    };
+    let endpoint = endpoints.first().cloned();
     if endpoint.is_none() && matches!(kind, "grpc" | "mqtt") {
         p.push(
             "transport.endpoint",
@@ -917,6 +918,7 @@ fn validate_transport(
                 ("transport.username", t.username.is_some()),
                 ("transport.passwordFile", t.password_file.is_some()),
                 ("transport.topicPrefix", t.topic_prefix.is_some()),
+                ("transport.endpoints", t.endpoints.is_some()),
             ] {
                 if set {
                     p.push(
@@ -977,17 +979,30 @@ fn validate_transport(
                 p.push("transport.clientID", "must be 1 to 256 characters");
             }
             let url = endpoint?;
-            let parsed: Result<edgebeat_transports::endpoint::MqttEndpoint, _> = url.parse();
-            let edgebeat_transports::endpoint::MqttEndpoint { host, port, .. } = match parsed {
-                Ok(e) => e,
-                Err(m) => {
-                    p.push("transport.endpoint", m);
-                    return None;
-                }
+            let field = |i: usize| match t.endpoints {
+                Some(_) => format!("transport.endpoints[{i}]"),
+                None => "transport.endpoint".to_owned(),
             };
+            let mut brokers = Vec::with_capacity(endpoints.len());
+            for (i, text) in endpoints.iter().enumerate() {
+                match text.parse::<edgebeat_transports::endpoint::MqttEndpoint>() {
+                    Ok(e) if i > 0 && e.tls != url.starts_with("mqtts://") => p.push(
+                        field(i),
+                        format!(
+                            "{text:?} and {url:?} differ in TLS: every broker of the list shares transport.caFile/certFile/keyFile, so all are mqtts:// or all mqtt://"
+                        ),
+                    ),
+                    Ok(e) => brokers.push((e.host, e.port)),
+                    Err(m) => p.push(field(i), m),
+                }
+            }
+            if brokers.len() != endpoints.len() {
+                return None;
+            }
+            let (host, port) = brokers.remove(0);
             let tls = tls(p, &url, "mqtts://");
             #[cfg(feature = "mqtt-tls")]
-            if let Some(client) = tls.as_ref().and_then(|t| t.client.as_ref())
+            if let Some(client) = tls.as_ref().and_then(|t| t.client_identity.as_ref())
                 && let Err(e) = edgebeat_transports::signing::MessageSigner::from_pem(
                     &client.cert_pem,
                     &client.key_pem,
@@ -1009,6 +1024,7 @@ fn validate_transport(
                 TransportConfig::Mqtt(MqttTransport {
                     host,
                     port,
+                    failover: brokers,
                     client_id: t.client_id,
                     credentials: credentials?,
                     topic_prefix,
@@ -1041,31 +1057,13 @@ fn mqtt_credentials(
 ) -> Option<Option<(String, String)>> {
     match (username, password_file) {
         (None, None) => Some(None),
-        (Some(user), Some(file)) => {
-            let password = match edgebeat_hw::read_bounded(&file, MAX_PASSWORD_FILE_BYTES) {
-                Ok(bytes) => bytes,
-                Err(e) => {
-                    p.push("transport.passwordFile", e.to_string());
-                    return None;
-                }
-            };
-            match String::from_utf8(password) {
-                Ok(password) => Some(Some((
-                    user,
-                    password.trim_end_matches(['\r', '\n']).to_owned(),
-                ))),
-                Err(e) => {
-                    p.push(
-                        "transport.passwordFile",
-                        format!(
-                            "{}: not UTF-8 text ({e}); the password must be UTF-8",
-                            file.display()
-                        ),
-                    );
-                    None
-                }
+        (Some(user), Some(file)) => match edgebeat_hw::read_password_file(&file) {
+            Ok(password) => Some(Some((user, password))),
+            Err(e) => {
+                p.push("transport.passwordFile", e.to_string());
+                None
             }
-        }
+        },
         (Some(_), None) => {
             p.push(
                 "transport.passwordFile",
@@ -1094,7 +1092,7 @@ fn validate_tls(
     ca_file: Option<PathBuf>,
     cert_file: Option<PathBuf>,
     key_file: Option<PathBuf>,
-) -> Option<TransportTls> {
+) -> Option<ClientTls> {
     use rustls_pki_types::pem::PemObject as _;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -1163,7 +1161,7 @@ fn validate_tls(
             }));
             cert_pem
                 .zip(key_pem)
-                .map(|(cert_pem, key_pem)| Some(ClientCertificate { cert_pem, key_pem }))
+                .map(|(cert_pem, key_pem)| Some(TlsIdentity { cert_pem, key_pem }))
         }
         (Some(_), None) => {
             p.push(
@@ -1180,10 +1178,26 @@ fn validate_tls(
             None
         }
     };
-    Some(TransportTls {
+    let tls = ClientTls {
         ca_pem: ca_pem?,
-        client: client?,
-    })
+        client_identity: client?,
+    };
+    // The transport builds this same rustls configuration when it connects: a CA that is
+    // PEM but no usable trust anchor, or a key rustls cannot use with its certificate, is
+    // refused now rather than at the first connection.
+    #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
+    if let Err(why) = tls.rustls_config() {
+        let field = if why.starts_with("CA") {
+            "transport.caFile"
+        } else if why.starts_with("client certificate:") {
+            "transport.certFile"
+        } else {
+            "transport.keyFile"
+        };
+        p.push(field, format!("unusable for TLS: {why}"));
+        return None;
+    }
+    Some(tls)
 }
 
 /// Parses the observe server's address (`healthzBindAddress`, `--healthz-bind-address`): an
@@ -1563,6 +1577,64 @@ mod tests {
     }
 
     #[test]
+    fn several_broker_endpoints_are_one_list_tried_in_turn() {
+        let c = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}transport: {{kind: mqtt, endpoints: [\"mqtt://b0:1883\", \"mqtt://b1\", \"mqtt://[fd00::2]:2883\"]}}\n"
+        ))
+        .unwrap();
+        let Some(TransportConfig::Mqtt(m)) = c.transport else {
+            panic!("mqtt expected")
+        };
+        assert_eq!((m.host.as_str(), m.port), ("b0", 1883));
+        assert_eq!(
+            m.failover,
+            [("b1".to_owned(), 1883), ("fd00::2".to_owned(), 2883)]
+        );
+        let one = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}transport: {{kind: mqtt, endpoint: \"mqtt://b0\"}}\n"
+        ))
+        .unwrap();
+        assert!(matches!(one.transport, Some(TransportConfig::Mqtt(m)) if m.failover.is_empty()));
+        let cases = [
+            (
+                "{kind: mqtt, endpoint: \"mqtt://b0\", endpoints: [\"mqtt://b1\"]}",
+                "transport.endpoints",
+                "not both",
+            ),
+            (
+                "{kind: mqtt, endpoints: []}",
+                "transport.endpoints",
+                "at least one",
+            ),
+            (
+                "{kind: mqtt, endpoints: [\"mqtt://b0\", \"http://b1\"]}",
+                "transport.endpoints[1]",
+                "http://b1",
+            ),
+            (
+                "{kind: mqtt, endpoints: [\"mqtt://b0\", \"mqtts://b1\"]}",
+                "transport.endpoints[1]",
+                "differ in TLS",
+            ),
+            (
+                "{kind: grpc, endpoints: [\"http://gw:7443\"]}",
+                "transport.endpoints",
+                "only valid with kind: mqtt",
+            ),
+        ];
+        for (transport, field, words) in cases {
+            let err = AgentConfig::from_yaml(&format!("{MINIMAL}transport: {transport}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                (err.starts_with(&format!("{field}: ")) || err.contains(&format!("\n- {field}: ")))
+                    && err.contains(words),
+                "{transport}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn mqtt_transport_parses() {
         let dir = tempfile::tempdir().unwrap();
         let password = dir.path().join("password");
@@ -1652,12 +1724,20 @@ mod tests {
 
     /// Writes a CA certificate, a node certificate and its key as PEM files.
     fn pki(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
+        pki_with(dir, &rcgen::PKCS_ECDSA_P256_SHA256)
+    }
+
+    /// [`pki`] with a node key of `algorithm`.
+    fn pki_with(
+        dir: &std::path::Path,
+        algorithm: &'static rcgen::SignatureAlgorithm,
+    ) -> (PathBuf, PathBuf, PathBuf) {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         let ca_cert = ca.self_signed(&ca_key).unwrap();
         let issuer = rcgen::Issuer::new(ca, ca_key);
-        let node_key = rcgen::KeyPair::generate().unwrap();
+        let node_key = rcgen::KeyPair::generate_for(algorithm).unwrap();
         let mut node = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         node.distinguished_name
             .push(rcgen::DnType::CommonName, "system:node:edge-01");
@@ -1700,7 +1780,7 @@ mod tests {
                 config
                     .transport_tls
                     .as_ref()
-                    .is_some_and(|t| t.client.is_some()),
+                    .is_some_and(|t| t.client_identity.is_some()),
                 "{name}: a node identity"
             );
             assert_eq!(config.register_with_taints.len(), 1, "{name}");
@@ -1720,7 +1800,7 @@ mod tests {
         .unwrap();
         let tls = c.transport_tls.unwrap();
         assert_eq!(tls.ca_pem, std::fs::read(&ca).unwrap());
-        let client = tls.client.unwrap();
+        let client = tls.client_identity.unwrap();
         assert_eq!(client.key_pem, std::fs::read(&key).unwrap());
         assert!(
             !format!("{client:?}").contains("PRIVATE"),
@@ -1732,7 +1812,7 @@ mod tests {
             ca.display()
         ))
         .unwrap();
-        assert_eq!(c.transport_tls.unwrap().client, None);
+        assert_eq!(c.transport_tls.unwrap().client_identity, None);
         // Plain gRPC has no TLS material.
         let c = AgentConfig::from_yaml(&format!(
             "{MINIMAL}transport: {{kind: grpc, endpoint: \"http://gw:7443\"}}\n"
@@ -1758,14 +1838,31 @@ mod tests {
             panic!("mqtt expected");
         };
         assert_eq!((m.host.as_str(), m.port), ("broker.plant", 8883));
-        assert!(c.transport_tls.unwrap().client.is_some());
-        // A key that cannot sign compactly is refused at load, naming the field.
-        let p384 = dir.path().join("p384.key");
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
-        std::fs::write(&p384, key.serialize_pem()).unwrap();
-        let err = AgentConfig::from_yaml(&yaml(&p384))
+        assert!(c.transport_tls.unwrap().client_identity.is_some());
+        // A key that is not the certificate's is refused at load by rustls, building the
+        // TLS configuration the transport will use, naming the field.
+        let other = dir.path().join("other.key");
+        let key = rcgen::KeyPair::generate().unwrap();
+        std::fs::write(&other, key.serialize_pem()).unwrap();
+        let err = AgentConfig::from_yaml(&yaml(&other))
             .unwrap_err()
             .to_string();
+        assert!(
+            err.starts_with("transport.keyFile: unusable for TLS: client certificate and key:"),
+            "{err}"
+        );
+        // A certificate and key that TLS accepts but that cannot sign compactly (P-384) are
+        // refused at load, naming the field.
+        let p384 = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki_with(p384.path(), &rcgen::PKCS_ECDSA_P384_SHA384);
+        let err = AgentConfig::from_yaml(&format!(
+            "{MINIMAL}transport: {{kind: mqtt, endpoint: \"mqtts://broker.plant\", caFile: {}, certFile: {}, keyFile: {}}}\n",
+            ca.display(),
+            cert.display(),
+            key.display()
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(
             err.starts_with("transport.keyFile: cannot sign MQTT messages"),
             "{err}"
@@ -1777,6 +1874,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (ca, cert, key) = pki(dir.path());
         let missing = dir.path().join("missing.crt");
+        // PEM, but its DER is no certificate: only rustls, building the TLS configuration
+        // the transport will use, can tell.
+        let not_der = dir.path().join("not-der.crt");
+        std::fs::write(
+            &not_der,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let not_der = not_der.display().to_string();
         let (ca, cert, key, missing) = (
             ca.display().to_string(),
             cert.display().to_string(),
@@ -1837,6 +1943,11 @@ mod tests {
                 format!("{{{https}, caFile: {ca}, certFile: {cert}, keyFile: {cert}}}"),
                 "transport.keyFile",
                 "private key",
+            ),
+            (
+                format!("{{{https}, caFile: {not_der}}}"),
+                "transport.caFile",
+                "unusable for TLS: CA: not a usable CA certificate",
             ),
         ];
         for (transport, field, words) in cases {

@@ -325,7 +325,7 @@ impl Agent {
                 use edgebeat_transports::grpc::GrpcUplinkOptions;
                 let mut options = GrpcUplinkOptions::new(endpoint);
                 options.keepalive = keepalive;
-                options.tls = self.config.transport_tls.clone().map(client_tls);
+                options.tls = self.config.transport_tls.clone();
                 let cancel = sending.clone();
                 Box::pin(async move {
                     edgebeat_transports::grpc::run_uplink(options, register, driver, cancel)
@@ -346,6 +346,7 @@ impl Agent {
                 use edgebeat_transports::mqtt::{MqttUplinkOptions, run_uplink};
                 let name = self.node_name().to_owned();
                 let mut options = MqttUplinkOptions::new(m.host, m.port, &name);
+                options.failover = m.failover;
                 if let Some(id) = m.client_id {
                     options.client_id = id;
                 }
@@ -353,13 +354,13 @@ impl Agent {
                 #[cfg(feature = "mqtt-tls")]
                 if let Some(tls) = self.config.transport_tls.clone() {
                     use edgebeat_transports::signing::MessageSigner;
-                    if let Some(client) = &tls.client {
+                    if let Some(client) = &tls.client_identity {
                         // Checked at load; an error here means the files changed since.
                         let signer = MessageSigner::from_pem(&client.cert_pem, &client.key_pem)
                             .map_err(AgentError::SigningKey)?;
                         options.signer = Some(Arc::new(signer));
                     }
-                    options.tls = Some(client_tls(tls));
+                    options.tls = Some(tls);
                 }
                 options.topic_prefix = m.topic_prefix;
                 options.keepalive = m.keepalive;
@@ -388,7 +389,7 @@ impl Agent {
             .config
             .transport_tls
             .as_ref()
-            .is_none_or(|t| t.client.is_none())
+            .is_none_or(|t| t.client_identity.is_none())
         {
             // The gateway's default posture refuses messages without a node identity.
             tracing::warn!(
@@ -791,18 +792,6 @@ pub fn watchdog_bound(config: &AgentConfig) -> Duration {
 /// `period` plus up to `JITTER` × period of random extra (kubelet `wait.Jitter`).
 pub fn jittered(period: Duration) -> Duration {
     period.saturating_add(period.mul_f64(JITTER * fastrand::f64()))
-}
-
-/// The transports' TLS settings from `transport.caFile`/`certFile`/`keyFile`.
-#[cfg(any(feature = "grpc", feature = "mqtt-tls"))]
-fn client_tls(tls: crate::config::TransportTls) -> edgebeat_transports::tls::ClientTls {
-    edgebeat_transports::tls::ClientTls {
-        ca_pem: tls.ca_pem,
-        client_identity: tls.client.map(|c| edgebeat_transports::tls::TlsIdentity {
-            cert_pem: c.cert_pem,
-            key_pem: c.key_pem,
-        }),
-    }
 }
 
 #[cfg(test)]

@@ -258,7 +258,9 @@ impl Cluster {
             grpc_options,
             mqtt_security: mqtt_security.map(|(security, _)| security),
         };
-        cluster.start_replica_on(options, Some(listener)).await?;
+        cluster
+            .start_replica_on(options, Some(listener), None)
+            .await?;
         Ok(cluster)
     }
 
@@ -297,13 +299,33 @@ impl Cluster {
             }
             Transport::Mqtt => None,
         };
-        self.start_replica_on(options, listener).await
+        self.start_replica_on(options, listener, None).await
+    }
+
+    /// Starts another gateway replica subscribed at the broker `host:port` instead of the
+    /// cluster's own (MQTT only): the replica a second broker node's gateways would be.
+    /// Returns its index.
+    ///
+    /// Errors: as [`Cluster::start_replica`].
+    pub async fn start_replica_at(
+        &mut self,
+        options: GatewayOptions,
+        host: &str,
+        port: u16,
+    ) -> anyhow::Result<usize> {
+        anyhow::ensure!(
+            self.transport == Transport::Mqtt,
+            "a replica at a broker needs Transport::Mqtt"
+        );
+        self.start_replica_on(options, None, Some((host.to_owned(), port)))
+            .await
     }
 
     async fn start_replica_on(
         &mut self,
         mut options: GatewayOptions,
         listener: Option<tokio::net::TcpListener>,
+        broker: Option<(String, u16)>,
     ) -> anyhow::Result<usize> {
         // As the gateway binary: an ingress that lets unidentified agents in (plain gRPC or
         // unsigned MQTT, what most scenarios here run) needs the explicit opt-in
@@ -358,12 +380,14 @@ impl Cluster {
                 }
             }));
         }
-        if let Some(broker) = &self.broker {
-            let mut options = MqttIngressOptions::new(
-                broker.host(),
-                broker.port(),
-                format!("edgebeat-gateway-{index}"),
-            );
+        let broker = broker.or_else(|| {
+            self.broker
+                .as_ref()
+                .map(|b| (b.host().to_owned(), b.port()))
+        });
+        if let Some((host, port)) = broker {
+            let mut options =
+                MqttIngressOptions::new(host, port, format!("edgebeat-gateway-{index}"));
             options.subscribed = Some(Arc::new(subscribed_tx));
             options.node_queues = Some(mqtt_node_queues.clone());
             options.max_nodes = max_nodes;
@@ -443,6 +467,7 @@ impl Cluster {
                 (Transport::Mqtt, Some(broker)) => TransportConfig::Mqtt(MqttTransport {
                     host: broker.host().to_owned(),
                     port: broker.port(),
+                    failover: Vec::new(),
                     client_id: None,
                     credentials: None,
                     topic_prefix: edgebeat_transports::mqtt::DEFAULT_TOPIC_PREFIX.to_owned(),
@@ -478,9 +503,9 @@ impl Cluster {
             .as_ref()
             .map(|s| s.site_ca_pem.clone().into_bytes())
             .unwrap_or_default();
-        config.transport_tls = Some(edgebeat_agent::config::TransportTls {
+        config.transport_tls = Some(edgebeat_agent::config::ClientTls {
             ca_pem,
-            client: Some(edgebeat_agent::config::ClientCertificate {
+            client_identity: Some(edgebeat_agent::config::TlsIdentity {
                 cert_pem: node_certificate.cert_pem.clone().into_bytes(),
                 key_pem: node_certificate.key_pem.clone().into_bytes(),
             }),

@@ -353,9 +353,9 @@ async fn idle_sockets_from_one_address_cannot_starve_handshakes() {
         .await;
     let cert = site.node("edge-h");
     let mut config = cluster.agent_config("edge-h", &fixture(FACTS));
-    config.transport_tls = Some(edgebeat_agent::config::TransportTls {
+    config.transport_tls = Some(edgebeat_agent::config::ClientTls {
         ca_pem: site.cert_pem.clone().into_bytes(),
-        client: Some(edgebeat_agent::config::ClientCertificate {
+        client_identity: Some(edgebeat_agent::config::TlsIdentity {
             cert_pem: cert.cert_pem.clone().into_bytes(),
             key_pem: cert.key_pem.clone().into_bytes(),
         }),

@@ -1,5 +1,6 @@
-//! MQTT-only scenarios: broker restart, gateway replicas on a shared subscription, and a
-//! gateway that was down longer than the renew interval. All against a real Mosquitto.
+//! MQTT-only scenarios: broker restart, failover to the next broker of the agent's list,
+//! gateway replicas on a shared subscription, and a gateway that was down longer than the
+//! renew interval. All against real Mosquitto brokers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -78,6 +79,59 @@ async fn broker_restart_does_not_let_the_lease_expire() {
         .find(|c| c.type_ == "Ready")
         .unwrap();
     assert_eq!(ready.status, "True");
+}
+
+/// `transport.endpoints` with two brokers, each with its gateway replica (as two nodes of a
+/// broker cluster whose gateways subscribe on different nodes): the first broker dies for
+/// good, and the agent carries on through the second without letting its Lease expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_fails_over_to_the_next_broker_of_its_list() {
+    let mut cluster = Cluster::start(Transport::Mqtt).await.unwrap();
+    let second = edgebeat_tests::broker::Broker::start().await.unwrap();
+    let on_second = cluster
+        .start_replica_at(
+            edgebeat_tests::harness::gateway_options(),
+            second.host(),
+            second.port(),
+        )
+        .await
+        .unwrap();
+    let mut c = config(&cluster, "rpi4-edge-01", "rpi4-cgroup1");
+    let Some(edgebeat_agent::config::TransportConfig::Mqtt(m)) = c.transport.as_mut() else {
+        panic!("an MQTT agent");
+    };
+    m.failover = vec![(second.host().to_owned(), second.port())];
+    let agent = cluster.start_agent(c).unwrap();
+    cluster
+        .wait_for_renewals("rpi4-edge-01", 2, DEADLINE)
+        .await
+        .unwrap();
+    let gateway = cluster.replicas[on_second]
+        .as_ref()
+        .unwrap()
+        .gateway
+        .clone();
+    assert_eq!(
+        gateway.counters.lease_renewals.load(Ordering::Relaxed),
+        0,
+        "nothing reaches the second broker while the agent is on the first"
+    );
+    cluster.broker.as_mut().unwrap().stop().await;
+    cluster
+        .wait_for_renewals("rpi4-edge-01", 3, DEADLINE)
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    assert!(
+        gateway.counters.lease_renewals.load(Ordering::Relaxed) >= 3,
+        "the second broker's replica carries the node"
+    );
+    let times = &renewals(&cluster.standin.requests(), &["rpi4-edge-01"])["rpi4-edge-01"];
+    let gap = max_gap(times);
+    assert!(
+        gap < SignedDuration::from_secs(4),
+        "lease would have expired: longest gap {gap:?} in {times:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

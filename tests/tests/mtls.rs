@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use edgebeat_agent::AgentConfig;
-use edgebeat_agent::config::{ClientCertificate, TransportTls};
+use edgebeat_agent::config::{ClientTls, TlsIdentity};
 use edgebeat_gateway::GatewayOptions;
 use edgebeat_gateway::metrics::RejectReason;
 use edgebeat_proto::{self as pb, AckCode};
@@ -46,9 +46,9 @@ async fn mtls_cluster(site: &Ca, require_node_identity: bool) -> Cluster {
 /// An agent for `node` that verifies the gateway against `trust` and presents `client`.
 fn agent_config(cluster: &Cluster, node: &str, trust: &Ca, client: Option<&Leaf>) -> AgentConfig {
     let mut config = cluster.agent_config(node, &fixture(FACTS));
-    config.transport_tls = Some(TransportTls {
+    config.transport_tls = Some(ClientTls {
         ca_pem: trust.cert_pem.clone().into_bytes(),
-        client: client.map(|leaf| ClientCertificate {
+        client_identity: client.map(|leaf| TlsIdentity {
             cert_pem: leaf.cert_pem.clone().into_bytes(),
             key_pem: leaf.key_pem.clone().into_bytes(),
         }),

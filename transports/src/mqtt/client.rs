@@ -50,6 +50,13 @@ pub struct MqttUplinkOptions {
     pub host: String,
     /// Broker port (1883 for plain MQTT).
     pub port: u16,
+    /// Further brokers of the same cluster, `(host, port)` (default none). After a lost or
+    /// failed connection the next attempt goes to the next broker of `host:port` and these,
+    /// in turn, as an MQTT client's list of server URIs is used (Paho's `serverURIs`): a
+    /// dead cluster node costs one failed attempt, not every attempt until it returns.
+    /// They share the TLS settings and credentials; each must be a node of one cluster,
+    /// so that gateways subscribed on any node receive what the agent publishes on another.
+    pub failover: Vec<(String, u16)>,
     /// MQTT client identifier (default `edgebeat-agent-{node}`). Must be unique per broker:
     /// a second connection with the same id takes the session over.
     pub client_id: String,
@@ -107,6 +114,7 @@ impl MqttUplinkOptions {
         Self {
             host: host.into(),
             port,
+            failover: Vec::new(),
             client_id: format!("edgebeat-agent-{node_name}"),
             credentials: None,
             topic_prefix: DEFAULT_TOPIC_PREFIX.to_owned(),
@@ -135,6 +143,9 @@ impl MqttUplinkOptions {
         if self.host.is_empty() {
             return Err(invalid("host", "must not be empty"));
         }
+        if self.failover.iter().any(|(host, _)| host.is_empty()) {
+            return Err(invalid("failover", "a host must not be empty"));
+        }
         if self.lease_expiry < Duration::from_secs(1) {
             return Err(invalid("lease_expiry", "must be at least 1 s"));
         }
@@ -162,8 +173,17 @@ impl MqttUplinkOptions {
         Ok(())
     }
 
-    fn mqtt_options(&self) -> Result<MqttOptions, MqttUplinkError> {
-        let mut mqtt = MqttOptions::new(&self.client_id, &self.host, self.port);
+    /// Every broker, `host:port` first, then [`Self::failover`].
+    fn brokers(&self) -> Vec<(String, u16)> {
+        std::iter::once((self.host.clone(), self.port))
+            .chain(self.failover.iter().cloned())
+            .collect()
+    }
+
+    /// rumqttc's options for the broker at `host:port` (the server name TLS checks is
+    /// `host`).
+    fn mqtt_options(&self, host: &str, port: u16) -> Result<MqttOptions, MqttUplinkError> {
+        let mut mqtt = MqttOptions::new(&self.client_id, host, port);
         #[cfg(feature = "mqtt-tls")]
         if let Some(tls) = &self.tls {
             crate::tls::install_ring_provider();
@@ -296,7 +316,9 @@ pub async fn run_uplink(
 ) -> Result<(), MqttUplinkError> {
     options.check(&node_name)?;
     let topics = Topics::new(&options.topic_prefix, &node_name);
-    let mut mqtt = options.mqtt_options()?;
+    let brokers = options.brokers();
+    let mut broker = 0;
+    let mut mqtt = options.mqtt_options(&brokers[0].0, brokers[0].1)?;
     mqtt.set_last_will(last_will(&topics, &node_name, &register));
     let (client, eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
     let mut link = Link::new(&options, topics, client, register);
@@ -328,13 +350,27 @@ pub async fn run_uplink(
                         backoff = reconnect_backoff(options.backoff_min, options.backoff_max);
                     }
                     let delay = backoff.next().unwrap_or(options.backoff_max);
-                    tracing::warn!(%error, ?delay, broker = %options.host, "MQTT connection lost; reconnecting");
+                    let (host, port) = &brokers[broker];
+                    tracing::warn!(%error, ?delay, broker = %format_args!("{host}:{port}"), "MQTT connection lost; reconnecting");
                     if !refuse_while_waiting(&mut driver.requests, delay, &cancel).await {
                         return Ok(());
                     }
                     let will = last_will(&link.topics, &node_name, &link.register);
-                    eventloop.options.set_last_will(will);
-                    // rumqttc reconnects on this poll.
+                    if brokers.len() > 1 {
+                        // The next broker of the cluster, on a new client and event loop
+                        // (rumqttc's options name one broker).
+                        broker = (broker + 1) % brokers.len();
+                        let (host, port) = &brokers[broker];
+                        let mut mqtt = options.mqtt_options(host, *port)?;
+                        mqtt.set_last_will(will);
+                        let (client, fresh) = AsyncClient::new(mqtt, REQUEST_QUEUE);
+                        link.client = client;
+                        tracing::info!(broker = %format_args!("{host}:{port}"), "MQTT: trying the next broker");
+                        eventloop = fresh;
+                    } else {
+                        eventloop.options.set_last_will(will);
+                    }
+                    // rumqttc (re)connects on this poll.
                     next = next_event(eventloop);
                     Timer::Disarm
                 }
@@ -778,7 +814,7 @@ mod tests {
     fn lease_expiry_is_whole_seconds_rounded_down() {
         let mut o = MqttUplinkOptions::new("h", 1, "n");
         o.lease_expiry = Duration::from_millis(10_900);
-        let (client, _eventloop) = AsyncClient::new(o.mqtt_options().unwrap(), 1);
+        let (client, _eventloop) = AsyncClient::new(o.mqtt_options("h", 1).unwrap(), 1);
         let register: RegisterFn = std::sync::Arc::new(AgentMessage::default);
         let link = Link::new(&o, Topics::new("p", "n"), client, register);
         assert_eq!(link.lease_properties.message_expiry_interval, Some(10));
