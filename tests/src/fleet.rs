@@ -118,6 +118,10 @@ pub struct FleetStats {
     pub registrations: AtomicU64,
     /// Reboots simulated.
     pub reboots: AtomicU64,
+    /// Lease renewals sent, by node name.
+    renewals_sent_by_node: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// When a renewal last failed.
+    last_failure: Mutex<Option<Instant>>,
     /// Renewal answer times since the last [`FleetStats::take_latencies`], µs.
     latencies: Mutex<Vec<u32>>,
     /// Failed renewals by why (the ack's reason, or the transport's error).
@@ -145,8 +149,38 @@ impl FleetStats {
             .clone()
     }
 
+    /// Lease renewals sent so far, by node name.
+    pub fn renewals_sent_by_node(&self) -> std::collections::BTreeMap<String, u64> {
+        self.renewals_sent_by_node
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// When a renewal last failed (answered otherwise than OK, or not answered in time).
+    pub fn last_failure(&self) -> Option<Instant> {
+        *self
+            .last_failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn sent(&self, node: &str) {
+        self.renewals_sent.fetch_add(1, Ordering::Relaxed);
+        *self
+            .renewals_sent_by_node
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(node.to_owned())
+            .or_default() += 1;
+    }
+
     fn failed(&self, why: String) {
         self.renewals_failed.fetch_add(1, Ordering::Relaxed);
+        *self
+            .last_failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
         *self
             .failures
             .lock()
@@ -535,7 +569,16 @@ async fn heartbeat_loops(
                 }
             } => return true,
             () = tokio::time::sleep_until(next_renew) => {
-                let ok = renew(options, stats, uplink, headers, &mut lease_state, cancel).await;
+                let ok = renew(
+                    options,
+                    stats,
+                    uplink,
+                    headers,
+                    &host.name,
+                    &mut lease_state,
+                    cancel,
+                )
+                .await;
                 next_renew = Instant::now() + if ok {
                     jittered(options.renew_interval)
                 } else {
@@ -569,6 +612,7 @@ async fn renew(
     stats: &FleetStats,
     uplink: &Uplink,
     headers: &Headers,
+    node: &str,
     lease_state: &mut Vec<u8>,
     cancel: &CancellationToken,
 ) -> bool {
@@ -581,7 +625,7 @@ async fn renew(
             quiet: false,
         })),
     };
-    stats.renewals_sent.fetch_add(1, Ordering::Relaxed);
+    stats.sent(node);
     let sent = Instant::now();
     let answer = uplink.send(message, options.ack_timeout).await;
     match answer {

@@ -20,6 +20,12 @@
 //!   (least-squares slope of the gateway's VmRSS), `gateway_fds_first`/`_last` (entries of
 //!   /proc/<pid>/fd, summed over replicas), and `broker_rss_slope_kib_per_min`,
 //!   `broker_fds_first`/`_last` for Mosquitto;
+//! - `lease_writes` (every Lease write the stand-in took), `lease_writes_beyond_renewals_sent`
+//!   (summed over nodes, writes above the renewals the node sent: a renewal written twice),
+//!   `lease_writes_unanswered` (writes minus renewals answered OK, those in flight at the
+//!   end included);
+//! - with `--kill-replica-after`: `replica_killed_at_s` and
+//!   `renewal_failures_until_s_after_kill` (the last failed renewal, after the kill);
 //! - `apiserver_<METHOD>_<resource>_per_node_hour`: requests the stand-in answered 2xx.
 //!
 //! With `--ack-only` the gateway is replaced by a subscriber that only acknowledges: this
@@ -106,6 +112,14 @@ struct Args {
     /// RSS and CPU are summed in the figures.
     #[arg(long, default_value_t = 1)]
     replicas: usize,
+    /// Seconds after the ramp at which the last replica is killed with SIGKILL, mid-write
+    /// (needs `--replicas` 2 or more): the others must carry its share of the fleet.
+    #[arg(long, value_name = "SECONDS")]
+    kill_replica_after: Option<u64>,
+    /// Seconds after the kill at which a new replica takes the killed one's place, as a
+    /// rescheduled pod would.
+    #[arg(long, value_name = "SECONDS", requires = "kill_replica_after")]
+    restart_replica_after: Option<u64>,
     /// Replace the gateway by a subscriber that only acknowledges (see the module docs).
     #[arg(long, conflicts_with_all = ["mtls", "gateway_args"])]
     ack_only: bool,
@@ -311,6 +325,38 @@ fn process_figures(pid: u32) -> Option<(u64, f64)> {
     Some((rss, ticks as f64 / 100.0))
 }
 
+/// Starts one more gateway replica on the shared MQTT subscription, client ID
+/// `edgebeat-fleet-gateway-<suffix>`, and waits until it is ready.
+async fn spawn_replica(
+    args: &Args,
+    standin: &edgebeat_tests::standin::StandInHandle,
+    broker: Option<&Broker>,
+    suffix: &str,
+) -> anyhow::Result<tokio::process::Child> {
+    let broker = broker.context("replicas share an MQTT subscription: --transport mqtt")?;
+    let port = free_port()?;
+    let child = tokio::process::Command::new(&args.gateway_bin)
+        .arg("--server")
+        .arg(standin.url())
+        .arg(format!("--metrics-listen=127.0.0.1:{port}"))
+        .arg("--log-level=warn")
+        .arg(format!(
+            "--mqtt-endpoint=mqtt://{}:{}",
+            broker.host(),
+            broker.port()
+        ))
+        .arg(format!("--mqtt-client-id=edgebeat-fleet-gateway-{suffix}"))
+        .arg("--allow-unidentified-agents")
+        .args(&args.gateway_args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", args.gateway_bin.display()))?;
+    wait_ready(port).await?;
+    Ok(child)
+}
+
 /// GETs `/readyz` on `port` until it answers 200, for at most 30 s.
 async fn wait_ready(port: u16) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -449,32 +495,15 @@ async fn main() -> anyhow::Result<()> {
         args.replicas >= 1 && (args.replicas == 1 || (broker.is_some() && !args.ack_only)),
         "--replicas above 1 needs --transport mqtt and a gateway"
     );
+    anyhow::ensure!(
+        args.kill_replica_after.is_none() || args.replicas >= 2,
+        "--kill-replica-after needs --replicas 2 or more"
+    );
     let mut replicas = Vec::new();
-    if let Some(broker) = &broker {
-        for index in 1..args.replicas {
-            let port = free_port()?;
-            let child = tokio::process::Command::new(&args.gateway_bin)
-                .arg("--server")
-                .arg(standin.url())
-                .arg(format!("--metrics-listen=127.0.0.1:{port}"))
-                .arg("--log-level=warn")
-                .arg(format!(
-                    "--mqtt-endpoint=mqtt://{}:{}",
-                    broker.host(),
-                    broker.port()
-                ))
-                .arg(format!("--mqtt-client-id=edgebeat-fleet-gateway-{index}"))
-                .arg("--allow-unidentified-agents")
-                .args(&args.gateway_args)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .with_context(|| format!("starting {}", args.gateway_bin.display()))?;
-            wait_ready(port).await?;
-            pids.push(child.id().context("gateway pid")?);
-            replicas.push(child);
-        }
+    for index in 1..args.replicas {
+        let child = spawn_replica(&args, &standin, broker.as_ref(), &index.to_string()).await?;
+        pids.push(child.id().context("gateway pid")?);
+        replicas.push(child);
     }
     let (_, cpu_start) = figures_of(&pids);
 
@@ -504,6 +533,15 @@ async fn main() -> anyhow::Result<()> {
     let mut messages_at_measure = None;
     let broker_pid = broker.as_ref().and_then(Broker::pid);
     let mut soak: Vec<SoakSample> = Vec::new();
+    let kill_at = args
+        .kill_replica_after
+        .map(|after| measured_from + Duration::from_secs(after));
+    let restart_at = kill_at
+        .zip(args.restart_replica_after)
+        .map(|(k, r)| k + Duration::from_secs(r));
+    let mut killed_at: Option<tokio::time::Instant> = None;
+    // CPU seconds of replicas no longer running, so the CPU figure keeps their share.
+    let mut cpu_of_gone = 0.0;
     println!(
         "nodes={} transport={:?} replicas={} renew_interval_s={} ack_only={} mtls={} apiserver_latency_ms={} gateway_args={:?}",
         args.nodes,
@@ -517,6 +555,34 @@ async fn main() -> anyhow::Result<()> {
     );
     while tokio::time::Instant::now() < end {
         sample.tick().await;
+        if killed_at.is_none()
+            && kill_at.is_some_and(|t| tokio::time::Instant::now() >= t)
+            && let Some(mut victim) = replicas.pop()
+        {
+            let pid = victim.id().context("replica pid")?;
+            cpu_of_gone += process_figures(pid).map_or(0.0, |(_, cpu)| cpu);
+            // SIGKILL: no shutdown, writes in flight are cut off where they are.
+            victim.start_kill()?;
+            victim.wait().await?;
+            pids.retain(|p| *p != pid);
+            killed_at = Some(tokio::time::Instant::now());
+            println!(
+                "t={:>4.0}s replica pid {pid} killed (SIGKILL)",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        if killed_at.is_some()
+            && replicas.len() + 1 < args.replicas
+            && restart_at.is_some_and(|t| tokio::time::Instant::now() >= t)
+        {
+            let child = spawn_replica(&args, &standin, broker.as_ref(), "restarted").await?;
+            pids.push(child.id().context("gateway pid")?);
+            replicas.push(child);
+            println!(
+                "t={:>4.0}s a new replica took the killed one's place",
+                started.elapsed().as_secs_f64()
+            );
+        }
         let now = jiff::Timestamp::now();
         let messages = stats.renewals_sent.load(Ordering::Relaxed)
             + stats.status_sent.load(Ordering::Relaxed)
@@ -550,7 +616,7 @@ async fn main() -> anyhow::Result<()> {
                 standin.lease_renew_times().len(),
                 expired_samples,
                 rss as f64 / 1024.0,
-                cpu - cpu_start,
+                cpu + cpu_of_gone - cpu_start,
             );
             if started.elapsed() >= warm_up {
                 soak.push(SoakSample {
@@ -637,7 +703,7 @@ async fn main() -> anyhow::Result<()> {
     );
     put(
         "gateway_cpu_s_per_s",
-        format!("{:.3}", (gateway_cpu - cpu_start) / elapsed),
+        format!("{:.3}", (gateway_cpu + cpu_of_gone - cpu_start) / elapsed),
     );
     put("sim_rss_mib", format!("{:.1}", sim_rss as f64 / 1024.0));
     put(
@@ -660,6 +726,41 @@ async fn main() -> anyhow::Result<()> {
             put("broker_fds_first", first.broker_fds.to_string());
             put("broker_fds_last", last.broker_fds.to_string());
         }
+    }
+    // Every Lease write of the gateway is one renewal's: more writes than renewals sent for
+    // a node is a renewal written twice (by two replicas, or again after a lost answer).
+    // Answers first, then writes: a write precedes its answer, so writes in flight at the
+    // end count as unanswered (a few), never the other way round.
+    let answered = stats.renewals_ok.load(Ordering::Relaxed);
+    let writes = standin.lease_write_counts();
+    let sent = stats.renewals_sent_by_node();
+    let duplicates: u64 = writes
+        .iter()
+        .map(|(node, n)| n.saturating_sub(sent.get(node).copied().unwrap_or(0)))
+        .sum();
+    let total_writes: u64 = writes.values().sum();
+    put("lease_writes", total_writes.to_string());
+    put("lease_writes_beyond_renewals_sent", duplicates.to_string());
+    // Writes whose answer never reached the node: those in flight when a replica died,
+    // answered after the node's ack timeout, or in flight at the end of the run.
+    put(
+        "lease_writes_unanswered",
+        total_writes.saturating_sub(answered).to_string(),
+    );
+    if let Some(killed) = killed_at {
+        put(
+            "replica_killed_at_s",
+            format!("{:.0}", killed.duration_since(started).as_secs_f64()),
+        );
+        // How long nodes saw failures after the kill (0 when none failed after it).
+        let last = stats.last_failure().filter(|t| *t >= killed);
+        put(
+            "renewal_failures_until_s_after_kill",
+            format!(
+                "{:.1}",
+                last.map_or(0.0, |t| t.duration_since(killed).as_secs_f64())
+            ),
+        );
     }
     let node_hours = args.nodes as f64 * elapsed / 3600.0;
     for (key, count) in standin.request_counts() {

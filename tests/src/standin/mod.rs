@@ -405,6 +405,18 @@ impl StandInHandle {
         self.shared.lock().renew_times("kube-node-lease")
     }
 
+    /// Writes of each Lease in `kube-node-lease` so far (its creation included), by name.
+    /// Every Lease write of the gateway is one renewal's, so a node with more writes than
+    /// renewals sent had one renewal written twice.
+    pub fn lease_write_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        self.shared
+            .lock()
+            .lease_writes
+            .iter()
+            .filter_map(|(key, n)| Some((key.strip_prefix("kube-node-lease/")?.to_owned(), *n)))
+            .collect()
+    }
+
     /// A receiver that sees every change of the store (its value is a change counter), for
     /// callers that record what happened as it happens instead of polling.
     pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {

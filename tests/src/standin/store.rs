@@ -91,6 +91,9 @@ pub(crate) struct Store {
     pub(crate) record_requests: bool,
     /// Requests answered, by `"METHOD resource status"` (see [`resource_of`]).
     pub(crate) request_counts: BTreeMap<String, u64>,
+    /// Writes (creations and changes) of each Lease, by `namespace/name`: how a fleet run
+    /// tells a renewal written twice from one written once.
+    pub(crate) lease_writes: BTreeMap<String, u64>,
     pub(crate) faults: Vec<FaultRule>,
     pub(crate) latency: Duration,
     /// Overload: more requests than this in flight are answered 429 with `Retry-After`.
@@ -169,6 +172,7 @@ impl Store {
             requests: Vec::new(),
             record_requests: true,
             request_counts: BTreeMap::new(),
+            lease_writes: BTreeMap::new(),
             faults: Vec::new(),
             latency: Duration::ZERO,
             max_inflight: None,
@@ -257,6 +261,12 @@ impl Store {
         if event == "DELETED" {
             self.objects.remove(&key);
         } else {
+            if kind == Kind::Lease {
+                *self
+                    .lease_writes
+                    .entry(format!("{}/{}", key.namespace, key.name))
+                    .or_default() += 1;
+            }
             let created = self.objects.get(&key).map_or(rv, |e| e.created);
             self.objects.insert(
                 key.clone(),
