@@ -1,0 +1,618 @@
+//! The agent's configuration file: YAML with `apiVersion`/`kind` and KubeletConfiguration
+//! field names, parsed once at load into typed values.
+//!
+//! ```yaml
+//! apiVersion: edgebeat.io/v1alpha1
+//! kind: AgentConfiguration
+//! nodeName: edge-01
+//! nodeStatusUpdateFrequency: 10s
+//! nodeLeaseDurationSeconds: 40
+//! evictionHard: {memory.available: 100Mi, nodefs.available: 10%}
+//! transport: {kind: grpc, endpoint: "http://gateway.example:7443"}
+//! healthzBindAddress: 127.0.0.1:10248
+//! ```
+//!
+//! gRPC over TLS with a kubelet-style node certificate (CN=`system:node:<nodeName>`,
+//! O=`system:nodes`), KubeletConfiguration-like file names; the files are read at load:
+//!
+//! ```yaml
+//! transport:
+//!   kind: grpc
+//!   endpoint: "https://gateway.example:7443"
+//!   caFile: /etc/edgebeat/pki/ca.crt        # verifies the gateway (server name = URL host)
+//!   certFile: /etc/edgebeat/pki/node.crt    # with keyFile: mTLS client certificate
+//!   keyFile: /etc/edgebeat/pki/node.key
+//! ```
+//!
+//! MQTT over TLS takes the same three fields with an `mqtts://` endpoint (default port
+//! 8883): `caFile` verifies the broker, `certFile`/`keyFile` are presented to it, and every
+//! message is then also signed end to end with `keyFile` (ECDSA P-256 or Ed25519), because
+//! the broker is a third party; the gateway verifies the signature against the site CA.
+//!
+//! A clustered broker takes its nodes as `endpoints` instead of `endpoint`; after a lost
+//! connection the agent tries the next one (all `mqtt://` or all `mqtts://`):
+//!
+//! ```yaml
+//! transport:
+//!   kind: mqtt
+//!   endpoints: ["mqtt://broker-0.plant:1883", "mqtt://broker-1.plant:1883"]
+//! ```
+//!
+//! Unknown fields are rejected. A file with several mistakes gets one error that lists
+//! every invalid field (unknown ones and values of the wrong type included), each naming
+//! the field and how to fix it. Defaults are kubelet's
+//! (`pkg/kubelet/apis/config/v1beta1/defaults.go`), except `maxPods` (0: an edgebeat node
+//! runs no pods).
+
+mod error;
+mod eviction;
+mod transport;
+mod values;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use edgebeat_proto::registration;
+use serde::Deserialize;
+
+use crate::health::{self, HealthSettings};
+use crate::quantity::{Amount, parse_amount};
+
+pub use edgebeat_proto::registration::{CONTAINER_RUNTIME_LABEL, DEFAULT_LABEL_KEYS};
+
+/// Default `transport.keepalive` for gRPC (5 min; see [`TransportConfig::Grpc`]).
+pub const GRPC_KEEPALIVE: Duration = Duration::from_secs(300);
+
+/// Default `transport.keepalive` for MQTT: 30 min, the one the MQTT uplink defaults to too
+/// (see [`MqttTransport::keepalive`] and the constant's own docs for why).
+pub use edgebeat_transports::endpoint::MQTT_AGENT_KEEPALIVE as MQTT_KEEPALIVE;
+
+/// `apiVersion` the agent accepts.
+pub const API_VERSION: &str = "edgebeat.io/v1alpha1";
+/// `kind` the agent accepts.
+pub const KIND: &str = "AgentConfiguration";
+
+/// Largest configuration file [`AgentConfig::load`] reads, bytes (1 MiB): a real one is a
+/// few hundred bytes; a wrong path such as `/dev/zero` fails at once instead of hanging.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
+/// Largest `transport.passwordFile`, bytes (4 KiB), shared with the gateway's
+/// `--mqtt-password-file`.
+pub use edgebeat_hw::MAX_PASSWORD_FILE_BYTES;
+/// Largest `transport.caFile`, `certFile` or `keyFile`, bytes (1 MiB), shared with the
+/// gateway's TLS files (the whole Mozilla root store is about 220 KiB of PEM).
+pub use edgebeat_hw::MAX_PEM_FILE_BYTES;
+
+pub use error::{ConfigError, FieldError};
+use error::{Problems, field_message, got};
+pub use eviction::EvictionSignal;
+pub use transport::{ClientTls, MqttTransport, TlsIdentity, TransportConfig};
+use transport::{RawTransport, validate_transport};
+pub use values::{MAX_DURATION, parse_bind_address, parse_duration, validate_node_name};
+use values::{is_link_local, parse_positive_duration, parse_reserved};
+
+/// A registration taint (core/v1 Taint), applied once when the Node is created.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Taint {
+    /// Taint key, e.g. `example.com/edge`.
+    pub key: String,
+    /// Taint value (may be empty).
+    #[serde(default)]
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
+}
+
+/// The validated agent configuration. Durations are parsed, quantities resolved to typed
+/// values, defaults applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// Node name; defaults to the host's hostname (lower-cased) when empty.
+    pub node_name: Option<String>,
+    /// `nodeStatusUpdateFrequency`: how often status is computed (default 10 s).
+    pub node_status_update_frequency: Duration,
+    /// `nodeStatusReportFrequency`: longest time between status reports when nothing
+    /// changed (default 5 min, or `nodeStatusUpdateFrequency` when only that is set).
+    pub node_status_report_frequency: Duration,
+    /// `nodeLeaseDurationSeconds` (default 40); renewals every duration × 0.25.
+    pub node_lease_duration_seconds: u32,
+    /// `registerNode` (default true): create the Node if it does not exist.
+    pub register_node: bool,
+    /// `registerSchedulable` (default true); false adds `spec.unschedulable` at creation.
+    pub register_schedulable: bool,
+    /// `registerWithTaints`: taints set at creation only.
+    pub register_with_taints: Vec<Taint>,
+    /// `nodeLabels`: labels added at registration; they override the defaults.
+    pub node_labels: BTreeMap<String, String>,
+    /// `evictionHard`: signal → threshold (default kubelet's Linux hard thresholds).
+    pub eviction_hard: BTreeMap<EvictionSignal, Amount>,
+    /// `evictionPressureTransitionPeriod`: how long a pressure condition is held after the
+    /// signal last crossed its threshold (default 5 min). The health conditions use it too.
+    pub eviction_pressure_transition_period: Duration,
+    /// The health conditions beyond kubelet's four: `systemMemoryContentionThreshold`,
+    /// `systemDiskContentionThreshold`, `readonlyFilesystemCondition`, `thermalCondition`,
+    /// `thermalLimitCelsius`, `underVoltageCondition`, `clockSyncCondition` (see
+    /// [`HealthSettings`]).
+    pub health: HealthSettings,
+    /// `systemReserved`: resource → amount subtracted from allocatable (cpu in millicores,
+    /// others in bytes / count).
+    pub system_reserved: BTreeMap<String, u64>,
+    /// `kubeReserved`: as `systemReserved`.
+    pub kube_reserved: BTreeMap<String, u64>,
+    /// `maxPods`: `status.capacity.pods` (and allocatable). Default **0**, not kubelet's
+    /// 110: there is no container runtime behind an edgebeat node, so it admits no pods and
+    /// the scheduler's NodeResourcesFit filter refuses every pod for it ("Too many pods").
+    /// Set it only for a node whose pods something else runs.
+    pub max_pods: u32,
+    /// `podsPerCore` (default 0 = off).
+    pub pods_per_core: u32,
+    /// `nodeIP` (kubelet `--node-ip`): the InternalIP to report.
+    pub node_ip: Option<IpAddr>,
+    /// `hostRoot`: where the host's `/` is mounted (default `/`).
+    pub host_root: PathBuf,
+    /// `rootDir` (kubelet `--root-dir`, default `/var/lib/kubelet`): its filesystem is
+    /// nodefs and gives `ephemeral-storage` capacity.
+    pub root_dir: PathBuf,
+    /// `imageFsDir`: the container image filesystem (imagefs), if separate.
+    pub image_fs_dir: Option<PathBuf>,
+    /// `transport`: how heartbeats reach the gateway. Required unless running `--once`.
+    pub transport: Option<TransportConfig>,
+    /// `transport.caFile`/`certFile`/`keyFile`: TLS for a transport on `https://` or
+    /// `mqtts://` (required there, refused on plain endpoints); with MQTT the key also signs
+    /// every message. Kept beside [`TransportConfig`] rather than in
+    /// its `Grpc` variant so code that builds that variant keeps compiling.
+    pub transport_tls: Option<ClientTls>,
+    /// `healthzBindAddress`: `IP:port` of the observe server (`/healthz`, `/readyz`,
+    /// `/metrics`), e.g. `127.0.0.1:10248`; off when not set (the default).
+    ///
+    /// kubelet splits this into `healthzBindAddress` (an IP) and `healthzPort` (10248); one
+    /// `IP:port` field keeps the agent's config small, and the name stays kubelet's because
+    /// what kubelet serves on that port is health. `/metrics` shares the port instead of
+    /// taking a second one (kubelet serves its metrics on the authenticated 10250).
+    pub healthz_bind_address: Option<SocketAddr>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            node_name: None,
+            node_status_update_frequency: Duration::from_secs(10),
+            node_status_report_frequency: Duration::from_secs(300),
+            node_lease_duration_seconds: 40,
+            register_node: true,
+            register_schedulable: true,
+            register_with_taints: Vec::new(),
+            node_labels: BTreeMap::new(),
+            eviction_hard: default_eviction_hard(),
+            eviction_pressure_transition_period: Duration::from_secs(300),
+            health: HealthSettings::default(),
+            system_reserved: BTreeMap::new(),
+            kube_reserved: BTreeMap::new(),
+            max_pods: 0,
+            pods_per_core: 0,
+            node_ip: None,
+            host_root: PathBuf::from("/"),
+            root_dir: PathBuf::from("/var/lib/kubelet"),
+            image_fs_dir: None,
+            transport: None,
+            transport_tls: None,
+            healthz_bind_address: None,
+        }
+    }
+}
+
+/// Kubelet's default hard eviction thresholds on Linux
+/// (`pkg/kubelet/eviction/defaults_linux.go`).
+pub fn default_eviction_hard() -> BTreeMap<EvictionSignal, Amount> {
+    BTreeMap::from([
+        (
+            EvictionSignal::MemoryAvailable,
+            Amount::Absolute(100 * 1024 * 1024),
+        ),
+        (EvictionSignal::NodeFsAvailable, Amount::Percentage(0.1)),
+        (EvictionSignal::NodeFsInodesFree, Amount::Percentage(0.05)),
+        (EvictionSignal::ImageFsAvailable, Amount::Percentage(0.15)),
+    ])
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawConfig {
+    api_version: Option<String>,
+    kind: Option<String>,
+    node_name: Option<String>,
+    node_status_update_frequency: Option<String>,
+    node_status_report_frequency: Option<String>,
+    node_lease_duration_seconds: Option<i64>,
+    register_node: Option<bool>,
+    register_schedulable: Option<bool>,
+    register_with_taints: Option<Vec<Taint>>,
+    node_labels: Option<BTreeMap<String, String>>,
+    eviction_hard: Option<BTreeMap<String, String>>,
+    eviction_pressure_transition_period: Option<String>,
+    system_memory_contention_threshold: Option<f64>,
+    system_disk_contention_threshold: Option<f64>,
+    readonly_filesystem_condition: Option<bool>,
+    thermal_condition: Option<bool>,
+    thermal_limit_celsius: Option<f64>,
+    under_voltage_condition: Option<bool>,
+    clock_sync_condition: Option<bool>,
+    system_reserved: Option<BTreeMap<String, String>>,
+    kube_reserved: Option<BTreeMap<String, String>>,
+    max_pods: Option<i64>,
+    pods_per_core: Option<i64>,
+    #[serde(rename = "nodeIP")]
+    node_ip: Option<String>,
+    host_root: Option<PathBuf>,
+    root_dir: Option<PathBuf>,
+    image_fs_dir: Option<PathBuf>,
+    transport: Option<RawTransport>,
+    healthz_bind_address: Option<String>,
+}
+
+impl AgentConfig {
+    /// Reads and validates the YAML file at `path`.
+    ///
+    /// The file may hold at most [`MAX_CONFIG_FILE_BYTES`] and must be UTF-8.
+    ///
+    /// Errors: [`ConfigError::Read`], [`ConfigError::Syntax`] (with serde's line and
+    /// column, or for text that is not UTF-8), [`ConfigError::Invalid`] naming the field.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let bytes = edgebeat_hw::read_bounded(path, MAX_CONFIG_FILE_BYTES).map_err(|source| {
+            ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            ConfigError::Syntax(format!(
+                "{}: not UTF-8 text ({e}); save the file as UTF-8 YAML",
+                path.display()
+            ))
+        })?;
+        Self::from_yaml(&text)
+    }
+
+    /// Parses and validates a YAML document (see the module docs for the shape).
+    ///
+    /// Errors: as [`AgentConfig::load`], without `Read`.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        match serde_saphyr::from_str::<RawConfig>(text) {
+            Ok(raw) => Self::validate(raw),
+            Err(first) => Self::validate_field_by_field(text, first),
+        }
+    }
+
+    /// The document did not deserialize as a whole (an unknown field, a value of the wrong
+    /// type): deserializes each top-level field on its own to name every bad one, then
+    /// validates the others, so one error lists them all. A document that is not a YAML
+    /// mapping at all is [`ConfigError::Syntax`] with `first`.
+    fn validate_field_by_field(
+        text: &str,
+        first: serde_saphyr::Error,
+    ) -> Result<Self, ConfigError> {
+        let syntax = || ConfigError::Syntax(first.to_string());
+        let Ok(serde_json::Value::Object(fields)) =
+            serde_saphyr::from_str::<serde_json::Value>(text)
+        else {
+            return Err(syntax());
+        };
+        // Each field alone, as YAML (JSON is YAML): the same typing as in the whole file.
+        let alone = |fields: serde_json::Map<String, serde_json::Value>| {
+            serde_saphyr::from_str::<RawConfig>(&serde_json::Value::Object(fields).to_string())
+        };
+        let mut p = Problems::default();
+        let mut good = serde_json::Map::new();
+        for (key, value) in fields {
+            let one = serde_json::Map::from_iter([(key.clone(), value.clone())]);
+            if alone(one).is_ok() {
+                good.insert(key, value);
+                continue;
+            }
+            // A mapping (transport): name its bad fields one by one too.
+            // The good ones are still validated, the bad ones reported.
+            let mut named = false;
+            if let serde_json::Value::Object(inner) = &value {
+                let mut kept = serde_json::Map::new();
+                for (sub, v) in inner {
+                    let nested = serde_json::Map::from_iter([(sub.clone(), v.clone())]);
+                    let one = serde_json::Map::from_iter([(
+                        key.clone(),
+                        serde_json::Value::Object(nested),
+                    )]);
+                    match alone(one) {
+                        Ok(_) => {
+                            kept.insert(sub.clone(), v.clone());
+                        }
+                        Err(e) => {
+                            p.push(format!("{key}.{sub}"), field_message(&e.to_string()));
+                            named = true;
+                        }
+                    }
+                }
+                if named {
+                    good.insert(key.clone(), serde_json::Value::Object(kept));
+                }
+            }
+            if !named && let Err(e) = alone(serde_json::Map::from_iter([(key.clone(), value)])) {
+                p.push(key, field_message(&e.to_string()));
+            }
+        }
+        match alone(good).map(Self::validate) {
+            Ok(Ok(_)) | Err(_) if p.len() == 0 => Err(syntax()),
+            Ok(Ok(_)) | Err(_) => p.into_result(AgentConfig::default()),
+            Ok(Err(ConfigError::Invalid(more))) => {
+                p.0.extend(more);
+                p.into_result(AgentConfig::default())
+            }
+            Ok(Err(other)) => Err(other),
+        }
+    }
+
+    fn validate(raw: RawConfig) -> Result<Self, ConfigError> {
+        let mut p = Problems::default();
+        let mut c = AgentConfig::default();
+        match raw.api_version.as_deref() {
+            Some(API_VERSION) => {}
+            other => p.push(
+                "apiVersion",
+                format!("{}; set apiVersion: {API_VERSION}", got(other)),
+            ),
+        }
+        match raw.kind.as_deref() {
+            Some(KIND) => {}
+            other => p.push("kind", format!("{}; set kind: {KIND}", got(other))),
+        }
+        if let Some(name) = raw.node_name.filter(|n| !n.is_empty()) {
+            match validate_node_name(&name) {
+                Ok(()) => c.node_name = Some(name),
+                Err(m) => p.push("nodeName", m),
+            }
+        }
+        if let Some(v) = raw.node_status_update_frequency
+            && let Some(d) = p.take(parse_positive_duration("nodeStatusUpdateFrequency", &v))
+        {
+            c.node_status_update_frequency = d;
+            // kubelet: the report period follows an explicitly set update period.
+            c.node_status_report_frequency = d;
+        }
+        if let Some(v) = raw.node_status_report_frequency
+            && let Some(d) = p.take(parse_positive_duration("nodeStatusReportFrequency", &v))
+        {
+            c.node_status_report_frequency = d;
+        }
+        if let Some(v) = raw.node_lease_duration_seconds {
+            match u32::try_from(v).ok().filter(|v| *v > 0) {
+                Some(v) => c.node_lease_duration_seconds = v,
+                None => p.push(
+                    "nodeLeaseDurationSeconds",
+                    format!("got {v}; must be a positive number of seconds, e.g. 40"),
+                ),
+            }
+        }
+        c.register_node = raw.register_node.unwrap_or(true);
+        c.register_schedulable = raw.register_schedulable.unwrap_or(true);
+        if let Some(taints) = raw.register_with_taints {
+            if taints.len() > registration::MAX_TAINTS {
+                p.push(
+                    "registerWithTaints",
+                    format!(
+                        "{} taints; at most {} are accepted",
+                        taints.len(),
+                        registration::MAX_TAINTS
+                    ),
+                );
+            }
+            for (i, t) in taints.iter().enumerate() {
+                if !registration::TAINT_EFFECTS.contains(&t.effect.as_str()) {
+                    p.push(
+                        format!("registerWithTaints[{i}].effect"),
+                        format!(
+                            "got {:?}; use {}",
+                            t.effect,
+                            registration::TAINT_EFFECTS.join(", ")
+                        ),
+                    );
+                }
+                if let Err(e) = registration::check_key(&t.key) {
+                    p.push(format!("registerWithTaints[{i}].key"), e);
+                }
+                if let Err(e) = registration::check_value(&t.value) {
+                    p.push(format!("registerWithTaints[{i}].value"), e);
+                }
+            }
+            c.register_with_taints = taints;
+        }
+        if let Some(labels) = raw.node_labels {
+            if let Some(value) = labels.get(CONTAINER_RUNTIME_LABEL.0) {
+                p.push(
+                    format!("nodeLabels[{:?}]", CONTAINER_RUNTIME_LABEL.0),
+                    format!(
+                        "got {value:?}; the agent always sets it to {:?} (an edgebeat node runs no containers); remove it",
+                        CONTAINER_RUNTIME_LABEL.1
+                    ),
+                );
+            }
+            for (key, value) in &labels {
+                if let Err(e) = registration::check_label(key, value) {
+                    p.push(format!("nodeLabels[{key:?}]"), e);
+                }
+            }
+            for key in registration::forbidden_labels(labels.keys().map(String::as_str)) {
+                p.push(
+                    format!("nodeLabels[{key:?}]"),
+                    "a node may not set kubernetes.io or k8s.io labels other than kubelet's (NodeRestriction); use your own prefix, e.g. example.com/role, or node.kubernetes.io/…",
+                );
+            }
+            let total = DEFAULT_LABEL_KEYS.len()
+                + labels
+                    .keys()
+                    .filter(|k| !DEFAULT_LABEL_KEYS.contains(&k.as_str()))
+                    .count();
+            if total > registration::MAX_LABELS {
+                p.push(
+                    "nodeLabels",
+                    format!(
+                        "{total} labels with the agent's own {}; at most {} are accepted",
+                        DEFAULT_LABEL_KEYS.len(),
+                        registration::MAX_LABELS
+                    ),
+                );
+            }
+            c.node_labels = labels;
+        }
+        if let Some(hard) = raw.eviction_hard {
+            // kubelet: setting any evictionHard key drops the other defaults.
+            c.eviction_hard = BTreeMap::new();
+            for (name, value) in hard {
+                let field = format!("evictionHard[{name:?}]");
+                let signal = match name.parse::<EvictionSignal>() {
+                    Ok(signal) => signal,
+                    Err(e) => {
+                        p.push(field, e);
+                        continue;
+                    }
+                };
+                match parse_amount(&value, true) {
+                    Ok(amount) => {
+                        c.eviction_hard.insert(signal, amount);
+                    }
+                    Err(e) => p.push(field, e.to_string()),
+                }
+            }
+        }
+        if let Some(v) = raw.eviction_pressure_transition_period {
+            match parse_duration(&v) {
+                Ok(d) if d <= MAX_DURATION => c.eviction_pressure_transition_period = d,
+                Ok(_) => p.push(
+                    "evictionPressureTransitionPeriod",
+                    format!("{v:?} must be at most 24h"),
+                ),
+                Err(m) => p.push("evictionPressureTransitionPeriod", m),
+            }
+        }
+        let thresholds = [
+            (
+                "systemMemoryContentionThreshold",
+                raw.system_memory_contention_threshold,
+                &mut c.health.system_memory_contention_threshold,
+            ),
+            (
+                "systemDiskContentionThreshold",
+                raw.system_disk_contention_threshold,
+                &mut c.health.system_disk_contention_threshold,
+            ),
+        ];
+        for (field, value, slot) in thresholds {
+            if let Some(v) = value {
+                match health::check_threshold(v) {
+                    Ok(v) => *slot = v,
+                    Err(m) => p.push(field, m),
+                }
+            }
+        }
+        if let Some(v) = raw.thermal_limit_celsius {
+            match health::check_thermal_limit(v) {
+                Ok(v) => c.health.thermal_limit_celsius = Some(v),
+                Err(m) => p.push("thermalLimitCelsius", m),
+            }
+        }
+        let switches = [
+            (
+                raw.readonly_filesystem_condition,
+                &mut c.health.readonly_filesystem,
+            ),
+            (raw.thermal_condition, &mut c.health.thermal),
+            (raw.under_voltage_condition, &mut c.health.under_voltage),
+            (raw.clock_sync_condition, &mut c.health.clock_sync),
+        ];
+        for (value, slot) in switches {
+            if let Some(v) = value {
+                *slot = v;
+            }
+        }
+        c.system_reserved = parse_reserved(&mut p, "systemReserved", raw.system_reserved);
+        c.kube_reserved = parse_reserved(&mut p, "kubeReserved", raw.kube_reserved);
+        if let Some(v) = raw.max_pods {
+            match u32::try_from(v) {
+                Ok(v) => c.max_pods = v,
+                Err(_) => p.push(
+                    "maxPods",
+                    format!("got {v}; must be 0 (no pods: the default) or positive"),
+                ),
+            }
+        }
+        if let Some(v) = raw.pods_per_core {
+            match u32::try_from(v) {
+                Ok(v) => c.pods_per_core = v,
+                Err(_) => p.push(
+                    "podsPerCore",
+                    format!("got {v}; must be 0 (off) or positive"),
+                ),
+            }
+        }
+        if let Some(ip) = raw.node_ip {
+            match ip.parse::<IpAddr>() {
+                Err(_) => p.push("nodeIP", format!("{ip:?} is not an IP address")),
+                Ok(parsed)
+                    if parsed.is_loopback()
+                        || parsed.is_multicast()
+                        || parsed.is_unspecified()
+                        || is_link_local(&parsed) =>
+                {
+                    p.push(
+                        "nodeIP",
+                        format!(
+                            "{ip} is loopback, link-local, multicast or unspecified; use the node's own address (kubelet validateNodeIP)"
+                        ),
+                    );
+                }
+                Ok(parsed) => c.node_ip = Some(parsed),
+            }
+        }
+        if let Some(path) = raw.host_root {
+            c.host_root = path;
+        }
+        if let Some(path) = raw.root_dir {
+            if path.is_absolute() {
+                c.root_dir = path;
+            } else {
+                p.push(
+                    "rootDir",
+                    "must be an absolute path on the host, e.g. /var/lib/kubelet",
+                );
+            }
+        }
+        if let Some(path) = raw.image_fs_dir {
+            if path.is_absolute() {
+                c.image_fs_dir = Some(path);
+            } else {
+                p.push("imageFsDir", "must be an absolute path on the host");
+            }
+        }
+        if let Some(t) = raw.transport
+            && let Some((transport, tls)) = validate_transport(&mut p, t)
+        {
+            c.transport = Some(transport);
+            c.transport_tls = tls;
+        }
+        if let Some(a) = raw.healthz_bind_address {
+            match parse_bind_address(&a) {
+                Ok(addr) => c.healthz_bind_address = Some(addr),
+                Err(m) => p.push("healthzBindAddress", m),
+            }
+        }
+        p.into_result(c)
+    }
+
+    /// Lease renew interval: `nodeLeaseDurationSeconds` × 0.25 (kubelet
+    /// `nodeLeaseRenewIntervalFraction`), 10 s by default.
+    pub fn lease_renew_interval(&self) -> Duration {
+        Duration::from_millis(u64::from(self.node_lease_duration_seconds) * 250)
+    }
+}
+
+#[cfg(test)]
+mod tests;

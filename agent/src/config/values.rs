@@ -1,0 +1,149 @@
+//! Scalar values of the configuration: durations, bind addresses, node names, reserved
+//! resources.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use super::error::{ConfigError, Problems, invalid};
+use edgebeat_proto::registration;
+
+use crate::quantity::{Amount, parse_amount, parse_millicores};
+
+/// Parses the observe server's address (`healthzBindAddress`, `--healthz-bind-address`): an
+/// `IP:port` (`[v6]:port` for IPv6) with a port other than 0. A host name is not accepted:
+/// the agent binds before any resolver is needed, as kubelet does.
+///
+/// Errors: a message with the rejected text and an example.
+pub fn parse_bind_address(text: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = text.trim().parse().map_err(|_| {
+        format!(
+            "{text:?} is not an IP:port address, e.g. 127.0.0.1:10248 or [::1]:10248 (remove the field to turn the server off)"
+        )
+    })?;
+    if addr.port() == 0 {
+        return Err(format!(
+            "{text:?} has port 0; use a fixed port such as 10248 so probes and scrapers can find it"
+        ));
+    }
+    Ok(addr)
+}
+
+/// `systemReserved` / `kubeReserved`: resource → amount (cpu in millicores, the others in
+/// bytes or a count); every invalid entry goes to `p` and is left out.
+pub(super) fn parse_reserved(
+    p: &mut Problems,
+    field: &str,
+    map: Option<BTreeMap<String, String>>,
+) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (resource, value) in map.unwrap_or_default() {
+        let f = format!("{field}[{resource:?}]");
+        let v = match resource.as_str() {
+            "cpu" => parse_millicores(&value).map_err(|e| e.to_string()),
+            "memory" | "ephemeral-storage" | "pid" => match parse_amount(&value, false) {
+                Ok(Amount::Absolute(v)) => Ok(v),
+                Ok(Amount::Percentage(_)) => Err("percentages are not allowed here".to_owned()),
+                Err(e) => Err(e.to_string()),
+            },
+            _ => Err("unknown resource; use cpu, memory, ephemeral-storage or pid".to_owned()),
+        };
+        match v {
+            Ok(v) => {
+                out.insert(resource, v);
+            }
+            Err(m) => p.push(f, m),
+        }
+    }
+    out
+}
+
+pub(super) fn is_link_local(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+/// Checks a Node name for this agent: a DNS-1123 subdomain (lower-case alphanumerics, `-`
+/// and `.`, starting and ending alphanumeric), as the apiserver validates it
+/// ([`registration::is_node_name`]), and at most 63 characters, because it is also the
+/// value of the Node's `kubernetes.io/hostname` label ([`registration::check_value`]); a
+/// longer name would load and then never register.
+///
+/// Errors: a message saying what is wrong.
+pub fn validate_node_name(name: &str) -> Result<(), String> {
+    if !registration::is_node_name(name) {
+        return Err(format!(
+            "{name:?} is not a valid node name: use lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
+        ));
+    }
+    if registration::check_value(name).is_err() {
+        return Err(format!(
+            "{name:?} is {} characters; a node name is also its kubernetes.io/hostname label, which allows at most {}",
+            name.len(),
+            registration::MAX_LABEL_VALUE_BYTES
+        ));
+    }
+    Ok(())
+}
+
+/// Longest period any duration field accepts (one day); longer values are mistakes and
+/// would overflow timer arithmetic.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+pub(super) fn parse_positive_duration(field: &str, text: &str) -> Result<Duration, ConfigError> {
+    let d = parse_duration(text).map_err(|m| invalid(field, m))?;
+    if d.is_zero() || d > MAX_DURATION {
+        return Err(invalid(
+            field,
+            format!("{text:?} must be greater than zero and at most 24h"),
+        ));
+    }
+    Ok(d)
+}
+
+/// Parses a Go duration (`metav1.Duration` as in KubeletConfiguration): a sequence of
+/// decimal numbers with units `ns`, `us`/`µs`, `ms`, `s`, `m`, `h`, e.g. `"10s"`, `"1m30s"`,
+/// `"1.5h"`, `"300ms"`; `"0"` alone is zero.
+///
+/// Errors: a message with the rejected text and an example of the expected form.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let err = || {
+        format!("invalid duration {text:?}; use a Go duration such as \"10s\", \"5m\" or \"1m30s\"")
+    };
+    let t = text.trim();
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if t.is_empty() {
+        return Err(err());
+    }
+    let mut rest = t;
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(err)?;
+        if num_end == 0 {
+            return Err(err());
+        }
+        let value: f64 = rest[..num_end].parse().map_err(|_| err())?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(err()),
+        };
+        total += value * seconds;
+        rest = &rest[unit_end..];
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| err())
+}
