@@ -1,0 +1,322 @@
+//! The gateway's per-node queues: each node's messages handled in order, one at a time,
+//! by a short-lived task that exists only while the node has messages waiting.
+
+use super::*;
+
+/// A message for a node's queue: decoded, and verified when signatures are checked.
+pub(super) struct Work {
+    /// Boxed: a queue slot costs a pointer, not the largest message kind.
+    pub(super) message: Box<AgentMessage>,
+    /// Its signature verified: it speaks for its node.
+    pub(super) signed: bool,
+}
+
+/// A node's messages waiting to be handled, in order.
+#[derive(Default)]
+pub(super) struct NodeQueue {
+    pub(super) queue: std::collections::VecDeque<Work>,
+    /// A task is draining the queue (at most one per node, so messages are handled in
+    /// order, one at a time).
+    pub(super) draining: bool,
+    /// That task holds a message taken from the queue: with it a node has at most
+    /// `per_node_queue` + 1 messages in the gateway, however the tasks are scheduled.
+    pub(super) handling: bool,
+    pub(super) last_message: Option<Instant>,
+}
+
+/// The nodes' queues, shared by the event loop (which fills them) and the short-lived
+/// tasks that drain them.
+pub(super) type Queues = Arc<std::sync::Mutex<HashMap<String, NodeQueue>>>;
+
+/// The per-node queues, owned by the event-loop task. A node costs a map entry while it
+/// is known and a task only while it has messages waiting: no task, channel or buffer per
+/// idle node.
+pub(super) struct Workers<H> {
+    pub(super) handler: Arc<H>,
+    pub(super) client: AsyncClient,
+    pub(super) prefix: String,
+    pub(super) queue: usize,
+    pub(super) max_nodes: usize,
+    pub(super) node_queues: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    pub(super) nodes: Queues,
+    pub(super) signatures: Option<Arc<Signatures>>,
+    /// When the map was last swept because it was full.
+    pub(super) last_full_sweep: Instant,
+}
+
+impl<H: Handler> Workers<H> {
+    /// Classifies, verifies and decodes one PUBLISH in the event-loop task, then hands it
+    /// to its node's queue. Everything that can be refused is refused here, so nothing is
+    /// allocated for a node before one of its messages passed: a queue exists only for a
+    /// node with a verified message (or, when signatures are not checked, any well-formed
+    /// one, up to `max_nodes` queues). Certificates are verified here too, in arrival
+    /// order, so a node's messages after its certificate are verified with it.
+    pub(super) fn dispatch(&mut self, publish: &Publish, max_bytes: usize) {
+        let (node, kind) = match classify(&self.prefix, &publish.topic, &publish.payload, max_bytes)
+        {
+            Ok(Inbound::Message { node, kind }) => (node, kind),
+            Ok(Inbound::Certificate { node }) => {
+                // Not verifying, or a retained certificate being cleared: the key held
+                // stays until a newer certificate replaces it.
+                if let Some(signatures) = &self.signatures
+                    && !publish.payload.is_empty()
+                {
+                    match signatures.learn(node, &publish.payload) {
+                        Ok(()) => tracing::debug!(%node, "node certificate verified"),
+                        Err(why) => {
+                            tracing::warn!(%node, %why, "node certificate refused");
+                            self.handler
+                                .rejected(&peer(None), REJECT_CERTIFICATE.reason, &why);
+                        }
+                    }
+                }
+                return;
+            }
+            Ok(Inbound::Will { node, header }) => {
+                tracing::info!(
+                    node,
+                    boot_id = header
+                        .as_ref()
+                        .map(|h| edgebeat_proto::boot_id_to_string(&h.boot_id)),
+                    seq = header.as_ref().map(|h| h.seq),
+                    "the broker lost an agent's connection (Last Will)"
+                );
+                return;
+            }
+            Err(refused) => {
+                tracing::debug!(topic = ?publish.topic, detail = refused.detail, "MQTT message rejected");
+                self.handler
+                    .rejected(&peer(None), refused.reason, refused.detail);
+                return;
+            }
+        };
+        let policy = self.signatures.as_deref().map(|s| &s.policy);
+        let key = self.signatures.as_deref().and_then(|s| s.key(node));
+        let (message, signed) = match open(
+            node,
+            kind,
+            &publish.payload,
+            policy,
+            key.as_deref(),
+            UnixTime::now(),
+        ) {
+            Ok(opened) => opened,
+            Err(refusal) => {
+                let refused = refusal.reason;
+                tracing::debug!(%node, detail = refused.detail, "MQTT message refused");
+                // An answered refusal's signature verified: the node itself sent it, and the
+                // answer says the most about why.
+                let (who, detail) = match &refusal.ack {
+                    Some(ack) => (peer(Some(node)), ack.reason.as_str()),
+                    None => (peer(None), refused.detail),
+                };
+                self.handler.rejected(&who, refused.reason, detail);
+                if let Some(ack) = refusal.ack {
+                    self.answer(node, ack);
+                }
+                return;
+            }
+        };
+        let mut nodes = self
+            .nodes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !nodes.contains_key(node) && nodes.len() >= self.max_nodes {
+            // At most one scan of the whole map per second: a flood of new names must not
+            // cost a scan each.
+            if self.last_full_sweep.elapsed() >= Duration::from_secs(1) {
+                self.last_full_sweep = Instant::now();
+                evict_idle(&mut nodes);
+            }
+            if nodes.len() >= self.max_nodes {
+                drop(nodes);
+                tracing::debug!(%node, max_nodes = self.max_nodes, "MQTT message dropped: no room for another node");
+                self.handler.rejected(
+                    &peer(None),
+                    RejectReason::FleetFull,
+                    "no room for another node's queue",
+                );
+                return;
+            }
+        }
+        let entry = nodes.entry(node.to_owned()).or_default();
+        entry.last_message = Some(Instant::now());
+        // A signed heartbeat supersedes the queued signed ones of its kind and boot with a
+        // lower sequence number, not yet handed to the gateway: only the newest renewal or
+        // status report of a node is written after a backlog. Unsigned messages supersede
+        // nothing (anyone may have sent them), and neither does a replayed signed one (its
+        // sequence number is not above the genuine queued message's).
+        let mut superseded = Vec::new();
+        if signed
+            && matches!(message.kind_name(), "lease" | "status")
+            && let Some(newer) = message.header()
+        {
+            let kind = message.kind_name();
+            entry.queue.retain(|queued| {
+                let older = queued.signed
+                    && queued.message.kind_name() == kind
+                    && queued.message.header().is_some_and(|h| {
+                        h.named_boot_tag() == newer.named_boot_tag() && h.seq < newer.seq
+                    });
+                if older {
+                    superseded.push(queued.message.header().map_or(0, |h| h.seq));
+                }
+                !older
+            });
+        }
+        if entry.queue.len() + usize::from(entry.handling) > self.queue {
+            drop(nodes);
+            tracing::debug!(node, "MQTT message dropped: the node's queue is full");
+            self.handler.rejected(
+                &peer(None),
+                REJECT_QUEUE_FULL.reason,
+                REJECT_QUEUE_FULL.detail,
+            );
+            return;
+        }
+        let kind_name = message.kind_name();
+        entry.queue.push_back(Work {
+            message: Box::new(message),
+            signed,
+        });
+        let start = !entry.draining;
+        entry.draining = true;
+        let count = nodes.len();
+        drop(nodes);
+        for seq in superseded {
+            self.handler.rejected(
+                &peer(Some(node)),
+                RejectReason::Superseded,
+                "a newer heartbeat of the node was queued",
+            );
+            self.answer(
+                node,
+                Ack {
+                    seq,
+                    code: AckCode::Rejected.into(),
+                    reason: format!("superseded: a newer {kind_name} from this node is waiting"),
+                    ..Default::default()
+                },
+            );
+        }
+        if let Some(gauge) = &self.node_queues {
+            gauge.store(count, std::sync::atomic::Ordering::Relaxed);
+        }
+        if start {
+            self.drain(node);
+        }
+    }
+
+    /// Publishes `ack` on `node`'s ack topic from the event loop, without waiting: when
+    /// rumqttc's queue is full the answer is dropped (the agent times out and retries).
+    pub(super) fn answer(&self, node: &str, ack: Ack) {
+        let reply = GatewayMessage {
+            kind: Some(gateway_message::Kind::Ack(ack)),
+        };
+        if let Err(error) = self.client.try_publish(
+            acks_topic(&self.prefix, node),
+            QoS::AtLeastOnce,
+            false,
+            reply.encode_to_vec(),
+        ) {
+            tracing::debug!(%error, %node, "refusal not answered: request queue full");
+        }
+    }
+
+    /// Starts the task that handles `node`'s queued messages in order and ends when the
+    /// queue is empty.
+    pub(super) fn drain(&self, node: &str) {
+        let handler = self.handler.clone();
+        let client = self.client.clone();
+        let topic = acks_topic(&self.prefix, node);
+        let nodes = self.nodes.clone();
+        let node = node.to_owned();
+        tokio::spawn(async move {
+            // Should the handler panic, the node's queue is not left marked as drained
+            // forever (never drained again, never evicted).
+            let mut reset = DrainGuard {
+                nodes: nodes.clone(),
+                node: node.clone(),
+                armed: true,
+            };
+            loop {
+                let work = {
+                    let mut nodes = nodes
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let Some(entry) = nodes.get_mut(&node) else {
+                        return;
+                    };
+                    match entry.queue.pop_front() {
+                        Some(work) => {
+                            entry.handling = true;
+                            work
+                        }
+                        None => {
+                            entry.draining = false;
+                            entry.handling = false;
+                            entry.queue.shrink_to_fit();
+                            // Cleared under the lock: a new drain task may start the moment
+                            // it is released, and the guard must not clear its flags.
+                            reset.armed = false;
+                            return;
+                        }
+                    }
+                };
+                let peer = peer(work.signed.then_some(node.as_str()));
+                let asked = Asked::of(&work.message);
+                let ack = Box::pin(handler.handle(&peer, *work.message)).await;
+                let Some(reply) = asked.answer(ack) else {
+                    continue;
+                };
+                if let Err(error) = client
+                    .publish(&topic, QoS::AtLeastOnce, false, reply.encode_to_vec())
+                    .await
+                {
+                    // The ingress is shutting down.
+                    tracing::debug!(%error, %topic, "ack not sent");
+                }
+            }
+        });
+    }
+
+    /// Forgets nodes silent for [`WORKER_IDLE`] with nothing queued or being handled.
+    pub(super) fn evict_idle(&mut self) {
+        let mut nodes = self
+            .nodes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        evict_idle(&mut nodes);
+        if let Some(gauge) = &self.node_queues {
+            gauge.store(nodes.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Clears a node's `draining` and `handling` flags when its drain task ends abnormally (a
+/// handler panic); the normal path clears them under the lock and disarms it.
+pub(super) struct DrainGuard {
+    pub(super) nodes: Queues,
+    pub(super) node: String,
+    pub(super) armed: bool,
+}
+
+impl Drop for DrainGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut nodes = self
+            .nodes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = nodes.get_mut(&self.node) {
+            entry.draining = false;
+            entry.handling = false;
+        }
+    }
+}
+
+pub(super) fn evict_idle(nodes: &mut HashMap<String, NodeQueue>) {
+    nodes.retain(|_, q| q.draining || q.last_message.is_some_and(|t| t.elapsed() < WORKER_IDLE));
+}
