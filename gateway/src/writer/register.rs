@@ -1,0 +1,208 @@
+//! Registration: kubelet's `registerWithAPIServer` (`pkg/kubelet/kubelet_node_status.go`):
+//! POST the Node; on AlreadyExists GET it and reconcile the default labels and hugepages;
+//! kubelet's start events.
+
+use super::*;
+
+impl Writer {
+    /// kubelet `registerWithAPIServer`: POST the Node (unless `skip_create`, kubelet's
+    /// `registerNode: false`, or `registration_completed`: the agent's process registered
+    /// before, and a Node missing now was deleted, answered `node_not_found`, as kubelet
+    /// registers once per process); on AlreadyExists GET it and reconcile the default labels
+    /// (PATCH only if they differ). When the boot ID differs from the one the apiserver
+    /// holds, the status is written at once with the `Rebooted` event, as kubelet's
+    /// `MachineInfo` setter does in its first status update after start. Only registration
+    /// records `Rebooted` (an agent registers first after every start), comparing with the
+    /// Node just read from the apiserver: a replica sharing the fleet that handles the next
+    /// message of the new boot, before its watch has delivered the write, records nothing.
+    pub(crate) async fn register(
+        &self,
+        w: &mut NodeWrites,
+        name: &str,
+        seq: u64,
+        register: &pb::Register,
+    ) -> Ack {
+        let Some(status) = register.status.as_ref() else {
+            return self.reject(
+                seq,
+                RejectReason::Malformed,
+                "malformed: Register without status".into(),
+            );
+        };
+        if let Err(why) = validate_status(status)
+            .and_then(|()| crate::restriction::validate_status_limits(status))
+            .and_then(|()| pb::registration::validate_register(register))
+        {
+            return self.reject(seq, RejectReason::Invalid, why);
+        }
+        let new_boot = status
+            .node_info
+            .as_ref()
+            .map(|i| i.boot_id.as_str())
+            .unwrap_or_default();
+        let registered = |code| Ack {
+            registered: true,
+            ..ack(seq, code, "")
+        };
+        let known = self.known(w, name);
+        // A new connection of a process this replica registered: nothing to write. A new
+        // process (even of the same boot) registers in full, with kubelet's start events.
+        if register.registration_completed
+            && w.registered
+            && known.as_ref().and_then(|k| k.boot_id.as_deref()) == Some(new_boot)
+        {
+            return registered(AckCode::Ok);
+        }
+        let now = self.now();
+        let existing = if register.skip_create || register.registration_completed {
+            match self.api.get_node_opt(name).await {
+                Ok(Some(node)) => node,
+                // The agent registered it before, on another connection: deleted since.
+                Ok(None) if register.registration_completed => {
+                    return self.forget(w, name, seq);
+                }
+                Ok(None) => {
+                    return ack(
+                        seq,
+                        AckCode::Retry,
+                        "node does not exist and registerNode is false",
+                    );
+                }
+                Err(e) => return ack(seq, AckCode::Retry, format!("reading node: {e}")),
+            }
+        } else {
+            let before = known.map(|k| k.conditions).unwrap_or_default();
+            let conditions = patch::conditions(status, now, &before);
+            let node = patch::initial_node(name, register, patch::node_status(status, conditions));
+            match self.api.create_node(&node).await {
+                Ok(created) => {
+                    self.view.observe_node(&created);
+                    w.registered = true;
+                    self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(node = name, "registered node");
+                    self.start_events(name, status, now).await;
+                    return registered(AckCode::Ok);
+                }
+                Err(e) if api_code(&e) == Some(409) => match self.api.get_node(name).await {
+                    Ok(node) => node,
+                    Err(e) => {
+                        return ack(seq, AckCode::Retry, format!("reading existing node: {e}"));
+                    }
+                },
+                Err(e) => return ack(seq, AckCode::Retry, format!("creating node: {e}")),
+            }
+        };
+        self.view.observe_node(&existing);
+        if let Err(e) = self.reconcile_labels(name, &existing, register).await {
+            return ack(seq, AckCode::Retry, format!("reconciling node labels: {e}"));
+        }
+        if !register.registration_completed
+            && let Err(e) = self.reconcile_hugepages(name, &existing, status).await
+        {
+            return ack(seq, AckCode::Retry, format!("reconciling hugepages: {e}"));
+        }
+        let held = NodeRecord::of(&existing);
+        if held.boot_id.as_deref().is_some_and(|b| b != new_boot) {
+            // A new boot: write it now, with its event (see above).
+            let answer = self
+                .write_status(w, name, seq, status, &held, now, Reboot::Record)
+                .await;
+            if answer.node_not_found && !register.registration_completed {
+                // Deleted while this first registration was under way: it creates the
+                // Node when retried.
+                return ack(seq, AckCode::Retry, "node deleted during registration");
+            }
+            if AckCode::try_from(answer.code) != Ok(AckCode::Ok) {
+                return answer;
+            }
+        }
+        w.registered = true;
+        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+        if !register.registration_completed {
+            self.start_events(name, status, now).await;
+        }
+        registered(AckCode::Ok)
+    }
+
+    /// kubelet's condition events of a start: at registration its setters run on a fresh
+    /// `initialNode`, where every pressure condition is new (`Unknown`, then its status), so
+    /// each records its event — `NodeHasSufficientMemory`, `NodeHasNoDiskPressure`,
+    /// `NodeHasSufficientPID` or the insufficient forms — while a new Ready records none
+    /// (`pkg/kubelet/nodestatus/setters.go`; `initialNode` in
+    /// `pkg/kubelet/kubelet_node_status.go`). Recorded once per agent process (not for a
+    /// `Register` with `registration_completed`).
+    pub(super) async fn start_events(&self, name: &str, status: &pb::NodeStatus, now: Timestamp) {
+        for c in &status.conditions {
+            if let Some((kind, reason)) = condition_event(&c.r#type, &c.status, &c.reason, None) {
+                self.condition_event(name, kind, &reason, now).await;
+            }
+        }
+    }
+
+    /// kubelet `reconcileHugePageResource` (`pkg/kubelet/kubelet_node_status.go`), run when
+    /// a starting kubelet finds its Node already there: a `hugepages-<size>` in the Node's
+    /// capacity that the host no longer has (the agent does not report it) is removed from
+    /// capacity and allocatable, with a strategic-merge `null`. Only then: status reports,
+    /// like kubelet's, never remove a key.
+    ///
+    /// Errors: the PATCH's.
+    pub(super) async fn reconcile_hugepages(
+        &self,
+        name: &str,
+        existing: &Node,
+        status: &pb::NodeStatus,
+    ) -> Result<(), kube::Error> {
+        let held = existing.status.as_ref();
+        let gone: Vec<&String> = held
+            .and_then(|s| s.capacity.as_ref())
+            .into_iter()
+            .flat_map(|c| c.keys())
+            .filter(|k| k.starts_with("hugepages-") && !status.capacity.contains_key(*k))
+            .collect();
+        if gone.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(node = name, resources = ?gone, "removing huge page resources no longer supported");
+        let removed: serde_json::Map<String, serde_json::Value> = gone
+            .iter()
+            .map(|k| ((*k).clone(), serde_json::Value::Null))
+            .collect();
+        let body = serde_json::json!({
+            "status": { "capacity": removed, "allocatable": removed }
+        });
+        let node = self.api.patch_node_status(name, body).await?;
+        self.view.observe_node(&node);
+        Ok(())
+    }
+
+    /// kubelet `updateDefaultLabels`: force the labels kubelet computes (hostname, os, arch
+    /// and their beta forms, and edgebeat's `edgebeat.io/container-runtime`) to the agent's
+    /// values, plus [`MANAGED_LABEL`] (the selector of
+    /// the gateway's watch); patch only when something differs.
+    pub(super) async fn reconcile_labels(
+        &self,
+        name: &str,
+        existing: &Node,
+        register: &pb::Register,
+    ) -> Result<(), kube::Error> {
+        let current = existing.metadata.labels.clone().unwrap_or_default();
+        let wanted: BTreeMap<String, String> = pb::registration::DEFAULT_LABEL_KEYS
+            .iter()
+            .filter_map(|k| {
+                register
+                    .labels
+                    .get(*k)
+                    .map(|v| ((*k).to_owned(), v.clone()))
+            })
+            .chain([(MANAGED_LABEL.0.to_owned(), MANAGED_LABEL.1.to_owned())])
+            .filter(|(k, v)| current.get(k) != Some(v))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let body = serde_json::json!({ "metadata": { "labels": wanted } });
+        let node = self.api.patch_node_status(name, body).await?;
+        self.view.observe_node(&node);
+        Ok(())
+    }
+}
