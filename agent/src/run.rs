@@ -596,40 +596,73 @@ impl Agent {
     }
 
     async fn try_report(&self, uplink: &Uplink, status: &ComputedStatus, unchanged: bool) -> bool {
+        let message = || pb::AgentMessage {
+            kind: Some(Kind::Status(pb::StatusReport {
+                header: Some(self.headers.next()),
+                status: (!unchanged).then(|| status.to_proto(self.clock.boottime())),
+                unchanged,
+            })),
+        };
+        let settle = |answer: &Result<pb::Ack, UplinkError>| match answer {
+            // Silence: written.
+            Err(UplinkError::Timeout(_)) if unchanged => Some(true),
+            // The gateway wants the whole status: the loop sends it at once (the request
+            // raised `status_requests`).
+            Ok(ack) if unchanged && ack.resend_status => Some(false),
+            _ => None,
+        };
+        self.send_with_retry(
+            uplink,
+            &STATUS_ATTEMPTS,
+            message,
+            || self.ack_timeout(),
+            settle,
+            true,
+        )
+        .await
+        .unwrap_or(false)
+    }
+
+    /// Sends a message up to [`ATTEMPTS_PER_TICK`] times, as kubelet's status update and lease
+    /// controller each retry within one tick. Every attempt is a new message (`message()`,
+    /// with a fresh `Header.seq`) answered within `wait()`; the bytes of every message the
+    /// transport took are counted under `attempts.kind`. `settle` reads each answer first
+    /// and may end the tick with its own value (a quiet message's silence, a request for the
+    /// whole status). Otherwise `OK` ends it with `ok`, `RETRY` tries again, and anything
+    /// else (rejected, Node gone, a transport error) ends it with `None`, as does the last
+    /// failed attempt.
+    async fn send_with_retry<T>(
+        &self,
+        uplink: &Uplink,
+        attempts: &Attempts,
+        mut message: impl FnMut() -> pb::AgentMessage,
+        wait: impl Fn() -> Duration,
+        mut settle: impl FnMut(&Result<pb::Ack, UplinkError>) -> Option<T>,
+        ok: T,
+    ) -> Option<T> {
         for attempt in 0..ATTEMPTS_PER_TICK {
-            let message = pb::AgentMessage {
-                kind: Some(Kind::Status(pb::StatusReport {
-                    header: Some(self.headers.next()),
-                    status: (!unchanged).then(|| status.to_proto(self.clock.boottime())),
-                    unchanged,
-                })),
-            };
+            let message = message();
             let bytes = message.encoded_len();
-            let answer = uplink.send(message, self.ack_timeout()).await;
+            let answer = uplink.send(message, wait()).await;
             if taken(&answer) {
-                self.metrics.bytes_sent(MessageKind::Status, bytes);
+                self.metrics.bytes_sent(attempts.kind, bytes);
             }
-            match &answer {
-                // Silence: written.
-                Err(UplinkError::Timeout(_)) if unchanged => return true,
-                // The gateway wants the whole status: the loop sends it at once (the
-                // request raised `status_requests`).
-                Ok(ack) if unchanged && ack.resend_status => return false,
-                _ => {}
+            if let Some(settled) = settle(&answer) {
+                return Some(settled);
             }
             match outcome(answer) {
-                Outcome::Ok => return true,
+                Outcome::Ok => return Some(ok),
                 Outcome::Retry(why) => {
-                    tracing::debug!(attempt, %why, "status report not written; retrying")
+                    tracing::debug!(attempt, %why, "{} not written; retrying", attempts.what)
                 }
                 Outcome::GiveUp(why) => {
-                    tracing::warn!(%why, "status report failed");
-                    return false;
+                    tracing::warn!(%why, "{} failed", attempts.what);
+                    return None;
                 }
             }
         }
-        tracing::warn!("update node status exceeds retry count");
-        false
+        tracing::warn!("{}", attempts.exhausted);
+        None
     }
 
     /// Lease loop (kubelet's lease controller): once registered, renew every
@@ -698,46 +731,77 @@ impl Agent {
     }
 
     async fn try_renew(&self, uplink: &Uplink, lease_state: &mut Vec<u8>) -> Option<bool> {
-        for attempt in 0..ATTEMPTS_PER_TICK {
-            let message = pb::AgentMessage {
-                kind: Some(Kind::Lease(pb::LeaseRenewal {
-                    header: Some(self.headers.next()),
-                    lease_duration_seconds: i32::try_from(self.config.node_lease_duration_seconds)
-                        .unwrap_or(i32::MAX),
-                    lease_state: lease_state.clone(),
-                    quiet: true,
-                })),
-            };
-            let bytes = message.encoded_len();
-            // Silence until the next renewal is due means written.
-            let silence = jittered(self.config.lease_renew_interval());
-            let answer = uplink.send(message, silence).await;
-            if taken(&answer) {
-                self.metrics.bytes_sent(MessageKind::Lease, bytes);
-            }
+        // Each attempt echoes the newest Lease state, which an answer may have replaced.
+        let state = std::sync::Mutex::new(std::mem::take(lease_state));
+        let echo = || {
+            state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        };
+        let message = || pb::AgentMessage {
+            kind: Some(Kind::Lease(pb::LeaseRenewal {
+                header: Some(self.headers.next()),
+                lease_duration_seconds: i32::try_from(self.config.node_lease_duration_seconds)
+                    .unwrap_or(i32::MAX),
+                lease_state: echo(),
+                quiet: true,
+            })),
+        };
+        let settle = |answer: &Result<pb::Ack, UplinkError>| {
+            // Silence until the next renewal was due: written.
             if matches!(answer, Err(UplinkError::Timeout(_))) {
                 return Some(true);
             }
-            if let Ok(ack) = &answer
+            if let Ok(ack) = answer
                 && !ack.lease_state.is_empty()
             {
-                lease_state.clone_from(&ack.lease_state);
+                state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone_from(&ack.lease_state);
             }
-            match outcome(answer) {
-                Outcome::Ok => return Some(false),
-                Outcome::Retry(why) => {
-                    tracing::debug!(attempt, %why, "lease renewal not written; retrying")
-                }
-                Outcome::GiveUp(why) => {
-                    tracing::warn!(%why, "lease renewal failed");
-                    return None;
-                }
-            }
-        }
-        tracing::warn!("failed {ATTEMPTS_PER_TICK} attempts to update lease");
-        None
+            None
+        };
+        // Silence until the next renewal is due means written.
+        let silence = || jittered(self.config.lease_renew_interval());
+        let written = self
+            .send_with_retry(uplink, &LEASE_ATTEMPTS, message, silence, settle, false)
+            .await;
+        *lease_state = state
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        written
     }
 }
+
+/// How [`Agent::send_with_retry`] counts and logs the attempts of one kind of message.
+struct Attempts {
+    /// Under which kind its bytes are counted.
+    kind: MessageKind,
+    /// Its name in the logs ("status report", "lease renewal").
+    what: &'static str,
+    /// What is logged when every attempt failed: kubelet's own words for each.
+    exhausted: &'static str,
+}
+
+/// Status reports: kubelet's `updateNodeStatus` words when every attempt failed
+/// (`pkg/kubelet/kubelet_node_status.go`).
+const STATUS_ATTEMPTS: Attempts = Attempts {
+    kind: MessageKind::Status,
+    what: "status report",
+    exhausted: "update node status exceeds retry count",
+};
+
+/// Lease renewals: the lease controller's words when every attempt failed
+/// (`staging/src/k8s.io/component-helpers/apimachinery/lease/controller.go`).
+const LEASE_ATTEMPTS: Attempts = Attempts {
+    kind: MessageKind::Lease,
+    what: "lease renewal",
+    exhausted: "failed 5 attempts to update lease",
+};
+// The lease controller's message names the count.
+const _: () = assert!(ATTEMPTS_PER_TICK == 5);
 
 /// Whether the transport took the message (it was answered, timed out, or lost with its
 /// connection), as opposed to refusing it unsent.
