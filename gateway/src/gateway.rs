@@ -18,7 +18,6 @@ use edgebeat_proto::{self as pb, Ack, AckCode, agent_message::Kind};
 use edgebeat_transports::ingress::{Handler, Peer};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 use tokio::time::Instant;
@@ -108,46 +107,7 @@ impl GatewayOptions {
     }
 }
 
-/// Counters the gateway keeps, for logs, tests and `/metrics` (see [`crate::metrics`]).
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// Lease renewals written.
-    pub lease_renewals: AtomicU64,
-    /// Lease renewals that could not be written (apiserver errors, too late to write).
-    pub lease_failures: AtomicU64,
-    /// Heartbeats (renewals and status reports) dropped as stale.
-    pub stale_renewals: AtomicU64,
-    /// Status PATCHes written.
-    pub status_reports: AtomicU64,
-    /// Messages rejected, by [`RejectReason`] (indexed by `RejectReason as usize`); see
-    /// [`Counters::rejections`] and [`Counters::rejected`].
-    pub rejected_by_reason: [AtomicU64; RejectReason::ALL.len()],
-    /// Nodes created or reconciled.
-    pub registrations: AtomicU64,
-    /// Answers `node_not_found`: the Node of a registered agent was deleted, and the agent
-    /// stops until restarted.
-    pub nodes_not_found: AtomicU64,
-}
-
-impl Counters {
-    /// Counts one rejection for `why`.
-    pub fn count_rejection(&self, why: RejectReason) {
-        self.rejected_by_reason[why as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Rejections counted so far, all reasons.
-    pub fn rejected(&self) -> u64 {
-        RejectReason::ALL
-            .iter()
-            .map(|why| self.rejections(*why))
-            .sum()
-    }
-
-    /// Rejections counted for `why` so far.
-    pub fn rejections(&self, why: RejectReason) -> u64 {
-        self.rejected_by_reason[why as usize].load(Ordering::Relaxed)
-    }
-}
+pub use crate::metrics::Counters;
 
 /// A node silent this long loses its slot (what the gateway knows is re-read on its next
 /// message): keeps memory bounded by the nodes actually heard from.
@@ -345,9 +305,11 @@ impl Gateway {
     }
 
     /// Registers the gateway's metrics (see [`crate::metrics`]) in `registry`: the
-    /// [`Counters`] and `tracked_nodes` through a collector read at scrape time (it holds a
-    /// weak reference: a dropped gateway reports nothing), and the per-node families.
+    /// [`Counters`], the gauges read at scrape time (`tracked_nodes` and the settings,
+    /// through a collector holding a weak reference: a dropped gateway reports nothing),
+    /// and the per-node families.
     pub fn register_metrics(self: &Arc<Self>, registry: &mut Registry) {
+        self.counters.register(registry);
         registry.register_collector(Box::new(GatewayCollector(Arc::downgrade(self))));
         registry.register_with_unit(
             "edgebeat_gateway_node_lease_age",
@@ -511,7 +473,7 @@ impl Gateway {
             Verdict::Reject(refusal) => return self.reject(seq, refusal.reason, refusal.detail),
             Verdict::Stale(age) => {
                 slot.last_seen = Some(received);
-                self.counters.stale_renewals.fetch_add(1, Ordering::Relaxed);
+                self.counters.stale_renewals.inc();
                 tracing::info!(
                     node = name,
                     ?age,
@@ -584,7 +546,7 @@ impl Gateway {
     }
 }
 
-/// Reads [`Counters`] and [`Gateway::tracked_nodes`] at scrape time.
+/// Reads [`Gateway::tracked_nodes`] and the replica's settings at scrape time.
 struct GatewayCollector(Weak<Gateway>);
 
 impl std::fmt::Debug for GatewayCollector {
@@ -598,54 +560,6 @@ impl Collector for GatewayCollector {
         let Some(gateway) = self.0.upgrade() else {
             return Ok(());
         };
-        let c = &gateway.counters;
-        let counters = [
-            (
-                "edgebeat_gateway_lease_renewals",
-                "Lease renewals written.",
-                &c.lease_renewals,
-            ),
-            (
-                "edgebeat_gateway_lease_failures",
-                "Lease renewals that could not be written (apiserver errors, too late to write).",
-                &c.lease_failures,
-            ),
-            (
-                "edgebeat_gateway_stale_heartbeats",
-                "Heartbeats (Lease renewals and status reports) dropped as stale.",
-                &c.stale_renewals,
-            ),
-            (
-                "edgebeat_gateway_status_reports",
-                "Node status PATCHes written.",
-                &c.status_reports,
-            ),
-            (
-                "edgebeat_gateway_registrations",
-                "Nodes created or reconciled.",
-                &c.registrations,
-            ),
-            (
-                "edgebeat_gateway_nodes_not_found",
-                "Answers telling an agent that its Node was deleted (the agent stops sending until it is restarted).",
-                &c.nodes_not_found,
-            ),
-        ];
-        for (name, help, value) in counters {
-            let counter = ConstCounter::new(value.load(Ordering::Relaxed));
-            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
-            counter.encode(metric)?;
-        }
-        let mut metric = encoder.encode_descriptor(
-            "edgebeat_gateway_rejected_messages",
-            "Messages rejected, by reason (see edgebeat_gateway::metrics::RejectReason).",
-            None,
-            prometheus_client::metrics::MetricType::Counter,
-        )?;
-        for why in RejectReason::ALL {
-            let counter = ConstCounter::new(c.rejections(why));
-            counter.encode(metric.encode_family(&[("reason", why.as_str())])?)?;
-        }
         let gauges = [
             (
                 "edgebeat_gateway_tracked_nodes",

@@ -18,8 +18,9 @@
 //! | `edgebeat_gateway_node_lease_age_seconds` | gauge | `node` | gateway wall clock − the `renewTime` this replica last wrote for the node's Lease |
 //! | `edgebeat_gateway_node_clock_skew_seconds` | gauge | `node` | gateway wall clock − the agent's `Header.wall_time_ms`, at receipt of its last accepted message (signed: positive when the agent's clock is behind) |
 //!
-//! The counters and `tracked_nodes` are read from [`Counters`](crate::gateway::Counters)
-//! and the slot map at scrape time by a collector: the message path is unchanged.
+//! The counters are prometheus-client [`Counter`]s in [`Counters`], incremented on the
+//! message path (one relaxed atomic add each); the gauges are read at scrape time by a
+//! collector, from the slot map and the replica's settings.
 //!
 //! **Lease age** is computed at scrape time: the renewal path stores the written `renewTime`
 //! with one atomic store, and each scrape subtracts it from the gateway clock. Updating a
@@ -49,10 +50,130 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use edgebeat_hw::Clock;
 use jiff::Timestamp;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
+
+/// Label of `edgebeat_gateway_rejected_messages_total`: `reason="<RejectReason::as_str>"`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// [`RejectReason::as_str`], e.g. `fleet_full`.
+    pub reason: &'static str,
+}
+
+/// The gateway's counters, for logs, tests and `/metrics`: each a prometheus-client
+/// [`Counter`] (exported as `<name>_total`), registered by [`Counters::register`].
+#[derive(Debug)]
+pub struct Counters {
+    /// Lease renewals written.
+    pub lease_renewals: Counter,
+    /// Lease renewals that could not be written (apiserver errors, too late to write).
+    pub lease_failures: Counter,
+    /// Heartbeats (renewals and status reports) dropped as stale.
+    pub stale_renewals: Counter,
+    /// Status PATCHes written.
+    pub status_reports: Counter,
+    /// Messages rejected, by [`RejectReason`]; see [`Counters::rejections`] and
+    /// [`Counters::rejected`]. Every reason's series exists from the start, at 0.
+    rejected_by_reason: Family<ReasonLabel, Counter>,
+    /// Nodes created or reconciled.
+    pub registrations: Counter,
+    /// Answers `node_not_found`: the Node of a registered agent was deleted, and the agent
+    /// stops until restarted.
+    pub nodes_not_found: Counter,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        let counters = Self {
+            lease_renewals: Counter::default(),
+            lease_failures: Counter::default(),
+            stale_renewals: Counter::default(),
+            status_reports: Counter::default(),
+            rejected_by_reason: Family::default(),
+            registrations: Counter::default(),
+            nodes_not_found: Counter::default(),
+        };
+        for why in RejectReason::ALL {
+            let _series = counters.rejected_by_reason.get_or_create(&reason(why));
+        }
+        counters
+    }
+}
+
+fn reason(why: RejectReason) -> ReasonLabel {
+    ReasonLabel {
+        reason: why.as_str(),
+    }
+}
+
+impl Counters {
+    /// Counts one rejection for `why`.
+    pub fn count_rejection(&self, why: RejectReason) {
+        self.rejected_by_reason.get_or_create(&reason(why)).inc();
+    }
+
+    /// Rejections counted so far, all reasons.
+    pub fn rejected(&self) -> u64 {
+        RejectReason::ALL
+            .iter()
+            .map(|why| self.rejections(*why))
+            .sum()
+    }
+
+    /// Rejections counted for `why` so far.
+    pub fn rejections(&self, why: RejectReason) -> u64 {
+        self.rejected_by_reason.get_or_create(&reason(why)).get()
+    }
+
+    /// Registers every counter in `registry` under its `edgebeat_gateway_*` name (the
+    /// table in the module docs).
+    pub fn register(&self, registry: &mut Registry) {
+        for (name, help, counter) in [
+            (
+                "edgebeat_gateway_lease_renewals",
+                "Lease renewals written.",
+                &self.lease_renewals,
+            ),
+            (
+                "edgebeat_gateway_lease_failures",
+                "Lease renewals that could not be written (apiserver errors, too late to write).",
+                &self.lease_failures,
+            ),
+            (
+                "edgebeat_gateway_stale_heartbeats",
+                "Heartbeats (Lease renewals and status reports) dropped as stale.",
+                &self.stale_renewals,
+            ),
+            (
+                "edgebeat_gateway_status_reports",
+                "Node status PATCHes written.",
+                &self.status_reports,
+            ),
+            (
+                "edgebeat_gateway_registrations",
+                "Nodes created or reconciled.",
+                &self.registrations,
+            ),
+            (
+                "edgebeat_gateway_nodes_not_found",
+                "Answers telling an agent that its Node was deleted (the agent stops sending until it is restarted).",
+                &self.nodes_not_found,
+            ),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
+        registry.register(
+            "edgebeat_gateway_rejected_messages",
+            "Messages rejected, by reason (see edgebeat_gateway::metrics::RejectReason).",
+            self.rejected_by_reason.clone(),
+        );
+    }
+}
 
 /// Label set of the per-node families: `node="<name>"`.
 pub type NodeLabel = [(&'static str, String); 1];

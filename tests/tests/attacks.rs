@@ -193,11 +193,7 @@ async fn forged_signatures_are_never_answered() {
         .wait_for_renewals("edge-r", 2, DEADLINE)
         .await
         .unwrap();
-    let registrations = cluster
-        .gateway()
-        .counters
-        .registrations
-        .load(Ordering::Relaxed);
+    let registrations = cluster.gateway().counters.registrations.get();
     const FORGED: u64 = 60;
     for seq in 1..=FORGED {
         let forged = pb::SignedMessage {
@@ -230,11 +226,7 @@ async fn forged_signatures_are_never_answered() {
         "a forged message was answered: {answered:?}"
     );
     assert_eq!(
-        cluster
-            .gateway()
-            .counters
-            .registrations
-            .load(Ordering::Relaxed),
+        cluster.gateway().counters.registrations.get(),
         registrations,
         "the node did not register again"
     );

@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use edgebeat_tests::harness::{Cluster, Transport, fixture};
@@ -112,7 +111,7 @@ async fn an_agent_fails_over_to_the_next_broker_of_its_list() {
         .gateway
         .clone();
     assert_eq!(
-        gateway.counters.lease_renewals.load(Ordering::Relaxed),
+        gateway.counters.lease_renewals.get(),
         0,
         "nothing reaches the second broker while the agent is on the first"
     );
@@ -123,7 +122,7 @@ async fn an_agent_fails_over_to_the_next_broker_of_its_list() {
         .unwrap();
     agent.stop().await.unwrap();
     assert!(
-        gateway.counters.lease_renewals.load(Ordering::Relaxed) >= 3,
+        gateway.counters.lease_renewals.get() >= 3,
         "the second broker's replica carries the node"
     );
     let times = &renewals(&cluster.standin.requests(), &["rpi4-edge-01"])["rpi4-edge-01"];
@@ -167,8 +166,8 @@ async fn replicas_split_the_fleet_write_each_renewal_once_and_survive_a_loss() {
         cluster.replicas[1].as_ref().unwrap().gateway.clone(),
     );
     let (wrote_a, wrote_b) = (
-        a.counters.lease_renewals.load(Ordering::Relaxed),
-        b.counters.lease_renewals.load(Ordering::Relaxed),
+        a.counters.lease_renewals.get(),
+        b.counters.lease_renewals.get(),
     );
     assert!(
         wrote_a > 0 && wrote_b > 0,
@@ -220,8 +219,7 @@ async fn replicas_split_the_fleet_write_each_renewal_once_and_survive_a_loss() {
     // or the initial create, and no write was repeated. The one exception is the write the
     // killed replica had in flight when it stopped: the apiserver took it, the replica never
     // counted it.
-    let written = a.counters.lease_renewals.load(Ordering::Relaxed)
-        + b.counters.lease_renewals.load(Ordering::Relaxed);
+    let written = a.counters.lease_renewals.get() + b.counters.lease_renewals.get();
     let puts_and_creates = requests
         .iter()
         .filter(|r| {
@@ -306,7 +304,7 @@ async fn a_gateway_back_from_an_outage_writes_no_stale_renewal() {
         .gateway
         .counters
         .stale_renewals
-        .load(Ordering::Relaxed);
+        .get();
     assert_eq!(stale, 0, "expired messages never even reached the gateway");
 }
 
@@ -392,7 +390,7 @@ async fn replicas_sharing_a_fleet_record_each_change_once() {
             .gateway
             .counters
             .lease_renewals
-            .load(Ordering::Relaxed);
+            .get();
         assert!(written > 0, "replica {i} carried renewals too");
     }
     let reasons = cluster.standin.event_reasons();

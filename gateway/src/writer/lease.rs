@@ -192,7 +192,7 @@ impl Writer {
                 }
             }
         }
-        self.counters.lease_failures.fetch_add(1, Ordering::Relaxed);
+        self.counters.lease_failures.inc();
         tracing::warn!(node = name, error = %last_error, "lease renewal failed");
         ack(seq, AckCode::Retry, last_error)
     }
@@ -214,7 +214,7 @@ impl Writer {
             renew_time: renew,
         };
         self.view.observe_lease(written);
-        self.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
+        self.counters.lease_renewals.inc();
         w.series
             .lease_age
             .get_or_insert_with(|| self.node_metrics.lease_age(name))
@@ -261,7 +261,7 @@ impl Writer {
         {
             Ok(created) => self.renewed(w, name, seq, &created, renew),
             Err(e) => {
-                self.counters.lease_failures.fetch_add(1, Ordering::Relaxed);
+                self.counters.lease_failures.inc();
                 ack(seq, AckCode::Retry, format!("creating lease: {e}"))
             }
         }

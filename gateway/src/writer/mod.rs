@@ -327,7 +327,7 @@ impl Writer {
         match self.api.patch_node_status(name, body).await {
             Ok(node) => {
                 self.view.observe_node(&node);
-                self.counters.status_reports.fetch_add(1, Ordering::Relaxed);
+                self.counters.status_reports.inc();
                 ack(seq, AckCode::Ok, "")
             }
             Err(e) => match api_code(&e) {
@@ -370,7 +370,7 @@ impl Writer {
         match self.api.patch_node_status(name, body).await {
             Ok(node) => {
                 self.remember(held, &node, now, name, reboot).await;
-                self.counters.status_reports.fetch_add(1, Ordering::Relaxed);
+                self.counters.status_reports.inc();
                 ack(seq, AckCode::Ok, "")
             }
             Err(e) => match api_code(&e) {
@@ -422,9 +422,7 @@ impl Writer {
         w.registered = false;
         self.view.forget_node(name);
         self.view.forget_lease(name);
-        self.counters
-            .nodes_not_found
-            .fetch_add(1, Ordering::Relaxed);
+        self.counters.nodes_not_found.inc();
         tracing::warn!(
             node = name,
             "the Node was deleted; its agent stops until it is restarted"

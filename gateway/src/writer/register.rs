@@ -78,7 +78,7 @@ impl Writer {
                 Ok(created) => {
                     self.view.observe_node(&created);
                     w.registered = true;
-                    self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+                    self.counters.registrations.inc();
                     tracing::info!(node = name, "registered node");
                     self.start_events(name, status, now).await;
                     return registered(AckCode::Ok);
@@ -117,7 +117,7 @@ impl Writer {
             }
         }
         w.registered = true;
-        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+        self.counters.registrations.inc();
         if !register.registration_completed {
             self.start_events(name, status, now).await;
         }
