@@ -469,7 +469,7 @@ async fn merge_patch_replaces_conditions_whole_and_other_patch_types() {
     assert_eq!(
         cond_types(&n),
         ["Ready"],
-        "a JSON merge patch replaces the list (pitfall 7)"
+        "a JSON merge patch replaces the list (RFC 7386: arrays are replaced whole)"
     );
     let ready = &n.status.as_ref().unwrap().conditions.as_ref().unwrap()[0];
     assert!(
