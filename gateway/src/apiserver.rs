@@ -214,7 +214,7 @@ fn trouble<T>(result: &Result<T, kube::Error>) -> Option<Duration> {
 }
 
 /// The apiserver as the gateway writes to it: a kube-rs client, whether to impersonate
-/// each node, the call slots and a backoff gate per [`Priority`] (shared by every clone),
+/// each node, the call slots and a backoff gate per priority (shared by every clone),
 /// so that trouble with Node, status or Event calls (a failing webhook) never holds up
 /// Lease renewals, and the reverse.
 #[derive(Clone)]
@@ -448,6 +448,47 @@ fn not_found_as_none<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kub
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
         Err(error) => Err(error),
     }
+}
+
+/// Builds the kube-rs client the gateway watches with ([`Gateway::watch`](crate::Gateway::watch)): `config`
+/// without a read timeout, since a watch is quiet for as long as nothing changes
+/// (kube-runtime's watcher applies its own idle timeout, the watch's 290 s plus a margin),
+/// and no client-side rate limit.
+///
+/// Errors: kube's error when the config cannot produce a client (bad TLS material).
+pub fn watch_client(mut config: kube::Config) -> Result<kube::Client, kube::Error> {
+    config.read_timeout = None;
+    kube::Client::try_from(config)
+}
+
+/// Builds the kube-rs client the gateway writes with: `config` with a 10 s write timeout
+/// and no connection read timeout (each call is bounded to 10 s as a whole instead, kubelet's
+/// heartbeat client timeout, see the module docs), kube's own 429/5xx retries off, and, when
+/// `qps` is not 0, a client-side rate limit of `qps` requests per second (tower
+/// `RateLimitLayer`). The default is 0: kubelet's heartbeat client has no client-side limit
+/// (`cmd/kubelet/app/server.go`), and a fixed rate shared by a whole fleet expires nodes
+/// once the fleet outgrows it; the gateway bounds concurrency and backs off on 429/5xx
+/// instead (the module docs).
+///
+/// Errors: kube's error when the config cannot produce a client (bad TLS material).
+pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, kube::Error> {
+    // A connection read timeout (hyper-timeout) also fires on a pooled connection that sat
+    // idle that long, and a request handed to it at that moment fails to send: with
+    // hundreds of pooled connections that happened a few times per 100,000 renewals, each
+    // closing the backoff gate (kube-rs removed its own default for this reason,
+    // https://github.com/kube-rs/kube/pull/1945).
+    config.read_timeout = None;
+    // No retries inside the client: a heartbeat retried late would be written late and hide
+    // a dead node. The agent retries with a fresh message instead (kubelet's own loops).
+    config.default_retry = false;
+    config.write_timeout = Some(Duration::from_secs(10));
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(if qps == 0 {
+        builder.build()
+    } else {
+        let limit = tower::limit::RateLimitLayer::new(qps, Duration::from_secs(1));
+        builder.with_layer(&limit).build()
+    })
 }
 
 #[cfg(test)]

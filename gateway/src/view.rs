@@ -7,9 +7,10 @@
 //! controller.go: retryUpdateLease`). The gateway does the same for a fleet with one
 //! [`ApiserverView`], fed from two sides:
 //!
-//! - a **watch** (kube-runtime's [`watcher`], client-go's list+watch) of the Nodes and of
-//!   the Leases in `kube-node-lease` that carry [`MANAGED_LABEL`], so what other writers do
-//!   reaches every replica within the watch's latency: the node lifecycle controller
+//! - a **watch** (kube-runtime's [`watcher()`](kube::runtime::watcher()), client-go's
+//!   list+watch) of the Nodes and of the Leases in `kube-node-lease` that carry
+//!   [`MANAGED_LABEL`], so what other writers do reaches every replica within the watch's
+//!   latency: the node lifecycle controller
 //!   setting conditions Unknown, another replica of a shared MQTT subscription writing a
 //!   Lease or a new boot ID, an operator deleting a Node;
 //! - the **answers to this replica's own writes**, so the next message of a node never
