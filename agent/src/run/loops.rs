@@ -1,0 +1,361 @@
+//! The agent's two loops, as kubelet runs them: the status loop (`syncNodeStatus`) and the
+//! Lease loop (the lease controller), and the one send-with-retry both use.
+
+use super::*;
+
+impl Agent {
+    /// Status loop (kubelet `syncNodeStatus` every `nodeStatusUpdateFrequency`): compute,
+    /// then report when registered and (never reported | changed | report period elapsed |
+    /// the gateway asked). Up to [`ATTEMPTS_PER_TICK`] attempts per report. When only the
+    /// period is due, the report says `unchanged` instead of carrying the whole status (the
+    /// gateway refreshes the heartbeat times, or asks for the whole status when its copy
+    /// differs); its answer-less wait counts towards the next computation.
+    pub async fn status_loop(self: Arc<Self>, uplink: Uplink, cancel: CancellationToken) {
+        let mut registered = uplink.registered();
+        let mut last_reported: Option<ComputedStatus> = None;
+        let mut last_report_at: Option<Instant> = None;
+        let mut requests = uplink.status_requests();
+        let mut served_request = *requests.borrow_and_update();
+        let mut watch_registration = true;
+        let mut watch_requests = true;
+        loop {
+            let mut waited = Duration::ZERO;
+            let root = self.root.clone();
+            let options = self.options.clone();
+            match tokio::task::spawn_blocking(move || read_host_facts(&root, &options)).await {
+                Ok(Ok(facts)) => {
+                    let previous = self.latest();
+                    let next =
+                        compute(&facts, &self.config, Some(&previous), self.clock.boottime());
+                    self.metrics.observe_health(&facts, next.condition_states());
+                    match self.latest.lock() {
+                        Ok(mut g) => *g = next,
+                        Err(poisoned) => *poisoned.into_inner() = next,
+                    }
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "reading host facts failed; keeping the last status")
+                }
+                Err(error) => tracing::warn!(%error, "host facts task failed"),
+            }
+            if *registered.borrow() {
+                let latest = self.latest();
+                let request = *requests.borrow_and_update();
+                // Only the period is due: the gateway has this very status.
+                let unchanged = request == served_request
+                    && last_reported
+                        .as_ref()
+                        .is_some_and(|l| !has_changed(l, &latest));
+                let due = !unchanged
+                    || last_report_at
+                        .is_none_or(|t| t.elapsed() >= self.config.node_status_report_frequency);
+                let started = Instant::now();
+                let reported = due && self.report(&uplink, &latest, unchanged).await;
+                if due && unchanged {
+                    waited = started.elapsed();
+                }
+                if reported {
+                    if !unchanged {
+                        last_reported = Some(latest);
+                    }
+                    last_report_at = Some(Instant::now());
+                    served_request = request;
+                }
+            }
+            // An unchanged report's silence was part of the wait.
+            let delay = jittered(self.config.node_status_update_frequency).saturating_sub(waited);
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(delay) => {}
+                changed = requests.changed(), if watch_requests => {
+                    if changed.is_err() { watch_requests = false; }
+                }
+                changed = registered.changed(), if watch_registration => {
+                    if changed.is_err() { watch_registration = false; }
+                }
+            }
+        }
+    }
+
+    /// Counts registrations and lost registrations (`registered` turning true / false) until
+    /// `cancel` fires; see [`crate::metrics`] for what that does and does not see.
+    pub(super) async fn count_registrations(
+        &self,
+        mut registered: watch::Receiver<bool>,
+        cancel: &CancellationToken,
+    ) {
+        // The channel starts false: a registration that happened before this first look
+        // still counts.
+        let mut last = false;
+        loop {
+            let now = *registered.borrow_and_update();
+            if now != last {
+                self.metrics.registration_changed(now);
+                last = now;
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                changed = registered.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
+    /// One status report: the whole status, or with `unchanged` the periodic report of a
+    /// status the gateway already has (`StatusReport.unchanged`, answered only with news).
+    pub(super) async fn report(
+        &self,
+        uplink: &Uplink,
+        status: &ComputedStatus,
+        unchanged: bool,
+    ) -> bool {
+        let ok = self.try_report(uplink, status, unchanged).await;
+        self.metrics.status_report(ok);
+        ok
+    }
+
+    pub(super) async fn try_report(
+        &self,
+        uplink: &Uplink,
+        status: &ComputedStatus,
+        unchanged: bool,
+    ) -> bool {
+        let message = || pb::AgentMessage {
+            kind: Some(Kind::Status(pb::StatusReport {
+                header: Some(self.headers.next()),
+                status: (!unchanged).then(|| status.to_proto(self.clock.boottime())),
+                unchanged,
+            })),
+        };
+        let settle = |answer: &Result<pb::Ack, UplinkError>| match answer {
+            // Silence: written.
+            Err(UplinkError::Timeout(_)) if unchanged => Some(true),
+            // The gateway wants the whole status: the loop sends it at once (the request
+            // raised `status_requests`).
+            Ok(ack) if unchanged && ack.resend_status => Some(false),
+            _ => None,
+        };
+        self.send_with_retry(
+            uplink,
+            &STATUS_ATTEMPTS,
+            message,
+            || self.ack_timeout(),
+            settle,
+            true,
+        )
+        .await
+        .unwrap_or(false)
+    }
+
+    /// Sends a message up to [`ATTEMPTS_PER_TICK`] times, as kubelet's status update and lease
+    /// controller each retry within one tick. Every attempt is a new message (`message()`,
+    /// with a fresh `Header.seq`) answered within `wait()`; the bytes of every message the
+    /// transport took are counted under `attempts.kind`. `settle` reads each answer first
+    /// and may end the tick with its own value (a quiet message's silence, a request for the
+    /// whole status). Otherwise `OK` ends it with `ok`, `RETRY` tries again, and anything
+    /// else (rejected, Node gone, a transport error) ends it with `None`, as does the last
+    /// failed attempt.
+    pub(super) async fn send_with_retry<T>(
+        &self,
+        uplink: &Uplink,
+        attempts: &Attempts,
+        mut message: impl FnMut() -> pb::AgentMessage,
+        wait: impl Fn() -> Duration,
+        mut settle: impl FnMut(&Result<pb::Ack, UplinkError>) -> Option<T>,
+        ok: T,
+    ) -> Option<T> {
+        for attempt in 0..ATTEMPTS_PER_TICK {
+            let message = message();
+            let bytes = message.encoded_len();
+            let answer = uplink.send(message, wait()).await;
+            if taken(&answer) {
+                self.metrics.bytes_sent(attempts.kind, bytes);
+            }
+            if let Some(settled) = settle(&answer) {
+                return Some(settled);
+            }
+            match outcome(answer) {
+                Outcome::Ok => return Some(ok),
+                Outcome::Retry(why) => {
+                    tracing::debug!(attempt, %why, "{} not written; retrying", attempts.what)
+                }
+                Outcome::GiveUp(why) => {
+                    tracing::warn!(%why, "{} failed", attempts.what);
+                    return None;
+                }
+            }
+        }
+        tracing::warn!("{}", attempts.exhausted);
+        None
+    }
+
+    /// Lease loop (kubelet's lease controller): once registered, renew every
+    /// `nodeLeaseDurationSeconds` × 0.25 with jitter 0.04; up to [`ATTEMPTS_PER_TICK`]
+    /// attempts per tick; after a failed tick retry with backoff from 200 ms doubling to 7 s,
+    /// or as soon as the transport makes a connection ([`Uplink::connections`]).
+    ///
+    /// Renewals are quiet (`LeaseRenewal.quiet`): the gateway answers only when one was not
+    /// written, so each attempt waits for an answer until the next renewal is due, and
+    /// silence means written. A gateway that answers anyway (an older one) is waited for as
+    /// before.
+    pub async fn lease_loop(self: Arc<Self>, uplink: Uplink, cancel: CancellationToken) {
+        let mut registered = uplink.registered();
+        let mut connections = uplink.connections();
+        let mut backoff = None;
+        let mut lease_state = Vec::new();
+        loop {
+            // Lease only after the Node exists (its ownerReference needs the Node).
+            if !*registered.borrow_and_update() {
+                self.liveness.waiting(true);
+                while !*registered.borrow_and_update() {
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        changed = registered.changed() => if changed.is_err() { return },
+                    }
+                }
+                self.liveness.waiting(false);
+            }
+            connections.borrow_and_update();
+            let delay = if let Some(waited) = self.renew(&uplink, &mut lease_state).await {
+                backoff = None;
+                // A quiet renewal's silence was already the wait.
+                if waited {
+                    Duration::ZERO
+                } else {
+                    jittered(self.config.lease_renew_interval())
+                }
+            } else {
+                backoff
+                    .get_or_insert_with(|| reconnect_backoff(RETRY_MIN, RETRY_MAX))
+                    .next()
+                    .unwrap_or(RETRY_MAX)
+            };
+            // After a failed tick, a connection coming up ends the backoff: the link is
+            // back, and the Lease has gone unrenewed since the failure.
+            let failing = backoff.is_some();
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(delay) => {}
+                Ok(()) = connections.changed(), if failing => {}
+            }
+        }
+    }
+
+    /// One renewal tick: `Some(waited)` when written — `waited` when that was learnt from
+    /// the gateway's silence until the next renewal was due — `None` when every attempt
+    /// failed. `lease_state` is the gateway's opaque Lease state from the last answered
+    /// renewal (only an older gateway answers written quiet renewals), echoed so any
+    /// gateway replica can PUT without a GET.
+    pub(super) async fn renew(&self, uplink: &Uplink, lease_state: &mut Vec<u8>) -> Option<bool> {
+        let written = self.try_renew(uplink, lease_state).await;
+        self.liveness.progress();
+        self.metrics
+            .lease_renewal(written.is_some(), self.clock.now());
+        written
+    }
+
+    pub(super) async fn try_renew(
+        &self,
+        uplink: &Uplink,
+        lease_state: &mut Vec<u8>,
+    ) -> Option<bool> {
+        // Each attempt echoes the newest Lease state, which an answer may have replaced.
+        let state = std::sync::Mutex::new(std::mem::take(lease_state));
+        let echo = || {
+            state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        };
+        let message = || pb::AgentMessage {
+            kind: Some(Kind::Lease(pb::LeaseRenewal {
+                header: Some(self.headers.next()),
+                lease_duration_seconds: i32::try_from(self.config.node_lease_duration_seconds)
+                    .unwrap_or(i32::MAX),
+                lease_state: echo(),
+                quiet: true,
+            })),
+        };
+        let settle = |answer: &Result<pb::Ack, UplinkError>| {
+            // Silence until the next renewal was due: written.
+            if matches!(answer, Err(UplinkError::Timeout(_))) {
+                return Some(true);
+            }
+            if let Ok(ack) = answer
+                && !ack.lease_state.is_empty()
+            {
+                state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone_from(&ack.lease_state);
+            }
+            None
+        };
+        // Silence until the next renewal is due means written.
+        let silence = || jittered(self.config.lease_renew_interval());
+        let written = self
+            .send_with_retry(uplink, &LEASE_ATTEMPTS, message, silence, settle, false)
+            .await;
+        *lease_state = state
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        written
+    }
+}
+
+/// How [`Agent::send_with_retry`] counts and logs the attempts of one kind of message.
+pub(super) struct Attempts {
+    /// Under which kind its bytes are counted.
+    kind: MessageKind,
+    /// Its name in the logs ("status report", "lease renewal").
+    what: &'static str,
+    /// What is logged when every attempt failed: kubelet's own words for each.
+    exhausted: &'static str,
+}
+
+/// Status reports: kubelet's `updateNodeStatus` words when every attempt failed
+/// (`pkg/kubelet/kubelet_node_status.go`).
+const STATUS_ATTEMPTS: Attempts = Attempts {
+    kind: MessageKind::Status,
+    what: "status report",
+    exhausted: "update node status exceeds retry count",
+};
+
+/// Lease renewals: the lease controller's words when every attempt failed
+/// (`staging/src/k8s.io/component-helpers/apimachinery/lease/controller.go`).
+const LEASE_ATTEMPTS: Attempts = Attempts {
+    kind: MessageKind::Lease,
+    what: "lease renewal",
+    exhausted: "failed 5 attempts to update lease",
+};
+// The lease controller's message names the count.
+const _: () = assert!(ATTEMPTS_PER_TICK == 5);
+
+/// Whether the transport took the message (it was answered, timed out, or lost with its
+/// connection), as opposed to refusing it unsent.
+pub(super) fn taken(answer: &Result<pb::Ack, UplinkError>) -> bool {
+    !matches!(answer, Err(UplinkError::NotConnected | UplinkError::Closed))
+}
+
+pub(super) enum Outcome {
+    Ok,
+    Retry(String),
+    GiveUp(String),
+}
+
+pub(super) fn outcome(result: Result<pb::Ack, UplinkError>) -> Outcome {
+    match result {
+        // The agent stops sending (see `stop_when_node_not_found`).
+        Ok(ack) if ack.node_not_found => Outcome::GiveUp(NODE_NOT_FOUND.into()),
+        Ok(ack) => match AckCode::try_from(ack.code) {
+            Ok(AckCode::Ok) => Outcome::Ok,
+            Ok(AckCode::Retry) => Outcome::Retry(ack.reason),
+            _ => Outcome::GiveUp(format!("rejected by the gateway: {}", ack.reason)),
+        },
+        // Timeouts and lost connections are retried within the tick (kubelet retries
+        // immediately); with no connection at all there is nothing to retry on.
+        Err(e @ (UplinkError::Timeout(_) | UplinkError::Disconnected)) => {
+            Outcome::Retry(e.to_string())
+        }
+        Err(e) => Outcome::GiveUp(e.to_string()),
+    }
+}
