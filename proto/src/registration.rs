@@ -52,8 +52,54 @@ pub const DEFAULT_LABEL_KEYS: [&str; 6] = [
     CONTAINER_RUNTIME_LABEL.0,
 ];
 
-/// The taint effects Kubernetes knows (core/v1 `TaintEffect`).
-pub const TAINT_EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
+/// A taint's effect: core/v1 `TaintEffect` (`staging/src/k8s.io/api/core/v1/types.go`), the
+/// three values the apiserver accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TaintEffect {
+    /// `NoSchedule`: no new pod without a toleration is scheduled here.
+    NoSchedule,
+    /// `PreferNoSchedule`: the scheduler avoids the node for pods without a toleration.
+    PreferNoSchedule,
+    /// `NoExecute`: pods without a toleration are also evicted.
+    NoExecute,
+}
+
+impl TaintEffect {
+    /// Every effect, in the API's order.
+    pub const ALL: [Self; 3] = [Self::NoSchedule, Self::PreferNoSchedule, Self::NoExecute];
+
+    /// The API's spelling, e.g. `NoSchedule`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoSchedule => "NoSchedule",
+            Self::PreferNoSchedule => "PreferNoSchedule",
+            Self::NoExecute => "NoExecute",
+        }
+    }
+}
+
+impl std::str::FromStr for TaintEffect {
+    type Err = String;
+
+    /// Parses the API's spelling (case-sensitive, as the apiserver).
+    ///
+    /// Errors: `unknown effect "X"; use NoSchedule, PreferNoSchedule, NoExecute`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|e| e.as_str() == s)
+            .ok_or_else(|| {
+                let all: Vec<&str> = Self::ALL.iter().map(|e| e.as_str()).collect();
+                format!("unknown effect {s:?}; use {}", all.join(", "))
+            })
+    }
+}
+
+impl std::fmt::Display for TaintEffect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Most labels a registration may carry (kubelet sets six; sites add a few). Bounds the
 /// work and the Node object a hostile agent can cause.
@@ -174,22 +220,13 @@ pub fn check_label(key: &str, value: &str) -> Result<(), String> {
 }
 
 /// Checks one taint: key ([`check_key`]), value ([`check_value`]) and effect
-/// ([`TAINT_EFFECTS`]).
+/// ([`TaintEffect`]).
 ///
 /// Errors: what is wrong, naming the taint.
 pub fn check_taint(key: &str, value: &str, effect: &str) -> Result<(), String> {
     check_key(key)
         .and_then(|()| check_value(value))
-        .and_then(|()| {
-            if TAINT_EFFECTS.contains(&effect) {
-                Ok(())
-            } else {
-                Err(format!(
-                    "unknown effect {effect:?}; use {}",
-                    TAINT_EFFECTS.join(", ")
-                ))
-            }
-        })
+        .and_then(|()| effect.parse::<TaintEffect>().map(|_| ()))
         .map_err(|e| format!("taint {key:?}: {e}"))
 }
 
@@ -348,5 +385,18 @@ mod tests {
             "{e}"
         );
         assert!(check_taint("", "", "NoSchedule").is_err());
+    }
+
+    #[test]
+    fn taint_effects_are_the_apis_three_spelt_as_the_api() {
+        for effect in TaintEffect::ALL {
+            assert_eq!(effect.as_str().parse::<TaintEffect>(), Ok(effect));
+        }
+        assert_eq!(
+            "NoSchedule".parse::<TaintEffect>(),
+            Ok(TaintEffect::NoSchedule)
+        );
+        // Case-sensitive, as the apiserver's validation.
+        assert!("noschedule".parse::<TaintEffect>().is_err());
     }
 }

@@ -43,7 +43,7 @@ async fn registers_with_labels_facts_and_conditions(transport: Transport) {
         .push(edgebeat_agent::config::Taint {
             key: "example.com/edge".into(),
             value: "true".into(),
-            effect: "NoSchedule".into(),
+            effect: edgebeat_agent::config::TaintEffect::NoSchedule,
         });
     let agent = cluster.start_agent(config).unwrap();
     cluster

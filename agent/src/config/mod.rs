@@ -92,17 +92,33 @@ use transport::{RawTransport, validate_transport};
 pub use values::{MAX_DURATION, parse_bind_address, parse_duration, validate_node_name};
 use values::{is_link_local, parse_positive_duration, parse_reserved};
 
-/// A registration taint (core/v1 Taint), applied once when the Node is created.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
+pub use edgebeat_proto::registration::TaintEffect;
+
+/// A registration taint (core/v1 Taint), applied once when the Node is created. Serialized
+/// (the agent's `/view`) with the effect in the API's spelling.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Taint {
     /// Taint key, e.g. `example.com/edge`.
     pub key: String,
     /// Taint value (may be empty).
-    #[serde(default)]
     pub value: String,
-    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
-    pub effect: String,
+    /// What the taint does to pods without a toleration.
+    #[serde(serialize_with = "serialize_effect")]
+    pub effect: TaintEffect,
+}
+
+fn serialize_effect<S: serde::Serializer>(effect: &TaintEffect, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(effect.as_str())
+}
+
+/// `registerWithTaints[i]` as written, checked into a [`Taint`] by [`AgentConfig::validate`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTaint {
+    key: String,
+    #[serde(default)]
+    value: String,
+    effect: String,
 }
 
 /// The validated agent configuration. Durations are parsed, quantities resolved to typed
@@ -228,7 +244,7 @@ struct RawConfig {
     node_lease_duration_seconds: Option<i64>,
     register_node: Option<bool>,
     register_schedulable: Option<bool>,
-    register_with_taints: Option<Vec<Taint>>,
+    register_with_taints: Option<Vec<RawTaint>>,
     node_labels: Option<BTreeMap<String, String>>,
     eviction_hard: Option<BTreeMap<String, String>>,
     eviction_pressure_transition_period: Option<String>,
@@ -405,25 +421,30 @@ impl AgentConfig {
                     ),
                 );
             }
-            for (i, t) in taints.iter().enumerate() {
-                if !registration::TAINT_EFFECTS.contains(&t.effect.as_str()) {
-                    p.push(
-                        format!("registerWithTaints[{i}].effect"),
-                        format!(
-                            "got {:?}; use {}",
-                            t.effect,
-                            registration::TAINT_EFFECTS.join(", ")
-                        ),
-                    );
-                }
+            let mut checked = Vec::with_capacity(taints.len());
+            for (i, t) in taints.into_iter().enumerate() {
+                let effect = match t.effect.parse::<TaintEffect>() {
+                    Ok(effect) => Some(effect),
+                    Err(e) => {
+                        p.push(format!("registerWithTaints[{i}].effect"), e);
+                        None
+                    }
+                };
                 if let Err(e) = registration::check_key(&t.key) {
                     p.push(format!("registerWithTaints[{i}].key"), e);
                 }
                 if let Err(e) = registration::check_value(&t.value) {
                     p.push(format!("registerWithTaints[{i}].value"), e);
                 }
+                if let Some(effect) = effect {
+                    checked.push(Taint {
+                        key: t.key,
+                        value: t.value,
+                        effect,
+                    });
+                }
             }
-            c.register_with_taints = taints;
+            c.register_with_taints = checked;
         }
         if let Some(labels) = raw.node_labels {
             if let Some(value) = labels.get(CONTAINER_RUNTIME_LABEL.0) {

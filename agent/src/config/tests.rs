@@ -31,7 +31,7 @@ fn full_config_parses() {
     let c = AgentConfig::from_yaml(&yaml).unwrap();
     assert_eq!(c.node_name.as_deref(), Some("edge-01"));
     assert_eq!(c.lease_renew_interval(), Duration::from_secs(5));
-    assert_eq!(c.register_with_taints[0].effect, "NoSchedule");
+    assert_eq!(c.register_with_taints[0].effect, TaintEffect::NoSchedule);
     assert_eq!(
         c.eviction_hard.len(),
         2,

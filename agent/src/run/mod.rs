@@ -270,7 +270,7 @@ impl Agent {
                     .map(|t| pb::Taint {
                         key: t.key.clone(),
                         value: t.value.clone(),
-                        effect: t.effect.clone(),
+                        effect: t.effect.as_str().to_owned(),
                     })
                     .collect(),
                 unschedulable: !self.config.register_schedulable,
