@@ -49,7 +49,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use edgebeat_hw::HostFacts;
-use edgebeat_proto::{AgentMessage, agent_message::Kind};
+use edgebeat_proto::AgentMessage;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -253,13 +253,9 @@ impl AgentMetrics {
 
     /// Adds the encoded size of `message` to `messages_sent_bytes_total` of its kind.
     pub fn message_sent(&self, message: &AgentMessage) {
-        let kind = match &message.kind {
-            Some(Kind::Register(_)) => MessageKind::Register,
-            Some(Kind::Status(_)) => MessageKind::Status,
-            Some(Kind::Lease(_)) => MessageKind::Lease,
-            None => return,
-        };
-        self.bytes_sent(kind, message.encoded_len());
+        if let Some(kind) = message.message_kind() {
+            self.bytes_sent(kind, message.encoded_len());
+        }
     }
 
     /// Adds `bytes` to `messages_sent_bytes_total{kind}` (for callers that measured the
@@ -353,16 +349,8 @@ impl AgentMetrics {
     }
 }
 
-/// The `kind` label of `messages_sent_bytes_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MessageKind {
-    /// `Register`.
-    Register,
-    /// `StatusReport`.
-    Status,
-    /// `LeaseRenewal`.
-    Lease,
-}
+/// The `kind` label of `messages_sent_bytes_total`: the proto's message kinds.
+pub use edgebeat_proto::MessageKind;
 
 #[cfg(test)]
 mod tests {

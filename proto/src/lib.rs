@@ -270,15 +270,52 @@ impl AgentMessage {
         }
     }
 
-    /// Short name of the message kind for logs and metric labels: `register`, `status`,
-    /// `lease`, or `unknown`.
-    pub fn kind_name(&self) -> &'static str {
+    /// What the message carries; `None` for a message with no kind (malformed).
+    pub fn message_kind(&self) -> Option<MessageKind> {
         match &self.kind {
-            Some(agent_message::Kind::Register(_)) => "register",
-            Some(agent_message::Kind::Status(_)) => "status",
-            Some(agent_message::Kind::Lease(_)) => "lease",
-            None => "unknown",
+            Some(agent_message::Kind::Register(_)) => Some(MessageKind::Register),
+            Some(agent_message::Kind::Status(_)) => Some(MessageKind::Status),
+            Some(agent_message::Kind::Lease(_)) => Some(MessageKind::Lease),
+            None => None,
         }
+    }
+
+    /// [`MessageKind::as_str`] of the message, or `unknown`, for logs.
+    pub fn kind_name(&self) -> &'static str {
+        self.message_kind().map_or("unknown", MessageKind::as_str)
+    }
+}
+
+/// The three kinds of [`AgentMessage`]. Each has its MQTT topic level
+/// (`P/nodes/{node}/{kind}`), its `kind` metric label and its name in logs, all
+/// [`MessageKind::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MessageKind {
+    /// [`Register`]: kubelet's node registration.
+    Register,
+    /// [`StatusReport`]: a NodeStatus update.
+    Status,
+    /// [`LeaseRenewal`]: a node Lease renewal.
+    Lease,
+}
+
+impl MessageKind {
+    /// Every kind.
+    pub const ALL: [Self; 3] = [Self::Register, Self::Status, Self::Lease];
+
+    /// `register`, `status` or `lease`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Register => "register",
+            Self::Status => "status",
+            Self::Lease => "lease",
+        }
+    }
+
+    /// The kind named `name` ([`MessageKind::as_str`]), e.g. an MQTT topic level; `None`
+    /// for any other text.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
     }
 }
 
@@ -489,5 +526,20 @@ mod tests {
         let msg = AgentMessage::decode(bytes.as_slice()).unwrap();
         assert!(msg.header().is_none());
         assert_eq!(msg.kind_name(), "unknown");
+        assert_eq!(msg.message_kind(), None);
+    }
+
+    #[test]
+    fn message_kinds_name_their_topic_level() {
+        for kind in MessageKind::ALL {
+            assert_eq!(MessageKind::from_name(kind.as_str()), Some(kind));
+        }
+        assert_eq!(MessageKind::from_name("will"), None);
+        assert_eq!(MessageKind::from_name("Lease"), None);
+        let renewal = AgentMessage {
+            kind: Some(agent_message::Kind::Lease(LeaseRenewal::default())),
+        };
+        assert_eq!(renewal.message_kind(), Some(MessageKind::Lease));
+        assert_eq!(renewal.kind_name(), "lease");
     }
 }

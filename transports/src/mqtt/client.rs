@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use edgebeat_proto::{
-    Ack, AckCode, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, gateway_message,
+    Ack, AckCode, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind, gateway_message,
 };
 use prost::Message;
 use rumqttc::v5::mqttbytes::QoS;
@@ -244,21 +244,20 @@ struct Topics {
 impl Topics {
     fn new(prefix: &str, node: &str) -> Self {
         Self {
-            register: node_topic(prefix, node, "register"),
-            status: node_topic(prefix, node, "status"),
-            lease: node_topic(prefix, node, "lease"),
+            register: node_topic(prefix, node, MessageKind::Register.as_str()),
+            status: node_topic(prefix, node, MessageKind::Status.as_str()),
+            lease: node_topic(prefix, node, MessageKind::Lease.as_str()),
             will: node_topic(prefix, node, WILL_KIND),
             acks: acks_topic(prefix, node),
             certificate: certificate_topic(prefix, node),
         }
     }
 
-    fn for_kind(&self, kind: &str) -> Option<&str> {
+    fn for_kind(&self, kind: MessageKind) -> &str {
         match kind {
-            "register" => Some(&self.register),
-            "status" => Some(&self.status),
-            "lease" => Some(&self.lease),
-            _ => None,
+            MessageKind::Register => &self.register,
+            MessageKind::Status => &self.status,
+            MessageKind::Lease => &self.lease,
         }
     }
 }
@@ -438,10 +437,9 @@ mod tests {
     #[test]
     fn each_kind_has_its_topic() {
         let t = Topics::new("p", "n");
-        assert_eq!(t.for_kind("register"), Some("p/nodes/n/register"));
-        assert_eq!(t.for_kind("status"), Some("p/nodes/n/status"));
-        assert_eq!(t.for_kind("lease"), Some("p/nodes/n/lease"));
-        assert_eq!(t.for_kind("unknown"), None);
+        assert_eq!(t.for_kind(MessageKind::Register), "p/nodes/n/register");
+        assert_eq!(t.for_kind(MessageKind::Status), "p/nodes/n/status");
+        assert_eq!(t.for_kind(MessageKind::Lease), "p/nodes/n/lease");
         assert_eq!(t.will, "p/nodes/n/will");
         assert_eq!(t.acks, "p/acks/n");
     }

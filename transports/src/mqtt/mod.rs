@@ -74,10 +74,6 @@ pub(crate) const CONNECT_TIMEOUT_SECS: u64 = 10;
 /// Longest a clean shutdown waits for the DISCONNECT to go out.
 pub(crate) const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The three agent message kinds with a topic each, as [`edgebeat_proto::AgentMessage::kind_name`]
-/// names them.
-pub const MESSAGE_KINDS: [&str; 3] = ["register", "status", "lease"];
-
 /// Last segment of the Last Will topic, `P/nodes/{node}/will`.
 pub const WILL_KIND: &str = "will";
 

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_proto::{
-    Ack, AckCode, AgentMessage, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, gateway_message,
+    Ack, AckCode, AgentMessage, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind,
+    gateway_message,
 };
 use prost::Message;
 use rumqttc::v5::mqttbytes::QoS;
@@ -16,10 +17,9 @@ use rustls::pki_types::UnixTime;
 use tokio::time::Instant;
 
 use super::{
-    CONNECT_TIMEOUT_SECS, DEFAULT_KEEPALIVE, DEFAULT_SHARE_GROUP, DEFAULT_TOPIC_PREFIX,
-    MESSAGE_KINDS, WILL_KIND, acks_topic, certificates_filter, check_keepalive, check_level,
-    check_prefix, disconnect, gateway_filter, next_event, parse_certificate_topic,
-    parse_node_topic,
+    CONNECT_TIMEOUT_SECS, DEFAULT_KEEPALIVE, DEFAULT_SHARE_GROUP, DEFAULT_TOPIC_PREFIX, WILL_KIND,
+    acks_topic, certificates_filter, check_keepalive, check_level, check_prefix, disconnect,
+    gateway_filter, next_event, parse_certificate_topic, parse_node_topic,
 };
 use crate::ingress::{Asked, Handler, Peer, RejectReason, Rejection, TransportKind};
 use crate::signing::{self, CertificateVerifier, NodeKey, SignatureError};
@@ -447,9 +447,9 @@ fn reconnect_backoff() -> impl Iterator<Item = Duration> {
 /// What one PUBLISH under the subscriptions is.
 #[derive(Debug, PartialEq)]
 enum Inbound<'t> {
-    /// A message for `node` of `kind` (`register`, `status`, `lease`): not decoded yet,
-    /// that (and the signature check) come next, in the event loop.
-    Message { node: &'t str, kind: &'t str },
+    /// A message for `node` of `kind` (its topic level): not decoded yet, that (and the
+    /// signature check) come next, in the event loop.
+    Message { node: &'t str, kind: MessageKind },
     /// A Last Will: the broker lost `node`'s connection.
     Will {
         node: &'t str,
@@ -489,9 +489,7 @@ fn classify<'t>(
         let header = Header::decode(payload).ok();
         return Ok(Inbound::Will { node, header });
     }
-    if !MESSAGE_KINDS.contains(&kind) {
-        return Err(REJECT_UNKNOWN_TOPIC);
-    }
+    let kind = MessageKind::from_name(kind).ok_or(REJECT_UNKNOWN_TOPIC)?;
     if payload.len() > max_bytes {
         return Err(REJECT_TOO_LARGE);
     }
@@ -526,11 +524,18 @@ mod tests {
             classify("p", b"p/nodes/n1/lease", &bytes, 1024),
             Ok(Inbound::Message {
                 node: "n1",
-                kind: "lease"
+                kind: MessageKind::Lease
             })
         );
         assert_eq!(
-            open("n1", "lease", &bytes, None, None, UnixTime::now()),
+            open(
+                "n1",
+                MessageKind::Lease,
+                &bytes,
+                None,
+                None,
+                UnixTime::now()
+            ),
             Ok((lease("n1"), false))
         );
         assert_eq!(
@@ -574,19 +579,24 @@ mod tests {
             })),
         }
         .encode_to_vec();
-        let cases: [(&str, &str, &[u8], Rejection); 5] = [
-            ("n2", "lease", &bytes, REJECT_MISMATCH),
-            ("n1", "status", &bytes, REJECT_MISMATCH),
-            ("n1", "lease", &status, REJECT_MISMATCH),
+        let cases: [(&str, MessageKind, &[u8], Rejection); 5] = [
+            ("n2", MessageKind::Lease, &bytes, REJECT_MISMATCH),
+            ("n1", MessageKind::Status, &bytes, REJECT_MISMATCH),
+            ("n1", MessageKind::Lease, &status, REJECT_MISMATCH),
             // No kind, no header (what an empty payload decodes to).
-            ("n1", "lease", b"", REJECT_MISMATCH),
-            ("n1", "lease", &[0xff, 0xff, 0xff], REJECT_MALFORMED),
+            ("n1", MessageKind::Lease, b"", REJECT_MISMATCH),
+            (
+                "n1",
+                MessageKind::Lease,
+                &[0xff, 0xff, 0xff],
+                REJECT_MALFORMED,
+            ),
         ];
         for (node, kind, payload, reason) in cases {
             assert_eq!(
                 open(node, kind, payload, None, None, UnixTime::now()),
                 Err(Refusal::silent(reason)),
-                "{node}/{kind}"
+                "{node}/{kind:?}"
             );
         }
     }
@@ -668,7 +678,7 @@ mod tests {
         // clock window (and before notAfter).
         let now = UnixTime::since_unix_epoch(Duration::ZERO);
         let open_with = |payload: &[u8], policy: &SignaturePolicy, key: Option<&NodeKey>| {
-            open("n1", "lease", payload, Some(policy), key, now)
+            open("n1", MessageKind::Lease, payload, Some(policy), key, now)
         };
         assert_eq!(
             open_with(&sealed, &required, Some(&key)),
@@ -720,7 +730,7 @@ mod tests {
         assert_eq!(
             refused(open(
                 "n1",
-                "lease",
+                MessageKind::Lease,
                 &sealed,
                 Some(&required),
                 Some(&key),
@@ -728,17 +738,34 @@ mod tests {
             )),
             (REJECT_CLOCK, AckCode::Rejected, 1, false)
         );
-        let reason = open("n1", "lease", &sealed, Some(&required), Some(&key), later)
-            .unwrap_err()
-            .ack
-            .unwrap()
-            .reason;
+        let reason = open(
+            "n1",
+            MessageKind::Lease,
+            &sealed,
+            Some(&required),
+            Some(&key),
+            later,
+        )
+        .unwrap_err()
+        .ack
+        .unwrap()
+        .reason;
         assert_eq!(
             reason,
             "signed wall time is 31.0 s behind the gateway's clock, outside its ±30 s window: set this node's clock (NTP, or an RTC)"
         );
         let within = UnixTime::since_unix_epoch(Duration::from_secs(29));
-        assert!(open("n1", "lease", &sealed, Some(&required), Some(&key), within).is_ok());
+        assert!(
+            open(
+                "n1",
+                MessageKind::Lease,
+                &sealed,
+                Some(&required),
+                Some(&key),
+                within
+            )
+            .is_ok()
+        );
         // While a fleet moves to signatures, unsigned messages pass without an identity.
         let optional = SignaturePolicy {
             required: false,
@@ -756,7 +783,7 @@ mod tests {
         );
         // A gateway that does not verify reads signed messages, without an identity.
         assert_eq!(
-            open("n1", "lease", &sealed, None, None, now),
+            open("n1", MessageKind::Lease, &sealed, None, None, now),
             Ok((lease("n1"), false))
         );
     }

@@ -239,13 +239,13 @@ impl Link {
             }
         }
         let seq = message.header().map_or(0, |h| h.seq);
-        let kind = message.kind_name();
-        let Some(topic) = self.topics.for_kind(kind) else {
+        let Some(kind) = message.message_kind() else {
             let _ = request
                 .reply
                 .send(Ok(local_reject(seq, "message has no kind".into())));
             return;
         };
+        let topic = self.topics.for_kind(kind);
         let payload = match self.payload(message.encode_to_vec()) {
             Ok(payload) => payload,
             Err(error) => {
@@ -269,7 +269,7 @@ impl Link {
             // gateway (so no expiry either); a renewal's topic as a Topic Alias once set on
             // this connection. One PUBLISH up, nothing but TCP's ACK down (whose absence
             // `user_timeout` notices).
-            let lease = kind == "lease";
+            let lease = kind == MessageKind::Lease;
             let (topic, alias) = match self.lease_alias {
                 LeaseAlias::Set if lease => ("", Some(LEASE_TOPIC_ALIAS)),
                 LeaseAlias::Unset if lease => (topic, Some(LEASE_TOPIC_ALIAS)),
@@ -289,7 +289,7 @@ impl Link {
                 self.lease_alias = LeaseAlias::Set;
             }
             queued
-        } else if kind == "lease" {
+        } else if kind == MessageKind::Lease {
             self.client.try_publish_with_properties(
                 topic,
                 QoS::AtLeastOnce,
@@ -321,7 +321,7 @@ impl Link {
             (Err(error), _) => {
                 // rumqttc's queue is full (the broker stopped acknowledging): refuse rather
                 // than wait, the caller retries with a fresh message.
-                tracing::debug!(%error, kind, "MQTT request queue full; message refused");
+                tracing::debug!(%error, kind = kind.as_str(), "MQTT request queue full; message refused");
                 let _ = request.reply.send(Err(UplinkError::NotConnected));
             }
         }

@@ -47,7 +47,7 @@ impl Refusal {
 /// certificate again when a request goes unanswered (the MQTT uplink).
 pub(super) fn open(
     node: &str,
-    kind: &str,
+    kind: MessageKind,
     payload: &[u8],
     policy: Option<&SignaturePolicy>,
     key: Option<&NodeKey>,
@@ -60,7 +60,7 @@ pub(super) fn open(
         // signed one is still bound to the node, by the key of the topic's node.
         message.complete_node_name(node);
         let header_node = message.header().map(|h| h.node_name.as_str());
-        if header_node != Some(node) || message.kind_name() != kind {
+        if header_node != Some(node) || message.message_kind() != Some(kind) {
             return Err(Refusal::silent(REJECT_MISMATCH));
         }
         Ok(message)

@@ -148,13 +148,12 @@ impl<H: Handler> Workers<H> {
         // sequence number is not above the genuine queued message's).
         let mut superseded = Vec::new();
         if signed
-            && matches!(message.kind_name(), "lease" | "status")
+            && let Some(kind @ (MessageKind::Lease | MessageKind::Status)) = message.message_kind()
             && let Some(newer) = message.header()
         {
-            let kind = message.kind_name();
             entry.queue.retain(|queued| {
                 let older = queued.signed
-                    && queued.message.kind_name() == kind
+                    && queued.message.message_kind() == Some(kind)
                     && queued.message.header().is_some_and(|h| {
                         h.named_boot_tag() == newer.named_boot_tag() && h.seq < newer.seq
                     });
