@@ -233,6 +233,18 @@ fn unknown_fields_and_wrong_kind_are_rejected() {
     assert!(err.contains("maxPods") || err.contains("line"), "{err}");
 }
 
+/// Asserts that `transport` (a YAML flow mapping) is refused, naming `field` with `words`.
+fn assert_transport_refused(transport: &str, field: &str, words: &str) {
+    let err = AgentConfig::from_yaml(&format!("{MINIMAL}transport: {transport}\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        (err.starts_with(&format!("{field}: ")) || err.contains(&format!("\n- {field}: ")))
+            && err.contains(words),
+        "{transport}: {err}"
+    );
+}
+
 #[test]
 fn several_broker_endpoints_are_one_list_tried_in_turn() {
     let c = AgentConfig::from_yaml(&format!(
@@ -280,14 +292,7 @@ fn several_broker_endpoints_are_one_list_tried_in_turn() {
         ),
     ];
     for (transport, field, words) in cases {
-        let err = AgentConfig::from_yaml(&format!("{MINIMAL}transport: {transport}\n"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            (err.starts_with(&format!("{field}: ")) || err.contains(&format!("\n- {field}: ")))
-                && err.contains(words),
-            "{transport}: {err}"
-        );
+        assert_transport_refused(transport, field, words);
     }
 }
 
@@ -608,14 +613,7 @@ fn grpc_tls_errors_name_the_field() {
         ),
     ];
     for (transport, field, words) in cases {
-        let err = AgentConfig::from_yaml(&format!("{MINIMAL}transport: {transport}\n"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            (err.starts_with(&format!("{field}: ")) || err.contains(&format!("\n- {field}: ")))
-                && err.contains(words),
-            "{transport}: {err}"
-        );
+        assert_transport_refused(&transport, field, words);
     }
 }
 
