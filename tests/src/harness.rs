@@ -40,6 +40,8 @@ pub struct Replica {
     pub mqtt_node_queues: Arc<std::sync::atomic::AtomicUsize>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
+    /// Its watch, gRPC and MQTT tasks, for [`Cluster::kill_replica`].
+    aborts: Vec<tokio::task::AbortHandle>,
 }
 
 /// A stand-in apiserver, gateway replicas and (for MQTT) a broker.
@@ -420,6 +422,7 @@ impl Cluster {
                 .await
                 .context("gateway replica did not subscribe within 10 s")??;
         }
+        let aborts = tasks.iter().map(JoinHandle::abort_handle).collect();
         let task = tokio::spawn(async move {
             for task in tasks {
                 let _ = task.await;
@@ -430,6 +433,7 @@ impl Cluster {
             mqtt_node_queues,
             cancel,
             task,
+            aborts,
         }));
         Ok(index)
     }
@@ -438,6 +442,21 @@ impl Cluster {
     pub async fn stop_replica(&mut self, index: usize) {
         if let Some(replica) = self.replicas.get_mut(index).and_then(Option::take) {
             replica.cancel.cancel();
+            let _ = replica.task.await;
+        }
+    }
+
+    /// Kills replica `index` as `kill -9` would, as far as one process can: its watch, gRPC
+    /// and MQTT tasks are aborted where they stand, with no shutdown, so its broker
+    /// connection closes without DISCONNECT and its apiserver requests in flight are
+    /// dropped (the kernel closes a killed process's sockets the same way). Handlers
+    /// already running a message finish their current apiserver call, as a process killed
+    /// a moment later would have.
+    pub async fn kill_replica(&mut self, index: usize) {
+        if let Some(replica) = self.replicas.get_mut(index).and_then(Option::take) {
+            for task in &replica.aborts {
+                task.abort();
+            }
             let _ = replica.task.await;
         }
     }

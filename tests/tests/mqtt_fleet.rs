@@ -174,8 +174,9 @@ async fn replicas_split_the_fleet_write_each_renewal_once_and_survive_a_loss() {
         "both replicas carry renewals: {wrote_a} / {wrote_b}"
     );
 
-    // Replica 0 dies; replica 1 carries every node.
-    cluster.stop_replica(0).await;
+    // Replica 0 is killed, with no shutdown (no MQTT DISCONNECT, its watch and connection
+    // cut where they stand); replica 1 carries every node.
+    cluster.kill_replica(0).await;
     let marks: Vec<usize> = nodes
         .iter()
         .map(|n| {
