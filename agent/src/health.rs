@@ -33,6 +33,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use edgebeat_hw::{HostFacts, Mount, PsiLine, ThermalZone, Throttled, TripKind};
+use edgebeat_proto::NodeConditionType;
 
 use crate::status::{Condition, ConditionStatus};
 
@@ -133,19 +134,19 @@ struct Seen {
 }
 
 /// Computes the enabled health conditions for `facts` at boot-clock time `now` (see the
-/// module docs), in [`edgebeat_proto::HEALTH_CONDITION_TYPES`] order, carrying transitions
+/// module docs), in [`NodeConditionType::HEALTH`] order, carrying transitions
 /// and messages over from `previous` and updating `observed` (signal type → when last seen).
 pub fn conditions(
     facts: &HostFacts,
     settings: &HealthSettings,
     period: Duration,
     previous: &[Condition],
-    observed: &mut BTreeMap<&'static str, Duration>,
+    observed: &mut BTreeMap<NodeConditionType, Duration>,
     now: Duration,
 ) -> Vec<Condition> {
-    let checks: [(&'static str, Option<Seen>); 6] = [
+    let checks: [(NodeConditionType, Option<Seen>); 6] = [
         (
-            "SystemMemoryContentionPressure",
+            NodeConditionType::SystemMemoryContentionPressure,
             contention(
                 "memory",
                 psi_full(facts, |p| p.memory.as_ref()),
@@ -157,7 +158,7 @@ pub fn conditions(
             ),
         ),
         (
-            "SystemDiskContentionPressure",
+            NodeConditionType::SystemDiskContentionPressure,
             contention(
                 "io",
                 psi_full(facts, |p| p.io.as_ref()),
@@ -169,35 +170,35 @@ pub fn conditions(
             ),
         ),
         (
-            "ReadonlyFilesystem",
+            NodeConditionType::ReadonlyFilesystem,
             settings
                 .readonly_filesystem
                 .then(|| readonly(facts))
                 .flatten(),
         ),
         (
-            "ThermalPressure",
+            NodeConditionType::ThermalPressure,
             settings
                 .thermal
                 .then(|| thermal(facts, settings.thermal_limit_celsius))
                 .flatten(),
         ),
         (
-            "UnderVoltage",
+            NodeConditionType::UnderVoltage,
             settings
                 .under_voltage
                 .then(|| under_voltage(facts))
                 .flatten(),
         ),
         (
-            "ClockUnsynchronized",
+            NodeConditionType::ClockUnsynchronized,
             settings.clock_sync.then(|| clock(facts)).flatten(),
         ),
     ];
     let mut out = Vec::new();
     for (type_, seen) in checks {
         let Some(seen) = seen else {
-            observed.remove(type_);
+            observed.remove(&type_);
             continue;
         };
         if seen.signal {
@@ -206,7 +207,7 @@ pub fn conditions(
         let before = previous.iter().find(|c| c.type_ == type_);
         let was_true = before.is_some_and(|c| c.status == ConditionStatus::True);
         let held = observed
-            .get(type_)
+            .get(&type_)
             .is_some_and(|t| now.saturating_sub(*t) < period || now == *t);
         let condition = match (seen.sets, before) {
             (Some((reason, message)), _) => {
@@ -228,7 +229,7 @@ pub fn conditions(
 /// message (with the figure of the transition) while status and reason hold.
 fn carried(
     before: Option<&Condition>,
-    type_: &'static str,
+    type_: NodeConditionType,
     status: ConditionStatus,
     reason: &'static str,
     message: String,
@@ -571,8 +572,8 @@ mod tests {
     #[test]
     fn a_healthy_board_reports_every_condition_false() {
         let got = &run(&HealthSettings::default(), &[(100, healthy())])[0];
-        let types: Vec<&str> = got.iter().map(|c| c.type_).collect();
-        assert_eq!(types, edgebeat_proto::HEALTH_CONDITION_TYPES);
+        let types: Vec<NodeConditionType> = got.iter().map(|c| c.type_).collect();
+        assert_eq!(types, NodeConditionType::HEALTH);
         for c in got {
             assert_eq!(c.status, ConditionStatus::False, "{c:?}");
         }

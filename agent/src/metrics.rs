@@ -286,7 +286,7 @@ impl AgentMetrics {
                 .get_or_create(&vec![("condition", type_.to_owned())])
                 .set(i64::from(is_true));
         }
-        for type_ in edgebeat_proto::HEALTH_CONDITION_TYPES {
+        for type_ in edgebeat_proto::NodeConditionType::HEALTH.map(|t| t.as_str()) {
             if !present.contains(&type_) {
                 h.condition.remove(&vec![("condition", type_.to_owned())]);
             }

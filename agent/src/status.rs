@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use edgebeat_hw::HostFacts;
-use edgebeat_proto as pb;
+use edgebeat_proto::{self as pb, NodeConditionType};
 
 use crate::config::{AgentConfig, EvictionSignal};
 use crate::quantity::{Amount, format_binary, format_millicores};
@@ -38,8 +38,8 @@ impl ConditionStatus {
 /// One computed NodeCondition with its transition on the agent's boot clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Condition {
-    /// `MemoryPressure`, `DiskPressure`, `PIDPressure` or `Ready`.
-    pub type_: &'static str,
+    /// kubelet's four or a health condition.
+    pub type_: NodeConditionType,
     /// True or False (the agent never writes Unknown: the node lifecycle controller owns it).
     pub status: ConditionStatus,
     /// kubelet's reason, e.g. `KubeletHasSufficientMemory`.
@@ -71,7 +71,7 @@ pub struct ComputedStatus {
     /// reservation (− hugepages for memory), floored at 0.
     pub allocatable: BTreeMap<String, String>,
     /// The enabled health conditions ([`crate::health`]) in
-    /// [`edgebeat_proto::HEALTH_CONDITION_TYPES`] order, then MemoryPressure, DiskPressure,
+    /// [`NodeConditionType::HEALTH`] order, then MemoryPressure, DiskPressure,
     /// PIDPressure, Ready — Ready last.
     pub conditions: Vec<Condition>,
     /// `status.addresses`: (type, address), InternalIP first then Hostname.
@@ -82,7 +82,7 @@ pub struct ComputedStatus {
     pub observed: PressureObserved,
     /// When each health condition's signal was last seen, by condition type (the
     /// hysteresis memory of [`crate::health`]).
-    pub health_observed: BTreeMap<&'static str, Duration>,
+    pub health_observed: BTreeMap<NodeConditionType, Duration>,
 }
 
 /// Computes the NodeStatus for `facts` at boot-clock time `now`, carrying condition
@@ -126,7 +126,7 @@ pub fn compute(
 
     let mut conditions = Vec::with_capacity(4);
     let mut push =
-        |type_: &'static str, pressure: bool, texts: [(&'static str, &'static str); 2]| {
+        |type_: NodeConditionType, pressure: bool, texts: [(&'static str, &'static str); 2]| {
             let (status, (reason, message)) = if pressure {
                 (ConditionStatus::True, texts[0])
             } else {
@@ -142,7 +142,7 @@ pub fn compute(
             ));
         };
     push(
-        "MemoryPressure",
+        NodeConditionType::MemoryPressure,
         held(observed.memory),
         [
             (
@@ -156,7 +156,7 @@ pub fn compute(
         ],
     );
     push(
-        "DiskPressure",
+        NodeConditionType::DiskPressure,
         held(observed.disk),
         [
             ("KubeletHasDiskPressure", "kubelet has disk pressure"),
@@ -164,7 +164,7 @@ pub fn compute(
         ],
     );
     push(
-        "PIDPressure",
+        NodeConditionType::PidPressure,
         held(observed.pid),
         [
             (
@@ -184,7 +184,7 @@ pub fn compute(
     let ready = if missing.is_empty() {
         carry(
             previous,
-            "Ready",
+            NodeConditionType::Ready,
             ConditionStatus::True,
             "KubeletReady",
             "kubelet is posting ready status".into(),
@@ -197,7 +197,7 @@ pub fn compute(
         );
         carry(
             previous,
-            "Ready",
+            NodeConditionType::Ready,
             ConditionStatus::False,
             "KubeletNotReady",
             message,
@@ -234,7 +234,7 @@ pub fn compute(
 
 fn carry(
     previous: Option<&ComputedStatus>,
-    type_: &'static str,
+    type_: NodeConditionType,
     status: ConditionStatus,
     reason: &'static str,
     message: String,
@@ -258,7 +258,7 @@ impl ComputedStatus {
     pub fn condition_states(&self) -> impl Iterator<Item = (&'static str, bool)> + '_ {
         self.conditions
             .iter()
-            .map(|c| (c.type_, c.status == ConditionStatus::True))
+            .map(|c| (c.type_.as_str(), c.status == ConditionStatus::True))
     }
 }
 
@@ -461,7 +461,7 @@ impl ComputedStatus {
                 .conditions
                 .iter()
                 .map(|c| pb::NodeCondition {
-                    r#type: c.type_.to_owned(),
+                    r#type: c.type_.as_str().to_owned(),
                     status: c.status.as_str().to_owned(),
                     reason: c.reason.to_owned(),
                     message: c.message.clone(),
@@ -483,7 +483,9 @@ impl ComputedStatus {
 
     /// The Ready condition, if computed.
     pub fn ready(&self) -> Option<&Condition> {
-        self.conditions.iter().find(|c| c.type_ == "Ready")
+        self.conditions
+            .iter()
+            .find(|c| c.type_ == NodeConditionType::Ready)
     }
 }
 
@@ -599,7 +601,7 @@ mod tests {
         let got: Vec<_> = s
             .conditions
             .iter()
-            .map(|c| (c.type_, c.status, c.reason, c.message.as_str()))
+            .map(|c| (c.type_.as_str(), c.status, c.reason, c.message.as_str()))
             .collect();
         assert_eq!(
             got,

@@ -116,7 +116,7 @@ impl<'a> NodeStatusView<'a> {
                 .conditions
                 .iter()
                 .map(|c| ConditionView {
-                    type_: c.type_,
+                    type_: c.type_.as_str(),
                     status: c.status.as_str(),
                     reason: c.reason,
                     message: &c.message,

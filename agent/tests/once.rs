@@ -114,7 +114,10 @@ fn health(tree: &str) -> std::collections::BTreeMap<String, (String, String)> {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|c| edgebeat_proto::HEALTH_CONDITION_TYPES.contains(&c["type"].as_str().unwrap()))
+        .filter(|c| {
+            edgebeat_proto::NodeConditionType::from_name(c["type"].as_str().unwrap())
+                .is_some_and(|t| !t.is_kubelets())
+        })
         .map(|c| {
             (
                 c["type"].as_str().unwrap().to_owned(),

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use edgebeat_proto::{self as pb, HEALTH_CONDITION_TYPES, KUBELET_CONDITION_TYPES};
+use edgebeat_proto::{self as pb, NodeConditionType};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
@@ -78,10 +78,10 @@ pub struct KnownCondition {
 
 /// Condition types an agent may report, the slots of [`KnownConditions`]: kubelet's, then
 /// the health conditions.
-const CONDITION_SLOTS: usize = KUBELET_CONDITION_TYPES.len() + HEALTH_CONDITION_TYPES.len();
+const CONDITION_SLOTS: usize = NodeConditionType::KUBELET.len() + NodeConditionType::HEALTH.len();
 
 /// The [`KnownCondition`] of each condition type an agent may report
-/// ([`edgebeat_proto::KUBELET_CONDITION_TYPES`], [`edgebeat_proto::HEALTH_CONDITION_TYPES`]),
+/// ([`NodeConditionType::KUBELET`], [`NodeConditionType::HEALTH`]),
 /// the only ones the gateway diffs against; other types (a CNI's NetworkUnavailable,
 /// node-problem-detector's) are not kept. One fixed slot per type, inline: at most 240
 /// bytes per node whatever the Node holds, and no allocation. (Measured against the map of
@@ -92,9 +92,9 @@ pub struct KnownConditions([Option<KnownCondition>; CONDITION_SLOTS]);
 
 impl KnownConditions {
     fn slot(type_: &str) -> Option<usize> {
-        KUBELET_CONDITION_TYPES
+        NodeConditionType::KUBELET
             .iter()
-            .chain(HEALTH_CONDITION_TYPES.iter())
+            .chain(NodeConditionType::HEALTH.iter())
             .position(|t| *t == type_)
     }
 
@@ -460,12 +460,12 @@ mod tests {
         assert!(std::mem::size_of::<KnownConditions>() <= 240);
         let mut known = KnownConditions::default();
         let at: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
-        for t in KUBELET_CONDITION_TYPES
+        for t in NodeConditionType::KUBELET
             .iter()
-            .chain(&HEALTH_CONDITION_TYPES)
+            .chain(&NodeConditionType::HEALTH)
         {
             known.insert(
-                t,
+                t.as_str(),
                 KnownCondition {
                     status: HeldStatus::False,
                     last_transition: at,

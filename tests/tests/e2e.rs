@@ -921,9 +921,9 @@ async fn a_health_condition_flips_with_one_status_report(transport: Transport) {
         (before.status.as_str(), before.reason.as_deref()),
         ("False", Some("SufficientVoltage"))
     );
-    for type_ in pb::HEALTH_CONDITION_TYPES {
-        if type_ != "ClockUnsynchronized" {
-            assert_eq!(condition(&first, type_).status, "False", "{type_}");
+    for type_ in pb::NodeConditionType::HEALTH {
+        if type_ != pb::NodeConditionType::ClockUnsynchronized {
+            assert_eq!(condition(&first, type_.as_str()).status, "False", "{type_}");
         }
     }
     let flipped_at = cluster.standin.requests().len();

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
-use edgebeat_proto::{self as pb, Ack, AckCode, HEALTH_CONDITION_TYPES, KUBELET_CONDITION_TYPES};
+use edgebeat_proto::{self as pb, Ack, AckCode, NodeConditionType};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -55,7 +55,7 @@ fn api_code(e: &kube::Error) -> Option<u16> {
 }
 
 /// Checks a reported NodeStatus: only condition types an agent may report (kubelet's four
-/// and [`edgebeat_proto::HEALTH_CONDITION_TYPES`], [`patch::KnownConditions::reportable`]),
+/// and [`NodeConditionType::HEALTH`], [`patch::KnownConditions::reportable`]),
 /// each at most once, each True or False (Unknown belongs to the node lifecycle
 /// controller), with a reason.
 ///
@@ -107,7 +107,7 @@ fn condition_event(
     reason: &str,
     before: Option<&str>,
 ) -> Option<(&'static str, String)> {
-    if KUBELET_CONDITION_TYPES.contains(&type_) {
+    if NodeConditionType::from_name(type_).is_some_and(NodeConditionType::is_kubelets) {
         return condition_event_reason(type_, status, before).map(|r| ("Normal", r.to_owned()));
     }
     let changed = match before {
@@ -306,7 +306,9 @@ impl Writer {
                 .get(t)
                 .is_some_and(|c| c.status.is_reported())
         };
-        let as_reported = KUBELET_CONDITION_TYPES.iter().all(|t| reported(t));
+        let as_reported = NodeConditionType::KUBELET
+            .iter()
+            .all(|t| reported(t.as_str()));
         if !as_reported {
             return Ack {
                 resend_status: true,
@@ -318,10 +320,14 @@ impl Writer {
             };
         }
         let now = patch::whole_seconds(self.now());
-        let conditions: Vec<serde_json::Value> = KUBELET_CONDITION_TYPES
+        let conditions: Vec<serde_json::Value> = NodeConditionType::KUBELET
             .iter()
-            .chain(HEALTH_CONDITION_TYPES.iter().filter(|t| reported(t)))
-            .map(|t| serde_json::json!({ "type": t, "lastHeartbeatTime": Time(now) }))
+            .chain(
+                NodeConditionType::HEALTH
+                    .iter()
+                    .filter(|t| reported(t.as_str())),
+            )
+            .map(|t| serde_json::json!({ "type": t.as_str(), "lastHeartbeatTime": Time(now) }))
             .collect();
         let body = serde_json::json!({ "status": { "conditions": conditions } });
         match self.api.patch_node_status(name, body).await {
@@ -352,9 +358,12 @@ impl Writer {
         let conditions = patch::conditions(status, now, &held.conditions);
         // A health condition the agent no longer reports (turned off, or its signal gone
         // from the host) is deleted rather than left to look current.
-        let dropped = HEALTH_CONDITION_TYPES.iter().copied().filter(|t| {
-            held.conditions.contains_key(t) && !status.conditions.iter().any(|c| c.r#type == *t)
-        });
+        let dropped = NodeConditionType::HEALTH
+            .iter()
+            .map(|t| t.as_str())
+            .filter(|t| {
+                held.conditions.contains_key(t) && !status.conditions.iter().any(|c| c.r#type == *t)
+            });
         let body = match patch::status_patch(&patch::node_status(status, conditions), None)
             .map(|body| patch::delete_conditions(body, dropped))
         {
