@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::UNIX_EPOCH;
 
 use edgebeat_hw::Clock;
+use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{Header, boot_id_to_bytes};
 
 /// Builds [`Header`]s with a strictly increasing per-boot `seq`.
@@ -13,7 +14,7 @@ use edgebeat_proto::{Header, boot_id_to_bytes};
 /// not moved: it never repeats within a boot, not even across agent restarts, and the
 /// gateway can read elapsed time from differences of it (see `heartbeat.proto`).
 pub struct HeaderFactory {
-    node_name: String,
+    node_name: NodeName,
     boot_id: Vec<u8>,
     clock: Arc<dyn Clock>,
     last: AtomicU64,
@@ -21,7 +22,7 @@ pub struct HeaderFactory {
 
 impl HeaderFactory {
     /// A factory for `node_name` on the boot `boot_id` (textual UUID), reading `clock`.
-    pub fn new(node_name: String, boot_id: &str, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(node_name: NodeName, boot_id: &str, clock: Arc<dyn Clock>) -> Self {
         Self {
             node_name,
             boot_id: boot_id_to_bytes(boot_id),
@@ -58,7 +59,7 @@ impl HeaderFactory {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         Header {
-            node_name: self.node_name.clone(),
+            node_name: self.node_name.as_str().to_owned(),
             boot_id: self.boot_id.clone(),
             seq,
             wall_time_ms,
@@ -86,7 +87,7 @@ mod tests {
     #[test]
     fn seq_strictly_increases_even_when_the_clock_stands_still() {
         let f = HeaderFactory::new(
-            "edge-01".into(),
+            "edge-01".parse().unwrap(),
             "0f8fad5b-d9cb-469f-a165-70867728950e",
             Arc::new(Frozen),
         );

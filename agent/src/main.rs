@@ -52,7 +52,7 @@ fn main() -> anyhow::Result<()> {
         config.host_root = root;
     }
     if let Some(name) = args.node_name {
-        edgebeat_agent::config::validate_node_name(&name)
+        let name = edgebeat_agent::config::parse_node_name(&name)
             .map_err(|m| anyhow::anyhow!("--node-name: {m}"))?;
         config.node_name = Some(name);
     }

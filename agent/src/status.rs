@@ -420,7 +420,8 @@ fn allocatable(
 fn addresses(facts: &HostFacts, config: &AgentConfig) -> Vec<(&'static str, String)> {
     let hostname = config
         .node_name
-        .clone()
+        .as_ref()
+        .map(|n| n.to_string())
         .or_else(|| facts.hostname.as_deref().map(str::to_lowercase));
     let ip: Option<IpAddr> = config
         .node_ip
@@ -810,7 +811,7 @@ mod tests {
         assert_eq!(s.addresses, [("Hostname", "edge-01".to_owned())]);
         // nodeName is kubelet's --hostname-override: it names the Hostname address too.
         let named = AgentConfig {
-            node_name: Some("judge-node-0".into()),
+            node_name: Some("judge-node-0".parse().unwrap()),
             ..AgentConfig::default()
         };
         let s = compute(&f, &named, None, T0);

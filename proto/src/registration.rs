@@ -111,6 +111,88 @@ pub const MAX_LABEL_VALUE_BYTES: usize = 63;
 /// Longest DNS-1123 subdomain, in bytes: a Node name, or a label key's prefix.
 pub const MAX_SUBDOMAIN_BYTES: usize = 253;
 
+/// A Node name the apiserver accepts ([`is_node_name`]), checked once where it is read
+/// (a config file, a flag, a hostname) and carried as this type after that.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeName(String);
+
+impl NodeName {
+    /// `name` if it is a valid Node name ([`is_node_name`]).
+    ///
+    /// Errors: `"Edge_1" is not a valid node name: use lower-case letters, digits, '-' and
+    /// '.', starting and ending with a letter or digit, at most 253 characters`.
+    pub fn new(name: impl Into<String>) -> Result<Self, String> {
+        let name = name.into();
+        if is_node_name(&name) {
+            Ok(Self(name))
+        } else {
+            Err(format!(
+                "{name:?} is not a valid node name: use lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, at most {MAX_SUBDOMAIN_BYTES} characters"
+            ))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name, owned.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::ops::Deref for NodeName {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for NodeName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for NodeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for NodeName {
+    type Err = String;
+
+    /// As [`NodeName::new`].
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<String> for NodeName {
+    type Error = String;
+
+    /// As [`NodeName::new`].
+    fn try_from(s: String) -> Result<Self, String> {
+        Self::new(s)
+    }
+}
+
+impl PartialEq<str> for NodeName {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for NodeName {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
 /// A DNS-1123 subdomain (`IsDNS1123Subdomain`): at most 253 bytes of lower-case letters,
 /// digits, `-` and `.`, starting and ending with a letter or digit. This is the rule for a
 /// Node name, which the agent's config, the gateway and the certificate check share.
@@ -385,6 +467,20 @@ mod tests {
             "{e}"
         );
         assert!(check_taint("", "", "NoSchedule").is_err());
+    }
+
+    #[test]
+    fn a_node_name_is_checked_once_where_it_is_made() {
+        let name: NodeName = "edge-01".parse().unwrap();
+        assert_eq!(name, "edge-01");
+        assert_eq!(name.len(), 7, "reads as a str");
+        let err = NodeName::new("Edge_01").unwrap_err();
+        assert!(
+            err.starts_with("\"Edge_01\" is not a valid node name"),
+            "{err}"
+        );
+        assert!(NodeName::try_from("a".repeat(254)).is_err());
+        assert!(NodeName::try_from("a".repeat(253)).is_ok());
     }
 
     #[test]

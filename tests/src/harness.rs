@@ -475,9 +475,15 @@ impl Cluster {
     /// An agent configuration for `node_name` reading host facts from `host_root`, with
     /// short intervals: status computed every 100 ms and reported every 2 s when unchanged,
     /// lease duration 1 s (renewal every 250 ms).
+    ///
+    /// # Panics
+    /// When `node_name` is not a valid Node name (a test mistake).
     pub fn agent_config(&self, node_name: &str, host_root: &Path) -> AgentConfig {
+        #[allow(clippy::expect_used)]
+        let node_name = edgebeat_agent::config::NodeName::new(node_name)
+            .expect("a test's node name is a valid Node name");
         AgentConfig {
-            node_name: Some(node_name.to_owned()),
+            node_name: Some(node_name),
             node_status_update_frequency: Duration::from_millis(100),
             node_status_report_frequency: Duration::from_secs(2),
             node_lease_duration_seconds: 1,

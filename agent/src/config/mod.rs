@@ -84,12 +84,13 @@ pub use edgebeat_hw::MAX_PASSWORD_FILE_BYTES;
 /// gateway's TLS files (the whole Mozilla root store is about 220 KiB of PEM).
 pub use edgebeat_hw::MAX_PEM_FILE_BYTES;
 
+pub use edgebeat_proto::registration::NodeName;
 pub use error::{ConfigError, FieldError};
 use error::{Problems, field_message, got};
 pub use eviction::EvictionSignal;
 pub use transport::{ClientTls, MqttTransport, TlsIdentity, TransportConfig};
 use transport::{RawTransport, validate_transport};
-pub use values::{MAX_DURATION, parse_bind_address, parse_duration, validate_node_name};
+pub use values::{MAX_DURATION, parse_bind_address, parse_duration, parse_node_name};
 use values::{is_link_local, parse_positive_duration, parse_reserved};
 
 pub use edgebeat_proto::registration::TaintEffect;
@@ -125,8 +126,8 @@ struct RawTaint {
 /// values, defaults applied.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
-    /// Node name; defaults to the host's hostname (lower-cased) when empty.
-    pub node_name: Option<String>,
+    /// `nodeName`; the host's hostname (lower-cased) when unset or empty.
+    pub node_name: Option<NodeName>,
     /// `nodeStatusUpdateFrequency`: how often status is computed (default 10 s).
     pub node_status_update_frequency: Duration,
     /// `nodeStatusReportFrequency`: longest time between status reports when nothing
@@ -382,8 +383,8 @@ impl AgentConfig {
             other => p.push("kind", format!("{}; set kind: {KIND}", got(other))),
         }
         if let Some(name) = raw.node_name.filter(|n| !n.is_empty()) {
-            match validate_node_name(&name) {
-                Ok(()) => c.node_name = Some(name),
+            match parse_node_name(&name) {
+                Ok(name) => c.node_name = Some(name),
                 Err(m) => p.push("nodeName", m),
             }
         }

@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::error::{ConfigError, Problems, invalid};
-use edgebeat_proto::registration;
+use edgebeat_proto::registration::{self, NodeName};
 
 use crate::quantity::{Amount, parse_amount, parse_millicores};
 
@@ -65,19 +65,15 @@ pub(super) fn is_link_local(ip: &IpAddr) -> bool {
     }
 }
 
-/// Checks a Node name for this agent: a DNS-1123 subdomain (lower-case alphanumerics, `-`
-/// and `.`, starting and ending alphanumeric), as the apiserver validates it
-/// ([`registration::is_node_name`]), and at most 63 characters, because it is also the
-/// value of the Node's `kubernetes.io/hostname` label ([`registration::check_value`]); a
-/// longer name would load and then never register.
+/// A Node name for this agent: a [`NodeName`] (a DNS-1123 subdomain, lower-case
+/// alphanumerics, `-` and `.`, starting and ending alphanumeric, as the apiserver validates
+/// it), and at most 63 characters, because it is also the value of the Node's
+/// `kubernetes.io/hostname` label ([`registration::check_value`]); a longer name would load
+/// and then never register.
 ///
 /// Errors: a message saying what is wrong.
-pub fn validate_node_name(name: &str) -> Result<(), String> {
-    if !registration::is_node_name(name) {
-        return Err(format!(
-            "{name:?} is not a valid node name: use lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
-        ));
-    }
+pub fn parse_node_name(name: &str) -> Result<NodeName, String> {
+    let node = NodeName::new(name)?;
     if registration::check_value(name).is_err() {
         return Err(format!(
             "{name:?} is {} characters; a node name is also its kubernetes.io/hostname label, which allows at most {}",
@@ -85,7 +81,7 @@ pub fn validate_node_name(name: &str) -> Result<(), String> {
             registration::MAX_LABEL_VALUE_BYTES
         ));
     }
-    Ok(())
+    Ok(node)
 }
 
 /// Longest period any duration field accepts (one day); longer values are mistakes and

@@ -24,7 +24,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{
-    AgentConfig, CONTAINER_RUNTIME_LABEL, DEFAULT_LABEL_KEYS, TransportConfig, validate_node_name,
+    AgentConfig, CONTAINER_RUNTIME_LABEL, DEFAULT_LABEL_KEYS, NodeName, TransportConfig,
+    parse_node_name,
 };
 use crate::header::HeaderFactory;
 use crate::metrics::{AgentMetrics, MessageKind};
@@ -154,14 +155,15 @@ fn say_missing_signals(config: &AgentConfig, facts: &HostFacts) {
 /// semantics).
 ///
 /// Errors: [`AgentError::NodeName`] when neither yields a valid name.
-pub fn node_name(config: &AgentConfig, facts: &HostFacts) -> Result<String, AgentError> {
-    let name = config
-        .node_name
-        .clone()
-        .or_else(|| facts.hostname.as_deref().map(str::to_lowercase))
+pub fn node_name(config: &AgentConfig, facts: &HostFacts) -> Result<NodeName, AgentError> {
+    if let Some(name) = &config.node_name {
+        return Ok(name.clone());
+    }
+    let hostname = facts
+        .hostname
+        .as_deref()
         .ok_or_else(|| AgentError::NodeName("no hostname found".into()))?;
-    validate_node_name(&name).map_err(AgentError::NodeName)?;
-    Ok(name)
+    parse_node_name(&hostname.to_lowercase()).map_err(AgentError::NodeName)
 }
 
 /// kubelet's default node labels (`initialNode`) plus `nodeLabels`, which override, plus
@@ -526,7 +528,7 @@ mod tests {
 
     fn fixture_agent() -> Arc<Agent> {
         let config = AgentConfig {
-            node_name: Some("edge-metrics".into()),
+            node_name: Some("edge-metrics".parse().unwrap()),
             host_root: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../tests/fixtures/rpi4-cgroup1"),
             transport: Some(TransportConfig::Grpc {
@@ -544,7 +546,7 @@ mod tests {
     #[test]
     fn the_hostname_label_is_the_node_name() {
         let mut config = AgentConfig {
-            node_name: Some("judge-node-0".into()),
+            node_name: Some("judge-node-0".parse().unwrap()),
             host_root: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../tests/fixtures/rpi4-cgroup1"),
             ..AgentConfig::default()
