@@ -727,9 +727,15 @@ mod tests {
             "edgebeat_gateway_rejected_messages_total{reason=\"foreign\"} 0\n",
             "edgebeat_gateway_tracked_nodes 2\n",
             "edgebeat_gateway_lease_renewals_total 0\n",
+            "# HELP edgebeat_gateway_lease_renewals Lease renewals written.\n",
+            "# HELP edgebeat_gateway_tracked_nodes Nodes this gateway replica keeps state for (silent ones are dropped after 15 min).\n",
         ] {
             assert!(out.contains(line), "missing {line:?} in\n{out}");
         }
+        assert!(
+            !out.contains(".."),
+            "a help text ends in one period:\n{out}"
+        );
         assert!(
             !out.contains("edgebeat_gateway_node_lease_age_seconds{"),
             "no renewal written, no age"

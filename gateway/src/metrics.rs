@@ -131,37 +131,37 @@ impl Counters {
     }
 
     /// Registers every counter in `registry` under its `edgebeat_gateway_*` name (the
-    /// table in the module docs).
+    /// table in the module docs). prometheus-client ends each help text with a period.
     pub fn register(&self, registry: &mut Registry) {
         for (name, help, counter) in [
             (
                 "edgebeat_gateway_lease_renewals",
-                "Lease renewals written.",
+                "Lease renewals written",
                 &self.lease_renewals,
             ),
             (
                 "edgebeat_gateway_lease_failures",
-                "Lease renewals that could not be written (apiserver errors, too late to write).",
+                "Lease renewals that could not be written (apiserver errors, too late to write)",
                 &self.lease_failures,
             ),
             (
                 "edgebeat_gateway_stale_heartbeats",
-                "Heartbeats (Lease renewals and status reports) dropped as stale.",
+                "Heartbeats (Lease renewals and status reports) dropped as stale",
                 &self.stale_renewals,
             ),
             (
                 "edgebeat_gateway_status_reports",
-                "Node status PATCHes written.",
+                "Node status PATCHes written",
                 &self.status_reports,
             ),
             (
                 "edgebeat_gateway_registrations",
-                "Nodes created or reconciled.",
+                "Nodes created or reconciled",
                 &self.registrations,
             ),
             (
                 "edgebeat_gateway_nodes_not_found",
-                "Answers telling an agent that its Node was deleted (the agent stops sending until it is restarted).",
+                "Answers telling an agent that its Node was deleted (the agent stops sending until it is restarted)",
                 &self.nodes_not_found,
             ),
         ] {
@@ -169,7 +169,7 @@ impl Counters {
         }
         registry.register(
             "edgebeat_gateway_rejected_messages",
-            "Messages rejected, by reason (see edgebeat_gateway::metrics::RejectReason).",
+            "Messages rejected, by reason (see edgebeat_gateway::metrics::RejectReason)",
             self.rejected_by_reason.clone(),
         );
     }

@@ -118,8 +118,8 @@ pub struct FleetStats {
     pub registrations: AtomicU64,
     /// Reboots simulated.
     pub reboots: AtomicU64,
-    /// Lease renewals sent, by node name.
-    renewals_sent_by_node: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Lease renewals the transport took (sent, not refused unsent), by node name.
+    renewals_taken_by_node: Mutex<std::collections::BTreeMap<String, u64>>,
     /// When a renewal last failed.
     last_failure: Mutex<Option<Instant>>,
     /// Renewal answer times since the last [`FleetStats::take_latencies`], µs.
@@ -149,9 +149,10 @@ impl FleetStats {
             .clone()
     }
 
-    /// Lease renewals sent so far, by node name.
-    pub fn renewals_sent_by_node(&self) -> std::collections::BTreeMap<String, u64> {
-        self.renewals_sent_by_node
+    /// Lease renewals the transport took so far (each may have been written once), by
+    /// node name.
+    pub fn renewals_taken_by_node(&self) -> std::collections::BTreeMap<String, u64> {
+        self.renewals_taken_by_node
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
@@ -165,10 +166,9 @@ impl FleetStats {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn sent(&self, node: &str) {
-        self.renewals_sent.fetch_add(1, Ordering::Relaxed);
+    fn taken(&self, node: &str) {
         *self
-            .renewals_sent_by_node
+            .renewals_taken_by_node
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .entry(node.to_owned())
@@ -625,9 +625,13 @@ async fn renew(
             quiet: false,
         })),
     };
-    stats.sent(node);
+    stats.renewals_sent.fetch_add(1, Ordering::Relaxed);
     let sent = Instant::now();
     let answer = uplink.send(message, options.ack_timeout).await;
+    // Taken by the transport (not refused unsent): it may have been written.
+    if !matches!(answer, Err(UplinkError::NotConnected | UplinkError::Closed)) {
+        stats.taken(node);
+    }
     match answer {
         Ok(ack) if AckCode::try_from(ack.code) == Ok(AckCode::Ok) => {
             stats.latency(sent.elapsed());

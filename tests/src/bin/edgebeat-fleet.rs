@@ -21,7 +21,9 @@
 //!   /proc/<pid>/fd, summed over replicas), and `broker_rss_slope_kib_per_min`,
 //!   `broker_fds_first`/`_last` for Mosquitto;
 //! - `lease_writes` (every Lease write the stand-in took), `lease_writes_beyond_renewals_sent`
-//!   (summed over nodes, writes above the renewals the node sent: a renewal written twice),
+//!   (summed over nodes, writes above the renewals the transport took for the node: a
+//!   renewal written twice; a renewal taken but not written could hide one, so it is
+//!   read beside `renewals_failed`),
 //!   `lease_writes_unanswered` (writes minus renewals answered OK, those in flight at the
 //!   end included);
 //! - with `--kill-replica-after`: `replica_killed_at_s` and
@@ -618,7 +620,8 @@ async fn main() -> anyhow::Result<()> {
                 rss as f64 / 1024.0,
                 cpu + cpu_of_gone - cpu_start,
             );
-            if started.elapsed() >= warm_up {
+            // A kill or a restart is a step in the summed figures, not a slope.
+            if started.elapsed() >= warm_up && args.kill_replica_after.is_none() {
                 soak.push(SoakSample {
                     minutes: started.elapsed().as_secs_f64() / 60.0,
                     gateway_rss_kib: rss as f64,
@@ -727,13 +730,15 @@ async fn main() -> anyhow::Result<()> {
             put("broker_fds_last", last.broker_fds.to_string());
         }
     }
-    // Every Lease write of the gateway is one renewal's: more writes than renewals sent for
-    // a node is a renewal written twice (by two replicas, or again after a lost answer).
+    // Every Lease write of the gateway is one renewal's: more writes than renewals the
+    // transport took for a node is a renewal written twice (by two replicas). A renewal
+    // taken but not written (answered RETRY, lost) could hide one such duplicate; the
+    // failed renewals printed below bound that blind spot.
     // Answers first, then writes: a write precedes its answer, so writes in flight at the
     // end count as unanswered (a few), never the other way round.
     let answered = stats.renewals_ok.load(Ordering::Relaxed);
     let writes = standin.lease_write_counts();
-    let sent = stats.renewals_sent_by_node();
+    let sent = stats.renewals_taken_by_node();
     let duplicates: u64 = writes
         .iter()
         .map(|(node, n)| n.saturating_sub(sent.get(node).copied().unwrap_or(0)))
