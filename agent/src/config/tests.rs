@@ -275,6 +275,12 @@ fn several_broker_endpoints_are_one_list_tried_in_turn() {
             "transport.endpoints",
             "at least one",
         ),
+        // An empty list does not hide the other fields' problems.
+        (
+            "{kind: mqtt, endpoints: [], topicPrefix: \"/x\"}",
+            "transport.topicPrefix",
+            "/x",
+        ),
         (
             "{kind: mqtt, endpoints: [\"mqtt://b0\", \"http://b1\"]}",
             "transport.endpoints[1]",

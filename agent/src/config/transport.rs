@@ -94,13 +94,7 @@ pub(super) fn validate_transport(
     // `endpoint`, or the several broker URLs of `endpoints` (MQTT only).
     let endpoints: Vec<String> = match (t.endpoint.clone(), t.endpoints.clone()) {
         (Some(one), None) => vec![one],
-        (None, Some(list)) if list.is_empty() => {
-            p.push(
-                "transport.endpoints",
-                format!("must list at least one URL, e.g. [{example}]"),
-            );
-            return None;
-        }
+        // An empty list is reported below, with the other fields' problems.
         (None, Some(list)) => list,
         (None, None) => Vec::new(),
         (Some(_), Some(list)) => {
@@ -112,7 +106,12 @@ pub(super) fn validate_transport(
         }
     };
     let endpoint = endpoints.first().cloned();
-    if endpoint.is_none() && matches!(kind, "grpc" | "mqtt") {
+    if endpoint.is_none() && t.endpoints.is_some() {
+        p.push(
+            "transport.endpoints",
+            format!("must list at least one URL, e.g. [{example}]"),
+        );
+    } else if endpoint.is_none() && matches!(kind, "grpc" | "mqtt") {
         p.push(
             "transport.endpoint",
             format!("required for kind: {kind}, e.g. {example}"),
