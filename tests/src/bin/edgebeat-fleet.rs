@@ -607,7 +607,7 @@ async fn main() -> anyhow::Result<()> {
             let dt = last_report.elapsed().as_secs_f64();
             let (rss, cpu) = figures_of(&pids);
             println!(
-                "t={:>4.0}s msgs/s={:>7.1} renewals_ok={} failed={} ack_p50={:.1}ms p99={:.1}ms max={:.1}ms leases={} expired_samples={} gateway_rss={:.1}MiB cpu={:.1}s",
+                "t={:>4.0}s msgs/s={:>7.1} renewals_ok={} failed={} ack_p50={:.1}ms p99={:.1}ms max={:.1}ms leases={} expired_samples={} gateway_rss={:.1}MiB cpu={:.1}s gateway_fds={}",
                 started.elapsed().as_secs_f64(),
                 (messages - last_messages) as f64 / dt,
                 stats.renewals_ok.load(Ordering::Relaxed),
@@ -619,6 +619,7 @@ async fn main() -> anyhow::Result<()> {
                 expired_samples,
                 rss as f64 / 1024.0,
                 cpu + cpu_of_gone - cpu_start,
+                pids.iter().map(|p| open_files(*p)).sum::<usize>(),
             );
             // A kill or a restart is a step in the summed figures, not a slope.
             if started.elapsed() >= warm_up && args.kill_replica_after.is_none() {
