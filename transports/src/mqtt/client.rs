@@ -348,7 +348,7 @@ pub async fn run_uplink(
                     // rumqttc keeps unacknowledged publishes and queued requests to resend
                     // on a resumed session; these heartbeats are stale by now.
                     eventloop.pending.clear();
-                    if was_registered {
+                    if ends_backoff(was_registered, link.connected_at, options.backoff_max) {
                         backoff = reconnect_backoff(options.backoff_min, options.backoff_max);
                     }
                     let delay = backoff.next().unwrap_or(options.backoff_max);
@@ -395,6 +395,18 @@ pub async fn run_uplink(
     Ok(())
 }
 
+/// Whether a lost connection starts the reconnect backoff over: only one that carried the
+/// agent (registered) and stayed up at least `backoff_max`. A broker that accepts and then
+/// drops the agent at once (a duplicate client ID, a failing cluster node) keeps the
+/// backoff growing instead of being redialled every `backoff_min`.
+fn ends_backoff(
+    registered: bool,
+    connected_at: Option<tokio::time::Instant>,
+    backoff_max: Duration,
+) -> bool {
+    registered && connected_at.is_some_and(|t| t.elapsed() >= backoff_max)
+}
+
 /// What to do with the Register timer.
 #[derive(Debug, PartialEq, Eq)]
 enum Timer {
@@ -407,6 +419,19 @@ enum Timer {
 mod tests {
     use super::*;
     use edgebeat_proto::AgentMessage;
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_lasting_registered_connection_ends_the_backoff() {
+        let max = Duration::from_secs(7);
+        let at = tokio::time::Instant::now();
+        // Accepted and dropped at once: the backoff keeps growing.
+        assert!(!ends_backoff(true, Some(at), max));
+        tokio::time::advance(max).await;
+        assert!(ends_backoff(true, Some(at), max));
+        // Never registered, or never accepted: nothing to end.
+        assert!(!ends_backoff(false, Some(at), max));
+        assert!(!ends_backoff(true, None, max));
+    }
 
     #[test]
     fn options_are_checked_before_connecting() {

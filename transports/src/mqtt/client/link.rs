@@ -25,6 +25,8 @@ pub(super) struct Link {
     pub(super) signer: Option<std::sync::Arc<crate::signing::MessageSigner>>,
     /// When the certificate was last published (see [`Link::publish_certificate`]).
     pub(super) certificate_published: Option<tokio::time::Instant>,
+    /// When the current (or last) broker connection was accepted (CONNACK).
+    pub(super) connected_at: Option<tokio::time::Instant>,
 }
 
 impl Link {
@@ -53,6 +55,7 @@ impl Link {
             #[cfg(feature = "mqtt-tls")]
             signer: options.signer.clone(),
             certificate_published: None,
+            connected_at: None,
         }
     }
 
@@ -114,6 +117,7 @@ impl Link {
                 } else {
                     LeaseAlias::Unavailable
                 };
+                self.connected_at = Some(tokio::time::Instant::now());
                 tracing::info!(topic = %self.topics.acks, "connected to the MQTT broker");
                 self.register_timeouts = register_timeouts(self.register_timeout);
                 // Subscribed before Register goes out: the broker handles packets of one
