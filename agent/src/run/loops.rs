@@ -119,14 +119,17 @@ impl Agent {
         status: &ComputedStatus,
         unchanged: bool,
     ) -> bool {
-        let message = || pb::AgentMessage {
-            kind: Some(Kind::Status(pb::StatusReport {
-                header: Some(self.headers.next()),
-                status: (!unchanged).then(|| status.to_proto(self.clock.boottime())),
-                unchanged,
-            })),
+        let message = |_: &()| {
+            let report = pb::AgentMessage {
+                kind: Some(Kind::Status(pb::StatusReport {
+                    header: Some(self.headers.next()),
+                    status: (!unchanged).then(|| status.to_proto(self.clock.boottime())),
+                    unchanged,
+                })),
+            };
+            (report, self.ack_timeout())
         };
-        let settle = |answer: &Result<pb::Ack, UplinkError>| match answer {
+        let settle = |_: &mut (), answer: &Result<pb::Ack, UplinkError>| match answer {
             // Silence: written.
             Err(UplinkError::Timeout(_)) if unchanged => Some(true),
             // The gateway wants the whole status: the loop sends it at once (the request
@@ -134,43 +137,37 @@ impl Agent {
             Ok(ack) if unchanged && ack.resend_status => Some(false),
             _ => None,
         };
-        self.send_with_retry(
-            uplink,
-            &STATUS_ATTEMPTS,
-            message,
-            || self.ack_timeout(),
-            settle,
-            true,
-        )
-        .await
-        .unwrap_or(false)
+        self.send_with_retry(uplink, &STATUS_ATTEMPTS, &mut (), message, settle, true)
+            .await
+            .unwrap_or(false)
     }
 
     /// Sends a message up to [`ATTEMPTS_PER_TICK`] times, as kubelet's status update and lease
-    /// controller each retry within one tick. Every attempt is a new message (`message()`,
-    /// with a fresh `Header.seq`) answered within `wait()`; the bytes of every message the
-    /// transport took are counted under `attempts.kind`. `settle` reads each answer first
-    /// and may end the tick with its own value (a quiet message's silence, a request for the
-    /// whole status). Otherwise `OK` ends it with `ok`, `RETRY` tries again, and anything
-    /// else (rejected, Node gone, a transport error) ends it with `None`, as does the last
-    /// failed attempt.
-    pub(super) async fn send_with_retry<T>(
+    /// controller each retry within one tick. Every attempt is a new message with a fresh
+    /// `Header.seq` and how long to wait for its answer (`message(state)`); the bytes of
+    /// every message the transport took are counted under `attempts.kind`. `settle` reads
+    /// each answer first, may update `state` for the next attempt (the echoed Lease state),
+    /// and may end the tick with its own value (a quiet message's silence, a request for
+    /// the whole status). Otherwise `OK` ends it with `ok`, `RETRY` tries again, and
+    /// anything else (rejected, Node gone, a transport error) ends it with `None`, as does
+    /// the last failed attempt.
+    pub(super) async fn send_with_retry<S, T>(
         &self,
         uplink: &Uplink,
         attempts: &Attempts,
-        mut message: impl FnMut() -> pb::AgentMessage,
-        wait: impl Fn() -> Duration,
-        mut settle: impl FnMut(&Result<pb::Ack, UplinkError>) -> Option<T>,
+        state: &mut S,
+        message: impl Fn(&S) -> (pb::AgentMessage, Duration),
+        settle: impl Fn(&mut S, &Result<pb::Ack, UplinkError>) -> Option<T>,
         ok: T,
     ) -> Option<T> {
         for attempt in 0..ATTEMPTS_PER_TICK {
-            let message = message();
+            let (message, wait) = message(state);
             let bytes = message.encoded_len();
-            let answer = uplink.send(message, wait()).await;
+            let answer = uplink.send(message, wait).await;
             if taken(&answer) {
                 self.metrics.bytes_sent(attempts.kind, bytes);
             }
-            if let Some(settled) = settle(&answer) {
+            if let Some(settled) = settle(state, &answer) {
                 return Some(settled);
             }
             match outcome(answer) {
@@ -259,23 +256,20 @@ impl Agent {
         lease_state: &mut Vec<u8>,
     ) -> Option<bool> {
         // Each attempt echoes the newest Lease state, which an answer may have replaced.
-        let state = std::sync::Mutex::new(std::mem::take(lease_state));
-        let echo = || {
-            state
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone()
+        let message = |state: &Vec<u8>| {
+            let renewal = pb::AgentMessage {
+                kind: Some(Kind::Lease(pb::LeaseRenewal {
+                    header: Some(self.headers.next()),
+                    lease_duration_seconds: i32::try_from(self.config.node_lease_duration_seconds)
+                        .unwrap_or(i32::MAX),
+                    lease_state: state.clone(),
+                    quiet: true,
+                })),
+            };
+            // Silence until the next renewal is due means written.
+            (renewal, jittered(self.config.lease_renew_interval()))
         };
-        let message = || pb::AgentMessage {
-            kind: Some(Kind::Lease(pb::LeaseRenewal {
-                header: Some(self.headers.next()),
-                lease_duration_seconds: i32::try_from(self.config.node_lease_duration_seconds)
-                    .unwrap_or(i32::MAX),
-                lease_state: echo(),
-                quiet: true,
-            })),
-        };
-        let settle = |answer: &Result<pb::Ack, UplinkError>| {
+        let settle = |state: &mut Vec<u8>, answer: &Result<pb::Ack, UplinkError>| {
             // Silence until the next renewal was due: written.
             if matches!(answer, Err(UplinkError::Timeout(_))) {
                 return Some(true);
@@ -283,22 +277,12 @@ impl Agent {
             if let Ok(ack) = answer
                 && !ack.lease_state.is_empty()
             {
-                state
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone_from(&ack.lease_state);
+                state.clone_from(&ack.lease_state);
             }
             None
         };
-        // Silence until the next renewal is due means written.
-        let silence = || jittered(self.config.lease_renew_interval());
-        let written = self
-            .send_with_retry(uplink, &LEASE_ATTEMPTS, message, silence, settle, false)
-            .await;
-        *lease_state = state
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        written
+        self.send_with_retry(uplink, &LEASE_ATTEMPTS, lease_state, message, settle, false)
+            .await
     }
 }
 
