@@ -407,7 +407,7 @@ impl StandInHandle {
 
     /// Writes of each Lease in `kube-node-lease` so far (its creation included), by name.
     /// Every Lease write of the gateway is one renewal's, so a node with more writes than
-    /// renewals sent had one renewal written twice.
+    /// renewals its transport took had one renewal written twice.
     pub fn lease_write_counts(&self) -> std::collections::BTreeMap<String, u64> {
         self.shared
             .lock()
