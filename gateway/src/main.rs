@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use edgebeat_gateway::{Gateway, GatewayOptions, Posture, kube_client, watch_client};
-use edgebeat_transports::endpoint::MqttEndpoint;
+use edgebeat_transports::endpoint::MqttCluster;
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, serve, tls};
 use edgebeat_transports::mqtt::{MqttIngressOptions, SignaturePolicy, serve as mqtt_serve};
 use edgebeat_transports::signing::CertificateVerifier;
@@ -84,9 +84,11 @@ struct Args {
     #[arg(long, default_value_t = 5)]
     max_renewal_age_seconds: u64,
     /// MQTT broker to take heartbeats from: `mqtt://host[:1883]`, or `mqtts://host[:8883]`
-    /// for TLS (with --mqtt-ca-file); off when not set.
-    #[arg(long, value_name = "URL")]
-    mqtt_endpoint: Option<String>,
+    /// for TLS (with --mqtt-ca-file); off when not set. Several (repeated, or separated by
+    /// commas) name the nodes of one broker cluster: the gateway subscribes on the first
+    /// and, after a lost connection, on the next in turn.
+    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    mqtt_endpoint: Vec<String>,
     /// PEM CA certificate(s) the broker's certificate must chain to (`mqtts://`).
     #[arg(long, value_name = "FILE")]
     mqtt_ca_file: Option<PathBuf>,
@@ -321,7 +323,7 @@ fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions
         edgebeat_hw::read_bounded(path, edgebeat_hw::MAX_PEM_FILE_BYTES)
             .with_context(|| format!("{flag} {}", path.display()))
     };
-    let Some(url) = &args.mqtt_endpoint else {
+    let Some(url) = args.mqtt_endpoint.first() else {
         flags_need(
             "--mqtt-endpoint",
             &[
@@ -336,19 +338,20 @@ fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions
         )?;
         return Ok(None);
     };
-    let MqttEndpoint {
-        host,
-        port,
+    let MqttCluster {
+        mut brokers,
         tls: secure,
-    } = url
-        .parse()
-        .map_err(anyhow::Error::msg)
-        .context("--mqtt-endpoint")?;
+    } = MqttCluster::parse(&args.mqtt_endpoint).map_err(|problems| {
+        let all: Vec<String> = problems.into_iter().map(|(_, m)| m).collect();
+        anyhow::anyhow!("--mqtt-endpoint: {}", all.join("; "))
+    })?;
+    let (host, port) = brokers.remove(0);
     let client_id = args
         .mqtt_client_id
         .clone()
         .unwrap_or_else(|| format!("edgebeat-gateway-{}", std::process::id()));
     let mut options = MqttIngressOptions::new(host, port, client_id);
+    options.failover = brokers;
     options.topic_prefix = args.mqtt_topic_prefix.clone();
     options.share_group = args.mqtt_share_group.clone();
     if let (Some(user), Some(file)) = (&args.mqtt_username, &args.mqtt_password_file) {
@@ -592,6 +595,19 @@ mod tests {
         assert!(plain.tls.is_none() && plain.signatures.is_none());
         assert_eq!((plain.host.as_str(), plain.port), ("b", 1883));
         assert!(err(&["--mqtt-endpoint", "tcp://b"]).starts_with("--mqtt-endpoint: "));
+        // A broker cluster: repeated or comma-separated, the first dialled first.
+        for flags in [
+            &["--mqtt-endpoint", "mqtt://a,mqtt://b:1884"][..],
+            &["--mqtt-endpoint", "mqtt://a", "--mqtt-endpoint", "mqtt://b:1884"][..],
+        ] {
+            let cluster = mqtt_ingress_options(&parse(flags).unwrap())
+                .unwrap()
+                .unwrap();
+            assert_eq!((cluster.host.as_str(), cluster.port), ("a", 1883));
+            assert_eq!(cluster.failover, [("b".to_owned(), 1884)]);
+        }
+        let mixed = err(&["--mqtt-endpoint", "mqtt://a,mqtts://b"]);
+        assert!(mixed.contains("differ in TLS"), "{mixed}");
     }
 
     fn posture_of(flags: &[&str]) -> Result<Posture, String> {

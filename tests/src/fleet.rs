@@ -28,13 +28,23 @@ const JITTER: f64 = 0.04;
 pub enum FleetTransport {
     /// gRPC to the gateway at this `http://host:port` URL (one stream per node).
     Grpc(String),
-    /// MQTT 5 through the broker at host and port (one session per node).
+    /// MQTT 5 through the brokers `(host, port)` of one cluster (one session per node):
+    /// node `i` dials broker `i mod n` first and the others in turn after a lost
+    /// connection ([`edgebeat_transports::mqtt::MqttUplinkOptions::failover`]), so the fleet
+    /// is spread over the cluster's nodes as a load balancer would spread it.
     Mqtt {
-        /// Broker host.
-        host: String,
-        /// Broker port.
-        port: u16,
+        /// The cluster's nodes; at least one.
+        brokers: Vec<(String, u16)>,
     },
+}
+
+impl FleetTransport {
+    /// MQTT through the one broker at `host:port`.
+    pub fn mqtt(host: impl Into<String>, port: u16) -> Self {
+        Self::Mqtt {
+            brokers: vec![(host.into(), port)],
+        }
+    }
 }
 
 /// What the simulated fleet does.
@@ -233,6 +243,7 @@ pub async fn run_fleet(options: FleetOptions, stats: Arc<FleetStats>, cancel: Ca
 /// The host figures of one simulated node: fixed per node, varied across the fleet.
 #[derive(Debug, Clone)]
 struct Host {
+    index: usize,
     name: String,
     boot_id: [u8; 16],
     memory_kib: u64,
@@ -246,6 +257,7 @@ struct Host {
 impl Host {
     fn new(index: usize, options: &FleetOptions) -> Self {
         Self {
+            index,
             name: options.node_name(index),
             boot_id: fastrand_bytes(),
             memory_kib: [1_000_000, 2_000_000, 4_000_000, 8_000_000][index % 4]
@@ -508,12 +520,15 @@ async fn run_boot(
                 }
             })
         }
-        FleetTransport::Mqtt { host: broker, port } => {
-            let mut mqtt = edgebeat_transports::mqtt::MqttUplinkOptions::new(
-                broker.clone(),
-                *port,
-                &host.name,
-            );
+        FleetTransport::Mqtt { brokers } => {
+            let mut ring = brokers.clone();
+            ring.rotate_left(host.index % brokers.len().max(1));
+            let Some((broker, port)) = ring.first().cloned() else {
+                return false;
+            };
+            let mut mqtt =
+                edgebeat_transports::mqtt::MqttUplinkOptions::new(broker, port, &host.name);
+            mqtt.failover = ring.split_off(1);
             mqtt.lease_expiry = options.renew_interval;
             let name = host.name.clone();
             tokio::spawn({

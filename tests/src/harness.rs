@@ -261,7 +261,7 @@ impl Cluster {
             mqtt_security: mqtt_security.map(|(security, _)| security),
         };
         cluster
-            .start_replica_on(options, Some(listener), None)
+            .start_replica_on(options, Some(listener), Vec::new())
             .await?;
         Ok(cluster)
     }
@@ -301,33 +301,34 @@ impl Cluster {
             }
             Transport::Mqtt => None,
         };
-        self.start_replica_on(options, listener, None).await
+        self.start_replica_on(options, listener, Vec::new()).await
     }
 
-    /// Starts another gateway replica subscribed at the broker `host:port` instead of the
-    /// cluster's own (MQTT only): the replica a second broker node's gateways would be.
-    /// Returns its index.
+    /// Starts another gateway replica subscribed at the brokers `(host, port)` instead of
+    /// the cluster's own (MQTT only): the first, then the next in turn after a lost
+    /// connection ([`MqttIngressOptions::failover`]), as a replica of a broker cluster's
+    /// nodes. Returns its index.
     ///
-    /// Errors: as [`Cluster::start_replica`].
+    /// Errors: as [`Cluster::start_replica`]; no broker named.
     pub async fn start_replica_at(
         &mut self,
         options: GatewayOptions,
-        host: &str,
-        port: u16,
+        brokers: &[(&str, u16)],
     ) -> anyhow::Result<usize> {
         anyhow::ensure!(
             self.transport == Transport::Mqtt,
             "a replica at a broker needs Transport::Mqtt"
         );
-        self.start_replica_on(options, None, Some((host.to_owned(), port)))
-            .await
+        anyhow::ensure!(!brokers.is_empty(), "a replica at no broker");
+        let brokers = brokers.iter().map(|(h, p)| ((*h).to_owned(), *p)).collect();
+        self.start_replica_on(options, None, brokers).await
     }
 
     async fn start_replica_on(
         &mut self,
         mut options: GatewayOptions,
         listener: Option<tokio::net::TcpListener>,
-        broker: Option<(String, u16)>,
+        mut brokers: Vec<(String, u16)>,
     ) -> anyhow::Result<usize> {
         // As the gateway binary: an ingress that lets unidentified agents in (plain gRPC or
         // unsigned MQTT, what most scenarios here run) needs the explicit opt-in
@@ -382,14 +383,16 @@ impl Cluster {
                 }
             }));
         }
-        let broker = broker.or_else(|| {
-            self.broker
-                .as_ref()
-                .map(|b| (b.host().to_owned(), b.port()))
-        });
-        if let Some((host, port)) = broker {
+        if brokers.is_empty()
+            && let Some(b) = &self.broker
+        {
+            brokers.push((b.host().to_owned(), b.port()));
+        }
+        if !brokers.is_empty() {
+            let (host, port) = brokers.remove(0);
             let mut options =
                 MqttIngressOptions::new(host, port, format!("edgebeat-gateway-{index}"));
+            options.failover = brokers;
             options.subscribed = Some(Arc::new(subscribed_tx));
             options.node_queues = Some(mqtt_node_queues.clone());
             options.max_nodes = max_nodes;

@@ -26,10 +26,7 @@ async fn fleet_through_one_gateway(transport: Transport) {
         Transport::Grpc => FleetTransport::Grpc(cluster.grpc_url.clone()),
         Transport::Mqtt => {
             let broker = cluster.broker.as_ref().unwrap();
-            FleetTransport::Mqtt {
-                host: broker.host().to_owned(),
-                port: broker.port(),
-            }
+            FleetTransport::mqtt(broker.host(), broker.port())
         }
     };
     let mut options = FleetOptions::new(NODES, fleet_transport);

@@ -32,10 +32,7 @@ async fn two_minutes_of_a_rebooting_fleet_expire_nothing_and_leak_no_files() {
     let broker_pid = broker.pid().unwrap();
     let mut options = FleetOptions::new(
         NODES,
-        FleetTransport::Mqtt {
-            host: broker.host().to_owned(),
-            port: broker.port(),
-        },
+        FleetTransport::mqtt(broker.host(), broker.port()),
     );
     options.lease_duration_seconds = LEASE_SECONDS;
     options.renew_interval = Duration::from_secs(2);

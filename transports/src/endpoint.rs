@@ -74,6 +74,51 @@ impl std::str::FromStr for MqttEndpoint {
     }
 }
 
+/// The nodes of one MQTT broker cluster, from a list of endpoints: the agent's
+/// `transport.endpoints`, the gateway's `--mqtt-endpoint` given more than once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttCluster {
+    /// `(host, port)` of each node, in the order given: the first is dialled first, the
+    /// rest in turn after a lost connection.
+    pub brokers: Vec<(String, u16)>,
+    /// `mqtts://`: TLS to every node.
+    pub tls: bool,
+}
+
+impl MqttCluster {
+    /// Parses each endpoint as [`MqttEndpoint`]; the nodes share one set of TLS settings
+    /// and credentials, so all must be `mqtts://` or all `mqtt://`.
+    ///
+    /// Errors: every problem, as `(index in urls, message quoting the text)`; an empty list
+    /// is `(0, …)`.
+    pub fn parse<S: AsRef<str>>(urls: &[S]) -> Result<Self, Vec<(usize, String)>> {
+        let Some(first) = urls.first() else {
+            return Err(vec![(0, "at least one broker is needed".to_owned())]);
+        };
+        let first = first.as_ref();
+        let tls = first.starts_with("mqtts://");
+        let mut brokers = Vec::with_capacity(urls.len());
+        let mut problems = Vec::new();
+        for (i, text) in urls.iter().map(AsRef::as_ref).enumerate() {
+            match text.parse::<MqttEndpoint>() {
+                Ok(e) if e.tls != tls => problems.push((
+                    i,
+                    format!(
+                        "{text:?} and {first:?} differ in TLS: every broker of the list shares one set of TLS settings, so all are mqtts:// or all mqtt://"
+                    ),
+                )),
+                Ok(e) => brokers.push((e.host, e.port)),
+                Err(m) => problems.push((i, m)),
+            }
+        }
+        if problems.is_empty() {
+            Ok(Self { brokers, tls })
+        } else {
+            Err(problems)
+        }
+    }
+}
+
 /// Checks a gateway's gRPC endpoint (the agent's `transport.endpoint` for `kind: grpc`):
 /// `http://host[:port]`, or `https://host[:port]` for TLS, parsed by `http::Uri` as tonic's
 /// `Endpoint::from_shared` parses it when the uplink starts, so an endpoint the config

@@ -199,22 +199,16 @@ pub(super) fn validate_transport(
                 Some(_) => format!("transport.endpoints[{i}]"),
                 None => "transport.endpoint".to_owned(),
             };
-            let mut brokers = Vec::with_capacity(endpoints.len());
-            for (i, text) in endpoints.iter().enumerate() {
-                match text.parse::<edgebeat_transports::endpoint::MqttEndpoint>() {
-                    Ok(e) if i > 0 && e.tls != url.starts_with("mqtts://") => p.push(
-                        field(i),
-                        format!(
-                            "{text:?} and {url:?} differ in TLS: every broker of the list shares transport.caFile/certFile/keyFile, so all are mqtts:// or all mqtt://"
-                        ),
-                    ),
-                    Ok(e) => brokers.push((e.host, e.port)),
-                    Err(m) => p.push(field(i), m),
+            let mut brokers = match edgebeat_transports::endpoint::MqttCluster::parse(&endpoints)
+            {
+                Ok(cluster) => cluster.brokers,
+                Err(problems) => {
+                    for (i, m) in problems {
+                        p.push(field(i), m);
+                    }
+                    return None;
                 }
-            }
-            if brokers.len() != endpoints.len() {
-                return None;
-            }
+            };
             let (host, port) = brokers.remove(0);
             let tls = tls(p, &url, "mqtts://");
             #[cfg(feature = "mqtt-tls")]

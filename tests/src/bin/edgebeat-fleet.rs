@@ -2,7 +2,8 @@
 //! gateway binary and prints what it carried.
 //!
 //! It starts the stand-in apiserver in-process (request recording off, optional latency and
-//! overload), Mosquitto for `--transport mqtt`, and the gateway as a child process
+//! overload), Mosquitto for `--transport mqtt` (or uses the nodes of a broker cluster
+//! already running, `--mqtt-broker`), and the gateway as a child process
 //! (`--gateway-bin`, plaintext with `--allow-unidentified-agents`, or as told by
 //! `--gateway-arg`), then N simulated agents on the real transports. Every `--report-every`
 //! seconds it prints one line of figures; at the end a summary as `key=value` lines:
@@ -27,7 +28,11 @@
 //!   `lease_writes_unanswered` (writes minus renewals answered OK, those in flight at the
 //!   end included);
 //! - with `--kill-replica-after`: `replica_killed_at_s` and
-//!   `renewal_failures_until_s_after_kill` (the last failed renewal, after the kill);
+//!   `renewal_failures_until_s_after_kill` (the last failed renewal, after the kill); with
+//!   `--kill-broker-after`: `broker_killed_at_s` and the same failure figure;
+//! - `broker_cpu_s_per_s`, `broker_cpu_us_per_message` (broker CPU over the measured
+//!   window per heartbeat message the fleet sent; each crosses the broker twice, up and as
+//!   its ack down), `broker_rss_mib` at the end: of Mosquitto, or summed over `--broker-pid`;
 //! - `apiserver_<METHOD>_<resource>_per_node_hour`: requests the stand-in answered 2xx.
 //!
 //! With `--ack-only` the gateway is replaced by a subscriber that only acknowledges: this
@@ -131,6 +136,21 @@ struct Args {
     /// answered, the ceiling a fleet run's apiserver writes are read beside.
     #[arg(long, conflicts_with_all = ["ack_only", "mtls"])]
     standin_ceiling: bool,
+    /// A node of an MQTT broker cluster already running, `host:port` (repeatable), used
+    /// instead of starting Mosquitto: node `i` of the fleet dials broker `i mod n` first,
+    /// replica `r` subscribes on broker `r mod n` first, and each fails over to the others
+    /// in turn (`--mqtt-endpoint` given as the whole list).
+    #[arg(long = "mqtt-broker", value_name = "HOST:PORT", conflicts_with = "ack_only")]
+    mqtt_brokers: Vec<String>,
+    /// Process ID of each `--mqtt-broker`, in the same order (repeatable): their RSS and CPU
+    /// are the broker figures, and `--kill-broker-after` kills the first.
+    #[arg(long = "broker-pid", value_name = "PID", requires = "mqtt_brokers")]
+    broker_pids: Vec<u32>,
+    /// Seconds after the ramp at which the first `--mqtt-broker` is killed with SIGKILL
+    /// (needs its `--broker-pid`): the agents and the replica on it must fail over to the
+    /// other nodes of the cluster.
+    #[arg(long, value_name = "SECONDS", requires = "broker_pids", conflicts_with = "kill_replica_after")]
+    kill_broker_after: Option<u64>,
     /// Internal: be that subscriber, on `grpc:<port>` or `mqtt:<host>:<port>`.
     #[arg(long, hide = true)]
     serve_ack_only: Option<String>,
@@ -327,26 +347,37 @@ fn process_figures(pid: u32) -> Option<(u64, f64)> {
     Some((rss, ticks as f64 / 100.0))
 }
 
-/// Starts one more gateway replica on the shared MQTT subscription, client ID
-/// `edgebeat-fleet-gateway-<suffix>`, and waits until it is ready.
+/// `--mqtt-endpoint` naming every broker, `brokers[first mod n]` first.
+fn endpoint_list(brokers: &[(String, u16)], first: usize) -> String {
+    let mut ring: Vec<String> = brokers
+        .iter()
+        .map(|(host, port)| format!("mqtt://{host}:{port}"))
+        .collect();
+    ring.rotate_left(first % brokers.len().max(1));
+    format!("--mqtt-endpoint={}", ring.join(","))
+}
+
+/// Starts gateway replica `index` on the shared MQTT subscription, client ID
+/// `edgebeat-fleet-gateway-<suffix>`, subscribed on broker `index mod n` first, and waits
+/// until it is ready.
 async fn spawn_replica(
     args: &Args,
     standin: &edgebeat_tests::standin::StandInHandle,
-    broker: Option<&Broker>,
+    brokers: &[(String, u16)],
+    index: usize,
     suffix: &str,
 ) -> anyhow::Result<tokio::process::Child> {
-    let broker = broker.context("replicas share an MQTT subscription: --transport mqtt")?;
+    anyhow::ensure!(
+        !brokers.is_empty(),
+        "replicas share an MQTT subscription: --transport mqtt"
+    );
     let port = free_port()?;
     let child = tokio::process::Command::new(&args.gateway_bin)
         .arg("--server")
         .arg(standin.url())
         .arg(format!("--metrics-listen=127.0.0.1:{port}"))
         .arg("--log-level=warn")
-        .arg(format!(
-            "--mqtt-endpoint=mqtt://{}:{}",
-            broker.host(),
-            broker.port()
-        ))
+        .arg(endpoint_list(brokers, index))
         .arg(format!("--mqtt-client-id=edgebeat-fleet-gateway-{suffix}"))
         .arg("--allow-unidentified-agents")
         .args(&args.gateway_args)
@@ -394,9 +425,33 @@ async fn main() -> anyhow::Result<()> {
     if args.standin_ceiling {
         return standin_ceiling(&standin, &args).await;
     }
+    anyhow::ensure!(
+        args.mqtt_brokers.is_empty() || args.transport == Transport::Mqtt,
+        "--mqtt-broker is for --transport mqtt"
+    );
+    anyhow::ensure!(
+        args.broker_pids.is_empty() || args.broker_pids.len() == args.mqtt_brokers.len(),
+        "--broker-pid: one per --mqtt-broker, in the same order"
+    );
     let broker = match args.transport {
-        Transport::Mqtt => Some(Broker::start_quiet().await?),
-        Transport::Grpc => None,
+        Transport::Mqtt if args.mqtt_brokers.is_empty() => Some(Broker::start_quiet().await?),
+        _ => None,
+    };
+    let brokers: Vec<(String, u16)> = match &broker {
+        Some(b) => vec![(b.host().to_owned(), b.port())],
+        None => args
+            .mqtt_brokers
+            .iter()
+            .map(|text| {
+                let (host, port) = text
+                    .rsplit_once(':')
+                    .with_context(|| format!("--mqtt-broker {text:?}: expected host:port"))?;
+                let port = port
+                    .parse()
+                    .with_context(|| format!("--mqtt-broker {text:?}: a bad port"))?;
+                anyhow::Ok((host.to_owned(), port))
+            })
+            .collect::<anyhow::Result<_>>()?,
     };
     anyhow::ensure!(
         !args.mtls || args.transport == Transport::Grpc,
@@ -422,21 +477,16 @@ async fn main() -> anyhow::Result<()> {
             None => std::process::Stdio::null(),
         })
         .kill_on_drop(true);
-    let transport = match (&broker, args.transport) {
-        (Some(broker), _) => {
+    let transport = match args.transport {
+        Transport::Mqtt => {
             command
-                .arg(format!(
-                    "--mqtt-endpoint=mqtt://{}:{}",
-                    broker.host(),
-                    broker.port()
-                ))
+                .arg(endpoint_list(&brokers, 0))
                 .arg("--mqtt-client-id=edgebeat-fleet-gateway");
             FleetTransport::Mqtt {
-                host: broker.host().to_owned(),
-                port: broker.port(),
+                brokers: brokers.clone(),
             }
         }
-        (None, _) => {
+        Transport::Grpc => {
             let port = free_port()?;
             command.arg(format!("--grpc-listen=127.0.0.1:{port}"));
             match &site_ca {
@@ -469,7 +519,10 @@ async fn main() -> anyhow::Result<()> {
             FleetTransport::Grpc(url) => {
                 format!("grpc:{}", url.rsplit(':').next().unwrap_or_default())
             }
-            FleetTransport::Mqtt { host, port } => format!("mqtt:{host}:{port}"),
+            FleetTransport::Mqtt { brokers } => {
+                let (host, port) = brokers.first().context("a broker")?;
+                format!("mqtt:{host}:{port}")
+            }
         };
         let mut child = tokio::process::Command::new(std::env::current_exe()?)
             .arg(format!("--serve-ack-only={spec}"))
@@ -494,7 +547,8 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut pids = vec![gateway.id().context("gateway pid")?];
     anyhow::ensure!(
-        args.replicas >= 1 && (args.replicas == 1 || (broker.is_some() && !args.ack_only)),
+        args.replicas >= 1
+            && (args.replicas == 1 || (args.transport == Transport::Mqtt && !args.ack_only)),
         "--replicas above 1 needs --transport mqtt and a gateway"
     );
     anyhow::ensure!(
@@ -503,7 +557,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let mut replicas = Vec::new();
     for index in 1..args.replicas {
-        let child = spawn_replica(&args, &standin, broker.as_ref(), &index.to_string()).await?;
+        let child = spawn_replica(&args, &standin, &brokers, index, &index.to_string()).await?;
         pids.push(child.id().context("gateway pid")?);
         replicas.push(child);
     }
@@ -533,7 +587,14 @@ async fn main() -> anyhow::Result<()> {
     let mut last_messages = 0u64;
     let measured_from = started + Duration::from_secs(args.ramp);
     let mut messages_at_measure = None;
-    let broker_pid = broker.as_ref().and_then(Broker::pid);
+    let mut broker_pids: Vec<u32> = match &broker {
+        Some(b) => b.pid().into_iter().collect(),
+        None => args.broker_pids.clone(),
+    };
+    let mut broker_cpu_at_measure: Option<f64> = None;
+    let broker_kill_at = args
+        .kill_broker_after
+        .map(|after| measured_from + Duration::from_secs(after));
     let mut soak: Vec<SoakSample> = Vec::new();
     let kill_at = args
         .kill_replica_after
@@ -544,10 +605,12 @@ async fn main() -> anyhow::Result<()> {
     let mut killed_at: Option<tokio::time::Instant> = None;
     // CPU seconds of replicas no longer running, so the CPU figure keeps their share.
     let mut cpu_of_gone = 0.0;
+    let mut broker_cpu_of_gone = 0.0;
     println!(
-        "nodes={} transport={:?} replicas={} renew_interval_s={} ack_only={} mtls={} apiserver_latency_ms={} gateway_args={:?}",
+        "nodes={} transport={:?} brokers={} replicas={} renew_interval_s={} ack_only={} mtls={} apiserver_latency_ms={} gateway_args={:?}",
         args.nodes,
         args.transport,
+        brokers.len(),
         args.replicas,
         args.renew_interval,
         args.ack_only,
@@ -573,11 +636,31 @@ async fn main() -> anyhow::Result<()> {
                 started.elapsed().as_secs_f64()
             );
         }
+        if killed_at.is_none()
+            && broker_kill_at.is_some_and(|t| tokio::time::Instant::now() >= t)
+            && let Some(&pid) = broker_pids.first()
+        {
+            broker_cpu_of_gone += process_figures(pid).map_or(0.0, |(_, cpu)| cpu);
+            let status = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status()
+                .context("kill")?;
+            anyhow::ensure!(status.success(), "kill -KILL {pid}: {status}");
+            broker_pids.remove(0);
+            killed_at = Some(tokio::time::Instant::now());
+            println!(
+                "t={:>4.0}s broker pid {pid} ({}) killed (SIGKILL)",
+                started.elapsed().as_secs_f64(),
+                args.mqtt_brokers.first().map_or("", String::as_str),
+            );
+        }
         if killed_at.is_some()
+            && args.kill_replica_after.is_some()
             && replicas.len() + 1 < args.replicas
             && restart_at.is_some_and(|t| tokio::time::Instant::now() >= t)
         {
-            let child = spawn_replica(&args, &standin, broker.as_ref(), "restarted").await?;
+            let index = args.replicas - 1;
+            let child = spawn_replica(&args, &standin, &brokers, index, "restarted").await?;
             pids.push(child.id().context("gateway pid")?);
             replicas.push(child);
             println!(
@@ -591,6 +674,7 @@ async fn main() -> anyhow::Result<()> {
             + stats.registrations.load(Ordering::Relaxed);
         if messages_at_measure.is_none() && tokio::time::Instant::now() >= measured_from {
             messages_at_measure = Some(messages);
+            broker_cpu_at_measure = Some(figures_of(&broker_pids).1);
         }
         if started.elapsed() >= warm_up {
             for (name, renew) in standin.lease_renew_times() {
@@ -622,13 +706,19 @@ async fn main() -> anyhow::Result<()> {
                 pids.iter().map(|p| open_files(*p)).sum::<usize>(),
             );
             // A kill or a restart is a step in the summed figures, not a slope.
-            if started.elapsed() >= warm_up && args.kill_replica_after.is_none() {
+            if started.elapsed() >= warm_up
+                && args.kill_replica_after.is_none()
+                && args.kill_broker_after.is_none()
+            {
                 soak.push(SoakSample {
                     minutes: started.elapsed().as_secs_f64() / 60.0,
                     gateway_rss_kib: rss as f64,
                     gateway_fds: pids.iter().map(|p| open_files(*p)).sum(),
-                    broker_rss_kib: broker_pid.and_then(vm_rss_kib).unwrap_or(0) as f64,
-                    broker_fds: broker_pid.map_or(0, open_files),
+                    broker_rss_kib: broker_pids
+                        .iter()
+                        .filter_map(|p| vm_rss_kib(*p))
+                        .sum::<u64>() as f64,
+                    broker_fds: broker_pids.iter().map(|p| open_files(*p)).sum(),
                 });
             }
             all_latencies.extend(window);
@@ -725,7 +815,7 @@ async fn main() -> anyhow::Result<()> {
         );
         put("gateway_fds_first", first.gateway_fds.to_string());
         put("gateway_fds_last", last.gateway_fds.to_string());
-        if broker_pid.is_some() {
+        if !broker_pids.is_empty() {
             put("broker_rss_slope_kib_per_min", slope(|s| s.broker_rss_kib));
             put("broker_fds_first", first.broker_fds.to_string());
             put("broker_fds_last", last.broker_fds.to_string());
@@ -753,9 +843,24 @@ async fn main() -> anyhow::Result<()> {
         "lease_writes_unanswered",
         total_writes.saturating_sub(answered).to_string(),
     );
+    if !broker_pids.is_empty() {
+        let (rss, cpu) = figures_of(&broker_pids);
+        let used = cpu + broker_cpu_of_gone - broker_cpu_at_measure.unwrap_or(0.0);
+        let sent = total_messages - messages_at_measure.unwrap_or(0);
+        put("broker_rss_mib", format!("{:.1}", rss as f64 / 1024.0));
+        put("broker_cpu_s_per_s", format!("{:.3}", used / measured));
+        put(
+            "broker_cpu_us_per_message",
+            format!("{:.1}", used * 1e6 / sent.max(1) as f64),
+        );
+    }
     if let Some(killed) = killed_at {
         put(
-            "replica_killed_at_s",
+            if args.kill_broker_after.is_some() {
+                "broker_killed_at_s"
+            } else {
+                "replica_killed_at_s"
+            },
             format!("{:.0}", killed.duration_since(started).as_secs_f64()),
         );
         // How long nodes saw failures after the kill (0 when none failed after it).

@@ -116,6 +116,13 @@ pub struct MqttIngressOptions {
     pub host: String,
     /// Broker port (1883 for plain MQTT).
     pub port: u16,
+    /// Further nodes of the same broker cluster, `(host, port)` (default none). After a
+    /// lost or failed connection the next attempt goes to the next broker of `host:port`
+    /// and these, in turn, as the agent's [`super::MqttUplinkOptions::failover`] does: a
+    /// replica whose broker node died subscribes again on another node of the cluster, with
+    /// the same TLS settings and credentials, and the cluster's shared subscription spreads
+    /// the fleet over it and the other replicas.
+    pub failover: Vec<(String, u16)>,
     /// MQTT client identifier; unique per replica (a pod name), or replicas take each
     /// other's session over.
     pub client_id: String,
@@ -194,6 +201,7 @@ impl MqttIngressOptions {
         Self {
             host: host.into(),
             port,
+            failover: Vec::new(),
             client_id: client_id.into(),
             credentials: None,
             topic_prefix: DEFAULT_TOPIC_PREFIX.to_owned(),
@@ -220,6 +228,9 @@ impl MqttIngressOptions {
         if self.host.is_empty() {
             return Err(invalid("host", "must not be empty"));
         }
+        if self.failover.iter().any(|(host, _)| host.is_empty()) {
+            return Err(invalid("failover", "a host must not be empty"));
+        }
         if self.max_packet_bytes == 0 || self.max_packet_bytes > u32::MAX as usize / 2 {
             return Err(invalid("max_packet_bytes", "must be > 0 and < 2 GiB"));
         }
@@ -232,8 +243,17 @@ impl MqttIngressOptions {
         Ok(())
     }
 
-    fn mqtt_options(&self) -> Result<MqttOptions, MqttIngressError> {
-        let mut mqtt = MqttOptions::new(&self.client_id, &self.host, self.port);
+    /// Every broker, `host:port` first, then [`Self::failover`].
+    fn brokers(&self) -> Vec<(String, u16)> {
+        std::iter::once((self.host.clone(), self.port))
+            .chain(self.failover.iter().cloned())
+            .collect()
+    }
+
+    /// rumqttc's options for the broker at `host:port` (the server name TLS checks is
+    /// `host`).
+    fn mqtt_options(&self, host: &str, port: u16) -> Result<MqttOptions, MqttIngressError> {
+        let mut mqtt = MqttOptions::new(&self.client_id, host, port);
         if let Some(tls) = &self.tls {
             let config = tls.rustls_config().map_err(MqttIngressError::Tls)?;
             mqtt.set_transport(rumqttc::Transport::tls_with_config(
@@ -324,8 +344,10 @@ pub enum MqttIngressError {
 /// The event loop never waits for a handler: each node has a queue of `per_node_queue`
 /// messages (full: [`REJECT_QUEUE_FULL`]), drained in order, one at a time, by a task that
 /// exists only while the queue is not empty; different nodes are handled concurrently. A
-/// node's queue is forgotten after 5 minutes without messages. Broker connection errors are logged and retried with jittered
-/// backoff (200 ms doubling to 7 s); on shutdown the ingress sends DISCONNECT.
+/// node's queue is forgotten after 5 minutes without messages. Broker connection errors are
+/// logged and retried with jittered backoff (200 ms doubling to 7 s), each retry on the next
+/// broker of [`MqttIngressOptions::failover`] when there are several; on shutdown the
+/// ingress sends DISCONNECT.
 ///
 /// Errors: [`MqttIngressError::InvalidOption`] before connecting,
 /// [`MqttIngressError::SubscribeRefused`] when the broker refuses the subscription.
@@ -344,7 +366,10 @@ pub async fn serve<H: Handler>(
         ));
     }
     crate::tls::install_ring_provider();
-    let (client, eventloop) = AsyncClient::new(options.mqtt_options()?, REQUEST_QUEUE);
+    let brokers = options.brokers();
+    let mut broker = 0;
+    let (client, eventloop) =
+        AsyncClient::new(options.mqtt_options(&options.host, options.port)?, REQUEST_QUEUE);
     let mut workers = Workers {
         handler,
         client: client.clone(),
@@ -407,10 +432,20 @@ pub async fn serve<H: Handler>(
                         subscribed.send_replace(false);
                     }
                     let delay = backoff.next().unwrap_or(crate::backoff::RETRY_MAX);
-                    tracing::warn!(%error, ?delay, broker = %options.host, "MQTT connection lost; reconnecting");
+                    let (host, port) = &brokers[broker];
+                    tracing::warn!(%error, ?delay, broker = %format_args!("{host}:{port}"), "MQTT connection lost; reconnecting");
                     tokio::select! {
                         () = &mut shutdown => return Ok(()),
                         () = tokio::time::sleep(delay) => {}
+                    }
+                    let mut eventloop = eventloop;
+                    if brokers.len() > 1 {
+                        // The next node of the cluster, on the same event loop: the client
+                        // every node's drain task holds stays the one that sends.
+                        broker = (broker + 1) % brokers.len();
+                        let (host, port) = &brokers[broker];
+                        eventloop.options = options.mqtt_options(host, *port)?;
+                        tracing::info!(broker = %format_args!("{host}:{port}"), "MQTT: trying the next broker");
                     }
                     // rumqttc reconnects on this poll.
                     next = next_event(eventloop);
