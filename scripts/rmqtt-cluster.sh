@@ -38,11 +38,18 @@ cargo build --release --locked -p edgebeat-gateway -p edgebeat-tests \
 ulimit -n "$(ulimit -Hn)" || true
 ramp=$(( nodes >= 5000 ? 60 : 10 ))
 
-# A TCP port nothing listens on now (connect refused).
+# Sets $port to a TCP port nothing listens on now (connect refused), below the kernel's
+# ephemeral range (which the fleet's ten thousand connections crowd) and not handed out
+# before in this run.
+taken=" "
 free_port() {
-  local p
-  for p in $(shuf -i 20000-60000 -n 100); do
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+  local p low
+  low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range)
+  for p in $(shuf -i 10000-$(( low - 1 )) -n 100); do
+    case $taken in *" $p "*) continue ;; esac
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      taken+="$p "; port=$p; return
+    fi
   done
   echo "no free port found" >&2; exit 1
 }
@@ -63,7 +70,9 @@ start_cluster() {
   mqtt_ports=()
   pids=()
   for i in 1 2 3; do
-    mqtt_ports+=("$(free_port)"); grpc+=("$(free_port)"); raft+=("$(free_port)")
+    free_port; mqtt_ports+=("$port")
+    free_port; grpc+=("$port")
+    free_port; raft+=("$port")
   done
   for i in 1 2 3; do
     grpc_list+="${grpc_list:+, }\"$i@127.0.0.1:${grpc[i-1]}\""
