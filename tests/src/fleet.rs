@@ -176,13 +176,14 @@ impl FleetStats {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn taken(&self, node: &str) {
-        *self
+    /// Adds `delta` (±1) to the renewals the transport took for `node`.
+    fn taken(&self, node: &str, delta: i64) {
+        let mut taken = self
             .renewals_taken_by_node
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(node.to_owned())
-            .or_default() += 1;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = taken.entry(node.to_owned()).or_default();
+        *n = n.saturating_add_signed(delta);
     }
 
     fn failed(&self, why: String) {
@@ -642,10 +643,13 @@ async fn renew(
     };
     stats.renewals_sent.fetch_add(1, Ordering::Relaxed);
     let sent = Instant::now();
+    // Counted as taken before it can be written, so a renewal in flight when the figures
+    // are read is never a write beyond the renewals taken; one the transport refuses
+    // unsent is taken back.
+    stats.taken(node, 1);
     let answer = uplink.send(message, options.ack_timeout).await;
-    // Taken by the transport (not refused unsent): it may have been written.
-    if !matches!(answer, Err(UplinkError::NotConnected | UplinkError::Closed)) {
-        stats.taken(node);
+    if matches!(answer, Err(UplinkError::NotConnected | UplinkError::Closed)) {
+        stats.taken(node, -1);
     }
     match answer {
         Ok(ack) if AckCode::try_from(ack.code) == Ok(AckCode::Ok) => {
