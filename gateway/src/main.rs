@@ -598,7 +598,12 @@ mod tests {
         // A broker cluster: repeated or comma-separated, the first dialled first.
         for flags in [
             &["--mqtt-endpoint", "mqtt://a,mqtt://b:1884"][..],
-            &["--mqtt-endpoint", "mqtt://a", "--mqtt-endpoint", "mqtt://b:1884"][..],
+            &[
+                "--mqtt-endpoint",
+                "mqtt://a",
+                "--mqtt-endpoint",
+                "mqtt://b:1884",
+            ][..],
         ] {
             let cluster = mqtt_ingress_options(&parse(flags).unwrap())
                 .unwrap()

@@ -9,9 +9,9 @@ use std::time::Duration;
 use edgebeat_proto::AckCode;
 use edgebeat_tests::harness::{Cluster, Transport, fixture, gateway_options};
 use edgebeat_tests::messages::{register, renewal};
-use edgebeat_transports::ingress::{Handler as _, Peer, TransportKind};
 use edgebeat_tests::requests::{is_lease_renewed, renew_time};
 use edgebeat_tests::standin::{RecordedRequest, StandInView};
+use edgebeat_transports::ingress::{Handler as _, Peer, TransportKind};
 use http::Method;
 use jiff::{SignedDuration, Timestamp};
 
@@ -113,11 +113,7 @@ async fn an_agent_and_a_replica_fail_over_to_the_next_broker_of_their_lists() {
         .wait_for_renewals("rpi4-edge-01", 2, DEADLINE)
         .await
         .unwrap();
-    let gateway = cluster.replicas[moving]
-        .as_ref()
-        .unwrap()
-        .gateway
-        .clone();
+    let gateway = cluster.replicas[moving].as_ref().unwrap().gateway.clone();
     cluster.broker.as_mut().unwrap().stop().await;
     // Counted by the replica itself, which counts a write when its answer arrives: at
     // most one of these was taken through the first broker before it stopped.

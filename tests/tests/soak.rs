@@ -30,10 +30,7 @@ async fn two_minutes_of_a_rebooting_fleet_expire_nothing_and_leak_no_files() {
     cluster.standin.set_recording(false);
     let broker = cluster.broker.as_ref().unwrap();
     let broker_pid = broker.pid().unwrap();
-    let mut options = FleetOptions::new(
-        NODES,
-        FleetTransport::mqtt(broker.host(), broker.port()),
-    );
+    let mut options = FleetOptions::new(NODES, FleetTransport::mqtt(broker.host(), broker.port()));
     options.lease_duration_seconds = LEASE_SECONDS;
     options.renew_interval = Duration::from_secs(2);
     options.status_interval = Duration::from_secs(2);

@@ -199,8 +199,7 @@ pub(super) fn validate_transport(
                 Some(_) => format!("transport.endpoints[{i}]"),
                 None => "transport.endpoint".to_owned(),
             };
-            let mut brokers = match edgebeat_transports::endpoint::MqttCluster::parse(&endpoints)
-            {
+            let mut brokers = match edgebeat_transports::endpoint::MqttCluster::parse(&endpoints) {
                 Ok(cluster) => cluster.brokers,
                 Err(problems) => {
                     for (i, m) in problems {

@@ -140,7 +140,11 @@ struct Args {
     /// instead of starting Mosquitto: node `i` of the fleet dials broker `i mod n` first,
     /// replica `r` subscribes on broker `r mod n` first, and each fails over to the others
     /// in turn (`--mqtt-endpoint` given as the whole list).
-    #[arg(long = "mqtt-broker", value_name = "HOST:PORT", conflicts_with = "ack_only")]
+    #[arg(
+        long = "mqtt-broker",
+        value_name = "HOST:PORT",
+        conflicts_with = "ack_only"
+    )]
     mqtt_brokers: Vec<String>,
     /// Process ID of each `--mqtt-broker`, in the same order (repeatable): their RSS and CPU
     /// are the broker figures, and `--kill-broker-after` kills the first.
@@ -149,7 +153,12 @@ struct Args {
     /// Seconds after the ramp at which the first `--mqtt-broker` is killed with SIGKILL
     /// (needs its `--broker-pid`): the agents and the replica on it must fail over to the
     /// other nodes of the cluster.
-    #[arg(long, value_name = "SECONDS", requires = "broker_pids", conflicts_with = "kill_replica_after")]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        requires = "broker_pids",
+        conflicts_with = "kill_replica_after"
+    )]
     kill_broker_after: Option<u64>,
     /// Internal: be that subscriber, on `grpc:<port>` or `mqtt:<host>:<port>`.
     #[arg(long, hide = true)]

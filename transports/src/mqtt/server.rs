@@ -368,8 +368,10 @@ pub async fn serve<H: Handler>(
     crate::tls::install_ring_provider();
     let brokers = options.brokers();
     let mut broker = 0;
-    let (client, eventloop) =
-        AsyncClient::new(options.mqtt_options(&options.host, options.port)?, REQUEST_QUEUE);
+    let (client, eventloop) = AsyncClient::new(
+        options.mqtt_options(&options.host, options.port)?,
+        REQUEST_QUEUE,
+    );
     let mut workers = Workers {
         handler,
         client: client.clone(),
