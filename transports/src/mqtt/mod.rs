@@ -129,6 +129,14 @@ pub(crate) use crate::endpoint::{
 pub(crate) type NextEvent =
     Pin<Box<dyn Future<Output = (EventLoop, Result<Event, ConnectionError>)> + Send>>;
 
+/// The brokers of a cluster list, as both sides dial them: `host:port` first, then
+/// `failover` in order (the next after each lost or failed connection).
+pub(crate) fn brokers(host: &str, port: u16, failover: &[(String, u16)]) -> Vec<(String, u16)> {
+    std::iter::once((host.to_owned(), port))
+        .chain(failover.iter().cloned())
+        .collect()
+}
+
 /// Starts the next `poll()`. The future is kept across `select!` iterations and only
 /// replaced once it completed: dropping `poll()` halfway could lose a packet rumqttc had
 /// already taken from its queue and counted as in flight.

@@ -245,9 +245,7 @@ impl MqttIngressOptions {
 
     /// Every broker, `host:port` first, then [`Self::failover`].
     fn brokers(&self) -> Vec<(String, u16)> {
-        std::iter::once((self.host.clone(), self.port))
-            .chain(self.failover.iter().cloned())
-            .collect()
+        super::brokers(&self.host, self.port, &self.failover)
     }
 
     /// rumqttc's options for the broker at `host:port` (the server name TLS checks is
