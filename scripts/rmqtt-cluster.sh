@@ -16,6 +16,8 @@
 # for the aws-lc-sys that rmqtt-net's rustls needs, and protoc are installed from Debian
 # when missing). Not part of scripts/test.sh.
 set -euo pipefail
+# LOGS=dir keeps each node's log and configuration there (BROKER_LOG=info for more).
+[ -n "${LOGS:-}" ] && LOGS=$(realpath -m "$LOGS")
 cd "$(dirname "$0")/.."
 
 nodes=${1:-10000}
@@ -45,6 +47,10 @@ taken=" "
 free_port() {
   local p low
   low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range)
+  if [ "$low" -le 10100 ]; then
+    echo "net.ipv4.ip_local_port_range starts at $low; this script picks ports in 10000..that" >&2
+    exit 1
+  fi
   for p in $(shuf -i 10000-$(( low - 1 )) -n 100); do
     case $taken in *" $p "*) continue ;; esac
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
@@ -56,7 +62,6 @@ free_port() {
 
 work=$(mktemp -d)
 pids=()
-# LOGS=dir keeps each node's log and configuration there (BROKER_LOG=info for more).
 cleanup() {
   [ ${#pids[@]} -gt 0 ] && kill -KILL "${pids[@]}" 2>/dev/null || true
   [ -n "${LOGS:-}" ] && mkdir -p "$LOGS" && cp -r "$work"/. "$LOGS"/

@@ -521,13 +521,6 @@ impl Gateway {
                         seq,
                         renewal.lease_duration_seconds,
                         &renewal.lease_state,
-                        // When it was sent, on this clock: no earlier than this (the age
-                        // is a lower bound, from the least delayed message of the boot).
-                        received_wall
-                            .checked_sub(age)
-                            .and_then(|t| jiff::Timestamp::try_from(t).ok())
-                            // Unknown: never taken as renewed after it.
-                            .unwrap_or(jiff::Timestamp::MAX),
                         deadline,
                     )
                     .await

@@ -5,7 +5,6 @@
 //! | metric | type | labels | meaning |
 //! |---|---|---|---|
 //! | `edgebeat_gateway_lease_renewals_total` | counter | | Lease renewals written |
-//! | `edgebeat_gateway_lease_renewals_already_written_total` | counter | | renewals answered without a write: the Lease was renewed after they were sent (one message delivered twice, or to two replicas) |
 //! | `edgebeat_gateway_lease_failures_total` | counter | | renewals that could not be written (apiserver errors, too late) |
 //! | `edgebeat_gateway_stale_heartbeats_total` | counter | | renewals and status reports dropped as stale |
 //! | `edgebeat_gateway_status_reports_total` | counter | | status PATCHes written |
@@ -72,9 +71,6 @@ pub struct ReasonLabel {
 pub struct Counters {
     /// Lease renewals written.
     pub lease_renewals: Counter,
-    /// Lease renewals answered without a write because the Lease was renewed after they
-    /// were sent: one message delivered twice, or to two replicas.
-    pub lease_renewals_already_written: Counter,
     /// Lease renewals that could not be written (apiserver errors, too late to write).
     pub lease_failures: Counter,
     /// Heartbeats (renewals and status reports) dropped as stale.
@@ -95,7 +91,6 @@ impl Default for Counters {
     fn default() -> Self {
         let counters = Self {
             lease_renewals: Counter::default(),
-            lease_renewals_already_written: Counter::default(),
             lease_failures: Counter::default(),
             stale_renewals: Counter::default(),
             status_reports: Counter::default(),
@@ -143,11 +138,6 @@ impl Counters {
                 "edgebeat_gateway_lease_renewals",
                 "Lease renewals written",
                 &self.lease_renewals,
-            ),
-            (
-                "edgebeat_gateway_lease_renewals_already_written",
-                "Lease renewals answered without a write: the Lease was renewed after they were sent (one message delivered twice, or to two replicas)",
-                &self.lease_renewals_already_written,
             ),
             (
                 "edgebeat_gateway_lease_failures",

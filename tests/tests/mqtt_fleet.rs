@@ -1,17 +1,14 @@
 //! MQTT-only scenarios: broker restart, failover to the next broker of a list, gateway
-//! replicas on a shared subscription (and one renewal handed to two of them), and a gateway
-//! that was down longer than the renew interval. All against real Mosquitto brokers.
+//! replicas on a shared subscription, and a gateway that was down longer than the renew
+//! interval. All against real Mosquitto brokers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use edgebeat_proto::AckCode;
-use edgebeat_tests::harness::{Cluster, Transport, fixture, gateway_options};
-use edgebeat_tests::messages::{register, renewal};
+use edgebeat_tests::harness::{Cluster, Transport, fixture};
 use edgebeat_tests::requests::{is_lease_renewed, renew_time};
 use edgebeat_tests::standin::{RecordedRequest, StandInView};
-use edgebeat_transports::ingress::{Handler as _, Peer, TransportKind};
 use http::Method;
 use jiff::{SignedDuration, Timestamp};
 
@@ -420,53 +417,4 @@ async fn replicas_sharing_a_fleet_record_each_change_once() {
             c.type_
         );
     }
-}
-
-/// One renewal handed to two replicas (a clustered broker's shared subscription delivering
-/// it again, QoS 1's at-least-once) is written once: the second replica finds the Lease
-/// renewed after the renewal was sent, writes nothing, and answers OK with the state of the
-/// write that stands.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_handed_to_two_replicas_is_written_once() {
-    const NODE: &str = "twice-01";
-    let mut cluster = Cluster::start(Transport::Mqtt).await.unwrap();
-    let second = cluster.start_replica(gateway_options()).await.unwrap();
-    let a = cluster.gateway().clone();
-    let b = cluster.replicas[second].as_ref().unwrap().gateway.clone();
-    let peer = Peer::unidentified(TransportKind::Mqtt, None);
-    let code = |ack: &edgebeat_proto::Ack| AckCode::try_from(ack.code).unwrap();
-    // The agent's boot clock (seq, µs) runs with real time, as a real agent's does.
-    let booted = tokio::time::Instant::now();
-    let now_us = || 1_000_000 + u64::try_from(booted.elapsed().as_micros()).unwrap();
-    let ack = a.handle(&peer, register(NODE, now_us())).await;
-    assert!(ack.registered, "{}", ack.reason);
-    // The second replica has heard the node before, as replicas sharing a subscription
-    // have: that dates the node's later messages on its clock.
-    let ack = b.handle(&peer, renewal(NODE, now_us())).await;
-    assert_eq!(code(&ack), AckCode::Ok, "{}", ack.reason);
-    let writes = || {
-        cluster
-            .standin
-            .requests()
-            .iter()
-            .filter(|r| {
-                r.path.ends_with(&format!("/leases/{NODE}"))
-                    && r.method == Method::PUT
-                    && r.status == 200
-            })
-            .count()
-    };
-    let before = writes();
-    // The first replica writes it, then the broker hands the same message to the second.
-    let message = renewal(NODE, now_us());
-    let first = a.handle(&peer, message.clone()).await;
-    assert_eq!(code(&first), AckCode::Ok, "{}", first.reason);
-    let again = b.handle(&peer, message).await;
-    assert_eq!(code(&again), AckCode::Ok, "{}", again.reason);
-    assert_eq!(writes(), before + 1, "the renewal is written once");
-    assert_eq!(b.counters.lease_renewals_already_written.get(), 1);
-    assert_eq!(
-        again.lease_state, first.lease_state,
-        "the second answer echoes the write that stands"
-    );
 }

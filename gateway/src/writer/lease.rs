@@ -80,15 +80,6 @@ impl Writer {
     /// Lease the view knows to hold more than kubelet sets (annotations, other labels) is
     /// read whole first, so the PUT drops nothing; the echo alone, with the view knowing
     /// nothing of the Lease, is trusted to be of a plain one (the gateway wrote it).
-    ///
-    /// A Lease found renewed after `sent` (when the renewal left the agent, on this clock,
-    /// never earlier than the truth) is not written again: that write already stands for
-    /// this proof of life. Brokers deliver QoS 1 at least once, and a clustered broker's
-    /// shared subscription may hand one message to two replicas; the second then answers
-    /// OK with the Lease it found (counted in `lease_renewals_already_written`). Replicas'
-    /// clocks are compared here, so a skew between them moves this by as much; a renewTime
-    /// ahead of this clock (a clock stepped back, a replica ahead) never stops a write.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn renew(
         &self,
         w: &mut NodeWrites,
@@ -96,7 +87,6 @@ impl Writer {
         seq: u64,
         duration: i32,
         lease_state: &[u8],
-        sent: Timestamp,
         deadline: Instant,
     ) -> Ack {
         if duration <= 0 {
@@ -121,11 +111,6 @@ impl Writer {
         Self::saw_renew_time(w, echoed.as_ref().map(|s| s.renew_time));
         let mut held = self.view.lease(name);
         Self::saw_renew_time(w, held.as_ref().and_then(|h| h.renew_time));
-        if let Some(h) = &held
-            && let Some(t) = h.renew_time.filter(|t| sent < *t && *t <= now)
-        {
-            return self.already_renewed(seq, &h.resource_version, t);
-        }
         let mut last_error = String::new();
         for _ in 0..5 {
             let Some(budget) = deadline
@@ -168,17 +153,14 @@ impl Writer {
                 None => match tokio::time::timeout(budget, self.api.get_lease_opt(name)).await {
                     Ok(Ok(Some(lease))) => {
                         self.view.observe_lease(&lease);
-                        let renewed = lease
-                            .spec
-                            .as_ref()
-                            .and_then(|s| s.renew_time.as_ref())
-                            .map(|t| t.0);
-                        Self::saw_renew_time(w, renewed);
-                        if let Some(t) = renewed.filter(|t| sent < *t && *t <= now)
-                            && let Some(rv) = lease.metadata.resource_version.as_deref()
-                        {
-                            return self.already_renewed(seq, rv, t);
-                        }
+                        Self::saw_renew_time(
+                            w,
+                            lease
+                                .spec
+                                .as_ref()
+                                .and_then(|s| s.renew_time.as_ref())
+                                .map(|t| t.0),
+                        );
                         lease
                     }
                     Ok(Ok(None)) => return self.create_lease(w, name, seq, duration).await,
@@ -213,20 +195,6 @@ impl Writer {
         self.counters.lease_failures.inc();
         tracing::warn!(node = name, error = %last_error, "lease renewal failed");
         ack(seq, AckCode::Retry, last_error)
-    }
-
-    /// The answer to a renewal whose Lease was renewed after it was sent (see
-    /// [`Self::renew`]): OK, with that write's state to echo, and nothing written.
-    fn already_renewed(&self, seq: u64, resource_version: &str, renew_time: Timestamp) -> Ack {
-        self.counters.lease_renewals_already_written.inc();
-        let state = LeaseState {
-            resource_version: resource_version.to_owned(),
-            renew_time,
-        };
-        Ack {
-            lease_state: state.encode(),
-            ..ack(seq, AckCode::Ok, "")
-        }
     }
 
     pub(super) fn renewed(

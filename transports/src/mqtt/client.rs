@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     CONNECT_TIMEOUT_SECS, DEFAULT_TOPIC_PREFIX, WILL_KIND, acks_topic, certificate_topic,
-    check_keepalive, check_level, check_prefix, disconnect, next_event, node_topic,
+    check_keepalive, check_level, check_prefix, disconnect, ends_backoff, next_event, node_topic,
 };
 use crate::uplink::{
     AfterAck, HeaderForm, RegisterFn, Request, Session, UplinkDriver, UplinkError,
@@ -391,18 +391,6 @@ pub async fn run_uplink(
         disconnect(&link.client, next).await;
     }
     Ok(())
-}
-
-/// Whether a lost connection starts the reconnect backoff over: only one that carried the
-/// agent (registered) and stayed up at least `backoff_max`. A broker that accepts and then
-/// drops the agent at once (a duplicate client ID, a failing cluster node) keeps the
-/// backoff growing instead of being redialled every `backoff_min`.
-fn ends_backoff(
-    registered: bool,
-    connected_at: Option<tokio::time::Instant>,
-    backoff_max: Duration,
-) -> bool {
-    registered && connected_at.is_some_and(|t| t.elapsed() >= backoff_max)
 }
 
 /// What to do with the Register timer.

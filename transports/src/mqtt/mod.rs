@@ -129,6 +129,19 @@ pub(crate) use crate::endpoint::{
 pub(crate) type NextEvent =
     Pin<Box<dyn Future<Output = (EventLoop, Result<Event, ConnectionError>)> + Send>>;
 
+/// Whether a lost connection starts the reconnect backoff over: only one that carried the
+/// client (the agent registered, the gateway subscribed) and stayed up at least
+/// `backoff_max`. A broker that accepts and then drops the client at once (a duplicate
+/// client ID, a cluster node kicking the session) keeps the backoff growing instead of
+/// being redialled every `backoff_min`.
+pub(crate) fn ends_backoff(
+    registered: bool,
+    connected_at: Option<tokio::time::Instant>,
+    backoff_max: Duration,
+) -> bool {
+    registered && connected_at.is_some_and(|t| t.elapsed() >= backoff_max)
+}
+
 /// The brokers of a cluster list, as both sides dial them: `host:port` first, then
 /// `failover` in order (the next after each lost or failed connection).
 pub(crate) fn brokers(host: &str, port: u16, failover: &[(String, u16)]) -> Vec<(String, u16)> {

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::{
     CONNECT_TIMEOUT_SECS, DEFAULT_KEEPALIVE, DEFAULT_SHARE_GROUP, DEFAULT_TOPIC_PREFIX, WILL_KIND,
     acks_topic, certificates_filter, check_keepalive, check_level, check_prefix, disconnect,
-    gateway_filter, next_event, parse_certificate_topic, parse_node_topic,
+    ends_backoff, gateway_filter, next_event, parse_certificate_topic, parse_node_topic,
 };
 use crate::ingress::{Asked, Handler, Peer, RejectReason, Rejection, TransportKind};
 use crate::signing::{self, CertificateVerifier, NodeKey, SignatureError};
@@ -343,9 +343,11 @@ pub enum MqttIngressError {
 /// messages (full: [`REJECT_QUEUE_FULL`]), drained in order, one at a time, by a task that
 /// exists only while the queue is not empty; different nodes are handled concurrently. A
 /// node's queue is forgotten after 5 minutes without messages. Broker connection errors are
-/// logged and retried with jittered backoff (200 ms doubling to 7 s), each retry on the next
-/// broker of [`MqttIngressOptions::failover`] when there are several; on shutdown the
-/// ingress sends DISCONNECT.
+/// logged and retried with jittered backoff (200 ms doubling to 7 s; only a connection that
+/// subscribed and lasted 7 s starts it over, so a broker that accepts and drops the replica
+/// is not redialled every 200 ms), each retry on the next broker of
+/// [`MqttIngressOptions::failover`] when there are several; on shutdown the ingress sends
+/// DISCONNECT.
 ///
 /// Errors: [`MqttIngressError::InvalidOption`] before connecting,
 /// [`MqttIngressError::SubscribeRefused`] when the broker refuses the subscription.
@@ -387,6 +389,10 @@ pub async fn serve<H: Handler>(
         }),
     };
     let mut backoff = reconnect_backoff();
+    // When the current connection was accepted, and whether it subscribed: only a lasting,
+    // subscribed connection starts the backoff over when it is lost (`ends_backoff`).
+    let mut connected_at = None;
+    let mut subscribed = false;
     let mut next = next_event(eventloop);
     let mut sweep = tokio::time::interval(WORKER_IDLE / 5);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -401,7 +407,7 @@ pub async fn serve<H: Handler>(
                     match event {
                         Event::Incoming(Packet::ConnAck(_)) => {
                             tracing::info!(%filter, "connected to the MQTT broker; subscribing");
-                            backoff = reconnect_backoff();
+                            connected_at = Some(tokio::time::Instant::now());
                             subscribe(&client, &filters);
                         }
                         Event::Incoming(Packet::SubAck(suback)) => {
@@ -417,6 +423,7 @@ pub async fn serve<H: Handler>(
                                     reason: format!("{code:?}"),
                                 });
                             }
+                            subscribed = true;
                             if let Some(subscribed) = &options.subscribed {
                                 subscribed.send_replace(true);
                             }
@@ -431,6 +438,10 @@ pub async fn serve<H: Handler>(
                     if let Some(subscribed) = &options.subscribed {
                         subscribed.send_replace(false);
                     }
+                    if ends_backoff(subscribed, connected_at.take(), crate::backoff::RETRY_MAX) {
+                        backoff = reconnect_backoff();
+                    }
+                    subscribed = false;
                     let delay = backoff.next().unwrap_or(crate::backoff::RETRY_MAX);
                     let (host, port) = &brokers[broker];
                     tracing::warn!(%error, ?delay, broker = %format_args!("{host}:{port}"), "MQTT connection lost; reconnecting");
