@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
-use edgebeat_proto::{self as pb, Ack, AckCode, agent_message::Kind};
+use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
 use edgebeat_transports::ingress::{Handler, Peer};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -29,7 +29,7 @@ use crate::apiserver::{Apiserver, WriteLimits};
 use crate::metrics::{RejectReason, clock_skew_seconds};
 use crate::view::ApiserverView;
 pub use crate::writer::{LeaseState, validate_status};
-use crate::writer::{NodeWrites, Writer, ack};
+use crate::writer::{NodeWrites, Writer, rejected, retry};
 
 /// Gateway behaviour settings.
 #[derive(Debug, Clone)]
@@ -333,14 +333,14 @@ impl Gateway {
         }
     }
 
-    fn reject(&self, seq: u64, why: RejectReason, reason: String) -> Ack {
-        self.writer.reject(seq, why, reason)
+    fn reject(&self, why: RejectReason, reason: String) -> Answer {
+        self.writer.reject(why, reason)
     }
 
     /// Refuses a message for a node this replica has no room for; logs the first refusal
     /// and every 1,000th after it (a fleet too large for one replica is an operator's
     /// problem to see, not a log flood).
-    fn fleet_full(&self, seq: u64, name: &str) -> Ack {
+    fn fleet_full(&self, name: &str) -> Answer {
         self.counters.count_rejection(RejectReason::FleetFull);
         let refused = self.fleet_full.fetch_add(1, Ordering::Relaxed);
         if refused.is_multiple_of(1000) {
@@ -351,14 +351,10 @@ impl Gateway {
                 "this replica keeps state for --max-nodes nodes already; messages of further nodes are refused (raise --max-nodes with the memory limit, or add replicas)"
             );
         }
-        ack(
-            seq,
-            AckCode::Retry,
-            format!(
-                "this gateway replica is full ({} nodes)",
-                self.options.max_nodes
-            ),
-        )
+        retry(format!(
+            "this gateway replica is full ({} nodes)",
+            self.options.max_nodes
+        ))
     }
 
     /// The boot ID that `header`'s [`pb::Header::boot_tag`] names, from the Node watch's
@@ -377,10 +373,9 @@ impl Gateway {
         (pb::boot_tag(&boot_id) == header.boot_tag).then_some(boot_id)
     }
 
-    async fn handle_message(&self, peer: &Peer, message: pb::AgentMessage) -> Ack {
+    async fn handle_message(&self, peer: &Peer, message: pb::AgentMessage) -> Answer {
         let Some(header) = message.header() else {
             return self.reject(
-                0,
                 RejectReason::Malformed,
                 "malformed: no header or unknown message kind".into(),
             );
@@ -393,13 +388,13 @@ impl Gateway {
         };
         // Stateless checks first: nothing is allocated for a message that fails them.
         if let Err(refusal) = check_identity(self.options.posture, name, provenance) {
-            return self.reject(seq, refusal.reason, refusal.detail);
+            return self.reject(refusal.reason, refusal.detail);
         }
         let received = Instant::now();
         let received_wall = self.clock.now();
         let agent_wall_ms = header.wall_time_ms;
         let Some(cell) = self.slot(name) else {
-            return self.fleet_full(seq, name);
+            return self.fleet_full(name);
         };
         // Only identified heartbeats supersede each other: an unidentified message in a
         // node's name must not cost that node a write.
@@ -417,14 +412,10 @@ impl Gateway {
             // backlog, say a slow apiserver, then costs one write per node, not one per
             // message).
             self.counters.count_rejection(RejectReason::Superseded);
-            return ack(
-                seq,
-                AckCode::Rejected,
-                format!(
-                    "superseded: a newer {} from this node is waiting",
-                    message.kind_name()
-                ),
-            );
+            return rejected(format!(
+                "superseded: a newer {} from this node is waiting",
+                message.kind_name()
+            ));
         }
         let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
         let policy = self.options.admission();
@@ -465,12 +456,11 @@ impl Gateway {
                     node = name,
                     "boot tag of a boot this replica does not hold; asking for the boot ID"
                 );
-                return Ack {
-                    send_boot_id: true,
-                    ..ack(seq, AckCode::Retry, refusal.detail)
+                return Answer::SendBootId {
+                    reason: refusal.detail,
                 };
             }
-            Verdict::Reject(refusal) => return self.reject(seq, refusal.reason, refusal.detail),
+            Verdict::Reject(refusal) => return self.reject(refusal.reason, refusal.detail),
             Verdict::Stale(age) => {
                 slot.last_seen = Some(received);
                 self.counters.stale_renewals.inc();
@@ -480,7 +470,7 @@ impl Gateway {
                     kind = message.kind_name(),
                     "dropping a stale heartbeat"
                 );
-                return ack(seq, AckCode::Rejected, format!("stale: {age:?} old"));
+                return rejected(format!("stale: {age:?} old"));
             }
         };
         // Only messages that passed the replay and staleness checks: an old one would read
@@ -501,16 +491,14 @@ impl Gateway {
                 .saturating_sub(age)
                 .max(Duration::from_millis(500));
         let writes = &mut slot.writes;
-        let mut answer = match &message.kind {
-            Some(Kind::Register(register)) => {
-                self.writer.register(writes, name, seq, register).await
-            }
+        let answer = match &message.kind {
+            Some(Kind::Register(register)) => self.writer.register(writes, name, register).await,
             Some(Kind::Status(report)) if report.unchanged => {
-                self.writer.report_unchanged(writes, name, seq).await
+                self.writer.report_unchanged(writes, name).await
             }
             Some(Kind::Status(report)) => {
                 self.writer
-                    .report(writes, name, seq, report.status.as_ref())
+                    .report(writes, name, report.status.as_ref())
                     .await
             }
             Some(Kind::Lease(renewal)) => {
@@ -518,7 +506,6 @@ impl Gateway {
                     .renew(
                         writes,
                         name,
-                        seq,
                         renewal.lease_duration_seconds,
                         &renewal.lease_state,
                         deadline,
@@ -526,21 +513,21 @@ impl Gateway {
                     .await
             }
             None => self.reject(
-                seq,
                 RejectReason::Malformed,
                 "malformed: unknown message kind".into(),
             ),
         };
-        if AckCode::try_from(answer.code) == Ok(AckCode::Ok) {
-            writes.last_write = Some(Instant::now());
-            // The apiserver holds a condition at Unknown (the node lifecycle controller's,
-            // seen by the watch or a read): ask for a full status report, which repairs it
-            // within one renew interval, as kubelet's next status update would.
-            if !matches!(message.kind, Some(Kind::Status(_)))
-                && self.writer.view.node_has_unknown_condition(name)
-            {
-                answer.resend_status = true;
-            }
+        if !answer.is_written() {
+            return answer;
+        }
+        writes.last_write = Some(Instant::now());
+        // The apiserver holds a condition at Unknown (the node lifecycle controller's, seen
+        // by the watch or a read): ask for a full status report, which repairs it within one
+        // renew interval, as kubelet's next status update would.
+        if !matches!(message.kind, Some(Kind::Status(_)))
+            && self.writer.view.node_has_unknown_condition(name)
+        {
+            return answer.and_resend_status();
         }
         answer
     }
@@ -603,7 +590,7 @@ pub fn validate_node_name(name: &str) -> Result<(), String> {
 }
 
 impl Handler for Gateway {
-    async fn handle(&self, peer: &Peer, message: pb::AgentMessage) -> Ack {
+    async fn handle(&self, peer: &Peer, message: pb::AgentMessage) -> Answer {
         self.handle_message(peer, message).await
     }
 
@@ -710,7 +697,7 @@ mod tests {
         let answer = gateway
             .handle_message(&peer, register("edge-old", 1, 2_500))
             .await;
-        assert_eq!(AckCode::try_from(answer.code), Ok(AckCode::Rejected));
+        assert!(matches!(answer, Answer::Rejected { .. }), "{answer:?}");
         gateway
             .handle_message(&peer, register("edge-fast", 1, -750))
             .await;
@@ -783,7 +770,7 @@ mod tests {
             let answer = gateway
                 .handle_message(&Peer::unidentified(transport, None), register("edge-1"))
                 .await;
-            assert_eq!(AckCode::try_from(answer.code), Ok(AckCode::Rejected));
+            assert!(matches!(answer, Answer::Rejected { .. }), "{answer:?}");
         }
         assert_eq!(
             gateway.counters.rejections(RejectReason::Unauthenticated),
@@ -812,7 +799,7 @@ mod tests {
         assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);
         // Known nodes still get in; idle ones make room.
         let answer = small.handle_message(&peer, register("n1")).await;
-        assert!(answer.reason.contains("replayed"), "{}", answer.reason);
+        assert!(answer.reason().contains("replayed"), "{answer:?}");
         tokio::time::advance(SLOT_IDLE + Duration::from_secs(1)).await;
         small.handle_message(&peer, register("n5")).await;
         assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);

@@ -17,7 +17,10 @@ pub mod v1 {
 
 pub use v1::*;
 
+pub mod answer;
 pub mod registration;
+
+pub use answer::{AckError, Answer, HeaderForm};
 
 /// The codec of the generated `Heartbeat` client and server: prost, with buffers sized to
 /// edgebeat's messages instead of tonic's 8 KiB default.
@@ -268,7 +271,7 @@ impl AgentMessage {
         }
     }
 
-    /// Whether this message asks to be answered only with news (see [`Ack::is_news`]): a
+    /// Whether this message asks to be answered only with news (see [`Answer::is_news`]): a
     /// quiet [`LeaseRenewal`] or an unchanged [`StatusReport`].
     pub fn is_quiet(&self) -> bool {
         match &self.kind {
@@ -288,7 +291,7 @@ impl AgentMessage {
 
     /// Leaves only `seq` in the header of a quiet message ([`AgentMessage::is_quiet`]), for
     /// a gRPC stream whose gateway accepted `compact_headers` (see
-    /// [`Ack::compact_headers`]): the stream's `Register` gave node name and boot ID. Other
+    /// [`HeaderForm::Compact`]): the stream's `Register` gave node name and boot ID. Other
     /// messages are unchanged.
     pub fn compact_header(&mut self) {
         if let Some(h) = self.quiet_header_mut() {
@@ -316,7 +319,7 @@ impl AgentMessage {
     /// (`{prefix}/nodes/{node}/{kind}`): the node name, and, unless the message is `signed`,
     /// the wall time (it only serves the signed clock window and the skew metric, which
     /// skips 0). The boot ID and `seq` stay: replay checks need them. For an MQTT
-    /// connection whose gateway accepted `Register` with [`Ack::compact_headers`]. Other
+    /// connection whose gateway accepted `Register` with [`HeaderForm::Compact`]. Other
     /// messages are unchanged.
     pub fn compact_header_for_topic(&mut self, signed: bool) {
         if let Some(h) = self.quiet_header_mut() {
@@ -329,7 +332,7 @@ impl AgentMessage {
 
     /// Names the boot of a quiet message by [`Header::boot_tag`] instead of its boot ID
     /// (16 bytes less on the wire, 13 fewer encoded), for an MQTT connection whose gateway
-    /// accepted `Register` with [`Ack::boot_tags`]. The receiver restores nothing: it
+    /// accepted `Register` with [`HeaderForm::CompactBootTag`]. The receiver restores nothing: it
     /// matches the tag against the boot it holds ([`Header::named_boot_tag`]). Other
     /// messages, and headers without a boot ID, are unchanged.
     pub fn tag_boot(&mut self) {
@@ -403,25 +406,11 @@ impl MessageKind {
     }
 }
 
-impl Ack {
-    /// Whether this answer says more than "written": not `OK`, or asking for a status
-    /// report, or saying the Node is gone, or accepting a `Register`. A quiet message
-    /// ([`AgentMessage::is_quiet`]) is answered only with news; every transport applies the
-    /// rule through [`answer_needed`].
-    pub fn is_news(&self) -> bool {
-        AckCode::try_from(self.code) != Ok(AckCode::Ok)
-            || self.resend_status
-            || self.send_boot_id
-            || self.node_not_found
-            || self.registered
-    }
-}
-
-/// Whether the gateway sends `ack` for a message that was `quiet`
+/// Whether the gateway sends `answer` for a message that was `quiet`
 /// ([`AgentMessage::is_quiet`], taken before the message was handled): always for other
-/// messages, only with news ([`Ack::is_news`]) for quiet ones.
-pub fn answer_needed(quiet: bool, ack: &Ack) -> bool {
-    !quiet || ack.is_news()
+/// messages, only with news ([`Answer::is_news`]) for quiet ones.
+pub fn answer_needed(quiet: bool, answer: &Answer) -> bool {
+    !quiet || answer.is_news()
 }
 
 #[cfg(test)]
@@ -431,30 +420,17 @@ mod tests {
 
     #[test]
     fn quiet_renewals_are_answered_only_with_news() {
-        let ok = Ack {
-            code: AckCode::Ok.into(),
+        let ok = Answer::Renewed {
             lease_state: vec![1, 2, 3],
-            ..Default::default()
+            resend_status: false,
         };
         assert!(!answer_needed(true, &ok), "written: silence");
         assert!(answer_needed(false, &ok));
         for news in [
-            Ack {
-                code: AckCode::Retry.into(),
-                ..Default::default()
-            },
-            Ack {
-                code: AckCode::Rejected.into(),
-                ..Default::default()
-            },
-            Ack {
-                resend_status: true,
-                ..ok.clone()
-            },
-            Ack {
-                node_not_found: true,
-                ..ok.clone()
-            },
+            Answer::Retry { reason: "x".into() },
+            Answer::Rejected { reason: "x".into() },
+            ok.clone().and_resend_status(),
+            Answer::NodeNotFound { reason: "x".into() },
         ] {
             assert!(answer_needed(true, &news), "{news:?}");
         }

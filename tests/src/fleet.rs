@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
+use edgebeat_proto::{self as pb, agent_message::Kind};
 use edgebeat_transports::uplink::{RegisterFn, Uplink, UplinkError, channel};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -652,17 +652,21 @@ async fn renew(
         stats.taken(node, -1);
     }
     match answer {
-        Ok(ack) if AckCode::try_from(ack.code) == Ok(AckCode::Ok) => {
+        Ok(ack) if ack.is_written() => {
             stats.latency(sent.elapsed());
             stats.renewals_ok.fetch_add(1, Ordering::Relaxed);
-            if !ack.lease_state.is_empty() {
-                *lease_state = ack.lease_state;
+            if let pb::Answer::Renewed { lease_state: l, .. } = ack {
+                *lease_state = l;
             }
             true
         }
         Ok(ack) => {
             // Numbers in reasons (ages, seqs) would make every failure its own kind.
-            let why: String = ack.reason.chars().filter(|c| !c.is_ascii_digit()).collect();
+            let why: String = ack
+                .reason()
+                .chars()
+                .filter(|c| !c.is_ascii_digit())
+                .collect();
             stats.failed(why);
             false
         }
@@ -692,7 +696,7 @@ async fn report(
     };
     stats.status_sent.fetch_add(1, Ordering::Relaxed);
     if let Ok(ack) = uplink.send(message, options.ack_timeout).await
-        && AckCode::try_from(ack.code) == Ok(AckCode::Ok)
+        && ack.is_written()
     {
         stats.status_ok.fetch_add(1, Ordering::Relaxed);
     }

@@ -40,8 +40,8 @@ async fn raw_uplink(
     (uplink, cancel)
 }
 
-fn code(ack: &pb::Ack) -> AckCode {
-    AckCode::try_from(ack.code).unwrap()
+fn code(answer: &pb::Answer) -> AckCode {
+    answer.code()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,9 +58,9 @@ async fn bad_messages_are_rejected_counted_and_others_keep_renewing() {
         .unwrap();
     assert_eq!(code(&no_kind), AckCode::Rejected);
     assert!(
-        no_kind.reason.starts_with("malformed"),
+        no_kind.reason().starts_with("malformed"),
         "{}",
-        no_kind.reason
+        no_kind.reason()
     );
 
     let bad_name = uplink
@@ -73,13 +73,13 @@ async fn bad_messages_are_rejected_counted_and_others_keep_renewing() {
         .send(renewal("rogue-01", 3_000_000), T)
         .await
         .unwrap();
-    assert_eq!(code(&ok), AckCode::Ok, "{}", ok.reason);
+    assert_eq!(code(&ok), AckCode::Ok, "{}", ok.reason());
     let replay = uplink
         .send(renewal("rogue-01", 3_000_000), T)
         .await
         .unwrap();
     assert_eq!(code(&replay), AckCode::Rejected);
-    assert!(replay.reason.contains("replayed"), "{}", replay.reason);
+    assert!(replay.reason().contains("replayed"), "{}", replay.reason());
     let older = uplink
         .send(renewal("rogue-01", 2_500_000), T)
         .await
@@ -141,14 +141,14 @@ async fn stale_renewals_are_dropped_not_written() {
         .await
         .unwrap();
     assert_eq!(code(&late), AckCode::Rejected);
-    assert!(late.reason.starts_with("stale"), "{}", late.reason);
+    assert!(late.reason().starts_with("stale"), "{}", late.reason());
     // Claims 0.5 s elapsed on the agent, more than has passed: the least delayed message
     // so far, so fresh (and within the 1 s a message may lead the boot clock).
     let fresh = uplink
         .send(renewal("late-01", 1_000_500_000), T)
         .await
         .unwrap();
-    assert_eq!(code(&fresh), AckCode::Ok, "{}", fresh.reason);
+    assert_eq!(code(&fresh), AckCode::Ok, "{}", fresh.reason());
     cancel.cancel();
     assert_eq!(cluster.gateway().counters.stale_renewals.get(), 1);
     let lease_writes = cluster
@@ -181,7 +181,7 @@ async fn a_flooding_node_is_rate_limited_and_others_keep_renewing() {
             .send(renewal("flood-01", 2_000_000 + i), T)
             .await
             .unwrap();
-        if ack.reason.starts_with("rate limited") {
+        if ack.reason().starts_with("rate limited") {
             limited += 1;
         }
     }
@@ -226,9 +226,10 @@ async fn forbidden_labels_are_refused_at_registration() {
     let ack = cluster.gateway().handle(&peer, message).await;
     assert_eq!(code(&ack), AckCode::Rejected);
     assert!(
-        ack.reason.contains("node-role.kubernetes.io/control-plane"),
+        ack.reason()
+            .contains("node-role.kubernetes.io/control-plane"),
         "{}",
-        ack.reason
+        ack.reason()
     );
     assert!(
         cluster
@@ -246,7 +247,7 @@ async fn forbidden_labels_are_refused_at_registration() {
     r.labels
         .insert("node.kubernetes.io/edge".into(), "true".into());
     let ack = cluster.gateway().handle(&peer, message).await;
-    assert_eq!(code(&ack), AckCode::Ok, "{}", ack.reason);
+    assert_eq!(code(&ack), AckCode::Ok, "{}", ack.reason());
     let labels = cluster
         .standin
         .node("rpi4-edge-01")
@@ -290,7 +291,11 @@ async fn a_renewal_superseded_by_a_newer_one_is_not_written() {
     );
     assert_eq!(code(&first), AckCode::Ok);
     assert_eq!(code(&middle), AckCode::Rejected);
-    assert!(middle.reason.contains("superseded"), "{}", middle.reason);
+    assert!(
+        middle.reason().contains("superseded"),
+        "{}",
+        middle.reason()
+    );
     assert_eq!(code(&newest), AckCode::Ok);
     let puts = cluster.standin.requests()[before..]
         .iter()
@@ -326,7 +331,7 @@ async fn quiet_renewals_are_answered_only_when_not_written() {
         .send(renewal("quiet-01", 1_500_000), T)
         .await
         .unwrap();
-    assert_eq!(code(&loud), AckCode::Ok, "{}", loud.reason);
+    assert_eq!(code(&loud), AckCode::Ok, "{}", loud.reason());
     let written = cluster.standin.requests().len();
     let silence = uplink.send(quiet(2_000_000), Duration::from_secs(2)).await;
     assert_eq!(
@@ -351,7 +356,7 @@ async fn quiet_renewals_are_answered_only_when_not_written() {
             10,
         ));
     let refused = uplink.send(quiet(3_000_000), T).await.unwrap();
-    assert_eq!(code(&refused), AckCode::Retry, "{}", refused.reason);
+    assert_eq!(code(&refused), AckCode::Retry, "{}", refused.reason());
     cancel.cancel();
 }
 
@@ -454,9 +459,14 @@ async fn a_boot_tag_names_a_boot_the_gateway_holds_or_asks_for() {
     };
     let gateway = cluster.gateway().clone();
     let ack = gateway.handle(&peer, register(NODE, 1_000_000)).await;
-    assert!(ack.registered, "{}", ack.reason);
+    assert!(matches!(ack, pb::Answer::Registered { .. }), "{ack:?}");
     let ack = gateway.handle(&peer, tagged(2_000_000, BOOT)).await;
-    assert_eq!(code(&ack), AckCode::Ok, "the boot it holds: {}", ack.reason);
+    assert_eq!(
+        code(&ack),
+        AckCode::Ok,
+        "the boot it holds: {}",
+        ack.reason()
+    );
 
     // A fresh replica holds no boot; its Node watch has the Node's bootID.
     cluster.restart_gateway(gateway_options()).await.unwrap();
@@ -470,25 +480,30 @@ async fn a_boot_tag_names_a_boot_the_gateway_holds_or_asks_for() {
         code(&ack),
         AckCode::Ok,
         "from the Node watch: {}",
-        ack.reason
+        ack.reason()
     );
     assert_eq!(gateway.counters.rejections(RejectReason::UnknownBoot), 0);
 
     // The node rebooted and its status is not written yet: the tag names no boot known.
     let ack = gateway.handle(&peer, tagged(1_000, REBOOTED)).await;
     assert_eq!(
-        (code(&ack), ack.send_boot_id),
+        (code(&ack), matches!(ack, pb::Answer::SendBootId { .. })),
         (AckCode::Retry, true),
         "{}",
-        ack.reason
+        ack.reason()
     );
     assert_eq!(gateway.counters.rejections(RejectReason::UnknownBoot), 1);
     let ack = gateway.handle(&peer, with_boot(2_000, REBOOTED)).await;
-    assert_eq!(code(&ack), AckCode::Ok, "with its boot ID: {}", ack.reason);
+    assert_eq!(
+        code(&ack),
+        AckCode::Ok,
+        "with its boot ID: {}",
+        ack.reason()
+    );
     let ack = gateway.handle(&peer, tagged(3_000, REBOOTED)).await;
-    assert_eq!(code(&ack), AckCode::Ok, "then by tag: {}", ack.reason);
+    assert_eq!(code(&ack), AckCode::Ok, "then by tag: {}", ack.reason());
     // The earlier boot's tag, though the Node still reports that boot, is a replay.
     let ack = gateway.handle(&peer, tagged(4_000_000, BOOT)).await;
-    assert_eq!(code(&ack), AckCode::Rejected, "{}", ack.reason);
+    assert_eq!(code(&ack), AckCode::Rejected, "{}", ack.reason());
     assert_eq!(gateway.counters.rejections(RejectReason::Replayed), 1);
 }

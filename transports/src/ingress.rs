@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
-use edgebeat_proto::{Ack, AgentMessage, GatewayMessage, agent_message, gateway_message};
+use edgebeat_proto::{AgentMessage, Answer, GatewayMessage, HeaderForm, gateway_message};
 
 /// Which transport carried a message (a metric label and log field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,34 +29,34 @@ impl TransportKind {
 /// one answering rule of every ingress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Asked {
-    register: bool,
+    seq: u64,
     quiet: bool,
 }
 
 impl Asked {
-    /// What `message` asks: a `Register`, a quiet message ([`AgentMessage::is_quiet`]).
+    /// What `message` asks: its `Header.seq` (0 without a header), and whether it is quiet
+    /// ([`AgentMessage::is_quiet`]).
     pub fn of(message: &AgentMessage) -> Self {
         Self {
-            register: matches!(message.kind, Some(agent_message::Kind::Register(_))),
+            seq: message.header().map_or(0, |h| h.seq),
             quiet: message.is_quiet(),
         }
     }
 
-    /// The answer to send for `ack`, or `None`:
+    /// The answer to send for `answer`, or `None`:
     /// - an accepted `Register` says quiet messages may now be compact
-    ///   (`Ack.compact_headers`): every ingress restores what they leave out, gRPC from the
-    ///   stream's `Register`, MQTT from the topic; and that MQTT may name the boot by
-    ///   `Header.boot_tag` (`Ack.boot_tags`), which the gateway's admission resolves;
+    ///   ([`HeaderForm::CompactBootTag`]): every ingress restores what they leave out, gRPC
+    ///   from the stream's `Register`, MQTT from the topic; and MQTT may name the boot by
+    ///   `Header.boot_tag`, which the gateway's admission resolves;
     /// - a quiet message that was written gets no answer, nothing on the link
     ///   ([`edgebeat_proto::answer_needed`]).
-    pub fn answer(self, mut ack: Ack) -> Option<GatewayMessage> {
-        if self.register && ack.registered {
-            ack.compact_headers = true;
-            ack.boot_tags = true;
+    pub fn answer(self, mut answer: Answer) -> Option<GatewayMessage> {
+        if let Answer::Registered { headers, .. } = &mut answer {
+            *headers = HeaderForm::CompactBootTag;
         }
-        let needed = edgebeat_proto::answer_needed(self.quiet, &ack);
-        needed.then_some(GatewayMessage {
-            kind: Some(gateway_message::Kind::Ack(ack)),
+        let needed = edgebeat_proto::answer_needed(self.quiet, &answer);
+        needed.then(|| GatewayMessage {
+            kind: Some(gateway_message::Kind::Ack(answer.into_ack(self.seq))),
         })
     }
 }
@@ -92,9 +92,10 @@ impl Peer {
 
 /// Answers agent messages. Implemented by the gateway; transports call it.
 pub trait Handler: Send + Sync + 'static {
-    /// Handles one decoded message from `peer` and returns the [`Ack`] to send back.
+    /// Handles one decoded message from `peer` and returns the [`Answer`] to send back (the
+    /// transport encodes it as the `Ack` of the message's `Header.seq`, see [`Asked`]).
     /// Messages of one connection are handled in order, one at a time.
-    fn handle(&self, peer: &Peer, message: AgentMessage) -> impl Future<Output = Ack> + Send;
+    fn handle(&self, peer: &Peer, message: AgentMessage) -> impl Future<Output = Answer> + Send;
 
     /// Called when the transport refused something from `peer` before the handler could see
     /// a message (undecodable, oversized, unauthenticated, a failed TLS handshake, a bad
@@ -215,46 +216,56 @@ impl RejectReason {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use edgebeat_proto::{AckCode, LeaseRenewal, Register};
+    use edgebeat_proto::{Ack, Header, LeaseRenewal, Register, agent_message};
 
-    fn answered(message: &AgentMessage, ack: Ack) -> Option<Ack> {
-        match Asked::of(message).answer(ack)?.kind? {
+    fn answered(message: &AgentMessage, answer: Answer) -> Option<Ack> {
+        match Asked::of(message).answer(answer)?.kind? {
             gateway_message::Kind::Ack(ack) => Some(ack),
         }
     }
 
     #[test]
     fn an_accepted_register_allows_compact_headers_and_written_quiet_messages_are_silent() {
+        let header = Some(Header {
+            seq: 5,
+            ..Header::default()
+        });
         let register = AgentMessage {
-            kind: Some(agent_message::Kind::Register(Register::default())),
+            kind: Some(agent_message::Kind::Register(Register {
+                header: header.clone(),
+                ..Register::default()
+            })),
         };
-        let accepted = Ack {
-            registered: true,
-            ..Ack::default()
+        let accepted = Answer::Registered {
+            headers: HeaderForm::Full,
+            resend_status: false,
         };
         let accepted_ack = answered(&register, accepted).unwrap();
+        assert_eq!(accepted_ack.seq, 5, "answers the message's seq");
         assert!(accepted_ack.compact_headers && accepted_ack.boot_tags);
-        let refused = answered(&register, Ack::default()).unwrap();
-        assert!(!refused.compact_headers && !refused.boot_tags);
+        let refused = answered(
+            &register,
+            Answer::Retry {
+                reason: "later".into(),
+            },
+        )
+        .unwrap();
+        assert!(!refused.compact_headers && !refused.boot_tags && !refused.registered);
 
         let quiet = AgentMessage {
             kind: Some(agent_message::Kind::Lease(LeaseRenewal {
+                header,
                 quiet: true,
                 ..LeaseRenewal::default()
             })),
         };
-        let written = Ack {
-            code: AckCode::Ok.into(),
-            ..Ack::default()
-        };
-        assert_eq!(answered(&quiet, written), None, "written: silence");
-        let retry = Ack {
-            code: AckCode::Retry.into(),
-            ..Ack::default()
+        assert_eq!(answered(&quiet, Answer::WRITTEN), None, "written: silence");
+        let retry = Answer::Retry {
+            reason: "later".into(),
         };
         assert_eq!(
             answered(&quiet, retry.clone()),
-            Some(retry),
+            Some(retry.into_ack(5)),
             "news is answered"
         );
     }

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_proto::{Ack, AgentMessage};
+pub use edgebeat_proto::HeaderForm;
+use edgebeat_proto::{Ack, AckError, AgentMessage, Answer};
 use tokio::sync::{mpsc, oneshot, watch};
 
-/// Why a message did not get an [`Ack`].
+/// Why a message did not get an [`Answer`].
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum UplinkError {
     /// The transport is not connected right now (connecting, backing off). The message was
@@ -24,6 +25,10 @@ pub enum UplinkError {
     /// The transport task has stopped (shutdown).
     #[error("uplink stopped")]
     Closed,
+    /// The gateway's [`Ack`] for the message held a contradiction ([`AckError`]); it was
+    /// dropped and logged, and the message counts as unanswered.
+    #[error(transparent)]
+    BadAck(#[from] AckError),
 }
 
 /// One message handed to the transport, with the slot for its answer.
@@ -31,8 +36,8 @@ pub enum UplinkError {
 pub struct Request {
     /// The message to send; its header's `seq` is the key the answer comes back under.
     pub message: AgentMessage,
-    /// Where the transport puts the [`Ack`] or the reason there is none.
-    pub reply: oneshot::Sender<Result<Ack, UplinkError>>,
+    /// Where the transport puts the [`Answer`] or the reason there is none.
+    pub reply: oneshot::Sender<Result<Answer, UplinkError>>,
 }
 
 /// Builds the `Register` message the transport sends first on every new connection
@@ -121,12 +126,17 @@ pub fn channel(depth: usize) -> (Uplink, UplinkDriver) {
 }
 
 impl Uplink {
-    /// Sends `message` and waits up to `timeout` for the gateway's [`Ack`].
+    /// Sends `message` and waits up to `timeout` for the gateway's [`Answer`].
     ///
     /// Errors: [`UplinkError::NotConnected`] at once when there is no connection (the message
     /// is dropped, never queued), [`UplinkError::Disconnected`] when the connection broke
-    /// first, [`UplinkError::Timeout`], or [`UplinkError::Closed`] after shutdown.
-    pub async fn send(&self, message: AgentMessage, timeout: Duration) -> Result<Ack, UplinkError> {
+    /// first, [`UplinkError::Timeout`], [`UplinkError::BadAck`] for a contradictory answer,
+    /// or [`UplinkError::Closed`] after shutdown.
+    pub async fn send(
+        &self,
+        message: AgentMessage,
+        timeout: Duration,
+    ) -> Result<Answer, UplinkError> {
         let (reply, answer) = oneshot::channel();
         let request = Request { message, reply };
         let exchange = async {
@@ -199,7 +209,7 @@ pub async fn refuse_while_waiting(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use edgebeat_proto::{AckCode, Header, LeaseRenewal, agent_message::Kind};
+    use edgebeat_proto::{Header, LeaseRenewal, agent_message::Kind};
 
     fn renewal(seq: u64) -> AgentMessage {
         AgentMessage {
@@ -221,19 +231,14 @@ mod tests {
         let answerer = tokio::spawn(async move {
             let r = driver.requests.recv().await.unwrap();
             let seq = r.message.header().unwrap().seq;
-            r.reply
-                .send(Ok(Ack {
-                    seq,
-                    code: AckCode::Ok.into(),
-                    ..Default::default()
-                }))
-                .unwrap();
+            assert_eq!(seq, 7);
+            r.reply.send(Ok(Answer::WRITTEN)).unwrap();
         });
-        let ack = uplink
+        let answer = uplink
             .send(renewal(7), Duration::from_secs(1))
             .await
             .unwrap();
-        assert_eq!(ack.seq, 7);
+        assert_eq!(answer, Answer::WRITTEN);
         answerer.await.unwrap();
     }
 
@@ -284,39 +289,12 @@ pub enum AfterAck {
     RegisterAfter(Duration),
 }
 
-/// Messages that carry the boot ID after a gateway replica asked for it (`Ack.send_boot_id`).
+/// Messages that carry the boot ID after a gateway replica asked for it
+/// ([`Answer::SendBootId`]).
 /// Replicas behind an MQTT shared subscription take a node's messages in turn (Mosquitto
 /// hands them out round robin), so one message might always reach a replica that knows the
 /// boot; four reach each of up to four replicas. Each costs 13 bytes more than a tagged one.
 pub const BOOT_ID_MESSAGES: u8 = 4;
-
-/// What quiet messages' headers may leave out, as the gateway said when it accepted
-/// `Register` ([`Ack::compact_headers`], [`Ack::boot_tags`]): a gateway property, so an MQTT
-/// session resumed on a new broker connection keeps it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum HeaderForm {
-    /// Whole headers: not registered, or a gateway that predates compact headers.
-    #[default]
-    Full,
-    /// `Ack.compact_headers`: gRPC sends [`AgentMessage::compact_header`], MQTT
-    /// [`AgentMessage::compact_header_for_topic`].
-    Compact,
-    /// `Ack.compact_headers` and `Ack.boot_tags`: as [`HeaderForm::Compact`], and MQTT also
-    /// names the boot by tag ([`AgentMessage::tag_boot`]) unless the gateway asked for the
-    /// boot ID ([`Session::take_boot_id_request`]). gRPC leaves the boot out altogether.
-    CompactBootTag,
-}
-
-impl HeaderForm {
-    /// What an accepted `Register`'s `ack` allows.
-    pub fn of(ack: &Ack) -> Self {
-        match (ack.compact_headers, ack.boot_tags) {
-            (false, _) => Self::Full,
-            (true, false) => Self::Compact,
-            (true, true) => Self::CompactBootTag,
-        }
-    }
-}
 
 /// Per-connection protocol state shared by every uplink driver, with no I/O: which
 /// requests await an [`Ack`], whether `Register` was accepted, and the registration backoff
@@ -325,12 +303,12 @@ impl HeaderForm {
 pub struct Session {
     /// Requests awaiting an answer, by seq, and whether each is quiet (answered only with
     /// news, so silence is not a loss).
-    pending: std::collections::HashMap<u64, (oneshot::Sender<Result<Ack, UplinkError>>, bool)>,
+    pending: std::collections::HashMap<u64, (oneshot::Sender<Result<Answer, UplinkError>>, bool)>,
     register_seq: Option<u64>,
     registered: bool,
     /// What the gateway allowed when it accepted `Register`.
     header_form: HeaderForm,
-    /// A gateway replica answered `send_boot_id`: this many next messages carry the boot
+    /// A gateway replica answered [`Answer::SendBootId`]: this many next messages carry the boot
     /// ID ([`BOOT_ID_MESSAGES`]).
     boot_id_messages: u8,
     backoff: Box<dyn Iterator<Item = Duration> + Send>,
@@ -385,7 +363,7 @@ impl Session {
     }
 
     /// Whether the message about to be sent carries the boot ID because a gateway replica
-    /// asked for it (`Ack.send_boot_id`): true for the [`BOOT_ID_MESSAGES`] messages sent
+    /// asked for it ([`Answer::SendBootId`]): true for the [`BOOT_ID_MESSAGES`] messages sent
     /// after the request.
     pub fn take_boot_id_request(&mut self) -> bool {
         let requested = self.boot_id_messages > 0;
@@ -405,7 +383,7 @@ impl Session {
     pub fn track(
         &mut self,
         seq: u64,
-        reply: oneshot::Sender<Result<Ack, UplinkError>>,
+        reply: oneshot::Sender<Result<Answer, UplinkError>>,
         quiet: bool,
     ) -> usize {
         let mut unanswered = 0;
@@ -418,64 +396,79 @@ impl Session {
         unanswered
     }
 
-    /// Handles one [`Ack`]: answers the waiting request, updates the registration state
-    /// (raising `driver.registered`, `driver.registration` and `driver.status_requests` as
-    /// the gateway says) and says whether to send `Register` again (only after a refused
-    /// one, with kubelet's backoff).
+    /// Handles one [`Ack`]: reads it as an [`Answer`], answers the waiting request,
+    /// updates the registration state (raising `driver.registered`, `driver.registration`
+    /// and `driver.status_requests` as the gateway says) and says whether to send `Register`
+    /// again (only after a refused one, with kubelet's backoff).
     ///
     /// Only an ack that answers a request this session sent and still awaits (by its
     /// `seq`) counts: an ack is only as trustworthy as the path it came by (an MQTT broker is
     /// a third party), so an unsolicited or replayed one changes nothing. Its
-    /// `node_not_found` is obeyed only once this process registered
+    /// [`Answer::NodeNotFound`] is obeyed only once this process registered
     /// ([`NodeRegistration::Completed`]): the Node was deleted since, and
-    /// `driver.registration` becomes [`NodeRegistration::NodeNotFound`] for good.
+    /// `driver.registration` becomes [`NodeRegistration::NodeNotFound`] for good. A
+    /// contradictory ack ([`AckError`]) is logged and fails its request with
+    /// [`UplinkError::BadAck`]; for `Register`, as a refusal.
     pub fn on_ack(&mut self, ack: Ack, driver: &UplinkDriver) -> AfterAck {
-        if Some(ack.seq) == self.register_seq {
+        let seq = ack.seq;
+        let answer = Answer::try_from(ack);
+        if let Err(e) = &answer {
+            tracing::warn!(seq, error = %e, "dropping the gateway's contradictory ack");
+        }
+        if Some(seq) == self.register_seq {
             // One answer per Register: a replayed or forged second one changes nothing.
             self.register_seq = None;
-            if ack.node_not_found && self.node_not_found(driver) {
-                return AfterAck::Nothing;
-            }
-            if ack.resend_status {
-                driver.status_requests.send_modify(|n| *n += 1);
-            }
-            if ack.registered {
-                self.registered = true;
-                self.header_form = HeaderForm::of(&ack);
-                self.backoff = Box::new(reconnect_backoff(REGISTER_RETRY_MIN, RETRY_MAX));
-                driver.registered.send_replace(true);
-                driver.registration.send_if_modified(|r| {
-                    let first = *r == NodeRegistration::Pending;
-                    if first {
-                        *r = NodeRegistration::Completed;
+            let reason = match answer {
+                Ok(Answer::NodeNotFound { .. }) if self.node_not_found(driver) => {
+                    return AfterAck::Nothing;
+                }
+                Ok(Answer::Registered {
+                    headers,
+                    resend_status,
+                }) => {
+                    if resend_status {
+                        driver.status_requests.send_modify(|n| *n += 1);
                     }
-                    first
-                });
-                return AfterAck::Nothing;
-            }
+                    self.registered = true;
+                    self.header_form = headers;
+                    self.backoff = Box::new(reconnect_backoff(REGISTER_RETRY_MIN, RETRY_MAX));
+                    driver.registered.send_replace(true);
+                    driver.registration.send_if_modified(|r| {
+                        let first = *r == NodeRegistration::Pending;
+                        if first {
+                            *r = NodeRegistration::Completed;
+                        }
+                        first
+                    });
+                    return AfterAck::Nothing;
+                }
+                Ok(other) => other.reason().to_owned(),
+                Err(e) => e.to_string(),
+            };
             let delay = self.backoff.next().unwrap_or(RETRY_MAX);
-            tracing::warn!(reason = %ack.reason, ?delay, "registration not accepted; retrying");
+            tracing::warn!(%reason, ?delay, "registration not accepted; retrying");
             return AfterAck::RegisterAfter(delay);
         }
-        let node_not_found = ack.node_not_found;
-        let resend_status = ack.resend_status;
-        let send_boot_id = ack.send_boot_id;
-        let Some((reply, _)) = self.pending.remove(&ack.seq) else {
-            tracing::debug!(
-                seq = ack.seq,
-                "ignoring an ack for no request of this session"
-            );
+        let Some((reply, _)) = self.pending.remove(&seq) else {
+            tracing::debug!(seq, "ignoring an ack for no request of this session");
             return AfterAck::Nothing;
         };
-        let _ = reply.send(Ok(ack));
-        if send_boot_id {
-            self.boot_id_messages = BOOT_ID_MESSAGES;
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                let _ = reply.send(Err(e.into()));
+                return AfterAck::Nothing;
+            }
+        };
+        match &answer {
+            Answer::SendBootId { .. } => self.boot_id_messages = BOOT_ID_MESSAGES,
+            Answer::NodeNotFound { .. } => {
+                self.node_not_found(driver);
+            }
+            a if a.asks_for_status() => driver.status_requests.send_modify(|n| *n += 1),
+            _ => {}
         }
-        if node_not_found {
-            self.node_not_found(driver);
-        } else if resend_status {
-            driver.status_requests.send_modify(|n| *n += 1);
-        }
+        let _ = reply.send(Ok(answer));
         AfterAck::Nothing
     }
 
@@ -520,32 +513,54 @@ mod session_tests {
     use super::*;
     use edgebeat_proto::AckCode;
 
+    fn registered(seq: u64) -> Ack {
+        Answer::Registered {
+            headers: HeaderForm::Full,
+            resend_status: false,
+        }
+        .into_ack(seq)
+    }
+
+    fn retry(seq: u64) -> Ack {
+        Answer::Retry {
+            reason: "later".into(),
+        }
+        .into_ack(seq)
+    }
+
     #[test]
     fn register_ack_raises_registered_and_others_answer_requests() {
         let (uplink, driver) = channel(4);
         let mut s = Session::new();
         s.register_sent(Some(10));
-        let ok = Ack {
-            seq: 10,
-            code: AckCode::Ok.into(),
-            registered: true,
-            ..Default::default()
-        };
-        assert_eq!(s.on_ack(ok, &driver), AfterAck::Nothing);
+        assert_eq!(s.on_ack(registered(10), &driver), AfterAck::Nothing);
         assert!(*uplink.registered().borrow());
         let (tx, mut rx) = oneshot::channel();
         s.track(11, tx, false);
+        let renewed = Answer::Renewed {
+            lease_state: vec![4],
+            resend_status: false,
+        };
         assert_eq!(
-            s.on_ack(
-                Ack {
-                    seq: 11,
-                    ..Default::default()
-                },
-                &driver
-            ),
+            s.on_ack(renewed.clone().into_ack(11), &driver),
             AfterAck::Nothing
         );
-        assert_eq!(rx.try_recv().unwrap().unwrap().seq, 11);
+        assert_eq!(rx.try_recv().unwrap(), Ok(renewed));
+        // A contradictory ack fails its request and changes nothing else.
+        let (tx, mut rx) = oneshot::channel();
+        s.track(12, tx, false);
+        let contradictory = Ack {
+            seq: 12,
+            code: AckCode::Retry.into(),
+            registered: true,
+            ..Default::default()
+        };
+        assert_eq!(s.on_ack(contradictory, &driver), AfterAck::Nothing);
+        assert!(matches!(
+            rx.try_recv().unwrap(),
+            Err(UplinkError::BadAck(e)) if e.0.contains("RETRY")
+        ));
+        assert!(*uplink.registered().borrow());
     }
 
     #[test]
@@ -554,48 +569,28 @@ mod session_tests {
         let mut s = Session::new();
         assert_eq!(s.header_form(), HeaderForm::Full);
         s.register_sent(Some(1));
-        let accepted = Ack {
-            seq: 1,
-            code: AckCode::Ok.into(),
-            registered: true,
-            compact_headers: true,
-            boot_tags: true,
-            ..Default::default()
+        let accepted = Answer::Registered {
+            headers: HeaderForm::CompactBootTag,
+            resend_status: false,
         };
-        s.on_ack(accepted, &driver);
+        s.on_ack(accepted.into_ack(1), &driver);
         assert_eq!(s.header_form(), HeaderForm::CompactBootTag);
         assert!(!s.take_boot_id_request());
         // A replica that does not hold the boot asks for it: the next BOOT_ID_MESSAGES
         // messages carry it, then tags again.
         let (tx, _rx) = oneshot::channel();
         s.track(2, tx, true);
-        let ask = Ack {
-            seq: 2,
-            code: AckCode::Retry.into(),
-            send_boot_id: true,
-            ..Default::default()
+        let ask = Answer::SendBootId {
+            reason: "unknown boot".into(),
         };
-        s.on_ack(ask, &driver);
+        s.on_ack(ask.clone().into_ack(2), &driver);
         for _ in 0..BOOT_ID_MESSAGES {
             assert!(s.take_boot_id_request());
         }
         assert!(!s.take_boot_id_request());
         // An unsolicited request changes nothing.
-        let forged = Ack {
-            seq: 99,
-            send_boot_id: true,
-            ..Default::default()
-        };
-        s.on_ack(forged, &driver);
+        s.on_ack(ask.into_ack(99), &driver);
         assert!(!s.take_boot_id_request());
-        // Compact headers without boot tags (an older gateway): never tags.
-        assert_eq!(
-            HeaderForm::of(&Ack {
-                compact_headers: true,
-                ..Default::default()
-            }),
-            HeaderForm::Compact
-        );
         assert_eq!(
             Session::resumed(HeaderForm::CompactBootTag).header_form(),
             HeaderForm::CompactBootTag
@@ -607,11 +602,7 @@ mod session_tests {
         let (uplink, driver) = channel(4);
         let mut s = Session::new();
         s.register_sent(Some(1));
-        let refused = Ack {
-            seq: 1,
-            code: AckCode::Retry.into(),
-            ..Default::default()
-        };
+        let refused = retry(1);
         match s.on_ack(refused.clone(), &driver) {
             AfterAck::RegisterAfter(d) => {
                 assert!(d >= Duration::from_millis(100) && d <= Duration::from_millis(200))
@@ -627,14 +618,7 @@ mod session_tests {
         }
         assert_eq!(*uplink.registration().borrow(), NodeRegistration::Pending);
         s.register_sent(Some(1));
-        s.on_ack(
-            Ack {
-                seq: 1,
-                registered: true,
-                ..Default::default()
-            },
-            &driver,
-        );
+        s.on_ack(registered(1), &driver);
         assert_eq!(*uplink.registration().borrow(), NodeRegistration::Completed);
         // A new connection's session is not registered, but the process stays Completed.
         let mut next = Session::new();
@@ -648,11 +632,11 @@ mod session_tests {
     #[test]
     fn node_not_found_is_final_and_only_for_own_requests_after_registration() {
         let (uplink, driver) = channel(4);
-        let gone = |seq| Ack {
-            seq,
-            code: AckCode::Retry.into(),
-            node_not_found: true,
-            ..Default::default()
+        let gone = |seq| {
+            Answer::NodeNotFound {
+                reason: "deleted".into(),
+            }
+            .into_ack(seq)
         };
         let mut s = Session::new();
         // Before any registration (an older gateway's answer to a first Register, or a
@@ -664,14 +648,7 @@ mod session_tests {
         ));
         assert_eq!(*uplink.registration().borrow(), NodeRegistration::Pending);
         s.register_sent(Some(2));
-        s.on_ack(
-            Ack {
-                seq: 2,
-                registered: true,
-                ..Default::default()
-            },
-            &driver,
-        );
+        s.on_ack(registered(2), &driver);
         // Not an answer to anything this session awaits: ignored.
         assert_eq!(s.on_ack(gone(7), &driver), AfterAck::Nothing);
         assert!(s.registered());
@@ -680,7 +657,7 @@ mod session_tests {
         s.track(8, tx, false);
         assert_eq!(s.on_ack(gone(8), &driver), AfterAck::Nothing);
         assert!(
-            rx.try_recv().unwrap().unwrap().node_not_found,
+            matches!(rx.try_recv().unwrap(), Ok(Answer::NodeNotFound { .. })),
             "the caller still gets its answer"
         );
         assert!(!s.registered());
@@ -691,14 +668,7 @@ mod session_tests {
         );
         // A later accepted Register (an older gateway) does not undo it.
         s.register_sent(Some(9));
-        s.on_ack(
-            Ack {
-                seq: 9,
-                registered: true,
-                ..Default::default()
-            },
-            &driver,
-        );
+        s.on_ack(registered(9), &driver);
         assert_eq!(
             *uplink.registration().borrow(),
             NodeRegistration::NodeNotFound
@@ -715,13 +685,14 @@ mod session_tests {
             .send_replace(NodeRegistration::Completed);
         let mut s = Session::new();
         s.register_sent(Some(3));
-        let answer = Ack {
-            seq: 3,
-            code: AckCode::Retry.into(),
-            node_not_found: true,
-            ..Default::default()
+        let answer = Answer::NodeNotFound {
+            reason: "deleted".into(),
         };
-        assert_eq!(s.on_ack(answer, &driver), AfterAck::Nothing, "no retry");
+        assert_eq!(
+            s.on_ack(answer.into_ack(3), &driver),
+            AfterAck::Nothing,
+            "no retry"
+        );
         assert_eq!(
             *uplink.registration().borrow(),
             NodeRegistration::NodeNotFound

@@ -129,12 +129,12 @@ impl Agent {
             };
             (report, self.ack_timeout())
         };
-        let settle = |_: &mut (), answer: &Result<pb::Ack, UplinkError>| match answer {
+        let settle = |_: &mut (), answer: &Result<pb::Answer, UplinkError>| match answer {
             // Silence: written.
             Err(UplinkError::Timeout(_)) if unchanged => Some(true),
             // The gateway wants the whole status: the loop sends it at once (the request
             // raised `status_requests`).
-            Ok(ack) if unchanged && ack.resend_status => Some(false),
+            Ok(pb::Answer::ResendStatus { .. }) if unchanged => Some(false),
             _ => None,
         };
         self.send_with_retry(uplink, &STATUS_ATTEMPTS, &mut (), message, settle, true)
@@ -157,7 +157,7 @@ impl Agent {
         attempts: &Attempts,
         state: &mut S,
         message: impl Fn(&S) -> (pb::AgentMessage, Duration),
-        settle: impl Fn(&mut S, &Result<pb::Ack, UplinkError>) -> Option<T>,
+        settle: impl Fn(&mut S, &Result<pb::Answer, UplinkError>) -> Option<T>,
         ok: T,
     ) -> Option<T> {
         for attempt in 0..ATTEMPTS_PER_TICK {
@@ -269,15 +269,13 @@ impl Agent {
             // Silence until the next renewal is due means written.
             (renewal, jittered(self.config.lease_renew_interval()))
         };
-        let settle = |state: &mut Vec<u8>, answer: &Result<pb::Ack, UplinkError>| {
+        let settle = |state: &mut Vec<u8>, answer: &Result<pb::Answer, UplinkError>| {
             // Silence until the next renewal was due: written.
             if matches!(answer, Err(UplinkError::Timeout(_))) {
                 return Some(true);
             }
-            if let Ok(ack) = answer
-                && !ack.lease_state.is_empty()
-            {
-                state.clone_from(&ack.lease_state);
+            if let Ok(pb::Answer::Renewed { lease_state, .. }) = answer {
+                state.clone_from(lease_state);
             }
             None
         };
@@ -316,7 +314,7 @@ const _: () = assert!(ATTEMPTS_PER_TICK == 5);
 
 /// Whether the transport took the message (it was answered, timed out, or lost with its
 /// connection), as opposed to refusing it unsent.
-pub(super) fn taken(answer: &Result<pb::Ack, UplinkError>) -> bool {
+pub(super) fn taken(answer: &Result<pb::Answer, UplinkError>) -> bool {
     !matches!(answer, Err(UplinkError::NotConnected | UplinkError::Closed))
 }
 
@@ -326,18 +324,25 @@ pub(super) enum Outcome {
     GiveUp(String),
 }
 
-pub(super) fn outcome(result: Result<pb::Ack, UplinkError>) -> Outcome {
+pub(super) fn outcome(result: Result<pb::Answer, UplinkError>) -> Outcome {
     match result {
         // The agent stops sending (see `stop_when_node_not_found`).
-        Ok(ack) if ack.node_not_found => Outcome::GiveUp(NODE_NOT_FOUND.into()),
-        Ok(ack) => match AckCode::try_from(ack.code) {
-            Ok(AckCode::Ok) => Outcome::Ok,
-            Ok(AckCode::Retry) => Outcome::Retry(ack.reason),
-            _ => Outcome::GiveUp(format!("rejected by the gateway: {}", ack.reason)),
-        },
-        // Timeouts and lost connections are retried within the tick (kubelet retries
-        // immediately); with no connection at all there is nothing to retry on.
-        Err(e @ (UplinkError::Timeout(_) | UplinkError::Disconnected)) => {
+        Ok(pb::Answer::NodeNotFound { .. }) => Outcome::GiveUp(NODE_NOT_FOUND.into()),
+        Ok(pb::Answer::Rejected { reason }) => {
+            Outcome::GiveUp(format!("rejected by the gateway: {reason}"))
+        }
+        Ok(
+            pb::Answer::Retry { reason }
+            | pb::Answer::ResendStatus { reason }
+            | pb::Answer::SendBootId { reason },
+        ) => Outcome::Retry(reason),
+        Ok(
+            pb::Answer::Written { .. } | pb::Answer::Registered { .. } | pb::Answer::Renewed { .. },
+        ) => Outcome::Ok,
+        // Timeouts, lost connections and contradictory answers are retried within the tick
+        // (kubelet retries immediately); with no connection at all there is nothing to
+        // retry on.
+        Err(e @ (UplinkError::Timeout(_) | UplinkError::Disconnected | UplinkError::BadAck(_))) => {
             Outcome::Retry(e.to_string())
         }
         Err(e) => Outcome::GiveUp(e.to_string()),

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use edgebeat_hw::{Clock, HostFacts, HostRoot, ReadOptions, read_host_facts};
-use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
+use edgebeat_proto::{self as pb, agent_message::Kind};
 use edgebeat_transports::backoff::{RETRY_MAX, RETRY_MIN};
 use edgebeat_transports::uplink::{NodeRegistration, Uplink, UplinkError, reconnect_backoff};
 use prometheus_client::registry::Registry;
@@ -587,12 +587,7 @@ mod tests {
             let mut sizes = Vec::new();
             while let Some(request) = driver.requests.recv().await {
                 sizes.push((request.message.kind_name(), request.message.encoded_len()));
-                let seq = request.message.header().map_or(0, |h| h.seq);
-                let _ = request.reply.send(Ok(pb::Ack {
-                    seq,
-                    code: AckCode::Ok.into(),
-                    ..Default::default()
-                }));
+                let _ = request.reply.send(Ok(pb::Answer::WRITTEN));
             }
             sizes
         });
@@ -676,24 +671,17 @@ mod tests {
             let mut first = true;
             while let Some(request) = driver.requests.recv().await {
                 let _ = seen_tx.send(request.message.clone());
-                let seq = request.message.header().map_or(0, |h| h.seq);
                 match &request.message.kind {
                     // The first renewal is not written; every other quiet one is.
                     Some(Kind::Lease(_)) if first => {
                         first = false;
-                        let _ = request.reply.send(Ok(pb::Ack {
-                            seq,
-                            code: AckCode::Retry.into(),
+                        let _ = request.reply.send(Ok(pb::Answer::Retry {
                             reason: "apiserver busy".into(),
-                            ..Default::default()
                         }));
                     }
                     Some(Kind::Status(s)) if s.unchanged && held.len() == 2 => {
-                        let _ = request.reply.send(Ok(pb::Ack {
-                            seq,
-                            code: AckCode::Retry.into(),
-                            resend_status: true,
-                            ..Default::default()
+                        let _ = request.reply.send(Ok(pb::Answer::ResendStatus {
+                            reason: "the apiserver's status differs".into(),
                         }));
                     }
                     // Silence: keep the request open, answer nothing.

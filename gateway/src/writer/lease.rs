@@ -84,19 +84,17 @@ impl Writer {
         &self,
         w: &mut NodeWrites,
         name: &str,
-        seq: u64,
         duration: i32,
         lease_state: &[u8],
         deadline: Instant,
-    ) -> Ack {
+    ) -> Answer {
         if duration <= 0 {
             return self.reject(
-                seq,
                 RejectReason::Invalid,
                 format!("leaseDurationSeconds must be > 0, got {duration}"),
             );
         }
-        let uid = match self.ensure_known(w, name, seq).await {
+        let uid = match self.ensure_known(w, name).await {
             Ok(held) => held.uid,
             Err(answer) => return answer,
         };
@@ -163,7 +161,7 @@ impl Writer {
                         );
                         lease
                     }
-                    Ok(Ok(None)) => return self.create_lease(w, name, seq, duration).await,
+                    Ok(Ok(None)) => return self.create_lease(w, name, duration).await,
                     Ok(Err(e)) => {
                         last_error = format!("reading lease: {e}");
                         continue;
@@ -177,7 +175,7 @@ impl Writer {
             let renew = self.renew_time(w);
             let lease = patch::renewed_lease(base, name, uid.as_deref(), duration, renew);
             match tokio::time::timeout(budget, self.api.replace_lease(name, &lease)).await {
-                Ok(Ok(written)) => return self.renewed(w, name, seq, &written, renew),
+                Ok(Ok(written)) => return self.renewed(w, name, &written, renew),
                 Ok(Err(e)) => {
                     last_error = format!("updating lease: {e}");
                     match api_code(&e) {
@@ -194,17 +192,16 @@ impl Writer {
         }
         self.counters.lease_failures.inc();
         tracing::warn!(node = name, error = %last_error, "lease renewal failed");
-        ack(seq, AckCode::Retry, last_error)
+        retry(last_error)
     }
 
     pub(super) fn renewed(
         &self,
         w: &mut NodeWrites,
         name: &str,
-        seq: u64,
         written: &Lease,
         renew: Timestamp,
-    ) -> Ack {
+    ) -> Answer {
         let state = LeaseState {
             resource_version: written
                 .metadata
@@ -219,9 +216,9 @@ impl Writer {
             .lease_age
             .get_or_insert_with(|| self.node_metrics.lease_age(name))
             .renewed(renew);
-        Ack {
+        Answer::Renewed {
             lease_state: state.encode(),
-            ..ack(seq, AckCode::Ok, "")
+            resend_status: false,
         }
     }
 
@@ -232,25 +229,20 @@ impl Writer {
         &self,
         w: &mut NodeWrites,
         name: &str,
-        seq: u64,
         duration: i32,
-    ) -> Ack {
+    ) -> Answer {
         let uid = match self.api.get_node(name).await {
             Ok(node) => {
                 self.view.observe_node(&node);
                 match node.metadata.uid {
                     Some(uid) => uid,
-                    None => return ack(seq, AckCode::Retry, "node has no uid yet"),
+                    None => return retry("node has no uid yet"),
                 }
             }
-            Err(e) if api_code(&e) == Some(404) => return self.forget(w, name, seq),
+            Err(e) if api_code(&e) == Some(404) => return self.forget(w, name),
             // kubelet skips creation this round when the owner Node cannot be read.
             Err(e) => {
-                return ack(
-                    seq,
-                    AckCode::Retry,
-                    format!("reading node for the lease owner: {e}"),
-                );
+                return retry(format!("reading node for the lease owner: {e}"));
             }
         };
         let renew = self.renew_time(w);
@@ -259,10 +251,10 @@ impl Writer {
             .create_lease(&patch::new_lease(name, &uid, duration, renew))
             .await
         {
-            Ok(created) => self.renewed(w, name, seq, &created, renew),
+            Ok(created) => self.renewed(w, name, &created, renew),
             Err(e) => {
                 self.counters.lease_failures.inc();
-                ack(seq, AckCode::Retry, format!("creating lease: {e}"))
+                retry(format!("creating lease: {e}"))
             }
         }
     }

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
-use edgebeat_proto::{self as pb, Ack, AckCode, NodeConditionType};
+use edgebeat_proto::{self as pb, Answer, NodeConditionType};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -37,13 +37,17 @@ mod lease;
 mod register;
 pub use lease::LeaseState;
 
-/// An [`Ack`] for `seq`.
-pub(crate) fn ack(seq: u64, code: AckCode, reason: impl Into<String>) -> Ack {
-    Ack {
-        seq,
-        code: code.into(),
+/// [`Answer::Retry`]: not written now, `reason` for the agent's log.
+pub(crate) fn retry(reason: impl Into<String>) -> Answer {
+    Answer::Retry {
         reason: reason.into(),
-        ..Default::default()
+    }
+}
+
+/// [`Answer::Rejected`]: refused for good, `reason` for the agent's log.
+pub(crate) fn rejected(reason: impl Into<String>) -> Answer {
+    Answer::Rejected {
+        reason: reason.into(),
     }
 }
 
@@ -195,10 +199,10 @@ impl Writer {
     }
 
     /// Refuses a message: counted by reason, logged.
-    pub(crate) fn reject(&self, seq: u64, why: RejectReason, reason: String) -> Ack {
+    pub(crate) fn reject(&self, why: RejectReason, reason: String) -> Answer {
         self.counters.count_rejection(why);
         tracing::warn!(why = why.as_str(), %reason, "message refused");
-        ack(seq, AckCode::Rejected, reason)
+        rejected(reason)
     }
 
     /// What the view holds for `name`, if it can be trusted: a managed Node's record while
@@ -263,12 +267,10 @@ impl Writer {
         &self,
         w: &mut NodeWrites,
         name: &str,
-        seq: u64,
         status: Option<&pb::NodeStatus>,
-    ) -> Ack {
+    ) -> Answer {
         let Some(status) = status else {
             return self.reject(
-                seq,
                 RejectReason::Malformed,
                 "malformed: StatusReport without status".into(),
             );
@@ -276,14 +278,14 @@ impl Writer {
         if let Err(why) = validate_status(status)
             .and_then(|()| crate::restriction::validate_status_limits(status))
         {
-            return self.reject(seq, RejectReason::Invalid, why);
+            return self.reject(RejectReason::Invalid, why);
         }
-        let held = match self.ensure_known(w, name, seq).await {
+        let held = match self.ensure_known(w, name).await {
             Ok(held) => held,
             Err(answer) => return answer,
         };
         let now = self.now();
-        self.write_status(w, name, seq, status, &held, now, Reboot::Ignore)
+        self.write_status(w, name, status, &held, now, Reboot::Ignore)
             .await
     }
 
@@ -293,8 +295,8 @@ impl Writer {
     /// carries only those). Written only when the apiserver's conditions are the agent's
     /// (none `Unknown`): otherwise, or with no condition known, the answer asks for the
     /// whole status (`resend_status`) and nothing is written.
-    pub(crate) async fn report_unchanged(&self, w: &mut NodeWrites, name: &str, seq: u64) -> Ack {
-        let held = match self.ensure_known(w, name, seq).await {
+    pub(crate) async fn report_unchanged(&self, w: &mut NodeWrites, name: &str) -> Answer {
+        let held = match self.ensure_known(w, name).await {
             Ok(held) => held,
             Err(answer) => return answer,
         };
@@ -310,13 +312,8 @@ impl Writer {
             .iter()
             .all(|t| reported(t.as_str()));
         if !as_reported {
-            return Ack {
-                resend_status: true,
-                ..ack(
-                    seq,
-                    AckCode::Retry,
-                    "the apiserver's status differs: send it whole",
-                )
+            return Answer::ResendStatus {
+                reason: "the apiserver's status differs: send it whole".into(),
             };
         }
         let now = patch::whole_seconds(self.now());
@@ -334,11 +331,11 @@ impl Writer {
             Ok(node) => {
                 self.view.observe_node(&node);
                 self.counters.status_reports.inc();
-                ack(seq, AckCode::Ok, "")
+                Answer::WRITTEN
             }
             Err(e) => match api_code(&e) {
-                Some(404) => self.forget(w, name, seq),
-                _ => ack(seq, AckCode::Retry, format!("patching node status: {e}")),
+                Some(404) => self.forget(w, name),
+                _ => retry(format!("patching node status: {e}")),
             },
         }
     }
@@ -349,12 +346,11 @@ impl Writer {
         &self,
         w: &mut NodeWrites,
         name: &str,
-        seq: u64,
         status: &pb::NodeStatus,
         held: &NodeRecord,
         now: Timestamp,
         reboot: Reboot,
-    ) -> Ack {
+    ) -> Answer {
         let conditions = patch::conditions(status, now, &held.conditions);
         // A health condition the agent no longer reports (turned off, or its signal gone
         // from the host) is deleted rather than left to look current.
@@ -370,7 +366,6 @@ impl Writer {
             Ok(b) => b,
             Err(e) => {
                 return self.reject(
-                    seq,
                     RejectReason::Malformed,
                     format!("cannot encode status: {e}"),
                 );
@@ -380,17 +375,16 @@ impl Writer {
             Ok(node) => {
                 self.remember(held, &node, now, name, reboot).await;
                 self.counters.status_reports.inc();
-                ack(seq, AckCode::Ok, "")
+                Answer::WRITTEN
             }
             Err(e) => match api_code(&e) {
-                Some(404) => self.forget(w, name, seq),
+                Some(404) => self.forget(w, name),
                 // The apiserver refuses the content itself: resending it will not help.
                 Some(code @ (400 | 403 | 413 | 415 | 422)) => self.reject(
-                    seq,
                     RejectReason::Invalid,
                     format!("apiserver refused the status ({code}): {e}"),
                 ),
-                _ => ack(seq, AckCode::Retry, format!("patching node status: {e}")),
+                _ => retry(format!("patching node status: {e}")),
             },
         }
     }
@@ -402,13 +396,9 @@ impl Writer {
     /// outage) makes the next ack ask the agent for a full status report, so the node is
     /// Ready again within seconds, not at the next report period.
     ///
-    /// Errors: the [`Ack`] to answer with — `node_not_found` when the Node does not exist.
-    async fn ensure_known(
-        &self,
-        w: &mut NodeWrites,
-        name: &str,
-        seq: u64,
-    ) -> Result<NodeRecord, Ack> {
+    /// Errors: the [`Answer`] to answer with — [`Answer::NodeNotFound`] when the Node does
+    /// not exist.
+    async fn ensure_known(&self, w: &mut NodeWrites, name: &str) -> Result<NodeRecord, Answer> {
         if let Some(held) = self.known(w, name) {
             return Ok(held);
         }
@@ -418,8 +408,8 @@ impl Writer {
                 w.registered = true;
                 Ok(NodeRecord::of(&node))
             }
-            Ok(None) => Err(self.forget(w, name, seq)),
-            Err(e) => Err(ack(seq, AckCode::Retry, format!("reading node: {e}"))),
+            Ok(None) => Err(self.forget(w, name)),
+            Err(e) => Err(retry(format!("reading node: {e}"))),
         }
     }
 
@@ -427,7 +417,7 @@ impl Writer {
     /// what leads here): someone deleted it. Forget it, and tell the agent, which stops
     /// sending until restarted instead of creating it again (kubelet registers once per
     /// process: `registrationCompleted` in `pkg/kubelet/kubelet_node_status.go`).
-    fn forget(&self, w: &mut NodeWrites, name: &str, seq: u64) -> Ack {
+    fn forget(&self, w: &mut NodeWrites, name: &str) -> Answer {
         w.registered = false;
         self.view.forget_node(name);
         self.view.forget_lease(name);
@@ -436,13 +426,8 @@ impl Writer {
             node = name,
             "the Node was deleted; its agent stops until it is restarted"
         );
-        Ack {
-            node_not_found: true,
-            ..ack(
-                seq,
-                AckCode::Retry,
-                "node not found: it was deleted; restart the agent to register it again",
-            )
+        Answer::NodeNotFound {
+            reason: "node not found: it was deleted; restart the agent to register it again".into(),
         }
     }
 

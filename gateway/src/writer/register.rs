@@ -19,12 +19,10 @@ impl Writer {
         &self,
         w: &mut NodeWrites,
         name: &str,
-        seq: u64,
         register: &pb::Register,
-    ) -> Ack {
+    ) -> Answer {
         let Some(status) = register.status.as_ref() else {
             return self.reject(
-                seq,
                 RejectReason::Malformed,
                 "malformed: Register without status".into(),
             );
@@ -33,16 +31,16 @@ impl Writer {
             .and_then(|()| crate::restriction::validate_status_limits(status))
             .and_then(|()| pb::registration::validate_register(register))
         {
-            return self.reject(seq, RejectReason::Invalid, why);
+            return self.reject(RejectReason::Invalid, why);
         }
         let new_boot = status
             .node_info
             .as_ref()
             .map(|i| i.boot_id.as_str())
             .unwrap_or_default();
-        let registered = |code| Ack {
-            registered: true,
-            ..ack(seq, code, "")
+        let registered = Answer::Registered {
+            headers: pb::HeaderForm::Full,
+            resend_status: false,
         };
         let known = self.known(w, name);
         // A new connection of a process this replica registered: nothing to write. A new
@@ -51,7 +49,7 @@ impl Writer {
             && w.registered
             && known.as_ref().and_then(|k| k.boot_id.as_deref()) == Some(new_boot)
         {
-            return registered(AckCode::Ok);
+            return registered;
         }
         let now = self.now();
         let existing = if register.skip_create || register.registration_completed {
@@ -59,16 +57,12 @@ impl Writer {
                 Ok(Some(node)) => node,
                 // The agent registered it before, on another connection: deleted since.
                 Ok(None) if register.registration_completed => {
-                    return self.forget(w, name, seq);
+                    return self.forget(w, name);
                 }
                 Ok(None) => {
-                    return ack(
-                        seq,
-                        AckCode::Retry,
-                        "node does not exist and registerNode is false",
-                    );
+                    return retry("node does not exist and registerNode is false");
                 }
-                Err(e) => return ack(seq, AckCode::Retry, format!("reading node: {e}")),
+                Err(e) => return retry(format!("reading node: {e}")),
             }
         } else {
             let before = known.map(|k| k.conditions).unwrap_or_default();
@@ -81,38 +75,38 @@ impl Writer {
                     self.counters.registrations.inc();
                     tracing::info!(node = name, "registered node");
                     self.start_events(name, status, now).await;
-                    return registered(AckCode::Ok);
+                    return registered;
                 }
                 Err(e) if api_code(&e) == Some(409) => match self.api.get_node(name).await {
                     Ok(node) => node,
                     Err(e) => {
-                        return ack(seq, AckCode::Retry, format!("reading existing node: {e}"));
+                        return retry(format!("reading existing node: {e}"));
                     }
                 },
-                Err(e) => return ack(seq, AckCode::Retry, format!("creating node: {e}")),
+                Err(e) => return retry(format!("creating node: {e}")),
             }
         };
         self.view.observe_node(&existing);
         if let Err(e) = self.reconcile_labels(name, &existing, register).await {
-            return ack(seq, AckCode::Retry, format!("reconciling node labels: {e}"));
+            return retry(format!("reconciling node labels: {e}"));
         }
         if !register.registration_completed
             && let Err(e) = self.reconcile_hugepages(name, &existing, status).await
         {
-            return ack(seq, AckCode::Retry, format!("reconciling hugepages: {e}"));
+            return retry(format!("reconciling hugepages: {e}"));
         }
         let held = NodeRecord::of(&existing);
         if held.boot_id.as_deref().is_some_and(|b| b != new_boot) {
             // A new boot: write it now, with its event (see above).
             let answer = self
-                .write_status(w, name, seq, status, &held, now, Reboot::Record)
+                .write_status(w, name, status, &held, now, Reboot::Record)
                 .await;
-            if answer.node_not_found && !register.registration_completed {
+            if matches!(answer, Answer::NodeNotFound { .. }) && !register.registration_completed {
                 // Deleted while this first registration was under way: it creates the
                 // Node when retried.
-                return ack(seq, AckCode::Retry, "node deleted during registration");
+                return retry("node deleted during registration");
             }
-            if AckCode::try_from(answer.code) != Ok(AckCode::Ok) {
+            if !answer.is_written() {
                 return answer;
             }
         }
@@ -121,7 +115,7 @@ impl Writer {
         if !register.registration_completed {
             self.start_events(name, status, now).await;
         }
-        registered(AckCode::Ok)
+        registered
     }
 
     /// kubelet's condition events of a start: at registration its setters run on a fresh

@@ -174,15 +174,15 @@ impl edgebeat_transports::ingress::Handler for AckOnly {
         &self,
         _peer: &edgebeat_transports::ingress::Peer,
         message: edgebeat_proto::AgentMessage,
-    ) -> edgebeat_proto::Ack {
-        edgebeat_proto::Ack {
-            seq: message.header().map_or(0, |h| h.seq),
-            code: edgebeat_proto::AckCode::Ok.into(),
-            registered: matches!(
-                message.kind,
-                Some(edgebeat_proto::agent_message::Kind::Register(_))
-            ),
-            ..Default::default()
+    ) -> edgebeat_proto::Answer {
+        match message.kind {
+            Some(edgebeat_proto::agent_message::Kind::Register(_)) => {
+                edgebeat_proto::Answer::Registered {
+                    headers: edgebeat_proto::HeaderForm::Full,
+                    resend_status: false,
+                }
+            }
+            _ => edgebeat_proto::Answer::WRITTEN,
         }
     }
 

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use edgebeat_proto::{
-    Ack, AckCode, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind, gateway_message,
+    Answer, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind, gateway_message,
 };
 use prost::Message;
 use rumqttc::v5::mqttbytes::QoS;
@@ -90,7 +90,7 @@ pub struct MqttUplinkOptions {
     pub backoff_max: Duration,
     /// Largest encoded message sent or ack accepted, in bytes (default
     /// [`MAX_AGENT_MESSAGE_BYTES`], the gateway's limit). A larger message is not sent: the
-    /// caller gets a `REJECTED` [`Ack`] made locally, whose reason says so.
+    /// caller gets an [`Answer::Rejected`] made locally, whose reason says so.
     pub max_packet_bytes: usize,
     /// How long to wait for the gateway's answer to Register before sending it again
     /// (default 5 s), doubling with jitter up to 60 s and starting over on every connection.
@@ -294,7 +294,7 @@ enum LeaseAlias {
 /// with [`UplinkError::NotConnected`], and what rumqttc kept to resend after a lost
 /// connection is discarded, since a late heartbeat would hide a dead node. A lost connection
 /// fails pending requests with [`UplinkError::Disconnected`]. A message larger than
-/// `max_packet_bytes`, or with no kind, is answered with a `REJECTED` [`Ack`] made locally
+/// `max_packet_bytes`, or with no kind, is answered with an [`Answer::Rejected`] made locally
 /// (it would be rejected by the gateway anyway). Malformed ack payloads are logged at debug
 /// level and ignored.
 ///

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_proto::{
-    Ack, AckCode, AgentMessage, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind,
+    Ack, AgentMessage, Answer, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind,
     gateway_message,
 };
 use prost::Message;
@@ -546,7 +546,7 @@ fn classify<'t>(
 mod tests {
     use super::verify::Refusal;
     use super::*;
-    use edgebeat_proto::{LeaseRenewal, StatusReport, agent_message::Kind};
+    use edgebeat_proto::{AckCode, LeaseRenewal, StatusReport, agent_message::Kind};
 
     fn lease(node: &str) -> AgentMessage {
         AgentMessage {

@@ -246,14 +246,14 @@ impl Link {
         let Some(kind) = message.message_kind() else {
             let _ = request
                 .reply
-                .send(Ok(local_reject(seq, "message has no kind".into())));
+                .send(Ok(local_reject("message has no kind".into())));
             return;
         };
         let topic = self.topics.for_kind(kind);
         let payload = match self.payload(message.encode_to_vec()) {
             Ok(payload) => payload,
             Err(error) => {
-                let _ = request.reply.send(Ok(local_reject(seq, error)));
+                let _ = request.reply.send(Ok(local_reject(error)));
                 return;
             }
         };
@@ -263,7 +263,7 @@ impl Link {
                 payload.len(),
                 self.max_packet_bytes
             );
-            let _ = request.reply.send(Ok(local_reject(seq, reason)));
+            let _ = request.reply.send(Ok(local_reject(reason)));
             return;
         }
         let quiet = message.is_quiet();
@@ -365,11 +365,6 @@ pub(super) fn last_will(topics: &Topics, node_name: &str, register: &RegisterFn)
 }
 
 /// An answer made by the agent itself for a message it did not send.
-pub(super) fn local_reject(seq: u64, reason: String) -> Ack {
-    Ack {
-        seq,
-        code: AckCode::Rejected.into(),
-        reason,
-        ..Ack::default()
-    }
+pub(super) fn local_reject(reason: String) -> Answer {
+    Answer::Rejected { reason }
 }

@@ -18,15 +18,13 @@ impl Refusal {
 
     /// A refusal answered to the agent that sent message `seq` (a verified one), so that it
     /// learns why.
-    pub(super) fn answered(reason: Rejection, seq: u64, code: AckCode) -> Self {
+    pub(super) fn answered(reason: Rejection, seq: u64) -> Self {
+        let answer = Answer::Rejected {
+            reason: reason.detail.to_owned(),
+        };
         Self {
             reason,
-            ack: Some(Ack {
-                seq,
-                code: code.into(),
-                reason: reason.detail.to_owned(),
-                ..Ack::default()
-            }),
+            ack: Some(answer.into_ack(seq)),
         }
     }
 }
@@ -56,7 +54,7 @@ pub(super) fn open(
     let decode = |bytes: &[u8]| {
         let mut message =
             AgentMessage::decode(bytes).map_err(|_| Refusal::silent(REJECT_MALFORMED))?;
-        // A quiet message may leave its node name to the topic (`Ack.compact_headers`); a
+        // A quiet message may leave its node name to the topic (`HeaderForm::Compact`); a
         // signed one is still bound to the node, by the key of the topic's node.
         message.complete_node_name(node);
         let header_node = message.header().map(|h| h.node_name.as_str());
@@ -96,7 +94,7 @@ pub(super) fn open(
             let ahead_ms = sent_ms.saturating_sub(now_ms);
             if ahead_ms.saturating_abs() > skew_ms {
                 let seq = message.header().map_or(0, |h| h.seq);
-                let mut refusal = Refusal::answered(REJECT_CLOCK, seq, AckCode::Rejected);
+                let mut refusal = Refusal::answered(REJECT_CLOCK, seq);
                 if let Some(ack) = refusal.ack.as_mut() {
                     ack.reason = clock_skew_reason(ahead_ms, policy.max_clock_skew);
                 }

@@ -188,15 +188,10 @@ impl<H: Handler> Workers<H> {
                 RejectReason::Superseded,
                 "a newer heartbeat of the node was queued",
             );
-            self.answer(
-                node,
-                Ack {
-                    seq,
-                    code: AckCode::Rejected.into(),
-                    reason: format!("superseded: a newer {kind_name} from this node is waiting"),
-                    ..Default::default()
-                },
-            );
+            let answer = Answer::Rejected {
+                reason: format!("superseded: a newer {kind_name} from this node is waiting"),
+            };
+            self.answer(node, answer.into_ack(seq));
         }
         if let Some(gauge) = &self.node_queues {
             gauge.store(count, std::sync::atomic::Ordering::Relaxed);
