@@ -3,7 +3,7 @@
 //! apiserver bodies built from the message, or the echoed Lease state.
 //!
 //! Checks (none may panic):
-//! - `gateway::validate_node_name` on the header's node name;
+//! - `NodeName::new` on the header's node name;
 //! - `edgebeat_proto::boot_id_to_string` on the header's boot ID (a 16-byte ID must come
 //!   back from `boot_id_to_bytes` unchanged), `boot_id_to_bytes` on `nodeInfo.bootID`;
 //! - `metrics::clock_skew_seconds` on the agent's wall time, `freshness::Freshness` on `seq`;
@@ -19,9 +19,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use edgebeat_gateway::freshness::Freshness;
-use edgebeat_gateway::gateway::{LeaseState, validate_node_name, validate_status};
+use edgebeat_gateway::gateway::{LeaseState, validate_status};
 use edgebeat_gateway::metrics::clock_skew_seconds;
-use edgebeat_gateway::patch::{self, KnownCondition};
+use edgebeat_gateway::patch::{self, HeldStatus, KnownCondition, KnownConditions};
+use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{self as pb, AgentMessage, agent_message::Kind};
 use jiff::Timestamp;
 use libfuzzer_sys::fuzz_target;
@@ -49,7 +50,7 @@ fn check(msg: &AgentMessage) {
         return;
     };
     let name = header.node_name.as_str();
-    let name_ok = validate_node_name(name).is_ok();
+    let name_ok = NodeName::new(name).is_ok();
 
     let boot = edgebeat_proto::boot_id_to_string(&header.boot_id);
     if header.boot_id.len() == edgebeat_proto::BOOT_ID_BYTES {
@@ -74,20 +75,12 @@ fn check(msg: &AgentMessage) {
     match &msg.kind {
         Some(Kind::Register(register)) => {
             if let Some(status) = &register.status {
-                status_bodies(
-                    name,
-                    name_ok,
-                    status,
-                    Some(register),
-                    header.seq,
-                    now,
-                    known_at,
-                );
+                status_bodies(name, name_ok, status, Some(register), now, known_at);
             }
         }
         Some(Kind::Status(report)) => {
             if let Some(status) = &report.status {
-                status_bodies(name, name_ok, status, None, header.seq, now, known_at);
+                status_bodies(name, name_ok, status, None, now, known_at);
             }
         }
         Some(Kind::Lease(renewal)) => {
@@ -137,7 +130,6 @@ fn status_bodies(
     name_ok: bool,
     status: &pb::NodeStatus,
     register: Option<&pb::Register>,
-    seq: u64,
     now: Timestamp,
     known_at: Timestamp,
 ) {
@@ -147,30 +139,26 @@ fn status_bodies(
     if validate_status(status).is_err() || !name_ok {
         return;
     }
-    let none = BTreeMap::new();
-    let conditions = patch::conditions(status, seq, now, &none);
+    let conditions = patch::conditions(status, now, &KnownConditions::default());
     // Known with the same status (kept transition) and the opposite one (a new transition,
     // clamped against the known one).
     for flip in [false, true] {
-        let known: BTreeMap<String, KnownCondition> = status
-            .conditions
-            .iter()
-            .map(|c| {
-                let st = match (flip, c.status.as_str()) {
-                    (false, s) => s.to_owned(),
-                    (true, "True") => "False".to_owned(),
-                    (true, _) => "Unknown".to_owned(),
-                };
-                (
-                    c.r#type.clone(),
-                    KnownCondition {
-                        status: st,
-                        last_transition: known_at,
-                    },
-                )
-            })
-            .collect();
-        let _ = patch::conditions(status, seq, now, &known);
+        let mut known = KnownConditions::default();
+        for c in &status.conditions {
+            let held = match (flip, HeldStatus::parse(&c.status)) {
+                (false, held) => held,
+                (true, HeldStatus::True) => HeldStatus::False,
+                (true, _) => HeldStatus::Unknown,
+            };
+            known.insert(
+                &c.r#type,
+                KnownCondition {
+                    status: held,
+                    last_transition: known_at,
+                },
+            );
+        }
+        let _ = patch::conditions(status, now, &known);
     }
     let ns = patch::node_status(status, conditions);
     let _ = patch::status_patch(&ns, None);

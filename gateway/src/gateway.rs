@@ -578,17 +578,6 @@ impl Collector for GatewayCollector {
     }
 }
 
-/// Checks a Node name is a DNS-1123 subdomain, as the apiserver requires.
-///
-/// Errors: a message naming the problem.
-pub fn validate_node_name(name: &str) -> Result<(), String> {
-    if edgebeat_transports::tls::is_node_name(name) {
-        Ok(())
-    } else {
-        Err(format!("malformed: {name:?} is not a valid node name"))
-    }
-}
-
 impl Handler for Gateway {
     async fn handle(&self, peer: &Peer, message: pb::AgentMessage) -> Answer {
         self.handle_message(peer, message).await
@@ -803,15 +792,5 @@ mod tests {
         tokio::time::advance(SLOT_IDLE + Duration::from_secs(1)).await;
         small.handle_message(&peer, register("n5")).await;
         assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);
-    }
-
-    #[test]
-    fn node_names_follow_dns_1123() {
-        for ok in ["edge-01", "a", "node.example.com"] {
-            assert!(validate_node_name(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "Edge", "-a", "a-", "a_b", &"a".repeat(254)] {
-            assert!(validate_node_name(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -151,6 +151,13 @@ impl std::ops::Deref for NodeName {
     }
 }
 
+/// A `HashMap<NodeName, _>` is looked up by `&str`: equality and hashing are the name's.
+impl std::borrow::Borrow<str> for NodeName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl AsRef<str> for NodeName {
     fn as_ref(&self) -> &str {
         &self.0
@@ -481,6 +488,13 @@ mod tests {
         );
         assert!(NodeName::try_from("a".repeat(254)).is_err());
         assert!(NodeName::try_from("a".repeat(253)).is_ok());
+        // A DNS-1123 subdomain, as the apiserver's IsDNS1123Subdomain.
+        for ok in ["a", "node.example.com", "0-edge"] {
+            assert!(NodeName::new(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Edge", "-a", "a-", "a_b", ".a", "a b"] {
+            assert!(NodeName::new(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -268,7 +268,7 @@ async fn a_renewal_superseded_by_a_newer_one_is_not_written() {
     const NODE: &str = "rpi4-edge-01";
     let cluster = Cluster::start(Transport::Grpc).await.unwrap();
     let peer = Peer {
-        identity: Some(NODE.into()),
+        identity: Some(NODE.parse().unwrap()),
         ..Peer::unidentified(TransportKind::Grpc, None)
     };
     let gateway = cluster.gateway().clone();

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
+use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{AgentMessage, Answer, GatewayMessage, HeaderForm, gateway_message};
 
 /// Which transport carried a message (a metric label and log field).
@@ -71,7 +72,7 @@ pub struct Peer {
     /// Node name the transport authenticated (mTLS `system:node:<name>`, or a verified MQTT
     /// message signature), when it did. `None` means "unidentified"; the gateway decides
     /// whether that is allowed.
-    pub identity: Option<String>,
+    pub identity: Option<NodeName>,
     /// The message's `Header.wall_time_ms` is covered by the authentication and was checked
     /// against the gateway's clock by the transport (a signed MQTT message inside its clock
     /// window), so the gateway may order boots by it. False for everything else.

@@ -233,7 +233,7 @@ mod verify {
     /// parsed and checked once; each message costs only the signature check.
     #[derive(Clone)]
     pub struct NodeKey {
-        node: String,
+        node: edgebeat_proto::registration::NodeName,
         /// The subjectPublicKey bits: an uncompressed P-256 point or 32 Ed25519 bytes.
         public_key: Vec<u8>,
         algorithm: &'static dyn ring::signature::VerificationAlgorithm,

@@ -231,7 +231,7 @@ pub fn parse_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
 /// Errors: a short reason (for logs, metrics and the `UNAUTHENTICATED` status) naming what
 /// is missing.
 #[cfg(feature = "node-identity")]
-pub fn node_identity(leaf_der: &[u8]) -> Result<String, String> {
+pub fn node_identity(leaf_der: &[u8]) -> Result<edgebeat_proto::registration::NodeName, String> {
     use x509_parser::prelude::{FromDer as _, X509Certificate};
 
     let (_, cert) = X509Certificate::from_der(leaf_der)
@@ -256,11 +256,11 @@ pub fn node_identity(leaf_der: &[u8]) -> Result<String, String> {
             "client certificate CN {common_name:?} is not a node identity ({NODE_USER_PREFIX}<nodeName>)"
         ));
     };
-    if !is_node_name(name) {
+    let Ok(name) = edgebeat_proto::registration::NodeName::new(name) else {
         return Err(format!(
             "client certificate CN {common_name:?} does not name a valid node"
         ));
-    }
+    };
     let organizations = subject
         .iter_organization()
         .map(text)
@@ -270,7 +270,7 @@ pub fn node_identity(leaf_der: &[u8]) -> Result<String, String> {
             "client certificate for {common_name:?} lacks O={NODES_GROUP} (has {organizations:?}): not a node"
         ));
     }
-    Ok(name.to_owned())
+    Ok(name)
 }
 
 /// A Node name as the apiserver validates it (a DNS-1123 subdomain): the one rule, in

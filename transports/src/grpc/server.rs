@@ -2,6 +2,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_proto::heartbeat_server::{Heartbeat, HeartbeatServer};
+use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{
     AgentMessage, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, agent_message,
 };
@@ -163,14 +164,14 @@ struct StreamState<H> {
     peer: Peer,
     closing: tokio_util::sync::CancellationToken,
     /// The header of the stream's last `Register`: node name and boot ID of compact
-    /// headers (`Ack.compact_headers`).
+    /// headers ([`edgebeat_proto::HeaderForm::Compact`]).
     register: Option<Header>,
 }
 
 impl<H> Service<H> {
     /// The node identity of the stream's client certificate: `Ok(Some(name))`, `Ok(None)`
     /// when there is no certificate and none is required, or the reason to refuse.
-    fn authenticate<T>(&self, request: &Request<T>) -> Result<Option<String>, String> {
+    fn authenticate<T>(&self, request: &Request<T>) -> Result<Option<NodeName>, String> {
         let leaf = if self.client_ca {
             request
                 .peer_certs()

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{
     Ack, AgentMessage, Answer, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind,
     gateway_message,
@@ -495,7 +496,7 @@ fn reconnect_backoff() -> impl Iterator<Item = Duration> {
 enum Inbound<'t> {
     /// A message for `node` of `kind` (its topic level): not decoded yet, that (and the
     /// signature check) come next, in the event loop.
-    Message { node: &'t str, kind: MessageKind },
+    Message { node: NodeName, kind: MessageKind },
     /// A Last Will: the broker lost `node`'s connection.
     Will {
         node: &'t str,
@@ -515,26 +516,25 @@ fn classify<'t>(
 ) -> Result<Inbound<'t>, Rejection> {
     let topic = std::str::from_utf8(topic).map_err(|_| REJECT_UNKNOWN_TOPIC)?;
     // A node name the apiserver would refuse never gets a queue or a certificate check.
-    let valid = |node: &str| {
-        if crate::tls::is_node_name(node) {
-            Ok(())
-        } else {
-            Err(REJECT_MALFORMED)
-        }
+    let valid = |node: &'t str| {
+        NodeName::new(node)
+            .map(|_| node)
+            .map_err(|_| REJECT_MALFORMED)
     };
     if let Some(node) = parse_certificate_topic(prefix, topic) {
-        valid(node)?;
+        let node = valid(node)?;
         if payload.len() > max_bytes {
             return Err(REJECT_TOO_LARGE);
         }
         return Ok(Inbound::Certificate { node });
     }
     let (node, kind) = parse_node_topic(prefix, topic).ok_or(REJECT_UNKNOWN_TOPIC)?;
-    valid(node)?;
     if kind == WILL_KIND {
+        let node = valid(node)?;
         let header = Header::decode(payload).ok();
         return Ok(Inbound::Will { node, header });
     }
+    let node = NodeName::new(node).map_err(|_| REJECT_MALFORMED)?;
     let kind = MessageKind::from_name(kind).ok_or(REJECT_UNKNOWN_TOPIC)?;
     if payload.len() > max_bytes {
         return Err(REJECT_TOO_LARGE);
@@ -569,7 +569,7 @@ mod tests {
         assert_eq!(
             classify("p", b"p/nodes/n1/lease", &bytes, 1024),
             Ok(Inbound::Message {
-                node: "n1",
+                node: NodeName::new("n1").unwrap(),
                 kind: MessageKind::Lease
             })
         );

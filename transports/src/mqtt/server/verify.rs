@@ -125,11 +125,11 @@ pub(super) fn clock_skew_reason(ahead_ms: i64, max: Duration) -> String {
 
 /// The [`Peer`] of an MQTT message: an identity, and a verified wall time, only when its
 /// signature verified (its wall time was then checked against the clock window too).
-pub(super) fn peer(identity: Option<&str>) -> Peer {
+pub(super) fn peer(identity: Option<&NodeName>) -> Peer {
     Peer {
         transport: TransportKind::Mqtt,
         remote: None,
-        identity: identity.map(str::to_owned),
+        identity: identity.cloned(),
         wall_time_verified: identity.is_some(),
     }
 }

@@ -26,7 +26,7 @@ pub(super) struct NodeQueue {
 
 /// The nodes' queues, shared by the event loop (which fills them) and the short-lived
 /// tasks that drain them.
-pub(super) type Queues = Arc<std::sync::Mutex<HashMap<String, NodeQueue>>>;
+pub(super) type Queues = Arc<std::sync::Mutex<HashMap<NodeName, NodeQueue>>>;
 
 /// The per-node queues, owned by the event-loop task. A node costs a map entry while it
 /// is known and a task only while it has messages waiting: no task, channel or buffer per
@@ -91,9 +91,9 @@ impl<H: Handler> Workers<H> {
             }
         };
         let policy = self.signatures.as_deref().map(|s| &s.policy);
-        let key = self.signatures.as_deref().and_then(|s| s.key(node));
+        let key = self.signatures.as_deref().and_then(|s| s.key(&node));
         let (message, signed) = match open(
-            node,
+            &node,
             kind,
             &publish.payload,
             policy,
@@ -107,12 +107,12 @@ impl<H: Handler> Workers<H> {
                 // An answered refusal's signature verified: the node itself sent it, and the
                 // answer says the most about why.
                 let (who, detail) = match &refusal.ack {
-                    Some(ack) => (peer(Some(node)), ack.reason.as_str()),
+                    Some(ack) => (peer(Some(&node)), ack.reason.as_str()),
                     None => (peer(None), refused.detail),
                 };
                 self.handler.rejected(&who, refused.reason, detail);
                 if let Some(ack) = refusal.ack {
-                    self.answer(node, ack);
+                    self.answer(&node, ack);
                 }
                 return;
             }
@@ -121,7 +121,7 @@ impl<H: Handler> Workers<H> {
             .nodes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !nodes.contains_key(node) && nodes.len() >= self.max_nodes {
+        if !nodes.contains_key(node.as_str()) && nodes.len() >= self.max_nodes {
             // At most one scan of the whole map per second: a flood of new names must not
             // cost a scan each.
             if self.last_full_sweep.elapsed() >= Duration::from_secs(1) {
@@ -139,7 +139,7 @@ impl<H: Handler> Workers<H> {
                 return;
             }
         }
-        let entry = nodes.entry(node.to_owned()).or_default();
+        let entry = nodes.entry(node.clone()).or_default();
         entry.last_message = Some(Instant::now());
         // A signed heartbeat supersedes the queued signed ones of its kind and boot with a
         // lower sequence number, not yet handed to the gateway: only the newest renewal or
@@ -165,7 +165,7 @@ impl<H: Handler> Workers<H> {
         }
         if entry.queue.len() + usize::from(entry.handling) > self.queue {
             drop(nodes);
-            tracing::debug!(node, "MQTT message dropped: the node's queue is full");
+            tracing::debug!(%node, "MQTT message dropped: the node's queue is full");
             self.handler.rejected(
                 &peer(None),
                 REJECT_QUEUE_FULL.reason,
@@ -184,14 +184,14 @@ impl<H: Handler> Workers<H> {
         drop(nodes);
         for seq in superseded {
             self.handler.rejected(
-                &peer(Some(node)),
+                &peer(Some(&node)),
                 RejectReason::Superseded,
                 "a newer heartbeat of the node was queued",
             );
             let answer = Answer::Rejected {
                 reason: format!("superseded: a newer {kind_name} from this node is waiting"),
             };
-            self.answer(node, answer.into_ack(seq));
+            self.answer(&node, answer.into_ack(seq));
         }
         if let Some(gauge) = &self.node_queues {
             gauge.store(count, std::sync::atomic::Ordering::Relaxed);
@@ -219,12 +219,11 @@ impl<H: Handler> Workers<H> {
 
     /// Starts the task that handles `node`'s queued messages in order and ends when the
     /// queue is empty.
-    pub(super) fn drain(&self, node: &str) {
+    pub(super) fn drain(&self, node: NodeName) {
         let handler = self.handler.clone();
         let client = self.client.clone();
-        let topic = acks_topic(&self.prefix, node);
+        let topic = acks_topic(&self.prefix, &node);
         let nodes = self.nodes.clone();
-        let node = node.to_owned();
         tokio::spawn(async move {
             // Should the handler panic, the node's queue is not left marked as drained
             // forever (never drained again, never evicted).
@@ -238,7 +237,7 @@ impl<H: Handler> Workers<H> {
                     let mut nodes = nodes
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    let Some(entry) = nodes.get_mut(&node) else {
+                    let Some(entry) = nodes.get_mut(node.as_str()) else {
                         return;
                     };
                     match entry.queue.pop_front() {
@@ -257,7 +256,7 @@ impl<H: Handler> Workers<H> {
                         }
                     }
                 };
-                let peer = peer(work.signed.then_some(node.as_str()));
+                let peer = peer(work.signed.then_some(&node));
                 let asked = Asked::of(&work.message);
                 let ack = Box::pin(handler.handle(&peer, *work.message)).await;
                 let Some(reply) = asked.answer(ack) else {
@@ -291,7 +290,7 @@ impl<H: Handler> Workers<H> {
 /// handler panic); the normal path clears them under the lock and disarms it.
 pub(super) struct DrainGuard {
     pub(super) nodes: Queues,
-    pub(super) node: String,
+    pub(super) node: NodeName,
     pub(super) armed: bool,
 }
 
@@ -304,13 +303,13 @@ impl Drop for DrainGuard {
             .nodes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(entry) = nodes.get_mut(&self.node) {
+        if let Some(entry) = nodes.get_mut(self.node.as_str()) {
             entry.draining = false;
             entry.handling = false;
         }
     }
 }
 
-pub(super) fn evict_idle(nodes: &mut HashMap<String, NodeQueue>) {
+pub(super) fn evict_idle(nodes: &mut HashMap<NodeName, NodeQueue>) {
     nodes.retain(|_, q| q.draining || q.last_message.is_some_and(|t| t.elapsed() < WORKER_IDLE));
 }
