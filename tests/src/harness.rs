@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use edgebeat_agent::config::{MqttTransport, TransportConfig};
+use edgebeat_agent::config::{GrpcTransport, MqttTransport, TransportConfig};
 use edgebeat_agent::{Agent, AgentConfig};
 use edgebeat_gateway::{Gateway, GatewayOptions, kube_client, watch_client};
 use edgebeat_hw::{Clock, SystemClock};
@@ -210,7 +210,7 @@ impl Cluster {
 
     /// A gRPC cluster whose gateway serves with `grpc` options, e.g. TLS with a client CA
     /// (mTLS) and `require_node_identity`; [`Cluster::grpc_url`] is then `https://`.
-    /// Agents need [`AgentConfig::transport_tls`] set to connect.
+    /// Agents need their transport's TLS ([`TransportConfig::tls_mut`]) set to connect.
     ///
     /// Errors: binding or client construction failures.
     pub async fn start_grpc_with(
@@ -500,11 +500,12 @@ impl Cluster {
                     credentials: None,
                     topic_prefix: edgebeat_transports::mqtt::DEFAULT_TOPIC_PREFIX.to_owned(),
                     keepalive: Duration::from_secs(30),
+                    tls: None,
                 }),
-                _ => TransportConfig::Grpc {
-                    endpoint: self.grpc_url.clone(),
+                _ => TransportConfig::Grpc(GrpcTransport {
                     keepalive: Duration::from_secs(30),
-                },
+                    ..GrpcTransport::new(self.grpc_url.clone())
+                }),
             }),
             // ClockUnsynchronized reads the running kernel, not the fixture tree: off, so a
             // scenario sees the same conditions (and events) on every machine.
@@ -531,13 +532,15 @@ impl Cluster {
             .as_ref()
             .map(|s| s.site_ca_pem.clone().into_bytes())
             .unwrap_or_default();
-        config.transport_tls = Some(edgebeat_agent::config::ClientTls {
-            ca_pem,
-            client_identity: Some(edgebeat_agent::config::TlsIdentity {
-                cert_pem: node_certificate.cert_pem.clone().into_bytes(),
-                key_pem: node_certificate.key_pem.clone().into_bytes(),
-            }),
-        });
+        if let Some(transport) = config.transport.as_mut() {
+            *transport.tls_mut() = Some(edgebeat_agent::config::ClientTls {
+                ca_pem,
+                client_identity: Some(edgebeat_agent::config::TlsIdentity {
+                    cert_pem: node_certificate.cert_pem.clone().into_bytes(),
+                    key_pem: node_certificate.key_pem.clone().into_bytes(),
+                }),
+            });
+        }
         config
     }
 

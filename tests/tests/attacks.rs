@@ -345,7 +345,7 @@ async fn idle_sockets_from_one_address_cannot_starve_handshakes() {
         .await;
     let cert = site.node("edge-h");
     let mut config = cluster.agent_config("edge-h", &fixture(FACTS));
-    config.transport_tls = Some(edgebeat_agent::config::ClientTls {
+    *config.transport.as_mut().unwrap().tls_mut() = Some(edgebeat_agent::config::ClientTls {
         ca_pem: site.cert_pem.clone().into_bytes(),
         client_identity: Some(edgebeat_agent::config::TlsIdentity {
             cert_pem: cert.cert_pem.clone().into_bytes(),

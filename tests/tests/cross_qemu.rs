@@ -99,8 +99,8 @@ async fn live(cross: &Cross, transport: Transport) {
     let node = format!("qemu-{}", cross.arch);
     let config = cluster.agent_config(&node, &fixture("rpi4-cgroup1"));
     let transport_yaml = match config.transport.as_ref().unwrap() {
-        TransportConfig::Grpc { endpoint, .. } => {
-            format!("{{kind: grpc, endpoint: \"{endpoint}\"}}")
+        TransportConfig::Grpc(g) => {
+            format!("{{kind: grpc, endpoint: \"{}\"}}", g.endpoint)
         }
         TransportConfig::Mqtt(m) => {
             format!("{{kind: mqtt, endpoint: \"mqtt://{}:{}\"}}", m.host, m.port)

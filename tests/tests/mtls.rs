@@ -46,7 +46,7 @@ async fn mtls_cluster(site: &Ca, require_node_identity: bool) -> Cluster {
 /// An agent for `node` that verifies the gateway against `trust` and presents `client`.
 fn agent_config(cluster: &Cluster, node: &str, trust: &Ca, client: Option<&Leaf>) -> AgentConfig {
     let mut config = cluster.agent_config(node, &fixture(FACTS));
-    config.transport_tls = Some(ClientTls {
+    *config.transport.as_mut().unwrap().tls_mut() = Some(ClientTls {
         ca_pem: trust.cert_pem.clone().into_bytes(),
         client_identity: client.map(|leaf| TlsIdentity {
             cert_pem: leaf.cert_pem.clone().into_bytes(),

@@ -62,7 +62,7 @@ use crate::quantity::{Amount, parse_amount};
 
 pub use edgebeat_proto::registration::{CONTAINER_RUNTIME_LABEL, DEFAULT_LABEL_KEYS};
 
-/// Default `transport.keepalive` for gRPC (5 min; see [`TransportConfig::Grpc`]).
+/// Default `transport.keepalive` for gRPC (5 min; see [`GrpcTransport::keepalive`]).
 pub const GRPC_KEEPALIVE: Duration = Duration::from_secs(300);
 
 /// Default `transport.keepalive` for MQTT: 30 min, the one the MQTT uplink defaults to too
@@ -88,7 +88,7 @@ pub use edgebeat_proto::registration::NodeName;
 pub use error::{ConfigError, FieldError};
 use error::{Problems, field_message, got};
 pub use eviction::EvictionSignal;
-pub use transport::{ClientTls, MqttTransport, TlsIdentity, TransportConfig};
+pub use transport::{ClientTls, GrpcTransport, MqttTransport, TlsIdentity, TransportConfig};
 use transport::{RawTransport, validate_transport};
 pub use values::{MAX_DURATION, parse_bind_address, parse_duration, parse_node_name};
 use values::{is_link_local, parse_positive_duration, parse_reserved};
@@ -174,13 +174,9 @@ pub struct AgentConfig {
     pub root_dir: PathBuf,
     /// `imageFsDir`: the container image filesystem (imagefs), if separate.
     pub image_fs_dir: Option<PathBuf>,
-    /// `transport`: how heartbeats reach the gateway. Required unless running `--once`.
+    /// `transport`: how heartbeats reach the gateway, with its TLS. Required unless running
+    /// `--once`.
     pub transport: Option<TransportConfig>,
-    /// `transport.caFile`/`certFile`/`keyFile`: TLS for a transport on `https://` or
-    /// `mqtts://` (required there, refused on plain endpoints); with MQTT the key also signs
-    /// every message. Kept beside [`TransportConfig`] rather than in
-    /// its `Grpc` variant so code that builds that variant keeps compiling.
-    pub transport_tls: Option<ClientTls>,
     /// `healthzBindAddress`: `IP:port` of the observe server (`/healthz`, `/readyz`,
     /// `/metrics`), e.g. `127.0.0.1:10248`; off when not set (the default).
     ///
@@ -214,7 +210,6 @@ impl Default for AgentConfig {
             root_dir: PathBuf::from("/var/lib/kubelet"),
             image_fs_dir: None,
             transport: None,
-            transport_tls: None,
             healthz_bind_address: None,
         }
     }
@@ -614,11 +609,8 @@ impl AgentConfig {
                 p.push("imageFsDir", "must be an absolute path on the host");
             }
         }
-        if let Some(t) = raw.transport
-            && let Some((transport, tls)) = validate_transport(&mut p, t)
-        {
-            c.transport = Some(transport);
-            c.transport_tls = tls;
+        if let Some(t) = raw.transport {
+            c.transport = validate_transport(&mut p, t);
         }
         if let Some(a) = raw.healthz_bind_address {
             match parse_bind_address(&a) {

@@ -50,10 +50,10 @@ fn full_config_parses() {
     assert_eq!(c.node_ip, Some("10.0.3.7".parse().unwrap()));
     assert_eq!(
         c.transport,
-        Some(TransportConfig::Grpc {
-            endpoint: "http://gw:7443".into(),
-            keepalive: Duration::from_secs(20)
-        })
+        Some(TransportConfig::Grpc(GrpcTransport {
+            keepalive: Duration::from_secs(20),
+            ..GrpcTransport::new("http://gw:7443")
+        }))
     );
 }
 
@@ -446,8 +446,9 @@ fn example_site_configs_load() {
         assert!(config.transport.is_some(), "{name}");
         assert!(
             config
-                .transport_tls
+                .transport
                 .as_ref()
+                .and_then(TransportConfig::tls)
                 .is_some_and(|t| t.client_identity.is_some()),
             "{name}: a node identity"
         );
@@ -466,9 +467,9 @@ fn grpc_tls_files_are_read_at_load() {
         key.display()
     ))
     .unwrap();
-    let tls = c.transport_tls.unwrap();
+    let tls = c.transport.as_ref().and_then(TransportConfig::tls).unwrap();
     assert_eq!(tls.ca_pem, std::fs::read(&ca).unwrap());
-    let client = tls.client_identity.unwrap();
+    let client = tls.client_identity.as_ref().unwrap();
     assert_eq!(client.key_pem, std::fs::read(&key).unwrap());
     assert!(
         !format!("{client:?}").contains("PRIVATE"),
@@ -480,13 +481,17 @@ fn grpc_tls_files_are_read_at_load() {
         ca.display()
     ))
     .unwrap();
-    assert_eq!(c.transport_tls.unwrap().client_identity, None);
+    let tls = c.transport.as_ref().and_then(TransportConfig::tls).unwrap();
+    assert_eq!(tls.client_identity, None);
     // Plain gRPC has no TLS material.
     let c = AgentConfig::from_yaml(&format!(
         "{MINIMAL}transport: {{kind: grpc, endpoint: \"http://gw:7443\"}}\n"
     ))
     .unwrap();
-    assert_eq!(c.transport_tls, None);
+    assert!(matches!(
+        c.transport,
+        Some(TransportConfig::Grpc(GrpcTransport { tls: None, .. }))
+    ));
 }
 
 #[test]
@@ -506,7 +511,7 @@ fn mqtt_tls_files_are_read_at_load_and_the_key_must_sign() {
         panic!("mqtt expected");
     };
     assert_eq!((m.host.as_str(), m.port), ("broker.plant", 8883));
-    assert!(c.transport_tls.unwrap().client_identity.is_some());
+    assert!(m.tls.as_ref().unwrap().client_identity.is_some());
     // A key that is not the certificate's is refused at load by rustls, building the
     // TLS configuration the transport will use, naming the field.
     let other = dir.path().join("other.key");

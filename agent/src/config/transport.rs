@@ -10,21 +10,68 @@ use super::error::{Problems, invalid};
 use super::values::parse_positive_duration;
 use super::{GRPC_KEEPALIVE, MAX_PEM_FILE_BYTES, MQTT_KEEPALIVE};
 
-/// Which transport carries heartbeats, with its settings.
+/// Which transport carries heartbeats, with its settings: each variant owns its endpoint
+/// shape and its TLS.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TransportConfig {
     /// gRPC to the gateway (`transport.kind: grpc`).
-    Grpc {
-        /// `transport.endpoint`: gateway URL, `http://host:port`.
-        endpoint: String,
-        /// `transport.keepalive`: an HTTP/2 ping after this long without receiving anything
-        /// (default 5 min). Renewals are answered only when not written, so a short
-        /// interval would ping every period on a metered link; while renewals flow, a dead
-        /// link is noticed by `TCP_USER_TIMEOUT` (20 s) instead.
-        keepalive: Duration,
-    },
+    Grpc(GrpcTransport),
     /// MQTT 5 through a broker (`transport.kind: mqtt`).
     Mqtt(MqttTransport),
+}
+
+impl TransportConfig {
+    /// `transport.kind`: `grpc` or `mqtt` (also the agent's `transport` metric label).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Grpc(_) => "grpc",
+            Self::Mqtt(_) => "mqtt",
+        }
+    }
+
+    /// The transport's TLS ([`GrpcTransport::tls`], [`MqttTransport::tls`]).
+    pub fn tls(&self) -> Option<&ClientTls> {
+        match self {
+            Self::Grpc(g) => g.tls.as_ref(),
+            Self::Mqtt(m) => m.tls.as_ref(),
+        }
+    }
+
+    /// The transport's TLS, to set (tests and tools that build a config in code).
+    pub fn tls_mut(&mut self) -> &mut Option<ClientTls> {
+        match self {
+            Self::Grpc(g) => &mut g.tls,
+            Self::Mqtt(m) => &mut m.tls,
+        }
+    }
+}
+
+/// gRPC settings (`transport.kind: grpc`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrpcTransport {
+    /// `transport.endpoint`: the gateway's URL, `http://host:port` or `https://host:port`
+    /// (checked at load by `edgebeat_transports::endpoint::check_grpc_endpoint`).
+    pub endpoint: String,
+    /// `transport.keepalive`: an HTTP/2 ping after this long without receiving anything
+    /// (default [`GRPC_KEEPALIVE`], 5 min). Renewals are answered only when not written, so
+    /// a short interval would ping every period on a metered link; while renewals flow, a
+    /// dead link is noticed by `TCP_USER_TIMEOUT` (20 s) instead.
+    pub keepalive: Duration,
+    /// `transport.caFile`/`certFile`/`keyFile` on an `https://` endpoint (required there,
+    /// refused on `http://`): the CA that verifies the gateway and the node's client
+    /// certificate (mTLS).
+    pub tls: Option<ClientTls>,
+}
+
+impl GrpcTransport {
+    /// Plain gRPC to `endpoint` with the default keepalive and no TLS.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            keepalive: GRPC_KEEPALIVE,
+            tls: None,
+        }
+    }
 }
 
 /// TLS material of a transport on an `https://` (gRPC) or `mqtts://` (MQTT) endpoint, read and
@@ -56,6 +103,10 @@ pub struct MqttTransport {
     /// sooner, by `TCP_USER_TIMEOUT` on unacknowledged renewals (README, "MQTT in one
     /// paragraph").
     pub keepalive: Duration,
+    /// `transport.caFile`/`certFile`/`keyFile` on an `mqtts://` endpoint (required there,
+    /// refused on `mqtt://`): the CA that verifies the broker and the node's client
+    /// certificate, whose key also signs every message end to end.
+    pub tls: Option<ClientTls>,
 }
 
 #[derive(Deserialize)]
@@ -76,10 +127,7 @@ pub(super) struct RawTransport {
 }
 
 /// `transport`: every invalid field goes to `p`; `None` when any did.
-pub(super) fn validate_transport(
-    p: &mut Problems,
-    t: RawTransport,
-) -> Option<(TransportConfig, Option<ClientTls>)> {
+pub(super) fn validate_transport(p: &mut Problems, t: RawTransport) -> Option<TransportConfig> {
     let before = p.len();
     let keepalive = match (&t.keepalive, t.kind.as_deref()) {
         (Some(v), _) => p.take(parse_positive_duration("transport.keepalive", v)),
@@ -161,13 +209,11 @@ pub(super) fn validate_transport(
                 );
             }
             let tls = tls(p, &endpoint, "https://");
-            (
-                TransportConfig::Grpc {
-                    endpoint,
-                    keepalive: keepalive?,
-                },
+            TransportConfig::Grpc(GrpcTransport {
+                endpoint,
+                keepalive: keepalive?,
                 tls,
-            )
+            })
         }
         Some("mqtt") => {
             if !cfg!(feature = "mqtt") {
@@ -229,18 +275,16 @@ pub(super) fn validate_transport(
                     "this build has no MQTT TLS support (feature mqtt-tls); use mqtt:// or an agent built with TLS",
                 );
             }
-            (
-                TransportConfig::Mqtt(MqttTransport {
-                    host,
-                    port,
-                    failover: brokers,
-                    client_id: t.client_id,
-                    credentials: credentials?,
-                    topic_prefix,
-                    keepalive: keepalive?,
-                }),
+            TransportConfig::Mqtt(MqttTransport {
+                host,
+                port,
+                failover: brokers,
+                client_id: t.client_id,
+                credentials: credentials?,
+                topic_prefix,
+                keepalive: keepalive?,
                 tls,
-            )
+            })
         }
         Some(other) => {
             p.push(

@@ -206,11 +206,10 @@ impl Agent {
         let name = node_name(&config, &facts)?;
         let labels = node_labels(&config, &facts, &name);
         let first = compute(&facts, &config, None, clock.boottime());
-        let transport = match &config.transport {
-            Some(TransportConfig::Grpc { .. }) => "grpc",
-            Some(TransportConfig::Mqtt(_)) => "mqtt",
-            None => "none",
-        };
+        let transport = config
+            .transport
+            .as_ref()
+            .map_or("none", TransportConfig::kind);
         let (metrics, registry) = AgentMetrics::new(&name, transport);
         metrics.observe_health(&facts, first.condition_states());
         say_missing_signals(&config, &facts);
@@ -322,14 +321,11 @@ impl Agent {
         let transport = match self.config.transport.clone() {
             None => return Err(AgentError::NoTransport),
             #[cfg(feature = "grpc")]
-            Some(TransportConfig::Grpc {
-                endpoint,
-                keepalive,
-            }) => {
+            Some(TransportConfig::Grpc(g)) => {
                 use edgebeat_transports::grpc::GrpcUplinkOptions;
-                let mut options = GrpcUplinkOptions::new(endpoint);
-                options.keepalive = keepalive;
-                options.tls = self.config.transport_tls.clone();
+                let mut options = GrpcUplinkOptions::new(g.endpoint);
+                options.keepalive = g.keepalive;
+                options.tls = g.tls;
                 let cancel = sending.clone();
                 Box::pin(async move {
                     edgebeat_transports::grpc::run_uplink(options, register, driver, cancel)
@@ -338,7 +334,7 @@ impl Agent {
                 }) as TransportTask
             }
             #[cfg(not(feature = "grpc"))]
-            Some(TransportConfig::Grpc { .. }) => {
+            Some(TransportConfig::Grpc(_)) => {
                 drop((register, driver));
                 return Err(AgentError::NotBuilt {
                     transport: "gRPC",
@@ -356,7 +352,7 @@ impl Agent {
                 }
                 options.credentials = m.credentials;
                 #[cfg(feature = "mqtt-tls")]
-                if let Some(tls) = self.config.transport_tls.clone() {
+                if let Some(tls) = m.tls {
                     use edgebeat_transports::signing::MessageSigner;
                     if let Some(client) = &tls.client_identity {
                         // Checked at load; an error here means the files changed since.
@@ -391,8 +387,9 @@ impl Agent {
         tracing::info!(node = self.node_name(), "edgebeat agent starting");
         if self
             .config
-            .transport_tls
+            .transport
             .as_ref()
+            .and_then(TransportConfig::tls)
             .is_none_or(|t| t.client_identity.is_none())
         {
             // The gateway's default posture refuses messages without a node identity.
@@ -524,6 +521,7 @@ pub fn jittered(period: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::GrpcTransport;
     use edgebeat_hw::SystemClock;
 
     fn fixture_agent() -> Arc<Agent> {
@@ -531,10 +529,10 @@ mod tests {
             node_name: Some("edge-metrics".parse().unwrap()),
             host_root: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../tests/fixtures/rpi4-cgroup1"),
-            transport: Some(TransportConfig::Grpc {
-                endpoint: "http://gateway.invalid:7443".into(),
+            transport: Some(TransportConfig::Grpc(GrpcTransport {
                 keepalive: Duration::from_secs(30),
-            }),
+                ..GrpcTransport::new("http://gateway.invalid:7443")
+            })),
             ..AgentConfig::default()
         };
         Agent::new(config, Arc::new(SystemClock)).unwrap()

@@ -108,10 +108,10 @@ async fn measure(transport: Transport, site: Option<&Ca>) -> anyhow::Result<()> 
     let port = proxy(upstream, counts.clone()).await?;
     let via_proxy = |mut c: edgebeat_agent::AgentConfig| {
         c.transport = match c.transport.take() {
-            Some(TransportConfig::Grpc { keepalive, .. }) => Some(TransportConfig::Grpc {
-                endpoint: format!("http://127.0.0.1:{port}"),
-                keepalive,
-            }),
+            Some(TransportConfig::Grpc(mut g)) => {
+                g.endpoint = format!("http://127.0.0.1:{port}");
+                Some(TransportConfig::Grpc(g))
+            }
             Some(TransportConfig::Mqtt(mut m)) => {
                 m.port = port;
                 Some(TransportConfig::Mqtt(m))
