@@ -19,8 +19,9 @@ pub enum ConfigError {
     /// The YAML is malformed or has an unknown field or a value of the wrong type.
     #[error("parsing the agent configuration: {0}")]
     Syntax(String),
-    /// Fields have values the agent cannot use: every one of them, in file order, each
-    /// naming the field and the fix. Shown as `field: message` for one, and as a count
+    /// Fields have values the agent cannot use: every one of them, each naming the field
+    /// and the fix (values a field's type refuses first, by field name, then the rules
+    /// across fields). Shown as `field: message` for one, and as a count
     /// followed by one `- field: message` line each for several.
     #[error("{}", InvalidFields(.0))]
     Invalid(Vec<FieldError>),

@@ -57,7 +57,7 @@ use std::time::Duration;
 use edgebeat_proto::registration;
 use serde::Deserialize;
 
-use crate::health::{self, HealthSettings};
+use crate::health::HealthSettings;
 use crate::quantity::{Amount, parse_amount};
 
 pub use edgebeat_proto::registration::{CONTAINER_RUNTIME_LABEL, DEFAULT_LABEL_KEYS};
@@ -90,8 +90,11 @@ use error::{Problems, field_message, got};
 pub use eviction::EvictionSignal;
 pub use transport::{ClientTls, GrpcTransport, MqttTransport, TlsIdentity, TransportConfig};
 use transport::{RawTransport, validate_transport};
+use values::{
+    AbsolutePath, BindAddress, Celsius, Count, HoldPeriod, LeaseSeconds, NodeIp, NodeNameField,
+    Period, Threshold, parse_reserved,
+};
 pub use values::{MAX_DURATION, parse_bind_address, parse_duration, parse_node_name};
-use values::{is_link_local, parse_positive_duration, parse_reserved};
 
 pub use edgebeat_proto::registration::TaintEffect;
 
@@ -234,34 +237,34 @@ pub fn default_eviction_hard() -> BTreeMap<EvictionSignal, Amount> {
 struct RawConfig {
     api_version: Option<String>,
     kind: Option<String>,
-    node_name: Option<String>,
-    node_status_update_frequency: Option<String>,
-    node_status_report_frequency: Option<String>,
-    node_lease_duration_seconds: Option<i64>,
+    node_name: Option<NodeNameField>,
+    node_status_update_frequency: Option<Period>,
+    node_status_report_frequency: Option<Period>,
+    node_lease_duration_seconds: Option<LeaseSeconds>,
     register_node: Option<bool>,
     register_schedulable: Option<bool>,
     register_with_taints: Option<Vec<RawTaint>>,
     node_labels: Option<BTreeMap<String, String>>,
     eviction_hard: Option<BTreeMap<String, String>>,
-    eviction_pressure_transition_period: Option<String>,
-    system_memory_contention_threshold: Option<f64>,
-    system_disk_contention_threshold: Option<f64>,
+    eviction_pressure_transition_period: Option<HoldPeriod>,
+    system_memory_contention_threshold: Option<Threshold>,
+    system_disk_contention_threshold: Option<Threshold>,
     readonly_filesystem_condition: Option<bool>,
     thermal_condition: Option<bool>,
-    thermal_limit_celsius: Option<f64>,
+    thermal_limit_celsius: Option<Celsius>,
     under_voltage_condition: Option<bool>,
     clock_sync_condition: Option<bool>,
     system_reserved: Option<BTreeMap<String, String>>,
     kube_reserved: Option<BTreeMap<String, String>>,
-    max_pods: Option<i64>,
-    pods_per_core: Option<i64>,
+    max_pods: Option<Count>,
+    pods_per_core: Option<Count>,
     #[serde(rename = "nodeIP")]
-    node_ip: Option<String>,
+    node_ip: Option<NodeIp>,
     host_root: Option<PathBuf>,
-    root_dir: Option<PathBuf>,
-    image_fs_dir: Option<PathBuf>,
+    root_dir: Option<AbsolutePath>,
+    image_fs_dir: Option<AbsolutePath>,
     transport: Option<RawTransport>,
-    healthz_bind_address: Option<String>,
+    healthz_bind_address: Option<BindAddress>,
 }
 
 impl AgentConfig {
@@ -377,32 +380,18 @@ impl AgentConfig {
             Some(KIND) => {}
             other => p.push("kind", format!("{}; set kind: {KIND}", got(other))),
         }
-        if let Some(name) = raw.node_name.filter(|n| !n.is_empty()) {
-            match parse_node_name(&name) {
-                Ok(name) => c.node_name = Some(name),
-                Err(m) => p.push("nodeName", m),
-            }
-        }
-        if let Some(v) = raw.node_status_update_frequency
-            && let Some(d) = p.take(parse_positive_duration("nodeStatusUpdateFrequency", &v))
-        {
+        // Scalars were checked by their types (values.rs) as serde read them.
+        c.node_name = raw.node_name.and_then(|n| n.0);
+        if let Some(Period(d)) = raw.node_status_update_frequency {
             c.node_status_update_frequency = d;
             // kubelet: the report period follows an explicitly set update period.
             c.node_status_report_frequency = d;
         }
-        if let Some(v) = raw.node_status_report_frequency
-            && let Some(d) = p.take(parse_positive_duration("nodeStatusReportFrequency", &v))
-        {
+        if let Some(Period(d)) = raw.node_status_report_frequency {
             c.node_status_report_frequency = d;
         }
-        if let Some(v) = raw.node_lease_duration_seconds {
-            match u32::try_from(v).ok().filter(|v| *v > 0) {
-                Some(v) => c.node_lease_duration_seconds = v,
-                None => p.push(
-                    "nodeLeaseDurationSeconds",
-                    format!("got {v}; must be a positive number of seconds, e.g. 40"),
-                ),
-            }
+        if let Some(LeaseSeconds(v)) = raw.node_lease_duration_seconds {
+            c.node_lease_duration_seconds = v;
         }
         c.register_node = raw.register_node.unwrap_or(true);
         c.register_schedulable = raw.register_schedulable.unwrap_or(true);
@@ -500,50 +489,27 @@ impl AgentConfig {
                 }
             }
         }
-        if let Some(v) = raw.eviction_pressure_transition_period {
-            match parse_duration(&v) {
-                Ok(d) if d <= MAX_DURATION => c.eviction_pressure_transition_period = d,
-                Ok(_) => p.push(
-                    "evictionPressureTransitionPeriod",
-                    format!("{v:?} must be at most 24h"),
-                ),
-                Err(m) => p.push("evictionPressureTransitionPeriod", m),
-            }
+        if let Some(HoldPeriod(d)) = raw.eviction_pressure_transition_period {
+            c.eviction_pressure_transition_period = d;
         }
-        let thresholds = [
-            (
-                "systemMemoryContentionThreshold",
-                raw.system_memory_contention_threshold,
-                &mut c.health.system_memory_contention_threshold,
-            ),
-            (
-                "systemDiskContentionThreshold",
-                raw.system_disk_contention_threshold,
-                &mut c.health.system_disk_contention_threshold,
-            ),
-        ];
-        for (field, value, slot) in thresholds {
-            if let Some(v) = value {
-                match health::check_threshold(v) {
-                    Ok(v) => *slot = v,
-                    Err(m) => p.push(field, m),
-                }
-            }
+        let health = &mut c.health;
+        if let Some(Threshold(v)) = raw.system_memory_contention_threshold {
+            health.system_memory_contention_threshold = v;
         }
-        if let Some(v) = raw.thermal_limit_celsius {
-            match health::check_thermal_limit(v) {
-                Ok(v) => c.health.thermal_limit_celsius = Some(v),
-                Err(m) => p.push("thermalLimitCelsius", m),
-            }
+        if let Some(Threshold(v)) = raw.system_disk_contention_threshold {
+            health.system_disk_contention_threshold = v;
+        }
+        if let Some(Celsius(v)) = raw.thermal_limit_celsius {
+            health.thermal_limit_celsius = Some(v);
         }
         let switches = [
             (
                 raw.readonly_filesystem_condition,
-                &mut c.health.readonly_filesystem,
+                &mut health.readonly_filesystem,
             ),
-            (raw.thermal_condition, &mut c.health.thermal),
-            (raw.under_voltage_condition, &mut c.health.under_voltage),
-            (raw.clock_sync_condition, &mut c.health.clock_sync),
+            (raw.thermal_condition, &mut health.thermal),
+            (raw.under_voltage_condition, &mut health.under_voltage),
+            (raw.clock_sync_condition, &mut health.clock_sync),
         ];
         for (value, slot) in switches {
             if let Some(v) = value {
@@ -552,72 +518,24 @@ impl AgentConfig {
         }
         c.system_reserved = parse_reserved(&mut p, "systemReserved", raw.system_reserved);
         c.kube_reserved = parse_reserved(&mut p, "kubeReserved", raw.kube_reserved);
-        if let Some(v) = raw.max_pods {
-            match u32::try_from(v) {
-                Ok(v) => c.max_pods = v,
-                Err(_) => p.push(
-                    "maxPods",
-                    format!("got {v}; must be 0 (no pods: the default) or positive"),
-                ),
-            }
+        if let Some(Count(v)) = raw.max_pods {
+            c.max_pods = v;
         }
-        if let Some(v) = raw.pods_per_core {
-            match u32::try_from(v) {
-                Ok(v) => c.pods_per_core = v,
-                Err(_) => p.push(
-                    "podsPerCore",
-                    format!("got {v}; must be 0 (off) or positive"),
-                ),
-            }
+        if let Some(Count(v)) = raw.pods_per_core {
+            c.pods_per_core = v;
         }
-        if let Some(ip) = raw.node_ip {
-            match ip.parse::<IpAddr>() {
-                Err(_) => p.push("nodeIP", format!("{ip:?} is not an IP address")),
-                Ok(parsed)
-                    if parsed.is_loopback()
-                        || parsed.is_multicast()
-                        || parsed.is_unspecified()
-                        || is_link_local(&parsed) =>
-                {
-                    p.push(
-                        "nodeIP",
-                        format!(
-                            "{ip} is loopback, link-local, multicast or unspecified; use the node's own address (kubelet validateNodeIP)"
-                        ),
-                    );
-                }
-                Ok(parsed) => c.node_ip = Some(parsed),
-            }
-        }
+        c.node_ip = raw.node_ip.map(|NodeIp(ip)| ip);
         if let Some(path) = raw.host_root {
             c.host_root = path;
         }
-        if let Some(path) = raw.root_dir {
-            if path.is_absolute() {
-                c.root_dir = path;
-            } else {
-                p.push(
-                    "rootDir",
-                    "must be an absolute path on the host, e.g. /var/lib/kubelet",
-                );
-            }
+        if let Some(AbsolutePath(path)) = raw.root_dir {
+            c.root_dir = path;
         }
-        if let Some(path) = raw.image_fs_dir {
-            if path.is_absolute() {
-                c.image_fs_dir = Some(path);
-            } else {
-                p.push("imageFsDir", "must be an absolute path on the host");
-            }
-        }
+        c.image_fs_dir = raw.image_fs_dir.map(|AbsolutePath(path)| path);
         if let Some(t) = raw.transport {
             c.transport = validate_transport(&mut p, t);
         }
-        if let Some(a) = raw.healthz_bind_address {
-            match parse_bind_address(&a) {
-                Ok(addr) => c.healthz_bind_address = Some(addr),
-                Err(m) => p.push("healthzBindAddress", m),
-            }
-        }
+        c.healthz_bind_address = raw.healthz_bind_address.map(|BindAddress(a)| a);
         p.into_result(c)
     }
 

@@ -707,6 +707,49 @@ fn every_invalid_field_is_reported_at_once() {
     assert!(one.starts_with("maxPods: "), "{one}");
 }
 
+/// Every scalar is checked by its type as serde reads it (values.rs): a file with one bad
+/// value of each names them all, each with its own rule's message.
+#[test]
+fn scalar_values_are_checked_by_their_types() {
+    let (names, err) = refused_fields(&format!(
+        "{MINIMAL}nodeName: Edge_1\nnodeStatusUpdateFrequency: 0s\nnodeLeaseDurationSeconds: -3\nmaxPods: -1\nnodeIP: 127.0.0.1\nrootDir: relative/dir\nthermalLimitCelsius: 900\nsystemDiskContentionThreshold: 2\nhealthzBindAddress: localhost:1\nevictionPressureTransitionPeriod: 48h\ntransport: {{kind: mqtt, endpoint: \"mqtt://b\", keepalive: 0s}}\n"
+    ));
+    assert_eq!(
+        names,
+        [
+            "evictionPressureTransitionPeriod",
+            "healthzBindAddress",
+            "maxPods",
+            "nodeIP",
+            "nodeLeaseDurationSeconds",
+            "nodeName",
+            "nodeStatusUpdateFrequency",
+            "rootDir",
+            "systemDiskContentionThreshold",
+            "thermalLimitCelsius",
+            "transport.keepalive",
+        ]
+    );
+    let text = err.to_string();
+    for message in [
+        "\"48h\" must be at most 24h",
+        "is not an IP:port address",
+        "got -1; must be 0",
+        "use the node's own address",
+        "got -3; must be a positive number of seconds",
+        "\"Edge_1\" is not a valid node name",
+        "\"0s\" must be greater than zero",
+        "must be an absolute path on the host",
+        "between 0 (off) and 1",
+        "degrees Celsius above 0",
+    ] {
+        assert!(text.contains(message), "{message:?} not in {text}");
+    }
+    // An empty nodeName is no name: the hostname is used.
+    let c = AgentConfig::from_yaml(&format!("{MINIMAL}nodeName: \"\"\n")).unwrap();
+    assert_eq!(c.node_name, None);
+}
+
 #[test]
 fn healthz_bind_address_is_off_by_default_and_parses_ip_port() {
     assert_eq!(AgentConfig::default().healthz_bind_address, None);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::error::{Problems, invalid};
-use super::values::parse_positive_duration;
+use super::values::Period;
 use super::{GRPC_KEEPALIVE, MAX_PEM_FILE_BYTES, MQTT_KEEPALIVE};
 
 /// Which transport carries heartbeats, with its settings: each variant owns its endpoint
@@ -115,7 +115,7 @@ pub(super) struct RawTransport {
     kind: Option<String>,
     endpoint: Option<String>,
     endpoints: Option<Vec<String>>,
-    keepalive: Option<String>,
+    keepalive: Option<Period>,
     #[serde(rename = "clientID")]
     client_id: Option<String>,
     username: Option<String>,
@@ -129,8 +129,8 @@ pub(super) struct RawTransport {
 /// `transport`: every invalid field goes to `p`; `None` when any did.
 pub(super) fn validate_transport(p: &mut Problems, t: RawTransport) -> Option<TransportConfig> {
     let before = p.len();
-    let keepalive = match (&t.keepalive, t.kind.as_deref()) {
-        (Some(v), _) => p.take(parse_positive_duration("transport.keepalive", v)),
+    let keepalive = match (t.keepalive, t.kind.as_deref()) {
+        (Some(Period(d)), _) => Some(d),
         (None, Some("grpc")) => Some(GRPC_KEEPALIVE),
         (None, _) => Some(MQTT_KEEPALIVE),
     };

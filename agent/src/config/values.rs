@@ -1,11 +1,16 @@
-//! Scalar values of the configuration: durations, bind addresses, node names, reserved
-//! resources.
+//! Scalar values of the configuration: durations, counts, addresses, node names, paths,
+//! reserved resources. Each field's rule is its type's `TryFrom`, which serde runs as it
+//! reads the field (`#[serde(try_from)]`), so a value that loads is one the agent can run
+//! with, and the error names the field it came from.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use super::error::{ConfigError, Problems, invalid};
+use serde::Deserialize;
+
+use super::error::Problems;
 use edgebeat_proto::registration::{self, NodeName};
 
 use crate::quantity::{Amount, parse_amount, parse_millicores};
@@ -88,15 +93,176 @@ pub fn parse_node_name(name: &str) -> Result<NodeName, String> {
 /// would overflow timer arithmetic.
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
-pub(super) fn parse_positive_duration(field: &str, text: &str) -> Result<Duration, ConfigError> {
-    let d = parse_duration(text).map_err(|m| invalid(field, m))?;
-    if d.is_zero() || d > MAX_DURATION {
-        return Err(invalid(
-            field,
-            format!("{text:?} must be greater than zero and at most 24h"),
-        ));
+/// A period field (`nodeStatusUpdateFrequency`, `transport.keepalive`…): a Go duration
+/// ([`parse_duration`]) greater than zero and at most [`MAX_DURATION`]. Checked where serde
+/// reads it, so the error names the field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub(super) struct Period(pub(super) Duration);
+
+impl TryFrom<String> for Period {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let d = parse_duration(&text)?;
+        if d.is_zero() || d > MAX_DURATION {
+            return Err(format!(
+                "{text:?} must be greater than zero and at most 24h"
+            ));
+        }
+        Ok(Self(d))
     }
-    Ok(d)
+}
+
+/// `evictionPressureTransitionPeriod`: a Go duration from zero (no hold) to [`MAX_DURATION`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub(super) struct HoldPeriod(pub(super) Duration);
+
+impl TryFrom<String> for HoldPeriod {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        match parse_duration(&text)? {
+            d if d <= MAX_DURATION => Ok(Self(d)),
+            _ => Err(format!("{text:?} must be at most 24h")),
+        }
+    }
+}
+
+/// `nodeLeaseDurationSeconds`: a positive number of seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "i64")]
+pub(super) struct LeaseSeconds(pub(super) u32);
+
+impl TryFrom<i64> for LeaseSeconds {
+    type Error = String;
+
+    fn try_from(v: i64) -> Result<Self, String> {
+        u32::try_from(v)
+            .ok()
+            .filter(|v| *v > 0)
+            .map(Self)
+            .ok_or_else(|| format!("got {v}; must be a positive number of seconds, e.g. 40"))
+    }
+}
+
+/// `maxPods`, `podsPerCore`: 0 (none, or off) or a positive count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "i64")]
+pub(super) struct Count(pub(super) u32);
+
+impl TryFrom<i64> for Count {
+    type Error = String;
+
+    fn try_from(v: i64) -> Result<Self, String> {
+        u32::try_from(v)
+            .map(Self)
+            .map_err(|_| format!("got {v}; must be 0 (none: the default) or positive"))
+    }
+}
+
+/// `nodeName`: empty means not set (the hostname is used); otherwise [`parse_node_name`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub(super) struct NodeNameField(pub(super) Option<NodeName>);
+
+impl TryFrom<String> for NodeNameField {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Self, String> {
+        if name.is_empty() {
+            return Ok(Self(None));
+        }
+        parse_node_name(&name).map(|n| Self(Some(n)))
+    }
+}
+
+/// `nodeIP`: the node's own address, as kubelet's `validateNodeIP`
+/// (`pkg/kubelet/kubelet_node_status.go`): not loopback, link-local, multicast or
+/// unspecified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub(super) struct NodeIp(pub(super) IpAddr);
+
+impl TryFrom<String> for NodeIp {
+    type Error = String;
+
+    fn try_from(ip: String) -> Result<Self, String> {
+        let parsed: IpAddr = ip
+            .parse()
+            .map_err(|_| format!("{ip:?} is not an IP address"))?;
+        if parsed.is_loopback()
+            || parsed.is_multicast()
+            || parsed.is_unspecified()
+            || is_link_local(&parsed)
+        {
+            return Err(format!(
+                "{ip} is loopback, link-local, multicast or unspecified; use the node's own address (kubelet validateNodeIP)"
+            ));
+        }
+        Ok(Self(parsed))
+    }
+}
+
+/// `healthzBindAddress`: [`parse_bind_address`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub(super) struct BindAddress(pub(super) SocketAddr);
+
+impl TryFrom<String> for BindAddress {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        parse_bind_address(&text).map(Self)
+    }
+}
+
+/// `rootDir`, `imageFsDir`: an absolute path on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "PathBuf")]
+pub(super) struct AbsolutePath(pub(super) PathBuf);
+
+impl TryFrom<PathBuf> for AbsolutePath {
+    type Error = String;
+
+    fn try_from(path: PathBuf) -> Result<Self, String> {
+        if path.is_absolute() {
+            Ok(Self(path))
+        } else {
+            Err(format!(
+                "{} is relative; must be an absolute path on the host, e.g. /var/lib/kubelet",
+                path.display()
+            ))
+        }
+    }
+}
+
+/// `systemMemoryContentionThreshold`, `systemDiskContentionThreshold`
+/// ([`crate::health::check_threshold`]).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(try_from = "f64")]
+pub(super) struct Threshold(pub(super) f64);
+
+impl TryFrom<f64> for Threshold {
+    type Error = String;
+
+    fn try_from(v: f64) -> Result<Self, String> {
+        crate::health::check_threshold(v).map(Self)
+    }
+}
+
+/// `thermalLimitCelsius` ([`crate::health::check_thermal_limit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(try_from = "f64")]
+pub(super) struct Celsius(pub(super) f64);
+
+impl TryFrom<f64> for Celsius {
+    type Error = String;
+
+    fn try_from(v: f64) -> Result<Self, String> {
+        crate::health::check_thermal_limit(v).map(Self)
+    }
 }
 
 /// Parses a Go duration (`metav1.Duration` as in KubeletConfiguration): a sequence of
