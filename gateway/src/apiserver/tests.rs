@@ -1,0 +1,116 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+fn api() -> Apiserver {
+    // Never contacted: the gate is driven by hand.
+    let client =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    Apiserver::new(client, false)
+}
+
+fn answered(code: u16, retry_after_seconds: u32) -> Result<(), kube::Error> {
+    let mut status = kube::core::Status::failure("test", "test").with_code(code);
+    status.details = Some(kube::core::response::StatusDetails {
+        name: String::new(),
+        group: String::new(),
+        kind: String::new(),
+        uid: String::new(),
+        causes: Vec::new(),
+        retry_after_seconds,
+    });
+    Err(kube::Error::Api(Box::new(status)))
+}
+
+fn observe(api: &Apiserver, priority: Priority, result: Result<(), kube::Error>, probe: bool) {
+    lock(api.gate(priority)).observe(trouble(&result), probe);
+}
+
+/// 5xx closes the gate; one probe at a time after the backoff; only the probe's
+/// failure doubles the wait; success reopens it.
+#[tokio::test(start_paused = true)]
+async fn the_gate_backs_off_with_one_probe_and_reopens_on_success() {
+    let api = api();
+    let lease = Priority::Lease;
+    assert!(matches!(api.admit(lease), Ok(Ticket::Open)));
+    observe(&api, lease, answered(503, 0), false);
+    assert!(api.backing_off());
+    assert!(api.admit(lease).is_err(), "closed until the backoff passes");
+    // Failures of calls already in flight say nothing new.
+    observe(&api, lease, answered(503, 0), false);
+    tokio::time::advance(GATE_BACKOFF_MIN).await;
+    let probe = api.admit(lease);
+    assert!(matches!(probe, Ok(Ticket::Probe(_))));
+    assert!(api.admit(lease).is_err(), "one probe at a time");
+    drop(probe);
+    let probe = api.admit(lease).map_err(|_| ()).unwrap();
+    // The probe fails too: the next wait doubles.
+    observe(&api, lease, answered(500, 0), true);
+    drop(probe);
+    tokio::time::advance(GATE_BACKOFF_MIN).await;
+    assert!(api.admit(lease).is_err());
+    tokio::time::advance(GATE_BACKOFF_MIN).await;
+    let probe = api.admit(lease).map_err(|_| ()).unwrap();
+    observe(&api, lease, Ok(()), true);
+    drop(probe);
+    assert!(!api.backing_off());
+    assert!(matches!(api.admit(lease), Ok(Ticket::Open)));
+    // A 404 or 409 is an apiserver that works.
+    observe(&api, lease, answered(409, 0), false);
+    assert!(!api.backing_off());
+}
+
+/// A failing Node or status call (a webhook answering 500) does not hold up Leases.
+#[tokio::test(start_paused = true)]
+async fn each_priority_has_its_own_gate() {
+    let api = api();
+    observe(&api, Priority::Other, answered(500, 0), false);
+    assert!(api.admit(Priority::Other).is_err());
+    assert!(matches!(api.admit(Priority::Lease), Ok(Ticket::Open)));
+}
+
+/// A 429's Retry-After is honoured up to GATE_BACKOFF_MAX, never longer: a Lease not
+/// renewed for 40 s is a NotReady node.
+#[tokio::test(start_paused = true)]
+async fn a_429_waits_for_its_retry_after_up_to_the_cap() {
+    let api = api();
+    observe(&api, Priority::Lease, answered(429, 3), false);
+    tokio::time::advance(Duration::from_millis(2_900)).await;
+    assert!(api.admit(Priority::Lease).is_err());
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(matches!(api.admit(Priority::Lease), Ok(Ticket::Probe(_))));
+    let api = self::api();
+    observe(&api, Priority::Lease, answered(429, 60), false);
+    tokio::time::advance(GATE_BACKOFF_MAX).await;
+    assert!(matches!(api.admit(Priority::Lease), Ok(Ticket::Probe(_))));
+}
+
+/// A call dropped before its answer (its caller's deadline) counts as no answer.
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_unanswered_closes_the_gate() {
+    let api = api();
+    drop(Outcome {
+        gate: api.gate(Priority::Lease),
+        probe: false,
+        recorded: false,
+    });
+    assert!(api.backing_off());
+}
+
+/// Node, status and Event calls hold at most half the slots.
+#[tokio::test]
+async fn lease_calls_keep_half_the_slots() {
+    let client =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    let api = Apiserver::with_limits(client, false, WriteLimits { max_inflight: 4 });
+    let others: Vec<_> = (0..2)
+        .map(|_| api.others.clone().try_acquire_owned().unwrap())
+        .collect();
+    assert!(api.others.clone().try_acquire_owned().is_err());
+    assert_eq!(
+        api.all.available_permits(),
+        4,
+        "leases still have every slot"
+    );
+    drop(others);
+}

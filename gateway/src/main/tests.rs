@@ -1,0 +1,209 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
+    Args::try_parse_from(std::iter::once("edgebeat-gateway").chain(flags.iter().copied()))
+}
+
+#[test]
+fn mqtt_security_flags_are_checked_with_the_flag_named() {
+    let err = |flags: &[&str]| match mqtt_ingress_options(&parse(flags).unwrap()) {
+        Ok(_) => String::new(),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err(&["--mqtt-node-ca", "ca.pem"]).contains("needs --mqtt-endpoint"));
+    assert!(err(&["--mqtt-endpoint", "mqtts://b"]).contains("needs --mqtt-ca-file"));
+    assert!(
+        err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-ca-file", "ca.pem"])
+            .contains("need an mqtts://")
+    );
+    assert!(
+        err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-require-signatures"])
+            .contains("needs --mqtt-node-ca")
+    );
+    assert!(
+        err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-node-ca", "/dev/zero"])
+            .starts_with("--mqtt-node-ca /dev/zero")
+    );
+    let plain = mqtt_ingress_options(&parse(&["--mqtt-endpoint", "mqtt://b"]).unwrap())
+        .unwrap()
+        .unwrap();
+    assert!(plain.tls.is_none() && plain.signatures.is_none());
+    assert_eq!((plain.host.as_str(), plain.port), ("b", 1883));
+    assert!(err(&["--mqtt-endpoint", "tcp://b"]).starts_with("--mqtt-endpoint: "));
+    // A broker cluster: repeated or comma-separated, the first dialled first.
+    for flags in [
+        &["--mqtt-endpoint", "mqtt://a,mqtt://b:1884"][..],
+        &[
+            "--mqtt-endpoint",
+            "mqtt://a",
+            "--mqtt-endpoint",
+            "mqtt://b:1884",
+        ][..],
+    ] {
+        let cluster = mqtt_ingress_options(&parse(flags).unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!((cluster.host.as_str(), cluster.port), ("a", 1883));
+        assert_eq!(cluster.failover, [("b".to_owned(), 1884)]);
+    }
+    let mixed = err(&["--mqtt-endpoint", "mqtt://a,mqtts://b"]);
+    assert!(mixed.contains("differ in TLS"), "{mixed}");
+}
+
+fn posture_of(flags: &[&str]) -> Result<Posture, String> {
+    let args = parse(flags).map_err(|e| e.to_string())?;
+    let grpc = match args.grpc_listen {
+        Some(_) => Some(grpc_server_options(&args).map_err(|e| format!("{e:#}"))?),
+        None => {
+            check_no_grpc_flags(&args).map_err(|e| format!("{e:#}"))?;
+            None
+        }
+    };
+    let mqtt = mqtt_ingress_options(&args).map_err(|e| format!("{e:#}"))?;
+    posture(&args, grpc.as_ref(), mqtt.as_ref()).map_err(|e| format!("{e:#}"))
+}
+
+/// One posture for the whole gateway: no gRPC listener unless asked for, and no ingress
+/// that lets unidentified agents in without the explicit opt-in (the plaintext gRPC
+/// listener beside signed MQTT was the way around the signatures).
+#[test]
+fn every_ingress_requires_identities_unless_explicitly_allowed() {
+    let dir = std::env::temp_dir().join(format!("edgebeat-gw-posture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("site-ca.pem");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let key = rcgen::KeyPair::generate().unwrap();
+    std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
+    let ca = ca.to_str().unwrap();
+
+    assert!(
+        parse(&[]).unwrap().grpc_listen.is_none(),
+        "no default listener"
+    );
+    assert!(posture_of(&[]).unwrap_err().contains("no ingress"));
+    let signed_mqtt = ["--mqtt-endpoint", "mqtt://b", "--mqtt-node-ca", ca];
+    assert_eq!(posture_of(&signed_mqtt), Ok(Posture::Identified));
+    // Plaintext gRPC beside signed MQTT: refused, naming the fix and the opt-in.
+    let mut beside = signed_mqtt.to_vec();
+    beside.extend(["--grpc-listen", "127.0.0.1:0"]);
+    let err = posture_of(&beside).unwrap_err();
+    assert!(
+        err.contains("--grpc-client-ca") && err.contains("--allow-unidentified-agents"),
+        "{err}"
+    );
+    beside.push("--allow-unidentified-agents");
+    assert_eq!(posture_of(&beside), Ok(Posture::AllowUnidentified));
+    for unidentified in [
+        &["--mqtt-endpoint", "mqtt://b"][..],
+        &[
+            "--mqtt-endpoint",
+            "mqtt://b",
+            "--mqtt-node-ca",
+            ca,
+            "--mqtt-require-signatures=false",
+        ],
+        &["--grpc-listen", "127.0.0.1:0"],
+    ] {
+        let err = posture_of(unidentified).unwrap_err();
+        assert!(
+            err.contains("--allow-unidentified-agents"),
+            "{unidentified:?}: {err}"
+        );
+    }
+    // The opt-in with nothing unidentified changes nothing.
+    let mut allowed = signed_mqtt.to_vec();
+    allowed.push("--allow-unidentified-agents");
+    assert_eq!(posture_of(&allowed), Ok(Posture::Identified));
+    // gRPC flags without a listener are an error, not ignored.
+    let err = posture_of(&["--grpc-tls-cert", "c", "--grpc-tls-key", "k"]).unwrap_err();
+    assert!(err.contains("needs --grpc-listen"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn tls_flags_go_together() {
+    assert!(parse(&["--grpc-tls-cert", "c.pem"]).is_err());
+    assert!(parse(&["--grpc-tls-key", "k.pem"]).is_err());
+    assert!(parse(&["--grpc-client-ca", "ca.pem"]).is_err());
+    let args = parse(&[
+        "--grpc-tls-cert",
+        "c.pem",
+        "--grpc-tls-key",
+        "k.pem",
+        "--grpc-client-ca",
+        "ca.pem",
+    ])
+    .unwrap();
+    assert_eq!(args.require_node_identity, None);
+}
+
+#[test]
+fn node_identity_is_required_by_default_only_with_a_client_ca() {
+    let plain = grpc_server_options(&parse(&[]).unwrap()).unwrap();
+    assert!(plain.tls.is_none() && !plain.require_node_identity);
+    assert_eq!(
+        parse(&["--require-node-identity"])
+            .unwrap()
+            .require_node_identity,
+        Some(true)
+    );
+    assert_eq!(
+        parse(&["--require-node-identity=false"])
+            .unwrap()
+            .require_node_identity,
+        Some(false)
+    );
+    let err = grpc_server_options(&parse(&["--require-node-identity"]).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--grpc-client-ca"), "{err}");
+    let err = grpc_server_options(
+        &parse(&[
+            "--grpc-tls-cert",
+            "/nonexistent/c.pem",
+            "--grpc-tls-key",
+            "/nonexistent/k.pem",
+        ])
+        .unwrap(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("--grpc-tls-cert /nonexistent/c.pem"),
+        "{err}"
+    );
+}
+
+/// `/dev/zero` (or any endless or huge file) is refused at once, naming the flag.
+#[test]
+fn endless_files_are_refused_naming_the_flag() {
+    let err = format!(
+        "{:#}",
+        read_password_file(std::path::Path::new("/dev/zero")).unwrap_err()
+    );
+    assert!(
+        err.starts_with("--mqtt-password-file: /dev/zero: ")
+            && err.contains("larger than 4096 bytes"),
+        "{err}"
+    );
+    let err = format!(
+        "{:#}",
+        grpc_server_options(
+            &parse(&[
+                "--grpc-tls-cert",
+                "/dev/zero",
+                "--grpc-tls-key",
+                "/dev/zero"
+            ])
+            .unwrap()
+        )
+        .unwrap_err()
+    );
+    assert!(
+        err.starts_with("--grpc-tls-cert /dev/zero: ") && err.contains("larger than 1048576 bytes"),
+        "{err}"
+    );
+}

@@ -1,0 +1,185 @@
+use super::*;
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, NodeSystemInfo};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+
+fn node(rv: &str, ready: &str, boot: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some("n1".into()),
+            uid: Some("u1".into()),
+            resource_version: Some(rv.into()),
+            ..Default::default()
+        },
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                last_transition_time: Some(Time(Timestamp::from_second(100).unwrap())),
+                ..Default::default()
+            }]),
+            node_info: Some(NodeSystemInfo {
+                boot_id: boot.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn lease(rv: &str, renew_s: i64) -> Lease {
+    let mut lease =
+        crate::patch::new_lease("n1", "u1", 40, Timestamp::from_second(renew_s).unwrap());
+    lease.metadata.resource_version = Some(rv.into());
+    lease
+}
+
+#[test]
+fn an_older_version_never_replaces_a_newer_one() {
+    let view = ApiserverView::new();
+    view.observe_node(&node("7", "True", "b1"));
+    // A watch event lagging behind this replica's own write.
+    view.observe_node(&node("5", "Unknown", "b0"));
+    let held = view.node("n1").unwrap();
+    assert_eq!(held.boot_id.as_deref(), Some("b1"));
+    assert!(!held.has_unknown_condition());
+    view.observe_node(&node("9", "Unknown", "b1"));
+    assert!(view.node_has_unknown_condition("n1"));
+
+    view.observe_lease(&lease("12", 200));
+    view.observe_lease(&lease("11", 190));
+    assert_eq!(&*view.lease("n1").unwrap().resource_version, "12");
+    view.observe_lease(&lease("13", 210));
+    let held = view.lease("n1").unwrap();
+    assert_eq!(&*held.resource_version, "13");
+    assert_eq!(held.renew_time, Some(Timestamp::from_second(210).unwrap()));
+}
+
+#[test]
+fn a_late_delete_does_not_drop_a_newer_node_and_only_labelled_nodes_are_managed() {
+    let view = ApiserverView::new();
+    // Registered again and written through, then the old incarnation's DELETE arrives.
+    view.observe_node(&node("20", "True", "b2"));
+    view.deleted(&node("15", "True", "b1"));
+    assert_eq!(view.node("n1").unwrap().boot_id.as_deref(), Some("b2"));
+    view.deleted(&node("20", "True", "b2"));
+    assert!(view.node("n1").is_none());
+
+    assert!(!NodeRecord::of(&node("1", "True", "b")).managed);
+    let mut labelled = node("1", "True", "b");
+    labelled.metadata.labels = Some(BTreeMap::from([(
+        MANAGED_LABEL.0.to_owned(),
+        MANAGED_LABEL.1.to_owned(),
+    )]));
+    assert!(NodeRecord::of(&labelled).managed);
+}
+
+#[test]
+fn a_lease_is_plain_only_with_what_kubelet_sets() {
+    let mut l = lease("1", 10);
+    assert!(LeaseRecord::of(&l).unwrap().plain);
+    l.metadata.labels = Some(BTreeMap::from([(
+        MANAGED_LABEL.0.to_owned(),
+        MANAGED_LABEL.1.to_owned(),
+    )]));
+    assert!(LeaseRecord::of(&l).unwrap().plain);
+    let mut annotated = l.clone();
+    annotated.metadata.annotations = Some(BTreeMap::from([("team".to_owned(), "edge".to_owned())]));
+    assert!(!LeaseRecord::of(&annotated).unwrap().plain);
+    let mut transitions = l.clone();
+    transitions.spec = Some(LeaseSpec {
+        lease_transitions: Some(3),
+        renew_time: Some(MicroTime(Timestamp::from_second(10).unwrap())),
+        ..Default::default()
+    });
+    assert!(!LeaseRecord::of(&transitions).unwrap().plain);
+    let mut held_by_another = l.clone();
+    held_by_another.spec.as_mut().unwrap().holder_identity = Some("operator".to_owned());
+    assert!(
+        !LeaseRecord::of(&held_by_another).unwrap().plain,
+        "a rebuilt Lease would rewrite the holder"
+    );
+    let mut orphan = l;
+    orphan.metadata.owner_references = None;
+    assert!(!LeaseRecord::of(&orphan).unwrap().plain);
+    // Not a stored object: nothing to PUT against.
+    let mut unstored = lease("1", 10);
+    unstored.metadata.resource_version = None;
+    assert!(LeaseRecord::of(&unstored).is_none());
+}
+
+/// Fed a watcher's events through a channel: following after the list, not after an
+/// error, again with the next event; what a re-list leaves out is dropped; a late
+/// Delete spares a newer record.
+#[tokio::test]
+async fn the_watch_state_follows_the_event_stream() {
+    let view = Arc::new(ApiserverView::new());
+    let mut gone = node("3", "True", "b");
+    gone.metadata.name = Some("gone".into());
+    view.observe_node(&gone);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<Event<Node>, watcher::Error>>();
+    let follower = tokio::spawn({
+        let view = view.clone();
+        async move {
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|item| (item, rx))
+            });
+            view.follow(stream, "Node").await;
+        }
+    });
+    // Each step waits until the follower has taken every event sent so far.
+    let settle = |sent: u64| {
+        let view = view.clone();
+        async move {
+            for _ in 0..1000 {
+                let (events, errors) = view.watch_counts();
+                if events + errors >= sent {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+            panic!("the follower did not take {sent} events");
+        }
+    };
+    for event in [Event::Init, Event::InitApply(node("4", "True", "b"))] {
+        tx.send(Ok(event)).unwrap();
+    }
+    settle(2).await;
+    assert!(
+        !view.nodes_watched(),
+        "not following before the list is complete"
+    );
+    tx.send(Ok(Event::InitDone)).unwrap();
+    settle(3).await;
+    assert!(view.nodes_watched());
+    assert!(
+        view.node("gone").is_none(),
+        "not in the re-list: deleted meanwhile"
+    );
+    assert!(view.node("n1").is_some());
+
+    tx.send(Err(watcher::Error::NoResourceVersion)).unwrap();
+    settle(4).await;
+    assert!(!view.nodes_watched(), "an error stops trusting the view");
+    tx.send(Ok(Event::Apply(node("9", "Unknown", "b"))))
+        .unwrap();
+    settle(5).await;
+    assert!(view.nodes_watched(), "resumed from its resourceVersion");
+    assert!(view.node_has_unknown_condition("n1"));
+    // A Delete of an older version leaves the newer record; the current one drops it.
+    tx.send(Ok(Event::Delete(node("8", "True", "b")))).unwrap();
+    settle(6).await;
+    assert!(view.node("n1").is_some());
+    tx.send(Ok(Event::Delete(node("9", "Unknown", "b"))))
+        .unwrap();
+    settle(7).await;
+    assert!(view.node("n1").is_none());
+
+    drop(tx);
+    follower.await.unwrap();
+    assert!(
+        !view.nodes_watched(),
+        "the stream ended: no longer following"
+    );
+}

@@ -1,0 +1,288 @@
+use super::verify::Refusal;
+use super::*;
+use edgebeat_proto::{AckCode, LeaseRenewal, StatusReport, agent_message::Kind};
+
+fn lease(node: &str) -> AgentMessage {
+    AgentMessage {
+        kind: Some(Kind::Lease(LeaseRenewal {
+            header: Some(Header {
+                node_name: node.into(),
+                seq: 1,
+                ..Header::default()
+            }),
+            lease_duration_seconds: 40,
+            lease_state: Vec::new(),
+            quiet: false,
+        })),
+    }
+}
+
+#[test]
+fn a_matching_message_is_accepted() {
+    let bytes = lease("n1").encode_to_vec();
+    assert_eq!(
+        classify("p", b"p/nodes/n1/lease", &bytes, 1024),
+        Ok(Inbound::Message {
+            node: NodeName::new("n1").unwrap(),
+            kind: MessageKind::Lease
+        })
+    );
+    assert_eq!(
+        open(
+            "n1",
+            MessageKind::Lease,
+            &bytes,
+            None,
+            None,
+            UnixTime::now()
+        ),
+        Ok((lease("n1"), false))
+    );
+    assert_eq!(
+        classify("p", b"p/certificates/n1", &bytes, 1024),
+        Ok(Inbound::Certificate { node: "n1" })
+    );
+}
+
+#[test]
+fn rejections_name_their_reason() {
+    let bytes = lease("n1").encode_to_vec();
+    let cases: [(&[u8], &[u8], usize, Rejection); 4] = [
+        (b"p/nodes/n1/lease", &bytes, 4, REJECT_TOO_LARGE),
+        (b"p/certificates/n1", &bytes, 4, REJECT_TOO_LARGE),
+        (b"p/nodes/n1/bogus", &bytes, 1024, REJECT_UNKNOWN_TOPIC),
+        (b"p/nodes/n1/lease/x", &bytes, 1024, REJECT_UNKNOWN_TOPIC),
+    ];
+    for (topic, payload, max, reason) in cases {
+        assert_eq!(
+            classify("p", topic, payload, max),
+            Err(reason),
+            "{}",
+            String::from_utf8_lossy(topic)
+        );
+    }
+    assert_eq!(
+        classify("p", &[0xff], &bytes, 1024),
+        Err(REJECT_UNKNOWN_TOPIC)
+    );
+    for bad in [&b"p/nodes/Edge_1/lease"[..], b"p/certificates/-x"] {
+        assert_eq!(classify("p", bad, &bytes, 1024), Err(REJECT_MALFORMED));
+    }
+    let status = AgentMessage {
+        kind: Some(Kind::Status(StatusReport {
+            header: Some(Header {
+                node_name: "n1".into(),
+                ..Header::default()
+            }),
+            status: None,
+            unchanged: false,
+        })),
+    }
+    .encode_to_vec();
+    let cases: [(&str, MessageKind, &[u8], Rejection); 5] = [
+        ("n2", MessageKind::Lease, &bytes, REJECT_MISMATCH),
+        ("n1", MessageKind::Status, &bytes, REJECT_MISMATCH),
+        ("n1", MessageKind::Lease, &status, REJECT_MISMATCH),
+        // No kind, no header (what an empty payload decodes to).
+        ("n1", MessageKind::Lease, b"", REJECT_MISMATCH),
+        (
+            "n1",
+            MessageKind::Lease,
+            &[0xff, 0xff, 0xff],
+            REJECT_MALFORMED,
+        ),
+    ];
+    for (node, kind, payload, reason) in cases {
+        assert_eq!(
+            open(node, kind, payload, None, None, UnixTime::now()),
+            Err(Refusal::silent(reason)),
+            "{node}/{kind:?}"
+        );
+    }
+}
+
+#[test]
+fn wills_are_recognised_even_when_garbled() {
+    let header = Header {
+        node_name: "n1".into(),
+        seq: 9,
+        ..Header::default()
+    };
+    assert_eq!(
+        classify("p", b"p/nodes/n1/will", &header.encode_to_vec(), 1024),
+        Ok(Inbound::Will {
+            node: "n1",
+            header: Some(header)
+        })
+    );
+    assert_eq!(
+        classify("p", b"p/nodes/n1/will", &[0xff, 0xff], 1024),
+        Ok(Inbound::Will {
+            node: "n1",
+            header: None
+        })
+    );
+}
+
+#[test]
+fn options_are_checked_before_connecting() {
+    let ok = MqttIngressOptions::new("127.0.0.1", 1883, "gw-0");
+    assert!(ok.check().is_ok());
+    let mut o = ok.clone();
+    o.share_group = "a/b".into();
+    assert!(matches!(
+        o.check(),
+        Err(MqttIngressError::InvalidOption {
+            option: "share_group",
+            ..
+        })
+    ));
+    let mut o = ok;
+    o.per_node_queue = 0;
+    assert!(o.check().is_err());
+}
+
+/// Signature policy: what is refused, with which reason and which answer.
+#[test]
+fn signed_messages_are_verified_before_decoding() {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+    let issuer = Issuer::new(ca, ca_key);
+    let mut leaf = CertificateParams::new(Vec::<String>::new()).unwrap();
+    leaf.distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    leaf.distinguished_name
+        .push(DnType::CommonName, "system:node:n1");
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let leaf_key = KeyPair::generate().unwrap();
+    let cert_pem = leaf.signed_by(&leaf_key, &issuer).unwrap().pem();
+    let signer = crate::signing::MessageSigner::from_pem(
+        cert_pem.as_bytes(),
+        leaf_key.serialize_pem().as_bytes(),
+    )
+    .unwrap();
+    let verifier = CertificateVerifier::from_pem(ca_pem.as_bytes()).unwrap();
+    let key = verifier
+        .verify("n1", signer.certificate(), UnixTime::now())
+        .unwrap();
+    let required = SignaturePolicy::new(verifier, true);
+    let plain = lease("n1").encode_to_vec();
+    let sealed = signer.seal(plain.clone()).unwrap();
+    // The test messages say wall_time_ms 0: the gateway's clock at the epoch is in the
+    // clock window (and before notAfter).
+    let now = UnixTime::since_unix_epoch(Duration::ZERO);
+    let open_with = |payload: &[u8], policy: &SignaturePolicy, key: Option<&NodeKey>| {
+        open("n1", MessageKind::Lease, payload, Some(policy), key, now)
+    };
+    assert_eq!(
+        open_with(&sealed, &required, Some(&key)),
+        Ok((lease("n1"), true))
+    );
+    let refused = |r: Result<(AgentMessage, bool), Refusal>| {
+        let refusal = r.unwrap_err();
+        let ack = refusal.ack.unwrap();
+        (
+            refusal.reason,
+            AckCode::try_from(ack.code).unwrap(),
+            ack.seq,
+            ack.node_not_found,
+        )
+    };
+    // Nothing that fails verification is answered: a forger must not be able to make
+    // the gateway speak on the node's ack topic.
+    assert_eq!(
+        open_with(&plain, &required, None),
+        Err(Refusal::silent(REJECT_UNSIGNED))
+    );
+    assert_eq!(
+        open_with(&plain, &required, Some(&key)),
+        Err(Refusal::silent(REJECT_UNSIGNED))
+    );
+    assert_eq!(
+        open_with(&sealed, &required, None),
+        Err(Refusal::silent(REJECT_UNKNOWN_SIGNER))
+    );
+    // Tampering: flip a bit of the signed message inside the envelope.
+    let mut tampered = edgebeat_proto::SignedMessage::decode(sealed.as_slice()).unwrap();
+    let last = tampered.signed_message.len() - 1;
+    tampered.signed_message[last] ^= 1;
+    assert_eq!(
+        open_with(&tampered.encode_to_vec(), &required, Some(&key)),
+        Err(Refusal::silent(REJECT_BAD_SIGNATURE))
+    );
+    // Random bytes where the signature goes (the forged-ack reflection attack).
+    let forged = edgebeat_proto::SignedMessage {
+        signed_message: plain.clone(),
+        signature: vec![0x5a; 64],
+    };
+    assert_eq!(
+        open_with(&forged.encode_to_vec(), &required, Some(&key)),
+        Err(Refusal::silent(REJECT_BAD_SIGNATURE))
+    );
+    // A genuine signature on a message recorded 31 s ago (by the gateway's clock).
+    let later = UnixTime::since_unix_epoch(Duration::from_secs(31));
+    assert_eq!(
+        refused(open(
+            "n1",
+            MessageKind::Lease,
+            &sealed,
+            Some(&required),
+            Some(&key),
+            later
+        )),
+        (REJECT_CLOCK, AckCode::Rejected, 1, false)
+    );
+    let reason = open(
+        "n1",
+        MessageKind::Lease,
+        &sealed,
+        Some(&required),
+        Some(&key),
+        later,
+    )
+    .unwrap_err()
+    .ack
+    .unwrap()
+    .reason;
+    assert_eq!(
+        reason,
+        "signed wall time is 31.0 s behind the gateway's clock, outside its ±30 s window: set this node's clock (NTP, or an RTC)"
+    );
+    let within = UnixTime::since_unix_epoch(Duration::from_secs(29));
+    assert!(
+        open(
+            "n1",
+            MessageKind::Lease,
+            &sealed,
+            Some(&required),
+            Some(&key),
+            within
+        )
+        .is_ok()
+    );
+    // While a fleet moves to signatures, unsigned messages pass without an identity.
+    let optional = SignaturePolicy {
+        required: false,
+        ..required.clone()
+    };
+    assert_eq!(open_with(&plain, &optional, None), Ok((lease("n1"), false)));
+    assert_eq!(
+        open_with(&plain, &optional, Some(&key)),
+        Err(Refusal::silent(REJECT_UNSIGNED)),
+        "not for a node that signs"
+    );
+    assert_eq!(
+        open_with(&sealed, &optional, Some(&key)),
+        Ok((lease("n1"), true))
+    );
+    // A gateway that does not verify reads signed messages, without an identity.
+    assert_eq!(
+        open("n1", MessageKind::Lease, &sealed, None, None, now),
+        Ok((lease("n1"), false))
+    );
+}
