@@ -1,290 +1,323 @@
 //! The agent's two loops, as kubelet runs them: the status loop (`syncNodeStatus`) and the
-//! Lease loop (the lease controller), and the one send-with-retry both use.
+//! Lease loop (the lease controller). Each is a free `async fn` of exactly what it reads
+//! ([`StatusLoop`], [`LeaseLoop`]), wired in one place, [`Agent::run`]; both send through
+//! the one send-with-retry of [`Sender`].
 
 use super::*;
 
-impl Agent {
-    /// Status loop (kubelet `syncNodeStatus` every `nodeStatusUpdateFrequency`): compute,
-    /// then report when registered and (never reported | changed | report period elapsed |
-    /// the gateway asked). Up to [`ATTEMPTS_PER_TICK`] attempts per report. When only the
-    /// period is due, the report says `unchanged` instead of carrying the whole status (the
-    /// gateway refreshes the heartbeat times, or asks for the whole status when its copy
-    /// differs); its answer-less wait counts towards the next computation.
-    pub async fn status_loop(self: Arc<Self>, uplink: Uplink, cancel: CancellationToken) {
-        let mut registered = uplink.registered();
-        let mut last_reported: Option<ComputedStatus> = None;
-        let mut last_report_at: Option<Instant> = None;
-        let mut requests = uplink.status_requests();
-        let mut served_request = *requests.borrow_and_update();
-        let mut watch_registration = true;
-        let mut watch_requests = true;
-        loop {
-            let mut waited = Duration::ZERO;
-            let root = self.root.clone();
-            let options = self.options.clone();
-            match tokio::task::spawn_blocking(move || read_host_facts(&root, &options)).await {
-                Ok(Ok(facts)) => {
-                    let previous = self.latest();
-                    let next =
-                        compute(&facts, &self.config, Some(&previous), self.clock.boottime());
-                    self.metrics.observe_health(&facts, next.condition_states());
-                    match self.latest.lock() {
-                        Ok(mut g) => *g = next,
-                        Err(poisoned) => *poisoned.into_inner() = next,
-                    }
-                }
-                Ok(Err(error)) => {
-                    tracing::warn!(%error, "reading host facts failed; keeping the last status")
-                }
-                Err(error) => tracing::warn!(%error, "host facts task failed"),
-            }
-            if *registered.borrow() {
-                let latest = self.latest();
-                let request = *requests.borrow_and_update();
-                // Only the period is due: the gateway has this very status.
-                let unchanged = request == served_request
-                    && last_reported
-                        .as_ref()
-                        .is_some_and(|l| !has_changed(l, &latest));
-                let due = !unchanged
-                    || last_report_at
-                        .is_none_or(|t| t.elapsed() >= self.config.node_status_report_frequency);
-                let started = Instant::now();
-                let reported = due && self.report(&uplink, &latest, unchanged).await;
-                if due && unchanged {
-                    waited = started.elapsed();
-                }
-                if reported {
-                    if !unchanged {
-                        last_reported = Some(latest);
-                    }
-                    last_report_at = Some(Instant::now());
-                    served_request = request;
-                }
-            }
-            // An unchanged report's silence was part of the wait.
-            let delay = jittered(self.config.node_status_update_frequency).saturating_sub(waited);
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(delay) => {}
-                changed = requests.changed(), if watch_requests => {
-                    if changed.is_err() { watch_requests = false; }
-                }
-                changed = registered.changed(), if watch_registration => {
-                    if changed.is_err() { watch_registration = false; }
-                }
-            }
-        }
-    }
+/// What every message goes out through: the uplink, the headers it carries, and the
+/// metrics that count its bytes and outcomes. Shared by both loops (one header sequence).
+#[derive(Clone, Copy)]
+pub(super) struct Sender<'a> {
+    pub(super) uplink: &'a Uplink,
+    pub(super) headers: &'a HeaderFactory,
+    pub(super) metrics: &'a AgentMetrics,
+}
 
-    /// Counts registrations and lost registrations (`registered` turning true / false) until
-    /// `cancel` fires; see [`crate::metrics`] for what that does and does not see.
-    pub(super) async fn count_registrations(
-        &self,
-        mut registered: watch::Receiver<bool>,
-        cancel: &CancellationToken,
-    ) {
-        // The channel starts false: a registration that happened before this first look
-        // still counts.
-        let mut last = false;
-        loop {
-            let now = *registered.borrow_and_update();
-            if now != last {
-                self.metrics.registration_changed(now);
-                last = now;
-            }
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                changed = registered.changed() => if changed.is_err() { return },
-            }
-        }
-    }
+/// What the status loop reads: the configuration (periods, thresholds, the answer
+/// timeout), the host, the boot clock, and the latest computed status it keeps for
+/// `Register` and `/view`.
+pub(super) struct StatusLoop<'a> {
+    pub(super) config: &'a AgentConfig,
+    pub(super) root: &'a HostRoot,
+    pub(super) options: &'a ReadOptions,
+    pub(super) clock: &'a dyn Clock,
+    pub(super) latest: &'a Mutex<ComputedStatus>,
+    pub(super) send: Sender<'a>,
+}
 
-    /// One status report: the whole status, or with `unchanged` the periodic report of a
-    /// status the gateway already has (`StatusReport.unchanged`, answered only with news).
-    pub(super) async fn report(
-        &self,
-        uplink: &Uplink,
-        status: &ComputedStatus,
-        unchanged: bool,
-    ) -> bool {
-        let ok = self.try_report(uplink, status, unchanged).await;
-        self.metrics.status_report(ok);
-        ok
-    }
+/// What the Lease loop reads: `nodeLeaseDurationSeconds`, the clock its metrics stamp, and
+/// the liveness it reports to the systemd watchdog.
+pub(super) struct LeaseLoop<'a> {
+    pub(super) lease_duration_seconds: u32,
+    pub(super) clock: &'a dyn Clock,
+    pub(super) liveness: &'a Liveness,
+    pub(super) send: Sender<'a>,
+}
 
-    pub(super) async fn try_report(
-        &self,
-        uplink: &Uplink,
-        status: &ComputedStatus,
-        unchanged: bool,
-    ) -> bool {
-        let message = |_: &()| {
-            let report = pb::AgentMessage {
-                kind: Some(Kind::Status(pb::StatusReport {
-                    header: Some(self.headers.next()),
-                    status: (!unchanged).then(|| status.to_proto(self.clock.boottime())),
-                    unchanged,
-                })),
-            };
-            (report, self.ack_timeout())
-        };
-        let settle = |_: &mut (), answer: &Result<pb::Answer, UplinkError>| match answer {
-            // Silence: written.
-            Err(UplinkError::Timeout(_)) if unchanged => Some(true),
-            // The gateway wants the whole status: the loop sends it at once (the request
-            // raised `status_requests`).
-            Ok(pb::Answer::ResendStatus { .. }) if unchanged => Some(false),
-            _ => None,
-        };
-        self.send_with_retry(uplink, &STATUS_ATTEMPTS, &mut (), message, settle, true)
-            .await
-            .unwrap_or(false)
-    }
-
-    /// Sends a message up to [`ATTEMPTS_PER_TICK`] times, as kubelet's status update and lease
-    /// controller each retry within one tick. Every attempt is a new message with a fresh
-    /// `Header.seq` and how long to wait for its answer (`message(state)`); the bytes of
-    /// every message the transport took are counted under `attempts.kind`. `settle` reads
-    /// each answer first, may update `state` for the next attempt (the echoed Lease state),
-    /// and may end the tick with its own value (a quiet message's silence, a request for
-    /// the whole status). Otherwise `OK` ends it with `ok`, `RETRY` tries again, and
-    /// anything else (rejected, Node gone, a transport error) ends it with `None`, as does
-    /// the last failed attempt.
-    pub(super) async fn send_with_retry<S, T>(
-        &self,
-        uplink: &Uplink,
-        attempts: &Attempts,
-        state: &mut S,
-        message: impl Fn(&S) -> (pb::AgentMessage, Duration),
-        settle: impl Fn(&mut S, &Result<pb::Answer, UplinkError>) -> Option<T>,
-        ok: T,
-    ) -> Option<T> {
-        for attempt in 0..ATTEMPTS_PER_TICK {
-            let (message, wait) = message(state);
-            let bytes = message.encoded_len();
-            let answer = uplink.send(message, wait).await;
-            if taken(&answer) {
-                self.metrics.bytes_sent(attempts.kind, bytes);
-            }
-            if let Some(settled) = settle(state, &answer) {
-                return Some(settled);
-            }
-            match outcome(answer) {
-                Outcome::Ok => return Some(ok),
-                Outcome::Retry(why) => {
-                    tracing::debug!(attempt, %why, "{} not written; retrying", attempts.what)
-                }
-                Outcome::GiveUp(why) => {
-                    tracing::warn!(%why, "{} failed", attempts.what);
-                    return None;
-                }
-            }
-        }
-        tracing::warn!("{}", attempts.exhausted);
-        None
-    }
-
-    /// Lease loop (kubelet's lease controller): once registered, renew every
-    /// `nodeLeaseDurationSeconds` × 0.25 with jitter 0.04; up to [`ATTEMPTS_PER_TICK`]
-    /// attempts per tick; after a failed tick retry with backoff from 200 ms doubling to 7 s,
-    /// or as soon as the transport makes a connection ([`Uplink::connections`]).
-    ///
-    /// Renewals are quiet (`LeaseRenewal.quiet`): the gateway answers only when one was not
-    /// written, so each attempt waits for an answer until the next renewal is due, and
-    /// silence means written. A gateway that answers anyway (an older one) is waited for as
-    /// before.
-    pub async fn lease_loop(self: Arc<Self>, uplink: Uplink, cancel: CancellationToken) {
-        let mut registered = uplink.registered();
-        let mut connections = uplink.connections();
-        let mut backoff = None;
-        let mut lease_state = Vec::new();
-        loop {
-            // Lease only after the Node exists (its ownerReference needs the Node).
-            if !*registered.borrow_and_update() {
-                self.liveness.waiting(true);
-                while !*registered.borrow_and_update() {
-                    tokio::select! {
-                        () = cancel.cancelled() => return,
-                        changed = registered.changed() => if changed.is_err() { return },
-                    }
-                }
-                self.liveness.waiting(false);
-            }
-            connections.borrow_and_update();
-            let delay = if let Some(waited) = self.renew(&uplink, &mut lease_state).await {
-                backoff = None;
-                // A quiet renewal's silence was already the wait.
-                if waited {
-                    Duration::ZERO
-                } else {
-                    jittered(self.config.lease_renew_interval())
-                }
-            } else {
-                backoff
-                    .get_or_insert_with(|| reconnect_backoff(RETRY_MIN, RETRY_MAX))
-                    .next()
-                    .unwrap_or(RETRY_MAX)
-            };
-            // After a failed tick, a connection coming up ends the backoff: the link is
-            // back, and the Lease has gone unrenewed since the failure.
-            let failing = backoff.is_some();
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(delay) => {}
-                Ok(()) = connections.changed(), if failing => {}
-            }
-        }
-    }
-
-    /// One renewal tick: `Some(waited)` when written — `waited` when that was learnt from
-    /// the gateway's silence until the next renewal was due — `None` when every attempt
-    /// failed. `lease_state` is the gateway's opaque Lease state from the last answered
-    /// renewal (only an older gateway answers written quiet renewals), echoed so any
-    /// gateway replica can PUT without a GET.
-    pub(super) async fn renew(&self, uplink: &Uplink, lease_state: &mut Vec<u8>) -> Option<bool> {
-        let written = self.try_renew(uplink, lease_state).await;
-        self.liveness.progress();
-        self.metrics
-            .lease_renewal(written.is_some(), self.clock.now());
-        written
-    }
-
-    pub(super) async fn try_renew(
-        &self,
-        uplink: &Uplink,
-        lease_state: &mut Vec<u8>,
-    ) -> Option<bool> {
-        // Each attempt echoes the newest Lease state, which an answer may have replaced.
-        let message = |state: &Vec<u8>| {
-            let renewal = pb::AgentMessage {
-                kind: Some(Kind::Lease(pb::LeaseRenewal {
-                    header: Some(self.headers.next()),
-                    lease_duration_seconds: i32::try_from(self.config.node_lease_duration_seconds)
-                        .unwrap_or(i32::MAX),
-                    lease_state: state.clone(),
-                    quiet: true,
-                })),
-            };
-            // Silence until the next renewal is due means written.
-            (renewal, jittered(self.config.lease_renew_interval()))
-        };
-        let settle = |state: &mut Vec<u8>, answer: &Result<pb::Answer, UplinkError>| {
-            // Silence until the next renewal was due: written.
-            if matches!(answer, Err(UplinkError::Timeout(_))) {
-                return Some(true);
-            }
-            if let Ok(pb::Answer::Renewed { lease_state, .. }) = answer {
-                state.clone_from(lease_state);
-            }
-            None
-        };
-        self.send_with_retry(uplink, &LEASE_ATTEMPTS, lease_state, message, settle, false)
-            .await
+impl LeaseLoop<'_> {
+    /// `nodeLeaseDurationSeconds` × 0.25 (kubelet `nodeLeaseRenewIntervalFraction`).
+    fn renew_interval(&self) -> Duration {
+        Duration::from_millis(u64::from(self.lease_duration_seconds) * 250)
     }
 }
 
-/// How [`Agent::send_with_retry`] counts and logs the attempts of one kind of message.
+/// Status loop (kubelet `syncNodeStatus` every `nodeStatusUpdateFrequency`): compute, then
+/// report when registered and (never reported | changed | report period elapsed | the
+/// gateway asked). Up to [`ATTEMPTS_PER_TICK`] attempts per report. When only the period is
+/// due, the report says `unchanged` instead of carrying the whole status (the gateway
+/// refreshes the heartbeat times, or asks for the whole status when its copy differs); its
+/// answer-less wait counts towards the next computation. Returns when `cancel` fires.
+pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
+    let uplink = s.send.uplink;
+    let mut registered = uplink.registered();
+    let mut last_reported: Option<ComputedStatus> = None;
+    let mut last_report_at: Option<Instant> = None;
+    let mut requests = uplink.status_requests();
+    let mut served_request = *requests.borrow_and_update();
+    let mut watch_registration = true;
+    let mut watch_requests = true;
+    loop {
+        let mut waited = Duration::ZERO;
+        let (root, options) = (s.root.clone(), s.options.clone());
+        match tokio::task::spawn_blocking(move || read_host_facts(&root, &options)).await {
+            Ok(Ok(facts)) => {
+                let previous = latest(s.latest);
+                let next = compute(&facts, s.config, Some(&previous), s.clock.boottime());
+                s.send
+                    .metrics
+                    .observe_health(&facts, next.condition_states());
+                match s.latest.lock() {
+                    Ok(mut g) => *g = next,
+                    Err(poisoned) => *poisoned.into_inner() = next,
+                }
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "reading host facts failed; keeping the last status")
+            }
+            Err(error) => tracing::warn!(%error, "host facts task failed"),
+        }
+        if *registered.borrow() {
+            let latest = latest(s.latest);
+            let request = *requests.borrow_and_update();
+            // Only the period is due: the gateway has this very status.
+            let unchanged = request == served_request
+                && last_reported
+                    .as_ref()
+                    .is_some_and(|l| !has_changed(l, &latest));
+            let due = !unchanged
+                || last_report_at
+                    .is_none_or(|t| t.elapsed() >= s.config.node_status_report_frequency);
+            let started = Instant::now();
+            let reported = due && report(&s, &latest, unchanged).await;
+            if due && unchanged {
+                waited = started.elapsed();
+            }
+            if reported {
+                if !unchanged {
+                    last_reported = Some(latest);
+                }
+                last_report_at = Some(Instant::now());
+                served_request = request;
+            }
+        }
+        // An unchanged report's silence was part of the wait.
+        let delay = jittered(s.config.node_status_update_frequency).saturating_sub(waited);
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+            changed = requests.changed(), if watch_requests => {
+                if changed.is_err() { watch_requests = false; }
+            }
+            changed = registered.changed(), if watch_registration => {
+                if changed.is_err() { watch_registration = false; }
+            }
+        }
+    }
+}
+
+/// The status `latest` holds (a poisoned lock still holds the last one written).
+pub(super) fn latest(latest: &Mutex<ComputedStatus>) -> ComputedStatus {
+    match latest.lock() {
+        Ok(g) => g.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    }
+}
+
+/// Counts registrations and lost registrations (`registered` turning true / false) in
+/// `metrics` until `cancel` fires; see [`crate::metrics`] for what that does and does not
+/// see.
+pub(super) async fn count_registrations(
+    metrics: &AgentMetrics,
+    mut registered: watch::Receiver<bool>,
+    cancel: &CancellationToken,
+) {
+    // The channel starts false: a registration that happened before this first look still
+    // counts.
+    let mut last = false;
+    loop {
+        let now = *registered.borrow_and_update();
+        if now != last {
+            metrics.registration_changed(now);
+            last = now;
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            changed = registered.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// One status report: the whole status, or with `unchanged` the periodic report of a
+/// status the gateway already has (`StatusReport.unchanged`, answered only with news).
+/// Returns whether it was written (counted in `edgebeat_agent_status_reports_total`).
+pub(super) async fn report(s: &StatusLoop<'_>, status: &ComputedStatus, unchanged: bool) -> bool {
+    let ok = try_report(s, status, unchanged).await;
+    s.send.metrics.status_report(ok);
+    ok
+}
+
+async fn try_report(s: &StatusLoop<'_>, status: &ComputedStatus, unchanged: bool) -> bool {
+    let message = |_: &()| {
+        let report = pb::AgentMessage {
+            kind: Some(Kind::Status(pb::StatusReport {
+                header: Some(s.send.headers.next()),
+                status: (!unchanged).then(|| status.to_proto(s.clock.boottime())),
+                unchanged,
+            })),
+        };
+        (report, ack_timeout(s.config))
+    };
+    let settle = |_: &mut (), answer: &Result<pb::Answer, UplinkError>| match answer {
+        // Silence: written.
+        Err(UplinkError::Timeout(_)) if unchanged => Some(true),
+        // The gateway wants the whole status: the loop sends it at once (the request
+        // raised `status_requests`).
+        Ok(pb::Answer::ResendStatus { .. }) if unchanged => Some(false),
+        _ => None,
+    };
+    send_with_retry(s.send, &STATUS_ATTEMPTS, &mut (), message, settle, true)
+        .await
+        .unwrap_or(false)
+}
+
+/// Sends a message up to [`ATTEMPTS_PER_TICK`] times, as kubelet's status update and lease
+/// controller each retry within one tick. Every attempt is a new message with a fresh
+/// `Header.seq` and how long to wait for its answer (`message(state)`); the bytes of every
+/// message the transport took are counted under `attempts.kind`. `settle` reads each
+/// answer first, may update `state` for the next attempt (the echoed Lease state), and may
+/// end the tick with its own value (a quiet message's silence, a request for the whole
+/// status). Otherwise `OK` ends it with `ok`, `RETRY` tries again, and anything else
+/// (rejected, Node gone, a transport error) ends it with `None`, as does the last failed
+/// attempt.
+pub(super) async fn send_with_retry<S, T>(
+    send: Sender<'_>,
+    attempts: &Attempts,
+    state: &mut S,
+    message: impl Fn(&S) -> (pb::AgentMessage, Duration),
+    settle: impl Fn(&mut S, &Result<pb::Answer, UplinkError>) -> Option<T>,
+    ok: T,
+) -> Option<T> {
+    for attempt in 0..ATTEMPTS_PER_TICK {
+        let (message, wait) = message(state);
+        let bytes = message.encoded_len();
+        let answer = send.uplink.send(message, wait).await;
+        if taken(&answer) {
+            send.metrics.bytes_sent(attempts.kind, bytes);
+        }
+        if let Some(settled) = settle(state, &answer) {
+            return Some(settled);
+        }
+        match outcome(answer) {
+            Outcome::Ok => return Some(ok),
+            Outcome::Retry(why) => {
+                tracing::debug!(attempt, %why, "{} not written; retrying", attempts.what)
+            }
+            Outcome::GiveUp(why) => {
+                tracing::warn!(%why, "{} failed", attempts.what);
+                return None;
+            }
+        }
+    }
+    tracing::warn!("{}", attempts.exhausted);
+    None
+}
+
+/// Lease loop (kubelet's lease controller): once registered, renew every
+/// `nodeLeaseDurationSeconds` × 0.25 with jitter 0.04; up to [`ATTEMPTS_PER_TICK`] attempts
+/// per tick; after a failed tick retry with backoff from 200 ms doubling to 7 s, or as soon
+/// as the transport makes a connection ([`Uplink::connections`]). Returns when `cancel`
+/// fires.
+///
+/// Renewals are quiet (`LeaseRenewal.quiet`): the gateway answers only when one was not
+/// written, so each attempt waits for an answer until the next renewal is due, and silence
+/// means written. A gateway that answers anyway (an older one) is waited for as before.
+pub(super) async fn lease_loop(l: LeaseLoop<'_>, cancel: CancellationToken) {
+    let uplink = l.send.uplink;
+    let mut registered = uplink.registered();
+    let mut connections = uplink.connections();
+    let mut backoff = None;
+    let mut lease_state = Vec::new();
+    loop {
+        // Lease only after the Node exists (its ownerReference needs the Node).
+        if !*registered.borrow_and_update() {
+            l.liveness.waiting(true);
+            while !*registered.borrow_and_update() {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    changed = registered.changed() => if changed.is_err() { return },
+                }
+            }
+            l.liveness.waiting(false);
+        }
+        connections.borrow_and_update();
+        let delay = if let Some(waited) = renew(&l, &mut lease_state).await {
+            backoff = None;
+            // A quiet renewal's silence was already the wait.
+            if waited {
+                Duration::ZERO
+            } else {
+                jittered(l.renew_interval())
+            }
+        } else {
+            backoff
+                .get_or_insert_with(|| reconnect_backoff(RETRY_MIN, RETRY_MAX))
+                .next()
+                .unwrap_or(RETRY_MAX)
+        };
+        // After a failed tick, a connection coming up ends the backoff: the link is back,
+        // and the Lease has gone unrenewed since the failure.
+        let failing = backoff.is_some();
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+            Ok(()) = connections.changed(), if failing => {}
+        }
+    }
+}
+
+/// One renewal tick: `Some(waited)` when written — `waited` when that was learnt from the
+/// gateway's silence until the next renewal was due — `None` when every attempt failed.
+/// `lease_state` is the gateway's opaque Lease state from the last answered renewal (only
+/// an older gateway answers written quiet renewals), echoed so any gateway replica can PUT
+/// without a GET.
+pub(super) async fn renew(l: &LeaseLoop<'_>, lease_state: &mut Vec<u8>) -> Option<bool> {
+    let written = try_renew(l, lease_state).await;
+    l.liveness.progress();
+    l.send
+        .metrics
+        .lease_renewal(written.is_some(), l.clock.now());
+    written
+}
+
+async fn try_renew(l: &LeaseLoop<'_>, lease_state: &mut Vec<u8>) -> Option<bool> {
+    // Each attempt echoes the newest Lease state, which an answer may have replaced.
+    let message = |state: &Vec<u8>| {
+        let renewal = pb::AgentMessage {
+            kind: Some(Kind::Lease(pb::LeaseRenewal {
+                header: Some(l.send.headers.next()),
+                lease_duration_seconds: i32::try_from(l.lease_duration_seconds).unwrap_or(i32::MAX),
+                lease_state: state.clone(),
+                quiet: true,
+            })),
+        };
+        // Silence until the next renewal is due means written.
+        (renewal, jittered(l.renew_interval()))
+    };
+    let settle = |state: &mut Vec<u8>, answer: &Result<pb::Answer, UplinkError>| {
+        // Silence until the next renewal was due: written.
+        if matches!(answer, Err(UplinkError::Timeout(_))) {
+            return Some(true);
+        }
+        if let Ok(pb::Answer::Renewed { lease_state, .. }) = answer {
+            state.clone_from(lease_state);
+        }
+        None
+    };
+    send_with_retry(l.send, &LEASE_ATTEMPTS, lease_state, message, settle, false).await
+}
+
+/// How [`send_with_retry`] counts and logs the attempts of one kind of message.
 pub(super) struct Attempts {
     /// Under which kind its bytes are counted.
     kind: MessageKind,

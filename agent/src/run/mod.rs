@@ -247,9 +247,37 @@ impl Agent {
     }
 
     fn latest(&self) -> ComputedStatus {
-        match self.latest.lock() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
+        loops::latest(&self.latest)
+    }
+
+    /// What sending over `uplink` uses (see [`loops::Sender`]).
+    fn sender<'a>(&'a self, uplink: &'a Uplink) -> loops::Sender<'a> {
+        loops::Sender {
+            uplink,
+            headers: &self.headers,
+            metrics: &self.metrics,
+        }
+    }
+
+    /// The status loop's inputs, sending over `uplink`.
+    fn status_inputs<'a>(&'a self, uplink: &'a Uplink) -> loops::StatusLoop<'a> {
+        loops::StatusLoop {
+            config: &self.config,
+            root: &self.root,
+            options: &self.options,
+            clock: self.clock.as_ref(),
+            latest: &self.latest,
+            send: self.sender(uplink),
+        }
+    }
+
+    /// The Lease loop's inputs, sending over `uplink`.
+    fn lease_inputs<'a>(&'a self, uplink: &'a Uplink) -> loops::LeaseLoop<'a> {
+        loops::LeaseLoop {
+            lease_duration_seconds: self.config.node_lease_duration_seconds,
+            clock: self.clock.as_ref(),
+            liveness: &self.liveness,
+            send: self.sender(uplink),
         }
     }
 
@@ -280,10 +308,6 @@ impl Agent {
                 status: Some(status),
             })),
         }
-    }
-
-    fn ack_timeout(&self) -> Duration {
-        ack_timeout(&self.config)
     }
 
     /// Runs the configured transport and both loops until `cancel` fires, with the observe
@@ -439,11 +463,11 @@ impl Agent {
         };
         let loops = async {
             tokio::join!(
-                self.count_registrations(uplink.registered(), &cancel),
+                loops::count_registrations(&self.metrics, uplink.registered(), &cancel),
                 observe,
                 notify,
-                self.clone().status_loop(uplink.clone(), sending.clone()),
-                self.clone().lease_loop(uplink.clone(), sending.clone()),
+                loops::status_loop(self.status_inputs(&uplink), sending.clone()),
+                loops::lease_loop(self.lease_inputs(&uplink), sending.clone()),
                 self.stop_when_node_not_found(uplink.registration(), &sending, &cancel),
             )
         };

@@ -76,9 +76,9 @@ async fn a_report_and_a_renewal_show_in_the_metrics() {
         0.0
     );
 
-    assert!(agent.report(&uplink, &agent.latest(), false).await);
+    assert!(loops::report(&agent.status_inputs(&uplink), &agent.latest(), false).await);
     assert_eq!(
-        agent.renew(&uplink, &mut Vec::new()).await,
+        loops::renew(&agent.lease_inputs(&uplink), &mut Vec::new()).await,
         Some(false),
         "answered at once (an older gateway): written, the loop still waits its period"
     );
@@ -166,7 +166,10 @@ async fn silence_means_written_and_news_is_acted_on() {
         }
     });
     let started = tokio::time::Instant::now();
-    assert_eq!(agent.renew(&uplink, &mut Vec::new()).await, Some(true));
+    assert_eq!(
+        loops::renew(&agent.lease_inputs(&uplink), &mut Vec::new()).await,
+        Some(true)
+    );
     let waited = started.elapsed();
     let interval = agent.config.lease_renew_interval();
     assert!(
@@ -178,7 +181,7 @@ async fn silence_means_written_and_news_is_acted_on() {
     assert!(renewals.iter().all(pb::AgentMessage::is_quiet));
 
     assert!(
-        agent.report(&uplink, &agent.latest(), true).await,
+        loops::report(&agent.status_inputs(&uplink), &agent.latest(), true).await,
         "silence"
     );
     let report = seen.try_recv().unwrap();
@@ -188,7 +191,7 @@ async fn silence_means_written_and_news_is_acted_on() {
     };
     assert!(s.status.is_none(), "an unchanged report carries no status");
     assert!(
-        !agent.report(&uplink, &agent.latest(), true).await,
+        !loops::report(&agent.status_inputs(&uplink), &agent.latest(), true).await,
         "the gateway wants the whole status"
     );
     drop(uplink);
@@ -219,21 +222,23 @@ async fn a_connection_coming_up_ends_the_renewal_backoff() {
         }
     });
     let cancel = CancellationToken::new();
-    let lease = tokio::spawn(agent.clone().lease_loop(uplink, cancel.clone()));
-    // A minute of outage: the backoff has grown to its 7 s cap.
-    tokio::time::sleep(Duration::from_secs(60)).await;
-    let back = tokio::time::Instant::now();
-    up.store(true, std::sync::atomic::Ordering::SeqCst);
-    connections.send_modify(|n| *n += 1);
-    let first = loop {
-        let at = sent.recv().await.unwrap();
-        if at >= back {
-            break at;
-        }
+    let lease = loops::lease_loop(agent.lease_inputs(&uplink), cancel.clone());
+    let outage = async {
+        // A minute of outage: the backoff has grown to its 7 s cap.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let back = tokio::time::Instant::now();
+        up.store(true, std::sync::atomic::Ordering::SeqCst);
+        connections.send_modify(|n| *n += 1);
+        let first = loop {
+            let at = sent.recv().await.unwrap();
+            if at >= back {
+                break at;
+            }
+        };
+        assert_eq!(first, back, "the renewal goes with the connection");
+        cancel.cancel();
     };
-    assert_eq!(first, back, "the renewal goes with the connection");
-    cancel.cancel();
-    lease.await.unwrap();
+    tokio::join!(lease, outage);
     gateway.abort();
 }
 
@@ -261,7 +266,10 @@ async fn refused_messages_count_no_bytes_and_fail_the_tick() {
             let _ = request.reply.send(Err(UplinkError::NotConnected));
         }
     });
-    assert_eq!(agent.renew(&uplink, &mut Vec::new()).await, None);
+    assert_eq!(
+        loops::renew(&agent.lease_inputs(&uplink), &mut Vec::new()).await,
+        None
+    );
     drop(uplink);
     gateway.await.unwrap();
     let text = metrics_text(&agent);
