@@ -35,7 +35,7 @@ use std::time::Duration;
 use edgebeat_hw::{HostFacts, Mount, PsiLine, ThermalZone, Throttled, TripKind};
 use edgebeat_proto::NodeConditionType;
 
-use crate::status::{Condition, ConditionStatus};
+use crate::status::{Condition, ConditionReason, ConditionStatus, MessageCarry};
 
 /// The agent's health-condition settings (KubeletConfiguration-style fields of the agent
 /// config; see [`crate::config`]).
@@ -128,9 +128,9 @@ struct Seen {
     signal: bool,
     /// Reason and message when the condition is True now (PSI: avg10 too; others: the
     /// signal); `None` otherwise.
-    sets: Option<(&'static str, String)>,
+    sets: Option<(ConditionReason, String)>,
     /// Reason and message when False.
-    fine: (&'static str, String),
+    fine: (ConditionReason, String),
 }
 
 /// Computes the enabled health conditions for `facts` at boot-clock time `now` (see the
@@ -152,8 +152,8 @@ pub fn conditions(
                 psi_full(facts, |p| p.memory.as_ref()),
                 settings.system_memory_contention_threshold,
                 [
-                    "KubeletHasSystemMemoryContentionPressure",
-                    "KubeletHasNoSystemMemoryContentionPressure",
+                    ConditionReason::KubeletHasSystemMemoryContentionPressure,
+                    ConditionReason::KubeletHasNoSystemMemoryContentionPressure,
                 ],
             ),
         ),
@@ -164,8 +164,8 @@ pub fn conditions(
                 psi_full(facts, |p| p.io.as_ref()),
                 settings.system_disk_contention_threshold,
                 [
-                    "KubeletHasSystemDiskContentionPressure",
-                    "KubeletHasNoSystemDiskContentionPressure",
+                    ConditionReason::KubeletHasSystemDiskContentionPressure,
+                    ConditionReason::KubeletHasNoSystemDiskContentionPressure,
                 ],
             ),
         ),
@@ -210,51 +210,35 @@ pub fn conditions(
             .get(&type_)
             .is_some_and(|t| now.saturating_sub(*t) < period || now == *t);
         let condition = match (seen.sets, before) {
-            (Some((reason, message)), _) => {
-                carried(before, type_, ConditionStatus::True, reason, message, now)
-            }
+            (Some(sets), _) => carried(before, type_, ConditionStatus::True, sets, now),
             // Held: the reason and message of the crossing stay.
             (None, Some(before)) if was_true && held => before.clone(),
-            (None, _) => {
-                let (reason, message) = seen.fine;
-                carried(before, type_, ConditionStatus::False, reason, message, now)
-            }
+            (None, _) => carried(before, type_, ConditionStatus::False, seen.fine, now),
         };
         out.push(condition);
     }
     out
 }
 
-/// The condition, keeping `before`'s transition time while the status holds and its
-/// message (with the figure of the transition) while status and reason hold.
+/// The health condition of `type_` following `before`: its transition time while the
+/// status holds, and its message (with the figure of the transition) while status and
+/// reason hold ([`MessageCarry::KeptWhileReasonHolds`]).
 fn carried(
     before: Option<&Condition>,
     type_: NodeConditionType,
     status: ConditionStatus,
-    reason: &'static str,
-    message: String,
+    (reason, message): (ConditionReason, String),
     now: Duration,
 ) -> Condition {
-    match before {
-        Some(b) if b.status == status => Condition {
-            type_,
-            status,
-            reason,
-            message: if b.reason == reason {
-                b.message.clone()
-            } else {
-                message
-            },
-            last_transition: b.last_transition,
-        },
-        _ => Condition {
-            type_,
-            status,
-            reason,
-            message,
-            last_transition: now,
-        },
-    }
+    Condition::next(
+        before,
+        type_,
+        status,
+        reason,
+        message,
+        MessageCarry::KeptWhileReasonHolds,
+        now,
+    )
 }
 
 fn psi_full(
@@ -271,7 +255,7 @@ fn contention(
     resource: &str,
     full: Option<PsiLine>,
     threshold: f64,
-    [pressure, no_pressure]: [&'static str; 2],
+    [pressure, no_pressure]: [ConditionReason; 2],
 ) -> Option<Seen> {
     if threshold <= 0.0 {
         return None;
@@ -322,9 +306,10 @@ fn readonly(facts: &HostFacts) -> Option<Seen> {
         .collect();
     Some(Seen {
         signal: !read_only.is_empty(),
-        sets: (!read_only.is_empty()).then(|| ("FilesystemIsReadOnly", read_only.join("; "))),
+        sets: (!read_only.is_empty())
+            .then(|| (ConditionReason::FilesystemIsReadOnly, read_only.join("; "))),
         fine: (
-            "FilesystemIsNotReadOnly",
+            ConditionReason::FilesystemIsNotReadOnly,
             "Filesystem is not read-only".into(),
         ),
     })
@@ -402,9 +387,9 @@ fn thermal(facts: &HostFacts, limit: Option<f64>) -> Option<Seen> {
             })
         });
     let problem = past_trip
-        .map(|m| ("TemperatureAboveTripPoint", m))
-        .or_else(|| past_limit.map(|m| ("TemperatureAboveLimit", m)))
-        .or_else(|| throttled.map(|m| ("CPUThermallyThrottled", m)));
+        .map(|m| (ConditionReason::TemperatureAboveTripPoint, m))
+        .or_else(|| past_limit.map(|m| (ConditionReason::TemperatureAboveLimit, m)))
+        .or_else(|| throttled.map(|m| (ConditionReason::CpuThermallyThrottled, m)));
     let fine = match limit {
         Some(limit) => format!(
             "no thermal zone at a passive, hot or critical trip point or {limit} °C; the CPU is not thermally throttled"
@@ -414,7 +399,7 @@ fn thermal(facts: &HostFacts, limit: Option<f64>) -> Option<Seen> {
     Some(Seen {
         signal: problem.is_some(),
         sets: problem,
-        fine: ("TemperatureNormal", fine),
+        fine: (ConditionReason::TemperatureNormal, fine),
     })
 }
 
@@ -470,18 +455,18 @@ fn under_voltage(facts: &HostFacts) -> Option<Seen> {
         signal: now,
         sets: now.then(|| {
             (
-                "UnderVoltageDetected",
+                ConditionReason::UnderVoltageDetected,
                 format!("the power supply is under-voltage ({source})"),
             )
         }),
         fine: if occurred {
             (
-                "UnderVoltageOccurred",
+                ConditionReason::UnderVoltageOccurred,
                 format!("no under-voltage now, but it occurred since boot ({source})"),
             )
         } else {
             (
-                "SufficientVoltage",
+                ConditionReason::SufficientVoltage,
                 "the power supply voltage is sufficient".into(),
             )
         },
@@ -497,13 +482,13 @@ fn clock(facts: &HostFacts) -> Option<Seen> {
         signal: !sync.synchronized,
         sets: (!sync.synchronized).then(|| {
             (
-                "NTPNotSynchronized",
+                ConditionReason::NtpNotSynchronized,
                 format!(
                     "the kernel clock is not synchronized (adjtimex maxerror {max_error_s:.1} s); Lease and status times come from the gateway's clock"
                 ),
             )
         }),
-        fine: ("NTPSynchronized", "the kernel clock is synchronized".into()),
+        fine: (ConditionReason::NtpSynchronized, "the kernel clock is synchronized".into()),
     })
 }
 

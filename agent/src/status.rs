@@ -10,7 +10,10 @@ use edgebeat_hw::HostFacts;
 use edgebeat_proto::{self as pb, NodeConditionType};
 
 use crate::config::{AgentConfig, EvictionSignal};
+
+mod reason;
 use crate::quantity::{Amount, format_binary, format_millicores};
+pub use reason::ConditionReason;
 
 /// `nodeInfo.kubeletVersion` the agent reports: the Kubernetes API level it follows, tagged
 /// with edgebeat's own version so `kubectl get nodes` tells edgebeat nodes apart.
@@ -43,7 +46,7 @@ pub struct Condition {
     /// True or False (the agent never writes Unknown: the node lifecycle controller owns it).
     pub status: ConditionStatus,
     /// kubelet's reason, e.g. `KubeletHasSufficientMemory`.
-    pub reason: &'static str,
+    pub reason: ConditionReason,
     /// kubelet's message.
     pub message: String,
     /// When `status` last changed, as time since boot (CLOCK_BOOTTIME).
@@ -124,33 +127,40 @@ pub fn compute(
     let held =
         |at: Option<Duration>| at.is_some_and(|t| now.saturating_sub(t) < period || now == t);
 
+    let before = |type_: NodeConditionType| {
+        previous.and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
+    };
+    let kubelets = |type_, status, reason, message| {
+        Condition::next(
+            before(type_),
+            type_,
+            status,
+            reason,
+            message,
+            MessageCarry::Fresh,
+            now,
+        )
+    };
     let mut conditions = Vec::with_capacity(4);
     let mut push =
-        |type_: NodeConditionType, pressure: bool, texts: [(&'static str, &'static str); 2]| {
+        |type_: NodeConditionType, pressure: bool, texts: [(ConditionReason, &'static str); 2]| {
             let (status, (reason, message)) = if pressure {
                 (ConditionStatus::True, texts[0])
             } else {
                 (ConditionStatus::False, texts[1])
             };
-            conditions.push(carry(
-                previous,
-                type_,
-                status,
-                reason,
-                message.to_owned(),
-                now,
-            ));
+            conditions.push(kubelets(type_, status, reason, message.to_owned()));
         };
     push(
         NodeConditionType::MemoryPressure,
         held(observed.memory),
         [
             (
-                "KubeletHasInsufficientMemory",
+                ConditionReason::KubeletHasInsufficientMemory,
                 "kubelet has insufficient memory available",
             ),
             (
-                "KubeletHasSufficientMemory",
+                ConditionReason::KubeletHasSufficientMemory,
                 "kubelet has sufficient memory available",
             ),
         ],
@@ -159,8 +169,14 @@ pub fn compute(
         NodeConditionType::DiskPressure,
         held(observed.disk),
         [
-            ("KubeletHasDiskPressure", "kubelet has disk pressure"),
-            ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            (
+                ConditionReason::KubeletHasDiskPressure,
+                "kubelet has disk pressure",
+            ),
+            (
+                ConditionReason::KubeletHasNoDiskPressure,
+                "kubelet has no disk pressure",
+            ),
         ],
     );
     push(
@@ -168,11 +184,11 @@ pub fn compute(
         held(observed.pid),
         [
             (
-                "KubeletHasInsufficientPID",
+                ConditionReason::KubeletHasInsufficientPid,
                 "kubelet has insufficient PID available",
             ),
             (
-                "KubeletHasSufficientPID",
+                ConditionReason::KubeletHasSufficientPid,
                 "kubelet has sufficient PID available",
             ),
         ],
@@ -182,26 +198,22 @@ pub fn compute(
         .filter(|r| !capacity.contains_key(*r))
         .collect();
     let ready = if missing.is_empty() {
-        carry(
-            previous,
+        kubelets(
             NodeConditionType::Ready,
             ConditionStatus::True,
-            "KubeletReady",
+            ConditionReason::KubeletReady,
             "kubelet is posting ready status".into(),
-            now,
         )
     } else {
         let message = format!(
             "missing node capacity for resources: {}",
             missing.join(", ")
         );
-        carry(
-            previous,
+        kubelets(
             NodeConditionType::Ready,
             ConditionStatus::False,
-            "KubeletNotReady",
+            ConditionReason::KubeletNotReady,
             message,
-            now,
         )
     };
     conditions.push(ready);
@@ -232,24 +244,44 @@ pub fn compute(
     }
 }
 
-fn carry(
-    previous: Option<&ComputedStatus>,
-    type_: NodeConditionType,
-    status: ConditionStatus,
-    reason: &'static str,
-    message: String,
-    now: Duration,
-) -> Condition {
-    let last_transition = previous
-        .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
-        .filter(|c| c.status == status)
-        .map_or(now, |c| c.last_transition);
-    Condition {
-        type_,
-        status,
-        reason,
-        message,
-        last_transition,
+/// How a condition's message carries over from the one it follows ([`Condition::next`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageCarry {
+    /// The new message, always (kubelet's conditions: its setters write theirs afresh).
+    Fresh,
+    /// The previous message while status and reason hold: it keeps the figure seen at the
+    /// transition (the health conditions).
+    KeptWhileReasonHolds,
+}
+
+impl Condition {
+    /// The condition of `type_` at `now` following `before` (the same type's previous one):
+    /// `lastTransitionTime` stays `before`'s while the status holds and is `now` otherwise,
+    /// as kubelet's setters (`pkg/kubelet/nodestatus/setters.go`) keep it; the message as
+    /// `carry` says.
+    pub fn next(
+        before: Option<&Condition>,
+        type_: NodeConditionType,
+        status: ConditionStatus,
+        reason: ConditionReason,
+        message: String,
+        carry: MessageCarry,
+        now: Duration,
+    ) -> Self {
+        let held = before.filter(|b| b.status == status);
+        let message = match held {
+            Some(b) if carry == MessageCarry::KeptWhileReasonHolds && b.reason == reason => {
+                b.message.clone()
+            }
+            _ => message,
+        };
+        Condition {
+            type_,
+            status,
+            reason,
+            message,
+            last_transition: held.map_or(now, |b| b.last_transition),
+        }
     }
 }
 
@@ -464,7 +496,7 @@ impl ComputedStatus {
                 .map(|c| pb::NodeCondition {
                     r#type: c.type_.as_str().to_owned(),
                     status: c.status.as_str().to_owned(),
-                    reason: c.reason.to_owned(),
+                    reason: c.reason.as_str().to_owned(),
                     message: c.message.clone(),
                     seconds_since_transition: now.saturating_sub(c.last_transition).as_secs(),
                 })

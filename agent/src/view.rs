@@ -118,7 +118,7 @@ impl<'a> NodeStatusView<'a> {
                 .map(|c| ConditionView {
                     type_: c.type_.as_str(),
                     status: c.status.as_str(),
-                    reason: c.reason,
+                    reason: c.reason.as_str(),
                     message: &c.message,
                 })
                 .collect(),

@@ -37,7 +37,7 @@ fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
 }
 
 fn status_of(conditions: &[Condition], type_: &str) -> Option<(ConditionStatus, &'static str)> {
-    get(conditions, type_).map(|c| (c.status, c.reason))
+    get(conditions, type_).map(|c| (c.status, c.reason.as_str()))
 }
 
 fn memory_psi(facts: &mut HostFacts, avg10: f64, avg60: f64) {
@@ -95,7 +95,10 @@ fn psi_follows_kep_5394_and_holds_for_the_transition_period() {
     use ConditionStatus::{False, True};
     assert_eq!(status, [False, True, True, True, True, False]);
     let set = get(&got[1], "SystemMemoryContentionPressure").unwrap();
-    assert_eq!(set.reason, "KubeletHasSystemMemoryContentionPressure");
+    assert_eq!(
+        set.reason.as_str(),
+        "KubeletHasSystemMemoryContentionPressure"
+    );
     assert_eq!(
         set.message,
         "memory PSI full avg10 30.00% and avg60 12.00% at or above the threshold 10%"
@@ -107,7 +110,8 @@ fn psi_follows_kep_5394_and_holds_for_the_transition_period() {
     assert_eq!(
         get(&got[5], "SystemMemoryContentionPressure")
             .unwrap()
-            .reason,
+            .reason
+            .as_str(),
         "KubeletHasNoSystemMemoryContentionPressure"
     );
     // io stayed low throughout.
@@ -140,7 +144,7 @@ fn a_read_only_filesystem_names_itself() {
     let got = &run(&HealthSettings::default(), &[(1, f)])[0];
     let c = get(got, "ReadonlyFilesystem").unwrap();
     assert_eq!(
-        (c.status, c.reason),
+        (c.status, c.reason.as_str()),
         (ConditionStatus::True, "FilesystemIsReadOnly")
     );
     assert_eq!(c.message, "nodefs (ext4 /dev/root on /) is read-only");
@@ -243,7 +247,7 @@ fn under_voltage_now_and_since_boot() {
     };
     let now = with(Some(true), Some(0x50005));
     assert_eq!(
-        (now.status, now.reason),
+        (now.status, now.reason.as_str()),
         (ConditionStatus::True, "UnderVoltageDetected")
     );
     assert_eq!(
@@ -252,12 +256,12 @@ fn under_voltage_now_and_since_boot() {
     );
     let past = with(Some(false), Some(0x50000));
     assert_eq!(
-        (past.status, past.reason),
+        (past.status, past.reason.as_str()),
         (ConditionStatus::False, "UnderVoltageOccurred")
     );
     let fine = with(Some(false), None);
     assert_eq!(
-        (fine.status, fine.reason),
+        (fine.status, fine.reason.as_str()),
         (ConditionStatus::False, "SufficientVoltage")
     );
     assert_eq!(with(None, Some(0x1)).status, ConditionStatus::True);
@@ -273,7 +277,7 @@ fn an_unsynchronized_clock() {
     let got = &run(&HealthSettings::default(), &[(1, f)])[0];
     let c = get(got, "ClockUnsynchronized").unwrap();
     assert_eq!(
-        (c.status, c.reason),
+        (c.status, c.reason.as_str()),
         (ConditionStatus::True, "NTPNotSynchronized")
     );
     assert!(c.message.contains("maxerror 16.0 s"), "{}", c.message);

@@ -108,7 +108,14 @@ fn conditions_have_kubelets_reasons_and_ready_last() {
     let got: Vec<_> = s
         .conditions
         .iter()
-        .map(|c| (c.type_.as_str(), c.status, c.reason, c.message.as_str()))
+        .map(|c| {
+            (
+                c.type_.as_str(),
+                c.status,
+                c.reason.as_str(),
+                c.message.as_str(),
+            )
+        })
         .collect();
     assert_eq!(
         got,
@@ -271,7 +278,7 @@ fn ready_false_when_capacity_is_missing() {
     let s = compute(&f, &AgentConfig::default(), None, T0);
     let ready = s.ready().unwrap();
     assert_eq!(
-        (ready.status, ready.reason),
+        (ready.status, ready.reason.as_str()),
         (ConditionStatus::False, "KubeletNotReady")
     );
     assert_eq!(
