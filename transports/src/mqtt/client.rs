@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     CONNECT_TIMEOUT_SECS, DEFAULT_TOPIC_PREFIX, WILL_KIND, acks_topic, certificate_topic,
-    check_keepalive, check_level, check_prefix, disconnect, ends_backoff, next_event, node_topic,
+    check_connection, check_keepalive, check_level, check_prefix, disconnect, ends_backoff,
+    next_event, node_topic,
 };
 use crate::uplink::{
     AfterAck, HeaderForm, RegisterFn, Request, Session, UplinkDriver, UplinkError,
@@ -140,15 +141,8 @@ impl MqttUplinkOptions {
         check_level(node_name).map_err(|r| invalid("node_name", r))?;
         check_prefix(&self.topic_prefix).map_err(|r| invalid("topic_prefix", r))?;
         check_keepalive(self.keepalive).map_err(|r| invalid("keepalive", r))?;
-        if self.client_id.is_empty() {
-            return Err(invalid("client_id", "must not be empty"));
-        }
-        if self.host.is_empty() {
-            return Err(invalid("host", "must not be empty"));
-        }
-        if self.failover.iter().any(|(host, _)| host.is_empty()) {
-            return Err(invalid("failover", "a host must not be empty"));
-        }
+        check_connection(&self.client_id, &self.host, &self.failover)
+            .map_err(|(option, reason)| invalid(option, reason))?;
         if self.lease_expiry < Duration::from_secs(1) {
             return Err(invalid("lease_expiry", "must be at least 1 s"));
         }
@@ -440,6 +434,12 @@ mod tests {
         let mut o = ok.clone();
         o.topic_prefix = "edgebeat/v1/".into();
         assert_eq!(err(&o, "edge-1"), "topic_prefix");
+        let mut o = ok.clone();
+        o.failover = vec![("b1".into(), 1883), (String::new(), 1883)];
+        assert_eq!(err(&o, "edge-1"), "failover");
+        let mut o = ok.clone();
+        o.client_id.clear();
+        assert_eq!(err(&o, "edge-1"), "client_id");
         let mut o = ok;
         o.backoff_min = Duration::from_secs(8);
         assert_eq!(err(&o, "edge-1"), "backoff_min");

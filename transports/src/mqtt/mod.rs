@@ -142,6 +142,26 @@ pub(crate) fn ends_backoff(
     registered && connected_at.is_some_and(|t| t.elapsed() >= backoff_max)
 }
 
+/// The connection settings both MQTT clients share, checked once for both: `client_id`,
+/// `host` and every `failover` host non-empty. Errors: `(option, reason)` for the
+/// client's `InvalidOption`.
+pub(crate) fn check_connection(
+    client_id: &str,
+    host: &str,
+    failover: &[(String, u16)],
+) -> Result<(), (&'static str, &'static str)> {
+    if client_id.is_empty() {
+        return Err(("client_id", "must not be empty"));
+    }
+    if host.is_empty() {
+        return Err(("host", "must not be empty"));
+    }
+    if failover.iter().any(|(host, _)| host.is_empty()) {
+        return Err(("failover", "a host must not be empty"));
+    }
+    Ok(())
+}
+
 /// The brokers of a cluster list, as both sides dial them: `host:port` first, then
 /// `failover` in order (the next after each lost or failed connection).
 pub(crate) fn brokers(host: &str, port: u16, failover: &[(String, u16)]) -> Vec<(String, u16)> {

@@ -19,8 +19,9 @@ use tokio::time::Instant;
 
 use super::{
     CONNECT_TIMEOUT_SECS, DEFAULT_KEEPALIVE, DEFAULT_SHARE_GROUP, DEFAULT_TOPIC_PREFIX, WILL_KIND,
-    acks_topic, certificates_filter, check_keepalive, check_level, check_prefix, disconnect,
-    ends_backoff, gateway_filter, next_event, parse_certificate_topic, parse_node_topic,
+    acks_topic, certificates_filter, check_connection, check_keepalive, check_level, check_prefix,
+    disconnect, ends_backoff, gateway_filter, next_event, parse_certificate_topic,
+    parse_node_topic,
 };
 use crate::ingress::{Asked, Handler, Peer, RejectReason, Rejection, TransportKind};
 use crate::signing::{self, CertificateVerifier, NodeKey, SignatureError};
@@ -223,15 +224,8 @@ impl MqttIngressOptions {
         check_prefix(&self.topic_prefix).map_err(|r| invalid("topic_prefix", r))?;
         check_level(&self.share_group).map_err(|r| invalid("share_group", r))?;
         check_keepalive(self.keepalive).map_err(|r| invalid("keepalive", r))?;
-        if self.client_id.is_empty() {
-            return Err(invalid("client_id", "must not be empty"));
-        }
-        if self.host.is_empty() {
-            return Err(invalid("host", "must not be empty"));
-        }
-        if self.failover.iter().any(|(host, _)| host.is_empty()) {
-            return Err(invalid("failover", "a host must not be empty"));
-        }
+        check_connection(&self.client_id, &self.host, &self.failover)
+            .map_err(|(option, reason)| invalid(option, reason))?;
         if self.max_packet_bytes == 0 || self.max_packet_bytes > u32::MAX as usize / 2 {
             return Err(invalid("max_packet_bytes", "must be > 0 and < 2 GiB"));
         }

@@ -137,6 +137,16 @@ fn options_are_checked_before_connecting() {
             ..
         })
     ));
+    // The connection settings the uplink shares (mqtt::check_connection).
+    let mut o = ok.clone();
+    o.failover = vec![(String::new(), 1883)];
+    assert!(matches!(
+        o.check(),
+        Err(MqttIngressError::InvalidOption {
+            option: "failover",
+            ..
+        })
+    ));
     let mut o = ok;
     o.per_node_queue = 0;
     assert!(o.check().is_err());
