@@ -10,23 +10,20 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
 use edgebeat_transports::ingress::{Handler, Peer};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use crate::admission::{
     AdmissionPolicy, NodeAdmission, Posture, Provenance, Verdict, check_identity,
 };
 use crate::apiserver::{Apiserver, WriteLimits};
-use crate::metrics::{RejectReason, clock_skew_seconds};
+use crate::metrics::{RejectReason, ReplicaGauges, clock_skew_seconds};
 use crate::view::ApiserverView;
 pub use crate::writer::{LeaseState, validate_status};
 use crate::writer::{NodeWrites, Writer, rejected, retry};
@@ -309,20 +306,23 @@ impl Gateway {
     /// through a collector holding a weak reference: a dropped gateway reports nothing),
     /// and the per-node families.
     pub fn register_metrics(self: &Arc<Self>, registry: &mut Registry) {
-        self.counters.register(registry);
-        registry.register_collector(Box::new(GatewayCollector(Arc::downgrade(self))));
-        registry.register_with_unit(
-            "edgebeat_gateway_node_lease_age",
-            "Gateway wall clock minus the renewTime this replica last wrote for the node's Lease",
-            Unit::Seconds,
-            self.writer.node_metrics.lease_age.clone(),
+        let gateway = Arc::downgrade(self);
+        crate::metrics::register(
+            registry,
+            &self.counters,
+            &self.writer.node_metrics,
+            move || gateway.upgrade().map(|g| g.replica_gauges()),
         );
-        registry.register_with_unit(
-            "edgebeat_gateway_node_clock_skew",
-            "Gateway wall clock minus the agent's header wall time at receipt of its last accepted message; positive when the agent's clock is behind",
-            Unit::Seconds,
-            self.writer.node_metrics.clock_skew.clone(),
-        );
+    }
+
+    /// What the scrape-time gauges read now.
+    fn replica_gauges(&self) -> ReplicaGauges {
+        ReplicaGauges {
+            tracked_nodes: self.tracked_nodes(),
+            max_nodes: self.options.max_nodes,
+            backing_off: self.writer.api.backing_off(),
+            unidentified_allowed: self.options.posture == Posture::AllowUnidentified,
+        }
     }
 
     /// Number of nodes the gateway currently keeps state for.
@@ -530,51 +530,6 @@ impl Gateway {
             return answer.and_resend_status();
         }
         answer
-    }
-}
-
-/// Reads [`Gateway::tracked_nodes`] and the replica's settings at scrape time.
-struct GatewayCollector(Weak<Gateway>);
-
-impl std::fmt::Debug for GatewayCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("GatewayCollector")
-    }
-}
-
-impl Collector for GatewayCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(gateway) = self.0.upgrade() else {
-            return Ok(());
-        };
-        let gauges = [
-            (
-                "edgebeat_gateway_tracked_nodes",
-                "Nodes this gateway replica keeps state for (silent ones are dropped after 15 min).",
-                gateway.tracked_nodes(),
-            ),
-            (
-                "edgebeat_gateway_max_nodes",
-                "Most nodes this replica keeps state for (--max-nodes); messages of further nodes are refused with reason fleet_full.",
-                gateway.options.max_nodes,
-            ),
-            (
-                "edgebeat_gateway_apiserver_backing_off",
-                "1 while the gateway backs off from the apiserver (it answered 429, 5xx or nothing; one probe request at a time), else 0.",
-                usize::from(gateway.writer.api.backing_off()),
-            ),
-            (
-                "edgebeat_gateway_unidentified_agents_allowed",
-                "1 when messages without a node identity are let in (--allow-unidentified-agents), else 0.",
-                usize::from(gateway.options.posture == Posture::AllowUnidentified),
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
-            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
-            gauge.encode(metric)?;
-        }
-        Ok(())
     }
 }
 

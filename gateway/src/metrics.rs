@@ -1,6 +1,6 @@
-//! The gateway's Prometheus metrics (`edgebeat_gateway_*`), registered by
-//! [`Gateway::register_metrics`](crate::Gateway::register_metrics) and served on `/metrics`
-//! (`--metrics-listen`).
+//! The gateway's Prometheus metrics (`edgebeat_gateway_*`), every one registered here by
+//! [`register`] (which [`Gateway::register_metrics`](crate::Gateway::register_metrics)
+//! calls) and served on `/metrics` (`--metrics-listen`).
 //!
 //! | metric | type | labels | meaning |
 //! |---|---|---|---|
@@ -50,13 +50,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use edgebeat_hw::Clock;
 use jiff::Timestamp;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit};
 
 /// Label of `edgebeat_gateway_rejected_messages_total`: `reason="<RejectReason::as_str>"`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -389,5 +392,88 @@ mod tests {
         let out = text(&registry);
         assert!(!out.contains("edge-01"), "{out}");
         assert!(out.contains("edgebeat_gateway_node_lease_age_seconds{node=\"edge-02\"} 40.0\n"));
+    }
+}
+
+/// Registers every gateway metric in `registry`: the [`Counters`], the per-node families of
+/// `node_metrics`, and the gauges `gauges` reads at scrape time (through a collector; `None`
+/// once the gateway is gone, which then reports none).
+pub fn register(
+    registry: &mut Registry,
+    counters: &Counters,
+    node_metrics: &NodeMetrics,
+    gauges: impl Fn() -> Option<ReplicaGauges> + Send + Sync + 'static,
+) {
+    counters.register(registry);
+    registry.register_collector(Box::new(ReplicaCollector(Box::new(gauges))));
+    registry.register_with_unit(
+        "edgebeat_gateway_node_lease_age",
+        "Gateway wall clock minus the renewTime this replica last wrote for the node's Lease",
+        Unit::Seconds,
+        node_metrics.lease_age.clone(),
+    );
+    registry.register_with_unit(
+        "edgebeat_gateway_node_clock_skew",
+        "Gateway wall clock minus the agent's header wall time at receipt of its last accepted message; positive when the agent's clock is behind",
+        Unit::Seconds,
+        node_metrics.clock_skew.clone(),
+    );
+}
+
+/// What a replica's scrape-time gauges show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaGauges {
+    /// `edgebeat_gateway_tracked_nodes`.
+    pub tracked_nodes: usize,
+    /// `edgebeat_gateway_max_nodes` (`--max-nodes`).
+    pub max_nodes: usize,
+    /// `edgebeat_gateway_apiserver_backing_off`.
+    pub backing_off: bool,
+    /// `edgebeat_gateway_unidentified_agents_allowed`.
+    pub unidentified_allowed: bool,
+}
+
+/// Reads [`ReplicaGauges`] at scrape time.
+struct ReplicaCollector(Box<dyn Fn() -> Option<ReplicaGauges> + Send + Sync>);
+
+impl std::fmt::Debug for ReplicaCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplicaCollector")
+    }
+}
+
+impl Collector for ReplicaCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(g) = (self.0)() else {
+            return Ok(());
+        };
+        let gauges = [
+            (
+                "edgebeat_gateway_tracked_nodes",
+                "Nodes this gateway replica keeps state for (silent ones are dropped after 15 min).",
+                g.tracked_nodes,
+            ),
+            (
+                "edgebeat_gateway_max_nodes",
+                "Most nodes this replica keeps state for (--max-nodes); messages of further nodes are refused with reason fleet_full.",
+                g.max_nodes,
+            ),
+            (
+                "edgebeat_gateway_apiserver_backing_off",
+                "1 while the gateway backs off from the apiserver (it answered 429, 5xx or nothing; one probe request at a time), else 0.",
+                usize::from(g.backing_off),
+            ),
+            (
+                "edgebeat_gateway_unidentified_agents_allowed",
+                "1 when messages without a node identity are let in (--allow-unidentified-agents), else 0.",
+                usize::from(g.unidentified_allowed),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            gauge.encode(metric)?;
+        }
+        Ok(())
     }
 }
