@@ -311,6 +311,89 @@ pub struct NodeSeries {
     pub clock_skew: Option<SkewGauge>,
 }
 
+/// Registers every gateway metric in `registry`: the [`Counters`], the per-node families of
+/// `node_metrics`, and the gauges `gauges` reads at scrape time (through a collector; `None`
+/// once the gateway is gone, which then reports none).
+pub fn register(
+    registry: &mut Registry,
+    counters: &Counters,
+    node_metrics: &NodeMetrics,
+    gauges: impl Fn() -> Option<ReplicaGauges> + Send + Sync + 'static,
+) {
+    counters.register(registry);
+    registry.register_collector(Box::new(ReplicaCollector(Box::new(gauges))));
+    registry.register_with_unit(
+        "edgebeat_gateway_node_lease_age",
+        "Gateway wall clock minus the renewTime this replica last wrote for the node's Lease",
+        Unit::Seconds,
+        node_metrics.lease_age.clone(),
+    );
+    registry.register_with_unit(
+        "edgebeat_gateway_node_clock_skew",
+        "Gateway wall clock minus the agent's header wall time at receipt of its last accepted message; positive when the agent's clock is behind",
+        Unit::Seconds,
+        node_metrics.clock_skew.clone(),
+    );
+}
+
+/// What a replica's scrape-time gauges show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaGauges {
+    /// `edgebeat_gateway_tracked_nodes`.
+    pub tracked_nodes: usize,
+    /// `edgebeat_gateway_max_nodes` (`--max-nodes`).
+    pub max_nodes: usize,
+    /// `edgebeat_gateway_apiserver_backing_off`.
+    pub backing_off: bool,
+    /// `edgebeat_gateway_unidentified_agents_allowed`.
+    pub unidentified_allowed: bool,
+}
+
+/// Reads [`ReplicaGauges`] at scrape time.
+struct ReplicaCollector(Box<dyn Fn() -> Option<ReplicaGauges> + Send + Sync>);
+
+impl std::fmt::Debug for ReplicaCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplicaCollector")
+    }
+}
+
+impl Collector for ReplicaCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(g) = (self.0)() else {
+            return Ok(());
+        };
+        let gauges = [
+            (
+                "edgebeat_gateway_tracked_nodes",
+                "Nodes this gateway replica keeps state for (silent ones are dropped after 15 min).",
+                g.tracked_nodes,
+            ),
+            (
+                "edgebeat_gateway_max_nodes",
+                "Most nodes this replica keeps state for (--max-nodes); messages of further nodes are refused with reason fleet_full.",
+                g.max_nodes,
+            ),
+            (
+                "edgebeat_gateway_apiserver_backing_off",
+                "1 while the gateway backs off from the apiserver (it answered 429, 5xx or nothing; one probe request at a time), else 0.",
+                usize::from(g.backing_off),
+            ),
+            (
+                "edgebeat_gateway_unidentified_agents_allowed",
+                "1 when messages without a node identity are let in (--allow-unidentified-agents), else 0.",
+                usize::from(g.unidentified_allowed),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            gauge.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,88 +475,5 @@ mod tests {
         let out = text(&registry);
         assert!(!out.contains("edge-01"), "{out}");
         assert!(out.contains("edgebeat_gateway_node_lease_age_seconds{node=\"edge-02\"} 40.0\n"));
-    }
-}
-
-/// Registers every gateway metric in `registry`: the [`Counters`], the per-node families of
-/// `node_metrics`, and the gauges `gauges` reads at scrape time (through a collector; `None`
-/// once the gateway is gone, which then reports none).
-pub fn register(
-    registry: &mut Registry,
-    counters: &Counters,
-    node_metrics: &NodeMetrics,
-    gauges: impl Fn() -> Option<ReplicaGauges> + Send + Sync + 'static,
-) {
-    counters.register(registry);
-    registry.register_collector(Box::new(ReplicaCollector(Box::new(gauges))));
-    registry.register_with_unit(
-        "edgebeat_gateway_node_lease_age",
-        "Gateway wall clock minus the renewTime this replica last wrote for the node's Lease",
-        Unit::Seconds,
-        node_metrics.lease_age.clone(),
-    );
-    registry.register_with_unit(
-        "edgebeat_gateway_node_clock_skew",
-        "Gateway wall clock minus the agent's header wall time at receipt of its last accepted message; positive when the agent's clock is behind",
-        Unit::Seconds,
-        node_metrics.clock_skew.clone(),
-    );
-}
-
-/// What a replica's scrape-time gauges show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReplicaGauges {
-    /// `edgebeat_gateway_tracked_nodes`.
-    pub tracked_nodes: usize,
-    /// `edgebeat_gateway_max_nodes` (`--max-nodes`).
-    pub max_nodes: usize,
-    /// `edgebeat_gateway_apiserver_backing_off`.
-    pub backing_off: bool,
-    /// `edgebeat_gateway_unidentified_agents_allowed`.
-    pub unidentified_allowed: bool,
-}
-
-/// Reads [`ReplicaGauges`] at scrape time.
-struct ReplicaCollector(Box<dyn Fn() -> Option<ReplicaGauges> + Send + Sync>);
-
-impl std::fmt::Debug for ReplicaCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ReplicaCollector")
-    }
-}
-
-impl Collector for ReplicaCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(g) = (self.0)() else {
-            return Ok(());
-        };
-        let gauges = [
-            (
-                "edgebeat_gateway_tracked_nodes",
-                "Nodes this gateway replica keeps state for (silent ones are dropped after 15 min).",
-                g.tracked_nodes,
-            ),
-            (
-                "edgebeat_gateway_max_nodes",
-                "Most nodes this replica keeps state for (--max-nodes); messages of further nodes are refused with reason fleet_full.",
-                g.max_nodes,
-            ),
-            (
-                "edgebeat_gateway_apiserver_backing_off",
-                "1 while the gateway backs off from the apiserver (it answered 429, 5xx or nothing; one probe request at a time), else 0.",
-                usize::from(g.backing_off),
-            ),
-            (
-                "edgebeat_gateway_unidentified_agents_allowed",
-                "1 when messages without a node identity are let in (--allow-unidentified-agents), else 0.",
-                usize::from(g.unidentified_allowed),
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
-            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
-            gauge.encode(metric)?;
-        }
-        Ok(())
     }
 }

@@ -6,7 +6,15 @@
 //! both written and not found). The gateway builds an [`Answer`] and encodes it with
 //! [`Answer::into_ack`]; the agent decodes every `Ack` with `Answer::try_from`, which
 //! refuses those states with an [`AckError`] naming the contradiction. Each variant is
-//! exactly one wire shape, so `try_from(into_ack(a)) == a` (see the tests).
+//! exactly one wire shape, so `try_from(into_ack(a)) == a` (see the tests), except a
+//! [`Answer::Renewed`] with an empty Lease state, which is the shape of
+//! [`Answer::Written`] and reads back as it.
+//!
+//! Older agents read the same bytes: the flags keep their meaning, and a RETRY with
+//! `node_not_found` stays a RETRY for an agent that predates the flag. Two shapes no gateway
+//! has sent are refused where an older agent made something of them: `boot_tags` without
+//! `compact_headers` (read as whole headers before), and flags on a code that cannot carry
+//! them.
 
 use crate::{Ack, AckCode};
 
@@ -93,8 +101,9 @@ pub enum Answer {
     },
 }
 
-/// An [`Ack`] that is no [`Answer`]: the contradiction it holds, e.g. `"registered on a
-/// RETRY"`. The agent drops such an ack and treats its request as unanswered.
+/// An [`Ack`] that is no [`Answer`]: the contradiction it holds, e.g. `"a flag on a
+/// REJECTED"`. The agent drops such an ack, logs it, and retries the request it answered
+/// (`UplinkError::BadAck` in `edgebeat-transports`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("contradictory ack: {0}")]
 pub struct AckError(pub &'static str);

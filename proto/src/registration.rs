@@ -113,8 +113,16 @@ pub const MAX_SUBDOMAIN_BYTES: usize = 253;
 
 /// A Node name the apiserver accepts ([`is_node_name`]), checked once where it is read
 /// (a config file, a flag, a hostname) and carried as this type after that.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeName(String);
+
+/// As the name's `str` (`"edge-01"`), so logs and messages read the same as before it was
+/// a type.
+impl std::fmt::Debug for NodeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.0.as_str(), f)
+    }
+}
 
 impl NodeName {
     /// `name` if it is a valid Node name ([`is_node_name`]).

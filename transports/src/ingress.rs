@@ -46,7 +46,8 @@ impl Asked {
 
     /// The answer to send for `answer`, or `None`:
     /// - an accepted `Register` says quiet messages may now be compact
-    ///   ([`HeaderForm::CompactBootTag`]): every ingress restores what they leave out, gRPC
+    ///   ([`HeaderForm::CompactBootTag`], whatever form the handler put in its
+    ///   [`Answer::Registered`]): every ingress restores what they leave out, gRPC
     ///   from the stream's `Register`, MQTT from the topic; and MQTT may name the boot by
     ///   `Header.boot_tag`, which the gateway's admission resolves;
     /// - a quiet message that was written gets no answer, nothing on the link

@@ -26,7 +26,7 @@ pub enum UplinkError {
     #[error("uplink stopped")]
     Closed,
     /// The gateway's [`Ack`] for the message held a contradiction ([`AckError`]); it was
-    /// dropped and logged, and the message counts as unanswered.
+    /// dropped and logged. The agent retries the message, as after a lost connection.
     #[error(transparent)]
     BadAck(#[from] AckError),
 }
@@ -341,16 +341,18 @@ impl Session {
     pub fn on_ack(&mut self, ack: Ack, driver: &UplinkDriver) -> AfterAck {
         let seq = ack.seq;
         let answer = Answer::try_from(ack);
-        if let Err(e) = &answer {
+        let contradictory = |e: &AckError| {
             tracing::warn!(seq, error = %e, "dropping the gateway's contradictory ack");
-        }
+        };
         if Some(seq) == self.register_seq {
             // One answer per Register: a replayed or forged second one changes nothing.
             self.register_seq = None;
+            // Obeyed only once this process registered (see `node_not_found`); otherwise an
+            // ordinary refusal, retried with backoff.
+            if matches!(answer, Ok(Answer::NodeNotFound { .. })) && self.node_not_found(driver) {
+                return AfterAck::Nothing;
+            }
             let reason = match answer {
-                Ok(Answer::NodeNotFound { .. }) if self.node_not_found(driver) => {
-                    return AfterAck::Nothing;
-                }
                 Ok(Answer::Registered {
                     headers,
                     resend_status,
@@ -372,7 +374,10 @@ impl Session {
                     return AfterAck::Nothing;
                 }
                 Ok(other) => other.reason().to_owned(),
-                Err(e) => e.to_string(),
+                Err(e) => {
+                    contradictory(&e);
+                    e.to_string()
+                }
             };
             let delay = self.backoff.next().unwrap_or(RETRY_MAX);
             tracing::warn!(%reason, ?delay, "registration not accepted; retrying");
@@ -385,6 +390,7 @@ impl Session {
         let answer = match answer {
             Ok(answer) => answer,
             Err(e) => {
+                contradictory(&e);
                 let _ = reply.send(Err(e.into()));
                 return AfterAck::Nothing;
             }

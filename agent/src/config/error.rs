@@ -20,8 +20,8 @@ pub enum ConfigError {
     #[error("parsing the agent configuration: {0}")]
     Syntax(String),
     /// Fields have values the agent cannot use: every one of them, each naming the field
-    /// and the fix (values a field's type refuses first, by field name, then the rules
-    /// across fields). Shown as `field: message` for one, and as a count
+    /// and the fix (values a field's type refuses as it is read come first, by field name,
+    /// then those `validate` refuses). Shown as `field: message` for one, and as a count
     /// followed by one `- field: message` line each for several.
     #[error("{}", InvalidFields(.0))]
     Invalid(Vec<FieldError>),

@@ -91,8 +91,8 @@ pub use eviction::EvictionSignal;
 pub use transport::{ClientTls, GrpcTransport, MqttTransport, TlsIdentity, TransportConfig};
 use transport::{RawTransport, validate_transport};
 use values::{
-    AbsolutePath, BindAddress, Celsius, Count, HoldPeriod, LeaseSeconds, NodeIp, NodeNameField,
-    Period, Threshold, parse_reserved,
+    AbsolutePath, BindAddress, HoldPeriod, LeaseSeconds, MaxPods, NodeIp, NodeNameField, Period,
+    PodsPerCore, parse_reserved,
 };
 pub use values::{MAX_DURATION, parse_bind_address, parse_duration, parse_node_name};
 
@@ -247,17 +247,20 @@ struct RawConfig {
     node_labels: Option<BTreeMap<String, String>>,
     eviction_hard: Option<BTreeMap<String, String>>,
     eviction_pressure_transition_period: Option<HoldPeriod>,
-    system_memory_contention_threshold: Option<Threshold>,
-    system_disk_contention_threshold: Option<Threshold>,
+    // Floats are read as f64 and checked in `validate`: a non-finite one (`.nan`, `.inf`)
+    // refused by a type would stop the field-by-field pass, which reads the document
+    // untyped and refuses non-finite floats, from naming the field.
+    system_memory_contention_threshold: Option<f64>,
+    system_disk_contention_threshold: Option<f64>,
     readonly_filesystem_condition: Option<bool>,
     thermal_condition: Option<bool>,
-    thermal_limit_celsius: Option<Celsius>,
+    thermal_limit_celsius: Option<f64>,
     under_voltage_condition: Option<bool>,
     clock_sync_condition: Option<bool>,
     system_reserved: Option<BTreeMap<String, String>>,
     kube_reserved: Option<BTreeMap<String, String>>,
-    max_pods: Option<Count>,
-    pods_per_core: Option<Count>,
+    max_pods: Option<MaxPods>,
+    pods_per_core: Option<PodsPerCore>,
     #[serde(rename = "nodeIP")]
     node_ip: Option<NodeIp>,
     host_root: Option<PathBuf>,
@@ -493,14 +496,31 @@ impl AgentConfig {
             c.eviction_pressure_transition_period = d;
         }
         let health = &mut c.health;
-        if let Some(Threshold(v)) = raw.system_memory_contention_threshold {
-            health.system_memory_contention_threshold = v;
+        let thresholds = [
+            (
+                "systemMemoryContentionThreshold",
+                raw.system_memory_contention_threshold,
+                &mut health.system_memory_contention_threshold,
+            ),
+            (
+                "systemDiskContentionThreshold",
+                raw.system_disk_contention_threshold,
+                &mut health.system_disk_contention_threshold,
+            ),
+        ];
+        for (field, value, slot) in thresholds {
+            if let Some(v) = value {
+                match crate::health::check_threshold(v) {
+                    Ok(v) => *slot = v,
+                    Err(m) => p.push(field, m),
+                }
+            }
         }
-        if let Some(Threshold(v)) = raw.system_disk_contention_threshold {
-            health.system_disk_contention_threshold = v;
-        }
-        if let Some(Celsius(v)) = raw.thermal_limit_celsius {
-            health.thermal_limit_celsius = Some(v);
+        if let Some(v) = raw.thermal_limit_celsius {
+            match crate::health::check_thermal_limit(v) {
+                Ok(v) => health.thermal_limit_celsius = Some(v),
+                Err(m) => p.push("thermalLimitCelsius", m),
+            }
         }
         let switches = [
             (
@@ -518,10 +538,10 @@ impl AgentConfig {
         }
         c.system_reserved = parse_reserved(&mut p, "systemReserved", raw.system_reserved);
         c.kube_reserved = parse_reserved(&mut p, "kubeReserved", raw.kube_reserved);
-        if let Some(Count(v)) = raw.max_pods {
+        if let Some(MaxPods(v)) = raw.max_pods {
             c.max_pods = v;
         }
-        if let Some(Count(v)) = raw.pods_per_core {
+        if let Some(PodsPerCore(v)) = raw.pods_per_core {
             c.pods_per_core = v;
         }
         c.node_ip = raw.node_ip.map(|NodeIp(ip)| ip);

@@ -739,12 +739,22 @@ fn scalar_values_are_checked_by_their_types() {
         "got -3; must be a positive number of seconds",
         "\"Edge_1\" is not a valid node name",
         "\"0s\" must be greater than zero",
-        "must be an absolute path on the host",
+        "\"relative/dir\" is not absolute",
+        "systemDiskContentionThreshold: got 2;",
         "between 0 (off) and 1",
         "degrees Celsius above 0",
     ] {
         assert!(text.contains(message), "{message:?} not in {text}");
     }
+    // Floats are checked after reading, so a non-finite one is named too.
+    let (names, err) = refused_fields(&format!(
+        "{MINIMAL}thermalLimitCelsius: .nan\nsystemMemoryContentionThreshold: .inf\n"
+    ));
+    assert_eq!(
+        names,
+        ["systemMemoryContentionThreshold", "thermalLimitCelsius"],
+        "{err}"
+    );
     // An empty nodeName is no name: the hostname is used.
     let c = AgentConfig::from_yaml(&format!("{MINIMAL}nodeName: \"\"\n")).unwrap();
     assert_eq!(c.node_name, None);

@@ -1,7 +1,9 @@
 //! Scalar values of the configuration: durations, counts, addresses, node names, paths,
-//! reserved resources. Each field's rule is its type's `TryFrom`, which serde runs as it
-//! reads the field (`#[serde(try_from)]`), so a value that loads is one the agent can run
-//! with, and the error names the field it came from.
+//! reserved resources. Most scalar fields' rule is their type's `TryFrom`, which serde runs
+//! as it reads the field (`#[serde(try_from)]`), so a value that loads is one the agent can
+//! run with, and the error names the field it came from. Floats are the exception (see
+//! `AgentConfig`'s `validate`), as are the maps (`systemReserved`, `evictionHard`, …),
+//! whose entries are checked one by one so each error names its key.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -147,18 +149,33 @@ impl TryFrom<i64> for LeaseSeconds {
     }
 }
 
-/// `maxPods`, `podsPerCore`: 0 (none, or off) or a positive count.
+/// `maxPods`: 0 (no pods: the default, an edgebeat node runs none) or a positive count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "i64")]
-pub(super) struct Count(pub(super) u32);
+pub(super) struct MaxPods(pub(super) u32);
 
-impl TryFrom<i64> for Count {
+impl TryFrom<i64> for MaxPods {
     type Error = String;
 
     fn try_from(v: i64) -> Result<Self, String> {
         u32::try_from(v)
             .map(Self)
-            .map_err(|_| format!("got {v}; must be 0 (none: the default) or positive"))
+            .map_err(|_| format!("got {v}; must be 0 (no pods: the default) or positive"))
+    }
+}
+
+/// `podsPerCore`: 0 (off) or a positive count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "i64")]
+pub(super) struct PodsPerCore(pub(super) u32);
+
+impl TryFrom<i64> for PodsPerCore {
+    type Error = String;
+
+    fn try_from(v: i64) -> Result<Self, String> {
+        u32::try_from(v)
+            .map(Self)
+            .map_err(|_| format!("got {v}; must be 0 (off) or positive"))
     }
 }
 
@@ -231,37 +248,10 @@ impl TryFrom<PathBuf> for AbsolutePath {
             Ok(Self(path))
         } else {
             Err(format!(
-                "{} is relative; must be an absolute path on the host, e.g. /var/lib/kubelet",
-                path.display()
+                "{:?} is not absolute; give an absolute path on the host",
+                path.display().to_string()
             ))
         }
-    }
-}
-
-/// `systemMemoryContentionThreshold`, `systemDiskContentionThreshold`
-/// ([`crate::health::check_threshold`]).
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-#[serde(try_from = "f64")]
-pub(super) struct Threshold(pub(super) f64);
-
-impl TryFrom<f64> for Threshold {
-    type Error = String;
-
-    fn try_from(v: f64) -> Result<Self, String> {
-        crate::health::check_threshold(v).map(Self)
-    }
-}
-
-/// `thermalLimitCelsius` ([`crate::health::check_thermal_limit`]).
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-#[serde(try_from = "f64")]
-pub(super) struct Celsius(pub(super) f64);
-
-impl TryFrom<f64> for Celsius {
-    type Error = String;
-
-    fn try_from(v: f64) -> Result<Self, String> {
-        crate::health::check_thermal_limit(v).map(Self)
     }
 }
 

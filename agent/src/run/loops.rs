@@ -26,20 +26,15 @@ pub(super) struct StatusLoop<'a> {
     pub(super) send: Sender<'a>,
 }
 
-/// What the Lease loop reads: `nodeLeaseDurationSeconds`, the clock its metrics stamp, and
-/// the liveness it reports to the systemd watchdog.
+/// What the Lease loop reads: `nodeLeaseDurationSeconds` and the renew interval
+/// ([`AgentConfig::lease_renew_interval`]), the clock its metrics stamp, and the liveness
+/// it reports to the systemd watchdog.
 pub(super) struct LeaseLoop<'a> {
     pub(super) lease_duration_seconds: u32,
+    pub(super) renew_interval: Duration,
     pub(super) clock: &'a dyn Clock,
     pub(super) liveness: &'a Liveness,
     pub(super) send: Sender<'a>,
-}
-
-impl LeaseLoop<'_> {
-    /// `nodeLeaseDurationSeconds` × 0.25 (kubelet `nodeLeaseRenewIntervalFraction`).
-    fn renew_interval(&self) -> Duration {
-        Duration::from_millis(u64::from(self.lease_duration_seconds) * 250)
-    }
 }
 
 /// Status loop (kubelet `syncNodeStatus` every `nodeStatusUpdateFrequency`): compute, then
@@ -257,7 +252,7 @@ pub(super) async fn lease_loop(l: LeaseLoop<'_>, cancel: CancellationToken) {
             if waited {
                 Duration::ZERO
             } else {
-                jittered(l.renew_interval())
+                jittered(l.renew_interval)
             }
         } else {
             backoff
@@ -302,7 +297,7 @@ async fn try_renew(l: &LeaseLoop<'_>, lease_state: &mut Vec<u8>) -> Option<bool>
             })),
         };
         // Silence until the next renewal is due means written.
-        (renewal, jittered(l.renew_interval()))
+        (renewal, jittered(l.renew_interval))
     };
     let settle = |state: &mut Vec<u8>, answer: &Result<pb::Answer, UplinkError>| {
         // Silence until the next renewal was due: written.

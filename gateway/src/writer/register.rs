@@ -38,6 +38,8 @@ impl Writer {
             .as_ref()
             .map(|i| i.boot_id.as_str())
             .unwrap_or_default();
+        // The header form is the ingress's to grant (`Asked::answer` sets it: every ingress
+        // restores compact headers), not the writer's.
         let registered = Answer::Registered {
             headers: pb::HeaderForm::Full,
             resend_status: false,

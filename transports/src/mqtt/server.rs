@@ -511,9 +511,11 @@ fn classify<'t>(
     let topic = std::str::from_utf8(topic).map_err(|_| REJECT_UNKNOWN_TOPIC)?;
     // A node name the apiserver would refuse never gets a queue or a certificate check.
     let valid = |node: &'t str| {
-        NodeName::new(node)
-            .map(|_| node)
-            .map_err(|_| REJECT_MALFORMED)
+        if crate::tls::is_node_name(node) {
+            Ok(node)
+        } else {
+            Err(REJECT_MALFORMED)
+        }
     };
     if let Some(node) = parse_certificate_topic(prefix, topic) {
         let node = valid(node)?;

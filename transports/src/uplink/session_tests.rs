@@ -105,6 +105,19 @@ fn refused_registration_backs_off_and_acceptance_completes_it() {
         other => panic!("{other:?}"),
     }
     assert_eq!(*uplink.registration().borrow(), NodeRegistration::Pending);
+    // A contradictory answer to Register is a refusal: backed off, not registered.
+    s.register_sent(Some(1));
+    let contradictory = Ack {
+        seq: 1,
+        code: AckCode::Rejected.into(),
+        registered: true,
+        ..Default::default()
+    };
+    assert!(matches!(
+        s.on_ack(contradictory, &driver),
+        AfterAck::RegisterAfter(_)
+    ));
+    assert!(!*uplink.registered().borrow());
     s.register_sent(Some(1));
     s.on_ack(registered(1), &driver);
     assert_eq!(*uplink.registration().borrow(), NodeRegistration::Completed);
