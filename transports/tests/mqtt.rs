@@ -649,6 +649,113 @@ async fn bad_publishes_are_rejected_and_good_nodes_keep_going() {
 
 /// One node flooding the gateway (its handler stuck) loses its excess messages as
 /// "per-node queue full", while another node keeps getting acks.
+/// A stand-in for a broker node without shared subscriptions (an RMQTT node without its
+/// shared-subscription plugin; Mosquitto 2.0 grants every subscription): accepts MQTT 5
+/// connections and answers every SUBSCRIBE with `SharedSubscriptionsNotSupported` (0x9E),
+/// written with rumqttc's own codec. Returns its port and the count of refused SUBSCRIBEs.
+async fn refusing_broker() -> (u16, Arc<AtomicU64>) {
+    use rumqttc::v5::mqttbytes::v5::SubscribeReasonCode;
+    use rumqttc::v5::mqttbytes::v5::{ConnAck, ConnectReturnCode, SubAck};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let refused = Arc::new(AtomicU64::new(0));
+    let count = refused.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut buf = bytes::BytesMut::new();
+                loop {
+                    let packet = match Packet::read(&mut buf, None) {
+                        Ok(packet) => packet,
+                        Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => {
+                            match socket.read_buf(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(_) => continue,
+                            }
+                        }
+                        Err(_) => return,
+                    };
+                    let answer = match packet {
+                        Packet::Connect(..) => Packet::ConnAck(ConnAck {
+                            session_present: false,
+                            code: ConnectReturnCode::Success,
+                            properties: None,
+                        }),
+                        Packet::Subscribe(s) => {
+                            count.fetch_add(1, Ordering::SeqCst);
+                            Packet::SubAck(SubAck {
+                                pkid: s.pkid,
+                                return_codes: vec![
+                                    SubscribeReasonCode::SharedSubscriptionsNotSupported;
+                                    s.filters.len()
+                                ],
+                                properties: None,
+                            })
+                        }
+                        Packet::PingReq(_) => {
+                            Packet::PingResp(rumqttc::v5::mqttbytes::v5::PingResp)
+                        }
+                        _ => continue,
+                    };
+                    let mut out = bytes::BytesMut::new();
+                    if answer.write(&mut out, None).is_err()
+                        || socket.write_all(&out).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, refused)
+}
+
+/// A broker node that refuses the shared subscription while the next node of the list
+/// grants it: the replica moves on to the next node, as after a lost connection, and
+/// serves from there. Only every node refusing in a row ends the ingress (a site's
+/// configuration, which retrying will not mend).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_refused_by_one_broker_subscribes_on_the_next() {
+    let (refusing, refused) = refusing_broker().await;
+    let granting = Mosquitto::start().await;
+    let handler = Recorder::new();
+    let subscribed = Arc::new(tokio::sync::watch::channel(false).0);
+    let mut options = MqttIngressOptions::new("127.0.0.1", refusing, "gw-0");
+    options.failover = vec![(granting.host().to_owned(), granting.port())];
+    options.subscribed = Some(subscribed.clone());
+    let gateway = start_gateway(options, &handler);
+    let mut granted = subscribed.subscribe();
+    let waited = tokio::time::timeout(DEADLINE, granted.wait_for(|s| *s)).await;
+    assert!(waited.is_ok(), "never subscribed on the second broker");
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        1,
+        "the first node refused once"
+    );
+    let node = Node::new("edge-0001");
+    let agent = start_agent(uplink_options(&granting, &node), &node);
+    agent.until_registered(&granting).await;
+    assert!(!gateway.task.is_finished(), "the ingress keeps serving");
+    gateway.stop().await;
+
+    // The only broker refusing: the configuration, reported.
+    let alone = start_gateway(
+        MqttIngressOptions::new("127.0.0.1", refusing, "gw-1"),
+        &handler,
+    );
+    let result = tokio::time::timeout(DEADLINE, alone.task).await;
+    assert!(
+        matches!(
+            result,
+            Ok(Ok(Err(MqttIngressError::SubscribeRefused { .. })))
+        ),
+        "{result:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_node_does_not_starve_others() {
     let broker = Mosquitto::start().await;

@@ -345,7 +345,10 @@ pub enum MqttIngressError {
 /// DISCONNECT.
 ///
 /// Errors: [`MqttIngressError::InvalidOption`] before connecting,
-/// [`MqttIngressError::SubscribeRefused`] when the broker refuses the subscription.
+/// [`MqttIngressError::SubscribeRefused`] when the broker refuses the subscription, or with
+/// [`MqttIngressOptions::failover`] when every broker of the list refused it in a row (one
+/// node refusing while others may grant, say one not yet joined to the cluster, sends the
+/// replica on to the next, as a lost connection does).
 pub async fn serve<H: Handler>(
     options: MqttIngressOptions,
     handler: Arc<H>,
@@ -388,6 +391,8 @@ pub async fn serve<H: Handler>(
     // subscribed connection starts the backoff over when it is lost (`ends_backoff`).
     let mut connected_at = None;
     let mut subscribed = false;
+    // SUBACKs refused in a row, by as many brokers (see the SubAck arm).
+    let mut refusals = 0;
     let mut next = next_event(eventloop);
     let mut sweep = tokio::time::interval(WORKER_IDLE / 5);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -396,67 +401,85 @@ pub async fn serve<H: Handler>(
         tokio::select! {
             () = &mut shutdown => break,
             _ = sweep.tick() => workers.evict_idle(),
-            (eventloop, result) = &mut next => match result {
-                Ok(event) => {
-                    next = next_event(eventloop);
-                    match event {
-                        Event::Incoming(Packet::ConnAck(_)) => {
-                            tracing::info!(%filter, "connected to the MQTT broker; subscribing");
-                            connected_at = Some(tokio::time::Instant::now());
-                            subscribe(&client, &filters);
-                        }
-                        Event::Incoming(Packet::SubAck(suback)) => {
-                            if let Some(code) = suback
-                                .return_codes
-                                .iter()
-                                .find(|c| !matches!(c, SubscribeReasonCode::Success(_)))
-                            {
+            (mut eventloop, result) = &mut next => {
+                let lost = match result {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        tracing::info!(%filter, "connected to the MQTT broker; subscribing");
+                        connected_at = Some(tokio::time::Instant::now());
+                        subscribe(&client, &filters);
+                        None
+                    }
+                    Ok(Event::Incoming(Packet::SubAck(suback))) => {
+                        match suback
+                            .return_codes
+                            .iter()
+                            .find(|c| !matches!(c, SubscribeReasonCode::Success(_)))
+                        {
+                            None => {
+                                refusals = 0;
+                                subscribed = true;
+                                if let Some(subscribed) = &options.subscribed {
+                                    subscribed.send_replace(true);
+                                }
+                                None
+                            }
+                            Some(code) => {
                                 let names: Vec<&str> =
                                     filters.iter().map(|f| f.path.as_str()).collect();
-                                return Err(MqttIngressError::SubscribeRefused {
+                                let refused = MqttIngressError::SubscribeRefused {
                                     filter: names.join(", "),
                                     reason: format!("{code:?}"),
-                                });
-                            }
-                            subscribed = true;
-                            if let Some(subscribed) = &options.subscribed {
-                                subscribed.send_replace(true);
+                                };
+                                // One broker, or every node of the cluster in a row: the
+                                // site's configuration (ACL, no shared subscriptions), which
+                                // retrying will not mend.
+                                refusals += 1;
+                                if refusals >= brokers.len() {
+                                    return Err(refused);
+                                }
+                                // A node that refuses while others may grant (one not yet
+                                // joined, one with another ACL): on to the next.
+                                eventloop.clean();
+                                Some(refused.to_string())
                             }
                         }
-                        Event::Incoming(Packet::Publish(publish)) => {
-                            workers.dispatch(&publish, options.max_packet_bytes);
-                        }
-                        _ => {}
                     }
-                }
-                Err(error) => {
-                    if let Some(subscribed) = &options.subscribed {
-                        subscribed.send_replace(false);
+                    Ok(Event::Incoming(Packet::Publish(publish))) => {
+                        workers.dispatch(&publish, options.max_packet_bytes);
+                        None
                     }
-                    if ends_backoff(subscribed, connected_at.take(), crate::backoff::RETRY_MAX) {
-                        backoff = reconnect_backoff();
-                    }
-                    subscribed = false;
-                    let delay = backoff.next().unwrap_or(crate::backoff::RETRY_MAX);
-                    let (host, port) = &brokers[broker];
-                    tracing::warn!(%error, ?delay, broker = %format_args!("{host}:{port}"), "MQTT connection lost; reconnecting");
-                    tokio::select! {
-                        () = &mut shutdown => return Ok(()),
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                    let mut eventloop = eventloop;
-                    if brokers.len() > 1 {
-                        // The next node of the cluster, on the same event loop: the client
-                        // every node's drain task holds stays the one that sends.
-                        broker = (broker + 1) % brokers.len();
-                        let (host, port) = &brokers[broker];
-                        eventloop.options = options.mqtt_options(host, *port)?;
-                        tracing::info!(broker = %format_args!("{host}:{port}"), "MQTT: trying the next broker");
-                    }
-                    // rumqttc reconnects on this poll.
+                    Ok(_) => None,
+                    Err(error) => Some(error.to_string()),
+                };
+                let Some(error) = lost else {
                     next = next_event(eventloop);
+                    continue;
+                };
+                if let Some(subscribed) = &options.subscribed {
+                    subscribed.send_replace(false);
                 }
-            },
+                if ends_backoff(subscribed, connected_at.take(), crate::backoff::RETRY_MAX) {
+                    backoff = reconnect_backoff();
+                }
+                subscribed = false;
+                let delay = backoff.next().unwrap_or(crate::backoff::RETRY_MAX);
+                let (host, port) = &brokers[broker];
+                tracing::warn!(%error, ?delay, broker = %format_args!("{host}:{port}"), "MQTT connection lost; reconnecting");
+                tokio::select! {
+                    () = &mut shutdown => return Ok(()),
+                    () = tokio::time::sleep(delay) => {}
+                }
+                if brokers.len() > 1 {
+                    // The next node of the cluster, on the same event loop: the client
+                    // every node's drain task holds stays the one that sends.
+                    broker = (broker + 1) % brokers.len();
+                    let (host, port) = &brokers[broker];
+                    eventloop.options = options.mqtt_options(host, *port)?;
+                    tracing::info!(broker = %format_args!("{host}:{port}"), "MQTT: trying the next broker");
+                }
+                // rumqttc reconnects on this poll.
+                next = next_event(eventloop);
+            }
         }
     }
     // Drain tasks finish what they hold; their acks may not make it out any more.
