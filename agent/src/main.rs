@@ -36,7 +36,20 @@ struct Args {
     log_level: String,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!(
+                "Error: {}",
+                edgebeat_transports::observe::error_report(error.as_ref())
+            );
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     edgebeat_transports::observe::init_logging(
         &args.log_level,

@@ -102,6 +102,9 @@ fn missing_host_root_is_a_clear_error() {
     let (ok, _, stderr) = once(&["--once", "--host-root", "/nonexistent/edgebeat"]);
     assert!(!ok);
     assert!(stderr.contains("boot_id"), "{stderr}");
+    // One line, each cause said once (observe::error_report).
+    assert!(stderr.contains("Error: reading host facts: "), "{stderr}");
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
 }
 
 /// The health conditions of `--once` on `tree`: type → (status, reason).

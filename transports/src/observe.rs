@@ -251,6 +251,25 @@ pub fn init_logging(filter: &str, to: LogTo) -> Result<(), String> {
     Ok(())
 }
 
+/// The one line either binary prints for the error it stops with: `error`'s text, then
+/// each cause's (`source()`) that the text before it does not already hold, joined by
+/// `: `. edgebeat's errors put their cause in their own text for logs (`%error`) and
+/// also return it as `source()`; printing the whole chain, as `anyhow`'s `{:?}` does,
+/// would say every cause twice.
+pub fn error_report(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut report = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !report.contains(&text) {
+            report.push_str(": ");
+            report.push_str(&text);
+        }
+        cause = c.source();
+    }
+    report
+}
+
 /// Resolves on SIGTERM or Ctrl-C (SIGINT): what stops either binary, whether systemd or the
 /// kubelet sends SIGTERM or someone presses Ctrl-C. When SIGTERM cannot be listened for, logs
 /// a warning and waits for Ctrl-C alone.
@@ -291,6 +310,24 @@ mod tests {
         let (head, body) = raw.split_once("\r\n\r\n").unwrap();
         let status = head.split(' ').nth(1).unwrap().parse().unwrap();
         (status, head.to_owned(), body.to_owned())
+    }
+
+    /// A chain whose every level says its cause (as edgebeat's errors do) reads once; a
+    /// level that does not say it gets it appended.
+    #[test]
+    fn error_report_says_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("reading /proc/meminfo: {0}")]
+        struct Says(#[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("starting")]
+        struct Silent(#[source] Says);
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        assert_eq!(error_report(&Says(io())), "reading /proc/meminfo: gone");
+        assert_eq!(
+            error_report(&Silent(Says(io()))),
+            "starting: reading /proc/meminfo: gone"
+        );
     }
 
     #[tokio::test]
