@@ -653,15 +653,15 @@ async fn bad_publishes_are_rejected_and_good_nodes_keep_going() {
 /// shared-subscription plugin; Mosquitto 2.0 grants every subscription): accepts MQTT 5
 /// connections and answers every SUBSCRIBE with `SharedSubscriptionsNotSupported` (0x9E),
 /// written with rumqttc's own codec. Returns its port and the count of refused SUBSCRIBEs.
-async fn refusing_broker() -> (u16, Arc<AtomicU64>) {
+async fn refusing_broker() -> (u16, watch::Receiver<u64>) {
     use rumqttc::v5::mqttbytes::v5::SubscribeReasonCode;
     use rumqttc::v5::mqttbytes::v5::{ConnAck, ConnectReturnCode, SubAck};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let refused = Arc::new(AtomicU64::new(0));
-    let count = refused.clone();
+    let (count, refused) = watch::channel(0u64);
+    let count = Arc::new(count);
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             let count = count.clone();
@@ -685,7 +685,7 @@ async fn refusing_broker() -> (u16, Arc<AtomicU64>) {
                             properties: None,
                         }),
                         Packet::Subscribe(s) => {
-                            count.fetch_add(1, Ordering::SeqCst);
+                            count.send_modify(|n| *n += 1);
                             Packet::SubAck(SubAck {
                                 pkid: s.pkid,
                                 return_codes: vec![
@@ -730,11 +730,7 @@ async fn a_replica_refused_by_one_broker_subscribes_on_the_next() {
     let mut granted = subscribed.subscribe();
     let waited = tokio::time::timeout(DEADLINE, granted.wait_for(|s| *s)).await;
     assert!(waited.is_ok(), "never subscribed on the second broker");
-    assert_eq!(
-        refused.load(Ordering::SeqCst),
-        1,
-        "the first node refused once"
-    );
+    assert_eq!(*refused.borrow(), 1, "the first node refused once");
     let node = Node::new("edge-0001");
     let agent = start_agent(uplink_options(&granting, &node), &node);
     agent.until_registered(&granting).await;
@@ -754,6 +750,31 @@ async fn a_replica_refused_by_one_broker_subscribes_on_the_next() {
         ),
         "{result:?}"
     );
+}
+
+/// A node that refuses and a node that is down are not every node refusing: the replica
+/// keeps going round the list (the count is of refusals in a row), so the second node's
+/// return finds it still trying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_and_a_dead_node_do_not_stop_the_replica() {
+    let (refusing, refused) = refusing_broker().await;
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut options = MqttIngressOptions::new("127.0.0.1", refusing, "gw-0");
+    options.failover = vec![("127.0.0.1".to_owned(), down)];
+    let mut gateway = start_gateway(options, &Recorder::new());
+    // Three rounds of refused, then down (the backoff doubles from 200 ms: about 6 s).
+    let mut refusals = refused.clone();
+    tokio::select! {
+        waited = tokio::time::timeout(DEADLINE, refusals.wait_for(|n| *n >= 3)) => {
+            assert!(waited.is_ok(), "refused {} times", *refused.borrow());
+        }
+        ended = &mut gateway.task => panic!("the replica gave up: {ended:?}"),
+    }
+    gateway.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

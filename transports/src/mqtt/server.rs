@@ -449,7 +449,11 @@ pub async fn serve<H: Handler>(
                         None
                     }
                     Ok(_) => None,
-                    Err(error) => Some(error.to_string()),
+                    Err(error) => {
+                        // Down is not refusing: the count is of refusals in a row.
+                        refusals = 0;
+                        Some(error.to_string())
+                    }
                 };
                 let Some(error) = lost else {
                     next = next_event(eventloop);
