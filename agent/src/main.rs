@@ -37,16 +37,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    match run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!(
-                "Error: {}",
-                edgebeat_transports::observe::error_report(error.as_ref())
-            );
-            std::process::ExitCode::FAILURE
-        }
-    }
+    edgebeat_transports::observe::exit_code(run())
 }
 
 fn run() -> anyhow::Result<()> {

@@ -152,16 +152,7 @@ fn main() -> std::process::ExitCode {
         .build()
         .map_err(anyhow::Error::from)
         .and_then(|runtime| runtime.block_on(run()));
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!(
-                "Error: {}",
-                edgebeat_transports::observe::error_report(error.as_ref())
-            );
-            std::process::ExitCode::FAILURE
-        }
-    }
+    edgebeat_transports::observe::exit_code(result)
 }
 
 async fn run() -> anyhow::Result<()> {

@@ -270,6 +270,20 @@ pub fn error_report(error: &(dyn std::error::Error + 'static)) -> String {
     report
 }
 
+/// How either binary ends: status 0, or its error's [`error_report`] on standard error,
+/// after `Error: `, and status 1.
+pub fn exit_code<E: AsRef<dyn std::error::Error + 'static>>(
+    result: Result<(), E>,
+) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("Error: {}", error_report(error.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Resolves on SIGTERM or Ctrl-C (SIGINT): what stops either binary, whether systemd or the
 /// kubelet sends SIGTERM or someone presses Ctrl-C. When SIGTERM cannot be listened for, logs
 /// a warning and waits for Ctrl-C alone.
