@@ -130,9 +130,9 @@ pub(super) struct RawTransport {
 pub(super) fn validate_transport(p: &mut Problems, t: RawTransport) -> Option<TransportConfig> {
     let before = p.len();
     let keepalive = match (t.keepalive, t.kind.as_deref()) {
-        (Some(Period(d)), _) => Some(d),
-        (None, Some("grpc")) => Some(GRPC_KEEPALIVE),
-        (None, _) => Some(MQTT_KEEPALIVE),
+        (Some(Period(d)), _) => d,
+        (None, Some("grpc")) => GRPC_KEEPALIVE,
+        (None, _) => MQTT_KEEPALIVE,
     };
     let kind = t.kind.as_deref().unwrap_or("");
     let example = match kind {
@@ -211,7 +211,7 @@ pub(super) fn validate_transport(p: &mut Problems, t: RawTransport) -> Option<Tr
             let tls = tls(p, &endpoint, "https://");
             TransportConfig::Grpc(GrpcTransport {
                 endpoint,
-                keepalive: keepalive?,
+                keepalive,
                 tls,
             })
         }
@@ -222,9 +222,7 @@ pub(super) fn validate_transport(p: &mut Problems, t: RawTransport) -> Option<Tr
                     "this agent was built without MQTT (cargo feature mqtt); use kind: grpc or an agent built with it",
                 );
             }
-            if let Some(Err(why)) =
-                keepalive.map(edgebeat_transports::endpoint::check_mqtt_keepalive)
-            {
+            if let Err(why) = edgebeat_transports::endpoint::check_mqtt_keepalive(keepalive) {
                 p.push("transport.keepalive", format!("{why} for MQTT"));
             }
             let credentials = mqtt_credentials(p, t.username, t.password_file);
@@ -282,7 +280,7 @@ pub(super) fn validate_transport(p: &mut Problems, t: RawTransport) -> Option<Tr
                 client_id: t.client_id,
                 credentials: credentials?,
                 topic_prefix,
-                keepalive: keepalive?,
+                keepalive,
                 tls,
             })
         }
