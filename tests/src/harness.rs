@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use edgebeat_agent::config::{GrpcTransport, MqttTransport, TransportConfig};
+use edgebeat_agent::config::{GrpcUplinkOptions, MqttUplinkOptions, TransportConfig};
 use edgebeat_agent::{Agent, AgentConfig};
 use edgebeat_gateway::{Gateway, GatewayOptions, kube_client, watch_client};
 use edgebeat_hw::{Clock, SystemClock};
@@ -210,7 +210,7 @@ impl Cluster {
 
     /// A gRPC cluster whose gateway serves with `grpc` options, e.g. TLS with a client CA
     /// (mTLS) and `require_node_identity`; [`Cluster::grpc_url`] is then `https://`.
-    /// Agents need their transport's TLS ([`TransportConfig::tls_mut`]) set to connect.
+    /// Agents need their transport's TLS ([`TransportConfig::set_tls`]) set to connect.
     ///
     /// Errors: binding or client construction failures.
     pub async fn start_grpc_with(
@@ -492,19 +492,15 @@ impl Cluster {
             node_lease_duration_seconds: 1,
             host_root: host_root.to_owned(),
             transport: Some(match (self.transport, &self.broker) {
-                (Transport::Mqtt, Some(broker)) => TransportConfig::Mqtt(MqttTransport {
-                    host: broker.host().to_owned(),
-                    port: broker.port(),
-                    failover: Vec::new(),
-                    client_id: None,
-                    credentials: None,
-                    topic_prefix: edgebeat_transports::mqtt::DEFAULT_TOPIC_PREFIX.to_owned(),
+                (Transport::Mqtt, Some(broker)) => TransportConfig::Mqtt(MqttUplinkOptions {
                     keepalive: Duration::from_secs(30),
-                    tls: None,
+                    // As the config sets it from the lease duration: 1 s.
+                    lease_expiry: Duration::from_secs(1),
+                    ..MqttUplinkOptions::new(broker.host(), broker.port())
                 }),
-                _ => TransportConfig::Grpc(GrpcTransport {
+                _ => TransportConfig::Grpc(GrpcUplinkOptions {
                     keepalive: Duration::from_secs(30),
-                    ..GrpcTransport::new(self.grpc_url.clone())
+                    ..GrpcUplinkOptions::new(self.grpc_url.clone())
                 }),
             }),
             // ClockUnsynchronized reads the running kernel, not the fixture tree: off, so a
@@ -533,13 +529,17 @@ impl Cluster {
             .map(|s| s.site_ca_pem.clone().into_bytes())
             .unwrap_or_default();
         if let Some(transport) = config.transport.as_mut() {
-            *transport.tls_mut() = Some(edgebeat_agent::config::ClientTls {
+            let tls = edgebeat_agent::config::ClientTls {
                 ca_pem,
                 client_identity: Some(edgebeat_agent::config::TlsIdentity {
                     cert_pem: node_certificate.cert_pem.clone().into_bytes(),
                     key_pem: node_certificate.key_pem.clone().into_bytes(),
                 }),
-            });
+            };
+            #[allow(clippy::expect_used)]
+            transport
+                .set_tls(tls)
+                .expect("a test PKI's node certificate signs MQTT messages");
         }
         config
     }

@@ -345,13 +345,18 @@ async fn idle_sockets_from_one_address_cannot_starve_handshakes() {
         .await;
     let cert = site.node("edge-h");
     let mut config = cluster.agent_config("edge-h", &fixture(FACTS));
-    *config.transport.as_mut().unwrap().tls_mut() = Some(edgebeat_agent::config::ClientTls {
-        ca_pem: site.cert_pem.clone().into_bytes(),
-        client_identity: Some(edgebeat_agent::config::TlsIdentity {
-            cert_pem: cert.cert_pem.clone().into_bytes(),
-            key_pem: cert.key_pem.clone().into_bytes(),
-        }),
-    });
+    config
+        .transport
+        .as_mut()
+        .unwrap()
+        .set_tls(edgebeat_agent::config::ClientTls {
+            ca_pem: site.cert_pem.clone().into_bytes(),
+            client_identity: Some(edgebeat_agent::config::TlsIdentity {
+                cert_pem: cert.cert_pem.clone().into_bytes(),
+                key_pem: cert.key_pem.clone().into_bytes(),
+            }),
+        })
+        .unwrap();
     let agent = cluster.start_agent(config).unwrap();
     cluster
         .wait_for_renewals("edge-h", 2, DEADLINE)

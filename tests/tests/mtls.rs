@@ -46,13 +46,18 @@ async fn mtls_cluster(site: &Ca, require_node_identity: bool) -> Cluster {
 /// An agent for `node` that verifies the gateway against `trust` and presents `client`.
 fn agent_config(cluster: &Cluster, node: &str, trust: &Ca, client: Option<&Leaf>) -> AgentConfig {
     let mut config = cluster.agent_config(node, &fixture(FACTS));
-    *config.transport.as_mut().unwrap().tls_mut() = Some(ClientTls {
-        ca_pem: trust.cert_pem.clone().into_bytes(),
-        client_identity: client.map(|leaf| TlsIdentity {
-            cert_pem: leaf.cert_pem.clone().into_bytes(),
-            key_pem: leaf.key_pem.clone().into_bytes(),
-        }),
-    });
+    config
+        .transport
+        .as_mut()
+        .unwrap()
+        .set_tls(ClientTls {
+            ca_pem: trust.cert_pem.clone().into_bytes(),
+            client_identity: client.map(|leaf| TlsIdentity {
+                cert_pem: leaf.cert_pem.clone().into_bytes(),
+                key_pem: leaf.key_pem.clone().into_bytes(),
+            }),
+        })
+        .unwrap();
     config
 }
 

@@ -187,6 +187,13 @@ pub fn check_topic_level(level: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Default HTTP/2 keepalive of the agent's gRPC uplink, 5 min, for its config
+/// (`transport.keepalive`) and its gRPC uplink alike: a ping after this long without
+/// receiving anything. Renewals are answered only when not written, so a short interval
+/// would ping every period on a metered link; while renewals flow, a dead link is noticed by
+/// `TCP_USER_TIMEOUT` (20 s) instead.
+pub const GRPC_AGENT_KEEPALIVE: Duration = Duration::from_secs(300);
+
 /// Default MQTT keepalive of the agent, 30 min, for its config (`transport.keepalive`) and
 /// its MQTT uplink alike.
 ///

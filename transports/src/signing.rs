@@ -68,6 +68,14 @@ impl std::fmt::Debug for MessageSigner {
     }
 }
 
+/// Two signers are equal when they hold the same certificate chain and signature scheme:
+/// they then sign for the same key.
+impl PartialEq for MessageSigner {
+    fn eq(&self, other: &Self) -> bool {
+        self.certificate == other.certificate && self.signer.scheme() == other.signer.scheme()
+    }
+}
+
 impl MessageSigner {
     /// A signer for the node whose client certificate chain (`cert_pem`, leaf first) and
     /// private key (`key_pem`: PKCS#8, or SEC1 for EC keys) are given, as in the agent's

@@ -223,8 +223,8 @@ impl Handler for Recorder {
 // ---------------------------------------------------------------------------------------
 // Starting both halves.
 
-fn uplink_options(broker: &Mosquitto, node: &Node) -> MqttUplinkOptions {
-    let mut options = MqttUplinkOptions::new(broker.host(), broker.port(), &node.name);
+fn uplink_options(broker: &Mosquitto) -> MqttUplinkOptions {
+    let mut options = MqttUplinkOptions::new(broker.host(), broker.port());
     options.backoff_min = Duration::from_millis(50);
     options.backoff_max = Duration::from_millis(500);
     options.register_timeout = Duration::from_millis(500);
@@ -356,7 +356,7 @@ async fn uplink_and_ingress_exchange_register_and_lease_acks() {
         &handler,
     );
     let node = Node::new("edge-0001");
-    let agent = start_agent(uplink_options(&broker, &node), &node);
+    let agent = start_agent(uplink_options(&broker), &node);
     agent.until_registered(&broker).await;
 
     let lease = node.lease();
@@ -397,7 +397,7 @@ async fn lease_publishes_carry_message_expiry() {
     let broker = Mosquitto::start().await;
     let (_spy, mut spied) = raw_client(&broker, "spy", Some(&format!("{PREFIX}/nodes/+/+"))).await;
     let node = Node::new("edge-0002");
-    let mut options = uplink_options(&broker, &node);
+    let mut options = uplink_options(&broker);
     options.lease_expiry = Duration::from_secs(7);
     options.register_timeout = Duration::from_secs(60);
     let agent = start_agent(options, &node);
@@ -571,7 +571,7 @@ async fn bad_publishes_are_rejected_and_good_nodes_keep_going() {
     options.max_packet_bytes = 1024;
     let gateway = start_gateway(options, &handler);
     let good = Node::new("good");
-    let agent = start_agent(uplink_options(&broker, &good), &good);
+    let agent = start_agent(uplink_options(&broker), &good);
     agent.until_registered(&broker).await;
     let ack = agent
         .uplink
@@ -732,7 +732,7 @@ async fn a_replica_refused_by_one_broker_subscribes_on_the_next() {
     assert!(waited.is_ok(), "never subscribed on the second broker");
     assert_eq!(*refused.borrow(), 1, "the first node refused once");
     let node = Node::new("edge-0001");
-    let agent = start_agent(uplink_options(&granting, &node), &node);
+    let agent = start_agent(uplink_options(&granting), &node);
     agent.until_registered(&granting).await;
     assert!(!gateway.task.is_finished(), "the ingress keeps serving");
     gateway.stop().await;
@@ -785,7 +785,7 @@ async fn a_flooding_node_does_not_starve_others() {
     options.per_node_queue = 4;
     let gateway = start_gateway(options, &handler);
     let good = Node::new("good");
-    let agent = start_agent(uplink_options(&broker, &good), &good);
+    let agent = start_agent(uplink_options(&broker), &good);
     agent.until_registered(&broker).await;
 
     let (publisher, _) = raw_client(&broker, "flood", None).await;
@@ -855,7 +855,7 @@ async fn uplink_reconnects_after_broker_restart_without_registering_again() {
         &handler,
     );
     let node = Node::new("edge-0005");
-    let agent = start_agent(uplink_options(&broker, &node), &node);
+    let agent = start_agent(uplink_options(&broker), &node);
     agent.until_registered(&broker).await;
     let registers_before = handler.count("edge-0005", "register");
     assert!(
@@ -907,7 +907,7 @@ async fn requests_are_refused_not_queued_while_disconnected() {
     let mut broker = Mosquitto::start().await;
     broker.stop();
     let node = Node::new("edge-0007");
-    let agent = start_agent(uplink_options(&broker, &node), &node);
+    let agent = start_agent(uplink_options(&broker), &node);
     let mut refused = Vec::new();
     for _ in 0..3 {
         let lease = node.lease();
@@ -947,7 +947,7 @@ async fn last_will_only_on_abrupt_disconnect() {
     let (_spy, mut spied) = raw_client(&broker, "spy", Some(&format!("{PREFIX}/nodes/+/+"))).await;
 
     let clean = Node::new("clean");
-    let agent = start_agent(uplink_options(&broker, &clean), &clean);
+    let agent = start_agent(uplink_options(&broker), &clean);
     let first = next_publish(&mut spied, &broker).await;
     assert_eq!(topic(&first), format!("{PREFIX}/nodes/clean/register"));
     agent.cancel.cancel();
@@ -955,7 +955,7 @@ async fn last_will_only_on_abrupt_disconnect() {
     assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
 
     let abrupt = Node::new("abrupt");
-    let agent = start_agent(uplink_options(&broker, &abrupt), &abrupt);
+    let agent = start_agent(uplink_options(&broker), &abrupt);
     // Everything the spy gets from here on: the broker delivers to one subscriber in
     // order, so a will of "clean" (published when its connection ended) would come first.
     let mut received = Vec::new();

@@ -62,11 +62,12 @@ use crate::quantity::{Amount, parse_amount};
 
 pub use edgebeat_proto::registration::{CONTAINER_RUNTIME_LABEL, DEFAULT_LABEL_KEYS};
 
-/// Default `transport.keepalive` for gRPC (5 min; see [`GrpcTransport::keepalive`]).
-pub const GRPC_KEEPALIVE: Duration = Duration::from_secs(300);
+/// Default `transport.keepalive` for gRPC: 5 min, the one the gRPC uplink defaults to too
+/// (see the constant's own docs for why).
+pub use edgebeat_transports::endpoint::GRPC_AGENT_KEEPALIVE as GRPC_KEEPALIVE;
 
 /// Default `transport.keepalive` for MQTT: 30 min, the one the MQTT uplink defaults to too
-/// (see [`MqttTransport::keepalive`] and the constant's own docs for why).
+/// (see the constant's own docs for why).
 pub use edgebeat_transports::endpoint::MQTT_AGENT_KEEPALIVE as MQTT_KEEPALIVE;
 
 /// `apiVersion` the agent accepts.
@@ -88,7 +89,11 @@ pub use edgebeat_proto::registration::NodeName;
 pub use error::{ConfigError, FieldError};
 use error::{Problems, field_message, got};
 pub use eviction::EvictionSignal;
-pub use transport::{ClientTls, GrpcTransport, MqttTransport, TlsIdentity, TransportConfig};
+#[cfg(feature = "grpc")]
+pub use transport::GrpcUplinkOptions;
+#[cfg(feature = "mqtt")]
+pub use transport::MqttUplinkOptions;
+pub use transport::{ClientTls, TlsIdentity, TransportConfig};
 use transport::{RawTransport, validate_transport};
 use values::{
     AbsolutePath, BindAddress, HoldPeriod, LeaseSeconds, MaxPods, NodeIp, NodeNameField, Period,
@@ -321,31 +326,37 @@ impl AgentConfig {
         let alone = |fields: serde_json::Map<String, serde_json::Value>| {
             serde_saphyr::from_str::<RawConfig>(&serde_json::Value::Object(fields).to_string())
         };
+        let check = |key: &str, value: serde_json::Value| {
+            alone(serde_json::Map::from_iter([(key.to_owned(), value)]))
+                .map(drop)
+                .map_err(|e| field_message(&e.to_string()))
+        };
         let mut p = Problems::default();
         let mut good = serde_json::Map::new();
         for (key, value) in fields {
-            let one = serde_json::Map::from_iter([(key.clone(), value.clone())]);
-            if alone(one).is_ok() {
+            if check(&key, value.clone()).is_ok() {
                 good.insert(key, value);
                 continue;
             }
-            // A mapping (transport): name its bad fields one by one too.
+            if key == "transport" {
+                // Tagged on `kind`: its fields are checked with their kind.
+                let kept = transport::name_bad_fields(&mut p, value, |v| check(&key, v));
+                good.extend(kept.map(|kept| (key, kept)));
+                continue;
+            }
+            // A mapping (a map of quantities, labels): name its bad entries one by one too.
             // The good ones are still validated, the bad ones reported.
             let mut named = false;
             if let serde_json::Value::Object(inner) = &value {
                 let mut kept = serde_json::Map::new();
                 for (sub, v) in inner {
                     let nested = serde_json::Map::from_iter([(sub.clone(), v.clone())]);
-                    let one = serde_json::Map::from_iter([(
-                        key.clone(),
-                        serde_json::Value::Object(nested),
-                    )]);
-                    match alone(one) {
-                        Ok(_) => {
+                    match check(&key, serde_json::Value::Object(nested)) {
+                        Ok(()) => {
                             kept.insert(sub.clone(), v.clone());
                         }
-                        Err(e) => {
-                            p.push(format!("{key}.{sub}"), field_message(&e.to_string()));
+                        Err(m) => {
+                            p.push(format!("{key}.{sub}"), m);
                             named = true;
                         }
                     }
@@ -354,8 +365,8 @@ impl AgentConfig {
                     good.insert(key.clone(), serde_json::Value::Object(kept));
                 }
             }
-            if !named && let Err(e) = alone(serde_json::Map::from_iter([(key.clone(), value)])) {
-                p.push(key, field_message(&e.to_string()));
+            if !named && let Err(m) = check(&key, value) {
+                p.push(key, m);
             }
         }
         match alone(good).map(Self::validate) {
@@ -369,21 +380,13 @@ impl AgentConfig {
         }
     }
 
+    /// Checks a whole document, section by section, into a config; every invalid field
+    /// goes into one [`ConfigError::Invalid`]. Scalars were checked by their types
+    /// (values.rs) as serde read them.
     fn validate(raw: RawConfig) -> Result<Self, ConfigError> {
         let mut p = Problems::default();
         let mut c = AgentConfig::default();
-        match raw.api_version.as_deref() {
-            Some(API_VERSION) => {}
-            other => p.push(
-                "apiVersion",
-                format!("{}; set apiVersion: {API_VERSION}", got(other)),
-            ),
-        }
-        match raw.kind.as_deref() {
-            Some(KIND) => {}
-            other => p.push("kind", format!("{}; set kind: {KIND}", got(other))),
-        }
-        // Scalars were checked by their types (values.rs) as serde read them.
+        check_type_meta(&mut p, raw.api_version.as_deref(), raw.kind.as_deref());
         c.node_name = raw.node_name.and_then(|n| n.0);
         if let Some(Period(d)) = raw.node_status_update_frequency {
             c.node_status_update_frequency = d;
@@ -399,143 +402,30 @@ impl AgentConfig {
         c.register_node = raw.register_node.unwrap_or(true);
         c.register_schedulable = raw.register_schedulable.unwrap_or(true);
         if let Some(taints) = raw.register_with_taints {
-            if taints.len() > registration::MAX_TAINTS {
-                p.push(
-                    "registerWithTaints",
-                    format!(
-                        "{} taints; at most {} are accepted",
-                        taints.len(),
-                        registration::MAX_TAINTS
-                    ),
-                );
-            }
-            let mut checked = Vec::with_capacity(taints.len());
-            for (i, t) in taints.into_iter().enumerate() {
-                let effect = match t.effect.parse::<TaintEffect>() {
-                    Ok(effect) => Some(effect),
-                    Err(e) => {
-                        p.push(format!("registerWithTaints[{i}].effect"), e);
-                        None
-                    }
-                };
-                if let Err(e) = registration::check_key(&t.key) {
-                    p.push(format!("registerWithTaints[{i}].key"), e);
-                }
-                if let Err(e) = registration::check_value(&t.value) {
-                    p.push(format!("registerWithTaints[{i}].value"), e);
-                }
-                if let Some(effect) = effect {
-                    checked.push(Taint {
-                        key: t.key,
-                        value: t.value,
-                        effect,
-                    });
-                }
-            }
-            c.register_with_taints = checked;
+            c.register_with_taints = registration_taints(&mut p, taints);
         }
         if let Some(labels) = raw.node_labels {
-            if let Some(value) = labels.get(CONTAINER_RUNTIME_LABEL.0) {
-                p.push(
-                    format!("nodeLabels[{:?}]", CONTAINER_RUNTIME_LABEL.0),
-                    format!(
-                        "got {value:?}; the agent always sets it to {:?} (an edgebeat node runs no containers); remove it",
-                        CONTAINER_RUNTIME_LABEL.1
-                    ),
-                );
-            }
-            for (key, value) in &labels {
-                if let Err(e) = registration::check_label(key, value) {
-                    p.push(format!("nodeLabels[{key:?}]"), e);
-                }
-            }
-            for key in registration::forbidden_labels(labels.keys().map(String::as_str)) {
-                p.push(
-                    format!("nodeLabels[{key:?}]"),
-                    "a node may not set kubernetes.io or k8s.io labels other than kubelet's (NodeRestriction); use your own prefix, e.g. example.com/role, or node.kubernetes.io/…",
-                );
-            }
-            let total = DEFAULT_LABEL_KEYS.len()
-                + labels
-                    .keys()
-                    .filter(|k| !DEFAULT_LABEL_KEYS.contains(&k.as_str()))
-                    .count();
-            if total > registration::MAX_LABELS {
-                p.push(
-                    "nodeLabels",
-                    format!(
-                        "{total} labels with the agent's own {}; at most {} are accepted",
-                        DEFAULT_LABEL_KEYS.len(),
-                        registration::MAX_LABELS
-                    ),
-                );
-            }
+            check_node_labels(&mut p, &labels);
             c.node_labels = labels;
         }
         if let Some(hard) = raw.eviction_hard {
-            // kubelet: setting any evictionHard key drops the other defaults.
-            c.eviction_hard = BTreeMap::new();
-            for (name, value) in hard {
-                let field = format!("evictionHard[{name:?}]");
-                let signal = match name.parse::<EvictionSignal>() {
-                    Ok(signal) => signal,
-                    Err(e) => {
-                        p.push(field, e);
-                        continue;
-                    }
-                };
-                match parse_amount(&value, true) {
-                    Ok(amount) => {
-                        c.eviction_hard.insert(signal, amount);
-                    }
-                    Err(e) => p.push(field, e.to_string()),
-                }
-            }
+            c.eviction_hard = eviction_hard(&mut p, hard);
         }
         if let Some(HoldPeriod(d)) = raw.eviction_pressure_transition_period {
             c.eviction_pressure_transition_period = d;
         }
-        let health = &mut c.health;
-        let thresholds = [
-            (
-                "systemMemoryContentionThreshold",
-                raw.system_memory_contention_threshold,
-                &mut health.system_memory_contention_threshold,
-            ),
-            (
-                "systemDiskContentionThreshold",
-                raw.system_disk_contention_threshold,
-                &mut health.system_disk_contention_threshold,
-            ),
-        ];
-        for (field, value, slot) in thresholds {
-            if let Some(v) = value {
-                match crate::health::check_threshold(v) {
-                    Ok(v) => *slot = v,
-                    Err(m) => p.push(field, m),
-                }
-            }
-        }
-        if let Some(v) = raw.thermal_limit_celsius {
-            match crate::health::check_thermal_limit(v) {
-                Ok(v) => health.thermal_limit_celsius = Some(v),
-                Err(m) => p.push("thermalLimitCelsius", m),
-            }
-        }
-        let switches = [
-            (
-                raw.readonly_filesystem_condition,
-                &mut health.readonly_filesystem,
-            ),
-            (raw.thermal_condition, &mut health.thermal),
-            (raw.under_voltage_condition, &mut health.under_voltage),
-            (raw.clock_sync_condition, &mut health.clock_sync),
-        ];
-        for (value, slot) in switches {
-            if let Some(v) = value {
-                *slot = v;
-            }
-        }
+        c.health = health(
+            &mut p,
+            RawHealth {
+                system_memory_contention_threshold: raw.system_memory_contention_threshold,
+                system_disk_contention_threshold: raw.system_disk_contention_threshold,
+                readonly_filesystem_condition: raw.readonly_filesystem_condition,
+                thermal_condition: raw.thermal_condition,
+                thermal_limit_celsius: raw.thermal_limit_celsius,
+                under_voltage_condition: raw.under_voltage_condition,
+                clock_sync_condition: raw.clock_sync_condition,
+            },
+        );
         c.system_reserved = parse_reserved(&mut p, "systemReserved", raw.system_reserved);
         c.kube_reserved = parse_reserved(&mut p, "kubeReserved", raw.kube_reserved);
         if let Some(MaxPods(v)) = raw.max_pods {
@@ -553,7 +443,7 @@ impl AgentConfig {
         }
         c.image_fs_dir = raw.image_fs_dir.map(|AbsolutePath(path)| path);
         if let Some(t) = raw.transport {
-            c.transport = validate_transport(&mut p, t);
+            c.transport = validate_transport(&mut p, t, c.lease_renew_interval());
         }
         c.healthz_bind_address = raw.healthz_bind_address.map(|BindAddress(a)| a);
         p.into_result(c)
@@ -566,5 +456,184 @@ impl AgentConfig {
     }
 }
 
+/// `apiVersion` and `kind` must be this file type's.
+fn check_type_meta(p: &mut Problems, api_version: Option<&str>, kind: Option<&str>) {
+    if api_version != Some(API_VERSION) {
+        p.push(
+            "apiVersion",
+            format!("{}; set apiVersion: {API_VERSION}", got(api_version)),
+        );
+    }
+    if kind != Some(KIND) {
+        p.push("kind", format!("{}; set kind: {KIND}", got(kind)));
+    }
+}
+
+/// `registerWithTaints`: at most [`registration::MAX_TAINTS`], each with a valid key, value
+/// and effect; the ones with a valid effect are kept (so one bad key does not hide the
+/// others' problems).
+fn registration_taints(p: &mut Problems, taints: Vec<RawTaint>) -> Vec<Taint> {
+    if taints.len() > registration::MAX_TAINTS {
+        p.push(
+            "registerWithTaints",
+            format!(
+                "{} taints; at most {} are accepted",
+                taints.len(),
+                registration::MAX_TAINTS
+            ),
+        );
+    }
+    let mut checked = Vec::with_capacity(taints.len());
+    for (i, t) in taints.into_iter().enumerate() {
+        let effect = match t.effect.parse::<TaintEffect>() {
+            Ok(effect) => Some(effect),
+            Err(e) => {
+                p.push(format!("registerWithTaints[{i}].effect"), e);
+                None
+            }
+        };
+        if let Err(e) = registration::check_key(&t.key) {
+            p.push(format!("registerWithTaints[{i}].key"), e);
+        }
+        if let Err(e) = registration::check_value(&t.value) {
+            p.push(format!("registerWithTaints[{i}].value"), e);
+        }
+        if let Some(effect) = effect {
+            checked.push(Taint {
+                key: t.key,
+                value: t.value,
+                effect,
+            });
+        }
+    }
+    checked
+}
+
+/// `nodeLabels`: valid keys and values, none the agent sets itself, none NodeRestriction
+/// forbids a node, and at most [`registration::MAX_LABELS`] with the agent's own.
+fn check_node_labels(p: &mut Problems, labels: &BTreeMap<String, String>) {
+    if let Some(value) = labels.get(CONTAINER_RUNTIME_LABEL.0) {
+        p.push(
+            format!("nodeLabels[{:?}]", CONTAINER_RUNTIME_LABEL.0),
+            format!(
+                "got {value:?}; the agent always sets it to {:?} (an edgebeat node runs no containers); remove it",
+                CONTAINER_RUNTIME_LABEL.1
+            ),
+        );
+    }
+    for (key, value) in labels {
+        if let Err(e) = registration::check_label(key, value) {
+            p.push(format!("nodeLabels[{key:?}]"), e);
+        }
+    }
+    for key in registration::forbidden_labels(labels.keys().map(String::as_str)) {
+        p.push(
+            format!("nodeLabels[{key:?}]"),
+            "a node may not set kubernetes.io or k8s.io labels other than kubelet's (NodeRestriction); use your own prefix, e.g. example.com/role, or node.kubernetes.io/…",
+        );
+    }
+    let total = DEFAULT_LABEL_KEYS.len()
+        + labels
+            .keys()
+            .filter(|k| !DEFAULT_LABEL_KEYS.contains(&k.as_str()))
+            .count();
+    if total > registration::MAX_LABELS {
+        p.push(
+            "nodeLabels",
+            format!(
+                "{total} labels with the agent's own {}; at most {} are accepted",
+                DEFAULT_LABEL_KEYS.len(),
+                registration::MAX_LABELS
+            ),
+        );
+    }
+}
+
+/// `evictionHard`: signal → threshold. As kubelet, setting any key drops the other
+/// defaults.
+fn eviction_hard(
+    p: &mut Problems,
+    hard: BTreeMap<String, String>,
+) -> BTreeMap<EvictionSignal, Amount> {
+    let mut out = BTreeMap::new();
+    for (name, value) in hard {
+        let field = format!("evictionHard[{name:?}]");
+        let signal = match name.parse::<EvictionSignal>() {
+            Ok(signal) => signal,
+            Err(e) => {
+                p.push(field, e);
+                continue;
+            }
+        };
+        match parse_amount(&value, true) {
+            Ok(amount) => {
+                out.insert(signal, amount);
+            }
+            Err(e) => p.push(field, e.to_string()),
+        }
+    }
+    out
+}
+
+/// The health conditions' fields as written ([`HealthSettings`]).
+struct RawHealth {
+    system_memory_contention_threshold: Option<f64>,
+    system_disk_contention_threshold: Option<f64>,
+    readonly_filesystem_condition: Option<bool>,
+    thermal_condition: Option<bool>,
+    thermal_limit_celsius: Option<f64>,
+    under_voltage_condition: Option<bool>,
+    clock_sync_condition: Option<bool>,
+}
+
+/// The health conditions' settings over their defaults; the floats are checked here (see
+/// `RawConfig`).
+fn health(p: &mut Problems, raw: RawHealth) -> HealthSettings {
+    let mut health = HealthSettings::default();
+    let thresholds = [
+        (
+            "systemMemoryContentionThreshold",
+            raw.system_memory_contention_threshold,
+            &mut health.system_memory_contention_threshold,
+        ),
+        (
+            "systemDiskContentionThreshold",
+            raw.system_disk_contention_threshold,
+            &mut health.system_disk_contention_threshold,
+        ),
+    ];
+    for (field, value, slot) in thresholds {
+        if let Some(v) = value {
+            match crate::health::check_threshold(v) {
+                Ok(v) => *slot = v,
+                Err(m) => p.push(field, m),
+            }
+        }
+    }
+    if let Some(v) = raw.thermal_limit_celsius {
+        match crate::health::check_thermal_limit(v) {
+            Ok(v) => health.thermal_limit_celsius = Some(v),
+            Err(m) => p.push("thermalLimitCelsius", m),
+        }
+    }
+    let switches = [
+        (
+            raw.readonly_filesystem_condition,
+            &mut health.readonly_filesystem,
+        ),
+        (raw.thermal_condition, &mut health.thermal),
+        (raw.under_voltage_condition, &mut health.under_voltage),
+        (raw.clock_sync_condition, &mut health.clock_sync),
+    ];
+    for (value, slot) in switches {
+        if let Some(v) = value {
+            *slot = v;
+        }
+    }
+    health
+}
+
+// The tests read configs of both transports, with TLS: the default build.
 #[cfg(test)]
+#[cfg(all(feature = "grpc-tls", feature = "mqtt-tls"))]
 mod tests;

@@ -50,9 +50,9 @@ fn full_config_parses() {
     assert_eq!(c.node_ip, Some("10.0.3.7".parse().unwrap()));
     assert_eq!(
         c.transport,
-        Some(TransportConfig::Grpc(GrpcTransport {
+        Some(TransportConfig::Grpc(GrpcUplinkOptions {
             keepalive: Duration::from_secs(20),
-            ..GrpcTransport::new("http://gw:7443")
+            ..GrpcUplinkOptions::new("http://gw:7443")
         }))
     );
 }
@@ -490,7 +490,7 @@ fn grpc_tls_files_are_read_at_load() {
     .unwrap();
     assert!(matches!(
         c.transport,
-        Some(TransportConfig::Grpc(GrpcTransport { tls: None, .. }))
+        Some(TransportConfig::Grpc(GrpcUplinkOptions { tls: None, .. }))
     ));
 }
 
@@ -797,4 +797,29 @@ fn go_durations() {
     for bad in ["", "10", "s", "10x", "-1s", "1m-1s"] {
         assert!(parse_duration(bad).is_err(), "{bad}");
     }
+}
+
+/// `transport` is tagged on `kind`; its text fields still read any YAML scalar as text, as
+/// the other string fields of the file do.
+#[test]
+fn transport_text_fields_take_any_scalar() {
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "s3cret\n").unwrap();
+    let c = AgentConfig::from_yaml(&format!(
+        "{MINIMAL}transport: {{kind: mqtt, endpoint: \"mqtt://b\", clientID: 12345, username: 1000, passwordFile: {}, topicPrefix: 2024}}\n",
+        password.display()
+    ))
+    .unwrap();
+    let Some(TransportConfig::Mqtt(m)) = c.transport else {
+        panic!("mqtt expected")
+    };
+    assert_eq!(m.client_id.as_deref(), Some("12345"));
+    assert_eq!(m.credentials, Some(("1000".into(), "s3cret".into())));
+    assert_eq!(m.topic_prefix, "2024");
+    assert_transport_refused(
+        "{kind: mqtt, endpoint: \"mqtt://b\", clientID: 1.50}",
+        "transport.clientID",
+        "quote it",
+    );
 }

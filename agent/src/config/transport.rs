@@ -1,78 +1,20 @@
-//! `transport`: which transport carries heartbeats, its endpoint(s), credentials and TLS,
-//! each checked where it is parsed.
+//! `transport`: which transport carries heartbeats, tagged on `kind`, checked at load into
+//! the transports crate's own options ([`GrpcUplinkOptions`], [`MqttUplinkOptions`]): what
+//! loads is exactly what the uplink runs with, files read and the MQTT signer loaded once.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::MAX_PEM_FILE_BYTES;
 use super::error::{Problems, invalid};
-use super::values::Period;
-use super::{GRPC_KEEPALIVE, MAX_PEM_FILE_BYTES, MQTT_KEEPALIVE};
+use super::values::{Period, Text};
 
-/// Which transport carries heartbeats, with its settings: each variant owns its endpoint
-/// shape and its TLS.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TransportConfig {
-    /// gRPC to the gateway (`transport.kind: grpc`).
-    Grpc(GrpcTransport),
-    /// MQTT 5 through a broker (`transport.kind: mqtt`).
-    Mqtt(MqttTransport),
-}
-
-impl TransportConfig {
-    /// `transport.kind`: `grpc` or `mqtt` (also the agent's `transport` metric label).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Grpc(_) => "grpc",
-            Self::Mqtt(_) => "mqtt",
-        }
-    }
-
-    /// The transport's TLS ([`GrpcTransport::tls`], [`MqttTransport::tls`]).
-    pub fn tls(&self) -> Option<&ClientTls> {
-        match self {
-            Self::Grpc(g) => g.tls.as_ref(),
-            Self::Mqtt(m) => m.tls.as_ref(),
-        }
-    }
-
-    /// The transport's TLS, to set (tests and tools that build a config in code).
-    pub fn tls_mut(&mut self) -> &mut Option<ClientTls> {
-        match self {
-            Self::Grpc(g) => &mut g.tls,
-            Self::Mqtt(m) => &mut m.tls,
-        }
-    }
-}
-
-/// gRPC settings (`transport.kind: grpc`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct GrpcTransport {
-    /// `transport.endpoint`: the gateway's URL, `http://host:port` or `https://host:port`
-    /// (checked at load by `edgebeat_transports::endpoint::check_grpc_endpoint`).
-    pub endpoint: String,
-    /// `transport.keepalive`: an HTTP/2 ping after this long without receiving anything
-    /// (default [`GRPC_KEEPALIVE`], 5 min). Renewals are answered only when not written, so
-    /// a short interval would ping every period on a metered link; while renewals flow, a
-    /// dead link is noticed by `TCP_USER_TIMEOUT` (20 s) instead.
-    pub keepalive: Duration,
-    /// `transport.caFile`/`certFile`/`keyFile` on an `https://` endpoint (required there,
-    /// refused on `http://`): the CA that verifies the gateway and the node's client
-    /// certificate (mTLS).
-    pub tls: Option<ClientTls>,
-}
-
-impl GrpcTransport {
-    /// Plain gRPC to `endpoint` with the default keepalive and no TLS.
-    pub fn new(endpoint: impl Into<String>) -> Self {
-        Self {
-            endpoint: endpoint.into(),
-            keepalive: GRPC_KEEPALIVE,
-            tls: None,
-        }
-    }
-}
+#[cfg(feature = "grpc")]
+pub use edgebeat_transports::grpc::GrpcUplinkOptions;
+#[cfg(feature = "mqtt")]
+pub use edgebeat_transports::mqtt::MqttUplinkOptions;
 
 /// TLS material of a transport on an `https://` (gRPC) or `mqtts://` (MQTT) endpoint, read and
 /// checked at load (`transport.caFile`, `transport.certFile`, `transport.keyFile`): the
@@ -80,71 +22,341 @@ impl GrpcTransport {
 /// reloaded: after rotating the files, restart the agent.
 pub use edgebeat_transports::tls::{ClientTls, TlsIdentity};
 
-/// MQTT settings (`transport.kind: mqtt`).
+/// Which transport carries heartbeats, as the transports crate's options, built and checked
+/// once at load (every field the config sets, defaults from the transports' constants).
+/// A variant exists only in a build with that transport (cargo features `grpc`, `mqtt`): a
+/// config naming another is refused at load, naming `transport.kind`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct MqttTransport {
-    /// Broker host, from `transport.endpoint` (`mqtt://host:port`, port default 1883), or
-    /// the first of `transport.endpoints`.
-    pub host: String,
-    /// Broker port.
-    pub port: u16,
-    /// `(host, port)` of the rest of `transport.endpoints`: other nodes of the same broker
-    /// cluster, each tried in turn after a lost connection (empty with one endpoint).
-    pub failover: Vec<(String, u16)>,
-    /// `transport.clientID` (default `edgebeat-agent-<nodeName>`).
-    pub client_id: Option<String>,
-    /// `transport.username` and the contents of `transport.passwordFile` (trailing newline
-    /// removed), read at load.
-    pub credentials: Option<(String, String)>,
-    /// `transport.topicPrefix` (default `edgebeat/v1`).
-    pub topic_prefix: String,
-    /// `transport.keepalive`: MQTT Keep Alive, rumqttc's PINGREQ cadence (default
-    /// [`MQTT_KEEPALIVE`], 30 min; at least 5 s, at most 65,535 s). A dead path is noticed
-    /// sooner, by `TCP_USER_TIMEOUT` on unacknowledged renewals (README, "MQTT in one
-    /// paragraph").
-    pub keepalive: Duration,
-    /// `transport.caFile`/`certFile`/`keyFile` on an `mqtts://` endpoint (required there,
-    /// refused on `mqtt://`): the CA that verifies the broker and the node's client
-    /// certificate, whose key also signs every message end to end.
-    pub tls: Option<ClientTls>,
+pub enum TransportConfig {
+    /// gRPC to the gateway (`transport.kind: grpc`).
+    #[cfg(feature = "grpc")]
+    Grpc(GrpcUplinkOptions),
+    /// MQTT 5 through a broker (`transport.kind: mqtt`). The options' `client_id` stays
+    /// `None` unless `transport.clientID` is set: the uplink then uses
+    /// `edgebeat-agent-<nodeName>`.
+    #[cfg(feature = "mqtt")]
+    Mqtt(MqttUplinkOptions),
 }
 
+impl TransportConfig {
+    /// `transport.kind`: `grpc` or `mqtt` (also the agent's `transport` metric label).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "grpc")]
+            Self::Grpc(_) => "grpc",
+            #[cfg(feature = "mqtt")]
+            Self::Mqtt(_) => "mqtt",
+        }
+    }
+
+    /// The transport's TLS (`None` on `http://` and `mqtt://`).
+    pub fn tls(&self) -> Option<&ClientTls> {
+        match self {
+            #[cfg(feature = "grpc")]
+            Self::Grpc(g) => g.tls.as_ref(),
+            #[cfg(feature = "mqtt-tls")]
+            Self::Mqtt(m) => m.tls.as_ref(),
+            #[cfg(all(feature = "mqtt", not(feature = "mqtt-tls")))]
+            Self::Mqtt(_) => None,
+        }
+    }
+
+    /// Sets the transport's TLS, with the checks a config file's gets at load (tests and
+    /// tools that build a config in code): over MQTT the client certificate's key also signs
+    /// every message.
+    ///
+    /// Errors: [`ConfigError::Invalid`](super::ConfigError::Invalid) naming
+    /// `transport.keyFile` when MQTT cannot use the material (TLS refused, or a key that
+    /// cannot sign), or `transport.caFile` in a build without MQTT TLS.
+    pub fn set_tls(&mut self, tls: ClientTls) -> Result<(), super::ConfigError> {
+        match self {
+            #[cfg(feature = "grpc")]
+            Self::Grpc(g) => {
+                g.tls = Some(tls);
+                Ok(())
+            }
+            #[cfg(feature = "mqtt-tls")]
+            Self::Mqtt(m) => m
+                .set_tls(tls)
+                .map_err(|e| invalid("transport.keyFile", e.to_string())),
+            #[cfg(all(feature = "mqtt", not(feature = "mqtt-tls")))]
+            Self::Mqtt(_) => {
+                drop(tls);
+                Err(invalid(
+                    "transport.caFile",
+                    "this build has no MQTT TLS support (feature mqtt-tls)",
+                ))
+            }
+        }
+    }
+}
+
+/// `transport` as written: a mapping tagged on `kind`, each kind with its own fields.
 #[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub(super) enum RawTransport {
+    Grpc(RawGrpc),
+    Mqtt(RawMqtt),
+}
+
+/// `transport` fields of `kind: grpc` (read in any build, so that a build without gRPC
+/// names `transport.kind` as the problem).
+#[derive(Deserialize)]
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct RawTransport {
-    kind: Option<String>,
-    endpoint: Option<String>,
-    endpoints: Option<Vec<String>>,
+pub(super) struct RawGrpc {
+    endpoint: Option<Text>,
     keepalive: Option<Period>,
-    #[serde(rename = "clientID")]
-    client_id: Option<String>,
-    username: Option<String>,
-    password_file: Option<PathBuf>,
-    topic_prefix: Option<String>,
     ca_file: Option<PathBuf>,
     cert_file: Option<PathBuf>,
     key_file: Option<PathBuf>,
 }
 
-/// `transport`: every invalid field goes to `p`; `None` when any did.
-pub(super) fn validate_transport(p: &mut Problems, t: RawTransport) -> Option<TransportConfig> {
+/// `transport` fields of `kind: mqtt` (read in any build, as [`RawGrpc`]).
+#[derive(Deserialize)]
+#[cfg_attr(not(feature = "mqtt"), allow(dead_code))]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawMqtt {
+    endpoint: Option<Text>,
+    endpoints: Option<Vec<Text>>,
+    keepalive: Option<Period>,
+    #[serde(rename = "clientID")]
+    client_id: Option<Text>,
+    username: Option<Text>,
+    password_file: Option<PathBuf>,
+    topic_prefix: Option<Text>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+}
+
+/// Fields only `kind: mqtt` has.
+const MQTT_ONLY: [&str; 5] = [
+    "endpoints",
+    "clientID",
+    "username",
+    "passwordFile",
+    "topicPrefix",
+];
+
+/// The `transport` mapping of a file that did not deserialize as a whole, field by field, so
+/// that every bad field is named: `check` deserializes one `transport` value alone and gives
+/// serde's message. A missing or unknown `kind` is the one problem named (the other fields
+/// mean nothing without it); otherwise each field is checked with the `kind` beside it, and
+/// a field of the other kind says so. Returns what passed, with its `kind`, for `validate`.
+pub(super) fn name_bad_fields(
+    p: &mut Problems,
+    value: serde_json::Value,
+    check: impl Fn(serde_json::Value) -> Result<(), String>,
+) -> Option<serde_json::Value> {
+    let serde_json::Value::Object(fields) = value else {
+        if let Err(m) = check(value) {
+            p.push("transport", m);
+        }
+        return None;
+    };
+    let Some(kind) = fields.get("kind").cloned() else {
+        p.push("transport.kind", "required; use grpc or mqtt");
+        return None;
+    };
+    let with_kind = |more: Option<(&String, &serde_json::Value)>| {
+        let mut one = serde_json::Map::from_iter([("kind".to_owned(), kind.clone())]);
+        one.extend(more.map(|(k, v)| (k.clone(), v.clone())));
+        serde_json::Value::Object(one)
+    };
+    if check(with_kind(None)).is_err() {
+        p.push("transport.kind", kind_problem(&kind));
+        return None;
+    }
+    let mut kept = serde_json::Map::new();
+    for (field, v) in &fields {
+        match check(with_kind(Some((field, v)))) {
+            Ok(()) => {
+                kept.insert(field.clone(), v.clone());
+            }
+            Err(_) if kind == "grpc" && MQTT_ONLY.contains(&field.as_str()) => p.push(
+                format!("transport.{field}"),
+                "only valid with kind: mqtt; remove it or set kind: mqtt",
+            ),
+            Err(m) => p.push(format!("transport.{field}"), m),
+        }
+    }
+    Some(serde_json::Value::Object(kept))
+}
+
+/// What is wrong with a `kind` that is neither `grpc` nor `mqtt`.
+fn kind_problem(kind: &serde_json::Value) -> String {
+    match kind.as_str() {
+        Some(other) => format!("{other:?} is not a transport; use grpc or mqtt"),
+        None => format!("{kind} is not a transport; use grpc or mqtt"),
+    }
+}
+
+/// `transport`, checked into the transport's options: every invalid field goes to `p`;
+/// `None` when any did. `renew_interval` is the Lease renew interval (MQTT renewals expire
+/// at the broker after it).
+pub(super) fn validate_transport(
+    p: &mut Problems,
+    raw: RawTransport,
+    renew_interval: Duration,
+) -> Option<TransportConfig> {
     let before = p.len();
-    let keepalive = match (t.keepalive, t.kind.as_deref()) {
-        (Some(Period(d)), _) => d,
-        (None, Some("grpc")) => GRPC_KEEPALIVE,
-        (None, _) => MQTT_KEEPALIVE,
+    let transport = match raw {
+        RawTransport::Grpc(g) => grpc(p, g),
+        RawTransport::Mqtt(m) => mqtt(p, m, renew_interval),
     };
-    let kind = t.kind.as_deref().unwrap_or("");
-    let example = match kind {
-        "mqtt" => "mqtt://broker.example:1883",
-        _ => "http://gateway.example:7443",
+    (p.len() == before).then_some(transport?)
+}
+
+#[cfg(not(feature = "grpc"))]
+fn grpc(p: &mut Problems, _: RawGrpc) -> Option<TransportConfig> {
+    p.push(
+        "transport.kind",
+        "this agent was built without gRPC (cargo feature grpc); use kind: mqtt or an agent built with it",
+    );
+    None
+}
+
+/// `kind: grpc`: the endpoint (`http://` or `https://` with `caFile`, and `certFile` with
+/// `keyFile` for mTLS) and the keepalive.
+#[cfg(feature = "grpc")]
+fn grpc(p: &mut Problems, g: RawGrpc) -> Option<TransportConfig> {
+    let Some(Text(endpoint)) = g.endpoint else {
+        p.push(
+            "transport.endpoint",
+            "required for kind: grpc, e.g. http://gateway.example:7443",
+        );
+        return None;
     };
-    // `endpoint`, or the several broker URLs of `endpoints` (MQTT only).
-    let endpoints: Vec<String> = match (t.endpoint.clone(), t.endpoints.clone()) {
+    if let Err(m) = edgebeat_transports::endpoint::check_grpc_endpoint(&endpoint) {
+        p.push("transport.endpoint", m);
+        return None;
+    }
+    if endpoint.starts_with("https://") && !cfg!(feature = "grpc-tls") {
+        p.push(
+            "transport.endpoint",
+            "this build has no gRPC TLS support (feature grpc-tls); use http:// or an agent built with TLS",
+        );
+    }
+    let tls = validate_tls(
+        p,
+        &endpoint,
+        "https://",
+        [g.ca_file, g.cert_file, g.key_file],
+    );
+    let mut options = GrpcUplinkOptions::new(endpoint);
+    if let Some(Period(keepalive)) = g.keepalive {
+        options.keepalive = keepalive;
+    }
+    options.tls = tls;
+    Some(TransportConfig::Grpc(options))
+}
+
+#[cfg(not(feature = "mqtt"))]
+fn mqtt(p: &mut Problems, _: RawMqtt, _: Duration) -> Option<TransportConfig> {
+    p.push(
+        "transport.kind",
+        "this agent was built without MQTT (cargo feature mqtt); use kind: grpc or an agent built with it",
+    );
+    None
+}
+
+/// `kind: mqtt`: the broker(s), credentials, topic prefix, keepalive and TLS, whose client
+/// certificate's key also signs every message. Renewals expire at the broker after the
+/// renew interval (whole seconds, at least 1), so a broker never hands a gateway a backlog of
+/// stale renewals.
+#[cfg(feature = "mqtt")]
+fn mqtt(p: &mut Problems, m: RawMqtt, renew_interval: Duration) -> Option<TransportConfig> {
+    use edgebeat_transports::endpoint;
+
+    let keepalive = m
+        .keepalive
+        .map_or(endpoint::MQTT_AGENT_KEEPALIVE, |Period(d)| d);
+    if let Err(why) = endpoint::check_mqtt_keepalive(keepalive) {
+        p.push("transport.keepalive", format!("{why} for MQTT"));
+    }
+    let credentials = mqtt_credentials(p, m.username.map(|Text(u)| u), m.password_file);
+    let topic_prefix = m.topic_prefix.map_or_else(
+        || edgebeat_transports::mqtt::DEFAULT_TOPIC_PREFIX.to_owned(),
+        |Text(prefix)| prefix,
+    );
+    if let Err(why) = endpoint::check_topic_prefix(&topic_prefix) {
+        p.push(
+            "transport.topicPrefix",
+            format!("{topic_prefix:?} {why}; a plain topic path, e.g. edgebeat/v1"),
+        );
+    }
+    let client_id = m.client_id.map(|Text(id)| id);
+    if let Some(id) = &client_id
+        && (id.is_empty() || id.len() > 256)
+    {
+        p.push("transport.clientID", "must be 1 to 256 characters");
+    }
+    let (urls, field) = broker_urls(
+        p,
+        m.endpoint.map(|Text(url)| url),
+        m.endpoints
+            .map(|list| list.into_iter().map(|Text(url)| url).collect()),
+    )?;
+    let mut brokers = match endpoint::MqttCluster::parse(&urls) {
+        Ok(cluster) => cluster.brokers,
+        Err(problems) => {
+            for (i, why) in problems {
+                p.push(field(i), why);
+            }
+            return None;
+        }
+    };
+    let (host, port) = brokers.remove(0);
+    let mut options = MqttUplinkOptions::new(host, port);
+    options.failover = brokers;
+    options.client_id = client_id;
+    options.credentials = credentials?;
+    options.topic_prefix = topic_prefix;
+    options.keepalive = keepalive;
+    options.lease_expiry = Duration::from_secs(renew_interval.as_secs().max(1));
+    let tls = validate_tls(
+        p,
+        &urls[0],
+        "mqtts://",
+        [m.ca_file, m.cert_file, m.key_file],
+    );
+    #[cfg(feature = "mqtt-tls")]
+    if let Some(tls) = tls
+        && let Err(e) = options.set_tls(tls)
+    {
+        p.push("transport.keyFile", e.to_string());
+    }
+    #[cfg(not(feature = "mqtt-tls"))]
+    if tls.is_some() || urls[0].starts_with("mqtts://") {
+        p.push(
+            "transport.endpoint",
+            "this build has no MQTT TLS support (feature mqtt-tls); use mqtt:// or an agent built with TLS",
+        );
+    }
+    Some(TransportConfig::Mqtt(options))
+}
+
+/// `transport.endpoint`, or the several broker URLs of `transport.endpoints`, with the field
+/// name of the `i`-th for its problems; `None` (the problem in `p`) when neither gives one.
+#[cfg(feature = "mqtt")]
+fn broker_urls(
+    p: &mut Problems,
+    endpoint: Option<String>,
+    endpoints: Option<Vec<String>>,
+) -> Option<(Vec<String>, impl Fn(usize) -> String + use<>)> {
+    const EXAMPLE: &str = "mqtt://broker.example:1883";
+    let listed = endpoints.is_some();
+    let urls = match (endpoint, endpoints) {
         (Some(one), None) => vec![one],
-        // An empty list is reported below, with the other fields' problems.
         (None, Some(list)) => list,
-        (None, None) => Vec::new(),
+        (None, None) => {
+            p.push(
+                "transport.endpoint",
+                format!("required for kind: mqtt, e.g. {EXAMPLE}"),
+            );
+            return None;
+        }
         (Some(_), Some(list)) => {
             p.push(
                 "transport.endpoints",
@@ -153,155 +365,24 @@ pub(super) fn validate_transport(p: &mut Problems, t: RawTransport) -> Option<Tr
             list
         }
     };
-    let endpoint = endpoints.first().cloned();
-    if endpoint.is_none() && t.endpoints.is_some() {
+    if urls.is_empty() {
         p.push(
             "transport.endpoints",
-            format!("must list at least one URL, e.g. [{example}]"),
+            format!("must list at least one URL, e.g. [{EXAMPLE}]"),
         );
-    } else if endpoint.is_none() && matches!(kind, "grpc" | "mqtt") {
-        p.push(
-            "transport.endpoint",
-            format!("required for kind: {kind}, e.g. {example}"),
-        );
+        return None;
     }
-    let tls = |p: &mut Problems, endpoint: &str, scheme: &str| {
-        validate_tls(
-            p,
-            endpoint,
-            scheme,
-            t.ca_file.clone(),
-            t.cert_file.clone(),
-            t.key_file.clone(),
-        )
+    let field = move |i: usize| match listed {
+        true => format!("transport.endpoints[{i}]"),
+        false => "transport.endpoint".to_owned(),
     };
-    let transport = match t.kind.as_deref() {
-        Some("grpc") => {
-            for (field, set) in [
-                ("transport.clientID", t.client_id.is_some()),
-                ("transport.username", t.username.is_some()),
-                ("transport.passwordFile", t.password_file.is_some()),
-                ("transport.topicPrefix", t.topic_prefix.is_some()),
-                ("transport.endpoints", t.endpoints.is_some()),
-            ] {
-                if set {
-                    p.push(
-                        field,
-                        "only valid with kind: mqtt; remove it or set kind: mqtt",
-                    );
-                }
-            }
-            if !cfg!(feature = "grpc") {
-                p.push(
-                    "transport.kind",
-                    "this agent was built without gRPC (cargo feature grpc); use kind: mqtt or an agent built with it",
-                );
-            }
-            let endpoint = endpoint?;
-            if let Err(m) = edgebeat_transports::endpoint::check_grpc_endpoint(&endpoint) {
-                p.push("transport.endpoint", m);
-                return None;
-            }
-            if endpoint.starts_with("https://") && !cfg!(feature = "grpc-tls") {
-                p.push(
-                    "transport.endpoint",
-                    "this build has no gRPC TLS support (feature grpc-tls); use http:// or an agent built with TLS",
-                );
-            }
-            let tls = tls(p, &endpoint, "https://");
-            TransportConfig::Grpc(GrpcTransport {
-                endpoint,
-                keepalive,
-                tls,
-            })
-        }
-        Some("mqtt") => {
-            if !cfg!(feature = "mqtt") {
-                p.push(
-                    "transport.kind",
-                    "this agent was built without MQTT (cargo feature mqtt); use kind: grpc or an agent built with it",
-                );
-            }
-            if let Err(why) = edgebeat_transports::endpoint::check_mqtt_keepalive(keepalive) {
-                p.push("transport.keepalive", format!("{why} for MQTT"));
-            }
-            let credentials = mqtt_credentials(p, t.username, t.password_file);
-            let topic_prefix = t.topic_prefix.unwrap_or_else(|| "edgebeat/v1".to_owned());
-            if let Err(why) = edgebeat_transports::endpoint::check_topic_prefix(&topic_prefix) {
-                p.push(
-                    "transport.topicPrefix",
-                    format!("{topic_prefix:?} {why}; a plain topic path, e.g. edgebeat/v1"),
-                );
-            }
-            if let Some(id) = &t.client_id
-                && (id.is_empty() || id.len() > 256)
-            {
-                p.push("transport.clientID", "must be 1 to 256 characters");
-            }
-            let url = endpoint?;
-            let field = |i: usize| match t.endpoints {
-                Some(_) => format!("transport.endpoints[{i}]"),
-                None => "transport.endpoint".to_owned(),
-            };
-            let mut brokers = match edgebeat_transports::endpoint::MqttCluster::parse(&endpoints) {
-                Ok(cluster) => cluster.brokers,
-                Err(problems) => {
-                    for (i, m) in problems {
-                        p.push(field(i), m);
-                    }
-                    return None;
-                }
-            };
-            let (host, port) = brokers.remove(0);
-            let tls = tls(p, &url, "mqtts://");
-            #[cfg(feature = "mqtt-tls")]
-            if let Some(client) = tls.as_ref().and_then(|t| t.client_identity.as_ref())
-                && let Err(e) = edgebeat_transports::signing::MessageSigner::from_pem(
-                    &client.cert_pem,
-                    &client.key_pem,
-                )
-            {
-                p.push(
-                    "transport.keyFile",
-                    format!("cannot sign MQTT messages with it: {e}"),
-                );
-            }
-            #[cfg(not(feature = "mqtt-tls"))]
-            if url.starts_with("mqtts://") {
-                p.push(
-                    "transport.endpoint",
-                    "this build has no MQTT TLS support (feature mqtt-tls); use mqtt:// or an agent built with TLS",
-                );
-            }
-            TransportConfig::Mqtt(MqttTransport {
-                host,
-                port,
-                failover: brokers,
-                client_id: t.client_id,
-                credentials: credentials?,
-                topic_prefix,
-                keepalive,
-                tls,
-            })
-        }
-        Some(other) => {
-            p.push(
-                "transport.kind",
-                format!("{other:?} is not a transport; use grpc or mqtt"),
-            );
-            return None;
-        }
-        None => {
-            p.push("transport.kind", "required; use grpc or mqtt");
-            return None;
-        }
-    };
-    (p.len() == before).then_some(transport)
+    Some((urls, field))
 }
 
 /// `transport.username` and `transport.passwordFile` (read now): both or neither.
 /// `Some(None)`: neither; `None`: an error went to `p`.
-pub(super) fn mqtt_credentials(
+#[cfg(feature = "mqtt")]
+fn mqtt_credentials(
     p: &mut Problems,
     username: Option<String>,
     password_file: Option<PathBuf>,
@@ -332,30 +413,26 @@ pub(super) fn mqtt_credentials(
     }
 }
 
-/// `transport.caFile`/`certFile`/`keyFile`: with an endpoint on `secure_scheme`
-/// (`https://` for gRPC, `mqtts://` for MQTT) the CA is required and cert and key go
-/// together; on a plain endpoint none is allowed. Each file is read and parsed now, so a bad
-/// file is reported at load with its field. Every problem goes to `p`.
+/// `transport.caFile`/`certFile`/`keyFile` (`files`, in that order): with an endpoint on
+/// `secure_scheme` (`https://` for gRPC, `mqtts://` for MQTT) the CA is required and cert and
+/// key go together; on a plain endpoint none is allowed. Each file is read and parsed now, so
+/// a bad file is reported at load with its field. Every problem goes to `p`.
 pub(super) fn validate_tls(
     p: &mut Problems,
     endpoint: &str,
     secure_scheme: &str,
-    ca_file: Option<PathBuf>,
-    cert_file: Option<PathBuf>,
-    key_file: Option<PathBuf>,
+    files: [Option<PathBuf>; 3],
 ) -> Option<ClientTls> {
-    use rustls_pki_types::pem::PemObject as _;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-
+    const FIELDS: [&str; 3] = [
+        "transport.caFile",
+        "transport.certFile",
+        "transport.keyFile",
+    ];
     if !endpoint.starts_with(secure_scheme) {
-        for (field, set) in [
-            ("transport.caFile", ca_file.is_some()),
-            ("transport.certFile", cert_file.is_some()),
-            ("transport.keyFile", key_file.is_some()),
-        ] {
-            if set {
+        for (field, file) in FIELDS.iter().zip(&files) {
+            if file.is_some() {
                 p.push(
-                    field,
+                    *field,
                     format!(
                         "only valid with a {secure_scheme} endpoint, but transport.endpoint is {endpoint:?}; use {secure_scheme} or remove it"
                     ),
@@ -364,28 +441,9 @@ pub(super) fn validate_tls(
         }
         return None;
     }
-    let read = |field: &str, path: &PathBuf| {
-        edgebeat_hw::read_bounded(path, MAX_PEM_FILE_BYTES)
-            .map_err(|e| invalid(field, e.to_string()))
-    };
-    let certificates = |field: &str, path: &PathBuf| {
-        let pem = read(field, path)?;
-        let count = CertificateDer::pem_slice_iter(&pem)
-            .try_fold(0usize, |n, c| c.map(|_| n + 1))
-            .map_err(|e| invalid(field, format!("{}: not valid PEM: {e}", path.display())))?;
-        if count == 0 {
-            return Err(invalid(
-                field,
-                format!(
-                    "{}: no PEM CERTIFICATE block found; give a PEM certificate file",
-                    path.display()
-                ),
-            ));
-        }
-        Ok(pem)
-    };
+    let [ca_file, cert_file, key_file] = files;
     let ca_pem = match ca_file {
-        Some(file) => p.take(certificates("transport.caFile", &file)),
+        Some(file) => p.take(read_certificates("transport.caFile", &file)),
         None => {
             p.push(
                 "transport.caFile",
@@ -394,11 +452,44 @@ pub(super) fn validate_tls(
             None
         }
     };
-    let client = match (cert_file, key_file) {
+    let client = client_identity(p, cert_file, key_file);
+    let tls = ClientTls {
+        ca_pem: ca_pem?,
+        client_identity: client?,
+    };
+    // The transport builds this same rustls configuration when it connects: a CA that is
+    // PEM but no usable trust anchor, or a key rustls cannot use with its certificate, is
+    // refused now rather than at the first connection.
+    #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
+    if let Err(why) = tls.rustls_config() {
+        let field = if why.starts_with("CA") {
+            "transport.caFile"
+        } else if why.starts_with("client certificate:") {
+            "transport.certFile"
+        } else {
+            "transport.keyFile"
+        };
+        p.push(field, format!("unusable for TLS: {why}"));
+        return None;
+    }
+    Some(tls)
+}
+
+/// `transport.certFile` and `transport.keyFile`, read and parsed now: both or neither.
+/// `Some(None)`: neither; `None`: a problem went to `p`.
+fn client_identity(
+    p: &mut Problems,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+) -> Option<Option<TlsIdentity>> {
+    use rustls_pki_types::PrivateKeyDer;
+    use rustls_pki_types::pem::PemObject as _;
+
+    match (cert_file, key_file) {
         (None, None) => Some(None),
         (Some(cert), Some(key)) => {
-            let cert_pem = p.take(certificates("transport.certFile", &cert));
-            let key_pem = p.take(read("transport.keyFile", &key).and_then(|pem| {
+            let cert_pem = p.take(read_certificates("transport.certFile", &cert));
+            let key_pem = p.take(read_pem("transport.keyFile", &key).and_then(|pem| {
                 PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
                     invalid(
                         "transport.keyFile",
@@ -428,25 +519,31 @@ pub(super) fn validate_tls(
             );
             None
         }
-    };
-    let tls = ClientTls {
-        ca_pem: ca_pem?,
-        client_identity: client?,
-    };
-    // The transport builds this same rustls configuration when it connects: a CA that is
-    // PEM but no usable trust anchor, or a key rustls cannot use with its certificate, is
-    // refused now rather than at the first connection.
-    #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
-    if let Err(why) = tls.rustls_config() {
-        let field = if why.starts_with("CA") {
-            "transport.caFile"
-        } else if why.starts_with("client certificate:") {
-            "transport.certFile"
-        } else {
-            "transport.keyFile"
-        };
-        p.push(field, format!("unusable for TLS: {why}"));
-        return None;
     }
-    Some(tls)
+}
+
+/// A file of at most [`MAX_PEM_FILE_BYTES`] named by `field`.
+fn read_pem(field: &str, path: &std::path::Path) -> Result<Vec<u8>, super::ConfigError> {
+    edgebeat_hw::read_bounded(path, MAX_PEM_FILE_BYTES).map_err(|e| invalid(field, e.to_string()))
+}
+
+/// A PEM file of at least one certificate named by `field`.
+fn read_certificates(field: &str, path: &std::path::Path) -> Result<Vec<u8>, super::ConfigError> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject as _;
+
+    let pem = read_pem(field, path)?;
+    let count = CertificateDer::pem_slice_iter(&pem)
+        .try_fold(0usize, |n, c| c.map(|_| n + 1))
+        .map_err(|e| invalid(field, format!("{}: not valid PEM: {e}", path.display())))?;
+    if count == 0 {
+        return Err(invalid(
+            field,
+            format!(
+                "{}: no PEM CERTIFICATE block found; give a PEM certificate file",
+                path.display()
+            ),
+        ));
+    }
+    Ok(pem)
 }

@@ -95,6 +95,47 @@ pub fn parse_node_name(name: &str) -> Result<NodeName, String> {
 /// would overflow timer arithmetic.
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
+/// A string field of the `transport` mapping: any YAML scalar read as its text (`username:
+/// 1000`, `topicPrefix: 2024`), as YAML string fields are read elsewhere in the file. Needed
+/// because `transport` is tagged on `kind`: serde buffers a tagged mapping's values before
+/// it knows their types, and would see a number where the field wants text. Floats are
+/// refused with the fix (their text is not kept: `1.50` would become `1.5`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Text(pub(super) String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Scalar;
+        impl serde::de::Visitor<'_> for Scalar {
+            type Value = Text;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text, E> {
+                Ok(Text(v.to_owned()))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Text, E> {
+                Ok(Text(v))
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Text, E> {
+                Err(E::custom(format!(
+                    "a number ({v}) where text is expected; quote it, e.g. \"{v}\""
+                )))
+            }
+        }
+        d.deserialize_any(Scalar)
+    }
+}
+
 /// A period field (`nodeStatusUpdateFrequency`, `transport.keepalive`…): a Go duration
 /// ([`parse_duration`]) greater than zero and at most [`MAX_DURATION`]. Checked where serde
 /// reads it, so the error names the field.

@@ -16,7 +16,9 @@ use std::time::Duration;
 use edgebeat_hw::{Clock, HostFacts, HostRoot, ReadOptions, read_host_facts};
 use edgebeat_proto::{self as pb, agent_message::Kind};
 use edgebeat_transports::backoff::{RETRY_MAX, RETRY_MIN};
-use edgebeat_transports::uplink::{NodeRegistration, Uplink, UplinkError, reconnect_backoff};
+use edgebeat_transports::uplink::{
+    NodeRegistration, RegisterFn, Uplink, UplinkDriver, UplinkError, reconnect_backoff,
+};
 use prometheus_client::registry::Registry;
 use prost::Message as _;
 use tokio::sync::watch;
@@ -44,9 +46,6 @@ pub const JITTER: f64 = 0.04;
 /// renewal (`maxUpdateRetries`).
 pub const ATTEMPTS_PER_TICK: u32 = 5;
 
-type TransportTask =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), AgentError>> + Send>>;
-
 /// Why the agent could not start or run.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -69,17 +68,6 @@ pub enum AgentError {
     #[cfg(feature = "mqtt")]
     #[error("transport: {0}")]
     Mqtt(#[source] edgebeat_transports::mqtt::MqttUplinkError),
-    /// The node key cannot sign MQTT messages (checked at load: the files changed since).
-    #[error("transport.keyFile: cannot sign MQTT messages with it: {0}")]
-    SigningKey(String),
-    /// `transport.kind` names a transport this build was made without.
-    #[error("transport: this build has no {transport} support (cargo feature {feature})")]
-    NotBuilt {
-        /// `gRPC` or `MQTT`.
-        transport: &'static str,
-        /// The agent's cargo feature that adds it.
-        feature: &'static str,
-    },
     /// The observe server could not bind `healthzBindAddress` (address in use, not local).
     #[error("healthzBindAddress: binding {addr}: {source}")]
     Healthz {
@@ -314,158 +302,53 @@ impl Agent {
     /// Runs the configured transport and both loops until `cancel` fires, with the observe
     /// server when `healthzBindAddress` is set and systemd notifications under systemd.
     ///
-    /// Errors: [`AgentError::NoTransport`], [`AgentError::NotBuilt`] or the uplink's error
-    /// (`AgentError::Grpc`, `AgentError::Mqtt`, [`AgentError::SigningKey`]) at start, and
+    /// Errors: [`AgentError::NoTransport`] or the uplink's error (`AgentError::Grpc`,
+    /// `AgentError::Mqtt`) at start, and
     /// [`AgentError::Healthz`] when `healthzBindAddress` cannot be bound (fail fast: a
     /// misconfigured probe port is found at deploy time, not by a prober later).
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) -> Result<(), AgentError> {
         let observe_listener = match self.config.healthz_bind_address {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| AgentError::Healthz { addr, source })?;
-                if let Ok(bound) = listener.local_addr() {
-                    let _ = self.observe_addr.set(bound);
-                }
-                Some(listener)
-            }
+            Some(addr) => Some(self.bind_observe(addr).await?),
             None => None,
         };
+        let transport = self
+            .config
+            .transport
+            .clone()
+            .ok_or(AgentError::NoTransport)?;
         let (uplink, driver) = edgebeat_transports::uplink::channel(8);
         // The transport and the two loops: stopped at shutdown, or for good when the Node
         // is found deleted (the observe server and systemd notifications go on).
         let sending = cancel.child_token();
         let me = self.clone();
         let registration = uplink.registration();
-        let register: edgebeat_transports::uplink::RegisterFn = Arc::new(move || {
+        let register: RegisterFn = Arc::new(move || {
             let completed = *registration.borrow() != NodeRegistration::Pending;
             let message = me.register_message(completed);
             me.metrics.message_sent(&message);
             message
         });
-        let transport = match self.config.transport.clone() {
-            None => return Err(AgentError::NoTransport),
-            #[cfg(feature = "grpc")]
-            Some(TransportConfig::Grpc(g)) => {
-                use edgebeat_transports::grpc::GrpcUplinkOptions;
-                let mut options = GrpcUplinkOptions::new(g.endpoint);
-                options.keepalive = g.keepalive;
-                options.tls = g.tls;
-                let cancel = sending.clone();
-                Box::pin(async move {
-                    edgebeat_transports::grpc::run_uplink(options, register, driver, cancel)
-                        .await
-                        .map_err(AgentError::Grpc)
-                }) as TransportTask
-            }
-            #[cfg(not(feature = "grpc"))]
-            Some(TransportConfig::Grpc(_)) => {
-                drop((register, driver));
-                return Err(AgentError::NotBuilt {
-                    transport: "gRPC",
-                    feature: "grpc",
-                });
-            }
-            #[cfg(feature = "mqtt")]
-            Some(TransportConfig::Mqtt(m)) => {
-                use edgebeat_transports::mqtt::{MqttUplinkOptions, run_uplink};
-                let name = self.node_name().to_owned();
-                let mut options = MqttUplinkOptions::new(m.host, m.port, &name);
-                options.failover = m.failover;
-                if let Some(id) = m.client_id {
-                    options.client_id = id;
-                }
-                options.credentials = m.credentials;
-                #[cfg(feature = "mqtt-tls")]
-                if let Some(tls) = m.tls {
-                    use edgebeat_transports::signing::MessageSigner;
-                    if let Some(client) = &tls.client_identity {
-                        // Checked at load; an error here means the files changed since.
-                        let signer = MessageSigner::from_pem(&client.cert_pem, &client.key_pem)
-                            .map_err(AgentError::SigningKey)?;
-                        options.signer = Some(Arc::new(signer));
-                    }
-                    options.tls = Some(tls);
-                }
-                options.topic_prefix = m.topic_prefix;
-                options.keepalive = m.keepalive;
-                // Message Expiry Interval: no longer than the renew interval (whole seconds,
-                // at least 1), so a broker never hands a gateway a backlog of stale renewals.
-                options.lease_expiry =
-                    Duration::from_secs(self.config.lease_renew_interval().as_secs().max(1));
-                let cancel = sending.clone();
-                Box::pin(async move {
-                    run_uplink(options, name, register, driver, cancel)
-                        .await
-                        .map_err(AgentError::Mqtt)
-                }) as TransportTask
-            }
-            #[cfg(not(feature = "mqtt"))]
-            Some(TransportConfig::Mqtt(_)) => {
-                drop((register, driver));
-                return Err(AgentError::NotBuilt {
-                    transport: "MQTT",
-                    feature: "mqtt",
-                });
-            }
-        };
         tracing::info!(node = self.node_name(), "edgebeat agent starting");
-        if self
-            .config
-            .transport
-            .as_ref()
-            .and_then(TransportConfig::tls)
-            .is_none_or(|t| t.client_identity.is_none())
-        {
+        if transport.tls().is_none_or(|t| t.client_identity.is_none()) {
             // The gateway's default posture refuses messages without a node identity.
             tracing::warn!(
                 node = self.node_name(),
                 "no node certificate (transport.certFile, transport.keyFile): this agent's messages carry no identity, and only a gateway run with --allow-unidentified-agents accepts them"
             );
         }
-        let observe = async {
-            let Some(listener) = observe_listener else {
-                return;
-            };
-            if let Ok(addr) = listener.local_addr() {
-                tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
-            }
-            let registered = uplink.registered();
-            let registration = uplink.registration();
-            let ready = move || {
-                if *registration.borrow() == NodeRegistration::NodeNotFound {
-                    Err(NODE_NOT_FOUND.to_owned())
-                } else if *registered.borrow() {
-                    Ok(())
-                } else {
-                    Err("not registered with the gateway (connecting or registering)".to_owned())
-                }
-            };
-            let shutdown = cancel.clone().cancelled_owned();
-            if let Err(error) =
-                edgebeat_transports::observe::serve(listener, self.registry(), ready, shutdown)
-                    .await
-            {
-                tracing::warn!(%error, "observe server stopped");
-            }
-        };
+        let transport = transport.run(self.node_name(), register, driver, sending.clone());
         let notify = async {
             let Some(systemd) = Systemd::from_env() else {
                 return;
             };
-            systemd::notify(
-                Systemd::send,
-                systemd.watchdog_period,
-                uplink.registered(),
-                &self.liveness,
-                &cancel,
-            )
-            .await;
+            let registered = uplink.registered();
+            let period = systemd.watchdog_period;
+            systemd::notify(Systemd::send, period, registered, &self.liveness, &cancel).await;
         };
         let loops = async {
             tokio::join!(
                 loops::count_registrations(&self.metrics, uplink.registered(), &cancel),
-                observe,
+                self.serve_observe(observe_listener, &uplink, &cancel),
                 notify,
                 loops::status_loop(self.status_inputs(&uplink), sending.clone()),
                 loops::lease_loop(self.lease_inputs(&uplink), sending.clone()),
@@ -483,6 +366,56 @@ impl Agent {
         };
         let (result, _) = tokio::join!(transport, loops);
         result
+    }
+
+    /// Binds `healthzBindAddress` (`addr`) and records the address bound
+    /// ([`Agent::observe_addr`]).
+    ///
+    /// Errors: [`AgentError::Healthz`] when it cannot be bound.
+    async fn bind_observe(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> Result<tokio::net::TcpListener, AgentError> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| AgentError::Healthz { addr, source })?;
+        if let Ok(bound) = listener.local_addr() {
+            let _ = self.observe_addr.set(bound);
+        }
+        Ok(listener)
+    }
+
+    /// Serves `/healthz`, `/readyz` (registered with the gateway, and the Node not found
+    /// deleted) and `/metrics` on `listener`, when there is one, until `cancel` fires.
+    async fn serve_observe(
+        &self,
+        listener: Option<tokio::net::TcpListener>,
+        uplink: &Uplink,
+        cancel: &CancellationToken,
+    ) {
+        let Some(listener) = listener else {
+            return;
+        };
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+        }
+        let registered = uplink.registered();
+        let registration = uplink.registration();
+        let ready = move || {
+            if *registration.borrow() == NodeRegistration::NodeNotFound {
+                Err(NODE_NOT_FOUND.to_owned())
+            } else if *registered.borrow() {
+                Ok(())
+            } else {
+                Err("not registered with the gateway (connecting or registering)".to_owned())
+            }
+        };
+        let shutdown = cancel.clone().cancelled_owned();
+        if let Err(error) =
+            edgebeat_transports::observe::serve(listener, self.registry(), ready, shutdown).await
+        {
+            tracing::warn!(%error, "observe server stopped");
+        }
     }
 
     /// Waits until the gateway says this agent's Node was deleted
@@ -518,6 +451,41 @@ impl Agent {
     }
 }
 
+impl TransportConfig {
+    /// Runs this transport's uplink for node `node` until `cancel` fires (see
+    /// `edgebeat_transports::grpc::run_uplink` and `edgebeat_transports::mqtt::run_uplink`),
+    /// sending `register()` first on every connection and the requests `driver` receives.
+    ///
+    /// Errors: the uplink's, at start (`AgentError::Grpc`, `AgentError::Mqtt`).
+    #[cfg_attr(not(feature = "mqtt"), allow(unused_variables))]
+    async fn run(
+        self,
+        node: &str,
+        register: RegisterFn,
+        driver: UplinkDriver,
+        cancel: CancellationToken,
+    ) -> Result<(), AgentError> {
+        match self {
+            #[cfg(feature = "grpc")]
+            Self::Grpc(options) => {
+                edgebeat_transports::grpc::run_uplink(options, register, driver, cancel)
+                    .await
+                    .map_err(AgentError::Grpc)
+            }
+            #[cfg(feature = "mqtt")]
+            Self::Mqtt(options) => edgebeat_transports::mqtt::run_uplink(
+                options,
+                node.to_owned(),
+                register,
+                driver,
+                cancel,
+            )
+            .await
+            .map_err(AgentError::Mqtt),
+        }
+    }
+}
+
 /// Time allowed for one answer: min(`nodeStatusUpdateFrequency`, lease duration), as
 /// kubelet's heartbeat client timeout (10 s by default).
 fn ack_timeout(config: &AgentConfig) -> Duration {
@@ -544,4 +512,5 @@ pub fn jittered(period: Duration) -> Duration {
 }
 
 #[cfg(test)]
+#[cfg(feature = "grpc")]
 mod tests;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::config::GrpcTransport;
+use crate::config::GrpcUplinkOptions;
 use edgebeat_hw::SystemClock;
 
 fn fixture_agent() -> Arc<Agent> {
@@ -7,9 +7,9 @@ fn fixture_agent() -> Arc<Agent> {
         node_name: Some("edge-metrics".parse().unwrap()),
         host_root: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../tests/fixtures/rpi4-cgroup1"),
-        transport: Some(TransportConfig::Grpc(GrpcTransport {
+        transport: Some(TransportConfig::Grpc(GrpcUplinkOptions {
             keepalive: Duration::from_secs(30),
-            ..GrpcTransport::new("http://gateway.invalid:7443")
+            ..GrpcUplinkOptions::new("http://gateway.invalid:7443")
         })),
         ..AgentConfig::default()
     };

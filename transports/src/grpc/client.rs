@@ -19,7 +19,7 @@ use crate::uplink::{
 };
 
 /// Settings of the agent's gRPC uplink.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GrpcUplinkOptions {
     /// Gateway URL: `http://host:port`, or `https://host:port` with [`Self::tls`] set.
     pub endpoint: String,
@@ -29,8 +29,9 @@ pub struct GrpcUplinkOptions {
     /// means restarting the uplink.
     pub tls: Option<ClientTls>,
     /// HTTP/2 keepalive: a ping after this long without receiving anything, also while
-    /// idle (default 30 s). While renewals flow, `TCP_USER_TIMEOUT` notices a dead link
-    /// without pings (see `keepalive_timeout`), so a long interval costs no safety.
+    /// idle (default [`GRPC_AGENT_KEEPALIVE`](crate::endpoint::GRPC_AGENT_KEEPALIVE), 5 min).
+    /// While renewals flow, `TCP_USER_TIMEOUT` notices a dead link without pings (see
+    /// `keepalive_timeout`), so a long interval costs no safety.
     pub keepalive: Duration,
     /// Time to wait for a ping's answer before the connection counts as dead (default 10 s);
     /// twice this is the socket's `TCP_USER_TIMEOUT`, the longest a sent renewal may go
@@ -50,7 +51,7 @@ impl GrpcUplinkOptions {
         Self {
             endpoint: endpoint.into(),
             tls: None,
-            keepalive: super::DEFAULT_KEEPALIVE,
+            keepalive: crate::endpoint::GRPC_AGENT_KEEPALIVE,
             keepalive_timeout: super::DEFAULT_KEEPALIVE_TIMEOUT,
             connect_timeout: Duration::from_secs(10),
             backoff_min: crate::backoff::RETRY_MIN,

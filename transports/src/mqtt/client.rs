@@ -48,7 +48,7 @@ pub use crate::endpoint::MQTT_AGENT_KEEPALIVE as DEFAULT_AGENT_KEEPALIVE;
 pub const DEFAULT_USER_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Settings of the agent's MQTT uplink.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MqttUplinkOptions {
     /// Broker host name or address.
     pub host: String,
@@ -61,9 +61,10 @@ pub struct MqttUplinkOptions {
     /// They share the TLS settings and credentials; each must be a node of one cluster,
     /// so that gateways subscribed on any node receive what the agent publishes on another.
     pub failover: Vec<(String, u16)>,
-    /// MQTT client identifier (default `edgebeat-agent-{node}`). Must be unique per broker:
-    /// a second connection with the same id takes the session over.
-    pub client_id: String,
+    /// MQTT client identifier (default `None`: `edgebeat-agent-{node}`, see
+    /// [`default_client_id`]). Must be unique per broker: a second connection with the same
+    /// id takes the session over.
+    pub client_id: Option<String>,
     /// Username and password for the broker, if it wants them.
     pub credentials: Option<(String, String)>,
     /// Prefix of every topic (default [`DEFAULT_TOPIC_PREFIX`]); see [the module docs](super).
@@ -106,20 +107,26 @@ pub struct MqttUplinkOptions {
     pub tls: Option<crate::tls::ClientTls>,
     /// Signs every message end to end with the node's key (default off; see
     /// [`crate::signing`]): payloads become `SignedMessage`s and the certificate chain is
-    /// published, retained, on `P/certificates/{node}` before each Register.
+    /// published, retained, on `P/certificates/{node}` before each Register. Set with the
+    /// client certificate by [`MqttUplinkOptions::set_tls`].
     #[cfg(feature = "mqtt-tls")]
     pub signer: Option<std::sync::Arc<crate::signing::MessageSigner>>,
 }
 
+/// The MQTT client identifier of `node`'s agent when none is configured:
+/// `edgebeat-agent-{node}`.
+pub fn default_client_id(node: &str) -> String {
+    format!("edgebeat-agent-{node}")
+}
+
 impl MqttUplinkOptions {
-    /// Options for the broker at `host:port` and the node `node_name`, with the defaults
-    /// documented on each field.
-    pub fn new(host: impl Into<String>, port: u16, node_name: &str) -> Self {
+    /// Options for the broker at `host:port`, with the defaults documented on each field.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
         Self {
             host: host.into(),
             port,
             failover: Vec::new(),
-            client_id: format!("edgebeat-agent-{node_name}"),
+            client_id: None,
             credentials: None,
             topic_prefix: DEFAULT_TOPIC_PREFIX.to_owned(),
             keepalive: DEFAULT_AGENT_KEEPALIVE,
@@ -136,12 +143,43 @@ impl MqttUplinkOptions {
         }
     }
 
+    /// TLS to the broker (`mqtts://`) with `tls`, checked now: rustls must accept the CA
+    /// and, when set, the client certificate and key. A client certificate also makes the
+    /// uplink sign every message with its key ([`MqttUplinkOptions::signer`], loaded here
+    /// once).
+    ///
+    /// Errors: [`MqttUplinkError::Tls`] naming the unusable part (`CA`, `client
+    /// certificate`, `client key`, or the pair), [`MqttUplinkError::SigningKey`] when the
+    /// key cannot sign messages (neither ECDSA P-256 nor Ed25519). Nothing is changed then.
+    #[cfg(feature = "mqtt-tls")]
+    pub fn set_tls(&mut self, tls: crate::tls::ClientTls) -> Result<(), MqttUplinkError> {
+        tls.rustls_config().map_err(MqttUplinkError::Tls)?;
+        let signer = match &tls.client_identity {
+            Some(client) => Some(std::sync::Arc::new(
+                crate::signing::MessageSigner::from_pem(&client.cert_pem, &client.key_pem)
+                    .map_err(MqttUplinkError::SigningKey)?,
+            )),
+            None => None,
+        };
+        self.tls = Some(tls);
+        self.signer = signer;
+        Ok(())
+    }
+
+    /// The client identifier used for `node`: [`Self::client_id`] or
+    /// [`default_client_id`].
+    fn client_id_of(&self, node: &str) -> String {
+        self.client_id
+            .clone()
+            .unwrap_or_else(|| default_client_id(node))
+    }
+
     fn check(&self, node_name: &str) -> Result<(), MqttUplinkError> {
         let invalid = |option, reason| MqttUplinkError::InvalidOption { option, reason };
         check_level(node_name).map_err(|r| invalid("node_name", r))?;
         check_prefix(&self.topic_prefix).map_err(|r| invalid("topic_prefix", r))?;
         check_keepalive(self.keepalive).map_err(|r| invalid("keepalive", r))?;
-        check_connection(&self.client_id, &self.host, &self.failover)
+        check_connection(&self.client_id_of(node_name), &self.host, &self.failover)
             .map_err(|(option, reason)| invalid(option, reason))?;
         if self.lease_expiry < Duration::from_secs(1) {
             return Err(invalid("lease_expiry", "must be at least 1 s"));
@@ -175,10 +213,15 @@ impl MqttUplinkOptions {
         super::brokers(&self.host, self.port, &self.failover)
     }
 
-    /// rumqttc's options for the broker at `host:port` (the server name TLS checks is
-    /// `host`).
-    fn mqtt_options(&self, host: &str, port: u16) -> Result<MqttOptions, MqttUplinkError> {
-        let mut mqtt = MqttOptions::new(&self.client_id, host, port);
+    /// rumqttc's options for the broker at `host:port` as `client_id` (the server name TLS
+    /// checks is `host`).
+    fn mqtt_options(
+        &self,
+        client_id: &str,
+        host: &str,
+        port: u16,
+    ) -> Result<MqttOptions, MqttUplinkError> {
+        let mut mqtt = MqttOptions::new(client_id, host, port);
         #[cfg(feature = "mqtt-tls")]
         if let Some(tls) = &self.tls {
             crate::tls::install_ring_provider();
@@ -219,6 +262,10 @@ pub enum MqttUplinkError {
     /// The TLS material cannot work (unparsable PEM, key not matching the certificate).
     #[error("MQTT TLS: {0}")]
     Tls(String),
+    /// The client certificate's key cannot sign messages end to end (see
+    /// [`crate::signing::MessageSigner::from_pem`]).
+    #[error("cannot sign MQTT messages with the client key: {0}")]
+    SigningKey(String),
 }
 
 /// Topics of one node.
@@ -311,8 +358,9 @@ pub async fn run_uplink(
     options.check(&node_name)?;
     let topics = Topics::new(&options.topic_prefix, &node_name);
     let brokers = options.brokers();
+    let client_id = options.client_id_of(&node_name);
     let mut broker = 0;
-    let mut mqtt = options.mqtt_options(&brokers[0].0, brokers[0].1)?;
+    let mut mqtt = options.mqtt_options(&client_id, &brokers[0].0, brokers[0].1)?;
     mqtt.set_last_will(last_will(&topics, &node_name, &register));
     let (client, eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
     let mut link = Link::new(&options, topics, client, register);
@@ -355,7 +403,7 @@ pub async fn run_uplink(
                         // (rumqttc's options name one broker).
                         broker = (broker + 1) % brokers.len();
                         let (host, port) = &brokers[broker];
-                        let mut mqtt = options.mqtt_options(host, *port)?;
+                        let mut mqtt = options.mqtt_options(&client_id, host, *port)?;
                         mqtt.set_last_will(will);
                         let (client, fresh) = AsyncClient::new(mqtt, REQUEST_QUEUE);
                         link.client = client;
@@ -415,12 +463,12 @@ mod tests {
 
     #[test]
     fn options_are_checked_before_connecting() {
-        let ok = MqttUplinkOptions::new("127.0.0.1", 1883, "edge-1");
-        assert_eq!(ok.client_id, "edgebeat-agent-edge-1");
+        let ok = MqttUplinkOptions::new("127.0.0.1", 1883);
+        assert_eq!(ok.client_id_of("edge-1"), "edgebeat-agent-edge-1");
         assert!(ok.check("edge-1").is_ok());
         let err = |o: &MqttUplinkOptions, node: &str| match o.check(node) {
             Err(MqttUplinkError::InvalidOption { option, .. }) => option,
-            Err(MqttUplinkError::Tls(_)) => "tls",
+            Err(MqttUplinkError::Tls(_) | MqttUplinkError::SigningKey(_)) => "tls",
             Ok(()) => "ok",
         };
         assert_eq!(err(&ok, "a/b"), "node_name");
@@ -438,7 +486,7 @@ mod tests {
         o.failover = vec![("b1".into(), 1883), (String::new(), 1883)];
         assert_eq!(err(&o, "edge-1"), "failover");
         let mut o = ok.clone();
-        o.client_id.clear();
+        o.client_id = Some(String::new());
         assert_eq!(err(&o, "edge-1"), "client_id");
         let mut o = ok;
         o.backoff_min = Duration::from_secs(8);
@@ -457,9 +505,9 @@ mod tests {
 
     #[test]
     fn lease_expiry_is_whole_seconds_rounded_down() {
-        let mut o = MqttUplinkOptions::new("h", 1, "n");
+        let mut o = MqttUplinkOptions::new("h", 1);
         o.lease_expiry = Duration::from_millis(10_900);
-        let (client, _eventloop) = AsyncClient::new(o.mqtt_options("h", 1).unwrap(), 1);
+        let (client, _eventloop) = AsyncClient::new(o.mqtt_options("c", "h", 1).unwrap(), 1);
         let register: RegisterFn = std::sync::Arc::new(AgentMessage::default);
         let link = Link::new(&o, Topics::new("p", "n"), client, register);
         assert_eq!(link.lease_properties.message_expiry_interval, Some(10));

@@ -41,7 +41,8 @@ mod server;
 
 #[cfg(feature = "mqtt-uplink")]
 pub use client::{
-    DEFAULT_AGENT_KEEPALIVE, DEFAULT_USER_TIMEOUT, MqttUplinkError, MqttUplinkOptions, run_uplink,
+    DEFAULT_AGENT_KEEPALIVE, DEFAULT_USER_TIMEOUT, MqttUplinkError, MqttUplinkOptions,
+    default_client_id, run_uplink,
 };
 #[cfg(feature = "mqtt-ingress")]
 pub use server::{
