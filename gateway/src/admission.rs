@@ -16,10 +16,13 @@
 //!    input can never move an identified node's boot or sequence.
 //! 3. **Boot and sequence** (replay): a message of the current boot must carry a `seq`
 //!    above the last accepted one. A new boot ID starts a new sequence; the boot it replaces
-//!    is remembered for [`AdmissionPolicy::old_boot_memory`] so that its late or replayed
-//!    messages are refused, and then forgotten, so that no single message can lock a node
-//!    out for longer than that (by default 30 s: the lease duration less one renew
-//!    interval, so a displaced genuine node renews before its Lease expires). When the
+//!    is remembered for one of its renew intervals (its renewals'
+//!    `leaseDurationSeconds` × 0.25, 10 s by default; at most
+//!    [`AdmissionPolicy::old_boot_memory`]) so that its late or replayed messages are
+//!    refused, and then forgotten, so that no single message can lock a node out for
+//!    longer than that: a displaced genuine node, whose refused renewals go unanswered
+//!    (replays get no answer) and whose next renewal comes one interval later, is back
+//!    within two of its renew intervals, half its lease duration. When the
 //!    transport verified the message's wall time ([`Provenance::wall_time_verified`]), a
 //!    boot whose message is older than the current boot's last one is an earlier boot
 //!    replayed and is refused. A `seq` further ahead of the boot's clock than the age limit
@@ -93,9 +96,15 @@ pub struct AdmissionPolicy {
     pub rate: f64,
     /// Messages one node may send at once.
     pub burst: f64,
-    /// How long a superseded boot's messages are refused (default 30 s).
+    /// The longest a superseded boot's messages are refused (default 30 s); a boot whose
+    /// renew interval is known is remembered for that interval when shorter (see the
+    /// module docs).
     pub old_boot_memory: Duration,
 }
+
+/// A boot's renew interval until one of its renewals says otherwise: kubelet's default,
+/// `nodeLeaseDurationSeconds` 40 × 0.25.
+const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Why a message was not admitted: the metric label and a text for logs and the ack.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,7 +182,10 @@ pub fn check_identity(
 #[derive(Debug, Default)]
 pub struct NodeAdmission {
     boot_id: Vec<u8>,
+    /// Superseded boots, each with the instant it is forgotten.
     old_boots: Vec<(Vec<u8>, Instant)>,
+    /// The current boot's renew interval, from its last admitted renewal.
+    renew_interval: Option<Duration>,
     last_seq: u64,
     /// Latest verified `wall_time_ms` accepted (any boot): orders boots against replays.
     last_wall_ms: i64,
@@ -187,6 +199,17 @@ impl NodeAdmission {
     /// refused).
     pub fn identified(&self) -> bool {
         self.identified
+    }
+
+    /// Notes the `leaseDurationSeconds` of an admitted renewal of the current boot: one
+    /// quarter of it is how long the boot is remembered once superseded (see the module
+    /// docs). Values ≤ 0 are ignored.
+    pub fn lease_duration_seconds(&mut self, seconds: i32) {
+        if let Ok(seconds) = u64::try_from(seconds)
+            && seconds > 0
+        {
+            self.renew_interval = Some(Duration::from_millis(seconds.saturating_mul(250)));
+        }
     }
 
     /// Whether `tag` ([`pb::Header::boot_tag`]) names the boot this node is in.
@@ -222,8 +245,7 @@ impl NodeAdmission {
                 ..Self::default()
             };
         }
-        self.old_boots
-            .retain(|(_, at)| now.saturating_duration_since(*at) < policy.old_boot_memory);
+        self.old_boots.retain(|(_, until)| now < *until);
         if header.boot_id.is_empty() && !self.holds_boot_tag(header.boot_tag) {
             return Verdict::Reject(Refusal::new(
                 RejectReason::UnknownBoot,
@@ -249,11 +271,15 @@ impl NodeAdmission {
                 ));
             }
             let old = std::mem::replace(&mut self.boot_id, header.boot_id.clone());
+            let old_interval = self.renew_interval.take();
             if !old.is_empty() {
                 if self.old_boots.len() == OLD_BOOTS {
                     self.old_boots.remove(0);
                 }
-                self.old_boots.push((old, now));
+                let memory = old_interval
+                    .unwrap_or(DEFAULT_RENEW_INTERVAL)
+                    .min(policy.old_boot_memory);
+                self.old_boots.push((old, now + memory));
             }
             self.freshness = None;
         } else if seq <= self.last_seq {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
-use edgebeat_transports::ingress::{Handler, Peer};
+use edgebeat_transports::ingress::{CertificateId, Handler, Peer};
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
@@ -64,8 +64,9 @@ pub struct GatewayOptions {
     /// allocated for it, so made-up node names cannot grow the gateway's memory without
     /// bound; size it to the fleet a replica serves.
     pub max_nodes: usize,
-    /// How long a superseded boot ID's messages are refused (default 30 s: the default
-    /// lease duration less one renew interval). See [`crate::admission`].
+    /// The longest a superseded boot ID's messages are refused (default 30 s); a boot is
+    /// remembered for one of its renew intervals when that is shorter (10 s by default).
+    /// See [`crate::admission`].
     pub old_boot_memory: Duration,
     /// Apiserver calls in flight at once, Lease calls first (see [`crate::apiserver`]).
     pub write_limits: WriteLimits,
@@ -128,6 +129,9 @@ struct SlotCell {
     /// arrived: only one of the same boot with a higher sequence supersedes (a replay or a
     /// message from an older boot never does).
     newest: [Mutex<Option<BootSeq>>; 2],
+    /// An identified message of this node was admitted: the slot is never given up for
+    /// an unidentified node's (see [`Gateway::slot`]).
+    identified: std::sync::atomic::AtomicBool,
     state: tokio::sync::Mutex<NodeSlot>,
 }
 
@@ -252,8 +256,10 @@ impl Gateway {
     }
 
     /// The slot of node `name`, made if there is room for it (fewer than
-    /// [`GatewayOptions::max_nodes`] slots, after dropping idle ones); `None` otherwise.
-    fn slot(&self, name: &str) -> Option<Arc<SlotCell>> {
+    /// [`GatewayOptions::max_nodes`] slots, after dropping idle ones, or, for an
+    /// `identified` message, after giving up the slot of a node never identified: made-up
+    /// names that filled the replica must not keep a genuine node out); `None` otherwise.
+    fn slot(&self, name: &str, identified: bool) -> Option<Arc<SlotCell>> {
         let mut slots = match self.slots.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
@@ -276,11 +282,34 @@ impl Gateway {
                 drop(last);
                 self.sweep(&mut slots);
             }
-            if slots.len() >= self.options.max_nodes {
+            if slots.len() >= self.options.max_nodes
+                && !(identified && self.evict_unidentified(&mut slots))
+            {
                 return None;
             }
         }
         Some(slots.entry(name.to_owned()).or_default().clone())
+    }
+
+    /// Drops the slot, not in use, of the node never identified that was heard from
+    /// longest ago; returns whether there was one. Only for an identified message, so it
+    /// costs anyone without an identity nothing to trigger.
+    fn evict_unidentified(&self, slots: &mut HashMap<String, Arc<SlotCell>>) -> bool {
+        let oldest = slots
+            .iter()
+            .filter(|(_, cell)| {
+                !cell.identified.load(Ordering::Relaxed) && Arc::strong_count(cell) == 1
+            })
+            .filter_map(|(name, cell)| Some((name, cell.state.try_lock().ok()?.last_seen)))
+            .min_by_key(|(_, last_seen)| *last_seen)
+            .map(|(name, _)| name.clone());
+        let Some(name) = oldest else {
+            return false;
+        };
+        slots.remove(&name);
+        self.writer.node_metrics.remove(&name);
+        tracing::debug!(node = %name, "gave an unidentified node's slot to an identified one");
+        true
     }
 
     /// Drops the slots of nodes silent for [`SLOT_IDLE`]. A slot in use (locked) is never
@@ -373,12 +402,14 @@ impl Gateway {
         (pb::boot_tag(&boot_id) == header.boot_tag).then_some(boot_id)
     }
 
-    async fn handle_message(&self, peer: &Peer, message: pb::AgentMessage) -> Answer {
+    /// Handles one message (see the module docs); `None` for a replay, which gets no
+    /// answer.
+    async fn handle_message(&self, peer: &Peer, message: pb::AgentMessage) -> Option<Answer> {
         let Some(header) = message.header() else {
-            return self.reject(
+            return Some(self.reject(
                 RejectReason::Malformed,
                 "malformed: no header or unknown message kind".into(),
-            );
+            ));
         };
         let seq = header.seq;
         let name = header.node_name.as_str();
@@ -388,13 +419,21 @@ impl Gateway {
         };
         // Stateless checks first: nothing is allocated for a message that fails them.
         if let Err(refusal) = check_identity(self.options.posture, name, provenance) {
-            return self.reject(refusal.reason, refusal.detail);
+            return Some(self.reject(refusal.reason, refusal.detail));
+        }
+        if provenance.identity.is_none() && self.writer.view.certificate(name).is_some() {
+            // The cluster records that the node speaks with a certificate: whoever sends
+            // this without one is not the node, whatever this replica remembers.
+            return Some(self.reject(
+                RejectReason::Unauthenticated,
+                format!("unidentified message for node {name:?}, which speaks with its identity"),
+            ));
         }
         let received = Instant::now();
         let received_wall = self.clock.now();
         let agent_wall_ms = header.wall_time_ms;
-        let Some(cell) = self.slot(name) else {
-            return self.fleet_full(name);
+        let Some(cell) = self.slot(name, provenance.identity.is_some()) else {
+            return Some(self.fleet_full(name));
         };
         // Only identified heartbeats supersede each other: an unidentified message in a
         // node's name must not cost that node a write.
@@ -412,10 +451,10 @@ impl Gateway {
             // backlog, say a slow apiserver, then costs one write per node, not one per
             // message).
             self.counters.count_rejection(RejectReason::Superseded);
-            return rejected(format!(
+            return Some(rejected(format!(
                 "superseded: a newer {} from this node is waiting",
                 message.kind_name()
-            ));
+            )));
         }
         let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
         let policy = self.options.admission();
@@ -446,6 +485,9 @@ impl Gateway {
             // (or a lockout) from being swept.
             Verdict::Admit(admitted) => {
                 slot.last_seen = Some(received);
+                if provenance.identity.is_some() {
+                    cell.identified.store(true, Ordering::Relaxed);
+                }
                 admitted.age
             }
             Verdict::Reject(refusal) if refusal.reason == RejectReason::UnknownBoot => {
@@ -456,11 +498,19 @@ impl Gateway {
                     node = name,
                     "boot tag of a boot this replica does not hold; asking for the boot ID"
                 );
-                return Answer::SendBootId {
+                return Some(Answer::SendBootId {
                     reason: refusal.detail,
-                };
+                });
             }
-            Verdict::Reject(refusal) => return self.reject(refusal.reason, refusal.detail),
+            Verdict::Reject(refusal) if refusal.reason == RejectReason::Replayed => {
+                // No answer: the genuine sender had its answer, and a replay must not make
+                // the gateway speak on the node's link (nor fail a request it still waits
+                // for).
+                self.counters.count_rejection(RejectReason::Replayed);
+                tracing::debug!(node = name, detail = %refusal.detail, "replay refused without an answer");
+                return None;
+            }
+            Verdict::Reject(refusal) => return Some(self.reject(refusal.reason, refusal.detail)),
             Verdict::Stale(age) => {
                 slot.last_seen = Some(received);
                 self.counters.stale_renewals.inc();
@@ -470,9 +520,13 @@ impl Gateway {
                     kind = message.kind_name(),
                     "dropping a stale heartbeat"
                 );
-                return rejected(format!("stale: {age:?} old"));
+                return Some(rejected(format!("stale: {age:?} old")));
             }
         };
+        if let Some(Kind::Lease(renewal)) = &message.kind {
+            slot.admission
+                .lease_duration_seconds(renewal.lease_duration_seconds);
+        }
         // Only messages that passed the replay and staleness checks: an old one would read
         // as skew.
         if let Some(skew) = clock_skew_seconds(received_wall, agent_wall_ms) {
@@ -518,24 +572,49 @@ impl Gateway {
             ),
         };
         if !answer.is_written() {
-            return answer;
+            return Some(answer);
         }
         writes.last_write = Some(Instant::now());
+        if let Some(certificate) = peer.certificate {
+            self.record_certificate(name, certificate).await;
+        }
         // The apiserver holds a condition at Unknown (the node lifecycle controller's, seen
         // by the watch or a read): ask for a full status report, which repairs it within one
         // renew interval, as kubelet's next status update would.
         if !matches!(message.kind, Some(Kind::Status(_)))
             && self.writer.view.node_has_unknown_condition(name)
         {
-            return answer.and_resend_status();
+            return Some(answer.and_resend_status());
         }
-        answer
+        Some(answer)
+    }
+
+    /// Records on its Node that `name` speaks with `certificate`, when the view knows the
+    /// Node and records none or an older one ([`CertificateId::may_replace`]). A failure is
+    /// logged and tried again with the node's next message.
+    async fn record_certificate(&self, name: &str, certificate: CertificateId) {
+        let Some(node) = self.writer.view.node(name) else {
+            return;
+        };
+        if node
+            .certificate
+            .is_some_and(|held| held == certificate || !certificate.may_replace(&held))
+        {
+            return;
+        }
+        if let Err(error) = self.writer.record_certificate(name, certificate).await {
+            tracing::warn!(node = name, %error, "could not record the node's certificate; trying again with its next message");
+        }
     }
 }
 
 impl Handler for Gateway {
-    async fn handle(&self, peer: &Peer, message: pb::AgentMessage) -> Answer {
+    async fn handle(&self, peer: &Peer, message: pb::AgentMessage) -> Option<Answer> {
         self.handle_message(peer, message).await
+    }
+
+    fn recorded_certificate(&self, node: &str) -> Option<CertificateId> {
+        self.writer.view.certificate(node)
     }
 
     fn rejected(&self, peer: &Peer, why: RejectReason, detail: &str) {

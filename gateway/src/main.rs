@@ -12,7 +12,7 @@ use edgebeat_gateway::{Gateway, GatewayOptions, Posture, kube_client, watch_clie
 use edgebeat_transports::endpoint::MqttCluster;
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, serve, tls};
 use edgebeat_transports::mqtt::{MqttIngressOptions, SignaturePolicy, serve as mqtt_serve};
-use edgebeat_transports::signing::CertificateVerifier;
+use edgebeat_transports::signing::{AnswerSigner, CertificateVerifier};
 
 /// Receives edgebeat heartbeats and writes Node status and Leases to Kubernetes.
 #[derive(Parser, Debug)]
@@ -100,9 +100,20 @@ struct Args {
     mqtt_key_file: Option<PathBuf>,
     /// PEM site CA that signs node certificates: verify agents' end-to-end message
     /// signatures against the certificates they publish on `P/certificates/<node>`; a
-    /// verified message speaks only for the node its certificate names.
+    /// verified message speaks only for the node its certificate names. Needs
+    /// --mqtt-answer-cert-file and --mqtt-answer-key-file: agents that sign take only
+    /// signed answers.
     #[arg(long, value_name = "FILE")]
     mqtt_node_ca: Option<PathBuf>,
+    /// PEM certificate chain of this gateway's answer key (with --mqtt-answer-key-file): a
+    /// server certificate from the --mqtt-node-ca site CA, valid for the DNS name
+    /// `edgebeat-gateway`. Every answer to a signed MQTT message is signed with it, so that
+    /// agents can tell the gateway's answers from anyone's on the broker.
+    #[arg(long, value_name = "FILE", requires = "mqtt_answer_key_file")]
+    mqtt_answer_cert_file: Option<PathBuf>,
+    /// PEM private key (ECDSA P-256 or Ed25519) of --mqtt-answer-cert-file.
+    #[arg(long, value_name = "FILE", requires = "mqtt_answer_cert_file")]
+    mqtt_answer_key_file: Option<PathBuf>,
     /// Refuse unsigned MQTT messages (counted as rejected, reason `unsigned`). Default: true
     /// with --mqtt-node-ca. `=false` accepts unsigned ones without an identity, while a fleet
     /// moves to signing; signed ones are still verified.
@@ -215,6 +226,19 @@ async fn run() -> anyhow::Result<()> {
     ));
     // What the apiserver holds for the managed Nodes and Leases (see edgebeat_gateway::view).
     tokio::spawn(gateway.watch(watches));
+    // Serving starts once the watches have listed, so that the first messages (and the
+    // broker's retained certificates) meet the cluster's record of every node: which
+    // certificate each speaks with. A watch that cannot list (RBAC) delays the start by at
+    // most VIEW_SYNC_TIMEOUT.
+    if tokio::time::timeout(VIEW_SYNC_TIMEOUT, gateway.view().synced())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            timeout = ?VIEW_SYNC_TIMEOUT,
+            "the Node and Lease watches have not listed; serving without the cluster's record of node certificates until they do"
+        );
+    }
     let grpc = match (args.grpc_listen, grpc_options) {
         (Some(addr), Some(options)) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -318,6 +342,9 @@ async fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Longest wait at start for the Node and Lease watches to list before serving.
+const VIEW_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The MQTT password from --mqtt-password-file ([`edgebeat_hw::read_password_file`], as
 /// the agent's `transport.passwordFile`), the flag named in the error.
 fn read_password_file(file: &std::path::Path) -> anyhow::Result<String> {
@@ -398,11 +425,27 @@ fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions
         .unwrap_or(args.mqtt_node_ca.is_some());
     options.signatures = match &args.mqtt_node_ca {
         Some(ca) => {
-            let verifier = CertificateVerifier::from_pem(&read("--mqtt-node-ca", ca)?)
+            let ca_pem = read("--mqtt-node-ca", ca)?;
+            let verifier = CertificateVerifier::from_pem(&ca_pem)
                 .map_err(anyhow::Error::msg)
                 .with_context(|| format!("--mqtt-node-ca {}", ca.display()))?;
             let mut policy = SignaturePolicy::new(verifier, required);
             policy.max_clock_skew = Duration::from_secs(args.mqtt_max_clock_skew_seconds);
+            let (Some(cert), Some(key)) = (&args.mqtt_answer_cert_file, &args.mqtt_answer_key_file)
+            else {
+                anyhow::bail!(
+                    "--mqtt-node-ca needs --mqtt-answer-cert-file and --mqtt-answer-key-file: agents that sign their messages take only answers the gateway signs; issue a server certificate for the DNS name {} from the site CA (README, \"Signed MQTT\")",
+                    edgebeat_transports::signing::ANSWER_SIGNER_NAME
+                );
+            };
+            let signer = AnswerSigner::from_pem(
+                &read("--mqtt-answer-cert-file", cert)?,
+                &read("--mqtt-answer-key-file", key)?,
+                &ca_pem,
+            )
+            .map_err(anyhow::Error::msg)
+            .context("--mqtt-answer-cert-file, --mqtt-answer-key-file")?;
+            options.answer_signer = Some(Arc::new(signer));
             Some(policy)
         }
         None if required => anyhow::bail!(

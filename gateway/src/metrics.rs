@@ -11,6 +11,7 @@
 //! | `edgebeat_gateway_rejected_messages_total` | counter | `reason` | messages rejected, by [`RejectReason`] (every reason is always exported, from 0) |
 //! | `edgebeat_gateway_registrations_total` | counter | | Nodes created or reconciled |
 //! | `edgebeat_gateway_nodes_not_found_total` | counter | | answers telling an agent its Node was deleted (`Ack.node_not_found`; it stops until restarted) |
+//! | `edgebeat_gateway_node_certificates_recorded_total` | counter | | certificates recorded on their Node (a node's first identified message, then each rotation) |
 //! | `edgebeat_gateway_tracked_nodes` | gauge | | nodes this replica keeps state for |
 //! | `edgebeat_gateway_max_nodes` | gauge | | `--max-nodes`: further nodes are refused with reason `fleet_full` |
 //! | `edgebeat_gateway_apiserver_backing_off` | gauge | | 1 while the gateway backs off from the apiserver (429, 5xx, no answer) |
@@ -88,6 +89,9 @@ pub struct Counters {
     /// Answers `node_not_found`: the Node of a registered agent was deleted, and the agent
     /// stops until restarted.
     pub nodes_not_found: Counter,
+    /// Certificates recorded on their Node's annotations (see
+    /// [`crate::patch::CERTIFICATE_SHA256_ANNOTATION`]).
+    pub certificates_recorded: Counter,
 }
 
 impl Default for Counters {
@@ -100,6 +104,7 @@ impl Default for Counters {
             rejected_by_reason: Family::default(),
             registrations: Counter::default(),
             nodes_not_found: Counter::default(),
+            certificates_recorded: Counter::default(),
         };
         for why in RejectReason::ALL {
             let _series = counters.rejected_by_reason.get_or_create(&reason(why));
@@ -166,6 +171,11 @@ impl Counters {
                 "edgebeat_gateway_nodes_not_found",
                 "Answers telling an agent that its Node was deleted (the agent stops sending until it is restarted)",
                 &self.nodes_not_found,
+            ),
+            (
+                "edgebeat_gateway_node_certificates_recorded",
+                "Node certificates recorded on their Node (a node's first identified message, then each rotation)",
+                &self.certificates_recorded,
             ),
         ] {
             registry.register(name, help, counter.clone());

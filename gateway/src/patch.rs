@@ -26,6 +26,19 @@ pub const EVENT_NAMESPACE: &str = "default";
 /// and `k8s.io` it would refuse, `plugin/pkg/admission/noderestriction/admission.go`).
 pub const MANAGED_LABEL: (&str, &str) = ("edgebeat.io/managed-by", "edgebeat-gateway");
 
+/// Annotation recording the certificate a node speaks with (mTLS, or signed MQTT): the
+/// SHA-256 of its leaf certificate, 64 lower-case hex digits. Set by the gateway when the node
+/// first speaks with it, and again on every newer certificate (a rotation); with
+/// [`CERTIFICATE_NOT_BEFORE_ANNOTATION`], what every replica, restarted or not, reads to know
+/// that the node speaks with an identity (its unidentified messages are someone else's) and
+/// which certificate is its newest (an older one, a broker's rolled-back retained copy say,
+/// is never believed).
+pub const CERTIFICATE_SHA256_ANNOTATION: &str = "edgebeat.io/node-certificate-sha256";
+
+/// Annotation beside [`CERTIFICATE_SHA256_ANNOTATION`]: the certificate's notBefore, RFC 3339
+/// in UTC with whole seconds, e.g. `2026-11-25T13:00:00Z`.
+pub const CERTIFICATE_NOT_BEFORE_ANNOTATION: &str = "edgebeat.io/node-certificate-not-before";
+
 /// [`MANAGED_LABEL`] as a one-entry label map.
 fn managed_labels() -> BTreeMap<String, String> {
     BTreeMap::from([(MANAGED_LABEL.0.to_owned(), MANAGED_LABEL.1.to_owned())])

@@ -39,7 +39,12 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, ResourceExt};
 
-use crate::patch::{HeldStatus, KnownCondition, KnownConditions, LEASE_NAMESPACE, MANAGED_LABEL};
+use edgebeat_transports::ingress::CertificateId;
+
+use crate::patch::{
+    CERTIFICATE_NOT_BEFORE_ANNOTATION, CERTIFICATE_SHA256_ANNOTATION, HeldStatus, KnownCondition,
+    KnownConditions, LEASE_NAMESPACE, MANAGED_LABEL,
+};
 
 /// The label selector of [`MANAGED_LABEL`] (`key=value`).
 pub fn managed_selector() -> String {
@@ -61,6 +66,10 @@ pub struct NodeRecord {
     /// Node without it (registered before the label, or the label removed) is only as
     /// fresh as the read or write that made it.
     pub managed: bool,
+    /// The certificate the node speaks with, as its annotations record it
+    /// ([`CERTIFICATE_SHA256_ANNOTATION`], [`CERTIFICATE_NOT_BEFORE_ANNOTATION`]): the node
+    /// is identified, and no older certificate is believed for it.
+    pub certificate: Option<CertificateId>,
 }
 
 impl NodeRecord {
@@ -94,6 +103,11 @@ impl NodeRecord {
             managed: node.metadata.labels.as_ref().is_some_and(|labels| {
                 labels.get(MANAGED_LABEL.0).map(String::as_str) == Some(MANAGED_LABEL.1)
             }),
+            certificate: node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(recorded_certificate),
         }
     }
 
@@ -152,6 +166,27 @@ impl LeaseRecord {
             plain,
         })
     }
+}
+
+/// The certificate a Node's annotations record: a SHA-256 of 64 hex digits and an RFC 3339
+/// notBefore; `None` when either is missing or malformed (then nothing is recorded).
+fn recorded_certificate(annotations: &BTreeMap<String, String>) -> Option<CertificateId> {
+    let hex = annotations.get(CERTIFICATE_SHA256_ANNOTATION)?;
+    let not_before: Timestamp = annotations
+        .get(CERTIFICATE_NOT_BEFORE_ANNOTATION)?
+        .parse()
+        .ok()?;
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    let mut sha256 = [0u8; 32];
+    for (byte, pair) in sha256.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(CertificateId {
+        sha256,
+        not_before: not_before.as_second(),
+    })
 }
 
 /// `resourceVersion` as the integer etcd3 storage encodes (see the module docs).
@@ -235,6 +270,8 @@ pub struct ApiserverView {
     leases: Records<LeaseRecord>,
     watch_events: AtomicU64,
     watch_errors: AtomicU64,
+    /// Woken whenever a watch starts following.
+    following: tokio::sync::Notify,
 }
 
 impl ApiserverView {
@@ -255,6 +292,22 @@ impl ApiserverView {
         self.leases.watched.load(Ordering::Relaxed)
     }
 
+    /// Returns once both watches have listed and follow ([`Self::nodes_watched`],
+    /// [`Self::leases_watched`]): at once if they do. Ingresses start after it, so the
+    /// first messages meet the cluster's record of every managed node (its certificate
+    /// among it); bound the wait, since a watch may never list (RBAC without list).
+    pub async fn synced(&self) {
+        loop {
+            let following = self.following.notified();
+            tokio::pin!(following);
+            following.as_mut().enable();
+            if self.nodes_watched() && self.leases_watched() {
+                return;
+            }
+            following.await;
+        }
+    }
+
     /// Watch events applied since start, and watch errors (each followed by kube-runtime's
     /// backoff and a resumed or fresh list+watch).
     pub fn watch_counts(&self) -> (u64, u64) {
@@ -267,6 +320,12 @@ impl ApiserverView {
     /// A copy of what is known of Node `name`.
     pub fn node(&self, name: &str) -> Option<NodeRecord> {
         self.nodes.map().get(name).cloned()
+    }
+
+    /// The certificate Node `name` speaks with, as its annotations record it (see
+    /// [`NodeRecord::certificate`]).
+    pub fn certificate(&self, name: &str) -> Option<CertificateId> {
+        self.nodes.map().get(name)?.certificate
     }
 
     /// `status.nodeInfo.bootID` of Node `name`, as the view holds it.
@@ -403,8 +462,8 @@ impl ApiserverView {
             }
             // A watch resumed after an error from its last resourceVersion has missed
             // nothing: following again with its next event (a re-list waits for InitDone).
-            if listed.is_none() {
-                watched.store(true, Ordering::Relaxed);
+            if listed.is_none() && !watched.swap(true, Ordering::Relaxed) {
+                self.following.notify_waiters();
             }
         }
         watched.store(false, Ordering::Relaxed);

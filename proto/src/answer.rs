@@ -85,6 +85,13 @@ pub enum Answer {
         /// Why, for logs.
         reason: String,
     },
+    /// `ACK_CODE_RETRY` with `Ack.send_certificate` (only in a signed answer): this gateway
+    /// replica holds no current verified certificate for the node; the agent publishes its
+    /// certificate chain again, then retries.
+    SendCertificate {
+        /// Why, for logs.
+        reason: String,
+    },
     /// `ACK_CODE_RETRY` with `Ack.node_not_found`: the Node this agent registered was
     /// deleted (`kubectl delete node`); as kubelet, which registers once per process, the
     /// agent stops sending until restarted. The wire code is RETRY so that an agent that
@@ -121,6 +128,7 @@ impl Answer {
             Self::Retry { .. }
             | Self::ResendStatus { .. }
             | Self::SendBootId { .. }
+            | Self::SendCertificate { .. }
             | Self::NodeNotFound { .. } => AckCode::Retry,
             Self::Rejected { .. } => AckCode::Rejected,
         }
@@ -138,6 +146,7 @@ impl Answer {
             Self::Retry { reason }
             | Self::ResendStatus { reason }
             | Self::SendBootId { reason }
+            | Self::SendCertificate { reason }
             | Self::NodeNotFound { reason }
             | Self::Rejected { reason } => reason,
         }
@@ -201,6 +210,10 @@ impl Answer {
                 ack.send_boot_id = true;
                 ack.reason = reason;
             }
+            Self::SendCertificate { reason } => {
+                ack.send_certificate = true;
+                ack.reason = reason;
+            }
             Self::NodeNotFound { reason } => {
                 ack.node_not_found = true;
                 ack.reason = reason;
@@ -216,20 +229,26 @@ impl TryFrom<Ack> for Answer {
     /// Reads an [`Ack`] (read its `seq` first). Errors: [`AckError`] for an unknown code and
     /// for every flag the code cannot carry: `registered`, `compact_headers`, `boot_tags` or
     /// `lease_state` on anything but OK, `boot_tags` without `compact_headers`, headers
-    /// without `registered`, a Lease state on a `Register`'s answer, `send_boot_id` or
-    /// `node_not_found` on anything but RETRY, two RETRY flags together, any flag on a
-    /// REJECTED. `reason` is kept only where the answer has one.
+    /// without `registered`, a Lease state on a `Register`'s answer, `send_boot_id`,
+    /// `send_certificate` or `node_not_found` on anything but RETRY, two RETRY flags
+    /// together, any flag on a REJECTED. `reason` is kept only where the answer has one.
+    /// `node_name` and `boot_tag` say whom the ack answers, not what: they are the
+    /// transport's to check (signed answers), and not read here.
     fn try_from(ack: Ack) -> Result<Self, AckError> {
         let code = AckCode::try_from(ack.code).map_err(|_| AckError("unknown code"))?;
         let ok_only =
             ack.registered || ack.compact_headers || ack.boot_tags || !ack.lease_state.is_empty();
-        let retry_flags =
-            u8::from(ack.resend_status) + u8::from(ack.send_boot_id) + u8::from(ack.node_not_found);
+        let retry_flags = u8::from(ack.resend_status)
+            + u8::from(ack.send_boot_id)
+            + u8::from(ack.send_certificate)
+            + u8::from(ack.node_not_found);
         match code {
             AckCode::Unspecified => Err(AckError("code unspecified")),
             AckCode::Ok => {
-                if ack.send_boot_id || ack.node_not_found {
-                    return Err(AckError("send_boot_id or node_not_found on an OK"));
+                if ack.send_boot_id || ack.send_certificate || ack.node_not_found {
+                    return Err(AckError(
+                        "send_boot_id, send_certificate or node_not_found on an OK",
+                    ));
                 }
                 if ack.boot_tags && !ack.compact_headers {
                     return Err(AckError("boot_tags without compact_headers"));
@@ -267,7 +286,7 @@ impl TryFrom<Ack> for Answer {
                 }
                 if retry_flags > 1 {
                     return Err(AckError(
-                        "more than one of resend_status, send_boot_id, node_not_found",
+                        "more than one of resend_status, send_boot_id, send_certificate, node_not_found",
                     ));
                 }
                 let reason = ack.reason;
@@ -275,6 +294,8 @@ impl TryFrom<Ack> for Answer {
                     Self::ResendStatus { reason }
                 } else if ack.send_boot_id {
                     Self::SendBootId { reason }
+                } else if ack.send_certificate {
+                    Self::SendCertificate { reason }
                 } else if ack.node_not_found {
                     Self::NodeNotFound { reason }
                 } else {
@@ -319,6 +340,7 @@ mod tests {
             Answer::Retry { reason: reason() },
             Answer::ResendStatus { reason: reason() },
             Answer::SendBootId { reason: reason() },
+            Answer::SendCertificate { reason: reason() },
             Answer::NodeNotFound { reason: reason() },
             Answer::Rejected { reason: reason() },
         ]);
@@ -390,6 +412,21 @@ mod tests {
                     ..ok.clone()
                 },
                 "on an OK",
+            ),
+            (
+                Ack {
+                    send_certificate: true,
+                    ..ok.clone()
+                },
+                "on an OK",
+            ),
+            (
+                Ack {
+                    send_certificate: true,
+                    send_boot_id: true,
+                    ..retry.clone()
+                },
+                "more than one",
             ),
             (
                 Ack {

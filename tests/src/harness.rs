@@ -70,6 +70,8 @@ pub struct MqttSecurity {
     pub site_ca_pem: String,
     /// The gateways' client certificate at the broker.
     pub gateway: crate::pki::Leaf,
+    /// The gateways' answer key (see [`crate::pki::Ca::answers`]).
+    pub answers: crate::pki::Leaf,
     /// Whether gateways refuse unsigned messages.
     pub require_signatures: bool,
 }
@@ -196,6 +198,7 @@ impl Cluster {
         let security = MqttSecurity {
             site_ca_pem: site.cert_pem.clone(),
             gateway: site.client("edgebeat-gateway", None),
+            answers: site.answers(),
             require_signatures,
         };
         Self::start_inner(
@@ -363,15 +366,9 @@ impl Cluster {
                 () = stop.cancelled() => {}
             }
         }));
-        let view = gateway.view().clone();
-        let end = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !(view.nodes_watched() && view.leases_watched()) {
-            anyhow::ensure!(
-                tokio::time::Instant::now() < end,
-                "the gateway's Node and Lease watches did not list within 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        tokio::time::timeout(Duration::from_secs(10), gateway.view().synced())
+            .await
+            .context("the gateway's Node and Lease watches did not list within 10 s")?;
         if let Some(listener) = listener {
             let (handler, stop) = (gateway.clone(), cancel.clone());
             let grpc_options = self.grpc_options.clone();
@@ -411,6 +408,14 @@ impl Cluster {
                     )
                     .map_err(anyhow::Error::msg)?,
                     security.require_signatures,
+                ));
+                options.answer_signer = Some(Arc::new(
+                    edgebeat_transports::signing::AnswerSigner::from_pem(
+                        security.answers.cert_pem.as_bytes(),
+                        security.answers.key_pem.as_bytes(),
+                        security.site_ca_pem.as_bytes(),
+                    )
+                    .map_err(anyhow::Error::msg)?,
                 ));
             }
             let (handler, stop) = (gateway.clone(), cancel.clone());

@@ -81,6 +81,17 @@ impl Ca {
         self.issue(params)
     }
 
+    /// The gateway's answer key: a server certificate valid for
+    /// [`ANSWER_SIGNER_NAME`](edgebeat_transports::signing::ANSWER_SIGNER_NAME), what agents
+    /// that sign require of the gateway's signed answers.
+    pub fn answers(&self) -> Leaf {
+        let name = edgebeat_transports::signing::ANSWER_SIGNER_NAME;
+        let mut params = CertificateParams::new(vec![name.to_owned()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.issue(params)
+    }
+
     /// A client certificate with subject CN=`cn` and, when given, O=`org`; `expired` makes
     /// it valid only during 2020.
     pub fn client_with(&self, cn: &str, org: Option<&str>, expired: bool) -> Leaf {

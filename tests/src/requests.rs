@@ -1,5 +1,7 @@
 //! Reading the stand-in's request log: which recorded request is which kubelet call.
 
+use std::time::Duration;
+
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 
@@ -45,6 +47,21 @@ pub fn count(requests: &[RecordedRequest], pred: impl Fn(&RecordedRequest) -> bo
 pub fn renew_time(r: &RecordedRequest) -> Option<Timestamp> {
     let lease: Lease = serde_json::from_slice(&r.body).ok()?;
     Some(lease.spec?.renew_time?.0)
+}
+
+/// The longest time between two consecutive renewals of `node`'s Lease among `requests`
+/// (by the `renewTime`s written, in order), or `None` with fewer than two: how long the node
+/// looked silent to the node lifecycle controller.
+pub fn longest_renewal_gap(requests: &[RecordedRequest], node: &str) -> Option<Duration> {
+    let times: Vec<Timestamp> = requests
+        .iter()
+        .filter(|r| is_lease_renewed(r, node))
+        .filter_map(renew_time)
+        .collect();
+    times
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).unsigned_abs())
+        .max()
 }
 
 /// A list or watch of a collection (the gateway's informer, [`edgebeat_gateway::view`]),

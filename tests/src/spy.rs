@@ -133,6 +133,20 @@ impl Spy {
     }
 }
 
+/// The [`Ack`](edgebeat_proto::Ack) of a payload on a node's ack topic when it is a signed
+/// answer that verifies against `site_ca_pem` (as an agent that signs reads it); `None`
+/// for anything else (a plain `GatewayMessage`, a forgery).
+pub fn verified_ack(payload: &[u8], site_ca_pem: &str) -> Option<edgebeat_proto::Ack> {
+    let verifier =
+        edgebeat_transports::signing::AnswerVerifier::from_pem(site_ca_pem.as_bytes()).ok()?;
+    let message = verifier
+        .verify(payload, rustls::pki_types::UnixTime::now())
+        .ok()?;
+    match message.kind? {
+        edgebeat_proto::gateway_message::Kind::Ack(ack) => Some(ack),
+    }
+}
+
 impl Drop for Spy {
     fn drop(&mut self) {
         self.task.abort();

@@ -1070,24 +1070,35 @@ fn kubectl_kustomize_builds_the_documented_objects() {
         "--mqtt-cert-file=/etc/edgebeat/mqtt/tls.crt",
         "--mqtt-key-file=/etc/edgebeat/mqtt/tls.key",
         "--mqtt-node-ca=/etc/edgebeat/site-ca/ca.crt",
+        "--mqtt-answer-cert-file=/etc/edgebeat/answers/tls.crt",
+        "--mqtt-answer-key-file=/etc/edgebeat/answers/tls.key",
     ] {
         args.push(Value::from(arg));
     }
-    pod["volumes"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!(
-            {"name": "mqtt-tls", "secret": {"secretName": "edgebeat-gateway-mqtt-tls"}}
-        ));
-    pod["containers"][0]["volumeMounts"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!(
-            {"name": "mqtt-tls", "mountPath": "/etc/edgebeat/mqtt", "readOnly": true}
-        ));
+    for (name, secret, path) in [
+        (
+            "mqtt-tls",
+            "edgebeat-gateway-mqtt-tls",
+            "/etc/edgebeat/mqtt",
+        ),
+        (
+            "answers",
+            "edgebeat-gateway-answers",
+            "/etc/edgebeat/answers",
+        ),
+    ] {
+        pod["volumes"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"name": name, "secret": {"secretName": secret}}));
+        pod["containers"][0]["volumeMounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"name": name, "mountPath": path, "readOnly": true}));
+    }
     assert_eq!(
         overlay, expected,
-        "the overlay only adds signed MQTT over TLS and its Secret"
+        "the overlay only adds signed MQTT over TLS, its answer key and their Secrets"
     );
 }
 

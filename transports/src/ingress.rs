@@ -31,20 +31,34 @@ impl TransportKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Asked {
     seq: u64,
+    boot_tag: u32,
     quiet: bool,
 }
 
 impl Asked {
-    /// What `message` asks: its `Header.seq` (0 without a header), and whether it is quiet
+    /// What `message` asks: its `Header.seq` (0 without a header), its boot
+    /// ([`edgebeat_proto::Header::named_boot_tag`]), and whether it is quiet
     /// ([`AgentMessage::is_quiet`]).
     pub fn of(message: &AgentMessage) -> Self {
         Self {
             seq: message.header().map_or(0, |h| h.seq),
+            boot_tag: message
+                .header()
+                .map_or(0, edgebeat_proto::Header::named_boot_tag),
             quiet: message.is_quiet(),
         }
     }
 
+    /// The boot of the message asked, as its boot tag: what a signed answer binds
+    /// (`Ack.boot_tag`).
+    pub fn boot_tag(self) -> u32 {
+        self.boot_tag
+    }
+
     /// The answer to send for `answer`, or `None`:
+    /// - no answer from the handler (a replay: the sender, if genuine, had its answer
+    ///   already, and a replayed message must not make the gateway speak on a node's
+    ///   link) is none on the wire;
     /// - an accepted `Register` says quiet messages may now be compact
     ///   ([`HeaderForm::CompactBootTag`], whatever form the handler put in its
     ///   [`Answer::Registered`]): every ingress restores what they leave out, gRPC
@@ -52,7 +66,8 @@ impl Asked {
     ///   `Header.boot_tag`, which the gateway's admission resolves;
     /// - a quiet message that was written gets no answer, nothing on the link
     ///   ([`edgebeat_proto::answer_needed`]).
-    pub fn answer(self, mut answer: Answer) -> Option<GatewayMessage> {
+    pub fn answer(self, answer: Option<Answer>) -> Option<GatewayMessage> {
+        let mut answer = answer?;
         if let Answer::Registered { headers, .. } = &mut answer {
             *headers = HeaderForm::CompactBootTag;
         }
@@ -78,7 +93,12 @@ pub struct Peer {
     /// against the gateway's clock by the transport (a signed MQTT message inside its clock
     /// window), so the gateway may order boots by it. False for everything else.
     pub wall_time_verified: bool,
+    /// The certificate that authenticated [`Peer::identity`] (the mTLS client certificate,
+    /// or the one an MQTT signature verified with), when there is an identity.
+    pub certificate: Option<CertificateId>,
 }
+
+pub use crate::tls::CertificateId;
 
 impl Peer {
     /// A peer of `transport` at `remote` with no identity (nothing authenticated yet).
@@ -88,6 +108,7 @@ impl Peer {
             remote,
             identity: None,
             wall_time_verified: false,
+            certificate: None,
         }
     }
 }
@@ -95,15 +116,28 @@ impl Peer {
 /// Answers agent messages. Implemented by the gateway; transports call it.
 pub trait Handler: Send + Sync + 'static {
     /// Handles one decoded message from `peer` and returns the [`Answer`] to send back (the
-    /// transport encodes it as the `Ack` of the message's `Header.seq`, see [`Asked`]).
-    /// Messages of one connection are handled in order, one at a time.
-    fn handle(&self, peer: &Peer, message: AgentMessage) -> impl Future<Output = Answer> + Send;
+    /// transport encodes it as the `Ack` of the message's `Header.seq`, see [`Asked`]), or
+    /// `None` for a message refused without an answer (a replay). Messages of one
+    /// connection are handled in order, one at a time.
+    fn handle(
+        &self,
+        peer: &Peer,
+        message: AgentMessage,
+    ) -> impl Future<Output = Option<Answer>> + Send;
 
     /// Called when the transport refused something from `peer` before the handler could see
     /// a message (undecodable, oversized, unauthenticated, a failed TLS handshake, a bad
     /// signature); the transport drops it and keeps serving. `reason` is the metric label,
     /// `detail` a short text for logs.
     fn rejected(&self, peer: &Peer, reason: RejectReason, detail: &str);
+
+    /// The certificate the cluster records for `node` (see [`CertificateId`]), if any: a
+    /// transport that learns certificates from a third party (MQTT's retained copies)
+    /// never believes one older than it. The default records nothing.
+    fn recorded_certificate(&self, node: &str) -> Option<CertificateId> {
+        let _ = node;
+        None
+    }
 }
 
 /// A transport's refusal: its [`RejectReason`] and a fixed text for logs and acks.
@@ -221,7 +255,7 @@ mod tests {
     use edgebeat_proto::{Ack, Header, LeaseRenewal, Register, agent_message};
 
     fn answered(message: &AgentMessage, answer: Answer) -> Option<Ack> {
-        match Asked::of(message).answer(answer)?.kind? {
+        match Asked::of(message).answer(Some(answer))?.kind? {
             gateway_message::Kind::Ack(ack) => Some(ack),
         }
     }
@@ -270,5 +304,6 @@ mod tests {
             Some(retry.into_ack(5)),
             "news is answered"
         );
+        assert_eq!(Asked::of(&register).answer(None), None, "no answer: none");
     }
 }

@@ -44,11 +44,49 @@ const SCHEMES: [SignatureScheme; 2] = [
 
 /// The bytes a signature covers: [`SIGNING_CONTEXT`] followed by the encoded message.
 fn signed_bytes(message: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(SIGNING_CONTEXT.len() + message.len());
-    out.extend_from_slice(SIGNING_CONTEXT);
+    with_context(SIGNING_CONTEXT, message)
+}
+
+/// `context` followed by `message`: what a signature of that context covers.
+fn with_context(context: &[u8], message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(context.len() + message.len());
+    out.extend_from_slice(context);
     out.extend_from_slice(message);
     out
 }
+
+/// The signer of a certificate chain (`cert_pem`, leaf first) and its private key
+/// (`key_pem`), in one of [`SCHEMES`].
+///
+/// Errors: a message when either PEM does not parse, or the key is neither ECDSA P-256 nor
+/// Ed25519.
+fn load_key(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<
+    (
+        Box<dyn Signer>,
+        Vec<rustls::pki_types::CertificateDer<'static>>,
+    ),
+    String,
+> {
+    let chain = tls::parse_certificates(cert_pem).map_err(|e| format!("certificate: {e}"))?;
+    let key = tls::parse_private_key(key_pem).map_err(|e| format!("key: {e}"))?;
+    let key =
+        rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| format!("key: {e}"))?;
+    let signer = key.choose_scheme(&SCHEMES).ok_or_else(|| {
+        format!(
+            "key: a {:?} key cannot sign messages; use an ECDSA P-256 (kubelet's default) or Ed25519 key",
+            key.algorithm()
+        )
+    })?;
+    Ok((signer, chain))
+}
+
+mod answers;
+pub use answers::{
+    ANSWER_CONTEXT, ANSWER_SIGNER_NAME, AnswerError, AnswerSigner, AnswerVerifier, unseal_answer,
+};
 
 /// Signs agent messages with the node's private key (agent side).
 pub struct MessageSigner {
@@ -85,16 +123,7 @@ impl MessageSigner {
     /// nor Ed25519 (RSA and P-384 keys are refused: their signatures cost more bytes on a
     /// metered link than the whole Lease renewal they would sign).
     pub fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, String> {
-        let chain = tls::parse_certificates(cert_pem).map_err(|e| format!("certificate: {e}"))?;
-        let key = tls::parse_private_key(key_pem).map_err(|e| format!("key: {e}"))?;
-        let key = rustls::crypto::ring::sign::any_supported_type(&key)
-            .map_err(|e| format!("key: {e}"))?;
-        let signer = key.choose_scheme(&SCHEMES).ok_or_else(|| {
-            format!(
-                "key: a {:?} key cannot sign messages; use an ECDSA P-256 (kubelet's default) or Ed25519 key",
-                key.algorithm()
-            )
-        })?;
+        let (signer, chain) = load_key(cert_pem, key_pem)?;
         let certificate = NodeCertificate {
             certificate_chain: chain.iter().map(|c| c.as_ref().to_vec()).collect(),
         }
@@ -227,11 +256,12 @@ mod verify {
                             .into(),
                     ));
                 };
+            let id = tls::certificate_id(&leaf).map_err(refuse)?;
             Ok(NodeKey {
                 node: identity,
                 public_key: spki.subject_public_key.data.to_vec(),
                 algorithm,
-                not_before: cert.validity().not_before.timestamp(),
+                id,
                 not_after: cert.validity().not_after.timestamp(),
             })
         }
@@ -245,8 +275,8 @@ mod verify {
         /// The subjectPublicKey bits: an uncompressed P-256 point or 32 Ed25519 bytes.
         public_key: Vec<u8>,
         algorithm: &'static dyn ring::signature::VerificationAlgorithm,
-        /// notBefore of the leaf, Unix seconds.
-        not_before: i64,
+        /// The leaf's SHA-256 and notBefore.
+        id: tls::CertificateId,
         /// notAfter of the leaf, Unix seconds.
         not_after: i64,
     }
@@ -270,7 +300,12 @@ mod verify {
         /// notBefore of the certificate, in Unix seconds (a rotated certificate has a later
         /// one).
         pub fn not_before(&self) -> i64 {
-            self.not_before
+            self.id.not_before
+        }
+
+        /// Which certificate this is (SHA-256 and notBefore).
+        pub fn certificate_id(&self) -> tls::CertificateId {
+            self.id
         }
 
         /// notAfter of the certificate, in Unix seconds.

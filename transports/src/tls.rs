@@ -23,6 +23,43 @@ pub const NODE_USER_PREFIX: &str = "system:node:";
 /// The group every node belongs to (the certificate's O).
 pub const NODES_GROUP: &str = "system:nodes";
 
+/// Which certificate a node speaks with: the SHA-256 of its leaf certificate (DER) and its
+/// notBefore. The gateway records it for every identified node in the cluster (the Node's
+/// annotations), so that every replica, restarted or not, knows that the node speaks with
+/// an identity, and which certificate is its newest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CertificateId {
+    /// SHA-256 of the leaf certificate's DER bytes.
+    pub sha256: [u8; 32],
+    /// The leaf's notBefore, Unix seconds.
+    pub not_before: i64,
+}
+
+impl CertificateId {
+    /// The SHA-256 as 64 lower-case hex digits.
+    pub fn sha256_hex(&self) -> String {
+        self.sha256.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Whether a certificate `self` may replace `recorded`, the one the cluster records for
+    /// the node: the same one, or one issued later (a rotation). An older one (a retained
+    /// copy rolled back, an old key replayed) may not.
+    pub fn may_replace(&self, recorded: &CertificateId) -> bool {
+        self.sha256 == recorded.sha256 || self.not_before > recorded.not_before
+    }
+}
+
+impl std::fmt::Debug for CertificateId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sha256:{} notBefore={}",
+            &self.sha256_hex()[..16],
+            self.not_before
+        )
+    }
+}
+
 /// Makes ring the process-wide default rustls [`rustls::crypto::CryptoProvider`], so no
 /// code path picks (or panics choosing between) providers. Idempotent; a provider installed
 /// earlier is left in place.
@@ -217,6 +254,25 @@ pub fn parse_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
             "no PEM PRIVATE KEY block found (PKCS#8, RSA or EC)".to_owned()
         }
         other => format!("not a valid PEM private key: {other}"),
+    })
+}
+
+/// The [`CertificateId`](CertificateId) of a leaf certificate (DER): its
+/// SHA-256 and notBefore.
+///
+/// Errors: a short reason when the certificate does not parse.
+#[cfg(feature = "node-identity")]
+pub fn certificate_id(leaf_der: &[u8]) -> Result<CertificateId, String> {
+    use x509_parser::prelude::{FromDer as _, X509Certificate};
+
+    let (_, cert) = X509Certificate::from_der(leaf_der)
+        .map_err(|e| format!("certificate does not parse: {e}"))?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, leaf_der);
+    let mut sha256 = [0u8; 32];
+    sha256.copy_from_slice(digest.as_ref());
+    Ok(CertificateId {
+        sha256,
+        not_before: cert.validity().not_before.timestamp(),
     })
 }
 

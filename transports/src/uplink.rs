@@ -216,7 +216,15 @@ pub enum AfterAck {
     Nothing,
     /// Send `Register` again after this delay (registration was refused for now).
     RegisterAfter(Duration),
+    /// Publish the node's certificate chain again ([`Answer::SendCertificate`], signed MQTT):
+    /// a gateway replica holds no current copy.
+    PublishCertificate,
 }
+
+/// `Ack.node_not_found` answers, each to another request and none written in between, that
+/// an agent whose answers are not authenticated (plain MQTT, plaintext gRPC) needs before it
+/// takes its Node as deleted: on such a path anyone could send one.
+pub const NODE_NOT_FOUND_CONFIRMATIONS: u8 = 3;
 
 /// Messages that carry the boot ID after a gateway replica asked for it
 /// ([`Answer::SendBootId`]).
@@ -241,6 +249,11 @@ pub struct Session {
     /// ID ([`BOOT_ID_MESSAGES`]).
     boot_id_messages: u8,
     backoff: Box<dyn Iterator<Item = Duration> + Send>,
+    /// The transport authenticates the gateway's answers (TLS to the gateway, or verified
+    /// signed answers): see [`Session::with_authenticated_answers`].
+    authenticated: bool,
+    /// `node_not_found` answers in a row not yet obeyed (unauthenticated answers only).
+    not_found: u8,
 }
 
 impl Default for Session {
@@ -259,7 +272,19 @@ impl Session {
             header_form: HeaderForm::Full,
             boot_id_messages: 0,
             backoff: Box::new(reconnect_backoff(REGISTER_RETRY_MIN, RETRY_MAX)),
+            authenticated: false,
+            not_found: 0,
         }
+    }
+
+    /// Says whether the transport authenticates the gateway's answers (gRPC over TLS, which
+    /// verifies the gateway; MQTT with verified signed answers). Unauthenticated answers are
+    /// obeyed, except that `node_not_found`, which stops the agent for good, needs
+    /// [`NODE_NOT_FOUND_CONFIRMATIONS`] of them in a row: one forged message must never stop
+    /// an agent.
+    pub fn with_authenticated_answers(mut self, authenticated: bool) -> Self {
+        self.authenticated = authenticated;
+        self
     }
 
     /// A session on a new connection whose registration is still valid: for transports
@@ -352,6 +377,9 @@ impl Session {
             if matches!(answer, Ok(Answer::NodeNotFound { .. })) && self.node_not_found(driver) {
                 return AfterAck::Nothing;
             }
+            if matches!(answer, Ok(Answer::SendCertificate { .. })) {
+                return AfterAck::PublishCertificate;
+            }
             let reason = match answer {
                 Ok(Answer::Registered {
                     headers,
@@ -361,6 +389,7 @@ impl Session {
                         driver.status_requests.send_modify(|n| *n += 1);
                     }
                     self.registered = true;
+                    self.not_found = 0;
                     self.header_form = headers;
                     self.backoff = Box::new(reconnect_backoff(REGISTER_RETRY_MIN, RETRY_MAX));
                     driver.registered.send_replace(true);
@@ -395,21 +424,53 @@ impl Session {
                 return AfterAck::Nothing;
             }
         };
-        match &answer {
-            Answer::SendBootId { .. } => self.boot_id_messages = BOOT_ID_MESSAGES,
-            Answer::NodeNotFound { .. } => {
-                self.node_not_found(driver);
+        let mut after = AfterAck::Nothing;
+        let answer = match answer {
+            Answer::SendBootId { .. } => {
+                self.boot_id_messages = BOOT_ID_MESSAGES;
+                answer
             }
-            a if a.asks_for_status() => driver.status_requests.send_modify(|n| *n += 1),
-            _ => {}
-        }
+            Answer::SendCertificate { .. } => {
+                after = AfterAck::PublishCertificate;
+                answer
+            }
+            Answer::NodeNotFound { reason } => {
+                if self.node_not_found(driver) {
+                    Answer::NodeNotFound { reason }
+                } else {
+                    // Not (yet) taken as the Node's deletion: retried as any refusal.
+                    Answer::Retry { reason }
+                }
+            }
+            a => {
+                if a.is_written() {
+                    self.not_found = 0;
+                }
+                if a.asks_for_status() {
+                    driver.status_requests.send_modify(|n| *n += 1);
+                }
+                a
+            }
+        };
         let _ = reply.send(Ok(answer));
-        AfterAck::Nothing
+        after
     }
 
     /// The gateway says the Node this process registered is gone (see [`Session::on_ack`]);
-    /// returns whether that was obeyed.
+    /// returns whether that was obeyed: once this process registered, at once when answers
+    /// are authenticated, else at the [`NODE_NOT_FOUND_CONFIRMATIONS`]th in a row.
     fn node_not_found(&mut self, driver: &UplinkDriver) -> bool {
+        if !self.authenticated {
+            self.not_found = self.not_found.saturating_add(1);
+            if self.not_found < NODE_NOT_FOUND_CONFIRMATIONS {
+                tracing::warn!(
+                    answers = self.not_found,
+                    needed = NODE_NOT_FOUND_CONFIRMATIONS,
+                    "the gateway says the Node was deleted, over a path that does not authenticate its answers; not obeyed until confirmed"
+                );
+                return false;
+            }
+        }
         let obeyed = driver.registration.send_if_modified(|r| {
             let completed = *r == NodeRegistration::Completed;
             if completed {

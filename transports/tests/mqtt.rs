@@ -182,7 +182,7 @@ fn renewed(seq: u64) -> Answer {
 }
 
 impl Handler for Recorder {
-    async fn handle(&self, peer: &Peer, message: AgentMessage) -> Answer {
+    async fn handle(&self, peer: &Peer, message: AgentMessage) -> Option<Answer> {
         let header = message.header().cloned().unwrap_or_default();
         let kind = message.kind_name();
         if let Some((node, gate)) = &self.hold
@@ -198,7 +198,7 @@ impl Handler for Recorder {
         });
         self.changes.send_modify(|n| *n += 1);
         // A renewal's Lease state names the renewal, so a test can tell its answer.
-        match kind {
+        Some(match kind {
             "register" => Answer::Registered {
                 headers: HeaderForm::Full,
                 resend_status: false,
@@ -208,7 +208,7 @@ impl Handler for Recorder {
                 resend_status: false,
             },
             _ => Answer::WRITTEN,
-        }
+        })
     }
 
     fn rejected(&self, _peer: &Peer, reason: RejectReason, detail: &str) {

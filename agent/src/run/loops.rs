@@ -362,7 +362,8 @@ pub(super) fn outcome(result: Result<pb::Answer, UplinkError>) -> Outcome {
         Ok(
             pb::Answer::Retry { reason }
             | pb::Answer::ResendStatus { reason }
-            | pb::Answer::SendBootId { reason },
+            | pb::Answer::SendBootId { reason }
+            | pb::Answer::SendCertificate { reason },
         ) => Outcome::Retry(reason),
         Ok(
             pb::Answer::Written { .. } | pb::Answer::Registered { .. } | pb::Answer::Renewed { .. },

@@ -85,8 +85,9 @@ async fn unidentified_input_never_moves_an_identified_node() {
     ));
 }
 
-/// Where no identity exists, a forged boot can displace the genuine one, but only for
-/// `old_boot_memory`: the genuine node is back before its Lease expires.
+/// Where no identity exists, a forged boot can displace the genuine one, but only for one
+/// renew interval of the genuine boot (10 s while none of its renewals said otherwise): the
+/// genuine node is back well before its Lease expires.
 #[tokio::test(start_paused = true)]
 async fn an_unidentified_boot_change_decays() {
     let p = policy(Posture::AllowUnidentified);
@@ -98,20 +99,20 @@ async fn an_unidentified_boot_change_decays() {
         forged,
         Verdict::Admit(Admitted { new_boot: true, .. })
     ));
-    tokio::time::advance(Duration::from_secs(10)).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
     let genuine = node.admit(
         &p,
-        &header(1, 20 * SEC, 0),
+        &header(1, 15 * SEC, 0),
         NOBODY,
         true,
         t0,
         Instant::now(),
     );
     assert_eq!(reason(genuine), RejectReason::Replayed);
-    tokio::time::advance(Duration::from_secs(20)).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
     let genuine = node.admit(
         &p,
-        &header(1, 40 * SEC, 0),
+        &header(1, 20 * SEC, 0),
         NOBODY,
         true,
         t0,
@@ -121,6 +122,41 @@ async fn an_unidentified_boot_change_decays() {
         matches!(genuine, Verdict::Admit(Admitted { new_boot: true, .. })),
         "{genuine:?}"
     );
+}
+
+/// A displaced boot is remembered for its own renew interval (its renewals'
+/// `leaseDurationSeconds` × 0.25), never longer than `old_boot_memory`: with a 10 s lease a
+/// forged boot keeps the genuine one out for 2.5 s, whatever the forger claims.
+#[tokio::test(start_paused = true)]
+async fn a_displaced_boot_is_remembered_for_its_own_renew_interval() {
+    let p = policy(Posture::AllowUnidentified);
+    let t0 = Instant::now();
+    let mut node = NodeAdmission::default();
+    node.admit(&p, &header(1, 10 * SEC, 0), NOBODY, true, t0, t0);
+    node.lease_duration_seconds(10);
+    node.admit(&p, &header(9, 1, 0), NOBODY, true, t0, t0);
+    // The forger's own claim makes only its own boot's memory long (capped at 30 s).
+    node.lease_duration_seconds(3600);
+    tokio::time::advance(Duration::from_millis(2400)).await;
+    let now = Instant::now();
+    let early = node.admit(&p, &header(1, 12 * SEC, 0), NOBODY, true, t0, now);
+    assert_eq!(reason(early), RejectReason::Replayed);
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let now = Instant::now();
+    let back = node.admit(&p, &header(1, 13 * SEC, 0), NOBODY, true, t0, now);
+    assert!(
+        matches!(back, Verdict::Admit(Admitted { new_boot: true, .. })),
+        "{back:?}"
+    );
+    // The forged boot, displaced in turn, is refused for the cap: 30 s, not 900 s.
+    tokio::time::advance(Duration::from_secs(29)).await;
+    let now = Instant::now();
+    let forged = node.admit(&p, &header(9, 2, 0), NOBODY, true, t0, now);
+    assert_eq!(reason(forged), RejectReason::Replayed);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let now = Instant::now();
+    let forged = node.admit(&p, &header(9, 3, 0), NOBODY, true, t0, now);
+    assert!(matches!(forged, Verdict::Admit(_)), "{forged:?}");
 }
 
 /// An unidentified message that came first (a public boot ID, a seq far ahead) binds

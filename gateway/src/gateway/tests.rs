@@ -1,4 +1,5 @@
 use super::*;
+use edgebeat_proto::registration::NodeName;
 use edgebeat_transports::ingress::TransportKind;
 
 /// Slots are taken in arrival order; each `superseded` call is the moment a heartbeat
@@ -86,7 +87,10 @@ async fn skew_is_recorded_per_node_and_evicted_with_the_slot() {
     let answer = gateway
         .handle_message(&peer, register("edge-old", 1, 2_500))
         .await;
-    assert!(matches!(answer, Answer::Rejected { .. }), "{answer:?}");
+    assert!(
+        matches!(answer, Some(Answer::Rejected { .. })),
+        "{answer:?}"
+    );
     gateway
         .handle_message(&peer, register("edge-fast", 1, -750))
         .await;
@@ -158,7 +162,10 @@ async fn the_posture_and_the_fleet_bound_hold_before_any_state() {
         let answer = gateway
             .handle_message(&Peer::unidentified(transport, None), register("edge-1"))
             .await;
-        assert!(matches!(answer, Answer::Rejected { .. }), "{answer:?}");
+        assert!(
+            matches!(answer, Some(Answer::Rejected { .. })),
+            "{answer:?}"
+        );
     }
     assert_eq!(
         gateway.counters.rejections(RejectReason::Unauthenticated),
@@ -185,9 +192,20 @@ async fn the_posture_and_the_fleet_bound_hold_before_any_state() {
     }
     assert_eq!(small.tracked_nodes(), 2);
     assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);
-    // Known nodes still get in; idle ones make room.
+    // Known nodes still get in (a replay is refused without an answer); idle ones make
+    // room.
     let answer = small.handle_message(&peer, register("n1")).await;
-    assert!(answer.reason().contains("replayed"), "{answer:?}");
+    assert_eq!(answer, None, "a replay gets no answer");
+    assert_eq!(small.counters.rejections(RejectReason::Replayed), 1);
+    // An identified node is never kept out by unidentified ones: it takes the slot of the
+    // one heard from longest ago.
+    let identified = Peer {
+        identity: Some(NodeName::new("n9").unwrap()),
+        ..peer.clone()
+    };
+    small.handle_message(&identified, register("n9")).await;
+    assert_eq!(small.tracked_nodes(), 2);
+    assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);
     tokio::time::advance(SLOT_IDLE + Duration::from_secs(1)).await;
     small.handle_message(&peer, register("n5")).await;
     assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);

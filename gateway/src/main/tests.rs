@@ -78,13 +78,42 @@ fn every_ingress_requires_identities_unless_explicitly_allowed() {
     let key = rcgen::KeyPair::generate().unwrap();
     std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
     let ca = ca.to_str().unwrap();
+    // The gateway's answer key, from the site CA.
+    let issuer = rcgen::Issuer::new(params, key);
+    let name = edgebeat_transports::signing::ANSWER_SIGNER_NAME;
+    let mut answers = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
+    answers.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let answers_key = rcgen::KeyPair::generate().unwrap();
+    let (answers_cert, answers_key_file) = (dir.join("answers.crt"), dir.join("answers.key"));
+    std::fs::write(
+        &answers_cert,
+        answers.signed_by(&answers_key, &issuer).unwrap().pem(),
+    )
+    .unwrap();
+    std::fs::write(&answers_key_file, answers_key.serialize_pem()).unwrap();
+    let (answers_cert, answers_key_file) = (
+        answers_cert.to_str().unwrap(),
+        answers_key_file.to_str().unwrap(),
+    );
 
     assert!(
         parse(&[]).unwrap().grpc_listen.is_none(),
         "no default listener"
     );
     assert!(posture_of(&[]).unwrap_err().contains("no ingress"));
-    let signed_mqtt = ["--mqtt-endpoint", "mqtt://b", "--mqtt-node-ca", ca];
+    let signed_mqtt = [
+        "--mqtt-endpoint",
+        "mqtt://b",
+        "--mqtt-node-ca",
+        ca,
+        "--mqtt-answer-cert-file",
+        answers_cert,
+        "--mqtt-answer-key-file",
+        answers_key_file,
+    ];
+    // Signed messages need signed answers.
+    let err = posture_of(&signed_mqtt[..4]).unwrap_err();
+    assert!(err.contains("--mqtt-answer-cert-file"), "{err}");
     assert_eq!(posture_of(&signed_mqtt), Ok(Posture::Identified));
     // Plaintext gRPC beside signed MQTT: refused, naming the fix and the opt-in.
     let mut beside = signed_mqtt.to_vec();
@@ -103,6 +132,10 @@ fn every_ingress_requires_identities_unless_explicitly_allowed() {
             "mqtt://b",
             "--mqtt-node-ca",
             ca,
+            "--mqtt-answer-cert-file",
+            answers_cert,
+            "--mqtt-answer-key-file",
+            answers_key_file,
             "--mqtt-require-signatures=false",
         ],
         &["--grpc-listen", "127.0.0.1:0"],

@@ -175,6 +175,33 @@ impl Writer {
     /// and their beta forms, and edgebeat's `edgebeat.io/container-runtime`) to the agent's
     /// values, plus [`MANAGED_LABEL`] (the selector of
     /// the gateway's watch); patch only when something differs.
+    /// Records on Node `name` that it speaks with certificate `id`
+    /// ([`patch::CERTIFICATE_SHA256_ANNOTATION`], [`patch::CERTIFICATE_NOT_BEFORE_ANNOTATION`]),
+    /// in a patch of `nodes/{name}/status` whose metadata the apiserver keeps (as
+    /// `reconcile_labels`), and takes the answer into the view. Called when an identified
+    /// node's certificate is newer than (or missing from) the Node's record: at its first
+    /// identified message and after each rotation, so a write per node and certificate.
+    ///
+    /// Errors: the apiserver's (`kube::Error`).
+    pub(crate) async fn record_certificate(
+        &self,
+        name: &str,
+        id: edgebeat_transports::ingress::CertificateId,
+    ) -> Result<(), kube::Error> {
+        let not_before = jiff::Timestamp::from_second(id.not_before)
+            .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+            .unwrap_or_default();
+        let body = serde_json::json!({ "metadata": { "annotations": {
+            patch::CERTIFICATE_SHA256_ANNOTATION: id.sha256_hex(),
+            patch::CERTIFICATE_NOT_BEFORE_ANNOTATION: not_before,
+        } } });
+        let node = self.api.patch_node_status(name, body).await?;
+        self.view.observe_node(&node);
+        self.counters.certificates_recorded.inc();
+        tracing::info!(node = name, certificate = ?id, "recorded the node's certificate");
+        Ok(())
+    }
+
     pub(super) async fn reconcile_labels(
         &self,
         name: &str,

@@ -290,6 +290,21 @@ pub struct Ack {
     /// next message with boot_id, which teaches the replica the boot.
     #[prost(bool, tag = "10")]
     pub send_boot_id: bool,
+    /// The node whose message this answers (its Header.node_name). Set in a SignedAnswer, so
+    /// that an answer to one node is never taken by another.
+    #[prost(string, tag = "11")]
+    pub node_name: ::prost::alloc::string::String,
+    /// The boot of the message answered, as its Header.boot_tag (FNV-1a of Header.boot_id,
+    /// whichever the header carried). Set in a SignedAnswer, so that an answer recorded in one
+    /// boot is never taken in another.
+    #[prost(fixed32, tag = "12")]
+    pub boot_tag: u32,
+    /// With code RETRY, only in a SignedAnswer: this gateway replica holds no verified
+    /// certificate for the node that is current (the broker's retained copy is missing, or
+    /// older than the one recorded for the node in the cluster). The agent publishes its
+    /// certificate chain again on P/certificates/<node>, then retries.
+    #[prost(bool, tag = "13")]
+    pub send_certificate: bool,
 }
 /// Everything the gateway sends back.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -304,6 +319,34 @@ pub mod gateway_message {
         #[prost(message, tag = "1")]
         Ack(super::Ack),
     }
+}
+/// MQTT payload on P/acks/<node> when the gateway signs its answers, as it does wherever
+/// agents sign (the broker is a third party: anyone allowed to publish there could otherwise
+/// answer in the gateway's name): an encoded GatewayMessage and the signature of the gateway
+/// replica's answer key over it, with that key's certificate chain.
+///
+/// The signature covers ANSWER_CONTEXT || signed_message, where ANSWER_CONTEXT is the 25
+/// bytes "edgebeat.v1 signed answer" followed by one NUL byte (26 bytes in all), made with
+/// the private key of a certificate the site CA issued to the gateway for server
+/// authentication, valid for the DNS name "edgebeat-gateway" (a node's certificate is for
+/// client authentication, with no names, so a node can never sign an answer):
+/// ECDSA P-256 key: ECDSA with SHA-256, ASN.1 DER signature (about 71 bytes);
+/// Ed25519 key:     Ed25519, 64 bytes.
+/// The agent verifies the chain against the site CA and the signature, then takes the Ack
+/// only when its node_name and boot_tag are the agent's own and its seq answers a request
+/// the agent still waits for; it ignores anything else on its ack topic.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SignedAnswer {
+    /// The encoded GatewayMessage, exactly the bytes signed (never re-encoded).
+    #[prost(bytes = "vec", tag = "8")]
+    pub signed_message: ::prost::alloc::vec::Vec<u8>,
+    /// The gateway's signature (see above).
+    #[prost(bytes = "vec", tag = "9")]
+    pub signature: ::prost::alloc::vec::Vec<u8>,
+    /// DER X.509 certificates of the answer key, leaf first, then any intermediates up to
+    /// the site CA.
+    #[prost(bytes = "vec", repeated, tag = "10")]
+    pub certificate_chain: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
 }
 /// Outcome of one agent message at the gateway.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]

@@ -174,8 +174,8 @@ impl edgebeat_transports::ingress::Handler for AckOnly {
         &self,
         _peer: &edgebeat_transports::ingress::Peer,
         message: edgebeat_proto::AgentMessage,
-    ) -> edgebeat_proto::Answer {
-        match message.kind {
+    ) -> Option<edgebeat_proto::Answer> {
+        Some(match message.kind {
             Some(edgebeat_proto::agent_message::Kind::Register(_)) => {
                 edgebeat_proto::Answer::Registered {
                     headers: edgebeat_proto::HeaderForm::Full,
@@ -183,7 +183,7 @@ impl edgebeat_transports::ingress::Handler for AckOnly {
                 }
             }
             _ => edgebeat_proto::Answer::WRITTEN,
-        }
+        })
     }
 
     fn rejected(

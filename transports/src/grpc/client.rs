@@ -300,7 +300,9 @@ async fn session(
             return SessionEnd::Failed { registered: false };
         }
     };
-    let mut state = Session::new();
+    // Over TLS the answers come from the gateway the CA vouches for.
+    let tls = endpoint.uri().scheme_str() == Some("https");
+    let mut state = Session::new().with_authenticated_answers(tls);
     state.register_sent(register_seq);
     driver.connected();
     let register_retry = tokio::time::sleep(Duration::MAX);
@@ -332,7 +334,8 @@ async fn session(
                 Ok(Some(message)) => {
                     let Some(gateway_message::Kind::Ack(ack)) = message.kind else { continue };
                     match state.on_ack(ack, driver) {
-                        AfterAck::Nothing => {}
+                        // Certificates are for signed MQTT; gRPC's is in the handshake.
+                        AfterAck::Nothing | AfterAck::PublishCertificate => {}
                         AfterAck::RegisterAfter(delay) => {
                             register_retry.as_mut().reset(tokio::time::Instant::now() + delay);
                             retry_armed = true;

@@ -37,15 +37,15 @@ pub struct GrpcServerOptions {
     /// presents a certificate must still present a node identity. Without a client CA, no
     /// stream can have an identity, so turning it on refuses everything.
     pub require_node_identity: bool,
-    /// TLS handshakes in progress at once, from everyone (default 1,024). Beyond it new
-    /// connections are closed at once and counted, so peers that open sockets and stall
-    /// cannot use up file descriptors.
+    /// TLS handshakes in progress at once, from everyone (default 1,024). A new connection
+    /// beyond it is still let in: the oldest incomplete handshake gives way (one still
+    /// waiting for its ClientHello first), is closed and counted, so peers that open
+    /// sockets and stall can neither use up file descriptors nor keep genuine agents out.
     pub max_handshakes: usize,
-    /// TLS handshakes in progress at once from one IP address (default 32), so one host
-    /// that opens idle sockets cannot take every handshake slot from genuine agents. Agents
-    /// behind one NAT share an address: a refused one reconnects with backoff, and
-    /// handshakes take milliseconds, so a site of hundreds reconnecting at once still gets
-    /// in within seconds.
+    /// TLS handshakes in progress at once from one IP address (default 32); beyond it the
+    /// address's own oldest incomplete handshake gives way. Agents behind one NAT share an
+    /// address: handshakes take milliseconds and an evicted one reconnects with backoff,
+    /// so a site of hundreds reconnecting at once still gets in within seconds.
     pub max_handshakes_per_address: usize,
 }
 
@@ -84,7 +84,12 @@ impl<H: Handler> Heartbeat for Service<H> {
     ) -> Result<Response<Self::ConnectStream>, Status> {
         let mut peer = Peer::unidentified(TransportKind::Grpc, request.remote_addr());
         match self.authenticate(&request) {
-            Ok(identity) => peer.identity = identity,
+            Ok(identity) => {
+                if let Some((name, certificate)) = identity {
+                    peer.identity = Some(name);
+                    peer.certificate = Some(certificate);
+                }
+            }
             Err(reason) => {
                 // Refused before any message is read: nothing from this stream reaches the
                 // handler, and the agent sees UNAUTHENTICATED (its own fault, not the link).
@@ -169,9 +174,13 @@ struct StreamState<H> {
 }
 
 impl<H> Service<H> {
-    /// The node identity of the stream's client certificate: `Ok(Some(name))`, `Ok(None)`
-    /// when there is no certificate and none is required, or the reason to refuse.
-    fn authenticate<T>(&self, request: &Request<T>) -> Result<Option<NodeName>, String> {
+    /// The node identity of the stream's client certificate, with the certificate's
+    /// [`CertificateId`](crate::tls::CertificateId): `Ok(Some(..))`, `Ok(None)` when there is
+    /// no certificate and none is required, or the reason to refuse.
+    fn authenticate<T>(
+        &self,
+        request: &Request<T>,
+    ) -> Result<Option<(NodeName, crate::tls::CertificateId)>, String> {
         let leaf = if self.client_ca {
             request
                 .peer_certs()
@@ -182,7 +191,10 @@ impl<H> Service<H> {
         match leaf {
             // A presented certificate chains to the client CA (rustls checked it); it must
             // also say which node it is, whether or not identity is required.
-            Some(der) => tls::node_identity(&der).map(Some),
+            Some(der) => {
+                let name = tls::node_identity(&der)?;
+                Ok(Some((name, tls::certificate_id(&der)?)))
+            }
             None if self.require_node_identity => Err(format!(
                 "a client certificate with a node identity is required (CN={}<nodeName>, O={})",
                 tls::NODE_USER_PREFIX,
@@ -207,63 +219,25 @@ pub enum GrpcServeError {
 /// Connections waiting between a finished TLS handshake and tonic picking them up.
 const ACCEPTED_QUEUE: usize = 64;
 
-/// Longest wait for a connection's first byte (the TLS ClientHello), 3 s: a genuine agent
-/// sends it right after the TCP handshake, so an idle socket gives its handshake slot back
-/// long before [`super::TLS_HANDSHAKE_TIMEOUT`].
+/// Longest wait for a connection's whole ClientHello, 3 s: a genuine agent sends it right
+/// after the TCP handshake (a few hundred bytes), so a socket that stays idle or trickles
+/// bytes gives its handshake slot back long before [`super::TLS_HANDSHAKE_TIMEOUT`].
 const CLIENT_HELLO_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Handshakes in progress per IP address.
-#[derive(Default)]
-struct PerAddress(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
-
-/// One handshake slot of an address; given back on drop.
-struct AddressSlot {
-    slots: Arc<PerAddress>,
-    ip: std::net::IpAddr,
-}
-
-impl PerAddress {
-    /// A slot for `ip` if it has fewer than `limit` handshakes in progress.
-    fn take(self: &Arc<Self>, ip: std::net::IpAddr, limit: usize) -> Option<AddressSlot> {
-        let mut map = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let count = map.entry(ip).or_insert(0);
-        if *count >= limit {
-            return None;
-        }
-        *count += 1;
-        Some(AddressSlot {
-            slots: self.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for AddressSlot {
-    fn drop(&mut self) {
-        let mut map = self
-            .slots
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(count) = map.get_mut(&self.ip) {
-            *count -= 1;
-            if *count == 0 {
-                map.remove(&self.ip);
-            }
-        }
-    }
-}
+mod handshakes;
+use handshakes::{Handshakes, Ticket};
 
 /// Accepts TCP connections on `listener` and runs each TLS handshake in its own task
-/// (bounded by [`super::TLS_HANDSHAKE_TIMEOUT`], the first byte by [`CLIENT_HELLO_TIMEOUT`];
-/// at most `max_handshakes` at once, `max_handshakes_per_address` from one IP address),
-/// handing finished ones to tonic. A failed or refused handshake is counted through
-/// [`Handler::rejected`] ([`RejectReason::TlsHandshake`]) and its cause logged at debug level;
-/// tonic's own TLS acceptor would swallow both. Ends, with every handshake task, when
-/// `closing` fires or tonic stops taking connections.
+/// (the whole ClientHello within [`CLIENT_HELLO_TIMEOUT`], the whole handshake within
+/// [`super::TLS_HANDSHAKE_TIMEOUT`]), handing finished ones to tonic. At most
+/// `max_handshakes` are in progress at once, `max_handshakes_per_address` from one IP
+/// address; a new connection is never refused for room: the oldest incomplete handshake
+/// gives way instead, one still without a whole ClientHello first (see [`handshakes`]), so
+/// sockets that open and stall cannot keep genuine agents out. A failed, timed-out or
+/// evicted handshake is counted through [`Handler::rejected`]
+/// ([`RejectReason::TlsHandshake`]) and its cause logged at debug level; tonic's own TLS
+/// acceptor would swallow both. Ends, with every handshake task, when `closing` fires or
+/// tonic stops taking connections.
 fn tls_incoming<H: Handler>(
     listener: TcpListener,
     config: rustls::ServerConfig,
@@ -272,11 +246,9 @@ fn tls_incoming<H: Handler>(
     closing: tokio_util::sync::CancellationToken,
 ) -> ReceiverStream<Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::io::Error>>
 {
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let config = Arc::new(config);
     let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
-    let handshakes = Arc::new(tokio::sync::Semaphore::new(options.max_handshakes));
-    let per_address = Arc::new(PerAddress::default());
-    let address_limit = options.max_handshakes_per_address;
+    let handshakes = Handshakes::new(options.max_handshakes, options.max_handshakes_per_address);
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -293,72 +265,66 @@ fn tls_incoming<H: Handler>(
                     continue;
                 }
             };
-            let peer = Peer::unidentified(TransportKind::Grpc, Some(remote));
-            let Some(address_slot) = per_address.take(remote.ip(), address_limit) else {
-                // Dropping the socket closes it.
-                tracing::debug!(%remote, "too many TLS handshakes in progress from this address; connection closed");
-                handler.rejected(
-                    &peer,
-                    RejectReason::TlsHandshake,
-                    "too many handshakes in progress from this address",
-                );
-                continue;
-            };
-            let Ok(permit) = handshakes.clone().try_acquire_owned() else {
-                tracing::debug!(%remote, "too many TLS handshakes in progress; connection closed");
-                handler.rejected(
-                    &peer,
-                    RejectReason::TlsHandshake,
-                    "too many handshakes in progress",
-                );
-                continue;
-            };
+            let (ticket, evicted) = handshakes.admit(remote.ip());
+            if evicted > 0 {
+                tracing::debug!(%remote, evicted, "TLS handshakes full; the oldest incomplete gave way");
+            }
             // Small acks (and the handshake's last flight) must not wait for a delayed ACK.
             let _ = stream.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            let handler = handler.clone();
-            let tx = tx.clone();
-            let closing = closing.clone();
+            let (config, handler, tx, closing) =
+                (config.clone(), handler.clone(), tx.clone(), closing.clone());
             tokio::spawn(async move {
-                let handshake = tokio::time::timeout(super::TLS_HANDSHAKE_TIMEOUT, async {
-                    // An idle socket gives its slots back after CLIENT_HELLO_TIMEOUT.
-                    let mut first = [0u8; 1];
-                    match tokio::time::timeout(CLIENT_HELLO_TIMEOUT, stream.peek(&mut first)).await
-                    {
-                        Ok(Ok(n)) if n > 0 => acceptor.accept(stream).await,
-                        Ok(Ok(_)) => Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
-                        Ok(Err(error)) => Err(error),
-                        Err(_) => Err(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            "no ClientHello",
-                        )),
-                    }
-                });
+                let peer = Peer::unidentified(TransportKind::Grpc, Some(remote));
                 let result = tokio::select! {
                     () = closing.cancelled() => return,
-                    result = handshake => result,
+                    () = ticket.evicted.cancelled() => Err(std::io::Error::other(
+                        "evicted: the oldest incomplete handshake, to make room for a new connection",
+                    )),
+                    result = handshake(stream, config, &ticket) => result,
                 };
-                drop(permit);
-                drop(address_slot);
+                drop(ticket);
                 let error = match result {
-                    Ok(Ok(tls)) => {
+                    Ok(tls) => {
                         tokio::select! {
                             () = closing.cancelled() => {}
                             _ = tx.send(Ok(tls)) => {}
                         }
                         return;
                     }
-                    Ok(Err(error)) => error.to_string(),
-                    Err(_) => "timed out".to_owned(),
+                    Err(error) => error,
                 };
                 // Counted for every failure; logged at debug only, since any client can
                 // cause one (the counter is the signal, the log the detail).
                 tracing::debug!(%remote, %error, "gRPC TLS handshake failed");
-                handler.rejected(&peer, RejectReason::TlsHandshake, &error);
+                handler.rejected(&peer, RejectReason::TlsHandshake, &error.to_string());
             });
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// One connection's TLS handshake: its whole ClientHello within [`CLIENT_HELLO_TIMEOUT`]
+/// (then `ticket` moves it behind every handshake still waiting for one), the rest within
+/// what is left of [`super::TLS_HANDSHAKE_TIMEOUT`].
+///
+/// Errors: the handshake's, or a timeout naming which deadline passed.
+async fn handshake(
+    stream: tokio::net::TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    ticket: &Ticket,
+) -> std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    let started = tokio::time::Instant::now();
+    let hello = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
+    let start = tokio::time::timeout(CLIENT_HELLO_TIMEOUT, hello)
+        .await
+        .map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "no whole ClientHello in time")
+        })??;
+    ticket.hello_received();
+    let rest = super::TLS_HANDSHAKE_TIMEOUT.saturating_sub(started.elapsed());
+    tokio::time::timeout(rest, start.into_stream(config))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake timed out"))?
 }
 
 /// Serves the `edgebeat.v1.Heartbeat` gRPC service on `listener` until `shutdown`

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use edgebeat_proto::{
-    Answer, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind, gateway_message,
+    Ack, Answer, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind, gateway_message,
 };
 use prost::Message;
 use rumqttc::v5::mqttbytes::QoS;
@@ -111,6 +111,14 @@ pub struct MqttUplinkOptions {
     /// client certificate by [`MqttUplinkOptions::set_tls`].
     #[cfg(feature = "mqtt-tls")]
     pub signer: Option<std::sync::Arc<crate::signing::MessageSigner>>,
+    /// Verifies the gateway's answers (default off; set with [`Self::signer`] by
+    /// [`MqttUplinkOptions::set_tls`], against the TLS CA, or against another CA by
+    /// [`MqttUplinkOptions::set_gateway_ca`]): with it, the link takes only a
+    /// [`SignedAnswer`](edgebeat_proto::SignedAnswer) that verifies, for its own node and
+    /// boot (see [`crate::signing::AnswerVerifier`]), and obeys it; nothing else on the ack
+    /// topic.
+    #[cfg(feature = "mqtt-tls")]
+    pub answers: Option<std::sync::Arc<crate::signing::AnswerVerifier>>,
 }
 
 /// The MQTT client identifier of `node`'s agent when none is configured:
@@ -140,13 +148,16 @@ impl MqttUplinkOptions {
             tls: None,
             #[cfg(feature = "mqtt-tls")]
             signer: None,
+            #[cfg(feature = "mqtt-tls")]
+            answers: None,
         }
     }
 
     /// TLS to the broker (`mqtts://`) with `tls`, checked now: rustls must accept the CA
     /// and, when set, the client certificate and key. A client certificate also makes the
     /// uplink sign every message with its key ([`MqttUplinkOptions::signer`], loaded here
-    /// once).
+    /// once) and take only signed answers, verified against the CA of `tls`
+    /// ([`MqttUplinkOptions::answers`]; another with [`MqttUplinkOptions::set_gateway_ca`]).
     ///
     /// Errors: [`MqttUplinkError::Tls`] naming the unusable part (`CA`, `client
     /// certificate`, `client key`, or the pair), [`MqttUplinkError::SigningKey`] when the
@@ -154,15 +165,35 @@ impl MqttUplinkOptions {
     #[cfg(feature = "mqtt-tls")]
     pub fn set_tls(&mut self, tls: crate::tls::ClientTls) -> Result<(), MqttUplinkError> {
         tls.rustls_config().map_err(MqttUplinkError::Tls)?;
-        let signer = match &tls.client_identity {
-            Some(client) => Some(std::sync::Arc::new(
-                crate::signing::MessageSigner::from_pem(&client.cert_pem, &client.key_pem)
-                    .map_err(MqttUplinkError::SigningKey)?,
-            )),
-            None => None,
+        let (signer, answers) = match &tls.client_identity {
+            Some(client) => (
+                Some(std::sync::Arc::new(
+                    crate::signing::MessageSigner::from_pem(&client.cert_pem, &client.key_pem)
+                        .map_err(MqttUplinkError::SigningKey)?,
+                )),
+                Some(std::sync::Arc::new(
+                    crate::signing::AnswerVerifier::from_pem(&tls.ca_pem)
+                        .map_err(|e| MqttUplinkError::Tls(format!("CA: {e}")))?,
+                )),
+            ),
+            None => (None, None),
         };
         self.tls = Some(tls);
         self.signer = signer;
+        self.answers = answers;
+        Ok(())
+    }
+
+    /// Verifies the gateway's signed answers against the CA certificate(s) in `ca_pem` (the
+    /// site CA) instead of the broker's TLS CA: for a site whose broker certificate comes
+    /// from another CA. Call it after [`MqttUplinkOptions::set_tls`].
+    ///
+    /// Errors: [`MqttUplinkError::Tls`] when the PEM holds no usable CA certificate.
+    #[cfg(feature = "mqtt-tls")]
+    pub fn set_gateway_ca(&mut self, ca_pem: &[u8]) -> Result<(), MqttUplinkError> {
+        let verifier = crate::signing::AnswerVerifier::from_pem(ca_pem)
+            .map_err(|e| MqttUplinkError::Tls(format!("gateway CA: {e}")))?;
+        self.answers = Some(std::sync::Arc::new(verifier));
         Ok(())
     }
 
@@ -363,7 +394,7 @@ pub async fn run_uplink(
     let mut mqtt = options.mqtt_options(&client_id, &brokers[0].0, brokers[0].1)?;
     mqtt.set_last_will(last_will(&topics, &node_name, &register));
     let (client, eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
-    let mut link = Link::new(&options, topics, client, register);
+    let mut link = Link::new(&options, &node_name, topics, client, register);
     let mut backoff = reconnect_backoff(options.backoff_min, options.backoff_max);
     let mut next = next_event(eventloop);
     let register_timer = tokio::time::sleep(Duration::MAX);
@@ -509,7 +540,7 @@ mod tests {
         o.lease_expiry = Duration::from_millis(10_900);
         let (client, _eventloop) = AsyncClient::new(o.mqtt_options("c", "h", 1).unwrap(), 1);
         let register: RegisterFn = std::sync::Arc::new(AgentMessage::default);
-        let link = Link::new(&o, Topics::new("p", "n"), client, register);
+        let link = Link::new(&o, "n", Topics::new("p", "n"), client, register);
         assert_eq!(link.lease_properties.message_expiry_interval, Some(10));
     }
 

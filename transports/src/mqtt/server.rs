@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{
-    Ack, AgentMessage, Answer, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind,
+    AgentMessage, Answer, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind,
     gateway_message,
 };
 use prost::Message;
@@ -23,13 +23,13 @@ use super::{
     disconnect, ends_backoff, gateway_filter, next_event, parse_certificate_topic,
     parse_node_topic,
 };
-use crate::ingress::{Asked, Handler, Peer, RejectReason, Rejection, TransportKind};
-use crate::signing::{self, CertificateVerifier, NodeKey, SignatureError};
+use crate::ingress::{Asked, CertificateId, Handler, Peer, RejectReason, Rejection, TransportKind};
+use crate::signing::{self, AnswerSigner, CertificateVerifier, NodeKey, SignatureError};
 use crate::tls::ClientTls;
 
 mod verify;
 mod workers;
-use verify::{Signatures, open, peer};
+use verify::{Signatures, nobody, open, peer};
 use workers::{Queues, Workers};
 
 /// Refusal: the payload is larger than `max_packet_bytes`.
@@ -86,8 +86,8 @@ pub const REJECT_CERTIFICATE_EXPIRED: Rejection = Rejection {
 };
 /// Refusal: a verified message's `wall_time_ms` is further than
 /// [`SignaturePolicy::max_clock_skew`] from the gateway's clock: a recorded message replayed
-/// later, or an agent whose clock is wrong (answered `REJECTED`: the signature verified, so
-/// the node itself sent it).
+/// later, or an agent whose clock is wrong (not answered: a replay must not make the gateway
+/// speak on the node's link; the log says by how much the clock is off).
 pub const REJECT_CLOCK: Rejection = Rejection {
     reason: RejectReason::ClockSkew,
     detail: "signed time outside the clock window",
@@ -159,6 +159,10 @@ pub struct MqttIngressOptions {
     pub tls: Option<ClientTls>,
     /// End-to-end signature checks (default off); see [`SignaturePolicy`].
     pub signatures: Option<SignaturePolicy>,
+    /// Signs every answer to a signed message (default off; required by agents that sign,
+    /// see [`crate::signing::AnswerSigner`]): the answer then binds the node and boot it
+    /// answers (`Ack.node_name`, `Ack.boot_tag`). Answers to unsigned messages stay plain.
+    pub answer_signer: Option<Arc<AnswerSigner>>,
 }
 
 /// How the ingress treats signed messages ([`crate::signing`]).
@@ -216,6 +220,7 @@ impl MqttIngressOptions {
             subscribed: None,
             tls: None,
             signatures: None,
+            answer_signer: None,
         }
     }
 
@@ -379,6 +384,8 @@ pub async fn serve<H: Handler>(
         node_queues: options.node_queues.clone(),
         nodes: Queues::default(),
         last_full_sweep: Instant::now(),
+        answer_signer: options.answer_signer.clone(),
+        certificate_asked: HashMap::new(),
         signatures: options.signatures.clone().map(|policy| {
             Arc::new(Signatures {
                 policy,

@@ -128,18 +128,20 @@ fn refused_registration_backs_off_and_acceptance_completes_it() {
     assert_eq!(*uplink.registration().borrow(), NodeRegistration::Completed);
 }
 
+fn gone(seq: u64) -> Ack {
+    Answer::NodeNotFound {
+        reason: "deleted".into(),
+    }
+    .into_ack(seq)
+}
+
 /// `node_not_found` ends the registration of the process for good, but only when it
-/// answers a request of this session and the process had registered.
+/// answers a request of this session and the process had registered (answers the
+/// transport authenticates).
 #[test]
 fn node_not_found_is_final_and_only_for_own_requests_after_registration() {
     let (uplink, driver) = channel(4);
-    let gone = |seq| {
-        Answer::NodeNotFound {
-            reason: "deleted".into(),
-        }
-        .into_ack(seq)
-    };
-    let mut s = Session::new();
+    let mut s = Session::new().with_authenticated_answers(true);
     // Before any registration (an older gateway's answer to a first Register, or a
     // forgery): an ordinary refusal, retried with backoff.
     s.register_sent(Some(1));
@@ -184,7 +186,7 @@ fn a_reconnect_register_answered_node_not_found_ends_the_registration() {
     driver
         .registration
         .send_replace(NodeRegistration::Completed);
-    let mut s = Session::new();
+    let mut s = Session::new().with_authenticated_answers(true);
     s.register_sent(Some(3));
     let answer = Answer::NodeNotFound {
         reason: "deleted".into(),
@@ -194,6 +196,44 @@ fn a_reconnect_register_answered_node_not_found_ends_the_registration() {
         AfterAck::Nothing,
         "no retry"
     );
+    assert_eq!(
+        *uplink.registration().borrow(),
+        NodeRegistration::NodeNotFound
+    );
+}
+
+/// Over a path that does not authenticate the gateway's answers (plain MQTT, plaintext
+/// gRPC), one `node_not_found` never stops the agent: it takes
+/// [`NODE_NOT_FOUND_CONFIRMATIONS`] in a row, each answering another request, and a written
+/// answer in between starts the count over. Until then each is retried as a refusal.
+#[test]
+fn unauthenticated_node_not_found_needs_confirming() {
+    let (uplink, driver) = channel(4);
+    let mut s = Session::new();
+    s.register_sent(Some(1));
+    s.on_ack(registered(1), &driver);
+    let mut seq = 10;
+    let mut answer_to = |s: &mut Session, ack: fn(u64) -> Ack| {
+        seq += 1;
+        let (tx, mut rx) = oneshot::channel();
+        s.track(seq, tx, false);
+        s.on_ack(ack(seq), &driver);
+        rx.try_recv().unwrap().unwrap()
+    };
+    for _ in 1..NODE_NOT_FOUND_CONFIRMATIONS {
+        assert!(matches!(answer_to(&mut s, gone), Answer::Retry { .. }));
+    }
+    assert!(matches!(answer_to(&mut s, retry), Answer::Retry { .. }));
+    let written = |seq| Answer::WRITTEN.into_ack(seq);
+    assert!(answer_to(&mut s, written).is_written());
+    assert_eq!(*uplink.registration().borrow(), NodeRegistration::Completed);
+    for _ in 1..NODE_NOT_FOUND_CONFIRMATIONS {
+        assert!(matches!(answer_to(&mut s, gone), Answer::Retry { .. }));
+    }
+    assert!(matches!(
+        answer_to(&mut s, gone),
+        Answer::NodeNotFound { .. }
+    ));
     assert_eq!(
         *uplink.registration().borrow(),
         NodeRegistration::NodeNotFound

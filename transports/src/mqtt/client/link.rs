@@ -23,6 +23,14 @@ pub(super) struct Link {
     pub(super) max_packet_bytes: usize,
     #[cfg(feature = "mqtt-tls")]
     pub(super) signer: Option<std::sync::Arc<crate::signing::MessageSigner>>,
+    /// Verifies the gateway's signed answers; with it, nothing else on the ack topic is
+    /// taken.
+    #[cfg(feature = "mqtt-tls")]
+    pub(super) answers: Option<std::sync::Arc<crate::signing::AnswerVerifier>>,
+    /// The node this link speaks for (signed answers must name it).
+    pub(super) node: String,
+    /// The boot tag of the last Register sent (signed answers must name it).
+    pub(super) boot_tag: Option<u32>,
     /// When the certificate was last published (see [`Link::publish_certificate`]).
     pub(super) certificate_published: Option<tokio::time::Instant>,
     /// When the current (or last) broker connection was accepted (CONNACK).
@@ -32,6 +40,7 @@ pub(super) struct Link {
 impl Link {
     pub(super) fn new(
         options: &MqttUplinkOptions,
+        node: &str,
         topics: Topics,
         client: AsyncClient,
         register: RegisterFn,
@@ -54,6 +63,10 @@ impl Link {
             max_packet_bytes: options.max_packet_bytes,
             #[cfg(feature = "mqtt-tls")]
             signer: options.signer.clone(),
+            #[cfg(feature = "mqtt-tls")]
+            answers: options.answers.clone(),
+            node: node.to_owned(),
+            boot_tag: None,
             certificate_published: None,
             connected_at: None,
         }
@@ -66,6 +79,14 @@ impl Link {
     pub(super) fn signs(&self) -> bool {
         #[cfg(feature = "mqtt-tls")]
         return self.signer.is_some();
+        #[cfg(not(feature = "mqtt-tls"))]
+        false
+    }
+
+    /// Whether the gateway's answers are verified (signed answers) on this link.
+    pub(super) fn verifies_answers(&self) -> bool {
+        #[cfg(feature = "mqtt-tls")]
+        return self.answers.is_some();
         #[cfg(not(feature = "mqtt-tls"))]
         false
     }
@@ -129,11 +150,15 @@ impl Link {
                     tracing::warn!(%error, "could not queue the acks subscription");
                 }
                 driver.connected();
+                let authenticated = self.verifies_answers();
                 if self.resume {
-                    self.session = Some(Session::resumed(self.resume_form));
+                    self.session = Some(
+                        Session::resumed(self.resume_form)
+                            .with_authenticated_answers(authenticated),
+                    );
                     return Timer::Disarm;
                 }
-                self.session = Some(Session::new());
+                self.session = Some(Session::new().with_authenticated_answers(authenticated));
                 Timer::Arm(self.send_register())
             }
             Event::Incoming(Packet::Publish(publish)) => self.on_publish(&publish, driver),
@@ -158,21 +183,14 @@ impl Link {
             tracing::debug!(topic = ?publish.topic, "ignoring a message on an unexpected topic");
             return Timer::Keep;
         }
-        let Some(session) = self.session.as_mut() else {
+        if self.session.is_none() {
+            return Timer::Keep;
+        }
+        let Some(ack) = self.read_ack(&publish.payload) else {
             return Timer::Keep;
         };
-        let ack = match GatewayMessage::decode(publish.payload.as_ref()) {
-            Ok(GatewayMessage {
-                kind: Some(gateway_message::Kind::Ack(ack)),
-            }) => ack,
-            Ok(_) => {
-                tracing::debug!("ignoring a gateway message that is not an ack");
-                return Timer::Keep;
-            }
-            Err(error) => {
-                tracing::debug!(%error, bytes = publish.payload.len(), "ignoring a malformed ack");
-                return Timer::Keep;
-            }
+        let Some(session) = self.session.as_mut() else {
+            return Timer::Keep;
         };
         let was_registered = session.registered();
         match session.on_ack(ack, driver) {
@@ -182,7 +200,54 @@ impl Link {
             }
             AfterAck::Nothing => Timer::Keep,
             AfterAck::RegisterAfter(delay) => Timer::Arm(delay),
+            AfterAck::PublishCertificate => {
+                tracing::info!(
+                    "a gateway replica holds no current copy of this node's certificate; publishing it again"
+                );
+                self.publish_certificate();
+                Timer::Keep
+            }
         }
+    }
+
+    /// The [`Ack`] an ack-topic payload carries, or `None` (logged at debug level) for
+    /// anything else. With signed answers only a [`SignedAnswer`](edgebeat_proto::SignedAnswer)
+    /// that verifies, for this node and the boot of its last Register, is taken: anyone
+    /// allowed to publish on the broker can publish here.
+    pub(super) fn read_ack(&self, payload: &[u8]) -> Option<Ack> {
+        #[cfg(feature = "mqtt-tls")]
+        let message = match &self.answers {
+            Some(verifier) => match verifier.verify(payload, rustls::pki_types::UnixTime::now()) {
+                Ok(message) => Ok(message),
+                Err(error) => {
+                    tracing::debug!(%error, bytes = payload.len(), "ignoring an answer that does not verify");
+                    return None;
+                }
+            },
+            None => GatewayMessage::decode(payload),
+        };
+        #[cfg(not(feature = "mqtt-tls"))]
+        let message = GatewayMessage::decode(payload);
+        let ack = match message {
+            Ok(GatewayMessage {
+                kind: Some(gateway_message::Kind::Ack(ack)),
+            }) => ack,
+            Ok(_) => {
+                tracing::debug!("ignoring a gateway message that is not an ack");
+                return None;
+            }
+            Err(error) => {
+                tracing::debug!(%error, bytes = payload.len(), "ignoring a malformed ack");
+                return None;
+            }
+        };
+        if self.verifies_answers()
+            && (ack.node_name != self.node || Some(ack.boot_tag) != self.boot_tag)
+        {
+            tracing::debug!(node = %ack.node_name, "ignoring a signed answer for another node or boot");
+            return None;
+        }
+        Some(ack)
     }
 
     /// Publishes a fresh Register; returns how long to wait for its answer.
@@ -196,6 +261,7 @@ impl Link {
         }
         let message = (self.register)();
         let seq = message.header().map(|h| h.seq);
+        self.boot_tag = message.header().map(edgebeat_proto::Header::named_boot_tag);
         let payload = match self.payload(message.encode_to_vec()) {
             Ok(payload) => payload,
             Err(error) => {

@@ -3,29 +3,30 @@
 
 use super::*;
 
-/// A message refused by [`open`]: the reason for [`Handler::rejected`], and the [`Ack`] to
-/// send the agent, if any.
+/// A message refused by [`open`]: the reason for [`Handler::rejected`] and its detail for
+/// the log. Nothing that fails verification is answered here (see [`open`]).
 #[derive(Debug, PartialEq)]
 pub(super) struct Refusal {
     pub(super) reason: Rejection,
-    pub(super) ack: Option<Ack>,
+    /// What exactly was wrong, when more than `reason.detail` says.
+    pub(super) detail: Option<String>,
+    /// A signed message for a node whose key this replica does not hold: what the message
+    /// (unverified) asked, so that the caller may ask the node for its certificate.
+    pub(super) unverified: Option<Asked>,
 }
 
 impl Refusal {
     pub(super) fn silent(reason: Rejection) -> Self {
-        Self { reason, ack: None }
-    }
-
-    /// A refusal answered to the agent that sent message `seq` (a verified one), so that it
-    /// learns why.
-    pub(super) fn answered(reason: Rejection, seq: u64) -> Self {
-        let answer = Answer::Rejected {
-            reason: reason.detail.to_owned(),
-        };
         Self {
             reason,
-            ack: Some(answer.into_ack(seq)),
+            detail: None,
+            unverified: None,
         }
+    }
+
+    /// The detail for the log.
+    pub(super) fn detail(&self) -> &str {
+        self.detail.as_deref().unwrap_or(self.reason.detail)
     }
 }
 
@@ -33,16 +34,18 @@ impl Refusal {
 /// `SignedMessage` with `key` (the node's certificate, when held) at `now`, decodes the
 /// `AgentMessage`, checks that its header's node name and its kind agree with the topic, and
 /// that a signed message's `wall_time_ms` is within [`SignaturePolicy::max_clock_skew`] of
-/// `now`. Returns the message and whether it was signed (its identity is then `node`).
+/// `now`. Returns the message and, when its signature verified, the certificate it verified
+/// with (its identity is then `node`).
 ///
-/// Nothing that fails verification is answered: an answer on the node's ack topic is
-/// something the genuine agent reads, so a forger must not be able to cause one (no key
-/// held, a signature that does not verify, an expired certificate, an unsigned message where
-/// signatures are required or the node is known to sign). The one refusal answered is a
-/// message whose signature verified but whose signed wall time is outside the clock window:
-/// the node itself sent it, and its agent needs to learn that its clock is wrong. A genuine
-/// agent whose certificate this replica lost gets no answer either; it publishes its
-/// certificate again when a request goes unanswered (the MQTT uplink).
+/// Nothing refused here is answered: an answer on the node's ack topic is something the
+/// genuine agent reads, so a forger must not be able to cause one (no key held, a signature
+/// that does not verify, an expired certificate, an unsigned message where signatures are
+/// required or the node is known to sign), nor a replay (a signed message outside the clock
+/// window is a recording, or a node whose clock is wrong: its agent learns that from its
+/// own clock check, `ClockUnsynchronized`, and from the unanswered requests). The one
+/// exception is the caller's: a signed message for a node whose key this replica does not
+/// hold carries what it asked ([`Refusal::unverified`]), so that the node can be asked,
+/// in a signed answer, for its certificate.
 pub(super) fn open(
     node: &str,
     kind: MessageKind,
@@ -50,7 +53,7 @@ pub(super) fn open(
     policy: Option<&SignaturePolicy>,
     key: Option<&NodeKey>,
     now: UnixTime,
-) -> Result<(AgentMessage, bool), Refusal> {
+) -> Result<(AgentMessage, Option<CertificateId>), Refusal> {
     let decode = |bytes: &[u8]| {
         let mut message =
             AgentMessage::decode(bytes).map_err(|_| Refusal::silent(REJECT_MALFORMED))?;
@@ -70,7 +73,7 @@ pub(super) fn open(
             Some((signed, _)) => decode(&signed),
             None => decode(payload),
         }
-        .map(|m| (m, false));
+        .map(|m| (m, None));
     };
     let Some((signed, signature)) = signing::unseal(payload) else {
         // Unsigned: refused where signatures are required, and for a node that signs (an
@@ -78,10 +81,12 @@ pub(super) fn open(
         if policy.required || key.is_some() {
             return Err(Refusal::silent(REJECT_UNSIGNED));
         }
-        return decode(payload).map(|m| (m, false));
+        return decode(payload).map(|m| (m, None));
     };
     let Some(key) = key else {
-        return Err(Refusal::silent(REJECT_UNKNOWN_SIGNER));
+        let mut refusal = Refusal::silent(REJECT_UNKNOWN_SIGNER);
+        refusal.unverified = decode(&signed).ok().map(|m| Asked::of(&m));
+        return Err(refusal);
     };
     match key.verify(&signed, &signature, now) {
         Ok(()) => {
@@ -93,14 +98,11 @@ pub(super) fn open(
             let skew_ms = i64::try_from(policy.max_clock_skew.as_millis()).unwrap_or(i64::MAX);
             let ahead_ms = sent_ms.saturating_sub(now_ms);
             if ahead_ms.saturating_abs() > skew_ms {
-                let seq = message.header().map_or(0, |h| h.seq);
-                let mut refusal = Refusal::answered(REJECT_CLOCK, seq);
-                if let Some(ack) = refusal.ack.as_mut() {
-                    ack.reason = clock_skew_reason(ahead_ms, policy.max_clock_skew);
-                }
+                let mut refusal = Refusal::silent(REJECT_CLOCK);
+                refusal.detail = Some(clock_skew_reason(ahead_ms, policy.max_clock_skew));
                 return Err(refusal);
             }
-            Ok((message, true))
+            Ok((message, Some(key.certificate_id())))
         }
         Err(SignatureError::Expired) => Err(Refusal::silent(REJECT_CERTIFICATE_EXPIRED)),
         Err(SignatureError::BadSignature | SignatureError::Certificate(_)) => {
@@ -109,10 +111,10 @@ pub(super) fn open(
     }
 }
 
-/// The answer to a signed message whose wall time is `ahead_ms` ahead of the gateway's
-/// clock (behind when negative), outside the window `max`: the agent logs it, so it says by
-/// how much and what to fix, e.g. "signed wall time is 3600.0 s ahead of the gateway's
-/// clock, outside its ±30 s window: set this node's clock (NTP, or an RTC)".
+/// Why a signed message whose wall time is `ahead_ms` ahead of the gateway's clock (behind
+/// when negative), outside the window `max`, was refused, for the gateway's log: by how much
+/// and what to fix, e.g. "signed wall time is 3600.0 s ahead of the gateway's clock, outside
+/// its ±30 s window: set this node's clock (NTP, or an RTC)".
 pub(super) fn clock_skew_reason(ahead_ms: i64, max: Duration) -> String {
     #[allow(clippy::cast_precision_loss)] // for a message: tenths of a second suffice
     let seconds = ahead_ms.unsigned_abs() as f64 / 1000.0;
@@ -123,15 +125,23 @@ pub(super) fn clock_skew_reason(ahead_ms: i64, max: Duration) -> String {
     )
 }
 
-/// The [`Peer`] of an MQTT message: an identity, and a verified wall time, only when its
-/// signature verified (its wall time was then checked against the clock window too).
-pub(super) fn peer(identity: Option<&NodeName>) -> Peer {
+/// The [`Peer`] of an MQTT message of `node`: an identity, its certificate and a verified
+/// wall time only when its signature verified with `certificate` (its wall time was then
+/// checked against the clock window too).
+pub(super) fn peer(node: &NodeName, certificate: Option<CertificateId>) -> Peer {
     Peer {
         transport: TransportKind::Mqtt,
         remote: None,
-        identity: identity.cloned(),
-        wall_time_verified: identity.is_some(),
+        identity: certificate.map(|_| node.clone()),
+        wall_time_verified: certificate.is_some(),
+        certificate,
     }
+}
+
+/// The [`Peer`] of something that names no node it could be credited to (an unknown topic,
+/// a refused certificate): no identity.
+pub(super) fn nobody() -> Peer {
+    Peer::unidentified(TransportKind::Mqtt, None)
 }
 
 /// The signature policy and the verified certificate of every node this replica has seen,
@@ -153,13 +163,27 @@ impl Signatures {
 
     /// Verifies and stores `node`'s published certificate. A certificate older (by
     /// notBefore) than the one held is refused, so a replayed old certificate cannot roll a
-    /// rotated key back.
-    pub(super) fn learn(&self, node: &str, payload: &[u8]) -> Result<(), String> {
+    /// rotated key back; so is one that may not replace `recorded`, the certificate the
+    /// cluster records for the node ([`CertificateId::may_replace`]), so that neither can a
+    /// rolled-back retained copy read after a restart.
+    pub(super) fn learn(
+        &self,
+        node: &str,
+        payload: &[u8],
+        recorded: Option<CertificateId>,
+    ) -> Result<(), String> {
         let key = self
             .policy
             .verifier
             .verify(node, payload, UnixTime::now())
             .map_err(|e| e.to_string())?;
+        if let Some(recorded) = recorded
+            && !key.certificate_id().may_replace(&recorded)
+        {
+            return Err(format!(
+                "older than the certificate the cluster records for the node ({recorded:?})"
+            ));
+        }
         let mut keys = self
             .keys
             .write()

@@ -7,8 +7,9 @@ use super::*;
 pub(super) struct Work {
     /// Boxed: a queue slot costs a pointer, not the largest message kind.
     pub(super) message: Box<AgentMessage>,
-    /// Its signature verified: it speaks for its node.
-    pub(super) signed: bool,
+    /// The certificate its signature verified with: it speaks for its node, and is answered
+    /// with a signed answer.
+    pub(super) certificate: Option<CertificateId>,
 }
 
 /// A node's messages waiting to be handled, in order.
@@ -42,7 +43,18 @@ pub(super) struct Workers<H> {
     pub(super) signatures: Option<Arc<Signatures>>,
     /// When the map was last swept because it was full.
     pub(super) last_full_sweep: Instant,
+    /// Signs the answers to signed messages.
+    pub(super) answer_signer: Option<Arc<AnswerSigner>>,
+    /// When each node was last asked for its certificate ([`Workers::ask_certificate`]):
+    /// only nodes the cluster records as identified, forgotten after
+    /// [`CERTIFICATE_ASK_INTERVAL`].
+    pub(super) certificate_asked: HashMap<NodeName, Instant>,
 }
+
+/// Least time between two requests to one node for its certificate, 30 s (the agent's own
+/// cadence for republishing it unasked): what anyone who can publish in a node's name can
+/// cost that node's link is one signed answer per 30 s per replica.
+const CERTIFICATE_ASK_INTERVAL: Duration = Duration::from_secs(30);
 
 impl<H: Handler> Workers<H> {
     /// Classifies, verifies and decodes one PUBLISH in the event-loop task, then hands it
@@ -61,12 +73,13 @@ impl<H: Handler> Workers<H> {
                 if let Some(signatures) = &self.signatures
                     && !publish.payload.is_empty()
                 {
-                    match signatures.learn(node, &publish.payload) {
+                    let recorded = self.handler.recorded_certificate(node);
+                    match signatures.learn(node, &publish.payload, recorded) {
                         Ok(()) => tracing::debug!(%node, "node certificate verified"),
                         Err(why) => {
                             tracing::warn!(%node, %why, "node certificate refused");
                             self.handler
-                                .rejected(&peer(None), REJECT_CERTIFICATE.reason, &why);
+                                .rejected(&nobody(), REJECT_CERTIFICATE.reason, &why);
                         }
                     }
                 }
@@ -86,13 +99,13 @@ impl<H: Handler> Workers<H> {
             Err(refused) => {
                 tracing::debug!(topic = ?publish.topic, detail = refused.detail, "MQTT message rejected");
                 self.handler
-                    .rejected(&peer(None), refused.reason, refused.detail);
+                    .rejected(&nobody(), refused.reason, refused.detail);
                 return;
             }
         };
         let policy = self.signatures.as_deref().map(|s| &s.policy);
         let key = self.signatures.as_deref().and_then(|s| s.key(&node));
-        let (message, signed) = match open(
+        let (message, certificate) = match open(
             &node,
             kind,
             &publish.payload,
@@ -102,21 +115,16 @@ impl<H: Handler> Workers<H> {
         ) {
             Ok(opened) => opened,
             Err(refusal) => {
-                let refused = refusal.reason;
-                tracing::debug!(%node, detail = refused.detail, "MQTT message refused");
-                // An answered refusal's signature verified: the node itself sent it, and the
-                // answer says the most about why.
-                let (who, detail) = match &refusal.ack {
-                    Some(ack) => (peer(Some(&node)), ack.reason.as_str()),
-                    None => (peer(None), refused.detail),
-                };
-                self.handler.rejected(&who, refused.reason, detail);
-                if let Some(ack) = refusal.ack {
-                    self.answer(&node, ack);
+                tracing::debug!(%node, detail = refusal.detail(), "MQTT message refused");
+                self.handler
+                    .rejected(&nobody(), refusal.reason.reason, refusal.detail());
+                if let Some(asked) = refusal.unverified {
+                    self.ask_certificate(&node, asked);
                 }
                 return;
             }
         };
+        let signed = certificate.is_some();
         let mut nodes = self
             .nodes
             .lock()
@@ -132,7 +140,7 @@ impl<H: Handler> Workers<H> {
                 drop(nodes);
                 tracing::debug!(%node, max_nodes = self.max_nodes, "MQTT message dropped: no room for another node");
                 self.handler.rejected(
-                    &peer(None),
+                    &nobody(),
                     RejectReason::FleetFull,
                     "no room for another node's queue",
                 );
@@ -152,13 +160,13 @@ impl<H: Handler> Workers<H> {
             && let Some(newer) = message.header()
         {
             entry.queue.retain(|queued| {
-                let older = queued.signed
+                let older = queued.certificate.is_some()
                     && queued.message.message_kind() == Some(kind)
                     && queued.message.header().is_some_and(|h| {
                         h.named_boot_tag() == newer.named_boot_tag() && h.seq < newer.seq
                     });
                 if older {
-                    superseded.push(queued.message.header().map_or(0, |h| h.seq));
+                    superseded.push(Asked::of(&queued.message));
                 }
                 !older
             });
@@ -167,7 +175,7 @@ impl<H: Handler> Workers<H> {
             drop(nodes);
             tracing::debug!(%node, "MQTT message dropped: the node's queue is full");
             self.handler.rejected(
-                &peer(None),
+                &nobody(),
                 REJECT_QUEUE_FULL.reason,
                 REJECT_QUEUE_FULL.detail,
             );
@@ -176,22 +184,22 @@ impl<H: Handler> Workers<H> {
         let kind_name = message.kind_name();
         entry.queue.push_back(Work {
             message: Box::new(message),
-            signed,
+            certificate,
         });
         let start = !entry.draining;
         entry.draining = true;
         let count = nodes.len();
         drop(nodes);
-        for seq in superseded {
+        for asked in superseded {
             self.handler.rejected(
-                &peer(Some(&node)),
+                &peer(&node, certificate),
                 RejectReason::Superseded,
                 "a newer heartbeat of the node was queued",
             );
             let answer = Answer::Rejected {
                 reason: format!("superseded: a newer {kind_name} from this node is waiting"),
             };
-            self.answer(&node, answer.into_ack(seq));
+            self.answer(&node, asked, answer, true);
         }
         if let Some(gauge) = &self.node_queues {
             gauge.store(count, std::sync::atomic::Ordering::Relaxed);
@@ -201,20 +209,49 @@ impl<H: Handler> Workers<H> {
         }
     }
 
-    /// Publishes `ack` on `node`'s ack topic from the event loop, without waiting: when
-    /// rumqttc's queue is full the answer is dropped (the agent times out and retries).
-    pub(super) fn answer(&self, node: &str, ack: Ack) {
-        let reply = GatewayMessage {
-            kind: Some(gateway_message::Kind::Ack(ack)),
+    /// Publishes `answer` to the message `asked` on `node`'s ack topic from the event loop,
+    /// signed when `signed` (the message was), without waiting: when rumqttc's queue is full
+    /// the answer is dropped (the agent times out and retries).
+    pub(super) fn answer(&self, node: &NodeName, asked: Asked, answer: Answer, signed: bool) {
+        let Some(reply) = asked.answer(Some(answer)) else {
+            return;
+        };
+        let signer = self.answer_signer.as_deref().filter(|_| signed);
+        let Some(payload) = seal(signer, node, asked, reply) else {
+            return;
         };
         if let Err(error) = self.client.try_publish(
             acks_topic(&self.prefix, node),
             QoS::AtLeastOnce,
             false,
-            reply.encode_to_vec(),
+            payload,
         ) {
             tracing::debug!(%error, %node, "refusal not answered: request queue full");
         }
+    }
+
+    /// Asks `node`, in a signed answer to the message `asked` whose signature could not be
+    /// checked (this replica holds no key for the node), to publish its certificate again
+    /// ([`Answer::SendCertificate`]): only for a node the cluster records as identified (a
+    /// genuine node whose retained certificate is missing or was refused as rolled back;
+    /// made-up names get nothing, and no state), at most once per
+    /// [`CERTIFICATE_ASK_INTERVAL`] per node.
+    pub(super) fn ask_certificate(&mut self, node: &NodeName, asked: Asked) {
+        if self.answer_signer.is_none() || self.handler.recorded_certificate(node).is_none() {
+            return;
+        }
+        let now = Instant::now();
+        self.certificate_asked
+            .retain(|_, at| now.duration_since(*at) < CERTIFICATE_ASK_INTERVAL);
+        if self.certificate_asked.contains_key(node.as_str()) {
+            return;
+        }
+        self.certificate_asked.insert(node.clone(), now);
+        tracing::info!(%node, "no current certificate held for the node; asking it to publish its certificate again");
+        let answer = Answer::SendCertificate {
+            reason: "this gateway replica holds no current certificate for the node".into(),
+        };
+        self.answer(node, asked, answer, true);
     }
 
     /// Starts the task that handles `node`'s queued messages in order and ends when the
@@ -222,6 +259,7 @@ impl<H: Handler> Workers<H> {
     pub(super) fn drain(&self, node: NodeName) {
         let handler = self.handler.clone();
         let client = self.client.clone();
+        let signer = self.answer_signer.clone();
         let topic = acks_topic(&self.prefix, &node);
         let nodes = self.nodes.clone();
         tokio::spawn(async move {
@@ -256,14 +294,18 @@ impl<H: Handler> Workers<H> {
                         }
                     }
                 };
-                let peer = peer(work.signed.then_some(&node));
+                let peer = peer(&node, work.certificate);
                 let asked = Asked::of(&work.message);
                 let ack = Box::pin(handler.handle(&peer, *work.message)).await;
                 let Some(reply) = asked.answer(ack) else {
                     continue;
                 };
+                let signer = signer.as_deref().filter(|_| work.certificate.is_some());
+                let Some(payload) = seal(signer, &node, asked, reply) else {
+                    continue;
+                };
                 if let Err(error) = client
-                    .publish(&topic, QoS::AtLeastOnce, false, reply.encode_to_vec())
+                    .publish(&topic, QoS::AtLeastOnce, false, payload)
                     .await
                 {
                     // The ingress is shutting down.
@@ -306,6 +348,31 @@ impl Drop for DrainGuard {
         if let Some(entry) = nodes.get_mut(self.node.as_str()) {
             entry.draining = false;
             entry.handling = false;
+        }
+    }
+}
+
+/// The payload of `reply`, the answer to `asked` from `node`: a [`signing::AnswerSigner`]'s
+/// signed answer, bound to the node and boot it answers, with `signer`, else the plain
+/// encoded message. `None` (logged) when signing fails.
+pub(super) fn seal(
+    signer: Option<&AnswerSigner>,
+    node: &str,
+    asked: Asked,
+    mut reply: GatewayMessage,
+) -> Option<Vec<u8>> {
+    let Some(signer) = signer else {
+        return Some(reply.encode_to_vec());
+    };
+    if let Some(gateway_message::Kind::Ack(ack)) = reply.kind.as_mut() {
+        node.clone_into(&mut ack.node_name);
+        ack.boot_tag = asked.boot_tag();
+    }
+    match signer.seal(&reply) {
+        Ok(payload) => Some(payload),
+        Err(error) => {
+            tracing::error!(%error, node, "answer not sent: it could not be signed");
+            None
         }
     }
 }
