@@ -434,7 +434,7 @@ fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions
             let (Some(cert), Some(key)) = (&args.mqtt_answer_cert_file, &args.mqtt_answer_key_file)
             else {
                 anyhow::bail!(
-                    "--mqtt-node-ca needs --mqtt-answer-cert-file and --mqtt-answer-key-file: agents that sign their messages take only answers the gateway signs; issue a server certificate for the DNS name {} from the site CA (README, \"Signed MQTT\")",
+                    "--mqtt-node-ca needs --mqtt-answer-cert-file and --mqtt-answer-key-file: agents that sign their messages take only answers the gateway signs; issue a server certificate for the DNS name {} from the site CA (README, \"MQTT over TLS with signed messages\")",
                     edgebeat_transports::signing::ANSWER_SIGNER_NAME
                 );
             };

@@ -120,4 +120,20 @@ impl Ca {
     pub fn node(&self, name: &str) -> Leaf {
         self.client(&format!("system:node:{name}"), Some("system:nodes"))
     }
+
+    /// [`Ca::node`] valid from 1 January of `year` (to 4096): an earlier `year` is an
+    /// older certificate of the node, as before a rotation.
+    pub fn node_from(&self, name: &str, year: i32) -> Leaf {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:nodes");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("system:node:{name}"));
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = rcgen::date_time_ymd(year, 1, 1);
+        self.issue(params)
+    }
 }

@@ -504,3 +504,508 @@ async fn a_backlog_writes_only_the_newest_signed_renewal() {
         "one Lease write per renewal answered OK, none for the superseded"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Identity both ways: what identity rests on (the gateway's answers, the broker's retained
+// certificates, TLS handshake slots) forged, rolled back or starved. Each attack must leave
+// the genuine node's Lease renewed within its duration and write nothing forged.
+
+/// `Header.seq` of a node's signed message as published on its topic.
+fn seq_of(payload: &[u8]) -> u64 {
+    let (signed, _) = edgebeat_transports::signing::unseal(payload).expect("a signed message");
+    pb::AgentMessage::decode(signed.as_slice())
+        .unwrap()
+        .header()
+        .unwrap()
+        .seq
+}
+
+/// One sample of the agent's `/metrics` (its observe server), e.g.
+/// `edgebeat_agent_node_not_found`.
+async fn agent_sample(agent: &edgebeat_tests::harness::AgentHandle, series: &str) -> f64 {
+    let observe = agent.agent.observe_addr().unwrap();
+    let text = edgebeat_tests::harness::http_get(observe, "/metrics")
+        .await
+        .unwrap()
+        .1;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// 7. Answers on `…/acks/<node>` used to be taken from anyone who could publish there:
+///    one `node_not_found` answering a pending renewal's sequence number (readable in clear
+///    on the lease topic) stopped the agent for good. Now the agent that signs takes only
+///    answers the gateway signed for its node and boot: forged plain answers, and answers
+///    signed with a node's key (a compromised node), change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_answers_cannot_stop_a_node() {
+    let site = Ca::new("edgebeat site CA");
+    let cluster = Cluster::start_mqtt_secure(&site, true, gateway_options())
+        .await
+        .unwrap();
+    let cert = site.node("edge-f");
+    let mut config = cluster.secure_agent_config("edge-f", &fixture(FACTS), &cert);
+    config.healthz_bind_address = Some("127.0.0.1:0".parse().unwrap());
+    let agent = cluster.start_agent(config).unwrap();
+    cluster
+        .wait_for_renewals("edge-f", 2, DEADLINE)
+        .await
+        .unwrap();
+    let lease_topic = format!("{PREFIX}/nodes/edge-f/lease");
+    let acks_topic = format!("{PREFIX}/acks/edge-f");
+    let mut spy = Spy::connect(&cluster, &site.client("spy", None), &[&lease_topic]).await;
+    // A compromised node's key signs answers too: its certificate is the site CA's.
+    let rogue = site.node("edge-rogue");
+    let rogue_key = edgebeat_transports::tls::parse_private_key(rogue.key_pem.as_bytes()).unwrap();
+    let rogue_signer = rustls::crypto::ring::sign::any_supported_type(&rogue_key)
+        .unwrap()
+        .choose_scheme(&[rustls::SignatureScheme::ECDSA_NISTP256_SHA256])
+        .unwrap();
+    let rogue_chain: Vec<Vec<u8>> =
+        edgebeat_transports::tls::parse_certificates(rogue.cert_pem.as_bytes())
+            .unwrap()
+            .iter()
+            .map(|c| c.to_vec())
+            .collect();
+    let before = cluster.standin.requests().len();
+    for _ in 0..20 {
+        // Everything a signed answer binds is readable on the lease topic: node, boot
+        // (its tag) and the pending sequence number.
+        let renewal = spy.next_on(&lease_topic).await;
+        let (signed, _) = edgebeat_transports::signing::unseal(&renewal).unwrap();
+        let header = pb::AgentMessage::decode(signed.as_slice())
+            .unwrap()
+            .header()
+            .cloned()
+            .unwrap();
+        let forged = pb::GatewayMessage {
+            kind: Some(pb::gateway_message::Kind::Ack(pb::Ack {
+                node_name: "edge-f".into(),
+                boot_tag: header.named_boot_tag(),
+                ..pb::Answer::NodeNotFound {
+                    reason: "forged".into(),
+                }
+                .into_ack(header.seq)
+            })),
+        };
+        spy.publish(&acks_topic, forged.encode_to_vec(), false)
+            .await;
+        let signed_message = forged.encode_to_vec();
+        let mut covered = edgebeat_transports::signing::ANSWER_CONTEXT.to_vec();
+        covered.extend_from_slice(&signed_message);
+        let by_a_node = pb::SignedAnswer {
+            signed_message,
+            signature: rogue_signer.sign(&covered).unwrap(),
+            certificate_chain: rogue_chain.clone(),
+        };
+        spy.publish(&acks_topic, by_a_node.encode_to_vec(), false)
+            .await;
+    }
+    cluster
+        .wait_for_renewals("edge-f", 8, DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(
+        agent_sample(&agent, "edgebeat_agent_node_not_found").await,
+        0.0
+    );
+    let requests = cluster.standin.requests();
+    let gap = edgebeat_tests::requests::longest_renewal_gap(&requests[before..], "edge-f").unwrap();
+    assert!(gap < Duration::from_secs(1), "Lease unrenewed for {gap:?}");
+    assert_eq!(cluster.gateway().counters.nodes_not_found.get(), 0);
+    agent.stop().await.unwrap();
+}
+
+/// 8. A node's certificate on the broker used to be all a restarted replica knew of it:
+///    an older valid certificate of the node, or an empty payload, retained on
+///    `…/certificates/<node>`, and then any gateway restart, made the replica refuse every
+///    genuine message (0 Lease writes for a minute and more). Now the certificate a node
+///    speaks with is recorded on its Node: a rolled-back copy is refused against the
+///    record, and a replica without a current copy asks the node, in a signed answer, to
+///    publish it again. Over two restarts the Lease stays renewed within its duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolled_back_or_cleared_certificates_survive_a_gateway_restart() {
+    const NODE: &str = "edge-k";
+    let site = Ca::new("edgebeat site CA");
+    let mut cluster = Cluster::start_mqtt_secure(&site, true, gateway_options())
+        .await
+        .unwrap();
+    let (old, current) = (site.node_from(NODE, 2024), site.node_from(NODE, 2025));
+    let mut config = cluster.secure_agent_config(NODE, &fixture(FACTS), &current);
+    // Renewals every second: a gateway restart fits in the 4 s lease.
+    config.node_lease_duration_seconds = 4;
+    let agent = cluster.start_agent(config).unwrap();
+    cluster.wait_for_renewals(NODE, 2, DEADLINE).await.unwrap();
+    let recorded = |cluster: &Cluster| {
+        cluster
+            .standin
+            .node(NODE)
+            .and_then(|n| n.metadata.annotations)
+            .and_then(|a| a.get("edgebeat.io/node-certificate-not-before").cloned())
+    };
+    wait_for("the certificate recorded on the Node", DEADLINE, || {
+        recorded(&cluster).as_deref() == Some("2025-01-01T00:00:00Z")
+    })
+    .await;
+    let certificate_topic = format!("{PREFIX}/certificates/{NODE}");
+    let spy = Spy::connect(&cluster, &site.client("spy", None), &[]).await;
+    let old_chain = pb::NodeCertificate {
+        certificate_chain: edgebeat_transports::tls::parse_certificates(old.cert_pem.as_bytes())
+            .unwrap()
+            .iter()
+            .map(|c| c.to_vec())
+            .collect(),
+    };
+    for retained in [old_chain.encode_to_vec(), Vec::new()] {
+        let rolled_back = !retained.is_empty();
+        spy.publish(&certificate_topic, retained, true).await;
+        let before = cluster.standin.requests().len();
+        cluster.restart_gateway(gateway_options()).await.unwrap();
+        if rolled_back {
+            // The restarted replica read the retained copy, and refused it.
+            cluster
+                .wait_for_rejections(RejectReason::Certificate, 1, DEADLINE)
+                .await;
+        }
+        cluster.wait_for_renewals(NODE, 6, DEADLINE).await.unwrap();
+        let requests = cluster.standin.requests();
+        let gap = edgebeat_tests::requests::longest_renewal_gap(&requests[before..], NODE).unwrap();
+        assert!(
+            gap < Duration::from_secs(4),
+            "rolled back: {rolled_back}; Lease unrenewed for {gap:?}"
+        );
+    }
+    assert_eq!(recorded(&cluster).as_deref(), Some("2025-01-01T00:00:00Z"));
+    agent.stop().await.unwrap();
+}
+
+/// 9. Replays used to be answered: thousands of a node's freshest signed renewal drew as
+///    many `replayed` answers on its ack topic (its metered link), and the agent took them
+///    as the fate of renewals that had been written; stale replays drew `clock_skew`. Now a
+///    replay gets no answer at all, and the agent counts no failed renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_get_no_answer() {
+    use edgebeat_hw::Clock as _;
+    const NODE: &str = "edge-y";
+    let site = Ca::new("edgebeat site CA");
+    let cluster = Cluster::start_mqtt_secure(&site, true, gateway_options())
+        .await
+        .unwrap();
+    let cert = site.node(NODE);
+    let mut config = cluster.secure_agent_config(NODE, &fixture(FACTS), &cert);
+    config.healthz_bind_address = Some("127.0.0.1:0".parse().unwrap());
+    let agent = cluster.start_agent(config).unwrap();
+    cluster.wait_for_renewals(NODE, 2, DEADLINE).await.unwrap();
+    let lease_topic = format!("{PREFIX}/nodes/{NODE}/lease");
+    let acks_topic = format!("{PREFIX}/acks/{NODE}");
+    let mut spy = Spy::connect(
+        &cluster,
+        &site.client("spy", None),
+        &[&lease_topic, &acks_topic],
+    )
+    .await;
+    let captured = spy.next_on(&lease_topic).await;
+    let mut replayed = vec![seq_of(&captured)];
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    for _ in 0..300 {
+        tick.tick().await;
+        spy.publish(&lease_topic, captured.clone(), false).await;
+    }
+    // Stale ones: the node's own key on a renewal of its boot signed a minute ago.
+    let signer = edgebeat_transports::signing::MessageSigner::from_pem(
+        cert.cert_pem.as_bytes(),
+        cert.key_pem.as_bytes(),
+    )
+    .unwrap();
+    let boot =
+        std::fs::read_to_string(fixture(FACTS).join("proc/sys/kernel/random/boot_id")).unwrap();
+    let now_us = u64::try_from(edgebeat_hw::SystemClock.boottime().as_micros()).unwrap();
+    let minute_ago = jiff::Timestamp::now().as_millisecond() - 60_000;
+    for i in 0..100 {
+        let mut message = renewal(NODE, now_us + i);
+        if let Some(Kind::Lease(l)) = message.kind.as_mut() {
+            let header = l.header.as_mut().unwrap();
+            header.boot_id = pb::boot_id_to_bytes(boot.trim());
+            header.wall_time_ms = minute_ago;
+        }
+        replayed.push(now_us + i);
+        tick.tick().await;
+        spy.publish(
+            &lease_topic,
+            signer.seal(message.encode_to_vec()).unwrap(),
+            false,
+        )
+        .await;
+    }
+    cluster
+        .wait_for_rejections(RejectReason::ClockSkew, 100, DEADLINE)
+        .await;
+    wait_for("the replays refused", DEADLINE, || {
+        cluster.rejections(RejectReason::Replayed)
+            + cluster.rejections(RejectReason::QueueFull)
+            + cluster.rejections(RejectReason::Superseded)
+            >= 300
+    })
+    .await;
+    cluster.wait_for_renewals(NODE, 4, DEADLINE).await.unwrap();
+    let answered: Vec<u64> = spy
+        .received_on(&acks_topic)
+        .iter()
+        .filter_map(|p| edgebeat_tests::spy::verified_ack(p, &site.cert_pem))
+        .map(|ack| ack.seq)
+        .filter(|seq| replayed.contains(seq))
+        .collect();
+    assert!(answered.is_empty(), "replays answered: {answered:?}");
+    assert_eq!(
+        agent_sample(
+            &agent,
+            "edgebeat_agent_lease_renewals_total{result=\"failed\"}"
+        )
+        .await,
+        0.0
+    );
+    agent.stop().await.unwrap();
+}
+
+/// 10. Idle sockets, or sockets that sent one byte and stalled, from many addresses (each
+///     under the per-address limit) used to hold every TLS handshake slot: genuine new
+///     mTLS connections succeeded 2 times in 18, then 0 in 20. Now a full listener lets a
+///     new connection in and the oldest incomplete handshake gives way: every genuine
+///     handshake succeeds while the flood goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_sockets_from_many_addresses_cannot_starve_handshakes() {
+    const ADDRESSES: u8 = 40;
+    const PER_ADDRESS: usize = 7;
+    let site = Ca::new("edgebeat site CA");
+    // Scaled down from the defaults (1,024 and 32) with the same shape: 280 stalled
+    // sockets, each address under its limit, more than the listener's 128 slots.
+    let grpc = GrpcServerOptions {
+        max_handshakes: 128,
+        max_handshakes_per_address: 8,
+        ..edgebeat_tests::harness::mtls_options(&site)
+    };
+    let cluster = Cluster::start_grpc_with(grpc, gateway_options())
+        .await
+        .unwrap();
+    let addr: std::net::SocketAddr = cluster
+        .grpc_url
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
+    let flood = CancellationToken::new();
+    for host in 0..ADDRESSES {
+        for n in 0..PER_ADDRESS {
+            let flood = flood.clone();
+            let source = std::net::SocketAddr::from(([127, 0, 1, 2 + host], 0));
+            // Half stay silent, half send one byte of a ClientHello and stall; each is
+            // reopened as soon as the gateway closes it.
+            let trickle = n % 2 == 1;
+            tokio::spawn(async move {
+                while !flood.is_cancelled() {
+                    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                    socket.bind(source).unwrap();
+                    let Ok(mut stream) = socket.connect(addr).await else {
+                        // Out of ports for a moment: no busy loop beside the gateway.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    };
+                    if trickle {
+                        let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, &[0x16]).await;
+                    }
+                    let mut sink = [0u8; 64];
+                    tokio::select! {
+                        () = flood.cancelled() => {}
+                        _ = tokio::io::AsyncReadExt::read(&mut stream, &mut sink) => {}
+                    }
+                }
+            });
+        }
+    }
+    cluster
+        .wait_for_rejections(RejectReason::TlsHandshake, 200, DEADLINE)
+        .await;
+    let cert = site.node("edge-t");
+    let config = std::sync::Arc::new(
+        edgebeat_transports::tls::ClientTls {
+            ca_pem: site.cert_pem.clone().into_bytes(),
+            client_identity: Some(edgebeat_transports::tls::TlsIdentity {
+                cert_pem: cert.cert_pem.into_bytes(),
+                key_pem: cert.key_pem.into_bytes(),
+            }),
+        }
+        .rustls_config()
+        .unwrap(),
+    );
+    let mut failed = Vec::new();
+    for attempt in 0..18 {
+        let config = config.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let mut socket = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+            socket
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .map_err(|e| e.to_string())?;
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+            let mut tls = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+            while tls.is_handshaking() {
+                tls.complete_io(&mut socket).map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>(())
+        })
+        .await
+        .unwrap();
+        if let Err(why) = outcome {
+            failed.push((attempt, why));
+        }
+    }
+    flood.cancel();
+    assert!(failed.is_empty(), "genuine handshakes failed: {failed:?}");
+}
+
+/// 11. With `--allow-unidentified-agents`, "a node that spoke with its identity refuses
+///     unidentified messages" used to hold only until the gateway restarted: right after a
+///     restart a plaintext NotReady for a live node with a certificate was written. Now the
+///     Node's recorded certificate says so to every replica, restarted or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identified_node_stays_identified_across_a_gateway_restart() {
+    const NODE: &str = "edge-u";
+    let site = Ca::new("edgebeat site CA");
+    // mTLS with the certificate optional: the unsafe posture, explicitly.
+    let grpc = GrpcServerOptions {
+        require_node_identity: false,
+        ..edgebeat_tests::harness::mtls_options(&site)
+    };
+    let mut cluster = Cluster::start_grpc_with(grpc, gateway_options())
+        .await
+        .unwrap();
+    let cert = site.node(NODE);
+    let agent = cluster
+        .start_agent(identified_config(&cluster, NODE, &site, &cert))
+        .unwrap();
+    cluster.wait_for_renewals(NODE, 2, DEADLINE).await.unwrap();
+    wait_for("the certificate recorded on the Node", DEADLINE, || {
+        cluster
+            .standin
+            .node(NODE)
+            .and_then(|n| n.metadata.annotations)
+            .is_some_and(|a| a.contains_key("edgebeat.io/node-certificate-sha256"))
+    })
+    .await;
+    cluster.restart_gateway(gateway_options()).await.unwrap();
+    let (forger, stop) = unidentified_uplink(&cluster, &site, "edge-forger").await;
+    let answer = forger
+        .send(not_ready(NODE, u64::MAX / 2), DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(answer.code(), AckCode::Rejected, "{}", answer.reason());
+    assert!(cluster.rejections(RejectReason::Unauthenticated) >= 1);
+    cluster.wait_for_renewals(NODE, 3, DEADLINE).await.unwrap();
+    assert_eq!(ready_status(&cluster, NODE).as_deref(), Some("True"));
+    stop.cancel();
+    agent.stop().await.unwrap();
+}
+
+/// 12. With `--allow-unidentified-agents`, made-up names over an unidentified connection
+///     used to fill `--max-nodes`, and a genuine new node with a certificate was then
+///     refused (`fleet_full`) for as long as they lasted. Now an identified node takes the
+///     place of an unidentified one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_names_cannot_keep_an_identified_node_out() {
+    let site = Ca::new("edgebeat site CA");
+    let grpc = GrpcServerOptions {
+        require_node_identity: false,
+        ..edgebeat_tests::harness::mtls_options(&site)
+    };
+    let options = GatewayOptions {
+        max_nodes: 64,
+        ..gateway_options()
+    };
+    let cluster = Cluster::start_grpc_with(grpc, options).await.unwrap();
+    let (forger, stop) = unidentified_uplink(&cluster, &site, "made-up-first").await;
+    for i in 0..100 {
+        let _ = forger
+            .send(register(&format!("made-up-{i}"), 10 + i), DEADLINE)
+            .await;
+    }
+    assert_eq!(cluster.gateway().tracked_nodes(), 64);
+    assert!(cluster.rejections(RejectReason::FleetFull) >= 36);
+    let cert = site.node("edge-n");
+    let agent = cluster
+        .start_agent(identified_config(&cluster, "edge-n", &site, &cert))
+        .unwrap();
+    cluster
+        .wait_for_renewals("edge-n", 3, DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(cluster.gateway().tracked_nodes(), 64);
+    stop.cancel();
+    agent.stop().await.unwrap();
+}
+
+/// An agent of an mTLS cluster for `node`, with `cert` as its identity.
+fn identified_config(
+    cluster: &Cluster,
+    node: &str,
+    site: &Ca,
+    cert: &edgebeat_tests::pki::Leaf,
+) -> edgebeat_agent::AgentConfig {
+    let mut config = cluster.agent_config(node, &fixture(FACTS));
+    config
+        .transport
+        .as_mut()
+        .unwrap()
+        .set_tls(edgebeat_agent::config::ClientTls {
+            ca_pem: site.cert_pem.clone().into_bytes(),
+            client_identity: Some(edgebeat_agent::config::TlsIdentity {
+                cert_pem: cert.cert_pem.clone().into_bytes(),
+                key_pem: cert.key_pem.clone().into_bytes(),
+            }),
+        })
+        .unwrap();
+    config
+}
+
+/// A hand-driven gRPC uplink over TLS without a client certificate (unidentified),
+/// registered as `node`: what anyone who can reach an unsafe listener has.
+async fn unidentified_uplink(
+    cluster: &Cluster,
+    site: &Ca,
+    node: &'static str,
+) -> (edgebeat_transports::uplink::Uplink, CancellationToken) {
+    use edgebeat_transports::grpc::{GrpcUplinkOptions, run_uplink};
+    let (uplink, driver) = edgebeat_transports::uplink::channel(4);
+    let cancel = CancellationToken::new();
+    let mut options = GrpcUplinkOptions::new(cluster.grpc_url.clone());
+    options.tls = Some(edgebeat_transports::tls::ClientTls {
+        ca_pem: site.cert_pem.clone().into_bytes(),
+        client_identity: None,
+    });
+    let register_fn: edgebeat_transports::uplink::RegisterFn =
+        std::sync::Arc::new(move || register(node, 1));
+    tokio::spawn(run_uplink(options, register_fn, driver, cancel.clone()));
+    let mut registered = uplink.registered();
+    tokio::time::timeout(DEADLINE, registered.wait_for(|r| *r))
+        .await
+        .unwrap()
+        .unwrap();
+    (uplink, cancel)
+}
+
+/// A status report for `node` saying it is not Ready (a forger's).
+fn not_ready(node: &str, seq: u64) -> pb::AgentMessage {
+    let mut message = register(node, seq);
+    let Some(Kind::Register(r)) = message.kind.take() else {
+        unreachable!()
+    };
+    let mut status = r.status.unwrap();
+    status.conditions[0].status = "False".into();
+    status.conditions[0].reason = "KubeletNotReady".into();
+    message.kind = Some(Kind::Status(pb::StatusReport {
+        header: r.header,
+        status: Some(status),
+        unchanged: false,
+    }));
+    message
+}

@@ -27,7 +27,9 @@
 //! MQTT over TLS takes the same three fields with an `mqtts://` endpoint (default port
 //! 8883): `caFile` verifies the broker, `certFile`/`keyFile` are presented to it, and every
 //! message is then also signed end to end with `keyFile` (ECDSA P-256 or Ed25519), because
-//! the broker is a third party; the gateway verifies the signature against the site CA.
+//! the broker is a third party; the gateway verifies the signature against the site CA, and
+//! the agent takes only answers the gateway signed, verified against `caFile` or, when the
+//! broker's CA is another, `gatewayCAFile` (the site CA).
 //!
 //! A clustered broker takes its nodes as `endpoints` instead of `endpoint`; after a lost
 //! connection the agent tries the next one (all `mqtt://` or all `mqtts://`):

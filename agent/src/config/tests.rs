@@ -823,3 +823,40 @@ fn transport_text_fields_take_any_scalar() {
         "quote it",
     );
 }
+
+/// A signing agent takes only the gateway's signed answers, verified against `caFile` or,
+/// where the broker's CA is another, `gatewayCAFile`; which means nothing without a node key.
+#[test]
+fn gateway_ca_file_verifies_answers_of_a_signing_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = pki(dir.path());
+    let signing = AgentConfig::from_yaml(&format!(
+        "{MINIMAL}transport: {{kind: mqtt, endpoint: \"mqtts://broker.plant\", caFile: {}, certFile: {}, keyFile: {}, gatewayCAFile: {}}}\n",
+        ca.display(),
+        cert.display(),
+        key.display(),
+        ca.display()
+    ))
+    .unwrap();
+    let Some(TransportConfig::Mqtt(m)) = &signing.transport else {
+        panic!("mqtt expected");
+    };
+    assert!(m.signer.is_some() && m.answers.is_some());
+    assert_transport_refused(
+        &format!(
+            "{{kind: mqtt, endpoint: \"mqtts://broker.plant\", caFile: {}, gatewayCAFile: {}}}",
+            ca.display(),
+            ca.display()
+        ),
+        "transport.gatewayCAFile",
+        "only valid with transport.certFile",
+    );
+    assert_transport_refused(
+        &format!(
+            "{{kind: grpc, endpoint: \"http://gw:7443\", gatewayCAFile: {}}}",
+            ca.display()
+        ),
+        "transport.gatewayCAFile",
+        "only valid with kind: mqtt",
+    );
+}

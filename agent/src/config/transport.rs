@@ -128,15 +128,18 @@ pub(super) struct RawMqtt {
     ca_file: Option<PathBuf>,
     cert_file: Option<PathBuf>,
     key_file: Option<PathBuf>,
+    #[serde(rename = "gatewayCAFile")]
+    gateway_ca_file: Option<PathBuf>,
 }
 
 /// Fields only `kind: mqtt` has.
-const MQTT_ONLY: [&str; 5] = [
+const MQTT_ONLY: [&str; 6] = [
     "endpoints",
     "clientID",
     "username",
     "passwordFile",
     "topicPrefix",
+    "gatewayCAFile",
 ];
 
 /// The `transport` mapping of a file that did not deserialize as a whole, field by field, so
@@ -321,11 +324,15 @@ fn mqtt(p: &mut Problems, m: RawMqtt, renew_interval: Duration) -> Option<Transp
         "mqtts://",
         [m.ca_file, m.cert_file, m.key_file],
     );
+    let signs = tls.as_ref().is_some_and(|t| t.client_identity.is_some());
     #[cfg(feature = "mqtt-tls")]
     if let Some(tls) = tls
         && let Err(e) = options.set_tls(tls)
     {
         p.push("transport.keyFile", e.to_string());
+    }
+    if let Some(file) = m.gateway_ca_file {
+        gateway_ca(p, &mut options, &file, signs);
     }
     #[cfg(not(feature = "mqtt-tls"))]
     if tls.is_some() || urls[0].starts_with("mqtts://") {
@@ -335,6 +342,35 @@ fn mqtt(p: &mut Problems, m: RawMqtt, renew_interval: Duration) -> Option<Transp
         );
     }
     Some(TransportConfig::Mqtt(options))
+}
+
+/// `transport.gatewayCAFile`: the site CA that issued the gateway's answer key, when it is
+/// not `caFile` (the broker's CA). Only with a node key (`certFile`, `keyFile`), whose
+/// messages are signed and whose answers are verified.
+#[cfg(feature = "mqtt")]
+fn gateway_ca(
+    p: &mut Problems,
+    options: &mut MqttUplinkOptions,
+    file: &std::path::Path,
+    signs: bool,
+) {
+    const FIELD: &str = "transport.gatewayCAFile";
+    if !signs {
+        p.push(
+            FIELD,
+            "only valid with transport.certFile and transport.keyFile (signed messages, whose answers it verifies); remove it or add them",
+        );
+        return;
+    }
+    let Some(pem) = p.take(read_certificates(FIELD, file)) else {
+        return;
+    };
+    #[cfg(feature = "mqtt-tls")]
+    if let Err(e) = options.set_gateway_ca(&pem) {
+        p.push(FIELD, e.to_string());
+    }
+    #[cfg(not(feature = "mqtt-tls"))]
+    let _ = (options, pem);
 }
 
 /// `transport.endpoint`, or the several broker URLs of `transport.endpoints`, with the field
