@@ -19,6 +19,7 @@
 
 pub mod admission;
 pub mod apiserver;
+pub mod enrollment;
 pub mod freshness;
 pub mod gateway;
 pub mod metrics;

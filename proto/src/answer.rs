@@ -55,6 +55,9 @@ pub enum Answer {
         headers: HeaderForm,
         /// See [`Answer`].
         resend_status: bool,
+        /// `Ack.certificate_due`: by the gateway's clock the node's certificate is due for
+        /// rotation; the agent requests a new one.
+        certificate_due: bool,
     },
     /// `ACK_CODE_OK` with `Ack.lease_state`: the Lease renewal was written; the agent echoes
     /// `lease_state` (opaque bytes, non-empty) in its next `LeaseRenewal.lease_state`. An
@@ -197,7 +200,12 @@ impl Answer {
         };
         match self {
             Self::Written { .. } => {}
-            Self::Registered { headers, .. } => {
+            Self::Registered {
+                headers,
+                certificate_due,
+                ..
+            } => {
+                ack.certificate_due = certificate_due;
                 ack.registered = true;
                 ack.compact_headers = headers != HeaderForm::Full;
                 ack.boot_tags = headers == HeaderForm::CompactBootTag;
@@ -236,8 +244,11 @@ impl TryFrom<Ack> for Answer {
     /// transport's to check (signed answers), and not read here.
     fn try_from(ack: Ack) -> Result<Self, AckError> {
         let code = AckCode::try_from(ack.code).map_err(|_| AckError("unknown code"))?;
-        let ok_only =
-            ack.registered || ack.compact_headers || ack.boot_tags || !ack.lease_state.is_empty();
+        let ok_only = ack.registered
+            || ack.compact_headers
+            || ack.boot_tags
+            || ack.certificate_due
+            || !ack.lease_state.is_empty();
         let retry_flags = u8::from(ack.resend_status)
             + u8::from(ack.send_boot_id)
             + u8::from(ack.send_certificate)
@@ -266,7 +277,11 @@ impl TryFrom<Ack> for Answer {
                     return Ok(Self::Registered {
                         headers,
                         resend_status,
+                        certificate_due: ack.certificate_due,
                     });
+                }
+                if ack.certificate_due {
+                    return Err(AckError("certificate_due without registered"));
                 }
                 if ack.compact_headers {
                     return Err(AckError("compact_headers without registered"));
@@ -326,10 +341,13 @@ mod tests {
                 HeaderForm::Compact,
                 HeaderForm::CompactBootTag,
             ] {
-                all.push(Answer::Registered {
-                    headers,
-                    resend_status,
-                });
+                for certificate_due in [false, true] {
+                    all.push(Answer::Registered {
+                        headers,
+                        resend_status,
+                        certificate_due,
+                    });
+                }
             }
             all.push(Answer::Renewed {
                 lease_state: vec![1, 2, 3],

@@ -144,6 +144,7 @@ pub fn verified_ack(payload: &[u8], site_ca_pem: &str) -> Option<edgebeat_proto:
         .ok()?;
     match message.kind? {
         edgebeat_proto::gateway_message::Kind::Ack(ack) => Some(ack),
+        edgebeat_proto::gateway_message::Kind::Certificate(_) => None,
     }
 }
 

@@ -131,6 +131,22 @@ pub trait Handler: Send + Sync + 'static {
     /// `detail` a short text for logs.
     fn rejected(&self, peer: &Peer, reason: RejectReason, detail: &str);
 
+    /// Handles one certificate request (the enrollment endpoint's `payload`: an encoded
+    /// `CertificateRequest`, or a `SignedMessage` of one; see
+    /// [`edgebeat_proto::CertificateRequest`]) from `peer`, which over MQTT came on the topic
+    /// of node `topic_node`; returns the answer to send back (an encoded `SignedAnswer`), or
+    /// `None` to send nothing (a replay, the rate limit). The default handles none: a
+    /// gateway without enrollment answers nothing.
+    fn request_certificate(
+        &self,
+        peer: &Peer,
+        topic_node: Option<&str>,
+        payload: Vec<u8>,
+    ) -> impl Future<Output = Option<Vec<u8>>> + Send {
+        let _ = (peer, topic_node, payload);
+        std::future::ready(None)
+    }
+
     /// The certificate the cluster records for `node` (see [`CertificateId`]), if any: a
     /// transport that learns certificates from a third party (MQTT's retained copies)
     /// never believes one older than it. The default records nothing.
@@ -257,6 +273,7 @@ mod tests {
     fn answered(message: &AgentMessage, answer: Answer) -> Option<Ack> {
         match Asked::of(message).answer(Some(answer))?.kind? {
             gateway_message::Kind::Ack(ack) => Some(ack),
+            gateway_message::Kind::Certificate(_) => None,
         }
     }
 
@@ -275,6 +292,7 @@ mod tests {
         let accepted = Answer::Registered {
             headers: HeaderForm::Full,
             resend_status: false,
+            certificate_due: false,
         };
         let accepted_ack = answered(&register, accepted).unwrap();
         assert_eq!(accepted_ack.seq, 5, "answers the message's seq");

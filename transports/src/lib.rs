@@ -28,6 +28,9 @@ pub mod endpoint;
 #[cfg(feature = "tls")]
 pub mod signing;
 
+#[cfg(feature = "tls")]
+pub mod enroll;
+
 #[cfg(feature = "ingress")]
 pub mod ingress;
 

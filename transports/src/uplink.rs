@@ -70,6 +70,7 @@ pub struct Uplink {
     registration: watch::Receiver<NodeRegistration>,
     status_requests: watch::Receiver<u64>,
     connections: watch::Receiver<u64>,
+    certificate_due: watch::Receiver<u64>,
 }
 
 /// The transport's half of an uplink: requests to send and signals to raise.
@@ -90,6 +91,9 @@ pub struct UplinkDriver {
     /// backing off after failed sends can try again as soon as one is up (see
     /// [`Uplink::connections`]); raise it with [`UplinkDriver::connected`].
     pub connections: watch::Sender<u64>,
+    /// Counts the gateway's word that the node's certificate is due for rotation
+    /// (`Ack.certificate_due`, see [`Uplink::certificate_due`]).
+    pub certificate_due: watch::Sender<u64>,
 }
 
 impl UplinkDriver {
@@ -107,6 +111,7 @@ pub fn channel(depth: usize) -> (Uplink, UplinkDriver) {
     let (registration_tx, registration) = watch::channel(NodeRegistration::Pending);
     let (status_requests_tx, status_requests) = watch::channel(0);
     let (connections_tx, connections) = watch::channel(0);
+    let (certificate_due_tx, certificate_due) = watch::channel(0);
     (
         Uplink {
             tx,
@@ -114,6 +119,7 @@ pub fn channel(depth: usize) -> (Uplink, UplinkDriver) {
             registration,
             status_requests,
             connections,
+            certificate_due,
         },
         UplinkDriver {
             requests,
@@ -121,6 +127,7 @@ pub fn channel(depth: usize) -> (Uplink, UplinkDriver) {
             registration: registration_tx,
             status_requests: status_requests_tx,
             connections: connections_tx,
+            certificate_due: certificate_due_tx,
         },
     )
 }
@@ -178,6 +185,14 @@ impl Uplink {
     /// link is back rather than when the backoff (up to 7 s) ends.
     pub fn connections(&self) -> watch::Receiver<u64> {
         self.connections.clone()
+    }
+
+    /// How many times the gateway said, accepting a Register, that the node's certificate
+    /// is due for rotation by its clock (`Ack.certificate_due`: for boards without a
+    /// real-time clock, which cannot tell a certificate's age after a reboot). The
+    /// receiver changes on every such answer.
+    pub fn certificate_due(&self) -> watch::Receiver<u64> {
+        self.certificate_due.clone()
     }
 }
 
@@ -384,7 +399,11 @@ impl Session {
                 Ok(Answer::Registered {
                     headers,
                     resend_status,
+                    certificate_due,
                 }) => {
+                    if certificate_due {
+                        driver.certificate_due.send_modify(|n| *n += 1);
+                    }
                     if resend_status {
                         driver.status_requests.send_modify(|n| *n += 1);
                     }

@@ -202,6 +202,7 @@ impl Handler for Recorder {
             "register" => Answer::Registered {
                 headers: HeaderForm::Full,
                 resend_status: false,
+                certificate_due: false,
             },
             "lease" => Answer::Renewed {
                 lease_state: format!("rv-{}", header.seq).into_bytes(),

@@ -43,6 +43,7 @@ impl Writer {
         let registered = Answer::Registered {
             headers: pb::HeaderForm::Full,
             resend_status: false,
+            certificate_due: false,
         };
         let known = self.known(w, name);
         // A new connection of a process this replica registered: nothing to write. A new

@@ -305,11 +305,17 @@ pub struct Ack {
     /// certificate chain again on P/certificates/<node>, then retries.
     #[prost(bool, tag = "13")]
     pub send_certificate: bool,
+    /// On an accepted Register (registered): by the gateway's clock the certificate the node
+    /// spoke with is due for rotation (past 80 % of its lifetime; kubelet rotates at 70–90 %).
+    /// For boards without a real-time clock, which cannot judge a certificate's age after a
+    /// reboot. The agent requests a new certificate (CertificateRequest).
+    #[prost(bool, tag = "14")]
+    pub certificate_due: bool,
 }
 /// Everything the gateway sends back.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct GatewayMessage {
-    #[prost(oneof = "gateway_message::Kind", tags = "1")]
+    #[prost(oneof = "gateway_message::Kind", tags = "1, 2")]
     pub kind: ::core::option::Option<gateway_message::Kind>,
 }
 /// Nested message and enum types in `GatewayMessage`.
@@ -318,6 +324,10 @@ pub mod gateway_message {
     pub enum Kind {
         #[prost(message, tag = "1")]
         Ack(super::Ack),
+        /// The answer to a CertificateRequest that was granted (a refused or pending one is
+        /// answered with an Ack).
+        #[prost(message, tag = "2")]
+        Certificate(super::IssuedCertificate),
     }
 }
 /// MQTT payload on P/acks/<node> when the gateway signs its answers, as it does wherever
@@ -347,6 +357,70 @@ pub struct SignedAnswer {
     /// the site CA.
     #[prost(bytes = "vec", repeated, tag = "10")]
     pub certificate_chain: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+}
+/// A request for a node client certificate, to the gateway's enrollment endpoint (the gRPC
+/// Enrollment service, or the MQTT topic P/nodes/<node>/csr): kubelet's TLS bootstrap and
+/// certificate rotation (pkg/kubelet/certificate/bootstrap/bootstrap.go; client-go
+/// util/certificate/certificate_manager.go). The key is made on the board and never leaves
+/// it. The gateway turns the request into a certificates.k8s.io/v1
+/// CertificateSigningRequest. Proved in one of two ways:
+///
+/// * a bootstrap token (first enrollment): token_id names it, and token_proof is
+///   HMAC-SHA256(token secret, ENROLL_CONTEXT || u8 length of node_name || node_name || csr
+///   \|| wall_time_ms as 8 bytes big-endian || seq as 8 bytes big-endian), where
+///   ENROLL_CONTEXT is the 31 bytes "edgebeat.v1 certificate request" and a NUL byte (32 in
+///   all). The request travels as is; the token's secret never does.
+/// * the node's certificate (a rotation, or the renewal of a certificate that expired less
+///   than the gateway's grace period ago): the encoded request travels as the
+///   signed_message of a SignedMessage, signed with that certificate's key, whose chain is
+///   in certificate_chain.
+///   Header.wall_time_ms must be within the gateway's clock window (30 s by default), and
+///   Header.seq above any the gateway accepted for the node's boot: a recorded request
+///   replayed later is refused.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CertificateRequest {
+    #[prost(message, optional, tag = "1")]
+    pub header: ::core::option::Option<Header>,
+    /// PKCS#10 CertificationRequest, DER: subject CN=system:node:\<node_name>, O=system:nodes,
+    /// no subject alternative names, an ECDSA P-256 key (kubelet's) or Ed25519.
+    #[prost(bytes = "vec", tag = "2")]
+    pub csr: ::prost::alloc::vec::Vec<u8>,
+    /// The bootstrap token's id (its public half), for a token-proved request.
+    #[prost(string, tag = "3")]
+    pub token_id: ::prost::alloc::string::String,
+    /// The token proof (see above), for a token-proved request.
+    #[prost(bytes = "vec", tag = "4")]
+    pub token_proof: ::prost::alloc::vec::Vec<u8>,
+    /// DER certificates of the proving certificate, leaf first, for a certificate-proved
+    /// request.
+    #[prost(bytes = "vec", repeated, tag = "5")]
+    pub certificate_chain: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+}
+/// A granted CertificateRequest: the node's new certificate.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct IssuedCertificate {
+    /// Header.seq of the request.
+    #[prost(uint64, tag = "1")]
+    pub seq: u64,
+    /// The node it is for (the request's Header.node_name).
+    #[prost(string, tag = "2")]
+    pub node_name: ::prost::alloc::string::String,
+    /// The boot of the request (its Header.boot_tag).
+    #[prost(fixed32, tag = "3")]
+    pub boot_tag: u32,
+    /// DER X.509 certificates: the new certificate first, then any intermediates, the site CA
+    /// last. An enrolling agent checks the site CA against the hash its bootstrap token
+    /// carries, and keeps it as the CA it trusts from then on.
+    #[prost(bytes = "vec", repeated, tag = "4")]
+    pub certificate_chain: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+}
+/// One payload on the gRPC enrollment endpoint: the bytes MQTT carries on
+/// P/nodes/<node>/csr (a CertificateRequest, or a SignedMessage of one) going up, and on
+/// P/acks/<node> (a SignedAnswer) coming down, so both transports check the same thing.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct EnrollmentPayload {
+    #[prost(bytes = "vec", tag = "1")]
+    pub payload: ::prost::alloc::vec::Vec<u8>,
 }
 /// Outcome of one agent message at the gateway.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
@@ -681,6 +755,305 @@ pub mod heartbeat_server {
     /// Generated gRPC service name
     pub const SERVICE_NAME: &str = "edgebeat.v1.Heartbeat";
     impl<T> tonic::server::NamedService for HeartbeatServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}
+/// Generated client implementations.
+#[cfg(feature = "grpc-client")]
+pub mod enrollment_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    /// The gateway's enrollment endpoint over gRPC: a listener apart from Heartbeat's, which
+    /// needs no client certificate (a board enrolling has none yet), rate limited per address
+    /// and in all. Every request is proved in itself (CertificateRequest) and every answer is
+    /// signed (SignedAnswer), so the channel need not authenticate either side.
+    #[derive(Debug, Clone)]
+    pub struct EnrollmentClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl<T> EnrollmentClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> EnrollmentClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            EnrollmentClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        pub async fn request_certificate(
+            &mut self,
+            request: impl tonic::IntoRequest<super::EnrollmentPayload>,
+        ) -> std::result::Result<
+            tonic::Response<super::EnrollmentPayload>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::SmallBufferCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/edgebeat.v1.Enrollment/RequestCertificate",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("edgebeat.v1.Enrollment", "RequestCertificate"));
+            self.inner.unary(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+#[cfg(feature = "grpc-server")]
+pub mod enrollment_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with EnrollmentServer.
+    #[async_trait]
+    pub trait Enrollment: std::marker::Send + std::marker::Sync + 'static {
+        async fn request_certificate(
+            &self,
+            request: tonic::Request<super::EnrollmentPayload>,
+        ) -> std::result::Result<
+            tonic::Response<super::EnrollmentPayload>,
+            tonic::Status,
+        >;
+    }
+    /// The gateway's enrollment endpoint over gRPC: a listener apart from Heartbeat's, which
+    /// needs no client certificate (a board enrolling has none yet), rate limited per address
+    /// and in all. Every request is proved in itself (CertificateRequest) and every answer is
+    /// signed (SignedAnswer), so the channel need not authenticate either side.
+    #[derive(Debug)]
+    pub struct EnrollmentServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> EnrollmentServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for EnrollmentServer<T>
+    where
+        T: Enrollment,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/edgebeat.v1.Enrollment/RequestCertificate" => {
+                    #[allow(non_camel_case_types)]
+                    struct RequestCertificateSvc<T: Enrollment>(pub Arc<T>);
+                    impl<
+                        T: Enrollment,
+                    > tonic::server::UnaryService<super::EnrollmentPayload>
+                    for RequestCertificateSvc<T> {
+                        type Response = super::EnrollmentPayload;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::EnrollmentPayload>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Enrollment>::request_certificate(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RequestCertificateSvc(inner);
+                        let codec = crate::codec::SmallBufferCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for EnrollmentServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "edgebeat.v1.Enrollment";
+    impl<T> tonic::server::NamedService for EnrollmentServer<T> {
         const NAME: &'static str = SERVICE_NAME;
     }
 }

@@ -180,6 +180,7 @@ impl edgebeat_transports::ingress::Handler for AckOnly {
                 edgebeat_proto::Answer::Registered {
                     headers: edgebeat_proto::HeaderForm::Full,
                     resend_status: false,
+                    certificate_due: false,
                 }
             }
             _ => edgebeat_proto::Answer::WRITTEN,

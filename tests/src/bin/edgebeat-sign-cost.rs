@@ -125,6 +125,7 @@ fn signed_answers(site: &Ca) -> anyhow::Result<()> {
             edgebeat_proto::Answer::Registered {
                 headers: edgebeat_proto::HeaderForm::CompactBootTag,
                 resend_status: false,
+                certificate_due: false,
             },
         ),
         ("Written (status report)", edgebeat_proto::Answer::WRITTEN),

@@ -19,6 +19,8 @@ pub use crate::tls;
 pub use crate::tls::{ClientTls, GrpcServerTls, TlsIdentity};
 #[cfg(feature = "grpc-uplink")]
 pub use client::{GrpcUplinkError, GrpcUplinkOptions, run_uplink};
+
+pub mod enroll;
 #[cfg(feature = "grpc-ingress")]
 pub use server::{GrpcServeError, GrpcServerOptions, serve};
 

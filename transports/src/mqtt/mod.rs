@@ -36,6 +36,9 @@ use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop};
 
 #[cfg(feature = "mqtt-uplink")]
 mod client;
+/// Certificate requests over MQTT (enrollment and rotation), agent side.
+#[cfg(all(feature = "mqtt-uplink", feature = "mqtt-tls"))]
+pub mod enroll;
 #[cfg(feature = "mqtt-ingress")]
 mod server;
 

@@ -108,6 +108,10 @@ const PACKET_HEADROOM: usize = 4096;
 /// event loop never does.
 const REQUEST_QUEUE: usize = 256;
 
+/// Certificate requests handled at once (each may wait for the apiserver); beyond it a
+/// request is dropped and counted ([`REJECT_QUEUE_FULL`]), and its agent asks again later.
+const ENROLLMENTS_IN_FLIGHT: usize = 64;
+
 /// A node's queue is forgotten after this long without messages.
 const WORKER_IDLE: Duration = Duration::from_secs(300);
 
@@ -386,6 +390,7 @@ pub async fn serve<H: Handler>(
         last_full_sweep: Instant::now(),
         answer_signer: options.answer_signer.clone(),
         certificate_asked: HashMap::new(),
+        enrollments: Arc::new(tokio::sync::Semaphore::new(ENROLLMENTS_IN_FLIGHT)),
         signatures: options.signatures.clone().map(|policy| {
             Arc::new(Signatures {
                 policy,
@@ -532,6 +537,9 @@ enum Inbound<'t> {
     },
     /// `node`'s certificate chain (`P/certificates/{node}`).
     Certificate { node: &'t str },
+    /// A certificate request of `node` (`P/nodes/{node}/csr`), for the handler's
+    /// enrollment ([`Handler::request_certificate`]).
+    CertificateRequest { node: &'t str },
 }
 
 /// Classifies one PUBLISH by topic and size: a message, a Last Will, a certificate, or the
@@ -563,6 +571,13 @@ fn classify<'t>(
         let node = valid(node)?;
         let header = Header::decode(payload).ok();
         return Ok(Inbound::Will { node, header });
+    }
+    if kind == crate::enroll::CSR_KIND {
+        let node = valid(node)?;
+        if payload.len() > max_bytes {
+            return Err(REJECT_TOO_LARGE);
+        }
+        return Ok(Inbound::CertificateRequest { node });
     }
     let node = NodeName::new(node).map_err(|_| REJECT_MALFORMED)?;
     let kind = MessageKind::from_name(kind).ok_or(REJECT_UNKNOWN_TOPIC)?;

@@ -130,7 +130,21 @@ impl AnswerVerifier {
     ///
     /// Errors: a message when the PEM holds no usable CA certificate.
     pub fn from_pem(ca_pem: &[u8]) -> Result<Self, String> {
-        let roots = tls::root_store(ca_pem)?;
+        Self::from_roots(tls::root_store(ca_pem)?)
+    }
+
+    /// A verifier trusting the one CA certificate `ca_der` (DER).
+    ///
+    /// Errors: a message when it is not usable as a trust anchor.
+    pub fn from_der(ca_der: &[u8]) -> Result<Self, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from(ca_der.to_vec()))
+            .map_err(|e| format!("not a usable CA certificate: {e}"))?;
+        Self::from_roots(roots)
+    }
+
+    fn from_roots(roots: rustls::RootCertStore) -> Result<Self, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier =
             rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)

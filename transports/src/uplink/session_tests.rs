@@ -5,6 +5,7 @@ fn registered(seq: u64) -> Ack {
     Answer::Registered {
         headers: HeaderForm::Full,
         resend_status: false,
+        certificate_due: false,
     }
     .into_ack(seq)
 }
@@ -60,6 +61,7 @@ fn the_header_form_is_what_register_was_accepted_with_and_boot_id_requests_last(
     let accepted = Answer::Registered {
         headers: HeaderForm::CompactBootTag,
         resend_status: false,
+        certificate_due: false,
     };
     s.on_ack(accepted.into_ack(1), &driver);
     assert_eq!(s.header_form(), HeaderForm::CompactBootTag);

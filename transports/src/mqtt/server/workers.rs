@@ -49,6 +49,8 @@ pub(super) struct Workers<H> {
     /// only nodes the cluster records as identified, forgotten after
     /// [`CERTIFICATE_ASK_INTERVAL`].
     pub(super) certificate_asked: HashMap<NodeName, Instant>,
+    /// Certificate requests being handled ([`ENROLLMENTS_IN_FLIGHT`] at most).
+    pub(super) enrollments: Arc<tokio::sync::Semaphore>,
 }
 
 /// Least time between two requests to one node for its certificate, 30 s (the agent's own
@@ -83,6 +85,10 @@ impl<H: Handler> Workers<H> {
                         }
                     }
                 }
+                return;
+            }
+            Ok(Inbound::CertificateRequest { node }) => {
+                self.request_certificate(node, publish.payload.to_vec());
                 return;
             }
             Ok(Inbound::Will { node, header }) => {
@@ -252,6 +258,37 @@ impl<H: Handler> Workers<H> {
             reason: "this gateway replica holds no current certificate for the node".into(),
         };
         self.answer(node, asked, answer, true);
+    }
+
+    /// Hands a certificate request on `node`'s topic to the handler in a task of its own
+    /// (the handler may wait for the apiserver) and publishes its answer, if any, on the
+    /// node's ack topic; at most [`ENROLLMENTS_IN_FLIGHT`] at once, beyond which the request
+    /// is dropped and counted (the agent asks again later).
+    pub(super) fn request_certificate(&self, node: &str, payload: Vec<u8>) {
+        let Ok(permit) = self.enrollments.clone().try_acquire_owned() else {
+            tracing::debug!(node, "certificate request dropped: too many in flight");
+            self.handler.rejected(
+                &nobody(),
+                REJECT_QUEUE_FULL.reason,
+                "too many certificate requests in flight",
+            );
+            return;
+        };
+        let (handler, client) = (self.handler.clone(), self.client.clone());
+        let (topic, node) = (acks_topic(&self.prefix, node), node.to_owned());
+        tokio::spawn(async move {
+            let answer = handler
+                .request_certificate(&nobody(), Some(&node), payload)
+                .await;
+            drop(permit);
+            if let Some(answer) = answer
+                && let Err(error) = client
+                    .publish(&topic, QoS::AtLeastOnce, false, answer)
+                    .await
+            {
+                tracing::debug!(%error, %topic, "certificate answer not sent");
+            }
+        });
     }
 
     /// Starts the task that handles `node`'s queued messages in order and ends when the

@@ -1,0 +1,900 @@
+//! Node certificates without hands: the gateway's side of enrollment and rotation.
+//!
+//! A [`CertificateRequest`] arrives on the enrollment endpoint (the gRPC Enrollment service,
+//! or MQTT `P/nodes/<node>/csr`), proved by a bootstrap token or by the node's certificate
+//! (see its wire docs). [`Enrollment::handle`] checks it the way kube-apiserver and
+//! kube-controller-manager together check a kubelet's (`pkg/kubelet/certificate/bootstrap`,
+//! `pkg/controller/certificates/approver/sarapprove.go`, `.../signer/signer.go`), and every
+//! certificate goes through Kubernetes:
+//!
+//! 1. **Proof.** The clock window (signed wall time within `max_clock_skew`) and the
+//!    per-boot sequence (a replay gets no answer), then either the token (its Secret
+//!    [`tokens::token_secret_name`]: not expired, its node names cover the node, uses left,
+//!    the HMAC proof) or the certificate (the site CA's, the node's own identity, the
+//!    request signed with its key; one that expired less than `grace` ago still proves a
+//!    renewal, for a Node that still exists).
+//! 2. **The request.** PKCS#10 with a valid self-signature (proof of the key), subject
+//!    exactly O=`system:nodes`, CN=`system:node:<node>`, no subject alternative names, no
+//!    usage but digital signature and client auth, a P-256 or Ed25519 key.
+//! 3. **A `certificates.k8s.io/v1` CertificateSigningRequest**, named after the key and
+//!    the node (`edgebeat-<hash>`), so a retried request finds its own; labelled with the
+//!    token that proved it (its uses are the CSRs so labelled), annotated with the node,
+//!    transport and proof. `kubectl get csr` shows every enrollment and rotation.
+//! 4. **Approval** through the `/approval` subresource: with [`Approval::Auto`] every
+//!    proved request; with [`Approval::Manual`] rotations only, first enrollments waiting
+//!    for `kubectl certificate approve` (the agent asks again with backoff).
+//! 5. **Signing.** Under the gateway's own signer name it signs with the site CA
+//!    ([`ca::SiteCa`]) and writes `status.certificate` through `/status`; under another
+//!    (cert-manager, kube-controller-manager) it waits for that signer.
+//!
+//! The answer is signed ([`edgebeat_transports::signing::AnswerSigner`]) and binds the
+//! node, boot and sequence it answers; a granted one carries the chain with the site CA
+//! last, which an enrolling agent checks against its token's pin.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use edgebeat_hw::Clock;
+use edgebeat_proto::{
+    Answer, CertificateRequest, GatewayMessage, Header, IssuedCertificate, NodeCertificate,
+    gateway_message,
+};
+use edgebeat_transports::enroll;
+use edgebeat_transports::ingress::TransportKind;
+use edgebeat_transports::signing::{AnswerSigner, CertificateVerifier};
+use jiff::Timestamp;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
+    CertificateSigningRequestStatus,
+};
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use prost::Message as _;
+use rustls::pki_types::UnixTime;
+
+pub mod ca;
+pub mod tokens;
+
+use ca::SiteCa;
+
+/// The signer name of the certificates the gateway signs itself:
+/// `edgebeat.io/node-client`.
+pub const DEFAULT_SIGNER_NAME: &str = "edgebeat.io/node-client";
+
+/// Label on a CertificateSigningRequest: the bootstrap token that proved it.
+pub const TOKEN_LABEL: &str = "edgebeat.io/bootstrap-token";
+
+/// Annotation on a CertificateSigningRequest: the node it is for.
+pub const NODE_ANNOTATION: &str = "edgebeat.io/node";
+
+/// Annotation on a CertificateSigningRequest: the transport it came by (`grpc`, `mqtt`).
+pub const TRANSPORT_ANNOTATION: &str = "edgebeat.io/transport";
+
+/// Annotation on a CertificateSigningRequest: how it was proved (`token`, `certificate`).
+pub const PROOF_ANNOTATION: &str = "edgebeat.io/proof";
+
+/// Why the enrollment side could not start or do something.
+#[derive(Debug, thiserror::Error)]
+pub enum EnrollmentError {
+    /// The site CA cannot be made, read or used.
+    #[error("site CA: {0}")]
+    Ca(String),
+    /// A bootstrap token cannot be made or read.
+    #[error("bootstrap token: {0}")]
+    Token(String),
+    /// An apiserver call failed.
+    #[error("apiserver: {0}")]
+    Apiserver(#[from] kube::Error),
+}
+
+/// Who approves first enrollments (`--csr-approval`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approval {
+    /// The gateway approves every proved request (a valid token for the node with uses
+    /// left, or the node's certificate).
+    Auto,
+    /// The gateway approves rotations (proved by the node's certificate); first
+    /// enrollments wait for `kubectl certificate approve`.
+    Manual,
+}
+
+/// How the gateway enrolls and rotates node certificates.
+#[derive(Debug, Clone)]
+pub struct EnrollmentOptions {
+    /// Namespace of the token Secrets and the site CA Secret (the gateway's own).
+    pub namespace: String,
+    /// `spec.signerName` of the CSRs ([`DEFAULT_SIGNER_NAME`]: the gateway signs).
+    pub signer_name: String,
+    /// Who approves first enrollments.
+    pub approval: Approval,
+    /// Lifetime of a node certificate (`spec.expirationSeconds`; default 1 year,
+    /// kube-controller-manager's `--cluster-signing-duration`).
+    pub lifetime: Duration,
+    /// How long after its notAfter a certificate still proves a renewal (default 30
+    /// days): a board that was offline when its certificate expired renews it when back,
+    /// for a Node that still exists; past it, it needs a new token.
+    pub grace: Duration,
+    /// Largest difference between a request's `wall_time_ms` and the gateway's clock
+    /// (default 30 s).
+    pub max_clock_skew: Duration,
+}
+
+impl Default for EnrollmentOptions {
+    fn default() -> Self {
+        Self {
+            namespace: "edgebeat-system".to_owned(),
+            signer_name: DEFAULT_SIGNER_NAME.to_owned(),
+            approval: Approval::Auto,
+            lifetime: Duration::from_secs(365 * 24 * 3600),
+            grace: Duration::from_secs(30 * 24 * 3600),
+            max_clock_skew: Duration::from_secs(30),
+        }
+    }
+}
+
+/// How a request was proved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Proof {
+    /// A bootstrap token, by id.
+    Token(String),
+    /// The node's certificate.
+    Certificate,
+}
+
+impl Proof {
+    fn as_str(&self) -> &'static str {
+        match self {
+            Self::Token(_) => "token",
+            Self::Certificate => "certificate",
+        }
+    }
+}
+
+/// A request refused: the metric label and why, for the log and the answer.
+#[derive(Debug)]
+struct Refused {
+    reason: &'static str,
+    detail: String,
+}
+
+fn refuse(reason: &'static str, detail: impl Into<String>) -> Refused {
+    Refused {
+        reason,
+        detail: detail.into(),
+    }
+}
+
+/// What became of one request.
+enum Outcome {
+    Issued(Vec<Vec<u8>>),
+    Pending(String),
+    Refused(Refused),
+    /// A replay, or something that names no request: no answer.
+    Silent(&'static str),
+}
+
+/// The latest request accepted from a node: its boot ID, sequence number, and when.
+type Seen = (Vec<u8>, u64, Timestamp);
+
+/// A request's signed bytes and signature, when it came as a SignedMessage.
+type Signed = (Vec<u8>, Vec<u8>);
+
+/// Counters of requests by proof and outcome, and the CSRs waiting, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct EnrollmentCounters {
+    by_outcome: Mutex<HashMap<(&'static str, &'static str), u64>>,
+    /// Names of CSRs answered pending and not issued since.
+    pending: Mutex<HashSet<String>>,
+}
+
+impl EnrollmentCounters {
+    fn count(&self, proof: &'static str, outcome: &'static str) {
+        *self
+            .by_outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry((proof, outcome))
+            .or_default() += 1;
+    }
+
+    /// Requests counted for `proof` (`token`, `certificate`, `unknown`) and `outcome`
+    /// (`issued`, `pending`, a refusal reason).
+    pub fn get(&self, proof: &str, outcome: &str) -> u64 {
+        self.by_outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|((p, o), _)| *p == proof && *o == outcome)
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
+    /// Every `(proof, outcome)` count so far.
+    pub fn all(&self) -> Vec<((&'static str, &'static str), u64)> {
+        let map = self
+            .by_outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        map.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
+    /// CSRs this replica answered pending that it has not seen issued since.
+    pub fn pending(&self) -> usize {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// The enrollment side of one gateway replica (see the module docs).
+pub struct Enrollment {
+    client: kube::Client,
+    options: EnrollmentOptions,
+    /// The site CA with its key, when the gateway signs (its own signer name).
+    ca: Option<SiteCa>,
+    /// The site CA certificate (DER) agents are given and proofs are checked against.
+    ca_der: Vec<u8>,
+    verifier: CertificateVerifier,
+    answers: Arc<AnswerSigner>,
+    clock: Arc<dyn Clock>,
+    /// Latest `(boot ID, seq)` accepted per node, and when: replays are refused for
+    /// twice the clock window, after which the window refuses them.
+    seen: Mutex<HashMap<String, Seen>>,
+    /// Requests and outcomes, for `/metrics`.
+    pub counters: EnrollmentCounters,
+}
+
+impl std::fmt::Debug for Enrollment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Enrollment")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Enrollment {
+    /// The enrollment side signing with the site CA of the Secret [`ca::SITE_CA_SECRET`]
+    /// (made if absent), which also issues the gateway's answer key.
+    ///
+    /// Errors: [`EnrollmentError`] when the CA cannot be loaded or made.
+    pub async fn with_site_ca(
+        client: kube::Client,
+        options: EnrollmentOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, EnrollmentError> {
+        let now = clock_seconds(clock.as_ref());
+        let ca = SiteCa::load_or_create(client.clone(), &options.namespace, now).await?;
+        let answers = Arc::new(ca.answer_signer(now)?);
+        let ca_der = ca.cert_der.clone();
+        let verifier =
+            CertificateVerifier::from_pem(ca.cert_pem.as_bytes()).map_err(EnrollmentError::Ca)?;
+        Ok(Self {
+            client,
+            options,
+            ca: Some(ca),
+            ca_der,
+            verifier,
+            answers,
+            clock,
+            seen: Mutex::default(),
+            counters: EnrollmentCounters::default(),
+        })
+    }
+
+    /// The site CA (PEM) this replica checks proofs against and gives agents.
+    pub fn ca_pem(&self) -> String {
+        enroll::pem("CERTIFICATE", &self.ca_der)
+    }
+
+    /// The answer key this replica signs with (also for its MQTT answers).
+    pub fn answer_signer(&self) -> Arc<AnswerSigner> {
+        self.answers.clone()
+    }
+
+    /// The pin of the site CA ([`enroll::ca_pin`]), for bootstrap tokens.
+    ///
+    /// Errors: [`EnrollmentError::Ca`] (cannot happen for a CA that loaded).
+    pub fn pin(&self) -> Result<[u8; 32], EnrollmentError> {
+        enroll::ca_pin(&self.ca_der).map_err(|e| EnrollmentError::Ca(e.to_string()))
+    }
+
+    /// Handles one certificate request `payload` that came by `transport` (MQTT: on the
+    /// topic of `topic_node`, which must be the request's node) and returns the answer to
+    /// send (an encoded SignedAnswer), or `None` for a replay or anything that names no
+    /// request (see the module docs).
+    pub async fn handle(
+        &self,
+        transport: TransportKind,
+        topic_node: Option<&str>,
+        payload: &[u8],
+    ) -> Option<Vec<u8>> {
+        let (request, signed) = match open(payload) {
+            Ok(opened) => opened,
+            Err(why) => {
+                self.counters.count("unknown", "malformed");
+                tracing::debug!(%why, transport = transport.as_str(), "certificate request refused");
+                return None;
+            }
+        };
+        let header = request.header.clone().unwrap_or_default();
+        let proof_label = if signed.is_some() {
+            "certificate"
+        } else {
+            "token"
+        };
+        let outcome = self
+            .decide(transport, topic_node, &request, &header, signed)
+            .await;
+        let answer = match outcome {
+            Outcome::Silent(why) => {
+                self.counters.count(proof_label, why);
+                tracing::debug!(node = %header.node_name, why, "certificate request not answered");
+                return None;
+            }
+            Outcome::Issued(chain) => {
+                self.counters.count(proof_label, "issued");
+                tracing::info!(node = %header.node_name, proof = proof_label, transport = transport.as_str(), "node certificate issued");
+                gateway_message::Kind::Certificate(IssuedCertificate {
+                    seq: header.seq,
+                    node_name: header.node_name.clone(),
+                    boot_tag: header.named_boot_tag(),
+                    certificate_chain: chain,
+                })
+            }
+            Outcome::Pending(why) => {
+                self.counters.count(proof_label, "pending");
+                tracing::info!(node = %header.node_name, %why, "certificate request pending");
+                ack(&header, Answer::Retry { reason: why })
+            }
+            Outcome::Refused(refused) => {
+                self.counters.count(proof_label, refused.reason);
+                tracing::warn!(node = %header.node_name, reason = refused.reason, detail = %refused.detail, transport = transport.as_str(), "certificate request refused");
+                ack(
+                    &header,
+                    Answer::Rejected {
+                        reason: refused.detail,
+                    },
+                )
+            }
+        };
+        let message = GatewayMessage { kind: Some(answer) };
+        match self.answers.seal(&message) {
+            Ok(sealed) => Some(sealed),
+            Err(error) => {
+                tracing::error!(%error, "certificate answer not sent: it could not be signed");
+                None
+            }
+        }
+    }
+
+    async fn decide(
+        &self,
+        transport: TransportKind,
+        topic_node: Option<&str>,
+        request: &CertificateRequest,
+        header: &Header,
+        signed: Option<Signed>,
+    ) -> Outcome {
+        let node = header.node_name.as_str();
+        if !edgebeat_transports::tls::is_node_name(node) || topic_node.is_some_and(|t| t != node) {
+            return Outcome::Silent("foreign");
+        }
+        let now = self.clock.now();
+        let now_ms = i64::try_from(
+            now.duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis(),
+        )
+        .unwrap_or(i64::MAX);
+        let skew = i64::try_from(self.options.max_clock_skew.as_millis()).unwrap_or(i64::MAX);
+        if (header.wall_time_ms - now_ms).abs() > skew {
+            return Outcome::Silent("clock_skew");
+        }
+        if !self.first_time(header) {
+            return Outcome::Silent("replayed");
+        }
+        let proof = match &signed {
+            Some((signed_bytes, signature)) => {
+                match self
+                    .prove_by_certificate(request, node, signed_bytes, signature, now)
+                    .await
+                {
+                    Ok(()) => Proof::Certificate,
+                    Err(refused) => return Outcome::Refused(refused),
+                }
+            }
+            None => match self.prove_by_token(request, header).await {
+                Ok(id) => Proof::Token(id),
+                Err(Err(pending)) => return Outcome::Pending(pending),
+                Err(Ok(refused)) => return Outcome::Refused(refused),
+            },
+        };
+        let public_key = match check_csr(&request.csr, node) {
+            Ok(key) => key,
+            Err(refused) => return Outcome::Refused(refused),
+        };
+        match self
+            .through_kubernetes(transport, node, &request.csr, public_key, &proof)
+            .await
+        {
+            Ok(Some(chain)) => Outcome::Issued(chain),
+            Ok(None) => Outcome::Pending(format!(
+                "pending: the CertificateSigningRequest {} waits for approval (kubectl certificate approve) or its signer",
+                csr_name(&request.csr, node)
+            )),
+            Err(Ok(refused)) => Outcome::Refused(refused),
+            Err(Err(pending)) => Outcome::Pending(pending),
+        }
+    }
+
+    /// Records `header`'s boot and sequence for its node; false when not above the last
+    /// one of the same boot (a replay).
+    fn first_time(&self, header: &Header) -> bool {
+        let now = Timestamp::now();
+        let window = jiff::SignedDuration::try_from(self.options.max_clock_skew * 2)
+            .unwrap_or(jiff::SignedDuration::MAX);
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.retain(|_, (_, _, at)| now.duration_since(*at) < window);
+        match seen.get(&header.node_name) {
+            Some((boot, seq, _)) if *boot == header.boot_id && header.seq <= *seq => false,
+            _ => {
+                seen.insert(
+                    header.node_name.clone(),
+                    (header.boot_id.clone(), header.seq, now),
+                );
+                true
+            }
+        }
+    }
+
+    /// The token proof: the token's id when it holds. `Err(Ok(_))` refuses,
+    /// `Err(Err(_))` says to ask again (the apiserver unreachable).
+    async fn prove_by_token(
+        &self,
+        request: &CertificateRequest,
+        header: &Header,
+    ) -> Result<String, Result<Refused, String>> {
+        let node = header.node_name.as_str();
+        if request.token_id.is_empty() {
+            return Err(Ok(refuse(
+                "unproved",
+                "neither a bootstrap token nor a node certificate proves the request",
+            )));
+        }
+        let token = match tokens::read_token(
+            self.client.clone(),
+            &self.options.namespace,
+            &request.token_id,
+        )
+        .await
+        {
+            Ok(Some(token)) => token,
+            Ok(None) => return Err(Ok(refuse("token_unknown", "unknown bootstrap token"))),
+            Err(EnrollmentError::Apiserver(e)) => {
+                return Err(Err(format!("reading the bootstrap token: {e}")));
+            }
+            Err(e) => return Err(Ok(refuse("token_unknown", e.to_string()))),
+        };
+        if !enroll::verify_token_proof(token.secret(), header, &request.csr, &request.token_proof) {
+            return Err(Ok(refuse(
+                "bad_proof",
+                "the token proof does not verify (another secret, or a request altered)",
+            )));
+        }
+        if token.expires <= Timestamp::now() {
+            return Err(Ok(refuse(
+                "token_expired",
+                format!("bootstrap token {} expired at {}", token.id, token.expires),
+            )));
+        }
+        if !token.allows(node) {
+            return Err(Ok(refuse(
+                "token_node",
+                format!(
+                    "bootstrap token {} does not cover node {node:?} (it covers {})",
+                    token.id,
+                    token.nodes.join(", ")
+                ),
+            )));
+        }
+        // Uses: the CSRs this token created, other than this request's own.
+        let csrs: Api<CertificateSigningRequest> = Api::all(self.client.clone());
+        let listed = csrs
+            .list(&kube::api::ListParams::default().labels(&format!("{TOKEN_LABEL}={}", token.id)))
+            .await
+            .map_err(|e| Err(format!("counting the token's uses: {e}")))?;
+        let own = csr_name(&request.csr, node);
+        let used = listed
+            .items
+            .iter()
+            .filter(|c| c.metadata.name.as_deref() != Some(own.as_str()))
+            .count();
+        if used >= usize::try_from(token.usage_limit).unwrap_or(usize::MAX) {
+            return Err(Ok(refuse(
+                "token_used_up",
+                format!(
+                    "bootstrap token {} has enrolled its {} nodes",
+                    token.id, token.usage_limit
+                ),
+            )));
+        }
+        Ok(token.id)
+    }
+
+    /// The certificate proof: the request signed with the key of a site-CA certificate of
+    /// `node` that is valid, or expired less than `grace` ago for a Node that still exists.
+    async fn prove_by_certificate(
+        &self,
+        request: &CertificateRequest,
+        node: &str,
+        signed: &[u8],
+        signature: &[u8],
+        now: std::time::SystemTime,
+    ) -> Result<(), Refused> {
+        use x509_parser::prelude::FromDer as _;
+
+        let leaf = request
+            .certificate_chain
+            .first()
+            .ok_or_else(|| refuse("unproved", "a signed request without its certificate"))?;
+        let (_, cert) = x509_parser::certificate::X509Certificate::from_der(leaf).map_err(|e| {
+            refuse(
+                "certificate",
+                format!("the certificate does not parse: {e}"),
+            )
+        })?;
+        let not_after = cert.validity().not_after.timestamp();
+        let now_s = i64::try_from(
+            now.duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs(),
+        )
+        .unwrap_or(i64::MAX);
+        let grace = i64::try_from(self.options.grace.as_secs()).unwrap_or(i64::MAX);
+        let expired = now_s > not_after;
+        if expired && now_s - not_after > grace {
+            return Err(refuse(
+                "certificate_expired",
+                format!(
+                    "the node's certificate expired more than {} days ago; enroll it again with a bootstrap token",
+                    self.options.grace.as_secs() / 86_400
+                ),
+            ));
+        }
+        // An expired certificate is checked as of its last valid second.
+        let at = if expired { not_after - 1 } else { now_s };
+        let at = UnixTime::since_unix_epoch(Duration::from_secs(u64::try_from(at).unwrap_or(0)));
+        let published = NodeCertificate {
+            certificate_chain: request.certificate_chain.clone(),
+        }
+        .encode_to_vec();
+        let key = self
+            .verifier
+            .verify(node, &published, at)
+            .map_err(|e| refuse("certificate", e.to_string()))?;
+        key.verify(signed, signature, at)
+            .map_err(|e| refuse("bad_signature", e.to_string()))?;
+        if expired {
+            let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+            match nodes.get_opt(node).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(refuse(
+                        "certificate_expired",
+                        format!(
+                            "the certificate expired and Node {node} no longer exists; enroll it again with a bootstrap token"
+                        ),
+                    ));
+                }
+                Err(e) => return Err(refuse("apiserver", format!("reading Node {node}: {e}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// The CertificateSigningRequest's life: create (or find), approve, sign (or wait).
+    /// `Ok(Some(chain))` once issued, `Ok(None)` while waiting for approval or the signer;
+    /// `Err(Ok(_))` refuses (denied, failed), `Err(Err(_))` asks again (the apiserver).
+    async fn through_kubernetes(
+        &self,
+        transport: TransportKind,
+        node: &str,
+        csr_der: &[u8],
+        public_key: rcgen::PublicKey,
+        proof: &Proof,
+    ) -> Result<Option<Vec<Vec<u8>>>, Result<Refused, String>> {
+        let api: Api<CertificateSigningRequest> = Api::all(self.client.clone());
+        let name = csr_name(csr_der, node);
+        let apiserver = |what: &str, e: kube::Error| Err(format!("{what} {name}: {e}"));
+        let mut csr = match api.get_opt(&name).await {
+            Ok(Some(csr)) => csr,
+            Ok(None) => {
+                let wanted = self.new_csr(&name, transport, node, csr_der, proof);
+                match api.create(&PostParams::default(), &wanted).await {
+                    Ok(created) => created,
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        api.get(&name).await.map_err(|e| apiserver("reading", e))?
+                    }
+                    Err(e) => return Err(apiserver("creating", e)),
+                }
+            }
+            Err(e) => return Err(apiserver("reading", e)),
+        };
+        let conditions = |csr: &CertificateSigningRequest, type_: &str| {
+            csr.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.status == "True"))
+        };
+        if conditions(&csr, "Denied") || conditions(&csr, "Failed") {
+            return Err(Ok(refuse(
+                "denied",
+                format!("the CertificateSigningRequest {name} was denied or failed"),
+            )));
+        }
+        if !conditions(&csr, "Approved") {
+            let approve = self.options.approval == Approval::Auto || *proof == Proof::Certificate;
+            if !approve {
+                self.pending(&name, true);
+                return Ok(None);
+            }
+            csr = self
+                .approve(&api, csr, proof)
+                .await
+                .map_err(|e| apiserver("approving", e))?;
+        }
+        let issued = csr
+            .status
+            .as_ref()
+            .and_then(|s| s.certificate.as_ref())
+            .filter(|c| !c.0.is_empty())
+            .cloned();
+        let pem = match (issued, &self.ca) {
+            (Some(pem), _) => pem.0,
+            (None, Some(ca)) if self.options.signer_name == DEFAULT_SIGNER_NAME => {
+                let now = clock_seconds(self.clock.as_ref());
+                let lifetime = csr
+                    .spec
+                    .expiration_seconds
+                    .and_then(|s| u64::try_from(s).ok())
+                    .map_or(self.options.lifetime, Duration::from_secs);
+                let pem = ca
+                    .sign_node(node, public_key, now, lifetime)
+                    .map_err(|e| Ok(refuse("signing", e.to_string())))?;
+                csr.status.get_or_insert_default().certificate =
+                    Some(ByteString(pem.clone().into_bytes()));
+                api.replace_status(&name, &PostParams::default(), &csr)
+                    .await
+                    .map_err(|e| apiserver("signing", e))?;
+                pem.into_bytes()
+            }
+            (None, _) => {
+                self.pending(&name, true);
+                return Ok(None);
+            }
+        };
+        self.pending(&name, false);
+        let mut chain: Vec<Vec<u8>> = edgebeat_transports::tls::parse_certificates(&pem)
+            .map_err(|e| Ok(refuse("signing", format!("status.certificate: {e}"))))?
+            .into_iter()
+            .map(|c| c.to_vec())
+            .collect();
+        if chain.last() != Some(&self.ca_der) {
+            chain.push(self.ca_der.clone());
+        }
+        Ok(Some(chain))
+    }
+
+    fn pending(&self, name: &str, pending: bool) {
+        let mut set = self
+            .counters
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if pending {
+            set.insert(name.to_owned());
+        } else {
+            set.remove(name);
+        }
+    }
+
+    fn new_csr(
+        &self,
+        name: &str,
+        transport: TransportKind,
+        node: &str,
+        csr_der: &[u8],
+        proof: &Proof,
+    ) -> CertificateSigningRequest {
+        let mut labels = std::collections::BTreeMap::new();
+        if let Proof::Token(id) = proof {
+            labels.insert(TOKEN_LABEL.to_owned(), id.clone());
+        }
+        let annotations = [
+            (NODE_ANNOTATION, node),
+            (TRANSPORT_ANNOTATION, transport.as_str()),
+            (PROOF_ANNOTATION, proof.as_str()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        CertificateSigningRequest {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(labels),
+                annotations: Some(annotations),
+                ..ObjectMeta::default()
+            },
+            spec: CertificateSigningRequestSpec {
+                request: ByteString(enroll::pem("CERTIFICATE REQUEST", csr_der).into_bytes()),
+                signer_name: self.options.signer_name.clone(),
+                expiration_seconds: i32::try_from(self.options.lifetime.as_secs()).ok(),
+                usages: Some(vec!["digital signature".into(), "client auth".into()]),
+                ..CertificateSigningRequestSpec::default()
+            },
+            status: None,
+        }
+    }
+
+    async fn approve(
+        &self,
+        api: &Api<CertificateSigningRequest>,
+        mut csr: CertificateSigningRequest,
+        proof: &Proof,
+    ) -> Result<CertificateSigningRequest, kube::Error> {
+        let message = match proof {
+            Proof::Token(id) => format!("Approved by edgebeat-gateway: bootstrap token {id}"),
+            Proof::Certificate => {
+                "Approved by edgebeat-gateway: a rotation proved by the node's certificate".into()
+            }
+        };
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now());
+        let status = csr
+            .status
+            .get_or_insert_with(CertificateSigningRequestStatus::default);
+        status
+            .conditions
+            .get_or_insert_default()
+            .push(CertificateSigningRequestCondition {
+                type_: "Approved".into(),
+                status: "True".into(),
+                reason: Some("EdgebeatAutoApproved".into()),
+                message: Some(message),
+                last_update_time: Some(now.clone()),
+                last_transition_time: Some(now),
+            });
+        let name = csr.metadata.name.clone().unwrap_or_default();
+        api.replace_subresource("approval", &name, &PostParams::default(), &csr)
+            .await
+    }
+}
+
+/// The Ack of `answer` to the request of `header`, bound to its node and boot.
+fn ack(header: &Header, answer: Answer) -> gateway_message::Kind {
+    let mut ack = answer.into_ack(header.seq);
+    ack.node_name.clone_from(&header.node_name);
+    ack.boot_tag = header.named_boot_tag();
+    gateway_message::Kind::Ack(ack)
+}
+
+/// The request in `payload`, and its `(signed bytes, signature)` when it came as a
+/// SignedMessage (proved by a certificate).
+fn open(payload: &[u8]) -> Result<(CertificateRequest, Option<Signed>), String> {
+    let (bytes, signed) = match edgebeat_transports::signing::unseal(payload) {
+        Some((signed, signature)) => (signed.clone(), Some((signed, signature))),
+        None => (payload.to_vec(), None),
+    };
+    let request = CertificateRequest::decode(bytes.as_slice()).map_err(|e| e.to_string())?;
+    if request.header.is_none() || request.csr.is_empty() {
+        return Err("a request without header or CSR".into());
+    }
+    Ok((request, signed))
+}
+
+/// The deterministic name of the CertificateSigningRequest of `csr_der` for `node`:
+/// `edgebeat-` and 32 hex digits of SHA-256 over the node name and the request's public
+/// key, so a retried request (same key) finds its own CSR and a rotation (new key) makes a
+/// new one.
+pub fn csr_name(csr_der: &[u8], node: &str) -> String {
+    use x509_parser::prelude::FromDer as _;
+    let key = x509_parser::certification_request::X509CertificationRequest::from_der(csr_der)
+        .map(|(_, csr)| csr.certification_request_info.subject_pki.raw.to_vec())
+        .unwrap_or_else(|_| csr_der.to_vec());
+    let mut input = node.as_bytes().to_vec();
+    input.push(0);
+    input.extend_from_slice(&key);
+    let digest = ring::digest::digest(&ring::digest::SHA256, &input);
+    format!("edgebeat-{}", &enroll::hex(digest.as_ref())[..32])
+}
+
+/// Checks a PKCS#10 request for `node` (see the module docs, step 2) and returns its
+/// public key.
+fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, Refused> {
+    use x509_parser::prelude::FromDer as _;
+    let (_, parsed) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(csr_der)
+            .map_err(|e| refuse("csr", format!("the CSR does not parse: {e}")))?;
+    let subject: Vec<(String, String)> = parsed
+        .certification_request_info
+        .subject
+        .iter_attributes()
+        .map(|a| {
+            (
+                a.attr_type().to_id_string(),
+                a.as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let wanted = [
+        (
+            "2.5.4.10".to_owned(),
+            edgebeat_transports::tls::NODES_GROUP.to_owned(),
+        ),
+        (
+            "2.5.4.3".to_owned(),
+            format!("{}{node}", edgebeat_transports::tls::NODE_USER_PREFIX),
+        ),
+    ];
+    let mut sorted = subject.clone();
+    sorted.sort();
+    let mut expected = wanted.to_vec();
+    expected.sort();
+    if sorted != expected {
+        return Err(refuse(
+            "csr_subject",
+            format!(
+                "the CSR's subject must be exactly O=system:nodes, CN=system:node:{node}, not {subject:?}"
+            ),
+        ));
+    }
+    let request = rcgen::CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())
+        .map_err(|e| refuse("csr", format!("the CSR does not verify: {e}")))?;
+    if !request.params.subject_alt_names.is_empty() {
+        return Err(refuse(
+            "csr_names",
+            "the CSR asks for subject alternative names",
+        ));
+    }
+    let usages_ok = request
+        .params
+        .key_usages
+        .iter()
+        .all(|u| *u == rcgen::KeyUsagePurpose::DigitalSignature)
+        && request
+            .params
+            .extended_key_usages
+            .iter()
+            .all(|u| *u == rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+    if !usages_ok || request.params.is_ca != rcgen::IsCa::NoCa {
+        return Err(refuse(
+            "csr_usages",
+            "the CSR asks for usages beyond digital signature and client auth",
+        ));
+    }
+    let alg = request.public_key.algorithm();
+    if alg != &rcgen::PKCS_ECDSA_P256_SHA256 && alg != &rcgen::PKCS_ED25519 {
+        return Err(refuse(
+            "csr_key",
+            "the CSR's key is neither ECDSA P-256 nor Ed25519",
+        ));
+    }
+    Ok(request.public_key)
+}
+
+/// `clock`'s now, Unix seconds.
+fn clock_seconds(clock: &dyn Clock) -> i64 {
+    i64::try_from(
+        clock
+            .now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs(),
+    )
+    .unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests;

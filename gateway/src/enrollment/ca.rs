@@ -1,0 +1,250 @@
+//! The site CA the gateway signs node certificates with (under its own signer name), kept
+//! in a Secret so that every replica signs with the same one.
+
+use std::time::Duration;
+
+use edgebeat_transports::enroll;
+use edgebeat_transports::signing::{ANSWER_SIGNER_NAME, AnswerSigner};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+use super::EnrollmentError;
+
+/// Name of the Secret (type `kubernetes.io/tls`: `tls.crt`, `tls.key`) holding the site CA,
+/// in the gateway's namespace.
+pub const SITE_CA_SECRET: &str = "edgebeat-site-ca";
+
+/// Validity of a site CA the gateway makes: 10 years.
+const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Validity of the answer key's certificate the gateway issues itself at start (its key
+/// lives in memory only and dies with the process): 5 years.
+const ANSWER_KEY_LIFETIME: Duration = Duration::from_secs(5 * 365 * 24 * 3600);
+
+/// A site CA with its key: it signs node certificates and the gateway's own answer key.
+pub struct SiteCa {
+    /// The CA certificate, DER.
+    pub cert_der: Vec<u8>,
+    /// The CA certificate, PEM.
+    pub cert_pem: String,
+    key_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for SiteCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SiteCa").finish_non_exhaustive()
+    }
+}
+
+impl SiteCa {
+    /// A new self-signed site CA: CN=`edgebeat site CA`, an ECDSA P-256 key, valid 10
+    /// years from `now` (Unix seconds).
+    ///
+    /// Errors: [`EnrollmentError::Ca`] when rcgen cannot make it.
+    pub fn generate(now: i64) -> Result<Self, EnrollmentError> {
+        let key = KeyPair::generate().map_err(ca_error)?;
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(ca_error)?;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "edgebeat site CA");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let (not_before, not_after) = validity(now - 3600, CA_LIFETIME)?;
+        params.not_before = not_before;
+        params.not_after = not_after;
+        let cert = params.self_signed(&key).map_err(ca_error)?;
+        Self::from_pem(&cert.pem(), &key.serialize_pem())
+    }
+
+    /// The site CA of a certificate and key, both PEM.
+    ///
+    /// Errors: [`EnrollmentError::Ca`] when either does not parse or the certificate is not
+    /// a CA's.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, EnrollmentError> {
+        let key = KeyPair::from_pem(key_pem).map_err(ca_error)?;
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(ca_error)?;
+        let cert_der = edgebeat_transports::tls::parse_certificates(cert_pem.as_bytes())
+            .map_err(EnrollmentError::Ca)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| EnrollmentError::Ca("no certificate".into()))?
+            .to_vec();
+        Ok(Self {
+            cert_der,
+            cert_pem: cert_pem.to_owned(),
+            key_pem: key_pem.to_owned(),
+            issuer,
+        })
+    }
+
+    /// The site CA of `namespace`'s Secret [`SITE_CA_SECRET`], made and stored first if
+    /// there is none. Replicas starting together never make two: the Secret is created only
+    /// if absent, and the one that loses the race reads the winner's.
+    ///
+    /// Errors: [`EnrollmentError::Apiserver`] for the Secret's reads and writes,
+    /// [`EnrollmentError::Ca`] when the Secret holds no usable CA.
+    pub async fn load_or_create(
+        client: kube::Client,
+        namespace: &str,
+        now: i64,
+    ) -> Result<Self, EnrollmentError> {
+        let secrets: Api<Secret> = Api::namespaced(client, namespace);
+        if let Some(secret) = secrets.get_opt(SITE_CA_SECRET).await? {
+            return Self::from_secret(&secret);
+        }
+        let made = Self::generate(now)?;
+        match secrets
+            .create(&PostParams::default(), &made.to_secret())
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(secret = SITE_CA_SECRET, namespace, "made the site CA");
+                Ok(made)
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                tracing::info!(
+                    secret = SITE_CA_SECRET,
+                    "another replica made the site CA first; using it"
+                );
+                Self::from_secret(&secrets.get(SITE_CA_SECRET).await?)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn from_secret(secret: &Secret) -> Result<Self, EnrollmentError> {
+        let field = |key: &str| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                .ok_or_else(|| EnrollmentError::Ca(format!("Secret {SITE_CA_SECRET} has no {key}")))
+        };
+        Self::from_pem(&field("tls.crt")?, &field("tls.key")?)
+    }
+
+    fn to_secret(&self) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some(SITE_CA_SECRET.to_owned()),
+                ..ObjectMeta::default()
+            },
+            type_: Some("kubernetes.io/tls".to_owned()),
+            data: Some(
+                [
+                    (
+                        "tls.crt".to_owned(),
+                        ByteString(self.cert_pem.clone().into_bytes()),
+                    ),
+                    (
+                        "tls.key".to_owned(),
+                        ByteString(self.key_pem.clone().into_bytes()),
+                    ),
+                ]
+                .into(),
+            ),
+            ..Secret::default()
+        }
+    }
+
+    /// The CA key (PEM), for tests that read a CA back.
+    #[cfg(test)]
+    pub(crate) fn key_pem_for_tests(&self) -> String {
+        self.key_pem.clone()
+    }
+
+    /// The pin bootstrap tokens carry ([`enroll::ca_pin`]).
+    ///
+    /// Errors: [`EnrollmentError::Ca`] (cannot happen for a CA that loaded).
+    pub fn pin(&self) -> Result<[u8; 32], EnrollmentError> {
+        enroll::ca_pin(&self.cert_der).map_err(|e| EnrollmentError::Ca(e.to_string()))
+    }
+
+    /// The gateway's answer key, issued now by this CA: a fresh P-256 key that never leaves
+    /// the process, a server certificate for [`ANSWER_SIGNER_NAME`].
+    ///
+    /// Errors: [`EnrollmentError::Ca`] when it cannot be made.
+    pub fn answer_signer(&self, now: i64) -> Result<AnswerSigner, EnrollmentError> {
+        let key = KeyPair::generate().map_err(ca_error)?;
+        let mut params =
+            CertificateParams::new(vec![ANSWER_SIGNER_NAME.to_owned()]).map_err(ca_error)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, ANSWER_SIGNER_NAME);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.use_authority_key_identifier_extension = true;
+        let (not_before, not_after) = validity(now - 300, ANSWER_KEY_LIFETIME)?;
+        params.not_before = not_before;
+        params.not_after = not_after;
+        let cert = params.signed_by(&key, &self.issuer).map_err(ca_error)?;
+        AnswerSigner::from_pem(
+            cert.pem().as_bytes(),
+            key.serialize_pem().as_bytes(),
+            self.cert_pem.as_bytes(),
+        )
+        .map_err(EnrollmentError::Ca)
+    }
+
+    /// A node client certificate (PEM) for `public_key` (from a verified request), subject
+    /// CN=`system:node:<node>`, O=`system:nodes`, digitalSignature and clientAuth only,
+    /// valid from 5 minutes before `now` (kube-controller-manager's signer backdates the
+    /// same, for clocks a little behind) for `lifetime`.
+    ///
+    /// Errors: [`EnrollmentError::Ca`] when rcgen cannot sign.
+    pub fn sign_node(
+        &self,
+        node: &str,
+        public_key: rcgen::PublicKey,
+        now: i64,
+        lifetime: Duration,
+    ) -> Result<String, EnrollmentError> {
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(ca_error)?;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(
+            DnType::OrganizationName,
+            edgebeat_transports::tls::NODES_GROUP,
+        );
+        params.distinguished_name.push(
+            DnType::CommonName,
+            format!("{}{node}", edgebeat_transports::tls::NODE_USER_PREFIX),
+        );
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        let (not_before, not_after) = validity(now - 300, lifetime + Duration::from_secs(300))?;
+        params.not_before = not_before;
+        params.not_after = not_after;
+        let request = rcgen::CertificateSigningRequestParams { params, public_key };
+        Ok(request.signed_by(&self.issuer).map_err(ca_error)?.pem())
+    }
+}
+
+/// `(notBefore, notAfter)` for `lifetime` from `from` (Unix seconds).
+fn validity(
+    from: i64,
+    lifetime: Duration,
+) -> Result<(time::OffsetDateTime, time::OffsetDateTime), EnrollmentError> {
+    let start = time::OffsetDateTime::from_unix_timestamp(from)
+        .map_err(|e| EnrollmentError::Ca(e.to_string()))?;
+    let end = start
+        + time::Duration::try_from(lifetime).map_err(|e| EnrollmentError::Ca(e.to_string()))?;
+    Ok((start, end))
+}
+
+fn ca_error(e: rcgen::Error) -> EnrollmentError {
+    EnrollmentError::Ca(e.to_string())
+}

@@ -1,0 +1,118 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use edgebeat_transports::enroll::NodeKeyPair;
+
+#[test]
+fn a_node_request_passes_and_its_csr_name_is_the_keys() {
+    let key = NodeKeyPair::generate().unwrap();
+    let csr = key.certificate_request("plant-3-01").unwrap();
+    assert!(check_csr(&csr, "plant-3-01").is_ok());
+    let name = csr_name(&csr, "plant-3-01");
+    assert!(name.starts_with("edgebeat-") && name.len() == "edgebeat-".len() + 32);
+    // The same key asks again: the same CSR object; another node or key: another one.
+    let again = key.certificate_request("plant-3-01").unwrap();
+    assert_eq!(csr_name(&again, "plant-3-01"), name);
+    assert_ne!(csr_name(&csr, "plant-3-02"), name);
+    let other = NodeKeyPair::generate().unwrap();
+    assert_ne!(
+        csr_name(
+            &other.certificate_request("plant-3-01").unwrap(),
+            "plant-3-01"
+        ),
+        name
+    );
+}
+
+/// A request for another node, other names, other usages, or with a broken signature is
+/// refused, naming why.
+#[test]
+fn requests_asking_for_more_are_refused() {
+    let key = NodeKeyPair::generate().unwrap();
+    let csr = key.certificate_request("plant-3-01").unwrap();
+    assert_eq!(
+        check_csr(&csr, "plant-4-01").unwrap_err().reason,
+        "csr_subject"
+    );
+    let mut broken = csr.clone();
+    let last = broken.len() - 1;
+    broken[last] ^= 1;
+    assert!(check_csr(&broken, "plant-3-01").is_err());
+    // rcgen's requests, with what a node may not ask for.
+    let rcgen_key = rcgen::KeyPair::generate().unwrap();
+    let request = |edit: &dyn Fn(&mut rcgen::CertificateParams)| {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "system:node:plant-3-01");
+        edit(&mut params);
+        params.serialize_request(&rcgen_key).unwrap().der().to_vec()
+    };
+    assert!(check_csr(&request(&|_| {}), "plant-3-01").is_ok());
+    let names = request(&|p| {
+        p.subject_alt_names = vec![rcgen::SanType::DnsName(
+            "kube-apiserver".try_into().unwrap(),
+        )]
+    });
+    assert_eq!(
+        check_csr(&names, "plant-3-01").unwrap_err().reason,
+        "csr_names"
+    );
+    let usages =
+        request(&|p| p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth]);
+    assert_eq!(
+        check_csr(&usages, "plant-3-01").unwrap_err().reason,
+        "csr_usages"
+    );
+    let masters = request(&|p| {
+        p.distinguished_name
+            .push(rcgen::DnType::OrganizationalUnitName, "system:masters")
+    });
+    assert_eq!(
+        check_csr(&masters, "plant-3-01").unwrap_err().reason,
+        "csr_subject"
+    );
+}
+
+/// The site CA signs a node certificate that the site CA's verifier takes as the node's
+/// identity, and its answer key verifies as agents check it.
+#[test]
+fn the_site_ca_signs_node_certificates_and_its_answer_key() {
+    let now = 1_800_000_000;
+    let ca = SiteCa::generate(now).unwrap();
+    let again = SiteCa::from_pem(&ca.cert_pem, &ca.key_pem_for_tests()).unwrap();
+    assert_eq!(again.cert_der, ca.cert_der);
+    let key = NodeKeyPair::generate().unwrap();
+    let csr = key.certificate_request("plant-3-01").unwrap();
+    let public_key = check_csr(&csr, "plant-3-01").unwrap();
+    let pem = ca
+        .sign_node("plant-3-01", public_key, now, Duration::from_secs(3600))
+        .unwrap();
+    let chain = edgebeat_transports::tls::parse_certificates(pem.as_bytes()).unwrap();
+    let verifier = CertificateVerifier::from_pem(ca.cert_pem.as_bytes()).unwrap();
+    let published = NodeCertificate {
+        certificate_chain: vec![chain[0].to_vec()],
+    }
+    .encode_to_vec();
+    let at = UnixTime::since_unix_epoch(Duration::from_secs(1_800_000_100));
+    let node_key = verifier.verify("plant-3-01", &published, at).unwrap();
+    assert_eq!(node_key.node(), "plant-3-01");
+    let after = UnixTime::since_unix_epoch(Duration::from_secs(1_800_003_700 + 300));
+    assert!(
+        verifier.verify("plant-3-01", &published, after).is_err(),
+        "lifetime"
+    );
+    // The answer key is checked as agents check it, at this moment.
+    let real_now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap();
+    assert!(ca.answer_signer(real_now).is_ok());
+}

@@ -1,0 +1,263 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+};
+
+struct Site {
+    ca_der: Vec<u8>,
+    ca_pem: String,
+    ca_key_spki: Vec<u8>,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+fn site() -> Site {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "edgebeat site CA");
+    let key = KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    Site {
+        ca_der: cert.der().to_vec(),
+        ca_pem: cert.pem(),
+        ca_key_spki: {
+            use rcgen::PublicKeyData as _;
+            key.subject_public_key_info()
+        },
+        issuer: Issuer::new(params, key),
+    }
+}
+
+fn header(seq: u64) -> Header {
+    Header {
+        node_name: "plant-3-01".into(),
+        boot_id: vec![7; 16],
+        seq,
+        wall_time_ms: 1_800_000_000_000,
+        boot_tag: 0,
+    }
+}
+
+#[test]
+fn tokens_read_back_as_written_and_bad_ones_say_why() {
+    let token = BootstrapToken::new("abcdef", "0123456789abcdef", [0xab; 32]).unwrap();
+    let text = token.to_string();
+    assert_eq!(
+        text,
+        format!("abcdef.0123456789abcdef.sha256:{}", "ab".repeat(32))
+    );
+    assert_eq!(
+        format!("{text}\n").parse::<BootstrapToken>(),
+        Ok(token.clone())
+    );
+    assert!(
+        !format!("{token:?}").contains("0123456789abcdef"),
+        "secret not in Debug"
+    );
+    let pin = "00".repeat(32);
+    for (bad, why) in [
+        ("abcdef.0123456789abcdef".to_owned(), "three parts"),
+        (format!("abcde.0123456789abcdef.sha256:{pin}"), "id"),
+        (format!("ABCDEF.0123456789abcdef.sha256:{pin}"), "id"),
+        (format!("abcdef.0123456789abcde.sha256:{pin}"), "secret"),
+        (format!("abcdef.0123456789abcdef.md5:{pin}"), "sha256:"),
+        ("abcdef.0123456789abcdef.sha256:00".to_owned(), "64 hex"),
+    ] {
+        let err = bad.parse::<BootstrapToken>().unwrap_err().to_string();
+        assert!(err.contains(why), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn a_token_proof_binds_node_csr_time_and_sequence() {
+    let secret = b"0123456789abcdef";
+    let proof = token_proof(secret, &header(5), b"csr");
+    assert!(verify_token_proof(secret, &header(5), b"csr", &proof));
+    assert!(!verify_token_proof(
+        b"0123456789abcdeg",
+        &header(5),
+        b"csr",
+        &proof
+    ));
+    assert!(!verify_token_proof(secret, &header(6), b"csr", &proof));
+    assert!(!verify_token_proof(secret, &header(5), b"CSR", &proof));
+    let mut other_node = header(5);
+    other_node.node_name = "plant-4-01".into();
+    assert!(!verify_token_proof(secret, &other_node, b"csr", &proof));
+    let mut later = header(5);
+    later.wall_time_ms += 1;
+    assert!(!verify_token_proof(secret, &later, b"csr", &proof));
+}
+
+/// The pin is kubeadm's discovery hash: SHA-256 of the CA's DER SubjectPublicKeyInfo.
+#[test]
+fn the_pin_is_the_hash_of_the_ca_public_key_info() {
+    let site = site();
+    let expected = ring::digest::digest(&ring::digest::SHA256, &site.ca_key_spki);
+    assert_eq!(ca_pin(&site.ca_der).unwrap().as_slice(), expected.as_ref());
+    assert!(ca_pin(b"junk").is_err());
+}
+
+/// The request parses as PKCS#10 with kubelet's subject, this key, and a signature that
+/// verifies: what the gateway and a Kubernetes signer check.
+#[test]
+fn a_certificate_request_is_kubelets_pkcs10() {
+    use x509_parser::prelude::FromDer as _;
+    let key = NodeKeyPair::generate().unwrap();
+    let csr = key.certificate_request("plant-3-01").unwrap();
+    let (rest, parsed) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(&csr).unwrap();
+    assert!(rest.is_empty());
+    let info = &parsed.certification_request_info;
+    assert_eq!(
+        info.subject.to_string(),
+        "O=system:nodes, CN=system:node:plant-3-01"
+    );
+    assert_eq!(
+        info.subject_pki.subject_public_key.data.as_ref(),
+        key.public_key()
+    );
+    ring::signature::UnparsedPublicKey::new(
+        &ring::signature::ECDSA_P256_SHA256_ASN1,
+        key.public_key(),
+    )
+    .verify(info.raw, parsed.signature_value.data.as_ref())
+    .unwrap();
+    // The key round-trips through its PEM.
+    let pem = key.to_pem();
+    let der = crate::tls::parse_private_key(pem.as_bytes()).unwrap();
+    let again = NodeKeyPair::from_pkcs8(der.secret_der()).unwrap();
+    assert_eq!(again.public_key(), key.public_key());
+}
+
+fn answer_signer(site: &Site) -> crate::signing::AnswerSigner {
+    let mut params =
+        CertificateParams::new(vec![crate::signing::ANSWER_SIGNER_NAME.to_owned()]).unwrap();
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &site.issuer).unwrap();
+    crate::signing::AnswerSigner::from_pem(
+        cert.pem().as_bytes(),
+        key.serialize_pem().as_bytes(),
+        site.ca_pem.as_bytes(),
+    )
+    .unwrap()
+}
+
+fn issued(site: &Site, seq: u64) -> edgebeat_proto::GatewayMessage {
+    edgebeat_proto::GatewayMessage {
+        kind: Some(edgebeat_proto::gateway_message::Kind::Certificate(
+            edgebeat_proto::IssuedCertificate {
+                seq,
+                node_name: "plant-3-01".into(),
+                boot_tag: 9,
+                certificate_chain: vec![b"leaf".to_vec(), site.ca_der.clone()],
+            },
+        )),
+    }
+}
+
+#[test]
+fn a_granted_answer_is_read_by_pin_or_by_ca_and_only_for_its_request() {
+    let (site, other) = (site(), site());
+    let signer = answer_signer(&site);
+    let now = rustls::pki_types::UnixTime::now();
+    let pin = ca_pin(&site.ca_der).unwrap();
+    let payload = signer.seal(&issued(&site, 5)).unwrap();
+    let expected = Answered::Issued {
+        chain: vec![b"leaf".to_vec(), site.ca_der.clone()],
+        ca: site.ca_der.clone(),
+    };
+    let read = |trust, seq| read_answer(&payload, trust, "plant-3-01", 9, seq, now);
+    assert_eq!(read(AnswerTrust::Pin(pin), 5), Ok(expected.clone()));
+    assert_eq!(
+        read(AnswerTrust::Ca(site.ca_pem.as_bytes()), 5),
+        Ok(expected)
+    );
+    assert!(read(AnswerTrust::Pin([0; 32]), 5).is_err(), "another CA");
+    assert!(read(AnswerTrust::Pin(pin), 6).is_err(), "another request");
+    // Another site's gateway signing an answer that names this site's CA: refused.
+    let forged = answer_signer(&other).seal(&issued(&site, 5)).unwrap();
+    assert!(read_answer(&forged, AnswerTrust::Pin(pin), "plant-3-01", 9, 5, now).is_err());
+    // A refusal reads as such once the CA is known; before, it cannot be verified.
+    let mut ack = edgebeat_proto::Answer::Rejected {
+        reason: "token used up".into(),
+    }
+    .into_ack(5);
+    ack.node_name = "plant-3-01".into();
+    ack.boot_tag = 9;
+    let refused = signer
+        .seal(&edgebeat_proto::GatewayMessage {
+            kind: Some(edgebeat_proto::gateway_message::Kind::Ack(ack)),
+        })
+        .unwrap();
+    assert_eq!(
+        read_answer(
+            &refused,
+            AnswerTrust::Ca(site.ca_pem.as_bytes()),
+            "plant-3-01",
+            9,
+            5,
+            now
+        ),
+        Ok(Answered::Refused("token used up".into()))
+    );
+    assert!(matches!(
+        read_answer(&refused, AnswerTrust::Pin(pin), "plant-3-01", 9, 5, now),
+        Ok(Answered::Pending(_))
+    ));
+}
+
+/// A TLS client that knows only the pin accepts a server whose chain holds the pinned CA,
+/// and no other.
+#[test]
+fn a_pinned_client_trusts_only_a_server_of_the_pinned_ca() {
+    use std::sync::Arc;
+    let handshake = |site: &Site, pin: [u8; 32]| {
+        let mut params = CertificateParams::new(vec!["broker.plant".to_owned()]).unwrap();
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let key = KeyPair::generate().unwrap();
+        let leaf = params.signed_by(&key, &site.issuer).unwrap();
+        let chain = vec![
+            CertificateDer::from(leaf.der().to_vec()),
+            CertificateDer::from(site.ca_der.clone()),
+        ];
+        let server_key = crate::tls::parse_private_key(key.serialize_pem().as_bytes()).unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, server_key)
+        .unwrap();
+        let mut server = rustls::ServerConnection::new(Arc::new(server)).unwrap();
+        let mut client = rustls::ClientConnection::new(
+            Arc::new(PinnedCaVerifier::client_config(pin).unwrap()),
+            rustls::pki_types::ServerName::try_from("broker.plant").unwrap(),
+        )
+        .unwrap();
+        for _ in 0..10 {
+            let mut wire = Vec::new();
+            client.write_tls(&mut wire).unwrap();
+            server.read_tls(&mut wire.as_slice()).unwrap();
+            server.process_new_packets().map_err(|e| e.to_string())?;
+            let mut wire = Vec::new();
+            server.write_tls(&mut wire).unwrap();
+            client.read_tls(&mut wire.as_slice()).unwrap();
+            client.process_new_packets().map_err(|e| e.to_string())?;
+            if !client.is_handshaking() && !server.is_handshaking() {
+                return Ok(());
+            }
+        }
+        Err("handshake did not finish".to_owned())
+    };
+    let site = site();
+    let pin = ca_pin(&site.ca_der).unwrap();
+    assert_eq!(handshake(&site, pin), Ok(()));
+    let err = handshake(&site, [1; 32]).unwrap_err();
+    assert!(err.contains("UnknownIssuer"), "{err}");
+}
