@@ -6,8 +6,10 @@ use std::time::Duration;
 use edgebeat_tests::standin::{FaultRule, StandIn, StandInHandle};
 use futures_util::{StreamExt, TryStreamExt};
 use http::Method;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::api::core::v1::{Event, Node, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::{
@@ -1070,4 +1072,956 @@ async fn table_output_for_nodes_and_leases() {
     assert_eq!(cells[5], "10.0.0.21");
     assert_eq!(cells[6], "<none>");
     assert_eq!(table["rows"][0]["object"]["kind"], "PartialObjectMetadata");
+}
+
+// ---- CertificateSigningRequests ----
+
+/// A PKCS#10 request (PEM) for CN=`cn`, O=`system:nodes`, with a fresh P-256 key.
+fn csr_pem(cn: &str) -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    params.serialize_request(&key).unwrap().pem().unwrap()
+}
+
+/// A CSR create body as a careless (or malicious) client would send it: requester fields
+/// and a status that the server must ignore.
+fn csr_body(name: &str, signer: &str, request_pem: &str) -> CertificateSigningRequest {
+    serde_json::from_value(json!({
+        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+        "metadata": {"name": name, "labels": {"edgebeat.io/node": "edge-01"}},
+        "spec": {
+            "request": ByteString(request_pem.as_bytes().to_vec()),
+            "signerName": signer,
+            "expirationSeconds": 86400,
+            "usages": ["digital signature", "client auth"],
+            "username": "mallory", "uid": "forged-uid", "groups": ["system:masters"],
+            "extra": {"scopes": ["everything"]},
+        },
+        "status": {
+            "conditions": [{"type": "Approved", "status": "True", "reason": "SelfApproved"}],
+            "certificate": ByteString(b"-----BEGIN CERTIFICATE-----\n".to_vec()),
+        },
+    }))
+    .unwrap()
+}
+
+/// The gateway's signer name (`gateway/src/enrollment.rs`).
+const SIGNER: &str = "edgebeat.io/node-client";
+
+/// `(type, status, reason)` of each condition of `csr`.
+fn conditions(csr: &CertificateSigningRequest) -> Vec<(String, String, Option<String>)> {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|cs| {
+            cs.iter()
+                .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `status.certificate` of `csr`.
+fn certificate(csr: &CertificateSigningRequest) -> Option<Vec<u8>> {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.certificate.as_ref())
+        .map(|c| c.0.clone())
+}
+
+/// `csr` with a `ty`=True condition added (no timestamps), as an approver or signer sends
+/// it.
+fn with_condition(
+    mut csr: CertificateSigningRequest,
+    ty: &str,
+    reason: &str,
+) -> CertificateSigningRequest {
+    csr.status
+        .get_or_insert_with(Default::default)
+        .conditions
+        .get_or_insert_with(Vec::new)
+        .push(
+            serde_json::from_value(json!({"type": ty, "status": "True", "reason": reason}))
+                .unwrap(),
+        );
+    csr
+}
+
+/// Code, message and the `details.causes[].field`s of an API error.
+fn invalid_causes(e: kube::Error) -> (u16, String, Vec<String>) {
+    match e {
+        kube::Error::Api(s) => {
+            let fields = s
+                .details
+                .as_ref()
+                .map(|d| d.causes.iter().map(|c| c.field.clone()).collect())
+                .unwrap_or_default();
+            (s.code, s.message, fields)
+        }
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn csr_create_records_the_anonymous_requester_and_drops_a_supplied_status() {
+    let (standin, client) = setup().await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(client);
+    let request = csr_pem("system:node:edge-01");
+    let created = csrs
+        .create(
+            &PostParams::default(),
+            &csr_body("edge-01-a", SIGNER, &request),
+        )
+        .await
+        .unwrap();
+    let spec = &created.spec;
+    assert_eq!(spec.username.as_deref(), Some("system:anonymous"));
+    assert_eq!(
+        spec.groups.as_deref(),
+        Some(&["system:unauthenticated".to_string()][..])
+    );
+    assert_eq!((spec.uid.as_deref(), spec.extra.as_ref()), (None, None));
+    assert_eq!(
+        spec.request.0,
+        request.as_bytes(),
+        "the request is kept byte for byte"
+    );
+    assert_eq!(spec.signer_name, SIGNER);
+    assert_eq!(spec.expiration_seconds, Some(86400));
+    assert!(
+        conditions(&created).is_empty(),
+        "no pre-approved requests: {created:?}"
+    );
+    assert_eq!(certificate(&created), None);
+    assert_eq!(created.metadata.uid.as_ref().map(String::len), Some(36));
+
+    // the stored object is what was answered
+    let stored = standin.certificate_signing_request("edge-01-a").unwrap();
+    assert_eq!(stored, csrs.get("edge-01-a").await.unwrap());
+    assert_eq!(stored.spec.username.as_deref(), Some("system:anonymous"));
+    let listed = csrs
+        .list(&ListParams::default().fields(&format!("spec.signerName={SIGNER}")))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+    let other_signer = csrs
+        .list(&ListParams::default().fields("spec.signerName=kubernetes.io/kubelet-serving"))
+        .await
+        .unwrap();
+    assert!(other_signer.items.is_empty());
+
+    let (code, reason, message) = api_err(
+        csrs.create(
+            &PostParams::default(),
+            &csr_body("edge-01-a", SIGNER, &request),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!((code, reason.as_str()), (409, "AlreadyExists"));
+    assert_eq!(
+        message,
+        r#"certificatesigningrequests.certificates.k8s.io "edge-01-a" already exists"#
+    );
+    // CSR names are not DNS names, but they are path segments
+    let odd = csrs
+        .create(
+            &PostParams::default(),
+            &csr_body("Edge_01:A", SIGNER, &request),
+        )
+        .await
+        .unwrap();
+    assert_eq!(odd.metadata.name.as_deref(), Some("Edge_01:A"));
+    let (code, _, message) = api_err(
+        csrs.create(&PostParams::default(), &csr_body("a%b", SIGNER, &request))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (code, message.as_str()),
+        (400, r#"Name parameter invalid: "a%b": may not contain '%'"#)
+    );
+}
+
+#[tokio::test]
+async fn csr_create_records_the_impersonated_requester() {
+    let standin = StandIn::start().await.unwrap();
+    let admin = standin.kube_client().unwrap();
+    let body = serde_json::to_vec(&csr_body("alice-a", SIGNER, &csr_pem("alice"))).unwrap();
+    let req = http::Request::builder()
+        .method(Method::POST)
+        .uri("/apis/certificates.k8s.io/v1/certificatesigningrequests")
+        .header("content-type", "application/json")
+        .header("impersonate-user", "alice")
+        .header("impersonate-uid", "1f0c1a5e-1111-4222-8333-444455556666")
+        .header("impersonate-group", "edge-admins")
+        .header("impersonate-group", "ops")
+        .header("impersonate-extra-scopes", "view")
+        .header("impersonate-extra-scopes", "edit")
+        .header("impersonate-extra-example.com%2fteam", "edge")
+        .body(body)
+        .unwrap();
+    let created: CertificateSigningRequest = admin.request(req).await.unwrap();
+    let spec = &created.spec;
+    assert_eq!(spec.username.as_deref(), Some("alice"));
+    assert_eq!(
+        spec.uid.as_deref(),
+        Some("1f0c1a5e-1111-4222-8333-444455556666")
+    );
+    assert_eq!(
+        spec.groups.as_deref().unwrap(),
+        ["edge-admins", "ops", "system:authenticated"]
+    );
+    let extra = spec.extra.as_ref().unwrap();
+    assert_eq!(extra["scopes"], ["view", "edit"]);
+    assert_eq!(extra["example.com/team"], ["edge"]);
+    assert_eq!(extra.len(), 2);
+
+    // kube-rs's impersonation, as a node: the Node authorizer lets a node create CSRs and
+    // NodeRestriction holds a kubelet-signer request to its own CN
+    let mut config = kube::Config::new(standin.url().parse().unwrap());
+    config.auth_info.impersonate = Some("system:node:edge-01".into());
+    config.auth_info.impersonate_groups = Some(vec!["system:nodes".into()]);
+    let as_node: Api<CertificateSigningRequest> = Api::all(kube::Client::try_from(config).unwrap());
+    let kubelet_signer = "kubernetes.io/kube-apiserver-client-kubelet";
+    let own = as_node
+        .create(
+            &PostParams::default(),
+            &csr_body(
+                "node-edge-01",
+                kubelet_signer,
+                &csr_pem("system:node:edge-01"),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(own.spec.username.as_deref(), Some("system:node:edge-01"));
+    assert_eq!(
+        own.spec.groups.as_deref().unwrap(),
+        ["system:nodes", "system:authenticated"]
+    );
+    assert_eq!(own.spec.uid, None);
+    let (code, reason, message) = api_err(
+        as_node
+            .create(
+                &PostParams::default(),
+                &csr_body(
+                    "node-edge-02",
+                    kubelet_signer,
+                    &csr_pem("system:node:edge-02"),
+                ),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((code, reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        message,
+        r#"certificatesigningrequests.certificates.k8s.io "node-edge-02" is forbidden: can only create a node CSR with CN=system:node:edge-01"#
+    );
+    // nodes may read CSRs but not approve them
+    assert!(as_node.get("alice-a").await.is_ok());
+    let (code, _, message) = api_err(
+        as_node
+            .replace_subresource(
+                "approval",
+                "node-edge-01",
+                &PostParams::default(),
+                &with_condition(own, "Approved", "SelfApproved"),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 403);
+    assert_eq!(
+        message,
+        r#"certificatesigningrequests.certificates.k8s.io "node-edge-01" is forbidden: User "system:node:edge-01" cannot update resource "certificatesigningrequests/approval" in API group "certificates.k8s.io" at the cluster scope"#
+    );
+    assert!(conditions(&standin.certificate_signing_request("node-edge-01").unwrap()).is_empty());
+}
+
+#[tokio::test]
+async fn csr_update_of_the_object_changes_only_metadata() {
+    let (standin, client) = setup().await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(client);
+    let created = csrs
+        .create(
+            &PostParams::default(),
+            &csr_body("edge-01-a", SIGNER, &csr_pem("system:node:edge-01")),
+        )
+        .await
+        .unwrap();
+    let mut changed = with_condition(created.clone(), "Approved", "SneakedIn");
+    changed.spec.signer_name = "example.com/other".into();
+    changed.spec.usages = Some(vec!["server auth".into()]);
+    changed.spec.username = Some("system:admin".into());
+    changed.status.as_mut().unwrap().certificate = Some(ByteString(
+        edgebeat_tests::pki::Ca::new("sneaky").cert_pem.into_bytes(),
+    ));
+    changed
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("reviewed".into(), "yes".into());
+    let updated = csrs
+        .replace("edge-01-a", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    assert_eq!(
+        updated.spec, created.spec,
+        "spec is immutable through the object"
+    );
+    assert_eq!(updated.status, created.status, "so is status");
+    assert_eq!(
+        updated.metadata.labels.as_ref().unwrap()["reviewed"],
+        "yes",
+        "metadata changes stick"
+    );
+    assert_ne!(
+        updated.metadata.resource_version,
+        created.metadata.resource_version
+    );
+    assert_eq!(
+        standin.certificate_signing_request("edge-01-a").unwrap(),
+        updated
+    );
+
+    // a merge patch of the object is held to the same strategy
+    let patched = csrs
+        .patch(
+            "edge-01-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"signerName": "example.com/other"},
+                                "status": {"conditions": [{"type": "Denied", "status": "True"}]}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (patched.spec, patched.status),
+        (created.spec, created.status)
+    );
+}
+
+#[tokio::test]
+async fn csr_approval_changes_only_conditions() {
+    let (standin, client) = setup().await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(client);
+    let created = csrs
+        .create(
+            &PostParams::default(),
+            &csr_body("edge-01-a", SIGNER, &csr_pem("system:node:edge-01")),
+        )
+        .await
+        .unwrap();
+    let mut approve = with_condition(created.clone(), "Approved", "EdgebeatAutoApproved");
+    approve.spec.signer_name = "example.com/other".into();
+    approve.status.as_mut().unwrap().certificate = Some(ByteString(
+        edgebeat_tests::pki::Ca::new("sneaky").cert_pem.into_bytes(),
+    ));
+    let approved = csrs
+        .replace_subresource("approval", "edge-01-a", &PostParams::default(), &approve)
+        .await
+        .unwrap();
+    assert_eq!(
+        conditions(&approved),
+        [(
+            "Approved".into(),
+            "True".into(),
+            Some("EdgebeatAutoApproved".into())
+        )]
+    );
+    let cond = &approved
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .as_ref()
+        .unwrap()[0];
+    assert!(cond.last_update_time.is_some() && cond.last_transition_time.is_some());
+    assert_eq!(
+        approved.spec, created.spec,
+        "spec is immutable through /approval"
+    );
+    assert_eq!(certificate(&approved), None, "/approval cannot issue");
+    assert_eq!(
+        standin.certificate_signing_request("edge-01-a").unwrap(),
+        approved
+    );
+    // GET of the subresource answers the object
+    assert_eq!(
+        csrs.get_subresource("approval", "edge-01-a").await.unwrap(),
+        approved
+    );
+
+    // Approved and Denied exclude each other, and neither can be taken back
+    let both = with_condition(approved.clone(), "Denied", "ChangedMyMind");
+    let (code, message, fields) = invalid_causes(
+        csrs.replace_subresource("approval", "edge-01-a", &PostParams::default(), &both)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 422);
+    assert_eq!(
+        message,
+        r#"CertificateSigningRequest.certificates.k8s.io "edge-01-a" is invalid: status.conditions[1].type: Invalid value: "Denied": Approved and Denied conditions are mutually exclusive"#
+    );
+    assert_eq!(fields, ["status.conditions[1].type"]);
+    let mut withdrawn = approved.clone();
+    withdrawn.status.as_mut().unwrap().conditions = Some(Vec::new());
+    let (code, message, _) = invalid_causes(
+        csrs.replace_subresource("approval", "edge-01-a", &PostParams::default(), &withdrawn)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 422);
+    assert_eq!(
+        message,
+        r#"CertificateSigningRequest.certificates.k8s.io "edge-01-a" is invalid: status.conditions: Forbidden: updates may not remove a condition of type "Approved""#
+    );
+    // a patch of /approval goes through the same strategy: nothing here may change
+    let patched = csrs
+        .patch_subresource(
+            "approval",
+            "edge-01-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"signerName": "example.com/other"},
+                                "status": {"certificate": ByteString(b"x".to_vec())}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        patched, approved,
+        "an update that changes nothing is not written"
+    );
+    // a stale resourceVersion is a conflict, as for every update
+    let (code, reason, _) = api_err(
+        csrs.replace_subresource("approval", "edge-01-a", &PostParams::default(), &approve)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((code, reason.as_str()), (409, "Conflict"));
+    assert_eq!(
+        standin.certificate_signing_request("edge-01-a").unwrap(),
+        approved
+    );
+}
+
+#[tokio::test]
+async fn csr_status_sets_the_certificate_once_and_cannot_approve() {
+    let (standin, client) = setup().await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(client);
+    let created = csrs
+        .create(
+            &PostParams::default(),
+            &csr_body("edge-01-a", SIGNER, &csr_pem("system:node:edge-01")),
+        )
+        .await
+        .unwrap();
+    let ca = edgebeat_tests::pki::Ca::new("site");
+    let issued = ca.node("edge-01").cert_pem;
+
+    // /status cannot approve
+    let (code, message, fields) = invalid_causes(
+        csrs.replace_status(
+            "edge-01-a",
+            &PostParams::default(),
+            &with_condition(created.clone(), "Approved", "SelfApproved"),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(code, 422);
+    assert_eq!(
+        message,
+        r#"CertificateSigningRequest.certificates.k8s.io "edge-01-a" is invalid: status.conditions: Forbidden: updates may not add a condition of type "Approved""#
+    );
+    assert_eq!(fields, ["status.conditions"]);
+    // a certificate must be PEM CERTIFICATE blocks of X.509 certificates
+    for (garbage, detail) in [
+        (
+            "not a certificate".to_string(),
+            "must contain at least one CERTIFICATE PEM block",
+        ),
+        (
+            csr_pem("system:node:edge-01"),
+            r#"only CERTIFICATE PEM blocks are allowed, found "CERTIFICATE REQUEST""#,
+        ),
+    ] {
+        let mut bad = created.clone();
+        bad.status.as_mut().unwrap().certificate = Some(ByteString(garbage.into_bytes()));
+        let (code, message, fields) = invalid_causes(
+            csrs.replace_status("edge-01-a", &PostParams::default(), &bad)
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(code, 422);
+        assert_eq!(
+            message,
+            format!(
+                r#"CertificateSigningRequest.certificates.k8s.io "edge-01-a" is invalid: status.certificate: Invalid value: "<certificate data>": {detail}"#
+            )
+        );
+        assert_eq!(fields, ["status.certificate"]);
+    }
+
+    let approved = csrs
+        .replace_subresource(
+            "approval",
+            "edge-01-a",
+            &PostParams::default(),
+            &with_condition(created.clone(), "Approved", "EdgebeatAutoApproved"),
+        )
+        .await
+        .unwrap();
+    // the signer writes the certificate; its spec edits and its edit of the Approved
+    // condition are dropped
+    let mut sign = approved.clone();
+    sign.spec.usages = Some(vec!["server auth".into()]);
+    let status = sign.status.as_mut().unwrap();
+    status.certificate = Some(ByteString(issued.clone().into_bytes()));
+    status.conditions.as_mut().unwrap()[0].reason = Some("Rewritten".into());
+    let signed = csrs
+        .replace_status("edge-01-a", &PostParams::default(), &sign)
+        .await
+        .unwrap();
+    assert_eq!(certificate(&signed), Some(issued.clone().into_bytes()));
+    assert_eq!(signed.spec, created.spec);
+    assert_eq!(conditions(&signed), conditions(&approved));
+    assert_eq!(
+        standin.certificate_signing_request("edge-01-a").unwrap(),
+        signed
+    );
+
+    // once set, the certificate cannot change
+    let mut reissue = signed.clone();
+    reissue.status.as_mut().unwrap().certificate =
+        Some(ByteString(ca.node("edge-01").cert_pem.into_bytes()));
+    let (code, message, fields) = invalid_causes(
+        csrs.replace_status("edge-01-a", &PostParams::default(), &reissue)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 422);
+    assert_eq!(
+        message,
+        r#"CertificateSigningRequest.certificates.k8s.io "edge-01-a" is invalid: status.certificate: Forbidden: updates may not modify existing certificate content"#
+    );
+    assert_eq!(fields, ["status.certificate"]);
+    // a signer may add Failed through /status (and it then sticks)
+    let failed = csrs
+        .replace_status(
+            "edge-01-a",
+            &PostParams::default(),
+            &with_condition(signed.clone(), "Failed", "SignerGaveUp"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(conditions(&failed).len(), 2);
+    assert_eq!(certificate(&failed), Some(issued.into_bytes()));
+
+    // As kube-apiserver does, /status takes a certificate for a request nobody approved
+    // (validation.go has no such rule; signers are trusted to wait for Approved).
+    let pending = csrs
+        .create(
+            &PostParams::default(),
+            &csr_body("edge-01-b", SIGNER, &csr_pem("system:node:edge-01")),
+        )
+        .await
+        .unwrap();
+    let mut early = pending.clone();
+    early
+        .status
+        .get_or_insert_with(Default::default)
+        .certificate = Some(ByteString(ca.node("edge-01").cert_pem.into_bytes()));
+    let early = csrs
+        .replace_status("edge-01-b", &PostParams::default(), &early)
+        .await
+        .unwrap();
+    assert!(certificate(&early).is_some() && conditions(&early).is_empty());
+}
+
+#[tokio::test]
+async fn csr_validation_of_request_signer_usages_and_duration() {
+    let (standin, client) = setup().await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(client);
+    let good = csr_pem("system:node:edge-01");
+    let invalid = |name: &str, e: kube::Error| {
+        let (code, message, fields) = invalid_causes(e);
+        assert_eq!(code, 422, "{message}");
+        let prefix =
+            format!(r#"CertificateSigningRequest.certificates.k8s.io "{name}" is invalid: "#);
+        (
+            message
+                .strip_prefix(&prefix)
+                .unwrap_or(&message)
+                .to_string(),
+            fields,
+        )
+    };
+
+    // not a CERTIFICATE REQUEST block: the value is Go's %#v of the bytes
+    let e = csrs
+        .create(&PostParams::default(), &csr_body("a", SIGNER, "hi"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        invalid("a", e),
+        (
+            "spec.request: Invalid value: []byte{0x68, 0x69}: PEM block type must be CERTIFICATE REQUEST"
+                .to_string(),
+            vec!["spec.request".to_string()]
+        )
+    );
+    // a request whose signature does not verify
+    let (label_end, body_end) = (
+        good.find('\n').unwrap() + 1,
+        good.rfind("-----END").unwrap(),
+    );
+    let mut der = base64_decode(&good[label_end..body_end]);
+    let last = der.len() - 3;
+    der[last] ^= 0x01;
+    let tampered = format!(
+        "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+        base64_encode(&der)
+    );
+    let e = csrs
+        .create(&PostParams::default(), &csr_body("b", SIGNER, &tampered))
+        .await
+        .unwrap_err();
+    let (message, fields) = invalid("b", e);
+    assert!(
+        message
+            .starts_with("spec.request: Invalid value: []byte{0x2d, 0x2d, 0x2d, 0x2d, 0x2d, 0x42")
+            && message.ends_with("}: x509: ECDSA verification failure"),
+        "{message}"
+    );
+    assert_eq!(fields, ["spec.request"]);
+
+    // signer name, usages and duration
+    let mut body = csr_body("c", "example/signer", &good);
+    body.spec.usages = Some(vec![
+        "client auth".into(),
+        "client auth".into(),
+        "teleport".into(),
+    ]);
+    body.spec.expiration_seconds = Some(300);
+    let e = csrs
+        .create(&PostParams::default(), &body)
+        .await
+        .unwrap_err();
+    let (message, fields) = invalid("c", e);
+    assert_eq!(
+        fields,
+        [
+            "spec.usages[2]",
+            "spec.usages[1]",
+            "spec.signerName",
+            "spec.expirationSeconds"
+        ]
+    );
+    for part in [
+        r#"spec.usages[2]: Unsupported value: "teleport": supported values: "any", "cert sign", "client auth""#,
+        r#"spec.usages[1]: Duplicate value: "client auth""#,
+        r#"spec.signerName: Invalid value: "example": should be a domain with at least two segments separated by dots"#,
+        "spec.expirationSeconds: Invalid value: 300: may not specify a duration less than 600 seconds (10 minutes)",
+    ] {
+        assert!(message.contains(part), "{part:?} missing from {message}");
+    }
+    let mut body = csr_body("d", "", &good);
+    body.spec.usages = None;
+    let e = csrs
+        .create(&PostParams::default(), &body)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        invalid("d", e),
+        (
+            "[spec.usages: Required value, spec.signerName: Required value]".to_string(),
+            vec!["spec.usages".to_string(), "spec.signerName".to_string()]
+        )
+    );
+    assert!(standin.certificate_signing_requests().is_empty());
+}
+
+/// Standard base64 of `der`, for hand-made PEM bodies.
+fn base64_encode(der: &[u8]) -> String {
+    let v = serde_json::to_value(ByteString(der.to_vec())).unwrap();
+    v.as_str().unwrap().to_string()
+}
+
+/// The DER of a PEM body (base64 lines).
+fn base64_decode(body: &str) -> Vec<u8> {
+    let clean: String = body.split_whitespace().collect();
+    serde_json::from_value::<ByteString>(Value::String(clean))
+        .unwrap()
+        .0
+}
+
+/// The next event of a CSR watch, within [`DEADLINE`].
+async fn next_csr_event<S>(s: &mut S) -> WatchEvent<CertificateSigningRequest>
+where
+    S: futures_util::Stream<Item = Result<WatchEvent<CertificateSigningRequest>, kube::Error>>
+        + Unpin,
+{
+    tokio::time::timeout(DEADLINE, s.try_next())
+        .await
+        .expect("watch event in time")
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn csr_watch_delivers_added_then_modified_on_approval_and_signing() {
+    let (_standin, client) = setup().await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(client);
+    let stream = csrs.watch(&WatchParams::default(), "0").await.unwrap();
+    let mut stream = Box::pin(stream);
+    let created = csrs
+        .create(
+            &PostParams::default(),
+            &csr_body("edge-01-a", SIGNER, &csr_pem("system:node:edge-01")),
+        )
+        .await
+        .unwrap();
+    match next_csr_event(&mut stream).await {
+        WatchEvent::Added(c) => assert_eq!(c, created),
+        other => panic!("expected ADDED, got {other:?}"),
+    }
+    let approved = csrs
+        .replace_subresource(
+            "approval",
+            "edge-01-a",
+            &PostParams::default(),
+            &with_condition(created, "Approved", "EdgebeatAutoApproved"),
+        )
+        .await
+        .unwrap();
+    match next_csr_event(&mut stream).await {
+        WatchEvent::Modified(c) => {
+            assert_eq!(c, approved);
+            assert_eq!(conditions(&c)[0].0, "Approved");
+        }
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+    let mut sign = approved;
+    sign.status.as_mut().unwrap().certificate = Some(ByteString(
+        edgebeat_tests::pki::Ca::new("site")
+            .node("edge-01")
+            .cert_pem
+            .into_bytes(),
+    ));
+    let signed = csrs
+        .replace_status("edge-01-a", &PostParams::default(), &sign)
+        .await
+        .unwrap();
+    match next_csr_event(&mut stream).await {
+        WatchEvent::Modified(c) => assert_eq!(c, signed),
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+    // a watch with a signer field selector sees nothing of other signers
+    let filtered = csrs
+        .watch(
+            &WatchParams::default().fields("spec.signerName=kubernetes.io/kubelet-serving"),
+            "0",
+        )
+        .await
+        .unwrap();
+    let mut filtered = Box::pin(filtered);
+    let mut other = csr_body(
+        "serving",
+        "kubernetes.io/kubelet-serving",
+        &csr_pem("system:node:edge-01"),
+    );
+    other.spec.usages = Some(vec!["digital signature".into(), "server auth".into()]);
+    csrs.create(&PostParams::default(), &other).await.unwrap();
+    match next_csr_event(&mut filtered).await {
+        WatchEvent::Added(c) => assert_eq!(c.metadata.name.as_deref(), Some("serving")),
+        other => panic!("expected ADDED of the serving CSR, got {other:?}"),
+    }
+}
+
+// ---- Secrets ----
+
+#[tokio::test]
+async fn secret_create_get_list_update_and_type_is_immutable() {
+    let (standin, client) = setup().await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "kube-system");
+    let body: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "edgebeat-token-abcdef", "labels": {"app": "edgebeat"}},
+        "data": {"token-id": ByteString(b"abcdef".to_vec())},
+        "stringData": {"token-secret": "0123456789abcdef", "token-id": "overwritten"},
+    }))
+    .unwrap();
+    let created = secrets.create(&PostParams::default(), &body).await.unwrap();
+    assert_eq!(created.type_.as_deref(), Some("Opaque"), "defaulted");
+    assert_eq!(created.string_data, None, "stringData is never stored");
+    let data = created.data.as_ref().unwrap();
+    assert_eq!(data["token-secret"].0, b"0123456789abcdef");
+    assert_eq!(
+        data["token-id"].0, b"overwritten",
+        "stringData wins over data"
+    );
+    assert_eq!(data.len(), 2);
+    assert_eq!(secrets.get("edgebeat-token-abcdef").await.unwrap(), created);
+    assert_eq!(
+        standin.secret("kube-system", "edgebeat-token-abcdef"),
+        Some(created.clone())
+    );
+
+    let tls: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "edgebeat-site-ca"}, "type": "kubernetes.io/tls",
+        "data": {"tls.crt": ByteString(b"crt".to_vec()), "tls.key": ByteString(b"key".to_vec())},
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &tls).await.unwrap();
+    let listed = secrets.list(&ListParams::default()).await.unwrap();
+    let names: Vec<_> = listed
+        .items
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(names, ["edgebeat-site-ca", "edgebeat-token-abcdef"]);
+    let by_type = secrets
+        .list(&ListParams::default().fields("type=kubernetes.io/tls"))
+        .await
+        .unwrap();
+    assert_eq!(by_type.items.len(), 1);
+    let elsewhere = Api::<Secret>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(elsewhere.items.is_empty());
+    assert_eq!(
+        Api::<Secret>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
+
+    // update: data may change, type may not
+    let mut update = created.clone();
+    update.data.as_mut().unwrap().insert(
+        "usage-bootstrap-authentication".into(),
+        ByteString(b"true".to_vec()),
+    );
+    let updated = secrets
+        .replace("edgebeat-token-abcdef", &PostParams::default(), &update)
+        .await
+        .unwrap();
+    assert_eq!(updated.data.as_ref().unwrap().len(), 3);
+    let mut retype = updated.clone();
+    retype.type_ = Some("bootstrap.kubernetes.io/token".into());
+    let (code, message, fields) = invalid_causes(
+        secrets
+            .replace("edgebeat-token-abcdef", &PostParams::default(), &retype)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 422);
+    assert_eq!(
+        message,
+        r#"Secret "edgebeat-token-abcdef" is invalid: type: Invalid value: "bootstrap.kubernetes.io/token": field is immutable"#
+    );
+    assert_eq!(fields, ["type"]);
+    // leaving type out of a PUT defaults it to Opaque, which is a change too
+    let mut untyped = serde_json::to_value(&updated).unwrap();
+    untyped.as_object_mut().unwrap().remove("type");
+    let tls_untyped = {
+        let mut v = serde_json::to_value(secrets.get("edgebeat-site-ca").await.unwrap()).unwrap();
+        v.as_object_mut().unwrap().remove("type");
+        v
+    };
+    let (code, _, message) = api_err(
+        raw(
+            &client,
+            Method::PUT,
+            "/api/v1/namespaces/kube-system/secrets/edgebeat-site-ca",
+            "application/json",
+            tls_untyped,
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(code, 422);
+    assert_eq!(
+        message,
+        r#"Secret "edgebeat-site-ca" is invalid: type: Invalid value: "Opaque": field is immutable"#
+    );
+    raw(
+        &client,
+        Method::PUT,
+        "/api/v1/namespaces/kube-system/secrets/edgebeat-token-abcdef",
+        "application/json",
+        untyped,
+    )
+    .await
+    .unwrap();
+    // a patch that changes type is refused the same way
+    let (code, _, _) = api_err(
+        secrets
+            .patch(
+                "edgebeat-token-abcdef",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"type": "kubernetes.io/tls"})),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 422);
+    assert_eq!(
+        standin
+            .secret("kube-system", "edgebeat-token-abcdef")
+            .unwrap()
+            .type_
+            .as_deref(),
+        Some("Opaque")
+    );
+
+    // the keys a well-known type needs, and data key names
+    let bad: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "half-tls"}, "type": "kubernetes.io/tls",
+        "data": {"tls.crt": ByteString(b"crt".to_vec()), "bad/key": ByteString(b"x".to_vec())},
+    }))
+    .unwrap();
+    let (code, message, fields) = invalid_causes(
+        secrets
+            .create(&PostParams::default(), &bad)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 422);
+    assert_eq!(fields, ["data[bad/key]", "data[tls.key]"], "{message}");
+    assert!(
+        message.contains("data[tls.key]: Required value"),
+        "{message}"
+    );
+
+    // no Secret is reachable by a node here
+    let mut config = kube::Config::new(standin.url().parse().unwrap());
+    config.auth_info.impersonate = Some("system:node:edge-01".into());
+    config.auth_info.impersonate_groups = Some(vec!["system:nodes".into()]);
+    let as_node: Api<Secret> =
+        Api::namespaced(kube::Client::try_from(config).unwrap(), "kube-system");
+    let (code, _, message) = api_err(as_node.get("edgebeat-site-ca").await.unwrap_err());
+    assert_eq!(code, 403);
+    assert_eq!(
+        message,
+        r#"secrets "edgebeat-site-ca" is forbidden: User "system:node:edge-01" cannot get resource "secrets" in API group "" in the namespace "kube-system": no relationship found between node 'edge-01' and this object"#
+    );
+
+    secrets
+        .delete("edgebeat-site-ca", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(standin.secret("kube-system", "edgebeat-site-ca").is_none());
 }

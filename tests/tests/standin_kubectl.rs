@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use edgebeat_tests::standin::{StandIn, StandInHandle, StandInView};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::api::core::v1::{Event, Node, Secret};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -332,4 +334,216 @@ async fn kubectl_get_watch_prints_status_transitions() {
         .collect();
     assert_eq!(rows.len(), 2, "{stdout}");
     assert_eq!((rows[0][1], rows[1][1]), ("Ready", "NotReady"));
+}
+
+/// A PKCS#10 request (PEM) for CN=`cn` with a fresh P-256 key.
+fn csr_pem(cn: &str) -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    params.serialize_request(&key).unwrap().pem().unwrap()
+}
+
+/// Creates CSR `name` through kube-rs, as `user` when given (impersonated).
+async fn create_csr(
+    standin: &StandInHandle,
+    name: &str,
+    user: Option<&str>,
+    expiration: Option<i32>,
+) {
+    let mut config = kube::Config::new(standin.url().parse().unwrap());
+    if let Some(user) = user {
+        config.auth_info.impersonate = Some(user.to_string());
+        config.auth_info.impersonate_groups = Some(vec!["system:nodes".into()]);
+    }
+    let csr: CertificateSigningRequest = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"request": ByteString(csr_pem("system:node:rpi4-edge-01").into_bytes()),
+                 "signerName": "edgebeat.io/node-client", "expirationSeconds": expiration,
+                 "usages": ["digital signature", "client auth"]},
+    }))
+    .unwrap();
+    Api::<CertificateSigningRequest>::all(kube::Client::try_from(config).unwrap())
+        .create(&PostParams::default(), &csr)
+        .await
+        .unwrap();
+}
+
+/// `(type, reason)` of each condition of the stored CSR `name`.
+fn condition_reasons(standin: &StandInHandle, name: &str) -> Vec<(String, Option<String>)> {
+    standin
+        .certificate_signing_request(name)
+        .unwrap()
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| (c.type_, c.reason))
+        .collect()
+}
+
+#[tokio::test]
+async fn kubectl_get_csr_then_certificate_approve_and_deny() {
+    let Some((standin, k)) = setup().await else {
+        return;
+    };
+    create_csr(&standin, "edgebeat-0a1b", None, Some(86400)).await;
+    create_csr(
+        &standin,
+        "edgebeat-2c3d",
+        Some("system:node:rpi4-edge-01"),
+        None,
+    )
+    .await;
+
+    let out = k.ok(&["get", "csr"]).await;
+    assert_eq!(
+        words(out.lines().next().unwrap()),
+        [
+            "NAME",
+            "AGE",
+            "SIGNERNAME",
+            "REQUESTOR",
+            "REQUESTEDDURATION",
+            "CONDITION"
+        ]
+    );
+    let row = words(line_with(&out, "edgebeat-0a1b"));
+    assert_eq!(
+        (row[2], row[3], row[4], row[5]),
+        (
+            "edgebeat.io/node-client",
+            "system:anonymous",
+            "24h",
+            "Pending"
+        ),
+        "{out}"
+    );
+    let row = words(line_with(&out, "edgebeat-2c3d"));
+    assert_eq!(
+        (row[3], row[4], row[5]),
+        ("system:node:rpi4-edge-01", "<none>", "Pending"),
+        "{out}"
+    );
+
+    let out = k.ok(&["certificate", "approve", "edgebeat-0a1b"]).await;
+    assert_eq!(
+        out.trim(),
+        "certificatesigningrequest.certificates.k8s.io/edgebeat-0a1b approved"
+    );
+    assert_eq!(
+        condition_reasons(&standin, "edgebeat-0a1b"),
+        [("Approved".to_string(), Some("KubectlApprove".to_string()))]
+    );
+    let approval = standin
+        .requests()
+        .into_iter()
+        .find(|r| r.path.ends_with("/edgebeat-0a1b/approval"))
+        .expect("kubectl wrote through /approval");
+    assert_eq!((approval.method.as_str(), approval.status), ("PUT", 200));
+
+    let out = k.ok(&["certificate", "deny", "edgebeat-2c3d"]).await;
+    assert_eq!(
+        out.trim(),
+        "certificatesigningrequest.certificates.k8s.io/edgebeat-2c3d denied"
+    );
+    let out = k.ok(&["get", "csr"]).await;
+    assert_eq!(
+        words(line_with(&out, "edgebeat-0a1b"))[5],
+        "Approved",
+        "{out}"
+    );
+    assert_eq!(
+        words(line_with(&out, "edgebeat-2c3d"))[5],
+        "Denied",
+        "{out}"
+    );
+
+    // kubectl refuses to approve what is denied, before writing anything
+    let out = k.run(&["certificate", "approve", "edgebeat-2c3d"]).await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains("is already Denied"), "{}", out.stderr);
+    assert_eq!(
+        condition_reasons(&standin, "edgebeat-2c3d"),
+        [("Denied".to_string(), Some("KubectlDeny".to_string()))]
+    );
+
+    let out = k.ok(&["get", "csr", "edgebeat-0a1b", "-o", "yaml"]).await;
+    for needle in [
+        "kind: CertificateSigningRequest",
+        "username: system:anonymous",
+        "- system:unauthenticated",
+        "signerName: edgebeat.io/node-client",
+        "reason: KubectlApprove",
+        "type: Approved",
+    ] {
+        assert!(out.contains(needle), "{needle:?} missing from:\n{out}");
+    }
+
+    let requests = standin.requests();
+    assert!(requests.iter().all(|r| !r.path.starts_with("/openapi")));
+    assert!(requests.iter().all(|r| r.status < 500), "{requests:?}");
+}
+
+#[tokio::test]
+async fn kubectl_get_secrets_prints_type_and_data_count() {
+    let Some((standin, k)) = setup().await else {
+        return;
+    };
+    let client = standin.kube_client().unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "edgebeat-site-ca"}, "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": "crt", "tls.key": "key"},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let token: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "edgebeat-token-abcdef"},
+        "stringData": {"token-id": "abcdef", "token-secret": "0123456789abcdef", "expiration": "2030-01-01T00:00:00Z"},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client, "kube-system")
+        .create(&PostParams::default(), &token)
+        .await
+        .unwrap();
+
+    let out = k.ok(&["get", "secrets", "-n", "kube-system"]).await;
+    assert_eq!(
+        words(out.lines().next().unwrap()),
+        ["NAME", "TYPE", "DATA", "AGE"]
+    );
+    assert_eq!(
+        words(line_with(&out, "edgebeat-site-ca"))[..3],
+        ["edgebeat-site-ca", "kubernetes.io/tls", "2"]
+    );
+    assert_eq!(
+        words(line_with(&out, "edgebeat-token-abcdef"))[..3],
+        ["edgebeat-token-abcdef", "Opaque", "3"]
+    );
+    let out = k.run(&["get", "secrets"]).await;
+    assert!(out.ok);
+    assert!(
+        out.stderr
+            .contains("No resources found in default namespace."),
+        "{}",
+        out.stderr
+    );
+    let out = k
+        .ok(&[
+            "get",
+            "secret",
+            "-n",
+            "kube-system",
+            "edgebeat-site-ca",
+            "-o",
+            "jsonpath={.data.tls\\.crt}",
+        ])
+        .await;
+    assert_eq!(out, "Y3J0", "base64 of \"crt\"");
 }

@@ -57,26 +57,35 @@ pub(crate) fn core_resources() -> Value {
              "verbs": ALL, "shortNames": ["no"]},
             {"name": "nodes/status", "singularName": "", "namespaced": false, "kind": "Node",
              "verbs": ["get", "patch", "update"]},
+            {"name": "secrets", "singularName": "secret", "namespaced": true, "kind": "Secret",
+             "verbs": ALL},
         ],
     })
 }
 
-fn coordination_group() -> Value {
+/// The API groups served besides the core group, in the order `/apis` lists them (the
+/// kube-aggregator's group priorities put certificates before coordination).
+pub(crate) const GROUPS: [&str; 2] = ["certificates.k8s.io", "coordination.k8s.io"];
+
+/// The `APIGroup` entry of `group` (only `v1` is served).
+fn api_group(group: &str) -> Value {
+    let gv = format!("{group}/v1");
     json!({
-        "name": "coordination.k8s.io",
-        "versions": [{"groupVersion": "coordination.k8s.io/v1", "version": "v1"}],
-        "preferredVersion": {"groupVersion": "coordination.k8s.io/v1", "version": "v1"},
+        "name": group,
+        "versions": [{"groupVersion": gv, "version": "v1"}],
+        "preferredVersion": {"groupVersion": gv, "version": "v1"},
     })
 }
 
 /// `/apis`: APIGroupList.
 pub(crate) fn api_groups() -> Value {
-    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [coordination_group()]})
+    let groups: Vec<Value> = GROUPS.into_iter().map(api_group).collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
-/// `/apis/coordination.k8s.io`: APIGroup.
-pub(crate) fn coordination() -> Value {
-    let mut g = coordination_group();
+/// `/apis/<group>`: APIGroup.
+pub(crate) fn group(group: &str) -> Value {
+    let mut g = api_group(group);
     if let Some(m) = g.as_object_mut() {
         m.insert("kind".into(), "APIGroup".into());
         m.insert("apiVersion".into(), "v1".into());
@@ -84,15 +93,30 @@ pub(crate) fn coordination() -> Value {
     g
 }
 
-/// `/apis/coordination.k8s.io/v1`: APIResourceList.
-pub(crate) fn coordination_resources() -> Value {
+/// `/apis/<group>/v1`: APIResourceList of the group's resources the stand-in serves.
+pub(crate) fn group_resources(group: &str) -> Value {
+    let resources = match group {
+        "coordination.k8s.io" => json!([
+            {"name": "leases", "singularName": "lease", "namespaced": true, "kind": "Lease",
+             "verbs": ALL},
+        ]),
+        "certificates.k8s.io" => json!([
+            {"name": "certificatesigningrequests", "singularName": "certificatesigningrequest",
+             "namespaced": false, "kind": "CertificateSigningRequest", "verbs": ALL,
+             "shortNames": ["csr"]},
+            {"name": "certificatesigningrequests/approval", "singularName": "",
+             "namespaced": false, "kind": "CertificateSigningRequest",
+             "verbs": ["get", "patch", "update"]},
+            {"name": "certificatesigningrequests/status", "singularName": "",
+             "namespaced": false, "kind": "CertificateSigningRequest",
+             "verbs": ["get", "patch", "update"]},
+        ]),
+        _ => json!([]),
+    };
     json!({
         "kind": "APIResourceList",
         "apiVersion": "v1",
-        "groupVersion": "coordination.k8s.io/v1",
-        "resources": [
-            {"name": "leases", "singularName": "lease", "namespaced": true, "kind": "Lease",
-             "verbs": ALL},
-        ],
+        "groupVersion": format!("{group}/v1"),
+        "resources": resources,
     })
 }

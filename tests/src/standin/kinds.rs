@@ -1,4 +1,4 @@
-//! The four kinds the stand-in serves, and what the real registry strategies say about each.
+//! The kinds the stand-in serves, and what the real registry strategies say about each.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -13,10 +13,42 @@ pub(crate) enum Kind {
     Node,
     Event,
     Lease,
+    /// Core v1 `secrets` (`pkg/registry/core/secret/strategy.go`).
+    Secret,
+    /// `certificatesigningrequests.certificates.k8s.io`
+    /// (`pkg/registry/certificates/certificates/strategy.go`).
+    CertificateSigningRequest,
+}
+
+/// The write target of an update: the object, or one of its subresources (`/status` of
+/// nodes and CSRs, `/approval` of CSRs), each with its own registry strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sub {
+    Main,
+    Status,
+    Approval,
+}
+
+impl Sub {
+    /// The subresource's name in a path and in authorization attributes ("" for the object).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Sub::Main => "",
+            Sub::Status => "status",
+            Sub::Approval => "approval",
+        }
+    }
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 4] = [Kind::Namespace, Kind::Node, Kind::Event, Kind::Lease];
+    pub(crate) const ALL: [Kind; 6] = [
+        Kind::Namespace,
+        Kind::Node,
+        Kind::Event,
+        Kind::Lease,
+        Kind::Secret,
+        Kind::CertificateSigningRequest,
+    ];
 
     pub(crate) fn from_group_resource(group: &str, resource: &str) -> Option<Kind> {
         Kind::ALL
@@ -27,6 +59,7 @@ impl Kind {
     pub(crate) fn group(self) -> &'static str {
         match self {
             Kind::Lease => "coordination.k8s.io",
+            Kind::CertificateSigningRequest => "certificates.k8s.io",
             _ => "",
         }
     }
@@ -34,6 +67,7 @@ impl Kind {
     pub(crate) fn api_version(self) -> &'static str {
         match self {
             Kind::Lease => "coordination.k8s.io/v1",
+            Kind::CertificateSigningRequest => "certificates.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -44,6 +78,8 @@ impl Kind {
             Kind::Node => "Node",
             Kind::Event => "Event",
             Kind::Lease => "Lease",
+            Kind::Secret => "Secret",
+            Kind::CertificateSigningRequest => "CertificateSigningRequest",
         }
     }
 
@@ -53,11 +89,22 @@ impl Kind {
             Kind::Node => "nodes",
             Kind::Event => "events",
             Kind::Lease => "leases",
+            Kind::Secret => "secrets",
+            Kind::CertificateSigningRequest => "certificatesigningrequests",
         }
     }
 
     pub(crate) fn namespaced(self) -> bool {
-        matches!(self, Kind::Event | Kind::Lease)
+        matches!(self, Kind::Event | Kind::Lease | Kind::Secret)
+    }
+
+    /// The subresources served for this kind besides the object itself.
+    pub(crate) fn subresources(self) -> &'static [Sub] {
+        match self {
+            Kind::Node => &[Sub::Status],
+            Kind::CertificateSigningRequest => &[Sub::Status, Sub::Approval],
+            _ => &[],
+        }
     }
 
     /// `nodes`, `leases.coordination.k8s.io`: the GroupResource string of error messages.
@@ -78,7 +125,7 @@ impl Kind {
         }
     }
 
-    /// `AllowCreateOnUpdate`: true for leases and events, false for nodes.
+    /// `AllowCreateOnUpdate`: true for leases and events, false for nodes, secrets and CSRs.
     pub(crate) fn allow_create_on_update(self) -> bool {
         matches!(self, Kind::Lease | Kind::Event)
     }
@@ -126,6 +173,13 @@ impl Kind {
             Kind::Node => roundtrip::<k8s_openapi::api::core::v1::Node>(value),
             Kind::Event => roundtrip::<k8s_openapi::api::core::v1::Event>(value),
             Kind::Lease => roundtrip::<k8s_openapi::api::coordination::v1::Lease>(value),
+            Kind::Secret => {
+                let (out, unknown) = roundtrip::<k8s_openapi::api::core::v1::Secret>(value)?;
+                Ok((secret_defaults(out)?, unknown))
+            }
+            Kind::CertificateSigningRequest => {
+                roundtrip::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>(value)
+            }
         }
     }
 
@@ -137,6 +191,25 @@ impl Kind {
             _ => &[],
         }
     }
+}
+
+/// What decoding a v1 Secret does besides the type: `SetDefaults_Secret` (an empty `type` is
+/// `Opaque`, `pkg/apis/core/v1/defaults.go`) and `Convert_v1_Secret_To_core_Secret`
+/// (`stringData` is merged into `data`, overwriting, and never stored;
+/// `pkg/apis/core/v1/conversion.go`).
+fn secret_defaults(value: Value) -> Result<Value, String> {
+    let mut secret: k8s_openapi::api::core::v1::Secret =
+        serde_json::from_value(value).map_err(|e| e.to_string())?;
+    if secret.type_.as_deref().is_none_or(str::is_empty) {
+        secret.type_ = Some("Opaque".to_string());
+    }
+    if let Some(string_data) = secret.string_data.take().filter(|m| !m.is_empty()) {
+        let data = secret.data.get_or_insert_with(Default::default);
+        for (k, v) in string_data {
+            data.insert(k, k8s_openapi::ByteString(v.into_bytes()));
+        }
+    }
+    serde_json::to_value(&secret).map_err(|e| e.to_string())
 }
 
 fn roundtrip<T: DeserializeOwned + Serialize>(

@@ -4,8 +4,9 @@
 //! Kubernetes API that edgebeat's gateway (and kubelet) touch, faithfully enough that
 //! kube-rs sees the same answers and `kubectl --server` prints like a cluster:
 //!
-//! - discovery: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/coordination.k8s.io[/v1]`
-//!   (legacy documents; kubectl falls back to them from aggregated discovery);
+//! - discovery: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/coordination.k8s.io[/v1]`,
+//!   `/apis/certificates.k8s.io[/v1]` (legacy documents; kubectl falls back to them from
+//!   aggregated discovery);
 //! - `nodes` (cluster-scoped): create, get, list, watch, update, patch, delete, and the
 //!   `nodes/status` subresource (get, update, patch) with `nodeStatusStrategy` semantics:
 //!   spec changes sent to `/status` are dropped, metadata changes are kept, and status
@@ -18,7 +19,30 @@
 //!   patch, delete;
 //! - `namespaces`: get, list, watch of the four system namespaces (`default`,
 //!   `kube-node-lease`, `kube-public`, `kube-system`); writes to a namespace that does not
-//!   exist get the NamespaceLifecycle 404.
+//!   exist get the NamespaceLifecycle 404;
+//! - core v1 `secrets`: create, get, list, watch, update, patch, delete
+//!   (`pkg/registry/core/secret/strategy.go`): an empty `type` is `Opaque`, `stringData`
+//!   is merged into `data` and never stored, `type` is immutable, and so are `data` and
+//!   `immutable` once `immutable` is true; data keys, the 1 MiB total and the keys of the
+//!   well-known types are validated (`ValidateSecret`);
+//! - `certificatesigningrequests.certificates.k8s.io` (cluster-scoped): create, get, list,
+//!   watch, update, patch, delete, and the `/status` and `/approval` subresources (get,
+//!   update, patch), with the strategies of `pkg/registry/certificates/certificates/
+//!   strategy.go`: on create `spec.username`, `uid`, `groups` and `extra` are the
+//!   requester's (the impersonated user, or `system:anonymous` in `system:unauthenticated`
+//!   without impersonation, as `user.rs` explains) and the status is emptied; an update
+//!   of the object keeps its spec and status (only metadata changes);
+//!   `/status` keeps the spec and the Approved and Denied conditions; `/approval` changes
+//!   nothing but the conditions; condition timestamps are filled in. Validation is
+//!   `pkg/apis/certificates/validation/validation.go`: the request must be a `CERTIFICATE
+//!   REQUEST` PEM block holding a PKCS#10 request whose signature verifies, signer name and
+//!   usages are checked, Approved and Denied exclude each other, a condition type appears
+//!   once, Approved/Denied/Failed are never removed, only `/approval` adds or changes
+//!   Approved/Denied, only `/status` sets `status.certificate` (PEM `CERTIFICATE` blocks
+//!   of X.509 certificates) and never changes it once set. As in the real server, a
+//!   certificate can be written through `/status` before the request is approved: the
+//!   signer is trusted to wait (only the `CertificateSigning` admission plugin's RBAC
+//!   `sign` check stands in the way, and there is no RBAC here).
 //!
 //! Patches: strategic merge patch (the Node/Lease/Event subset of the algorithm, see
 //! [`smp`]), JSON merge patch and JSON patch. Server-side apply is answered 415.
@@ -32,8 +56,8 @@
 //! Test hooks: every request is recorded ([`RecordedRequest`]); faults can be switched on
 //! at runtime (latency, answering N matching requests with a status code, dropping the
 //! connection); another writer can be simulated ([`StandInHandle::bump_lease`],
-//! [`StandInHandle::update_node`]); [`StandInHandle::wait_until`] waits for a state
-//! without polling.
+//! [`StandInHandle::update_node`], [`StandInHandle::update_certificate_signing_request`]);
+//! [`StandInHandle::wait_until`] waits for a state without polling.
 //!
 //! Impersonated nodes: `Impersonate-User` and every `Impersonate-Group` are recorded on
 //! each [`RecordedRequest`]. A request impersonating a **node identity** (user
@@ -65,31 +89,43 @@
 //! the URL, but before validation (422) and, on a PUT, before not-found and conflict
 //! checks (a PATCH of a missing object is still 404 first). Any other
 //! impersonated user (or `system:node:<name>` without the `system:nodes` group) is an
-//! ordinary user and is served as without impersonation. Simplified: the impersonating
+//! ordinary user and is served as without impersonation. For secrets and CSRs a node is
+//! authorized as the Node authorizer does (no Secret is reachable, CSRs may be created and
+//! read) and NodeRestriction's `admitCSR` applies. Simplified: the impersonating
 //! client's own `impersonate` permission is not checked (there is no authentication),
 //! RBAC is assumed to grant a node nothing beyond the Node authorizer (true for a default
 //! cluster), `Impersonate-Group` without `Impersonate-User` is not refused (the real server
-//! refuses it; 500 or 400 depending on the release), `Impersonate-Uid`/`-Extra-*` are
-//! ignored, and discovery and unknown paths are not authorized.
+//! refuses it; 500 or 400 depending on the release), `Impersonate-Uid`/`-Extra-*` only
+//! reach a CSR's `spec.uid`/`spec.extra`, and discovery and unknown paths are not
+//! authorized.
 //!
 //! What it does **not** do otherwise: authentication, RBAC, admission other than
 //! NodeRestriction for impersonated nodes and the namespace existence check (no
-//! TaintNodesByCondition taint on create), field managers / managedFields / server-side
-//! apply, protobuf or YAML bodies, pagination (`limit` is ignored and the whole
-//! list returned), bookmarks other than the `sendInitialEvents` one, garbage collection
-//! (deleting a Node leaves its Lease), the node lifecycle controller (nothing turns a node
-//! NotReady), and most of the validation of the real types (metadata, taints, duplicate
-//! addresses, lease durations, event namespaces and MicroTime parsing are checked).
+//! TaintNodesByCondition taint on create; none of the certificates admission plugins:
+//! `CertificateApproval` and `CertificateSigning` only check RBAC `approve`/`sign`, and
+//! `CertificateSubjectRestriction`'s refusal of `system:masters` for the
+//! `kubernetes.io/kube-apiserver-client` signer is not modelled), field managers /
+//! managedFields / server-side apply, YAML bodies, protobuf bodies other than
+//! CertificateSigningRequests' (kubectl's typed client writes those as protobuf; answers
+//! are always JSON, which protobuf-preferring clients accept), pagination (`limit` is
+//! ignored and the whole list returned), bookmarks other than the `sendInitialEvents` one,
+//! garbage collection (deleting a Node leaves its Lease), the node lifecycle controller
+//! (nothing turns a node NotReady), and most of the validation of the real types (metadata,
+//! taints, duplicate addresses, lease durations, event namespaces and MicroTime parsing are
+//! checked; Secrets and CertificateSigningRequests are validated as described above).
 
 mod discovery;
 mod kinds;
 mod nodeauth;
+mod pem;
+mod protobuf;
 mod query;
 mod server;
 pub mod smp;
 mod status;
 mod store;
 mod table;
+mod user;
 mod validation;
 
 use std::future::Future;
@@ -99,8 +135,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Method;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::api::core::v1::{Event, Node, Secret};
 use tokio::net::TcpListener;
 
 use kinds::Kind;
@@ -253,6 +290,22 @@ impl StandInView<'_> {
         self.store.typed_all(Kind::Event)
     }
 
+    /// The Secret `namespace/name`.
+    pub fn secret(&self, namespace: &str, name: &str) -> Option<Secret> {
+        self.store.typed(Kind::Secret, Some(namespace), name)
+    }
+
+    /// The CertificateSigningRequest `name`.
+    pub fn certificate_signing_request(&self, name: &str) -> Option<CertificateSigningRequest> {
+        self.store
+            .typed(Kind::CertificateSigningRequest, None, name)
+    }
+
+    /// All CertificateSigningRequests, in creation order.
+    pub fn certificate_signing_requests(&self) -> Vec<CertificateSigningRequest> {
+        self.store.typed_all(Kind::CertificateSigningRequest)
+    }
+
     /// Every recorded request so far.
     pub fn requests(&self) -> &[RecordedRequest] {
         &self.store.requests
@@ -335,6 +388,44 @@ impl StandInHandle {
         self.shared.lock().typed_all(Kind::Event)
     }
 
+    /// The Secret `namespace/name` as stored.
+    pub fn secret(&self, namespace: &str, name: &str) -> Option<Secret> {
+        self.shared
+            .lock()
+            .typed(Kind::Secret, Some(namespace), name)
+    }
+
+    /// All Secrets, in creation order.
+    pub fn secrets(&self) -> Vec<Secret> {
+        self.shared.lock().typed_all(Kind::Secret)
+    }
+
+    /// The CertificateSigningRequest `name` as stored.
+    pub fn certificate_signing_request(&self, name: &str) -> Option<CertificateSigningRequest> {
+        self.shared
+            .lock()
+            .typed(Kind::CertificateSigningRequest, None, name)
+    }
+
+    /// All CertificateSigningRequests, in creation order.
+    pub fn certificate_signing_requests(&self) -> Vec<CertificateSigningRequest> {
+        self.shared
+            .lock()
+            .typed_all(Kind::CertificateSigningRequest)
+    }
+
+    /// Another writer changes the CertificateSigningRequest, e.g. an approver or a signer
+    /// outside the test (no validation, no strategy; identity fields are kept). False if it
+    /// does not exist.
+    pub fn update_certificate_signing_request(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut CertificateSigningRequest),
+    ) -> bool {
+        self.shared
+            .mutate(|s| s.mutate_typed(Kind::CertificateSigningRequest, None, name, f))
+    }
+
     /// The `reason` of every Event that has one, in creation order (e.g. `NodeReady`).
     pub fn event_reasons(&self) -> Vec<String> {
         self.events().into_iter().filter_map(|e| e.reason).collect()
@@ -387,7 +478,8 @@ impl StandInHandle {
     }
 
     /// Requests answered so far, by `"METHOD resource status"`, e.g. `"PUT leases 200"`
-    /// (resource: `leases`, `nodes/status`, `nodes`, `events` or `other`).
+    /// (resource: `leases`, `nodes/status`, `nodes`, `events`, `secrets`,
+    /// `certificatesigningrequests[/status|/approval]` or `other`).
     pub fn request_counts(&self) -> std::collections::BTreeMap<String, u64> {
         self.shared.lock().request_counts.clone()
     }
@@ -504,10 +596,11 @@ fn summary(store: &Store) -> String {
         .map(|r| format!("{} {} -> {}", r.method, r.path, r.status))
         .collect();
     format!(
-        "resourceVersion {}; nodes [{}]; leases [{}]; {} events; {} requests, last: [{}]",
+        "resourceVersion {}; nodes [{}]; leases [{}]; certificatesigningrequests [{}]; {} events; {} requests, last: [{}]",
         store.rv,
         names(Kind::Node),
         names(Kind::Lease),
+        names(Kind::CertificateSigningRequest),
         store.list_by_creation(Kind::Event).len(),
         store.requests.len(),
         last.join("; ")

@@ -7,22 +7,30 @@
 //!   ordinary user and is not restricted (the stand-in has no RBAC).
 //! - Authorization (`plugin/pkg/auth/authorizer/node/node_authorizer.go`, as in v1.33 where
 //!   the `AuthorizeNodeWithSelectors` gate is on by default): `authorizeNode` for
-//!   `nodes` and `nodes/status`, `authorizeLease` for leases, and the static `system:node`
-//!   rules (`bootstrappolicy/policy.go: NodeRules`) for events. Namespaces are not in
-//!   those rules. When the Node authorizer has no opinion, RBAC is assumed to add nothing
+//!   `nodes` and `nodes/status`, `authorizeLease` for leases,
+//!   `authorizeReadNamespacedObject` for secrets (a node may only read a Secret a pod bound
+//!   to it references, and the stand-in has no pods: every Secret request is denied), and
+//!   the static `system:node` rules (`bootstrappolicy/policy.go: NodeRules`) for events
+//!   (create, update, patch) and certificatesigningrequests (create, get, list, watch; no
+//!   subresource). Namespaces are not in those rules. When the Node authorizer has no
+//!   opinion, RBAC is assumed to add nothing
 //!   (the `system:node` ClusterRoleBinding has had no subjects since v1.8), so the request
 //!   is denied with the authorization filter's 403 (`responsewriters.Forbidden`,
 //!   `forbiddenMessage`) and the Node authorizer's reason appended.
-//! - Admission (`plugin/pkg/admission/noderestriction/admission.go`): `admitNode` and
-//!   `admitLease`, with the kubelet label allow-list of `k8s.io/kubelet/pkg/apis:
-//!   IsKubeletLabel`. Events are not restricted by it.
+//! - Admission (`plugin/pkg/admission/noderestriction/admission.go`): `admitNode`,
+//!   `admitLease` and `admitCSR` (on by default since v1.31, when the
+//!   `AllowInsecureKubeletCertificateSigningRequests` gate went off: a node's CSR for the
+//!   `kubernetes.io/kubelet-serving` or `kubernetes.io/kube-apiserver-client-kubelet`
+//!   signer must have CN `system:node:<its name>`), with the kubelet label allow-list of
+//!   `k8s.io/kubelet/pkg/apis: IsKubeletLabel`. Events and secrets are not restricted by it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use http::Method;
 use serde_json::Value;
 
-use super::kinds::{Kind, at, meta, str_at};
+use super::kinds::{Kind, Sub, at, meta, str_at};
+use super::pem;
 use super::query::Query;
 use super::status::ApiError;
 use super::validation::q;
@@ -94,7 +102,7 @@ impl Attributes {
         kind: Kind,
         namespace: Option<&str>,
         name: Option<&str>,
-        status: bool,
+        sub: Sub,
         q: &Query,
     ) -> Self {
         let verb = match (method.as_str(), name.is_some()) {
@@ -122,7 +130,7 @@ impl Attributes {
         Attributes {
             verb,
             kind,
-            subresource: if status { "status" } else { "" },
+            subresource: sub.name(),
             namespace,
             name,
         }
@@ -154,6 +162,12 @@ pub(crate) fn authorize(node: &NodeIdentity, a: &Attributes) -> Result<(), ApiEr
                 "create" | "update" | "patch" => Ok(()),
                 _ => Err(String::new()),
             },
+            // NodeRules: certificatesigningrequests create, get, list, watch.
+            Kind::CertificateSigningRequest => match (a.subresource, a.verb.as_str()) {
+                ("", "create" | "get" | "list" | "watch") => Ok(()),
+                _ => Err(String::new()),
+            },
+            Kind::Secret => authorize_read_namespaced_object(&node.name, a),
             Kind::Namespace => Err(String::new()),
         }
     };
@@ -203,6 +217,26 @@ fn authorize_lease(node: &str, a: &Attributes) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// `authorizeReadNamespacedObject` then `authorize`: reads of one named object in a
+/// namespace, allowed only along a path in the node's graph, which holds no Secrets here.
+fn authorize_read_namespaced_object(node: &str, a: &Attributes) -> Result<(), String> {
+    if !matches!(a.verb.as_str(), "get" | "list" | "watch") {
+        return Err("can only read resources of this type".to_string());
+    }
+    if !a.subresource.is_empty() {
+        return Err("cannot read subresource".to_string());
+    }
+    if a.namespace.is_empty() {
+        return Err("can only read namespaced object of this type".to_string());
+    }
+    if a.name.is_empty() {
+        return Err("No Object name found".to_string());
+    }
+    Err(format!(
+        "no relationship found between node '{node}' and this object"
+    ))
 }
 
 /// `responsewriters.Forbidden`: `errors.NewForbidden` over `forbiddenMessage` (HTML
@@ -267,7 +301,41 @@ pub(crate) fn admit(
     match kind {
         Kind::Node => admit_node(&node.name, op, name, obj, old),
         Kind::Lease => admit_lease(&node.name, op, namespace, name, obj),
-        Kind::Event | Kind::Namespace => Ok(()),
+        Kind::CertificateSigningRequest => admit_csr(&node.name, op, name, obj),
+        Kind::Event | Kind::Namespace | Kind::Secret => Ok(()),
+    }
+}
+
+/// `admitCSR`: on create, a request for the kubelet serving or kubelet client signer must
+/// be for this node's CN. When the stand-in cannot read the subject (a bad signature, or
+/// one rcgen cannot represent), validation decides instead.
+fn admit_csr(node: &str, op: Operation, name: &str, obj: &Value) -> Result<(), ApiError> {
+    const NODE_SIGNERS: [&str; 2] = [
+        "kubernetes.io/kubelet-serving",
+        "kubernetes.io/kube-apiserver-client-kubelet",
+    ];
+    if op != Operation::Create || !NODE_SIGNERS.contains(&str_at(obj, &["spec", "signerName"])) {
+        return Ok(());
+    }
+    let forbid = |cause: String| {
+        Err(ApiError::forbidden(
+            Kind::CertificateSigningRequest,
+            name,
+            &cause,
+        ))
+    };
+    let request: Vec<u8> = at(obj, &["spec", "request"])
+        .cloned()
+        .and_then(|v| serde_json::from_value::<k8s_openapi::ByteString>(v).ok())
+        .map(|b| b.0)
+        .unwrap_or_default();
+    let expected = format!("{NODE_USER_PREFIX}{node}");
+    match pem::csr_common_name(&request) {
+        Err(e) => forbid(format!("unable to parse csr: {e}")),
+        Ok(Some(cn)) if cn != expected => {
+            forbid(format!("can only create a node CSR with CN={expected}"))
+        }
+        Ok(_) => Ok(()),
     }
 }
 

@@ -176,6 +176,8 @@ fn field_value(kind: Kind, obj: &Value, field: &str) -> Option<String> {
                 .to_string(),
         ),
         (Kind::Namespace, "status.phase") => s(&["status", "phase"]),
+        (Kind::Secret, "type") => s(&["type"]),
+        (Kind::CertificateSigningRequest, "spec.signerName") => s(&["spec", "signerName"]),
         (Kind::Event, f) => match f {
             "involvedObject.kind"
             | "involvedObject.namespace"

@@ -19,13 +19,15 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
 
 use super::discovery;
-use super::kinds::{Kind, meta};
+use super::kinds::{Kind, Sub, meta};
 use super::nodeauth::{self, NodeIdentity, Operation};
+use super::protobuf;
 use super::query::{Query, Selectors};
 use super::smp;
 use super::status::ApiError;
-use super::store::{Store, Sub, WatchRecord};
+use super::store::{Store, WatchRecord};
 use super::table::{self, IncludeObject};
+use super::user::UserInfo;
 use super::validation::{FieldError, check_micro_times, q as quote};
 use super::{FaultAction, RecordedRequest};
 
@@ -201,6 +203,7 @@ async fn handle(
                 record.impersonate_user.as_deref(),
                 &record.impersonate_groups,
             );
+            let user = UserInfo::from_headers(&parts.headers);
             dispatch(
                 &shared,
                 &parts.method,
@@ -208,6 +211,7 @@ async fn handle(
                 &parts.headers,
                 &body,
                 node.as_ref(),
+                &user,
             )
         }
     };
@@ -292,8 +296,10 @@ enum Route {
     ApiVersions,
     CoreResources,
     ApiGroups,
-    Coordination,
-    CoordinationResources,
+    /// `/apis/<group>` of a served group.
+    Group(&'static str),
+    /// `/apis/<group>/v1` of a served group.
+    GroupResources(&'static str),
     Resource(ResourcePath),
     NotFound,
 }
@@ -303,18 +309,19 @@ struct ResourcePath {
     kind: Kind,
     namespace: Option<String>,
     name: Option<String>,
-    status: bool,
+    sub: Sub,
 }
 
 fn route(path: &str) -> Route {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let served = |g: &str| discovery::GROUPS.into_iter().find(|s| *s == g);
     match segs.as_slice() {
         ["version"] => Route::Version,
         ["api"] => Route::ApiVersions,
         ["api", "v1"] => Route::CoreResources,
         ["apis"] => Route::ApiGroups,
-        ["apis", "coordination.k8s.io"] => Route::Coordination,
-        ["apis", "coordination.k8s.io", "v1"] => Route::CoordinationResources,
+        ["apis", group] => served(group).map_or(Route::NotFound, Route::Group),
+        ["apis", group, "v1"] => served(group).map_or(Route::NotFound, Route::GroupResources),
         ["api", "v1", rest @ ..] => resource_route("", rest),
         ["apis", group, "v1", rest @ ..] => resource_route(group, rest),
         _ => Route::NotFound,
@@ -323,30 +330,33 @@ fn route(path: &str) -> Route {
 
 fn resource_route(group: &str, rest: &[&str]) -> Route {
     let kind = |r: &str| Kind::from_group_resource(group, r);
-    let r = |kind: Kind, ns: Option<&str>, name: Option<&str>, status: bool| {
+    let r = |kind: Kind, ns: Option<&str>, name: Option<&str>, sub: Sub| {
         Route::Resource(ResourcePath {
             kind,
             namespace: ns.map(str::to_string),
             name: name.map(str::to_string),
-            status,
+            sub,
         })
     };
+    let subresource = |k: Kind, s: &str| k.subresources().iter().copied().find(|x| x.name() == s);
     match rest {
-        [res] => kind(res).map_or(Route::NotFound, |k| r(k, None, None, false)),
+        [res] => kind(res).map_or(Route::NotFound, |k| r(k, None, None, Sub::Main)),
         ["namespaces", ns, res] => match kind(res) {
-            Some(k) if k.namespaced() => r(k, Some(ns), None, false),
+            Some(k) if k.namespaced() => r(k, Some(ns), None, Sub::Main),
             _ => Route::NotFound,
         },
         ["namespaces", ns, res, name] => match kind(res) {
-            Some(k) if k.namespaced() => r(k, Some(ns), Some(name), false),
+            Some(k) if k.namespaced() => r(k, Some(ns), Some(name), Sub::Main),
             _ => Route::NotFound,
         },
         [res, name] => match kind(res) {
-            Some(k) if !k.namespaced() => r(k, None, Some(name), false),
+            Some(k) if !k.namespaced() => r(k, None, Some(name), Sub::Main),
             _ => Route::NotFound,
         },
-        [res, name, "status"] => match kind(res) {
-            Some(Kind::Node) => r(Kind::Node, None, Some(name), true),
+        [res, name, sub] => match kind(res) {
+            Some(k) if !k.namespaced() => {
+                subresource(k, sub).map_or(Route::NotFound, |s| r(k, None, Some(name), s))
+            }
             _ => Route::NotFound,
         },
         _ => Route::NotFound,
@@ -412,6 +422,7 @@ fn negotiate(headers: &HeaderMap) -> Result<Render, ApiError> {
 
 /// Serves one request. `node` is the impersonated node identity, if any: its resource
 /// requests go through the Node authorizer first, and its writes through NodeRestriction.
+/// `user` is who the request is made as (what a CSR records as its requester).
 fn dispatch(
     shared: &Arc<Shared>,
     method: &Method,
@@ -419,6 +430,7 @@ fn dispatch(
     headers: &HeaderMap,
     body: &Bytes,
     node: Option<&NodeIdentity>,
+    user: &UserInfo,
 ) -> Response<Body> {
     let r = route(uri.path());
     let get_only = |v: Value| {
@@ -433,8 +445,8 @@ fn dispatch(
         Route::ApiVersions => get_only(discovery::api_versions(shared.addr)),
         Route::CoreResources => get_only(discovery::core_resources()),
         Route::ApiGroups => get_only(discovery::api_groups()),
-        Route::Coordination => get_only(discovery::coordination()),
-        Route::CoordinationResources => get_only(discovery::coordination_resources()),
+        Route::Group(group) => get_only(discovery::group(group)),
+        Route::GroupResources(group) => get_only(discovery::group_resources(group)),
         Route::NotFound => error_response(&ApiError::path_not_found()),
         Route::Resource(rp) => {
             let q = Query::parse(uri.query());
@@ -444,14 +456,14 @@ fn dispatch(
                     rp.kind,
                     rp.namespace.as_deref(),
                     rp.name.as_deref(),
-                    rp.status,
+                    rp.sub,
                     &q,
                 );
                 if let Err(e) = nodeauth::authorize(node, &attrs) {
                     return error_response(&e);
                 }
             }
-            resource(shared, method, &rp, &q, headers, body, node)
+            resource(shared, method, &rp, &q, headers, body, node, user)
                 .unwrap_or_else(|e| error_response(&e))
         }
     }
@@ -494,33 +506,39 @@ fn strict_error(unknown: &[String]) -> String {
     )
 }
 
-/// Decodes a POST/PUT body: a body that does not decode is 400 BadRequest, as the real
-/// server's decoder answers (`<Kind> in version "v1" cannot be handled as a <Kind>: …`).
+/// Decodes a POST/PUT body (JSON, or protobuf for the kinds [`protobuf::supports`]): a
+/// body that does not decode is 400 BadRequest, as the real server's decoder answers
+/// (`<Kind> in version "v1" cannot be handled as a <Kind>: …`).
 fn decode_body(
     kind: Kind,
     headers: &HeaderMap,
     body: &[u8],
     fv: FieldValidation,
 ) -> Result<(Value, Vec<String>), ApiError> {
-    if mime(headers) != "application/json" {
-        return Err(ApiError::unsupported_media_type(
-            "the body of the request was in an unknown format - accepted media types include: application/json",
-        ));
-    }
-    let raw: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
-    })?;
-    if !raw.is_object() {
-        return Err(ApiError::bad_request(
-            "couldn't get version/kind; json parse error: the body is not a JSON object",
-        ));
-    }
     let cannot = |e: String| {
         ApiError::bad_request(format!(
             "{k} in version \"v1\" cannot be handled as a {k}: {e}",
             k = kind.kind()
         ))
     };
+    let raw: Value = match mime(headers).as_str() {
+        "application/json" => serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+        })?,
+        protobuf::MEDIA_TYPE if protobuf::supports(kind) => {
+            protobuf::decode(kind, body).map_err(cannot)?
+        }
+        _ => {
+            return Err(ApiError::unsupported_media_type(
+                "the body of the request was in an unknown format - accepted media types include: application/json",
+            ));
+        }
+    };
+    if !raw.is_object() {
+        return Err(ApiError::bad_request(
+            "couldn't get version/kind; json parse error: the body is not a JSON object",
+        ));
+    }
     check_micro_times(kind, &raw).map_err(cannot)?;
     let (obj, unknown) = kind.normalize(&raw).map_err(cannot)?;
     if fv == FieldValidation::Strict && !unknown.is_empty() {
@@ -566,10 +584,11 @@ fn resource(
     headers: &HeaderMap,
     body: &Bytes,
     node: Option<&NodeIdentity>,
+    user: &UserInfo,
 ) -> Result<Response<Body>, ApiError> {
     let kind = rp.kind;
     let ns = rp.namespace.as_deref();
-    let sub = if rp.status { Sub::Status } else { Sub::Main };
+    let sub = rp.sub;
     match (&rp.name, method) {
         (None, &Method::GET) => {
             let render = negotiate(headers)?;
@@ -597,7 +616,7 @@ fn resource(
                     None,
                 )?;
             }
-            let created = shared.mutate(|s| s.create(kind, ns, obj, dry_run(q)))?;
+            let created = shared.mutate(|s| s.create(kind, ns, obj, dry_run(q), user))?;
             Ok(json_response(201, &created, &warnings))
         }
         (Some(name), &Method::GET) => {
@@ -627,14 +646,14 @@ fn resource(
                     };
                     nodeauth::admit(node, op, kind, ns.unwrap_or(""), name, &obj, old.as_ref())?;
                 }
-                s.update(kind, ns, name, obj, sub, dry_run(q), false)
+                s.update(kind, ns, name, obj, sub, dry_run(q), false, user)
             })?;
             Ok(json_response(code, &stored, &warnings))
         }
         (Some(name), &Method::PATCH) if kind.writable() => {
-            patch(shared, kind, ns, name, sub, q, headers, body, node)
+            patch(shared, kind, ns, name, sub, q, headers, body, node, user)
         }
-        (Some(name), &Method::DELETE) if !rp.status && kind.writable() => {
+        (Some(name), &Method::DELETE) if sub == Sub::Main && kind.writable() => {
             let opts: Value = if body.is_empty() {
                 Value::Null
             } else {
@@ -724,6 +743,7 @@ fn patch(
     headers: &HeaderMap,
     body: &Bytes,
     node: Option<&NodeIdentity>,
+    user: &UserInfo,
 ) -> Result<Response<Body>, ApiError> {
     #[derive(Clone, Copy)]
     enum PatchType {
@@ -816,7 +836,7 @@ fn patch(
                 Some(&current),
             )?;
         }
-        let (_, stored) = s.update(kind, ns, name, obj, sub, dry, true)?;
+        let (_, stored) = s.update(kind, ns, name, obj, sub, dry, true, user)?;
         let warnings = if fv == FieldValidation::Warn {
             unknown
         } else {

@@ -15,9 +15,10 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use super::kinds::{Kind, meta};
+use super::kinds::{Kind, Sub, meta};
 use super::query::Selectors;
 use super::status::ApiError;
+use super::user::UserInfo;
 use super::validation::{self, FieldError, q};
 use super::{FaultAction, FaultRule, RecordedRequest};
 
@@ -70,13 +71,6 @@ pub(crate) struct WatchRecord {
     pub(crate) prev: Option<Value>,
 }
 
-/// The write target of an update: the object, or its `/status` subresource.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Sub {
-    Main,
-    Status,
-}
-
 pub(crate) struct Store {
     pub(crate) rv: u64,
     seq: u64,
@@ -117,9 +111,20 @@ fn now_seconds() -> Value {
 }
 
 /// The resource a request path names, for [`Store::request_counts`]: `leases`,
-/// `nodes/status`, `nodes`, `events`, or `other`.
+/// `nodes/status`, `nodes`, `events`, `secrets`, `certificatesigningrequests` (and its
+/// `/status` and `/approval`), or `other`.
 pub(crate) fn resource_of(path: &str) -> &'static str {
-    if path.contains("/leases") {
+    if path.contains("/certificatesigningrequests") {
+        if path.ends_with("/status") {
+            "certificatesigningrequests/status"
+        } else if path.ends_with("/approval") {
+            "certificatesigningrequests/approval"
+        } else {
+            "certificatesigningrequests"
+        }
+    } else if path.contains("/secrets") {
+        "secrets"
+    } else if path.contains("/leases") {
         "leases"
     } else if path.contains("/nodes/") && path.ends_with("/status") {
         "nodes/status"
@@ -396,12 +401,13 @@ impl Store {
         }
     }
 
-    /// `rest.BeforeCreate` up to (not including) validation.
+    /// `rest.BeforeCreate` up to (not including) validation. `user` is the requester.
     fn prepare_create(
         &mut self,
         kind: Kind,
         url_ns: Option<&str>,
         obj: &mut Value,
+        user: &UserInfo,
     ) -> Result<(), ApiError> {
         if kind.namespaced() {
             let ns = url_ns.unwrap_or("");
@@ -424,7 +430,7 @@ impl Store {
         ] {
             meta::set(obj, k, Value::Null);
         }
-        prepare_for_create(kind, obj);
+        prepare_for_create(kind, obj, user);
         let uid = self.new_uid();
         meta::set(obj, "uid", uid.into());
         meta::set(obj, "creationTimestamp", now_seconds());
@@ -436,8 +442,9 @@ impl Store {
         Ok(())
     }
 
-    /// POST: create. Errors: 404 for a missing namespace (the NamespaceLifecycle admission
-    /// plugin), 422 Invalid, 500 if a resourceVersion is set (etcd3 store), 409
+    /// POST: create, as `user`. Errors: 404 for a missing namespace (the NamespaceLifecycle
+    /// admission plugin), 422 Invalid, 400 for a name that cannot be a path segment (the
+    /// store's key function), 500 if a resourceVersion is set (etcd3 store), 409
     /// AlreadyExists.
     pub(crate) fn create(
         &mut self,
@@ -445,6 +452,7 @@ impl Store {
         url_ns: Option<&str>,
         mut obj: Value,
         dry_run: bool,
+        user: &UserInfo,
     ) -> Result<Value, ApiError> {
         if !kind.writable() {
             return Err(ApiError::method_not_allowed());
@@ -454,11 +462,19 @@ impl Store {
         if kind.namespaced() {
             self.require_namespace(url_ns.unwrap_or(""))?;
         }
-        self.prepare_create(kind, url_ns, &mut obj)?;
+        self.prepare_create(kind, url_ns, &mut obj, user)?;
         let name = meta::name(&obj).to_string();
-        let errs = validation::validate(kind, &obj, None);
+        let errs = validation::validate(kind, &obj, None, Sub::Main);
         if !errs.is_empty() {
             return Err(ApiError::invalid_object(kind, &name, &errs));
+        }
+        let segment_errs = path_segment_name(&name);
+        if !segment_errs.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "Name parameter invalid: {}: {}",
+                q(&name),
+                segment_errs.join(";")
+            )));
         }
         if !body_rv.is_empty() {
             return Err(ApiError::unclassified(
@@ -475,8 +491,8 @@ impl Store {
         Ok(self.commit(kind, key, obj, "ADDED", None))
     }
 
-    /// PUT (and the update half of PATCH). Returns the status code (201 when the update
-    /// created the object) and the stored object.
+    /// PUT (and the update half of PATCH) through `sub`'s strategy. Returns the status code
+    /// (201 when the update created the object, as `user`) and the stored object.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn update(
         &mut self,
@@ -487,6 +503,7 @@ impl Store {
         sub: Sub,
         dry_run: bool,
         from_patch: bool,
+        user: &UserInfo,
     ) -> Result<(u16, Value), ApiError> {
         if !kind.writable() {
             return Err(ApiError::method_not_allowed());
@@ -514,11 +531,13 @@ impl Store {
         }
         let key = ObjKey::new(kind, url_ns, url_name);
         let Some(old) = self.objects.get(&key).map(|e| e.obj.clone()) else {
-            if !kind.allow_create_on_update() || sub == Sub::Status {
+            if !kind.allow_create_on_update() || sub != Sub::Main {
                 return Err(ApiError::not_found(kind, url_name));
             }
             meta::set(&mut obj, "resourceVersion", Value::Null);
-            return self.create(kind, url_ns, obj, dry_run).map(|o| (201, o));
+            return self
+                .create(kind, url_ns, obj, dry_run, user)
+                .map(|o| (201, o));
         };
         let new_rv = parse_rv(meta::resource_version(&obj))?;
         let old_rv = parse_rv(meta::resource_version(&old))?;
@@ -559,7 +578,7 @@ impl Store {
             meta::set(&mut obj, "uid", meta::uid(&old).into());
         }
         prepare_for_update(kind, sub, &mut obj, &old);
-        let errs = validation::validate(kind, &obj, Some(&old));
+        let errs = validation::validate(kind, &obj, Some(&old), sub);
         if !errs.is_empty() {
             return Err(ApiError::invalid_object(kind, url_name, &errs));
         }
@@ -628,19 +647,127 @@ impl Store {
     }
 }
 
+/// `path.IsValidPathSegmentName`, which the store's key functions apply to every name.
+fn path_segment_name(name: &str) -> Vec<String> {
+    if name == "." || name == ".." {
+        return vec![format!("may not be '{name}'")];
+    }
+    ["/", "%"]
+        .into_iter()
+        .filter(|c| name.contains(c))
+        .map(|c| format!("may not contain '{c}'"))
+        .collect()
+}
+
 /// `PrepareForCreate` of the strategies: leases drop `strategy`/`preferredHolder` (the
-/// CoordinatedLeaderElection gate is off by default).
-fn prepare_for_create(kind: Kind, obj: &mut Value) {
-    if kind == Kind::Lease
-        && let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut)
-    {
-        spec.remove("strategy");
-        spec.remove("preferredHolder");
+/// CoordinatedLeaderElection gate is off by default); a CertificateSigningRequest gets its
+/// requester from `user` and an empty status (`csrStrategy.PrepareForCreate`,
+/// `pkg/registry/certificates/certificates/strategy.go`).
+fn prepare_for_create(kind: Kind, obj: &mut Value, user: &UserInfo) {
+    match kind {
+        Kind::Lease => {
+            if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.remove("strategy");
+                spec.remove("preferredHolder");
+            }
+        }
+        Kind::CertificateSigningRequest => {
+            let Some(root) = obj.as_object_mut() else {
+                return;
+            };
+            let spec = root
+                .entry("spec")
+                .or_insert_with(|| Value::Object(serde_json::Map::new()));
+            if let Some(spec) = spec.as_object_mut() {
+                for k in ["username", "uid", "groups", "extra"] {
+                    spec.remove(k);
+                }
+                spec.insert("username".into(), user.name.clone().into());
+                if !user.uid.is_empty() {
+                    spec.insert("uid".into(), user.uid.clone().into());
+                }
+                if !user.groups.is_empty() {
+                    spec.insert("groups".into(), json!(user.groups));
+                }
+                if !user.extra.is_empty() {
+                    spec.insert("extra".into(), json!(user.extra));
+                }
+            }
+            root.insert("status".into(), json!({}));
+        }
+        _ => {}
+    }
+}
+
+/// The `status.conditions` of a CertificateSigningRequest as JSON, mutable.
+fn csr_conditions_mut(obj: &mut Value) -> Option<&mut Vec<Value>> {
+    obj.get_mut("status")?.get_mut("conditions")?.as_array_mut()
+}
+
+/// `preserveConditionInstances`: when `new` has as many conditions of `ty` as `old`, they
+/// become `old`'s, in order.
+fn preserve_condition_instances(new: &mut Value, old: &Value, ty: &str) {
+    let old_conditions: Vec<&Value> = old
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .map(|cs| cs.iter().filter(|c| c["type"] == ty).collect())
+        .unwrap_or_default();
+    let Some(new_conditions) = csr_conditions_mut(new) else {
+        return;
+    };
+    let indices: Vec<usize> = new_conditions
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c["type"] == ty)
+        .map(|(i, _)| i)
+        .collect();
+    if indices.len() != old_conditions.len() {
+        return;
+    }
+    for (i, c) in indices.into_iter().zip(old_conditions) {
+        new_conditions[i] = c.clone();
+    }
+}
+
+/// `populateConditionTimestamps`: a condition without `lastUpdateTime` gets now; one
+/// without `lastTransitionTime` gets that of an old condition of the same type and status,
+/// or now.
+fn populate_condition_timestamps(new: &mut Value, old: &Value) {
+    let now = now_seconds();
+    let old_conditions = old
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let unset = |c: &Value, k: &str| c.get(k).is_none_or(|v| v.is_null() || v == "");
+    let Some(conditions) = csr_conditions_mut(new) else {
+        return;
+    };
+    for c in conditions.iter_mut() {
+        if unset(c, "lastUpdateTime") {
+            c["lastUpdateTime"] = now.clone();
+        }
+        if unset(c, "lastTransitionTime") {
+            let previous = old_conditions
+                .iter()
+                .find(|o| {
+                    o["type"] == c["type"]
+                        && o["status"] == c["status"]
+                        && !unset(o, "lastTransitionTime")
+                })
+                .map(|o| o["lastTransitionTime"].clone());
+            c["lastTransitionTime"] = previous.unwrap_or_else(|| now.clone());
+        }
     }
 }
 
 /// `PrepareForUpdate`: `nodeStrategy` keeps the old status, `nodeStatusStrategy` keeps the
-/// old spec (metadata changes are kept either way); leases drop gated fields.
+/// old spec (metadata changes are kept either way); leases drop gated fields. For
+/// CertificateSigningRequests (`pkg/registry/certificates/certificates/strategy.go`): the
+/// object keeps its old spec and status (`csrStrategy`); `/status` keeps the old spec and
+/// the old Approved/Denied conditions (`csrStatusStrategy`); `/approval` keeps the old spec
+/// and status but for the conditions (`csrApprovalStrategy`); both fill in condition
+/// timestamps.
 fn prepare_for_update(kind: Kind, sub: Sub, obj: &mut Value, old: &Value) {
     let copy_from_old = |obj: &mut Value, field: &str| {
         if let Some(m) = obj.as_object_mut() {
@@ -657,6 +784,37 @@ fn prepare_for_update(kind: Kind, sub: Sub, obj: &mut Value, old: &Value) {
     match (kind, sub) {
         (Kind::Node, Sub::Main) => copy_from_old(obj, "status"),
         (Kind::Node, Sub::Status) => copy_from_old(obj, "spec"),
+        (Kind::CertificateSigningRequest, Sub::Main) => {
+            copy_from_old(obj, "spec");
+            copy_from_old(obj, "status");
+        }
+        (Kind::CertificateSigningRequest, Sub::Status) => {
+            copy_from_old(obj, "spec");
+            preserve_condition_instances(obj, old, "Approved");
+            preserve_condition_instances(obj, old, "Denied");
+            populate_condition_timestamps(obj, old);
+        }
+        (Kind::CertificateSigningRequest, Sub::Approval) => {
+            populate_condition_timestamps(obj, old);
+            let conditions = obj.pointer("/status/conditions").cloned();
+            copy_from_old(obj, "spec");
+            copy_from_old(obj, "status");
+            if let Some(root) = obj.as_object_mut() {
+                let status = root
+                    .entry("status")
+                    .or_insert_with(|| Value::Object(serde_json::Map::new()));
+                if let Some(status) = status.as_object_mut() {
+                    match conditions {
+                        Some(c) if !c.is_null() => {
+                            status.insert("conditions".into(), c);
+                        }
+                        _ => {
+                            status.remove("conditions");
+                        }
+                    }
+                }
+            }
+        }
         (Kind::Lease, _) => {
             let old_spec = old.get("spec");
             if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {

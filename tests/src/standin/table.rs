@@ -1,6 +1,7 @@
 //! Server-side printing: `meta.k8s.io/v1` Table objects, with the columns and cell rules
 //! of `pkg/printers/internalversion/printers.go` (`printNode`, `printLease`, `printEvent`,
-//! `printNamespace`). The server always generates the wide columns (priority 1); kubectl
+//! `printNamespace`, `printSecret`, `printCertificateSigningRequest`). The server always
+//! generates the wide columns (priority 1); kubectl
 //! shows them with `-o wide`.
 
 use jiff::Timestamp;
@@ -142,7 +143,52 @@ fn columns(kind: Kind) -> Vec<Value> {
             col("Status", "", 0, "The status of the namespace"),
             col("Age", "", 0, AGE_DOC),
         ],
+        Kind::Secret => vec![
+            col("Name", "name", 0, NAME_DOC),
+            col("Type", "", 0, SECRET_TYPE_DOC),
+            col("Data", "", 0, SECRET_DATA_DOC),
+            col("Age", "", 0, AGE_DOC),
+        ],
+        Kind::CertificateSigningRequest => vec![
+            col("Name", "name", 0, NAME_DOC),
+            col("Age", "", 0, AGE_DOC),
+            col("SignerName", "", 0, CSR_SIGNER_NAME_DOC),
+            col("Requestor", "", 0, CSR_REQUEST_DOC),
+            col("RequestedDuration", "", 0, CSR_EXPIRATION_DOC),
+            col("Condition", "", 0, CSR_CONDITIONS_DOC),
+        ],
     }
+}
+
+const SECRET_TYPE_DOC: &str = "Used to facilitate programmatic handling of secret data. More info: https://kubernetes.io/docs/concepts/configuration/secret/#secret-types";
+const SECRET_DATA_DOC: &str = "Data contains the secret data. Each key must consist of alphanumeric characters, '-', '_' or '.'. The serialized form of the secret data is a base64 encoded string, representing the arbitrary (possibly non-string) data value here. Described in https://tools.ietf.org/html/rfc4648#section-4";
+const CSR_SIGNER_NAME_DOC: &str = "signerName indicates the requested signer, and is a qualified name.\n\nList/watch requests for CertificateSigningRequests can filter on this field using a \"spec.signerName=NAME\" fieldSelector.\n\nWell-known Kubernetes signers are:\n 1. \"kubernetes.io/kube-apiserver-client\": issues client certificates that can be used to authenticate to kube-apiserver.\n  Requests for this signer are never auto-approved by kube-controller-manager, can be issued by the \"csrsigning\" controller in kube-controller-manager.\n 2. \"kubernetes.io/kube-apiserver-client-kubelet\": issues client certificates that kubelets use to authenticate to kube-apiserver.\n  Requests for this signer can be auto-approved by the \"csrapproving\" controller in kube-controller-manager, and can be issued by the \"csrsigning\" controller in kube-controller-manager.\n 3. \"kubernetes.io/kubelet-serving\" issues serving certificates that kubelets use to serve TLS endpoints, which kube-apiserver can connect to securely.\n  Requests for this signer are never auto-approved by kube-controller-manager, and can be issued by the \"csrsigning\" controller in kube-controller-manager.\n\nMore details are available at https://k8s.io/docs/reference/access-authn-authz/certificate-signing-requests/#kubernetes-signers\n\nCustom signerNames can also be specified. The signer defines:\n 1. Trust distribution: how trust (CA bundles) are distributed.\n 2. Permitted subjects: and behavior when a disallowed subject is requested.\n 3. Required, permitted, or forbidden x509 extensions in the request (including whether subjectAltNames are allowed, which types, restrictions on allowed values) and behavior when a disallowed extension is requested.\n 4. Required, permitted, or forbidden key usages / extended key usages.\n 5. Expiration/certificate lifetime: whether it is fixed by the signer, configurable by the admin.\n 6. Whether or not requests for CA certificates are allowed.";
+const CSR_REQUEST_DOC: &str = "request contains an x509 certificate signing request encoded in a \"CERTIFICATE REQUEST\" PEM block. When serialized as JSON or YAML, the data is additionally base64-encoded.";
+const CSR_EXPIRATION_DOC: &str = "expirationSeconds is the requested duration of validity of the issued certificate. The certificate signer may issue a certificate with a different validity duration so a client must check the delta between the notBefore and and notAfter fields in the issued certificate to determine the actual duration.\n\nThe v1.22+ in-tree implementations of the well-known Kubernetes signers will honor this field as long as the requested duration is not greater than the maximum duration they will honor per the --cluster-signing-duration CLI flag to the Kubernetes controller manager.\n\nCertificate signers may not honor this field for various reasons:\n\n  1. Old signer that is unaware of the field (such as the in-tree\n     implementations prior to v1.22)\n  2. Signer whose configured maximum is shorter than the requested duration\n  3. Signer whose configured minimum is longer than the requested duration\n\nThe minimum valid value for expirationSeconds is 600, i.e. 10 minutes.";
+const CSR_CONDITIONS_DOC: &str = "conditions applied to the request. Known conditions are \"Approved\", \"Denied\", and \"Failed\".";
+
+/// `extractCSRStatus`: Denied over Approved over Pending, then `,Failed` and `,Issued`.
+fn csr_condition(obj: &Value) -> String {
+    let has = |ty: &str| {
+        at(obj, &["status", "conditions"])
+            .and_then(Value::as_array)
+            .is_some_and(|cs| cs.iter().any(|c| str_at(c, &["type"]) == ty))
+    };
+    let mut status = if has("Denied") {
+        "Denied"
+    } else if has("Approved") {
+        "Approved"
+    } else {
+        "Pending"
+    }
+    .to_string();
+    if has("Failed") {
+        status.push_str(",Failed");
+    }
+    if !str_at(obj, &["status", "certificate"]).is_empty() {
+        status.push_str(",Issued");
+    }
+    status
 }
 
 /// `duration.HumanDuration`.
@@ -291,6 +337,29 @@ fn cells(kind: Kind, obj: &Value, now: Timestamp) -> Vec<Value> {
             str_at(obj, &["status", "phase"]).into(),
             age().into(),
         ],
+        Kind::Secret => vec![
+            meta::name(obj).into(),
+            str_at(obj, &["type"]).into(),
+            at(obj, &["data"])
+                .and_then(Value::as_object)
+                .map_or(0, serde_json::Map::len)
+                .into(),
+            age().into(),
+        ],
+        Kind::CertificateSigningRequest => {
+            let signer = str_at(obj, &["spec", "signerName"]);
+            let duration = at(obj, &["spec", "expirationSeconds"])
+                .and_then(Value::as_i64)
+                .map_or_else(|| "<none>".to_string(), human_duration);
+            vec![
+                meta::name(obj).into(),
+                age().into(),
+                (if signer.is_empty() { "<none>" } else { signer }).into(),
+                str_at(obj, &["spec", "username"]).into(),
+                duration.into(),
+                csr_condition(obj).into(),
+            ]
+        }
         Kind::Event => {
             let mut first = since(at(obj, &["firstTimestamp"]), now);
             if at(obj, &["firstTimestamp"]).is_none_or(Value::is_null) {

@@ -1,11 +1,14 @@
 //! The validation subset: object metadata (`apimachinery/pkg/api/validation/objectmeta.go`),
 //! Node (`pkg/apis/core/validation: ValidateNode`, taints and duplicate addresses), Lease
-//! (`pkg/apis/coordination/validation`), core Event (`legacyValidateEvent`), and Go's
-//! `RFC3339Micro` time parsing for MicroTime fields.
+//! (`pkg/apis/coordination/validation`), core Event (`legacyValidateEvent`), Secret
+//! (`ValidateSecret`, `ValidateSecretUpdate`), CertificateSigningRequest
+//! (`pkg/apis/certificates/validation/validation.go`), and Go's `RFC3339Micro` time parsing
+//! for MicroTime fields.
 
 use serde_json::Value;
 
-use super::kinds::{Kind, at, meta, str_at};
+use super::kinds::{Kind, Sub, at, meta, str_at};
+use super::pem;
 
 /// `field.ErrorType`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +18,7 @@ pub(crate) enum FieldErrorType {
     Forbidden,
     NotSupported,
     Duplicate,
+    TooLong,
 }
 
 /// `field.Error`, with the value already rendered as Go renders it.
@@ -58,6 +62,42 @@ impl FieldError {
         }
     }
 
+    /// `field.TooLong(field, _, max)`: the value is never shown.
+    pub(crate) fn too_long(field: impl Into<String>, max: usize) -> Self {
+        let unit = if max == 1 { "byte" } else { "bytes" };
+        FieldError {
+            ty: FieldErrorType::TooLong,
+            field: field.into(),
+            value: String::new(),
+            detail: format!("may not be more than {max} {unit}"),
+        }
+    }
+
+    /// `field.Duplicate(field, value)`, `value` already rendered.
+    pub(crate) fn duplicate(field: impl Into<String>, value: impl Into<String>) -> Self {
+        FieldError {
+            ty: FieldErrorType::Duplicate,
+            field: field.into(),
+            value: value.into(),
+            detail: String::new(),
+        }
+    }
+
+    /// `field.NotSupported(field, value, valid)`: `value` already rendered, `valid` quoted
+    /// in the order given.
+    pub(crate) fn not_supported(
+        field: impl Into<String>,
+        value: impl Into<String>,
+        valid: &[&str],
+    ) -> Self {
+        FieldError {
+            ty: FieldErrorType::NotSupported,
+            field: field.into(),
+            value: value.into(),
+            detail: valid.iter().map(|v| q(v)).collect::<Vec<_>>().join(", "),
+        }
+    }
+
     pub(crate) fn reason(&self) -> &'static str {
         match self.ty {
             FieldErrorType::Required => "FieldValueRequired",
@@ -65,6 +105,7 @@ impl FieldError {
             FieldErrorType::Forbidden => "FieldValueForbidden",
             FieldErrorType::NotSupported => "FieldValueNotSupported",
             FieldErrorType::Duplicate => "FieldValueDuplicate",
+            FieldErrorType::TooLong => "FieldValueTooLong",
         }
     }
 
@@ -86,6 +127,7 @@ impl FieldError {
                 self.value, self.detail
             ),
             FieldErrorType::Duplicate => with_detail(format!("Duplicate value: {}", self.value)),
+            FieldErrorType::TooLong => with_detail("Too long".into()),
         }
     }
 
@@ -177,7 +219,9 @@ pub(crate) fn label_value(s: &str) -> Vec<String> {
     errs
 }
 
-/// `ValidateObjectMeta` (create) for the metadata the stand-in keeps.
+/// `ValidateObjectMeta` (create) for the metadata the stand-in keeps. Names are DNS
+/// subdomains, except a CertificateSigningRequest's (`ValidateCertificateRequestName`: "We
+/// don't care what you call your certificate requests").
 pub(crate) fn object_meta(obj: &Value, kind: Kind, errs: &mut Vec<FieldError>) {
     let name = meta::name(obj);
     if name.is_empty() {
@@ -185,7 +229,7 @@ pub(crate) fn object_meta(obj: &Value, kind: Kind, errs: &mut Vec<FieldError>) {
             "metadata.name",
             "name or generateName is required",
         ));
-    } else {
+    } else if kind != Kind::CertificateSigningRequest {
         for m in dns1123_subdomain(name) {
             errs.push(FieldError::invalid("metadata.name", q(name), m));
         }
@@ -286,21 +330,511 @@ pub(crate) fn object_meta_update(new: &Value, old: &Value, errs: &mut Vec<FieldE
     }
 }
 
-/// Kind-specific validation; `old` is the stored object on update.
-pub(crate) fn validate(kind: Kind, obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
+/// Kind-specific validation; `old` is the stored object on update, `sub` the strategy the
+/// update goes through. Errors come in the order of the real validators.
+pub(crate) fn validate(kind: Kind, obj: &Value, old: Option<&Value>, sub: Sub) -> Vec<FieldError> {
     let mut errs = Vec::new();
-    // The real validators start with ValidateObjectMeta, then check the type's fields.
-    object_meta(obj, kind, &mut errs);
-    if let Some(old) = old {
-        object_meta_update(obj, old, &mut errs);
-    }
     match kind {
-        Kind::Node => node(obj, old, &mut errs),
-        Kind::Lease => lease(obj, &mut errs),
-        Kind::Event => event(obj, &mut errs),
-        Kind::Namespace => {}
+        // ValidateSecretUpdate: metadata update, type, immutability, then ValidateSecret.
+        Kind::Secret => {
+            if let Some(old) = old {
+                object_meta_update(obj, old, &mut errs);
+                secret_update(obj, old, &mut errs);
+            }
+            object_meta(obj, kind, &mut errs);
+            secret(obj, &mut errs);
+        }
+        // validateCertificateSigningRequestUpdate: the object, the update rules, then the
+        // metadata update.
+        Kind::CertificateSigningRequest => {
+            object_meta(obj, kind, &mut errs);
+            certificate_signing_request(obj, old, sub, &mut errs);
+            if let Some(old) = old {
+                object_meta_update(obj, old, &mut errs);
+            }
+        }
+        // The others start with ValidateObjectMeta(Update), then check the type's fields.
+        _ => {
+            object_meta(obj, kind, &mut errs);
+            if let Some(old) = old {
+                object_meta_update(obj, old, &mut errs);
+            }
+            match kind {
+                Kind::Node => node(obj, old, &mut errs),
+                Kind::Lease => lease(obj, &mut errs),
+                Kind::Event => event(obj, &mut errs),
+                _ => {}
+            }
+        }
     }
     errs
+}
+
+/// `IsDNS1123Label`.
+fn dns1123_label(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > 63 {
+        errs.push("must be no more than 63 characters".to_string());
+    }
+    let b = s.as_bytes();
+    let ok = !b.is_empty()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-';
+    if !ok {
+        if !s.is_empty() && dns1123_subdomain(s).is_empty() {
+            errs.push("must not contain dots".to_string());
+        } else {
+            errs.push("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')".to_string());
+        }
+    }
+    errs
+}
+
+/// `IsConfigMapKey`, the rule for Secret data keys.
+fn config_map_key(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > 253 {
+        errs.push("must be no more than 253 characters".to_string());
+    }
+    if s.is_empty()
+        || !s
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    {
+        errs.push("a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')".to_string());
+    }
+    if s == "." {
+        errs.push("must not be '.'".to_string());
+    } else if s == ".." {
+        errs.push("must not be '..'".to_string());
+    } else if s.starts_with("..") {
+        errs.push("must not start with '..'".to_string());
+    }
+    errs
+}
+
+/// `core.MaxSecretSize`.
+const MAX_SECRET_SIZE: usize = 1024 * 1024;
+
+/// `ValidateSecret` after `ValidateObjectMeta`: data keys and size, and the keys each
+/// well-known type requires. The JSON error texts of the docker config types are serde's,
+/// not Go's.
+fn secret(obj: &Value, errs: &mut Vec<FieldError>) {
+    let Ok(secret) = serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(obj.clone())
+    else {
+        return;
+    };
+    let data = secret.data.unwrap_or_default();
+    let mut total = 0;
+    for (key, value) in &data {
+        for m in config_map_key(key) {
+            errs.push(FieldError::invalid(format!("data[{key}]"), q(key), m));
+        }
+        total += value.0.len();
+    }
+    if total > MAX_SECRET_SIZE {
+        errs.push(FieldError::too_long("data", MAX_SECRET_SIZE));
+    }
+    let json_map = |key: &str| {
+        let path = format!("data[{key}]");
+        match data.get(key) {
+            None => Some(FieldError::required(path, "")),
+            Some(v) => serde_json::from_slice::<serde_json::Map<String, Value>>(&v.0)
+                .err()
+                .map(|e| FieldError::invalid(path, q("<secret contents redacted>"), e.to_string())),
+        }
+    };
+    match secret.type_.as_deref().unwrap_or("") {
+        "kubernetes.io/service-account-token" => {
+            let name = secret
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("kubernetes.io/service-account.name"))
+                .map_or("", String::as_str);
+            if name.is_empty() {
+                errs.push(FieldError::required(
+                    "metadata.annotations[kubernetes.io/service-account.name]",
+                    "",
+                ));
+            }
+        }
+        "kubernetes.io/dockercfg" => errs.extend(json_map(".dockercfg")),
+        "kubernetes.io/dockerconfigjson" => errs.extend(json_map(".dockerconfigjson")),
+        // Either may be empty, but one must be there.
+        "kubernetes.io/basic-auth"
+            if !data.contains_key("username") && !data.contains_key("password") =>
+        {
+            errs.push(FieldError::required("data[username]", ""));
+            errs.push(FieldError::required("data[password]", ""));
+        }
+        "kubernetes.io/ssh-auth" if data.get("ssh-privatekey").is_none_or(|v| v.0.is_empty()) => {
+            errs.push(FieldError::required("data[ssh-privatekey]", ""));
+        }
+        "kubernetes.io/tls" => {
+            for key in ["tls.crt", "tls.key"] {
+                if !data.contains_key(key) {
+                    errs.push(FieldError::required(format!("data[{key}]"), ""));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The Secret half of `ValidateSecretUpdate`: `type` is immutable, and so are `data` and
+/// `immutable` once `immutable` is true.
+fn secret_update(new: &Value, old: &Value, errs: &mut Vec<FieldError>) {
+    let (new_type, old_type) = (str_at(new, &["type"]), str_at(old, &["type"]));
+    if new_type != old_type {
+        errs.push(FieldError::invalid(
+            "type",
+            q(new_type),
+            "field is immutable",
+        ));
+    }
+    if at(old, &["immutable"]).and_then(Value::as_bool) == Some(true) {
+        const MSG: &str = "field is immutable when `immutable` is set";
+        if at(new, &["immutable"]).and_then(Value::as_bool) != Some(true) {
+            errs.push(FieldError::forbidden("immutable", MSG));
+        }
+        if at(new, &["data"]) != at(old, &["data"]) {
+            errs.push(FieldError::forbidden("data", MSG));
+        }
+    }
+}
+
+/// `allValidUsages` of the certificates validation, sorted as `sets.String.List()`.
+const VALID_USAGES: [&str; 23] = [
+    "any",
+    "cert sign",
+    "client auth",
+    "code signing",
+    "content commitment",
+    "crl sign",
+    "data encipherment",
+    "decipher only",
+    "digital signature",
+    "email protection",
+    "encipher only",
+    "ipsec end system",
+    "ipsec tunnel",
+    "ipsec user",
+    "key agreement",
+    "key encipherment",
+    "microsoft sgc",
+    "netscape sgc",
+    "ocsp signing",
+    "s/mime",
+    "server auth",
+    "signing",
+    "timestamping",
+];
+
+/// `certificates.LegacyUnknownSignerName`.
+const LEGACY_UNKNOWN_SIGNER: &str = "kubernetes.io/legacy-unknown";
+
+type Csr = k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+type CsrCondition = k8s_openapi::api::certificates::v1::CertificateSigningRequestCondition;
+
+fn csr_conditions(csr: &Csr) -> &[CsrCondition] {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or(&[])
+}
+
+fn csr_certificate(csr: &Csr) -> &[u8] {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.certificate.as_ref())
+        .map_or(&[], |c| c.0.as_slice())
+}
+
+fn conditions_of<'a>(csr: &'a Csr, ty: &str) -> Vec<&'a CsrCondition> {
+    csr_conditions(csr)
+        .iter()
+        .filter(|c| c.type_ == ty)
+        .collect()
+}
+
+/// `certificateValidationOptions`, from `getValidationOptions` and the subresource.
+#[derive(Default)]
+struct CsrOptions {
+    allow_setting_approval_conditions: bool,
+    allow_setting_certificate: bool,
+    allow_both_approved_and_denied: bool,
+    allow_legacy_signer_name: bool,
+    allow_duplicate_condition_types: bool,
+    allow_empty_condition_type: bool,
+    allow_arbitrary_certificate: bool,
+    allow_unknown_usages: bool,
+    allow_duplicate_usages: bool,
+}
+
+impl CsrOptions {
+    /// What the stored object already breaks is tolerated (compatibility with existing
+    /// data); `/status` may set the certificate, `/approval` the approval conditions.
+    fn new(new: &Csr, old: Option<&Csr>, sub: Sub) -> Self {
+        let Some(old) = old else {
+            return CsrOptions::default();
+        };
+        let conditions = csr_conditions(old);
+        let has = |ty: &str| conditions.iter().any(|c| c.type_ == ty);
+        let mut types: Vec<&str> = conditions.iter().map(|c| c.type_.as_str()).collect();
+        let n = types.len();
+        types.sort_unstable();
+        types.dedup();
+        let usages = old.spec.usages.as_deref().unwrap_or(&[]);
+        let mut distinct_usages = usages.to_vec();
+        distinct_usages.sort_unstable();
+        distinct_usages.dedup();
+        CsrOptions {
+            allow_setting_approval_conditions: sub == Sub::Approval,
+            allow_setting_certificate: sub == Sub::Status,
+            allow_both_approved_and_denied: has("Approved") && has("Denied"),
+            allow_legacy_signer_name: old.spec.signer_name == LEGACY_UNKNOWN_SIGNER,
+            allow_duplicate_condition_types: types.len() != n,
+            allow_empty_condition_type: has(""),
+            allow_arbitrary_certificate: csr_certificate(new) == csr_certificate(old)
+                || pem::validate_certificate(csr_certificate(old)).is_err(),
+            allow_unknown_usages: usages.iter().any(|u| !VALID_USAGES.contains(&u.as_str())),
+            allow_duplicate_usages: distinct_usages.len() != usages.len(),
+        }
+    }
+}
+
+/// Go's `%#v` of a byte slice: how `spec.request` is shown in its Invalid error.
+fn go_bytes(b: &[u8]) -> String {
+    let items: Vec<String> = b.iter().map(|x| format!("{x:#x}")).collect();
+    format!("[]byte{{{}}}", items.join(", "))
+}
+
+/// `ValidateSignerName` (`pkg/apis/core/validation/names.go`).
+fn signer_name(name: &str, errs: &mut Vec<FieldError>) {
+    const PATH: &str = "spec.signerName";
+    if name.is_empty() {
+        errs.push(FieldError::required(PATH, ""));
+        return;
+    }
+    let segments: Vec<&str> = name.split('/').collect();
+    let [domain, path] = segments.as_slice() else {
+        errs.push(FieldError::invalid(
+            PATH,
+            q(name),
+            "must be a fully qualified domain and path of the form 'example.com/signer-name'",
+        ));
+        return;
+    };
+    if domain.len() > 253 {
+        errs.push(FieldError::too_long(PATH, 253));
+    }
+    let labels: Vec<&str> = domain.split('.').collect();
+    for label in &labels {
+        let label_errs = dns1123_label(label);
+        if !label_errs.is_empty() {
+            for m in label_errs {
+                errs.push(FieldError::invalid(
+                    PATH,
+                    q(domain),
+                    format!("validating label {}: {m}", q(label)),
+                ));
+            }
+            break;
+        }
+    }
+    if labels.len() < 2 {
+        errs.push(FieldError::invalid(
+            PATH,
+            q(domain),
+            "should be a domain with at least two segments separated by dots",
+        ));
+    }
+    for label in path.split('.') {
+        let label_errs = dns1123_subdomain(label);
+        if !label_errs.is_empty() {
+            for m in label_errs {
+                errs.push(FieldError::invalid(
+                    PATH,
+                    q(path),
+                    format!("validating label {}: {m}", q(label)),
+                ));
+            }
+            break;
+        }
+    }
+    let max = 253 + (253 + 63 + 1) + 1;
+    if name.len() > max {
+        errs.push(FieldError::too_long(PATH, max));
+    }
+}
+
+/// `validateCertificateSigningRequest` after `ValidateObjectMeta`, then (on update)
+/// `validateCertificateSigningRequestUpdate`'s rules, with the options of `sub`'s
+/// strategy (`ValidateCertificateSigningRequest{,Status,Approval}Update`).
+fn certificate_signing_request(
+    obj: &Value,
+    old: Option<&Value>,
+    sub: Sub,
+    errs: &mut Vec<FieldError>,
+) {
+    let Ok(new) = serde_json::from_value::<Csr>(obj.clone()) else {
+        return;
+    };
+    let old = old.and_then(|o| serde_json::from_value::<Csr>(o.clone()).ok());
+    let opts = CsrOptions::new(&new, old.as_ref(), sub);
+    let spec = &new.spec;
+    if let Err(e) = pem::parse_and_verify_csr(&spec.request.0) {
+        errs.push(FieldError::invalid(
+            "spec.request",
+            go_bytes(&spec.request.0),
+            e,
+        ));
+    }
+    let usages = spec.usages.as_deref().unwrap_or(&[]);
+    if usages.is_empty() {
+        errs.push(FieldError::required("spec.usages", ""));
+    }
+    if !opts.allow_unknown_usages {
+        for (i, u) in usages.iter().enumerate() {
+            if !VALID_USAGES.contains(&u.as_str()) {
+                errs.push(FieldError::not_supported(
+                    format!("spec.usages[{i}]"),
+                    q(u),
+                    &VALID_USAGES,
+                ));
+            }
+        }
+    }
+    if !opts.allow_duplicate_usages {
+        for (i, u) in usages.iter().enumerate() {
+            if usages[..i].contains(u) {
+                errs.push(FieldError::duplicate(format!("spec.usages[{i}]"), q(u)));
+            }
+        }
+    }
+    if !opts.allow_legacy_signer_name && spec.signer_name == LEGACY_UNKNOWN_SIGNER {
+        errs.push(FieldError::invalid(
+            "spec.signerName",
+            q(&spec.signer_name),
+            "the legacy signerName is not allowed via this API version",
+        ));
+    } else {
+        signer_name(&spec.signer_name, errs);
+    }
+    if let Some(secs) = spec.expiration_seconds.filter(|s| *s < 600) {
+        errs.push(FieldError::invalid(
+            "spec.expirationSeconds",
+            secs.to_string(),
+            "may not specify a duration less than 600 seconds (10 minutes)",
+        ));
+    }
+    csr_status_conditions(&new, &opts, errs);
+    if !opts.allow_arbitrary_certificate
+        && let Err(e) = pem::validate_certificate(csr_certificate(&new))
+    {
+        errs.push(FieldError::invalid(
+            "status.certificate",
+            q("<certificate data>"),
+            e,
+        ));
+    }
+    let Some(old) = old else {
+        return;
+    };
+    for ty in ["Approved", "Denied", "Failed"] {
+        if conditions_of(&new, ty).len() < conditions_of(&old, ty).len() {
+            errs.push(FieldError::forbidden(
+                "status.conditions",
+                format!("updates may not remove a condition of type {}", q(ty)),
+            ));
+        }
+    }
+    if !opts.allow_setting_approval_conditions {
+        for ty in ["Approved", "Denied"] {
+            let (o, n) = (conditions_of(&old, ty), conditions_of(&new, ty));
+            if n.len() > o.len() {
+                errs.push(FieldError::forbidden(
+                    "status.conditions",
+                    format!("updates may not add a condition of type {}", q(ty)),
+                ));
+            } else if n.len() == o.len() && n != o {
+                // The real message continues with a cmp.Diff the stand-in does not render.
+                errs.push(FieldError::forbidden(
+                    "status.conditions",
+                    format!("updates may not modify a condition of type {}", q(ty)),
+                ));
+            }
+        }
+    }
+    if csr_certificate(&new) != csr_certificate(&old) {
+        if !opts.allow_setting_certificate {
+            errs.push(FieldError::forbidden(
+                "status.certificate",
+                "updates may not set certificate content",
+            ));
+        } else if !csr_certificate(&old).is_empty() {
+            errs.push(FieldError::forbidden(
+                "status.certificate",
+                "updates may not modify existing certificate content",
+            ));
+        }
+    }
+}
+
+/// `validateConditions`.
+fn csr_status_conditions(csr: &Csr, opts: &CsrOptions, errs: &mut Vec<FieldError>) {
+    let (mut approved, mut denied) = (false, false);
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, c) in csr_conditions(csr).iter().enumerate() {
+        let path = format!("status.conditions[{i}]");
+        if !opts.allow_empty_condition_type && c.type_.is_empty() {
+            errs.push(FieldError::required(format!("{path}.type"), ""));
+        }
+        let true_only = matches!(c.type_.as_str(), "Approved" | "Denied" | "Failed");
+        let allowed: &[&str] = if true_only {
+            &["True"]
+        } else {
+            &["False", "True", "Unknown"]
+        };
+        if c.status.is_empty() {
+            errs.push(FieldError::required(format!("{path}.status"), ""));
+        } else if !allowed.contains(&c.status.as_str()) {
+            errs.push(FieldError::not_supported(
+                format!("{path}.status"),
+                q(&c.status),
+                allowed,
+            ));
+        }
+        if !opts.allow_both_approved_and_denied {
+            let exclusive = match c.type_.as_str() {
+                "Approved" => {
+                    approved = true;
+                    denied
+                }
+                "Denied" => {
+                    denied = true;
+                    approved
+                }
+                _ => false,
+            };
+            if exclusive {
+                errs.push(FieldError::invalid(
+                    format!("{path}.type"),
+                    q(&c.type_),
+                    "Approved and Denied conditions are mutually exclusive",
+                ));
+            }
+        }
+        if !opts.allow_duplicate_condition_types {
+            if seen.contains(&c.type_.as_str()) {
+                errs.push(FieldError::duplicate(format!("{path}.type"), q(&c.type_)));
+            }
+            seen.push(&c.type_);
+        }
+    }
 }
 
 fn node(obj: &Value, old: Option<&Value>, errs: &mut Vec<FieldError>) {
