@@ -17,6 +17,8 @@ compile_error!(
     "edgebeat-agent needs a transport: build with feature `grpc`, `mqtt` or both (the default)"
 );
 
+#[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
+pub mod certificates;
 pub mod config;
 pub mod header;
 pub mod health;

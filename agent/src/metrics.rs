@@ -10,6 +10,8 @@
 //! | `edgebeat_agent_messages_sent_bytes_total` | counter | `kind="register\|status\|lease"` | encoded protobuf `AgentMessage` bytes handed to the transport (see below) |
 //! | `edgebeat_agent_node_not_found` | gauge | | 1 once the gateway said this agent's Node was deleted (`kubectl delete node`): the agent sends nothing more and registers again only when restarted; 0 otherwise |
 //! | `edgebeat_agent_last_lease_renewal_timestamp_seconds` | gauge | | wall-clock time of the last successful renewal, seconds since the epoch (0 before the first) |
+//! | `edgebeat_agent_certificate_requests_total` | counter | `kind="enrollment\|rotation"`, `result="issued\|pending\|refused\|failed"` | certificate requests of an agent with `bootstrapTokenFile` (see `crate::certificates`): `issued` and stored, `pending` (manual approval, the apiserver slow), `refused` by the gateway, `failed` (no answer, unusable answer, not stored) |
+//! | `edgebeat_agent_certificate_expiration_timestamp_seconds` | gauge | | notAfter of the node certificate in use, seconds since the epoch (0 without a managed one) |
 //! | `edgebeat_agent_info` | info | `node`, `transport`, `version` | always 1 |
 //! | `edgebeat_agent_node_condition` | gauge | `condition` | 1 while the condition the agent reports is True, 0 while False; a health condition the host has no signal for has no series |
 //! | `edgebeat_agent_pressure_stall_ratio` | gauge | `resource="cpu\|memory\|io"`, `line="some\|full"`, `window="10s\|60s\|300s"` | PSI averages of `/proc/pressure/*` as a fraction of wall time (kernel `Documentation/accounting/psi.rst`) |
@@ -89,7 +91,18 @@ pub struct AgentMetrics {
     sent_lease: Counter,
     last_renewal: Gauge<f64, AtomicU64>,
     node_not_found: Gauge,
+    certificate_requests: Family<[(&'static str, &'static str); 2], Counter>,
+    certificate_expiration: Gauge,
     health: HealthMetrics,
+}
+
+/// Why a certificate was asked for (`kind` of `edgebeat_agent_certificate_requests_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertificateRequestKind {
+    /// The first certificate, proved by the bootstrap token.
+    Enrollment,
+    /// A new certificate proved by the current one.
+    Rotation,
 }
 
 impl AgentMetrics {
@@ -115,6 +128,8 @@ impl AgentMetrics {
             sent_lease: get(&sent, "kind", "lease"),
             last_renewal: Gauge::default(),
             node_not_found: Gauge::default(),
+            certificate_requests: Family::default(),
+            certificate_expiration: Gauge::default(),
             health: HealthMetrics::default(),
         };
         registry.register(
@@ -153,6 +168,17 @@ impl AgentMetrics {
             "edgebeat_agent_node_not_found",
             "1 once the gateway said this agent's Node was deleted: nothing more is sent, and the agent registers again only when restarted",
             metrics.node_not_found.clone(),
+        );
+        registry.register(
+            "edgebeat_agent_certificate_requests",
+            "Node certificate requests by kind (enrollment, rotation) and result (issued, pending, refused, failed)",
+            metrics.certificate_requests.clone(),
+        );
+        registry.register_with_unit(
+            "edgebeat_agent_certificate_expiration_timestamp",
+            "notAfter of the node certificate in use, seconds since the epoch (0 without a managed one)",
+            Unit::Seconds,
+            metrics.certificate_expiration.clone(),
         );
         let h = &metrics.health;
         registry.register(
@@ -244,6 +270,23 @@ impl AgentMetrics {
         } else {
             self.reconnects.inc();
         }
+    }
+
+    /// Counts one certificate request of `kind` that came to `result` (`issued`, `pending`,
+    /// `refused`, `failed`).
+    pub fn certificate_request(&self, kind: CertificateRequestKind, result: &'static str) {
+        let kind = match kind {
+            CertificateRequestKind::Enrollment => "enrollment",
+            CertificateRequestKind::Rotation => "rotation",
+        };
+        self.certificate_requests
+            .get_or_create(&[("kind", kind), ("result", result)])
+            .inc();
+    }
+
+    /// Sets the node certificate's notAfter (Unix seconds).
+    pub fn certificate_expires(&self, not_after: i64) {
+        self.certificate_expiration.set(not_after);
     }
 
     /// Records that the gateway said this agent's Node was deleted (the gauge goes to 1).

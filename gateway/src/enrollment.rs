@@ -51,10 +51,14 @@ use k8s_openapi::api::certificates::v1::{
 };
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prost::Message as _;
 use rustls::pki_types::UnixTime;
 
 pub mod ca;
+pub mod gate;
 pub mod tokens;
 
 use ca::SiteCa;
@@ -62,6 +66,10 @@ use ca::SiteCa;
 /// The signer name of the certificates the gateway signs itself:
 /// `edgebeat.io/node-client`.
 pub const DEFAULT_SIGNER_NAME: &str = "edgebeat.io/node-client";
+
+/// The least `spec.expirationSeconds` the API accepts (`pkg/apis/certificates/validation`:
+/// 600 s, 10 minutes).
+pub const MIN_EXPIRATION_SECONDS: u64 = 600;
 
 /// Label on a CertificateSigningRequest: the bootstrap token that proved it.
 pub const TOKEN_LABEL: &str = "edgebeat.io/bootstrap-token";
@@ -175,49 +183,48 @@ enum Outcome {
     Silent(&'static str),
 }
 
+/// How long a replica trusts its list of a bootstrap token's CSRs: 30 s.
+pub const TOKEN_USES_RESYNC: Duration = Duration::from_secs(30);
+
+/// The CSRs of one bootstrap token a replica knows of, and when it last listed them.
+struct TokenUses {
+    names: HashSet<String>,
+    listed_at: tokio::time::Instant,
+}
+
 /// The latest request accepted from a node: its boot ID, sequence number, and when.
 type Seen = (Vec<u8>, u64, Timestamp);
 
 /// A request's signed bytes and signature, when it came as a SignedMessage.
 type Signed = (Vec<u8>, Vec<u8>);
 
-/// Counters of requests by proof and outcome, and the CSRs waiting, for `/metrics`.
+/// Labels of `edgebeat_gateway_certificate_requests_total`: `proof` and `outcome`.
+type OutcomeLabels = [(&'static str, &'static str); 2];
+
+/// Counters of requests by proof and outcome, and the CSRs waiting, for `/metrics` (see
+/// [`EnrollmentCounters::register`]).
 #[derive(Debug, Default)]
 pub struct EnrollmentCounters {
-    by_outcome: Mutex<HashMap<(&'static str, &'static str), u64>>,
+    by_outcome: Family<OutcomeLabels, Counter>,
     /// Names of CSRs answered pending and not issued since.
     pending: Mutex<HashSet<String>>,
+    pending_gauge: Gauge,
 }
 
 impl EnrollmentCounters {
-    fn count(&self, proof: &'static str, outcome: &'static str) {
-        *self
-            .by_outcome
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry((proof, outcome))
-            .or_default() += 1;
-    }
-
-    /// Requests counted for `proof` (`token`, `certificate`, `unknown`) and `outcome`
-    /// (`issued`, `pending`, a refusal reason).
-    pub fn get(&self, proof: &str, outcome: &str) -> u64 {
+    /// Counts one request proved by `proof` (`token`, `certificate`, `unknown`) that came
+    /// to `outcome` (`issued`, `pending`, a refusal reason, `rate_limited`).
+    pub fn count(&self, proof: &'static str, outcome: &'static str) {
         self.by_outcome
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter(|((p, o), _)| *p == proof && *o == outcome)
-            .map(|(_, n)| *n)
-            .sum()
+            .get_or_create(&[("proof", proof), ("outcome", outcome)])
+            .inc();
     }
 
-    /// Every `(proof, outcome)` count so far.
-    pub fn all(&self) -> Vec<((&'static str, &'static str), u64)> {
-        let map = self
-            .by_outcome
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        map.iter().map(|(k, v)| (*k, *v)).collect()
+    /// Requests counted for `proof` and `outcome`.
+    pub fn get(&self, proof: &'static str, outcome: &'static str) -> u64 {
+        self.by_outcome
+            .get_or_create(&[("proof", proof), ("outcome", outcome)])
+            .get()
     }
 
     /// CSRs this replica answered pending that it has not seen issued since.
@@ -226,6 +233,21 @@ impl EnrollmentCounters {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
+    }
+
+    /// Registers `edgebeat_gateway_certificate_requests_total{proof, outcome}` and
+    /// `edgebeat_gateway_certificate_signing_requests_pending` in `registry`.
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "edgebeat_gateway_certificate_requests",
+            "Node certificate requests (enrollments proved by a bootstrap token, rotations proved by a certificate) by outcome: issued, pending, rate_limited or the reason refused",
+            self.by_outcome.clone(),
+        );
+        registry.register(
+            "edgebeat_gateway_certificate_signing_requests_pending",
+            "CertificateSigningRequests this replica answered pending (waiting for kubectl certificate approve or their signer) and has not seen issued since",
+            self.pending_gauge.clone(),
+        );
     }
 }
 
@@ -239,10 +261,13 @@ pub struct Enrollment {
     ca_der: Vec<u8>,
     verifier: CertificateVerifier,
     answers: Arc<AnswerSigner>,
+    identity: ca::GatewayIdentity,
     clock: Arc<dyn Clock>,
     /// Latest `(boot ID, seq)` accepted per node, and when: replays are refused for
     /// twice the clock window, after which the window refuses them.
     seen: Mutex<HashMap<String, Seen>>,
+    /// The CSRs of each bootstrap token, by token id (see [`Enrollment::token_uses`]).
+    token_uses: Mutex<HashMap<String, TokenUses>>,
     /// Requests and outcomes, for `/metrics`.
     pub counters: EnrollmentCounters,
 }
@@ -267,7 +292,15 @@ impl Enrollment {
     ) -> Result<Self, EnrollmentError> {
         let now = clock_seconds(clock.as_ref());
         let ca = SiteCa::load_or_create(client.clone(), &options.namespace, now).await?;
-        let answers = Arc::new(ca.answer_signer(now)?);
+        let identity = ca.gateway_identity(now)?;
+        let answers = Arc::new(
+            AnswerSigner::from_pem(
+                identity.cert_pem.as_bytes(),
+                identity.key_pem.as_bytes(),
+                ca.cert_pem.as_bytes(),
+            )
+            .map_err(EnrollmentError::Ca)?,
+        );
         let ca_der = ca.cert_der.clone();
         let verifier =
             CertificateVerifier::from_pem(ca.cert_pem.as_bytes()).map_err(EnrollmentError::Ca)?;
@@ -278,8 +311,10 @@ impl Enrollment {
             ca_der,
             verifier,
             answers,
+            identity,
             clock,
             seen: Mutex::default(),
+            token_uses: Mutex::default(),
             counters: EnrollmentCounters::default(),
         })
     }
@@ -287,6 +322,43 @@ impl Enrollment {
     /// The site CA (PEM) this replica checks proofs against and gives agents.
     pub fn ca_pem(&self) -> String {
         enroll::pem("CERTIFICATE", &self.ca_der)
+    }
+
+    /// This replica's own certificate and key from the site CA (see
+    /// [`SiteCa::gateway_identity`]): its answer key, and its gRPC serving certificate
+    /// when none is given.
+    pub fn gateway_identity(&self) -> &ca::GatewayIdentity {
+        &self.identity
+    }
+
+    /// The CA bundle node certificates are verified against on every ingress: `extra` (the
+    /// CA of hand-made node certificates, `--grpc-client-ca` or `--mqtt-node-ca`, while a
+    /// fleet moves to enrollment) and the site CA.
+    pub fn node_ca_pem(&self, extra: Option<Vec<u8>>) -> Vec<u8> {
+        let mut bundle = extra.unwrap_or_default();
+        bundle.extend_from_slice(self.ca_pem().as_bytes());
+        bundle
+    }
+
+    /// TLS of a gRPC listener with this replica's own certificate ([`ANSWER_SIGNER_NAME`]
+    /// from the site CA, which enrolled agents verify under that name) and client
+    /// certificates from [`Enrollment::node_ca_pem`] of `extra`.
+    ///
+    /// [`ANSWER_SIGNER_NAME`]: edgebeat_transports::signing::ANSWER_SIGNER_NAME
+    pub fn grpc_server_tls(
+        &self,
+        extra: Option<Vec<u8>>,
+    ) -> edgebeat_transports::tls::GrpcServerTls {
+        edgebeat_transports::tls::GrpcServerTls {
+            cert_pem: self.identity.cert_pem.clone().into_bytes(),
+            key_pem: self.identity.key_pem.clone().into_bytes(),
+            client_ca_pem: Some(self.node_ca_pem(extra)),
+        }
+    }
+
+    /// The options this replica enrolls with.
+    pub fn options(&self) -> &EnrollmentOptions {
+        &self.options
     }
 
     /// The answer key this replica signs with (also for its MQTT answers).
@@ -501,17 +573,11 @@ impl Enrollment {
             )));
         }
         // Uses: the CSRs this token created, other than this request's own.
-        let csrs: Api<CertificateSigningRequest> = Api::all(self.client.clone());
-        let listed = csrs
-            .list(&kube::api::ListParams::default().labels(&format!("{TOKEN_LABEL}={}", token.id)))
+        let own = csr_name(&request.csr, node);
+        let used = self
+            .token_uses(&token.id, &own)
             .await
             .map_err(|e| Err(format!("counting the token's uses: {e}")))?;
-        let own = csr_name(&request.csr, node);
-        let used = listed
-            .items
-            .iter()
-            .filter(|c| c.metadata.name.as_deref() != Some(own.as_str()))
-            .count();
         if used >= usize::try_from(token.usage_limit).unwrap_or(usize::MAX) {
             return Err(Ok(refuse(
                 "token_used_up",
@@ -522,6 +588,59 @@ impl Enrollment {
             )));
         }
         Ok(token.id)
+    }
+
+    /// How many CSRs bootstrap token `id` has created, other than `own`: the CSRs labelled
+    /// with it, listed at most every [`TOKEN_USES_RESYNC`] per token, and those this replica
+    /// created since. Exact with one replica; with several, a replica learns of the
+    /// others' creations at its next list, so a token can overshoot its limit by what other
+    /// replicas created within one resync.
+    async fn token_uses(&self, id: &str, own: &str) -> Result<usize, kube::Error> {
+        let fresh = {
+            let uses = self
+                .token_uses
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            uses.get(id)
+                .filter(|u| u.listed_at.elapsed() < TOKEN_USES_RESYNC)
+                .map(|u| u.names.iter().filter(|n| n.as_str() != own).count())
+        };
+        if let Some(count) = fresh {
+            return Ok(count);
+        }
+        let csrs: Api<CertificateSigningRequest> = Api::all(self.client.clone());
+        let listed = csrs
+            .list(&kube::api::ListParams::default().labels(&format!("{TOKEN_LABEL}={id}")))
+            .await?;
+        let names: HashSet<String> = listed
+            .items
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect();
+        let count = names.iter().filter(|n| n.as_str() != own).count();
+        self.token_uses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                id.to_owned(),
+                TokenUses {
+                    names,
+                    listed_at: tokio::time::Instant::now(),
+                },
+            );
+        Ok(count)
+    }
+
+    /// Counts CSR `name`, just created, as a use of token `id`.
+    fn token_used(&self, id: &str, name: &str) {
+        if let Some(uses) = self
+            .token_uses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(id)
+        {
+            uses.names.insert(name.to_owned());
+        }
     }
 
     /// The certificate proof: the request signed with the key of a site-CA certificate of
@@ -609,19 +728,20 @@ impl Enrollment {
         let api: Api<CertificateSigningRequest> = Api::all(self.client.clone());
         let name = csr_name(csr_der, node);
         let apiserver = |what: &str, e: kube::Error| Err(format!("{what} {name}: {e}"));
-        let mut csr = match api.get_opt(&name).await {
-            Ok(Some(csr)) => csr,
-            Ok(None) => {
-                let wanted = self.new_csr(&name, transport, node, csr_der, proof);
-                match api.create(&PostParams::default(), &wanted).await {
-                    Ok(created) => created,
-                    Err(kube::Error::Api(s)) if s.code == 409 => {
-                        api.get(&name).await.map_err(|e| apiserver("reading", e))?
-                    }
-                    Err(e) => return Err(apiserver("creating", e)),
+        // Created first (a new request is the common case: one call), read when it exists
+        // (a retry while pending, or after a lost answer).
+        let wanted = self.new_csr(&name, transport, node, csr_der, proof);
+        let mut csr = match api.create(&PostParams::default(), &wanted).await {
+            Ok(created) => {
+                if let Proof::Token(id) = proof {
+                    self.token_used(id, &name);
                 }
+                created
             }
-            Err(e) => return Err(apiserver("reading", e)),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                api.get(&name).await.map_err(|e| apiserver("reading", e))?
+            }
+            Err(e) => return Err(apiserver("creating", e)),
         };
         let conditions = |csr: &CertificateSigningRequest, type_: &str| {
             csr.status
@@ -656,11 +776,14 @@ impl Enrollment {
             (Some(pem), _) => pem.0,
             (None, Some(ca)) if self.options.signer_name == DEFAULT_SIGNER_NAME => {
                 let now = clock_seconds(self.clock.as_ref());
+                // The signer's own lifetime, shorter when the CSR asks for less (which the
+                // API lets a CSR ask down to its 600 s minimum).
                 let lifetime = csr
                     .spec
                     .expiration_seconds
                     .and_then(|s| u64::try_from(s).ok())
-                    .map_or(self.options.lifetime, Duration::from_secs);
+                    .map_or(self.options.lifetime, Duration::from_secs)
+                    .min(self.options.lifetime);
                 let pem = ca
                     .sign_node(node, public_key, now, lifetime)
                     .map_err(|e| Ok(refuse("signing", e.to_string())))?;
@@ -699,6 +822,9 @@ impl Enrollment {
         } else {
             set.remove(name);
         }
+        self.counters
+            .pending_gauge
+            .set(i64::try_from(set.len()).unwrap_or(i64::MAX));
     }
 
     fn new_csr(
@@ -731,7 +857,12 @@ impl Enrollment {
             spec: CertificateSigningRequestSpec {
                 request: ByteString(enroll::pem("CERTIFICATE REQUEST", csr_der).into_bytes()),
                 signer_name: self.options.signer_name.clone(),
-                expiration_seconds: i32::try_from(self.options.lifetime.as_secs()).ok(),
+                // The API refuses less than 600 s (`certificates.k8s.io/v1` validation); a
+                // shorter --certificate-lifetime (tests, demos) is the signer's to apply.
+                expiration_seconds: i32::try_from(
+                    self.options.lifetime.as_secs().max(MIN_EXPIRATION_SECONDS),
+                )
+                .ok(),
                 usages: Some(vec!["digital signature".into(), "client auth".into()]),
                 ..CertificateSigningRequestSpec::default()
             },

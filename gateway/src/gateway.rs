@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
@@ -23,6 +23,8 @@ use crate::admission::{
     AdmissionPolicy, NodeAdmission, Posture, Provenance, Verdict, check_identity,
 };
 use crate::apiserver::{Apiserver, WriteLimits};
+use crate::enrollment::Enrollment;
+use crate::enrollment::gate::{EnrollmentGate, EnrollmentLimits, Source};
 use crate::metrics::{RejectReason, ReplicaGauges, clock_skew_seconds};
 use crate::view::ApiserverView;
 pub use crate::writer::{LeaseState, validate_status};
@@ -70,6 +72,9 @@ pub struct GatewayOptions {
     pub old_boot_memory: Duration,
     /// Apiserver calls in flight at once, Lease calls first (see [`crate::apiserver`]).
     pub write_limits: WriteLimits,
+    /// Limits of certificate requests, per source and in all (see
+    /// [`crate::enrollment::gate`]), when enrollment is on.
+    pub enrollment_limits: EnrollmentLimits,
 }
 
 impl Default for GatewayOptions {
@@ -85,6 +90,7 @@ impl Default for GatewayOptions {
             max_nodes: DEFAULT_MAX_NODES,
             old_boot_memory: Duration::from_secs(30),
             write_limits: WriteLimits::default(),
+            enrollment_limits: EnrollmentLimits::default(),
         }
     }
 }
@@ -209,6 +215,11 @@ pub struct Gateway {
     /// When the slots were last swept because they were full.
     last_full_sweep: Mutex<Instant>,
     messages: AtomicU64,
+    /// Enrollment and rotation of node certificates, once [`Gateway::enable_enrollment`]
+    /// turned them on.
+    enrollment: OnceLock<Arc<Enrollment>>,
+    /// The limits certificate requests meet first.
+    enrollment_gate: EnrollmentGate,
     /// Counters of what the gateway did.
     pub counters: Arc<Counters>,
 }
@@ -226,14 +237,43 @@ impl Gateway {
                 options.knowledge_ttl,
             ),
             clock,
+            enrollment_gate: EnrollmentGate::new(options.enrollment_limits),
             options,
             started: Instant::now(),
             slots: Mutex::new(HashMap::new()),
             fleet_full: AtomicU64::new(0),
             last_full_sweep: Mutex::new(Instant::now()),
             messages: AtomicU64::new(0),
+            enrollment: OnceLock::new(),
             counters,
         }
+    }
+
+    /// Turns on enrollment and rotation of node certificates through `enrollment`
+    /// ([`Handler::request_certificate`] then answers; see [`crate::enrollment`]). Call it
+    /// once, before serving and before [`Gateway::register_metrics`]; later calls are
+    /// ignored.
+    pub fn enable_enrollment(&self, enrollment: Arc<Enrollment>) {
+        let _ = self.enrollment.set(enrollment);
+    }
+
+    /// Whether a node speaking with `certificate` is due for a new one by this gateway's
+    /// clock: enrollment is on and 80 % of the lifetime this gateway issues has passed
+    /// since its notBefore (the agent's own deadline is at 70–90 %; this is for boards whose
+    /// clock cannot tell, `Ack.certificate_due`).
+    fn certificate_due(&self, certificate: Option<CertificateId>) -> bool {
+        let (Some(enrollment), Some(certificate)) = (self.enrollment.get(), certificate) else {
+            return false;
+        };
+        let lifetime = enrollment.options().lifetime.as_secs_f64();
+        let now = self
+            .clock
+            .now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        #[allow(clippy::cast_precision_loss)]
+        let age = now - certificate.not_before as f64;
+        age > lifetime * 0.8
     }
 
     /// What this replica knows the apiserver holds for its Nodes and Leases.
@@ -342,6 +382,9 @@ impl Gateway {
             &self.writer.node_metrics,
             move || gateway.upgrade().map(|g| g.replica_gauges()),
         );
+        if let Some(enrollment) = self.enrollment.get() {
+            enrollment.counters.register(registry);
+        }
     }
 
     /// What the scrape-time gauges read now.
@@ -610,7 +653,39 @@ impl Gateway {
 
 impl Handler for Gateway {
     async fn handle(&self, peer: &Peer, message: pb::AgentMessage) -> Option<Answer> {
-        self.handle_message(peer, message).await
+        let mut answer = self.handle_message(peer, message).await;
+        if let Some(Answer::Registered {
+            certificate_due, ..
+        }) = &mut answer
+        {
+            *certificate_due = self.certificate_due(peer.certificate);
+        }
+        answer
+    }
+
+    /// Through the [`EnrollmentGate`] (per source: the client's address over gRPC, the
+    /// node of the topic over MQTT), then [`Enrollment::handle`]; `None` without
+    /// enrollment or over a limit (counted as `rate_limited`).
+    async fn request_certificate(
+        &self,
+        peer: &Peer,
+        topic_node: Option<&str>,
+        payload: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        let enrollment = self.enrollment.get()?;
+        let source = match (peer.remote, topic_node) {
+            (Some(addr), _) => Source::Address(addr.ip()),
+            (None, Some(node)) => Source::Node(node.to_owned()),
+            (None, None) => Source::Unknown,
+        };
+        let Some(_permit) = self.enrollment_gate.admit(source, Instant::now()) else {
+            enrollment.counters.count("unknown", "rate_limited");
+            tracing::debug!(remote = ?peer.remote, node = ?topic_node, "certificate request over the limits; not answered");
+            return None;
+        };
+        enrollment
+            .handle(peer.transport, topic_node, &payload)
+            .await
     }
 
     fn recorded_certificate(&self, node: &str) -> Option<CertificateId> {

@@ -8,16 +8,23 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use edgebeat_gateway::enrollment::ca::SiteCa;
+use edgebeat_gateway::enrollment::gate::EnrollmentLimits;
+use edgebeat_gateway::enrollment::{Approval, Enrollment, EnrollmentOptions};
 use edgebeat_gateway::{Gateway, GatewayOptions, Posture, kube_client, watch_client};
 use edgebeat_transports::endpoint::MqttCluster;
+use edgebeat_transports::grpc::enroll::{EnrollmentServerOptions, serve_enrollment};
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, serve, tls};
 use edgebeat_transports::mqtt::{MqttIngressOptions, SignaturePolicy, serve as mqtt_serve};
 use edgebeat_transports::signing::{AnswerSigner, CertificateVerifier};
 
 /// Receives edgebeat heartbeats and writes Node status and Leases to Kubernetes.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, about, args_conflicts_with_subcommands = true)]
 struct Args {
+    /// What else to do instead of serving (`token create`).
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Address of the gRPC listener, e.g. `0.0.0.0:7443`; without it the gateway serves no
     /// gRPC (an MQTT-only site has no listener to bypass its signatures through). Needs
     /// --grpc-client-ca (mTLS) unless --allow-unidentified-agents.
@@ -64,12 +71,51 @@ struct Args {
     /// shared subscription granted) and Prometheus /metrics.
     #[arg(long, default_value = "0.0.0.0:9102")]
     metrics_listen: SocketAddr,
-    /// kubeconfig file; without it: $KUBECONFIG, ~/.kube/config, then in-cluster config.
-    #[arg(long, value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
-    /// apiserver URL to use instead of a kubeconfig (plain http, no auth: for the stand-in).
-    #[arg(long, value_name = "URL")]
-    server: Option<String>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Enroll and rotate node certificates: boards with only a bootstrap token (`token
+    /// create`) get their certificate through this gateway, as kubelet's TLS bootstrap
+    /// (each one a CertificateSigningRequest, `kubectl get csr`), and rotate it before it
+    /// expires. The site CA lives in the Secret edgebeat-site-ca of --namespace (made if
+    /// absent, shared by every replica); it signs the node certificates, verifies them on
+    /// every ingress (beside --grpc-client-ca and --mqtt-node-ca), and issues this
+    /// gateway's own certificate (gRPC serving without --grpc-tls-cert, signed answers
+    /// without --mqtt-answer-cert-file).
+    #[arg(long)]
+    enrollment: bool,
+    /// Address of the gRPC enrollment listener (needs --enrollment), e.g. `0.0.0.0:7444`:
+    /// boards without a certificate ask for one there (agents' transport.enrollmentEndpoint).
+    /// It takes no client certificate; requests are limited per address and in all. Plain
+    /// HTTP/2 (every request is proved and every answer signed), or TLS with
+    /// --grpc-tls-cert.
+    #[arg(long, value_name = "ADDR", requires = "enrollment")]
+    grpc_enrollment_listen: Option<SocketAddr>,
+    /// Who approves first enrollments (with --enrollment): `auto` approves every request
+    /// proved by a valid bootstrap token for the node; `manual` leaves them to `kubectl
+    /// certificate approve`. Rotations proved by the node's certificate are approved
+    /// either way.
+    #[arg(long, value_enum, default_value_t = CsrApproval::Auto)]
+    csr_approval: CsrApproval,
+    /// Lifetime of the node certificates this gateway signs (`spec.expirationSeconds`),
+    /// e.g. `8760h`; agents rotate at 70-90 % of it.
+    #[arg(long, value_parser = parse_duration, default_value = "8760h")]
+    certificate_lifetime: Duration,
+    /// How long after its expiry a node certificate still proves a rotation, for a Node
+    /// that still exists (a board that was offline when it expired); past it the board needs
+    /// a new bootstrap token.
+    #[arg(long, value_parser = parse_duration, default_value = "720h")]
+    certificate_grace: Duration,
+    /// Certificate requests per second this replica takes from all sources together (with
+    /// --enrollment), in bursts of up to five seconds' worth; more get no answer and the
+    /// agents ask again with backoff, so heartbeats keep their share of the gateway and
+    /// the apiserver during an enrollment storm.
+    #[arg(long, default_value_t = 100.0)]
+    enrollment_rate: f64,
+    /// Certificate requests per second from one source (a gRPC client's IP address, or
+    /// over MQTT one node), in bursts of up to four seconds' worth. Raise it for sites
+    /// whose boards share one NAT address.
+    #[arg(long, default_value_t = 5.0)]
+    enrollment_rate_per_source: f64,
     /// Client-side limit on apiserver requests per second; 0 (the default) for none, as
     /// kubelet's heartbeat client. A fixed rate shared by a whole fleet expires nodes once
     /// the fleet outgrows it: the gateway bounds concurrency (--max-inflight) and backs off
@@ -157,6 +203,140 @@ struct Args {
     log_level: String,
 }
 
+/// Where the gateway's cluster is (both for serving and for `token create`).
+#[derive(clap::Args, Debug)]
+struct ClusterArgs {
+    /// kubeconfig file; without it: $KUBECONFIG, ~/.kube/config, then in-cluster config.
+    #[arg(long, value_name = "FILE", global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// apiserver URL to use instead of a kubeconfig (plain http, no auth: for the stand-in).
+    #[arg(long, value_name = "URL", global = true)]
+    server: Option<String>,
+    /// Namespace of the site CA and bootstrap token Secrets (default: $POD_NAMESPACE, else
+    /// edgebeat-system).
+    #[arg(long, global = true)]
+    namespace: Option<String>,
+}
+
+impl ClusterArgs {
+    fn namespace(&self) -> String {
+        self.namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|n| !n.is_empty())
+            })
+            .unwrap_or_else(|| "edgebeat-system".to_owned())
+    }
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Bootstrap tokens for enrolling boards (the gateway must run with --enrollment).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum TokenCommand {
+    /// Makes a bootstrap token and prints it (`<id>.<secret>.sha256:<site CA hash>`): put it
+    /// in the agents' bootstrapTokenFile. Stored as the Secret edgebeat-token-<id> of
+    /// --namespace; delete that Secret to revoke it. Makes the site CA if there is none yet.
+    Create {
+        /// Node names it may enroll: names, or prefixes ending in `*`
+        /// (`'plant-3-*'`), comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+        /// How long it enrolls, e.g. `24h`.
+        #[arg(long, value_parser = parse_duration, default_value = "24h")]
+        ttl: Duration,
+        /// How many nodes it may enroll.
+        #[arg(long, default_value_t = 1)]
+        uses: u32,
+    },
+}
+
+/// `--csr-approval`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum CsrApproval {
+    /// Approve every proved request.
+    Auto,
+    /// First enrollments wait for `kubectl certificate approve`.
+    Manual,
+}
+
+/// A duration flag: a whole number with a unit (`s`, `m`, `h`, `d`), e.g. `24h`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?}: give a whole number with s, m, h or d, e.g. 24h");
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let unit = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    let seconds = number.checked_mul(unit).ok_or_else(bad)?;
+    if seconds == 0 {
+        return Err(format!("{text:?}: must be more than 0"));
+    }
+    Ok(Duration::from_secs(seconds))
+}
+
+/// The apiserver client config from `--server`, `--kubeconfig` or the environment.
+async fn kube_config(cluster: &ClusterArgs) -> anyhow::Result<kube::Config> {
+    Ok(match (&cluster.server, &cluster.kubeconfig) {
+        (Some(url), _) => {
+            kube::Config::new(url.parse().with_context(|| format!("--server {url:?}"))?)
+        }
+        (None, Some(path)) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        (None, None) => kube::Config::infer()
+            .await
+            .context("no kubeconfig or in-cluster config found; pass --kubeconfig")?,
+    })
+}
+
+/// `token create`: makes the token and prints it on stdout (and what it allows on stderr).
+async fn token_create(
+    cluster: &ClusterArgs,
+    nodes: Vec<String>,
+    ttl: Duration,
+    uses: u32,
+) -> anyhow::Result<()> {
+    let client = kube_client(kube_config(cluster).await?, 0)?;
+    let namespace = cluster.namespace();
+    let now = jiff::Timestamp::now();
+    let ca = SiteCa::load_or_create(client.clone(), &namespace, now.as_second()).await?;
+    let token = edgebeat_gateway::enrollment::tokens::create_token(
+        client,
+        &namespace,
+        nodes.clone(),
+        ttl,
+        uses,
+        ca.pin()?,
+        now,
+    )
+    .await?;
+    eprintln!(
+        "bootstrap token {} for {} node(s) matching {}, valid {}s (Secret {}/{}):",
+        token.id,
+        uses,
+        nodes.join(","),
+        ttl.as_secs(),
+        namespace,
+        edgebeat_gateway::enrollment::tokens::token_secret_name(&token.id)
+    );
+    println!("{token}");
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -175,31 +355,48 @@ async fn run() -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("--log-level {:?}: {e}", args.log_level))?;
     // rustls on ring for every TLS user in the process (gRPC server, kube client).
     tls::install_ring_provider();
-    let grpc_options = match args.grpc_listen {
-        Some(_) => Some(grpc_server_options(&args)?),
-        None => {
-            check_no_grpc_flags(&args)?;
-            None
-        }
-    };
-    let mqtt_options = mqtt_ingress_options(&args)?;
-    let posture = posture(&args, grpc_options.as_ref(), mqtt_options.as_ref())?;
-
-    let config = match (&args.server, &args.kubeconfig) {
-        (Some(url), _) => {
-            kube::Config::new(url.parse().with_context(|| format!("--server {url:?}"))?)
-        }
-        (None, Some(path)) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("--kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
-        }
-        (None, None) => kube::Config::infer()
-            .await
-            .context("no kubeconfig or in-cluster config found; pass --kubeconfig")?,
-    };
+    if let Some(Command::Token(TokenCommand::Create { nodes, ttl, uses })) = args.command {
+        return token_create(&args.cluster, nodes, ttl, uses).await;
+    }
+    if args.grpc_listen.is_none() {
+        check_no_grpc_flags(&args)?;
+    }
+    let config = kube_config(&args.cluster).await?;
     let watches = watch_client(config.clone())?;
     let client = kube_client(config, args.qps)?;
+    let clock: Arc<dyn edgebeat_hw::Clock> = Arc::new(edgebeat_hw::SystemClock);
+    let enrollment = match args.enrollment {
+        true => {
+            let options = EnrollmentOptions {
+                namespace: args.cluster.namespace(),
+                approval: match args.csr_approval {
+                    CsrApproval::Auto => Approval::Auto,
+                    CsrApproval::Manual => Approval::Manual,
+                },
+                lifetime: args.certificate_lifetime,
+                grace: args.certificate_grace,
+                max_clock_skew: Duration::from_secs(args.mqtt_max_clock_skew_seconds),
+                ..EnrollmentOptions::default()
+            };
+            let enrollment = Enrollment::with_site_ca(client.clone(), options, clock.clone())
+                .await
+                .context("--enrollment: the site CA (Secret edgebeat-site-ca)")?;
+            tracing::info!(
+                namespace = %args.cluster.namespace(),
+                approval = ?args.csr_approval,
+                lifetime = ?args.certificate_lifetime,
+                "enrolling and rotating node certificates"
+            );
+            Some(Arc::new(enrollment))
+        }
+        false => None,
+    };
+    let grpc_options = match args.grpc_listen {
+        Some(_) => Some(grpc_server_options(&args, enrollment.as_deref())?),
+        None => None,
+    };
+    let mqtt_options = mqtt_ingress_options(&args, enrollment.as_deref())?;
+    let posture = posture(&args, grpc_options.as_ref(), mqtt_options.as_ref())?;
     if args.max_nodes == 0 {
         anyhow::bail!("--max-nodes must be at least 1");
     }
@@ -211,6 +408,13 @@ async fn run() -> anyhow::Result<()> {
         write_limits: edgebeat_gateway::apiserver::WriteLimits {
             max_inflight: args.max_inflight.max(2),
         },
+        enrollment_limits: EnrollmentLimits {
+            rate: args.enrollment_rate,
+            burst: (args.enrollment_rate * 5.0).max(1.0),
+            per_source_rate: args.enrollment_rate_per_source,
+            per_source_burst: (args.enrollment_rate_per_source * 4.0).max(1.0),
+            ..EnrollmentLimits::default()
+        },
         ..Default::default()
     };
     if args.impersonate_nodes && posture == Posture::AllowUnidentified {
@@ -219,11 +423,10 @@ async fn run() -> anyhow::Result<()> {
             "--impersonate-nodes with --allow-unidentified-agents: unidentified agents are authorized by the apiserver as whichever node they claim"
         );
     }
-    let gateway = Arc::new(Gateway::new(
-        client,
-        Arc::new(edgebeat_hw::SystemClock),
-        options,
-    ));
+    let gateway = Arc::new(Gateway::new(client, clock, options));
+    if let Some(enrollment) = &enrollment {
+        gateway.enable_enrollment(enrollment.clone());
+    }
     // What the apiserver holds for the managed Nodes and Leases (see edgebeat_gateway::view).
     tokio::spawn(gateway.watch(watches));
     // Serving starts once the watches have listed, so that the first messages (and the
@@ -248,6 +451,16 @@ async fn run() -> anyhow::Result<()> {
             Some((listener, options))
         }
         _ => None,
+    };
+    let enrollment_listener = match args.grpc_enrollment_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --grpc-enrollment-listen {addr}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "gRPC enrollment listening");
+            Some(listener)
+        }
+        None => None,
     };
     let observe_listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
@@ -296,6 +509,17 @@ async fn run() -> anyhow::Result<()> {
         ready,
         observe_stop.clone().cancelled_owned(),
     ));
+    let enrolling = enrollment_listener.map(|listener| {
+        let options = EnrollmentServerOptions {
+            tls: enrollment_tls(&args),
+        };
+        tokio::spawn(serve_enrollment(
+            listener,
+            gateway.clone(),
+            options,
+            stop.clone().cancelled_owned(),
+        ))
+    });
     let grpc = grpc.map(|(listener, options)| {
         let serving = grpc_serving.clone();
         let served = serve(listener, gateway, options, stop.clone().cancelled_owned());
@@ -327,10 +551,20 @@ async fn run() -> anyhow::Result<()> {
             None => std::future::pending().await,
         }
     };
-    tokio::pin!(grpc_done, mqtt_done);
+    let enrollment_done = async {
+        match enrolling {
+            Some(task) => task
+                .await
+                .context("gRPC enrollment task")?
+                .map_err(anyhow::Error::from),
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(grpc_done, mqtt_done, enrollment_done);
     let result = tokio::select! {
         result = &mut grpc_done => result,
         result = &mut mqtt_done => result,
+        result = &mut enrollment_done => result,
     };
     stop.cancel();
     result?;
@@ -353,7 +587,10 @@ fn read_password_file(file: &std::path::Path) -> anyhow::Result<String> {
 
 /// The MQTT ingress options from the `--mqtt-*` flags (`None` without --mqtt-endpoint):
 /// files read and checked now, so a bad file stops the gateway at start with the flag named.
-fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions>> {
+fn mqtt_ingress_options(
+    args: &Args,
+    enrollment: Option<&Enrollment>,
+) -> anyhow::Result<Option<MqttIngressOptions>> {
     let read = |flag: &str, path: &PathBuf| {
         edgebeat_hw::read_bounded(path, edgebeat_hw::MAX_PEM_FILE_BYTES)
             .with_context(|| format!("{flag} {}", path.display()))
@@ -422,34 +659,56 @@ fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions
     };
     let required = args
         .mqtt_require_signatures
-        .unwrap_or(args.mqtt_node_ca.is_some());
-    options.signatures = match &args.mqtt_node_ca {
-        Some(ca) => {
+        .unwrap_or(args.mqtt_node_ca.is_some() || enrollment.is_some());
+    let node_ca = match (&args.mqtt_node_ca, enrollment) {
+        (Some(ca), _) => {
             let ca_pem = read("--mqtt-node-ca", ca)?;
-            let verifier = CertificateVerifier::from_pem(&ca_pem)
+            CertificateVerifier::from_pem(&ca_pem)
                 .map_err(anyhow::Error::msg)
                 .with_context(|| format!("--mqtt-node-ca {}", ca.display()))?;
+            // Hand-made node certificates and enrolled ones, during a move to enrollment.
+            Some(match enrollment {
+                Some(enrollment) => enrollment.node_ca_pem(Some(ca_pem)),
+                None => ca_pem,
+            })
+        }
+        (None, Some(enrollment)) => Some(enrollment.node_ca_pem(None)),
+        (None, None) => None,
+    };
+    options.signatures = match node_ca {
+        Some(ca_pem) => {
+            let verifier = CertificateVerifier::from_pem(&ca_pem)
+                .map_err(anyhow::Error::msg)
+                .context("--mqtt-node-ca")?;
             let mut policy = SignaturePolicy::new(verifier, required);
             policy.max_clock_skew = Duration::from_secs(args.mqtt_max_clock_skew_seconds);
-            let (Some(cert), Some(key)) = (&args.mqtt_answer_cert_file, &args.mqtt_answer_key_file)
-            else {
-                anyhow::bail!(
-                    "--mqtt-node-ca needs --mqtt-answer-cert-file and --mqtt-answer-key-file: agents that sign their messages take only answers the gateway signs; issue a server certificate for the DNS name {} from the site CA (README, \"MQTT over TLS with signed messages\")",
-                    edgebeat_transports::signing::ANSWER_SIGNER_NAME
-                );
-            };
-            let signer = AnswerSigner::from_pem(
-                &read("--mqtt-answer-cert-file", cert)?,
-                &read("--mqtt-answer-key-file", key)?,
-                &ca_pem,
-            )
-            .map_err(anyhow::Error::msg)
-            .context("--mqtt-answer-cert-file, --mqtt-answer-key-file")?;
-            options.answer_signer = Some(Arc::new(signer));
+            options.answer_signer = Some(
+                match (
+                    &args.mqtt_answer_cert_file,
+                    &args.mqtt_answer_key_file,
+                    enrollment,
+                ) {
+                    (Some(cert), Some(key), _) => Arc::new(
+                        AnswerSigner::from_pem(
+                            &read("--mqtt-answer-cert-file", cert)?,
+                            &read("--mqtt-answer-key-file", key)?,
+                            &ca_pem,
+                        )
+                        .map_err(anyhow::Error::msg)
+                        .context("--mqtt-answer-cert-file, --mqtt-answer-key-file")?,
+                    ),
+                    // The gateway's own certificate from the site CA.
+                    (_, _, Some(enrollment)) => enrollment.answer_signer(),
+                    _ => anyhow::bail!(
+                        "--mqtt-node-ca needs --mqtt-answer-cert-file and --mqtt-answer-key-file (or --enrollment): agents that sign their messages take only answers the gateway signs; issue a server certificate for the DNS name {} from the site CA (README, \"MQTT over TLS with signed messages\")",
+                        edgebeat_transports::signing::ANSWER_SIGNER_NAME
+                    ),
+                },
+            );
             Some(policy)
         }
         None if required => anyhow::bail!(
-            "--mqtt-require-signatures needs --mqtt-node-ca: signatures are verified against node certificates from the site CA"
+            "--mqtt-require-signatures needs --mqtt-node-ca (or --enrollment): signatures are verified against node certificates from the site CA"
         ),
         None => None,
     };
@@ -458,29 +717,43 @@ fn mqtt_ingress_options(args: &Args) -> anyhow::Result<Option<MqttIngressOptions
 
 /// The gRPC server's options from the TLS flags: files read and checked now, so a bad file
 /// stops the gateway at start with the flag named.
-fn grpc_server_options(args: &Args) -> anyhow::Result<GrpcServerOptions> {
+fn grpc_server_options(
+    args: &Args,
+    enrollment: Option<&Enrollment>,
+) -> anyhow::Result<GrpcServerOptions> {
     let read = |flag: &str, path: &PathBuf| {
         edgebeat_hw::read_bounded(path, edgebeat_hw::MAX_PEM_FILE_BYTES)
             .with_context(|| format!("{flag} {}", path.display()))
     };
     let require_node_identity = args
         .require_node_identity
-        .unwrap_or(args.grpc_client_ca.is_some());
-    if require_node_identity && args.grpc_client_ca.is_none() {
+        .unwrap_or(args.grpc_client_ca.is_some() || enrollment.is_some());
+    if require_node_identity && args.grpc_client_ca.is_none() && enrollment.is_none() {
         anyhow::bail!(
-            "--require-node-identity needs --grpc-client-ca: node identities come from client certificates"
+            "--require-node-identity needs --grpc-client-ca (or --enrollment): node identities come from client certificates"
         );
     }
-    let tls = match (&args.grpc_tls_cert, &args.grpc_tls_key) {
-        (Some(cert), Some(key)) => {
+    let client_ca_pem = args
+        .grpc_client_ca
+        .as_ref()
+        .map(|ca| read("--grpc-client-ca", ca))
+        .transpose()?;
+    let tls = match (&args.grpc_tls_cert, &args.grpc_tls_key, enrollment) {
+        (None, None, Some(enrollment)) => {
+            tracing::info!(
+                "gRPC over TLS with the gateway's certificate from the site CA (no --grpc-tls-cert)"
+            );
+            Some(enrollment.grpc_server_tls(client_ca_pem))
+        }
+        (Some(cert), Some(key), _) => {
             let tls = GrpcServerTls {
                 cert_pem: read("--grpc-tls-cert", cert)?,
                 key_pem: read("--grpc-tls-key", key)?,
-                client_ca_pem: args
-                    .grpc_client_ca
-                    .as_ref()
-                    .map(|ca| read("--grpc-client-ca", ca))
-                    .transpose()?,
+                // Client certificates from --grpc-client-ca and the site CA.
+                client_ca_pem: match enrollment {
+                    Some(enrollment) => Some(enrollment.node_ca_pem(client_ca_pem)),
+                    None => client_ca_pem,
+                },
             };
             tls::parse_certificates(&tls.cert_pem)
                 .map_err(anyhow::Error::msg)
@@ -504,6 +777,19 @@ fn grpc_server_options(args: &Args) -> anyhow::Result<GrpcServerOptions> {
         tls,
         require_node_identity,
         ..GrpcServerOptions::default()
+    })
+}
+
+/// The gRPC enrollment listener's TLS: --grpc-tls-cert and --grpc-tls-key when given
+/// (read again; they were checked at start), else none (plain HTTP/2).
+fn enrollment_tls(args: &Args) -> Option<GrpcServerTls> {
+    let (cert, key) = (args.grpc_tls_cert.as_ref()?, args.grpc_tls_key.as_ref()?);
+    let read =
+        |path: &PathBuf| edgebeat_hw::read_bounded(path, edgebeat_hw::MAX_PEM_FILE_BYTES).ok();
+    Some(GrpcServerTls {
+        cert_pem: read(cert)?,
+        key_pem: read(key)?,
+        client_ca_pem: None,
     })
 }
 

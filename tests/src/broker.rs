@@ -29,10 +29,13 @@ pub struct Broker {
     quiet: bool,
 }
 
-/// TLS for the broker's listener: clients must present a certificate from `ca_pem`
-/// (`require_certificate true`; its CN becomes the MQTT username).
+/// TLS for the broker's listener: with `require_certificate`, clients must present a
+/// certificate from `ca_pem` (its CN becomes the MQTT username); without, they may connect
+/// with none (boards that enroll through the broker have none yet).
 #[derive(Debug, Clone)]
 pub struct BrokerTls {
+    /// Whether clients must present a certificate from `ca_pem`.
+    pub require_certificate: bool,
     /// CA (PEM) of client certificates, and of the broker's own for clients to trust.
     pub ca_pem: String,
     /// The broker's certificate (PEM), valid for 127.0.0.1.
@@ -185,11 +188,14 @@ impl Broker {
                 Ok(path)
             };
             config.push_str(&format!(
-                "cafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\nuse_identity_as_username true\n",
+                "cafile {}\ncertfile {}\nkeyfile {}\n",
                 file("ca.pem", &tls.ca_pem)?.display(),
                 file("server.pem", &tls.cert_pem)?.display(),
                 file("server.key", &tls.key_pem)?.display(),
             ));
+            if tls.require_certificate {
+                config.push_str("require_certificate true\nuse_identity_as_username true\n");
+            }
         }
         std::fs::write(self.config_path(), config).context("writing mosquitto.conf")
     }

@@ -81,6 +81,27 @@ pub struct FleetOptions {
     /// Each node also reports the agent's six health conditions (all False), as an agent
     /// with every health signal does.
     pub health_conditions: bool,
+    /// Each node first enrolls for its certificate with a bootstrap token, as an agent with
+    /// `bootstrapTokenFile` does, then heartbeats over gRPC with mutual TLS with it
+    /// (`transport` must be an `https://` gRPC URL of a gateway run with `--enrollment`).
+    pub enroll: Option<FleetEnrollment>,
+}
+
+/// Where and with what the simulated nodes enroll (see [`FleetOptions::enroll`]).
+#[derive(Debug, Clone)]
+pub struct FleetEnrollment {
+    /// The gateway's enrollment listener, `http://host:port`.
+    pub url: String,
+    /// The bootstrap token every node uses (its node names must cover the fleet's).
+    pub token: edgebeat_transports::enroll::BootstrapToken,
+}
+
+/// A simulated node's enrolled identity: its certificate, key and the site CA, PEM.
+#[derive(Debug, Clone)]
+struct Enrolled {
+    cert_pem: String,
+    key_pem: String,
+    ca_pem: String,
 }
 
 impl FleetOptions {
@@ -101,6 +122,7 @@ impl FleetOptions {
             ack_timeout: Duration::from_secs(10),
             site_ca: None,
             health_conditions: false,
+            enroll: None,
         }
     }
 
@@ -128,6 +150,17 @@ pub struct FleetStats {
     pub registrations: AtomicU64,
     /// Reboots simulated.
     pub reboots: AtomicU64,
+    /// Certificate requests sent ([`FleetOptions::enroll`]).
+    pub enrollment_requests: AtomicU64,
+    /// Certificate requests answered pending, refused, or not answered (rate limited, a
+    /// timeout).
+    pub enrollment_retries: AtomicU64,
+    /// Nodes that got their certificate.
+    pub enrolled: AtomicU64,
+    /// Enrolled nodes whose first Lease renewal with their certificate was written.
+    pub identified: AtomicU64,
+    /// When the last node got its certificate, and when the last one was identified.
+    enrollment_times: Mutex<(Option<Instant>, Option<Instant>)>,
     /// Lease renewals the transport took (sent, not refused unsent), by node name.
     renewals_taken_by_node: Mutex<std::collections::BTreeMap<String, u64>>,
     /// When a renewal last failed.
@@ -174,6 +207,29 @@ impl FleetStats {
             .last_failure
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// When the last node got its certificate and when the last enrolled node had its
+    /// first renewal written ([`FleetOptions::enroll`]).
+    pub fn enrollment_times(&self) -> (Option<Instant>, Option<Instant>) {
+        *self
+            .enrollment_times
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn enrollment_event(&self, identified: bool) {
+        let mut times = self
+            .enrollment_times
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if identified {
+            self.identified.fetch_add(1, Ordering::Relaxed);
+            times.1 = Some(Instant::now());
+        } else {
+            self.enrolled.fetch_add(1, Ordering::Relaxed);
+            times.0 = Some(Instant::now());
+        }
     }
 
     /// Adds `delta` (±1) to the renewals the transport took for `node`.
@@ -253,6 +309,10 @@ struct Host {
     address: String,
     memory_pressure: bool,
     health_conditions: bool,
+    /// Its certificate from enrollment, once it has one.
+    enrolled: Option<Enrolled>,
+    /// Whether its first renewal with that certificate was counted as identified.
+    identified: bool,
 }
 
 impl Host {
@@ -273,6 +333,8 @@ impl Host {
             ),
             memory_pressure: false,
             health_conditions: options.health_conditions,
+            enrolled: None,
+            identified: false,
         }
     }
 
@@ -441,6 +503,12 @@ async fn simulate_node(
     cancel: CancellationToken,
 ) {
     let mut host = Host::new(index, &options);
+    if let Some(enrollment) = &options.enroll {
+        match enroll(&host, enrollment, &stats, &cancel).await {
+            Some(enrolled) => host.enrolled = Some(enrolled),
+            None => return,
+        }
+    }
     loop {
         let boot = cancel.child_token();
         let rebooted = run_boot(&mut host, &options, &stats, &boot).await;
@@ -450,6 +518,78 @@ async fn simulate_node(
         }
         stats.reboots.fetch_add(1, Ordering::Relaxed);
         host.boot_id = fastrand_bytes();
+    }
+}
+
+/// Enrolls `host` as the agent does (`edgebeat_agent::certificates`): a P-256 key made
+/// here, a request proved by the token, its answer verified against the token's pin, and
+/// again after 2 s doubling to 60 s (with jitter) while pending or unanswered. `None` when
+/// refused or cancelled.
+async fn enroll(
+    host: &Host,
+    enrollment: &FleetEnrollment,
+    stats: &FleetStats,
+    cancel: &CancellationToken,
+) -> Option<Enrolled> {
+    use edgebeat_transports::enroll::{self, AnswerTrust, Answered, NodeKeyPair};
+    let key = NodeKeyPair::generate().ok()?;
+    let csr = key.certificate_request(&host.name).ok()?;
+    let headers = Headers {
+        name: host.name.as_str().into(),
+        boot_id: host.boot_id,
+        uptime_at_start: Duration::from_secs(30),
+        booted: Instant::now(),
+        last: Arc::new(AtomicU64::new(0)),
+    };
+    let mut delays = edgebeat_transports::backoff::reconnect_backoff(
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    );
+    loop {
+        let header = headers.next();
+        let payload = enroll::token_request(&enrollment.token, header.clone(), csr.clone());
+        stats.enrollment_requests.fetch_add(1, Ordering::Relaxed);
+        let answer = edgebeat_transports::grpc::enroll::request_certificate(
+            &enrollment.url,
+            None,
+            payload,
+            Duration::from_secs(30),
+        )
+        .await
+        .ok()
+        .and_then(|answer| {
+            enroll::read_answer(
+                &answer,
+                AnswerTrust::Pin(enrollment.token.ca_pin),
+                &host.name,
+                header.named_boot_tag(),
+                header.seq,
+                rustls::pki_types::UnixTime::now(),
+            )
+            .ok()
+        });
+        match answer {
+            Some(Answered::Issued { chain, ca }) => {
+                stats.enrollment_event(false);
+                return Some(Enrolled {
+                    cert_pem: enroll::pem("CERTIFICATE", chain.first()?),
+                    key_pem: key.to_pem(),
+                    ca_pem: enroll::pem("CERTIFICATE", &ca),
+                });
+            }
+            Some(Answered::Refused(why)) => {
+                tracing::error!(node = %host.name, %why, "enrollment refused");
+                return None;
+            }
+            Some(Answered::Pending(_)) | None => {
+                stats.enrollment_retries.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let delay = delays.next().unwrap_or(Duration::from_secs(60));
+        tokio::select! {
+            () = cancel.cancelled() => return None,
+            () = tokio::time::sleep(delay) => {}
+        }
     }
 }
 
@@ -496,7 +636,7 @@ async fn run_boot(
             }
         })
     };
-    let (uplink, driver) = channel(4);
+    let (uplink, mut driver) = channel(4);
     let transport = cancel.child_token();
     let site_ca = options.site_ca.clone();
     let driver_task = match &options.transport {
@@ -505,7 +645,17 @@ async fn run_boot(
             // Pings every 30 s, not the agent's 5 min: the load every fleet figure in
             // BENCHMARKS.md was measured with, and the heavier one for the gateway.
             options.keepalive = edgebeat_transports::grpc::DEFAULT_KEEPALIVE;
-            if let Some(ca) = &site_ca {
+            if let Some(enrolled) = &host.enrolled {
+                options.tls = Some(edgebeat_transports::tls::ClientTls {
+                    ca_pem: enrolled.ca_pem.clone().into_bytes(),
+                    client_identity: Some(edgebeat_transports::tls::TlsIdentity {
+                        cert_pem: enrolled.cert_pem.clone().into_bytes(),
+                        key_pem: enrolled.key_pem.clone().into_bytes(),
+                    }),
+                });
+                options.tls_server_name =
+                    Some(edgebeat_transports::signing::ANSWER_SIGNER_NAME.to_owned());
+            } else if let Some(ca) = &site_ca {
                 let leaf = ca.node(&host.name);
                 options.tls = Some(edgebeat_transports::tls::ClientTls {
                     ca_pem: ca.cert_pem.clone().into_bytes(),
@@ -518,9 +668,13 @@ async fn run_boot(
             tokio::spawn({
                 let transport = transport.clone();
                 async move {
-                    let _ =
-                        edgebeat_transports::grpc::run_uplink(options, register, driver, transport)
-                            .await;
+                    let _ = edgebeat_transports::grpc::run_uplink(
+                        options,
+                        register,
+                        &mut driver,
+                        transport,
+                    )
+                    .await;
                 }
             })
         }
@@ -538,7 +692,11 @@ async fn run_boot(
                 let transport = transport.clone();
                 async move {
                     let _ = edgebeat_transports::mqtt::run_uplink(
-                        mqtt, name, register, driver, transport,
+                        mqtt,
+                        name,
+                        register,
+                        &mut driver,
+                        transport,
                     )
                     .await;
                 }
@@ -597,6 +755,10 @@ async fn heartbeat_loops(
                     cancel,
                 )
                 .await;
+                if ok && host.enrolled.is_some() && !host.identified {
+                    host.identified = true;
+                    stats.enrollment_event(true);
+                }
                 next_renew = Instant::now() + if ok {
                     jittered(options.renew_interval)
                 } else {

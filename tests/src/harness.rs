@@ -36,6 +36,8 @@ pub enum Transport {
 pub struct Replica {
     /// The gateway core, for its counters.
     pub gateway: Arc<Gateway>,
+    /// Its enrollment side, in a [`Cluster::start_enrolling`] cluster.
+    pub enrollment: Option<Arc<edgebeat_gateway::enrollment::Enrollment>>,
     /// Nodes with a queue in its MQTT ingress (0 without MQTT).
     pub mqtt_node_queues: Arc<std::sync::atomic::AtomicUsize>,
     cancel: CancellationToken,
@@ -60,6 +62,21 @@ pub struct Cluster {
     grpc_options: GrpcServerOptions,
     /// MQTT over TLS with signed messages, when the cluster was started with it.
     mqtt_security: Option<MqttSecurity>,
+    /// Enrollment of node certificates, when the cluster was started with it.
+    pub enrolling: Option<EnrollingSite>,
+}
+
+/// What the replicas of a [`Cluster::start_enrolling`] cluster enroll with, and where.
+#[derive(Debug, Clone)]
+pub struct EnrollingSite {
+    /// Every replica's enrollment options (one site CA Secret between them).
+    pub options: edgebeat_gateway::enrollment::EnrollmentOptions,
+    /// The broker's own CA (MQTT): a CA of its own, not the site CA, as a broker run by a
+    /// third party has; agents carry it as `transport.caFile`.
+    pub broker_ca_pem: Option<String>,
+    /// `http://127.0.0.1:PORT` of each replica's gRPC enrollment listener (gRPC), by
+    /// replica index.
+    pub enrollment_urls: Vec<String>,
 }
 
 /// MQTT over TLS with end-to-end signatures: what the broker, the gateways and the agents
@@ -95,6 +112,20 @@ impl AgentHandle {
         self.task.await.context("agent task")?.context("agent")?;
         Ok(())
     }
+}
+
+/// The user an operator's requests to the stand-in carry (`Impersonate-User`), so that a
+/// test tells them from the gateway's: `edgebeat-operator`.
+pub const OPERATOR: &str = "edgebeat-operator";
+
+/// A kube client of the stand-in acting as the operator ([`OPERATOR`]): what an operator's
+/// `kubectl` or `edgebeat-gateway token create` sends, with their own credentials.
+///
+/// Errors: the stand-in's URL does not parse, or the client cannot be built.
+pub fn operator_client(standin: &StandInHandle) -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::new(standin.url().parse()?);
+    config.auth_info.impersonate = Some(OPERATOR.to_owned());
+    Ok(kube_client(config, 1000)?)
 }
 
 /// Path of a committed fixture host tree (`tests/fixtures/<name>`).
@@ -223,6 +254,141 @@ impl Cluster {
         Self::start_inner(Transport::Grpc, options, 0, grpc, None).await
     }
 
+    /// A cluster whose gateways enroll node certificates (see
+    /// [`edgebeat_gateway::enrollment`]) with `enrollment`: every ingress requires node
+    /// identities from the site CA the first replica makes. gRPC: each replica serves TLS
+    /// with its own certificate from the site CA and an enrollment listener
+    /// ([`EnrollingSite::enrollment_urls`]). MQTT: Mosquitto serves TLS with a certificate
+    /// from a CA of its own and lets clients in without a certificate. Agents need
+    /// [`Cluster::enrolled_agent_config`] and a token ([`Cluster::bootstrap_token`]).
+    ///
+    /// Errors: as [`Cluster::start`], or the site CA cannot be made.
+    pub async fn start_enrolling(
+        transport: Transport,
+        enrollment: edgebeat_gateway::enrollment::EnrollmentOptions,
+        options: GatewayOptions,
+    ) -> anyhow::Result<Self> {
+        init_test_logging();
+        let standin = StandIn::serve(
+            tokio::net::TcpListener::bind("127.0.0.1:0").await?,
+            std::future::pending(),
+        )
+        .await?;
+        // As deploy/gateway's namespace.yaml: the gateway's own namespace.
+        standin.create_namespace(&enrollment.namespace);
+        let (listener, broker, broker_ca_pem) = match transport {
+            Transport::Grpc => (
+                Some(tokio::net::TcpListener::bind("127.0.0.1:0").await?),
+                None,
+                None,
+            ),
+            Transport::Mqtt => {
+                let ca = crate::pki::Ca::new("broker CA");
+                let server = ca.server();
+                let broker = Broker::start_tls(crate::broker::BrokerTls {
+                    require_certificate: false,
+                    ca_pem: ca.cert_pem.clone(),
+                    cert_pem: server.cert_pem,
+                    key_pem: server.key_pem,
+                })
+                .await?;
+                (None, Some(broker), Some(ca.cert_pem))
+            }
+        };
+        let grpc_url = match &listener {
+            Some(l) => format!("https://{}", l.local_addr()?),
+            None => String::new(),
+        };
+        let mut cluster = Self {
+            standin,
+            broker,
+            replicas: Vec::new(),
+            grpc_url,
+            transport,
+            grpc_options: GrpcServerOptions {
+                require_node_identity: true,
+                ..GrpcServerOptions::default()
+            },
+            mqtt_security: None,
+            enrolling: Some(EnrollingSite {
+                options: enrollment,
+                broker_ca_pem,
+                enrollment_urls: Vec::new(),
+            }),
+        };
+        cluster
+            .start_replica_on(options, listener, Vec::new())
+            .await?;
+        Ok(cluster)
+    }
+
+    /// A bootstrap token of this cluster's site (see [`Cluster::start_enrolling`]) for
+    /// `nodes` (names or `prefix*`), `uses` nodes, valid `ttl`.
+    ///
+    /// Errors: no enrolling replica, or the apiserver refused the token's Secret.
+    pub async fn bootstrap_token(
+        &self,
+        nodes: &[&str],
+        uses: u32,
+        ttl: Duration,
+    ) -> anyhow::Result<edgebeat_transports::enroll::BootstrapToken> {
+        let enrollment = self
+            .replicas
+            .iter()
+            .flatten()
+            .find_map(|r| r.enrollment.clone())
+            .context("no enrolling gateway replica")?;
+        let client = operator_client(&self.standin)?;
+        Ok(edgebeat_gateway::enrollment::tokens::create_token(
+            client,
+            &enrollment.options().namespace,
+            nodes.iter().map(|n| (*n).to_owned()).collect(),
+            ttl,
+            uses,
+            enrollment.pin()?,
+            jiff::Timestamp::now(),
+        )
+        .await?)
+    }
+
+    /// [`Cluster::agent_config`] for an agent of a [`Cluster::start_enrolling`] cluster that
+    /// has nothing but `token` (written to `dir/token`) and keeps its certificates in
+    /// `dir/pki`: gRPC over TLS to the gateway (verified against the site CA its enrollment
+    /// brings) enrolling at replica 0's listener, or MQTT over TLS trusting the broker's
+    /// CA.
+    ///
+    /// Errors: the token file cannot be written, or the cluster does not enroll.
+    pub fn enrolled_agent_config(
+        &self,
+        node_name: &str,
+        host_root: &Path,
+        token: &edgebeat_transports::enroll::BootstrapToken,
+        dir: &Path,
+    ) -> anyhow::Result<AgentConfig> {
+        let site = self
+            .enrolling
+            .as_ref()
+            .context("not an enrolling cluster")?;
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, format!("{token}\n"))?;
+        let mut config = self.agent_config(node_name, host_root);
+        if let (Some(TransportConfig::Mqtt(mqtt)), Some(ca)) =
+            (config.transport.as_mut(), &site.broker_ca_pem)
+        {
+            mqtt.set_tls(edgebeat_agent::config::ClientTls {
+                ca_pem: ca.clone().into_bytes(),
+                client_identity: None,
+            })?;
+        }
+        config.certificates = Some(edgebeat_agent::config::ManagedCertificates {
+            bootstrap_token_file: token_file,
+            cert_dir: dir.join("pki"),
+            rotate_certificates: true,
+            enrollment_endpoint: site.enrollment_urls.first().cloned(),
+        });
+        Ok(config)
+    }
+
     async fn start_inner(
         transport: Transport,
         options: GatewayOptions,
@@ -247,6 +413,7 @@ impl Cluster {
             (Transport::Mqtt, None) => Some(Broker::start().await?),
             (Transport::Mqtt, Some((security, server))) => Some(
                 Broker::start_tls(crate::broker::BrokerTls {
+                    require_certificate: true,
                     ca_pem: security.site_ca_pem.clone(),
                     cert_pem: server.cert_pem.clone(),
                     key_pem: server.key_pem.clone(),
@@ -262,6 +429,7 @@ impl Cluster {
             transport,
             grpc_options,
             mqtt_security: mqtt_security.map(|(security, _)| security),
+            enrolling: None,
         };
         cluster
             .start_replica_on(options, Some(listener), Vec::new())
@@ -339,10 +507,13 @@ impl Cluster {
         // identities keeps the options' posture (the default: identified).
         let unidentified = match self.transport {
             Transport::Grpc => !self.grpc_options.require_node_identity,
-            Transport::Mqtt => !self
-                .mqtt_security
-                .as_ref()
-                .is_some_and(|s| s.require_signatures),
+            Transport::Mqtt => {
+                self.enrolling.is_none()
+                    && !self
+                        .mqtt_security
+                        .as_ref()
+                        .is_some_and(|s| s.require_signatures)
+            }
         };
         if unidentified {
             options.posture = edgebeat_gateway::Posture::AllowUnidentified;
@@ -351,7 +522,21 @@ impl Cluster {
         let config = kube::Config::new(self.standin.url().parse()?);
         let watches = watch_client(config.clone())?;
         let client = kube_client(config, 1000)?;
+        let enrollment = match &self.enrolling {
+            Some(site) => Some(Arc::new(
+                edgebeat_gateway::enrollment::Enrollment::with_site_ca(
+                    client.clone(),
+                    site.options.clone(),
+                    Arc::new(SystemClock),
+                )
+                .await?,
+            )),
+            None => None,
+        };
         let gateway = Arc::new(Gateway::new(client, Arc::new(SystemClock), options));
+        if let Some(enrollment) = &enrollment {
+            gateway.enable_enrollment(enrollment.clone());
+        }
         let cancel = CancellationToken::new();
         let index = self.replicas.len();
         let (subscribed_tx, mut subscribed) = tokio::sync::watch::channel(false);
@@ -369,9 +554,32 @@ impl Cluster {
         tokio::time::timeout(Duration::from_secs(10), gateway.view().synced())
             .await
             .context("the gateway's Node and Lease watches did not list within 10 s")?;
+        if let (Some(_), Some(site), Transport::Grpc) =
+            (&enrollment, self.enrolling.as_mut(), self.transport)
+        {
+            let enroll_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            site.enrollment_urls
+                .push(format!("http://{}", enroll_listener.local_addr()?));
+            let (handler, stop) = (gateway.clone(), cancel.clone());
+            tasks.push(tokio::spawn(async move {
+                if let Err(error) = edgebeat_transports::grpc::enroll::serve_enrollment(
+                    enroll_listener,
+                    handler,
+                    edgebeat_transports::grpc::enroll::EnrollmentServerOptions::default(),
+                    stop.cancelled_owned(),
+                )
+                .await
+                {
+                    tracing::error!(%error, "gRPC enrollment server failed");
+                }
+            }));
+        }
         if let Some(listener) = listener {
             let (handler, stop) = (gateway.clone(), cancel.clone());
-            let grpc_options = self.grpc_options.clone();
+            let mut grpc_options = self.grpc_options.clone();
+            if let Some(enrollment) = &enrollment {
+                grpc_options.tls = Some(enrollment.grpc_server_tls(None));
+            }
             tasks.push(tokio::spawn(async move {
                 if let Err(error) =
                     serve(listener, handler, grpc_options, stop.cancelled_owned()).await
@@ -393,6 +601,23 @@ impl Cluster {
             options.subscribed = Some(Arc::new(subscribed_tx));
             options.node_queues = Some(mqtt_node_queues.clone());
             options.max_nodes = max_nodes;
+            if let (Some(enrollment), Some(site)) = (&enrollment, &self.enrolling) {
+                options.tls =
+                    site.broker_ca_pem
+                        .as_ref()
+                        .map(|ca| edgebeat_transports::tls::ClientTls {
+                            ca_pem: ca.clone().into_bytes(),
+                            client_identity: None,
+                        });
+                options.signatures = Some(edgebeat_transports::mqtt::SignaturePolicy::new(
+                    edgebeat_transports::signing::CertificateVerifier::from_pem(
+                        &enrollment.node_ca_pem(None),
+                    )
+                    .map_err(anyhow::Error::msg)?,
+                    true,
+                ));
+                options.answer_signer = Some(enrollment.answer_signer());
+            }
             if let Some(security) = &self.mqtt_security {
                 use edgebeat_transports::tls::{ClientTls, TlsIdentity};
                 options.tls = Some(ClientTls {
@@ -438,6 +663,7 @@ impl Cluster {
         });
         self.replicas.push(Some(Replica {
             gateway,
+            enrollment,
             mqtt_node_queues,
             cancel,
             task,

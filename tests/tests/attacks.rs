@@ -984,7 +984,11 @@ async fn unidentified_uplink(
     });
     let register_fn: edgebeat_transports::uplink::RegisterFn =
         std::sync::Arc::new(move || register(node, 1));
-    tokio::spawn(run_uplink(options, register_fn, driver, cancel.clone()));
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        let mut driver = driver;
+        run_uplink(options, register_fn, &mut driver, stop).await
+    });
     let mut registered = uplink.registered();
     tokio::time::timeout(DEADLINE, registered.wait_for(|r| *r))
         .await

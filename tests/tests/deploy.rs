@@ -46,6 +46,11 @@ fn impersonation_dir() -> PathBuf {
     gateway_dir().join("impersonation")
 }
 
+/// `deploy/gateway/enrollment`: not applied by default.
+fn enrollment_dir() -> PathBuf {
+    gateway_dir().join("enrollment")
+}
+
 /// Every `.yaml`/`.yml` file under `dir`, recursively, sorted.
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -485,11 +490,12 @@ fn every_manifest_parses_into_its_kubernetes_type_without_dropping_fields() {
     let expected: BTreeMap<String, usize> = [
         ("Namespace", 1),
         ("ServiceAccount", 1),
-        // The gateway's and (deploy/gateway/impersonation) the impersonation one.
-        ("ClusterRole", 2),
-        ("ClusterRoleBinding", 2),
-        ("Role", 2),
-        ("RoleBinding", 2),
+        // The gateway's, (deploy/gateway/impersonation) the impersonation one and
+        // (deploy/gateway/enrollment) the enrollment ones.
+        ("ClusterRole", 3),
+        ("ClusterRoleBinding", 3),
+        ("Role", 3),
+        ("RoleBinding", 3),
         ("Deployment", 1),
         ("Service", 1),
         ("PodDisruptionBudget", 1),
@@ -512,7 +518,7 @@ fn the_round_trip_check_catches_a_misplaced_field() {
 
 #[test]
 fn kustomizations_list_every_manifest_in_their_directory() {
-    for dir in [gateway_dir(), impersonation_dir()] {
+    for dir in [gateway_dir(), impersonation_dir(), enrollment_dir()] {
         let listed: BTreeSet<String> = read_kustomization(&dir).resources.into_iter().collect();
         let present: BTreeSet<String> = std::fs::read_dir(&dir)
             .unwrap()
@@ -751,6 +757,145 @@ async fn rbac_covers_every_request_the_gateway_sends() {
         unused.is_empty(),
         "granted but never used in this run: {unused:?}"
     );
+}
+
+/// The enrollment RBAC (deploy/gateway/enrollment): a gateway run with --enrollment (first
+/// enrollments approved by hand, short certificates so that one rotation happens) sends no
+/// request that the base and enrollment manifests do not allow, and uses every verb the
+/// enrollment manifests grant; approving and signing are granted for the gateway's own
+/// signer name only, and nothing grants the kubelet CSR subresources.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enrollment_rbac_covers_every_request_of_enrolling_and_rotating() {
+    use edgebeat_gateway::enrollment::{Approval, DEFAULT_SIGNER_NAME, EnrollmentOptions};
+    const DEADLINE: Duration = Duration::from_secs(30);
+    let objects: Vec<Object> = kustomized_objects(&enrollment_dir())
+        .into_iter()
+        .map(|(_, o)| o)
+        .collect();
+    // The signer rule is the one with resourceNames; the rest flattens as the base does.
+    let mut signer_rules = Vec::new();
+    let plain: Vec<Object> = objects
+        .iter()
+        .cloned()
+        .map(|o| match o {
+            Object::ClusterRole(mut r) => {
+                let rules = r.rules.take().unwrap_or_default();
+                let (signers, rest): (Vec<_>, Vec<_>) = rules
+                    .into_iter()
+                    .partition(|rule| rule.resource_names.is_some());
+                signer_rules.extend(signers);
+                r.rules = Some(rest);
+                Object::ClusterRole(r)
+            }
+            other => other,
+        })
+        .collect();
+    assert_eq!(signer_rules.len(), 1, "{signer_rules:?}");
+    let signers = &signer_rules[0];
+    assert_eq!(signers.api_groups.clone().unwrap(), ["certificates.k8s.io"]);
+    assert_eq!(signers.resources.clone().unwrap(), ["signers"]);
+    assert_eq!(
+        signers.resource_names.clone().unwrap(),
+        [DEFAULT_SIGNER_NAME]
+    );
+    assert_eq!(signers.verbs, ["approve", "sign"]);
+    let enrollment: BTreeSet<Permission> = granted_permissions(&plain).into_iter().collect();
+    assert!(
+        enrollment
+            .iter()
+            .all(|(_, resource, _, _)| !resource.contains("nodeclient")),
+        "{enrollment:?}"
+    );
+    let mut all = gateway_objects();
+    all.extend(plain);
+    let granted: BTreeSet<Permission> = granted_permissions(&all).into_iter().collect();
+
+    let options = EnrollmentOptions {
+        approval: Approval::Manual,
+        lifetime: Duration::from_secs(10),
+        ..EnrollmentOptions::default()
+    };
+    let cluster = Cluster::start_enrolling(
+        Transport::Grpc,
+        options,
+        edgebeat_tests::harness::gateway_options(),
+    )
+    .await
+    .unwrap();
+    let token = cluster
+        .bootstrap_token(&["edge-01"], 1, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster
+        .enrolled_agent_config("edge-01", host.path(), &token, dir.path())
+        .unwrap();
+    let agent = cluster.start_agent(config).unwrap();
+    let replica = cluster.replicas[0].as_ref().unwrap();
+    let counters = &replica.enrollment.as_ref().unwrap().counters;
+    edgebeat_tests::harness::wait_for("asked twice, pending", DEADLINE, || {
+        counters.get("token", "pending") >= 2
+    })
+    .await;
+    // kubectl certificate approve, as the operator.
+    let client = edgebeat_tests::harness::operator_client(&cluster.standin).unwrap();
+    let api: kube::Api<k8s_openapi::api::certificates::v1::CertificateSigningRequest> =
+        kube::Api::all(client);
+    let mut csr = api.list(&Default::default()).await.unwrap().items.remove(0);
+    csr.status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default()
+        .push(
+            k8s_openapi::api::certificates::v1::CertificateSigningRequestCondition {
+                type_: "Approved".into(),
+                status: "True".into(),
+                reason: Some("KubectlApprove".into()),
+                ..Default::default()
+            },
+        );
+    let name = csr.metadata.name.clone().unwrap();
+    api.replace_subresource("approval", &name, &Default::default(), &csr)
+        .await
+        .unwrap();
+    edgebeat_tests::harness::wait_for("enrolled, then rotated", Duration::from_secs(90), || {
+        counters.get("certificate", "issued") >= 1
+    })
+    .await;
+    agent.stop().await.unwrap();
+
+    let mut used = BTreeSet::new();
+    // The gateway's requests; the operator's (token, approval) carry its impersonated name.
+    for r in cluster.standin.requests() {
+        if r.impersonate_user.as_deref() == Some(edgebeat_tests::harness::OPERATOR) {
+            continue;
+        }
+        let (group, resource, namespace, verb) = attributes(&r);
+        if !matches!(
+            resource.as_str(),
+            "secrets"
+                | "certificatesigningrequests"
+                | "certificatesigningrequests/approval"
+                | "certificatesigningrequests/status"
+        ) {
+            continue;
+        }
+        let scope = match &namespace {
+            Some(n) => ns(n),
+            None => Scope::Cluster,
+        };
+        let permission = perm(&group, &resource, scope, &verb);
+        assert!(
+            granted.contains(&permission),
+            "{} {} needs {permission:?}, which the manifests do not grant",
+            r.method,
+            r.path
+        );
+        used.insert(permission);
+    }
+    let unused: Vec<_> = enrollment.difference(&used).collect();
+    assert!(unused.is_empty(), "granted but never used: {unused:?}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1048,7 +1193,7 @@ fn kubectl_kustomize_builds_the_documented_objects() {
         )
     };
 
-    for dir in [gateway_dir(), impersonation_dir()] {
+    for dir in [gateway_dir(), impersonation_dir(), enrollment_dir()] {
         let built = build(&dir);
         let count = built.len();
         // Keyed by kind/namespace/name: kustomize reorders documents (and keys).

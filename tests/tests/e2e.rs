@@ -804,12 +804,18 @@ async fn grpc_reconnect_never_creates_a_deleted_node() {
         message
     });
     let cancel = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(run_uplink(
-        GrpcUplinkOptions::new(cluster.grpc_url.clone()),
-        register,
-        driver,
-        cancel.clone(),
-    ));
+    let cluster_url = cluster.grpc_url.clone();
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        let mut driver = driver;
+        run_uplink(
+            GrpcUplinkOptions::new(cluster_url),
+            register,
+            &mut driver,
+            stop,
+        )
+        .await
+    });
     let mut state = uplink.registration();
     tokio::time::timeout(
         DEADLINE,

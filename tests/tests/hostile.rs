@@ -26,12 +26,18 @@ async fn raw_uplink(
     let (uplink, driver) = channel(4);
     let cancel = CancellationToken::new();
     let register: edgebeat_transports::uplink::RegisterFn = Arc::new(move || register(node, seq));
-    tokio::spawn(run_uplink(
-        GrpcUplinkOptions::new(cluster.grpc_url.clone()),
-        register,
-        driver,
-        cancel.clone(),
-    ));
+    let cluster_url = cluster.grpc_url.clone();
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        let mut driver = driver;
+        run_uplink(
+            GrpcUplinkOptions::new(cluster_url),
+            register,
+            &mut driver,
+            stop,
+        )
+        .await
+    });
     let mut registered = uplink.registered();
     tokio::time::timeout(T, registered.wait_for(|r| *r))
         .await

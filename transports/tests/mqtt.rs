@@ -241,13 +241,11 @@ struct Agent {
 fn start_agent(options: MqttUplinkOptions, node: &Arc<Node>) -> Agent {
     let (uplink, driver) = uplink::channel(8);
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(mqtt::run_uplink(
-        options,
-        node.name.clone(),
-        node.register_fn(),
-        driver,
-        cancel.clone(),
-    ));
+    let (name, register, stop) = (node.name.clone(), node.register_fn(), cancel.clone());
+    let task = tokio::spawn(async move {
+        let mut driver = driver;
+        mqtt::run_uplink(options, name, register, &mut driver, stop).await
+    });
     Agent {
         uplink,
         cancel,

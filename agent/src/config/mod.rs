@@ -187,6 +187,10 @@ pub struct AgentConfig {
     /// `transport`: how heartbeats reach the gateway, with its TLS. Required unless running
     /// `--once`.
     pub transport: Option<TransportConfig>,
+    /// Node certificates the agent enrolls for and rotates itself (`bootstrapTokenFile`
+    /// set; see [`ManagedCertificates`]); `None` when the transport's `certFile`/`keyFile`
+    /// are made by hand.
+    pub certificates: Option<ManagedCertificates>,
     /// `healthzBindAddress`: `IP:port` of the observe server (`/healthz`, `/readyz`,
     /// `/metrics`), e.g. `127.0.0.1:10248`; off when not set (the default).
     ///
@@ -220,6 +224,7 @@ impl Default for AgentConfig {
             root_dir: PathBuf::from("/var/lib/kubelet"),
             image_fs_dir: None,
             transport: None,
+            certificates: None,
             healthz_bind_address: None,
         }
     }
@@ -274,6 +279,9 @@ struct RawConfig {
     root_dir: Option<AbsolutePath>,
     image_fs_dir: Option<AbsolutePath>,
     transport: Option<RawTransport>,
+    bootstrap_token_file: Option<AbsolutePath>,
+    cert_dir: Option<AbsolutePath>,
+    rotate_certificates: Option<bool>,
     healthz_bind_address: Option<BindAddress>,
 }
 
@@ -444,8 +452,29 @@ impl AgentConfig {
             c.root_dir = path;
         }
         c.image_fs_dir = raw.image_fs_dir.map(|AbsolutePath(path)| path);
+        let enrolled = raw.bootstrap_token_file.is_some();
+        if !enrolled && (raw.cert_dir.is_some() || raw.rotate_certificates.is_some()) {
+            p.push(
+                if raw.cert_dir.is_some() { "certDir" } else { "rotateCertificates" },
+                "only valid with bootstrapTokenFile (certificates the agent enrolls for and rotates); add it, or remove this field",
+            );
+        }
         if let Some(t) = raw.transport {
-            c.transport = validate_transport(&mut p, t, c.lease_renew_interval());
+            let renew = c.lease_renew_interval();
+            if let Some((transport, endpoint)) = validate_transport(&mut p, t, renew, enrolled) {
+                c.transport = Some(transport);
+                c.certificates = managed_certificates(
+                    raw.bootstrap_token_file,
+                    raw.cert_dir,
+                    raw.rotate_certificates,
+                    endpoint,
+                );
+            }
+        } else if enrolled {
+            p.push(
+                "bootstrapTokenFile",
+                "needs transport: the enrollment goes to the gateway over it",
+            );
         }
         c.healthz_bind_address = raw.healthz_bind_address.map(|BindAddress(a)| a);
         p.into_result(c)
@@ -456,6 +485,48 @@ impl AgentConfig {
     pub fn lease_renew_interval(&self) -> Duration {
         Duration::from_millis(u64::from(self.node_lease_duration_seconds) * 250)
     }
+}
+
+/// Default `certDir` (kubelet's `--cert-dir` is `/var/lib/kubelet/pki`): edgebeat's own
+/// state directory, `StateDirectory=edgebeat` in the systemd unit.
+pub const DEFAULT_CERT_DIR: &str = "/var/lib/edgebeat/pki";
+
+/// Node certificates the agent enrolls for with a bootstrap token and rotates before they
+/// expire, as kubelet's TLS bootstrap and `rotateCertificates`
+/// (`pkg/kubelet/certificate/bootstrap/bootstrap.go`, client-go
+/// `util/certificate/certificate_manager.go`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagedCertificates {
+    /// `bootstrapTokenFile`: the file holding the bootstrap token
+    /// (`<id>.<secret>.sha256:<CA hash>`, as `edgebeat-gateway token create` prints it).
+    /// Read only while the node holds no usable certificate; it may be deleted after.
+    pub bootstrap_token_file: PathBuf,
+    /// `certDir` (kubelet's `--cert-dir`; default [`DEFAULT_CERT_DIR`]): where the
+    /// certificate with its key and the site CA are kept.
+    pub cert_dir: PathBuf,
+    /// `rotateCertificates` (default true): ask for a new certificate, with a new key, at
+    /// 70–90 % of the current one's lifetime or when the gateway says it is due.
+    pub rotate_certificates: bool,
+    /// `transport.enrollmentEndpoint` (gRPC only): the gateway's enrollment listener. MQTT
+    /// requests go through the broker.
+    pub enrollment_endpoint: Option<String>,
+}
+
+/// `bootstrapTokenFile`, `certDir` and `rotateCertificates` with the enrollment endpoint
+/// `transport` gave; `None` without a token file.
+fn managed_certificates(
+    token_file: Option<AbsolutePath>,
+    cert_dir: Option<AbsolutePath>,
+    rotate: Option<bool>,
+    enrollment_endpoint: Option<String>,
+) -> Option<ManagedCertificates> {
+    let AbsolutePath(bootstrap_token_file) = token_file?;
+    Some(ManagedCertificates {
+        bootstrap_token_file,
+        cert_dir: cert_dir.map_or_else(|| PathBuf::from(DEFAULT_CERT_DIR), |AbsolutePath(d)| d),
+        rotate_certificates: rotate.unwrap_or(true),
+        enrollment_endpoint,
+    })
 }
 
 /// `apiVersion` and `kind` must be this file type's.

@@ -454,6 +454,13 @@ fn example_site_configs_load() {
         );
         assert_eq!(config.register_with_taints.len(), 1, "{name}");
     }
+    // The enrolled site: a token and nothing else.
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent/site-enrolled.yaml");
+    let config = AgentConfig::from_yaml(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let managed = config.certificates.expect("managed certificates");
+    assert_eq!(managed.cert_dir, PathBuf::from(DEFAULT_CERT_DIR));
+    assert!(managed.enrollment_endpoint.is_some());
 }
 
 #[test]
@@ -859,4 +866,85 @@ fn gateway_ca_file_verifies_answers_of_a_signing_agent() {
         "transport.gatewayCAFile",
         "only valid with kind: mqtt",
     );
+}
+
+/// With `bootstrapTokenFile` the agent enrolls for its certificate and rotates it: `certDir`
+/// defaults to kubelet's layout under edgebeat's state directory, `rotateCertificates` to
+/// true, gRPC needs the enrollment listener, and hand-made certificate files are refused.
+#[test]
+fn bootstrap_token_file_turns_on_managed_certificates() {
+    let c = AgentConfig::from_yaml(&format!(
+        "{MINIMAL}bootstrapTokenFile: /etc/edgebeat/token\ntransport: {{kind: grpc, endpoint: \"https://gw:7443\", enrollmentEndpoint: \"http://gw:7444\"}}\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.certificates,
+        Some(ManagedCertificates {
+            bootstrap_token_file: PathBuf::from("/etc/edgebeat/token"),
+            cert_dir: PathBuf::from(DEFAULT_CERT_DIR),
+            rotate_certificates: true,
+            enrollment_endpoint: Some("http://gw:7444".into()),
+        })
+    );
+    let Some(TransportConfig::Grpc(g)) = &c.transport else {
+        panic!("grpc expected");
+    };
+    assert_eq!(g.tls, None, "the TLS comes from the enrollment");
+
+    let c = AgentConfig::from_yaml(&format!(
+        "{MINIMAL}bootstrapTokenFile: /etc/edgebeat/token\ncertDir: /data/pki\nrotateCertificates: false\ntransport: {{kind: mqtt, endpoint: \"mqtts://broker.plant\"}}\n"
+    ))
+    .unwrap();
+    let managed = c.certificates.unwrap();
+    assert_eq!(managed.cert_dir, PathBuf::from("/data/pki"));
+    assert!(!managed.rotate_certificates);
+    assert_eq!(managed.enrollment_endpoint, None);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = pki(dir.path());
+    let (fields, err) = refused_fields(&format!(
+        "{MINIMAL}bootstrapTokenFile: /t\ntransport: {{kind: grpc, endpoint: \"https://gw:7443\", certFile: {}, keyFile: {}}}\n",
+        cert.display(),
+        key.display()
+    ));
+    assert_eq!(
+        fields,
+        ["transport.certFile", "transport.enrollmentEndpoint"],
+        "{err}"
+    );
+    let (fields, err) = refused_fields(&format!("{MINIMAL}bootstrapTokenFile: token\n"));
+    assert_eq!(fields, ["bootstrapTokenFile"], "{err}");
+    assert!(err.to_string().contains("not absolute"), "{err}");
+    let (fields, err) = refused_fields(&format!(
+        "{MINIMAL}certDir: /data/pki\ntransport: {{kind: mqtt, endpoint: \"mqtts://broker.plant\", caFile: {}, enrollmentEndpoint: \"http://gw:7444\"}}\n",
+        ca.display()
+    ));
+    assert_eq!(fields, ["certDir", "transport.enrollmentEndpoint"], "{err}");
+    assert!(
+        err.to_string()
+            .contains("only valid with bootstrapTokenFile"),
+        "{err}"
+    );
+    let (fields, err) = refused_fields(&format!(
+        "{MINIMAL}bootstrapTokenFile: /t\ntransport: {{kind: mqtt, endpoint: \"mqtts://broker.plant\", caFile: {}, gatewayCAFile: {}}}\n",
+        ca.display(),
+        ca.display()
+    ));
+    assert_eq!(fields, ["transport.gatewayCAFile"], "{err}");
+    let (fields, err) = refused_fields(&format!(
+        "{MINIMAL}bootstrapTokenFile: /t\ntransport: {{kind: grpc, endpoint: \"https://gw:7443\", enrollmentEndpoint: \"https://gw:7444\"}}\n"
+    ));
+    assert_eq!(fields, ["transport.enrollmentEndpoint"], "{err}");
+    assert!(err.to_string().contains("caFile"), "{err}");
+    let (fields, err) = refused_fields(&format!("{MINIMAL}bootstrapTokenFile: /t\n"));
+    assert_eq!(fields, ["bootstrapTokenFile"], "{err}");
+    for transport in [
+        "{kind: mqtt, endpoint: \"mqtt://broker.plant\"}",
+        "{kind: grpc, endpoint: \"http://gw:7443\", enrollmentEndpoint: \"http://gw:7444\"}",
+    ] {
+        let (fields, err) = refused_fields(&format!(
+            "{MINIMAL}bootstrapTokenFile: /t\ntransport: {transport}\n"
+        ));
+        assert_eq!(fields, ["transport.endpoint"], "{err}");
+    }
 }

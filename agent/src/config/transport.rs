@@ -106,6 +106,7 @@ pub(super) enum RawTransport {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct RawGrpc {
     endpoint: Option<Text>,
+    enrollment_endpoint: Option<Text>,
     keepalive: Option<Period>,
     ca_file: Option<PathBuf>,
     cert_file: Option<PathBuf>,
@@ -181,6 +182,10 @@ pub(super) fn name_bad_fields(
                 format!("transport.{field}"),
                 "only valid with kind: mqtt; remove it or set kind: mqtt",
             ),
+            Err(_) if kind == "mqtt" && field == "enrollmentEndpoint" => p.push(
+                "transport.enrollmentEndpoint",
+                "only valid with kind: grpc (over MQTT, certificate requests go through the broker); remove it",
+            ),
             Err(m) => p.push(format!("transport.{field}"), m),
         }
     }
@@ -197,22 +202,26 @@ fn kind_problem(kind: &serde_json::Value) -> String {
 
 /// `transport`, checked into the transport's options: every invalid field goes to `p`;
 /// `None` when any did. `renew_interval` is the Lease renew interval (MQTT renewals expire
-/// at the broker after it).
+/// at the broker after it). With `enrolled` (`bootstrapTokenFile` set) the node's
+/// certificate comes from enrollment: `certFile`/`keyFile` are refused, `caFile` may be
+/// left out (the site CA enrollment brings then verifies the server), and gRPC needs
+/// `enrollmentEndpoint`, which is returned beside the transport.
 pub(super) fn validate_transport(
     p: &mut Problems,
     raw: RawTransport,
     renew_interval: Duration,
-) -> Option<TransportConfig> {
+    enrolled: bool,
+) -> Option<(TransportConfig, Option<String>)> {
     let before = p.len();
     let transport = match raw {
-        RawTransport::Grpc(g) => grpc(p, g),
-        RawTransport::Mqtt(m) => mqtt(p, m, renew_interval),
+        RawTransport::Grpc(g) => grpc(p, g, enrolled),
+        RawTransport::Mqtt(m) => mqtt(p, m, renew_interval, enrolled).map(|t| (t, None)),
     };
     (p.len() == before).then_some(transport?)
 }
 
 #[cfg(not(feature = "grpc"))]
-fn grpc(p: &mut Problems, _: RawGrpc) -> Option<TransportConfig> {
+fn grpc(p: &mut Problems, _: RawGrpc, _: bool) -> Option<(TransportConfig, Option<String>)> {
     p.push(
         "transport.kind",
         "this agent was built without gRPC (cargo feature grpc); use kind: mqtt or an agent built with it",
@@ -221,9 +230,9 @@ fn grpc(p: &mut Problems, _: RawGrpc) -> Option<TransportConfig> {
 }
 
 /// `kind: grpc`: the endpoint (`http://` or `https://` with `caFile`, and `certFile` with
-/// `keyFile` for mTLS) and the keepalive.
+/// `keyFile` for mTLS), the keepalive, and for an enrolled node the enrollment endpoint.
 #[cfg(feature = "grpc")]
-fn grpc(p: &mut Problems, g: RawGrpc) -> Option<TransportConfig> {
+fn grpc(p: &mut Problems, g: RawGrpc, enrolled: bool) -> Option<(TransportConfig, Option<String>)> {
     let Some(Text(endpoint)) = g.endpoint else {
         p.push(
             "transport.endpoint",
@@ -241,22 +250,75 @@ fn grpc(p: &mut Problems, g: RawGrpc) -> Option<TransportConfig> {
             "this build has no gRPC TLS support (feature grpc-tls); use http:// or an agent built with TLS",
         );
     }
+    let has_ca = g.ca_file.is_some();
+    if enrolled && !endpoint.starts_with("https://") {
+        p.push(
+            "transport.endpoint",
+            "with bootstrapTokenFile use https://: the enrolled certificate is the node's identity over mTLS",
+        );
+    }
     let tls = validate_tls(
         p,
         &endpoint,
         "https://",
         [g.ca_file, g.cert_file, g.key_file],
+        enrolled,
     );
+    let enrollment = enrollment_endpoint(p, g.enrollment_endpoint, enrolled, has_ca);
     let mut options = GrpcUplinkOptions::new(endpoint);
     if let Some(Period(keepalive)) = g.keepalive {
         options.keepalive = keepalive;
     }
     options.tls = tls;
-    Some(TransportConfig::Grpc(options))
+    Some((TransportConfig::Grpc(options), enrollment))
+}
+
+/// `transport.enrollmentEndpoint` (gRPC): where an enrolled node asks for its certificates,
+/// `http://host:port` (requests and answers are authenticated end to end) or `https://`
+/// (with `caFile`, which the board has before its first certificate). Required with
+/// `bootstrapTokenFile`, refused without.
+#[cfg(feature = "grpc")]
+fn enrollment_endpoint(
+    p: &mut Problems,
+    endpoint: Option<Text>,
+    enrolled: bool,
+    has_ca: bool,
+) -> Option<String> {
+    const FIELD: &str = "transport.enrollmentEndpoint";
+    match (endpoint, enrolled) {
+        (None, false) => None,
+        (Some(_), false) => {
+            p.push(
+                FIELD,
+                "only valid with bootstrapTokenFile; remove it or add that",
+            );
+            None
+        }
+        (None, true) => {
+            p.push(
+                FIELD,
+                "required with bootstrapTokenFile: the gateway's enrollment listener, e.g. http://gateway.example:7444",
+            );
+            None
+        }
+        (Some(Text(url)), true) => {
+            if let Err(m) = edgebeat_transports::endpoint::check_grpc_endpoint(&url) {
+                p.push(FIELD, m);
+                return None;
+            }
+            if url.starts_with("https://") && !has_ca {
+                p.push(
+                    FIELD,
+                    "https:// needs transport.caFile, which a board has before its first certificate; or use http:// (requests and answers are authenticated end to end)",
+                );
+            }
+            Some(url)
+        }
+    }
 }
 
 #[cfg(not(feature = "mqtt"))]
-fn mqtt(p: &mut Problems, _: RawMqtt, _: Duration) -> Option<TransportConfig> {
+fn mqtt(p: &mut Problems, _: RawMqtt, _: Duration, _: bool) -> Option<TransportConfig> {
     p.push(
         "transport.kind",
         "this agent was built without MQTT (cargo feature mqtt); use kind: grpc or an agent built with it",
@@ -269,7 +331,12 @@ fn mqtt(p: &mut Problems, _: RawMqtt, _: Duration) -> Option<TransportConfig> {
 /// renew interval (whole seconds, at least 1), so a broker never hands a gateway a backlog of
 /// stale renewals.
 #[cfg(feature = "mqtt")]
-fn mqtt(p: &mut Problems, m: RawMqtt, renew_interval: Duration) -> Option<TransportConfig> {
+fn mqtt(
+    p: &mut Problems,
+    m: RawMqtt,
+    renew_interval: Duration,
+    enrolled: bool,
+) -> Option<TransportConfig> {
     use edgebeat_transports::endpoint;
 
     let keepalive = m
@@ -318,11 +385,18 @@ fn mqtt(p: &mut Problems, m: RawMqtt, renew_interval: Duration) -> Option<Transp
     options.topic_prefix = topic_prefix;
     options.keepalive = keepalive;
     options.lease_expiry = Duration::from_secs(renew_interval.as_secs().max(1));
+    if enrolled && !urls[0].starts_with("mqtts://") {
+        p.push(
+            "transport.endpoint",
+            "with bootstrapTokenFile use mqtts://: the enrolled key signs every message and TLS presents its certificate",
+        );
+    }
     let tls = validate_tls(
         p,
         &urls[0],
         "mqtts://",
         [m.ca_file, m.cert_file, m.key_file],
+        enrolled,
     );
     let signs = tls.as_ref().is_some_and(|t| t.client_identity.is_some());
     #[cfg(feature = "mqtt-tls")]
@@ -331,8 +405,13 @@ fn mqtt(p: &mut Problems, m: RawMqtt, renew_interval: Duration) -> Option<Transp
     {
         p.push("transport.keyFile", e.to_string());
     }
-    if let Some(file) = m.gateway_ca_file {
-        gateway_ca(p, &mut options, &file, signs);
+    match m.gateway_ca_file {
+        Some(_) if enrolled => p.push(
+            "transport.gatewayCAFile",
+            "not used with bootstrapTokenFile: the site CA comes with the enrollment, pinned by the token; remove it",
+        ),
+        Some(file) => gateway_ca(p, &mut options, &file, signs),
+        None => {}
     }
     #[cfg(not(feature = "mqtt-tls"))]
     if tls.is_some() || urls[0].starts_with("mqtts://") {
@@ -458,6 +537,7 @@ pub(super) fn validate_tls(
     endpoint: &str,
     secure_scheme: &str,
     files: [Option<PathBuf>; 3],
+    enrolled: bool,
 ) -> Option<ClientTls> {
     const FIELDS: [&str; 3] = [
         "transport.caFile",
@@ -478,6 +558,9 @@ pub(super) fn validate_tls(
         return None;
     }
     let [ca_file, cert_file, key_file] = files;
+    if enrolled {
+        return enrolled_tls(p, ca_file, cert_file.is_some() || key_file.is_some());
+    }
     let ca_pem = match ca_file {
         Some(file) => p.take(read_certificates("transport.caFile", &file)),
         None => {
@@ -509,6 +592,26 @@ pub(super) fn validate_tls(
         return None;
     }
     Some(tls)
+}
+
+/// The TLS of an enrolled node at load: the CA of `caFile` when given (else the site CA its
+/// enrollment brings verifies the server), never a client certificate of a file.
+fn enrolled_tls(
+    p: &mut Problems,
+    ca_file: Option<PathBuf>,
+    has_client_files: bool,
+) -> Option<ClientTls> {
+    if has_client_files {
+        p.push(
+            "transport.certFile",
+            "with bootstrapTokenFile the node's certificate comes from enrollment (certDir); remove certFile and keyFile, or bootstrapTokenFile",
+        );
+    }
+    let ca_pem = p.take(read_certificates("transport.caFile", &ca_file?))?;
+    Some(ClientTls {
+        ca_pem,
+        client_identity: None,
+    })
 }
 
 /// `transport.certFile` and `transport.keyFile`, read and parsed now: both or neither.

@@ -68,6 +68,10 @@ pub enum AgentError {
     #[cfg(feature = "mqtt")]
     #[error("transport: {0}")]
     Mqtt(#[source] edgebeat_transports::mqtt::MqttUplinkError),
+    /// Managed node certificates cannot work: `certDir` unusable, or an issued certificate
+    /// the transport cannot use.
+    #[error("node certificates: {0}")]
+    Certificates(String),
     /// The observe server could not bind `healthzBindAddress` (address in use, not local).
     #[error("healthzBindAddress: binding {addr}: {source}")]
     Healthz {
@@ -316,7 +320,7 @@ impl Agent {
             .transport
             .clone()
             .ok_or(AgentError::NoTransport)?;
-        let (uplink, driver) = edgebeat_transports::uplink::channel(8);
+        let (uplink, mut driver) = edgebeat_transports::uplink::channel(8);
         // The transport and the two loops: stopped at shutdown, or for good when the Node
         // is found deleted (the observe server and systemd notifications go on).
         let sending = cancel.child_token();
@@ -329,14 +333,52 @@ impl Agent {
             message
         });
         tracing::info!(node = self.node_name(), "edgebeat agent starting");
-        if transport.tls().is_none_or(|t| t.client_identity.is_none()) {
+        let managed = self.config.certificates.as_ref();
+        if managed.is_none() && transport.tls().is_none_or(|t| t.client_identity.is_none()) {
             // The gateway's default posture refuses messages without a node identity.
             tracing::warn!(
                 node = self.node_name(),
                 "no node certificate (transport.certFile, transport.keyFile): this agent's messages carry no identity, and only a gateway run with --allow-unidentified-agents accepts them"
             );
         }
-        let transport = transport.run(self.node_name(), register, driver, sending.clone());
+        let transport = async {
+            match managed {
+                #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
+                Some(managed) => {
+                    let store =
+                        crate::certificates::CertStore::open(&managed.cert_dir).map_err(|e| {
+                            AgentError::Certificates(format!(
+                                "certDir {}: {e}",
+                                managed.cert_dir.display()
+                            ))
+                        })?;
+                    let manager = crate::certificates::Manager {
+                        managed,
+                        transport: &transport,
+                        headers: &self.headers,
+                        clock: self.clock.as_ref(),
+                        metrics: &self.metrics,
+                        store,
+                    };
+                    let node = self.node_name();
+                    crate::certificates::run(
+                        manager,
+                        node,
+                        register,
+                        &uplink,
+                        &mut driver,
+                        sending.clone(),
+                    )
+                    .await
+                }
+                _ => {
+                    transport
+                        .clone()
+                        .run(self.node_name(), register, &mut driver, sending.clone())
+                        .await
+                }
+            }
+        };
         let notify = async {
             let Some(systemd) = Systemd::from_env() else {
                 return;
@@ -458,11 +500,11 @@ impl TransportConfig {
     ///
     /// Errors: the uplink's, at start (`AgentError::Grpc`, `AgentError::Mqtt`).
     #[cfg_attr(not(feature = "mqtt"), allow(unused_variables))]
-    async fn run(
+    pub(crate) async fn run(
         self,
         node: &str,
         register: RegisterFn,
-        driver: UplinkDriver,
+        driver: &mut UplinkDriver,
         cancel: CancellationToken,
     ) -> Result<(), AgentError> {
         match self {

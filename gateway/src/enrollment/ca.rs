@@ -27,6 +27,21 @@ const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// lives in memory only and dies with the process): 5 years.
 const ANSWER_KEY_LIFETIME: Duration = Duration::from_secs(5 * 365 * 24 * 3600);
 
+/// The gateway's own certificate from the site CA, and its key (PEM both).
+#[derive(Clone)]
+pub struct GatewayIdentity {
+    /// The certificate (DNS name [`ANSWER_SIGNER_NAME`], serverAuth).
+    pub cert_pem: String,
+    /// Its private key, PKCS#8.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for GatewayIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayIdentity").finish_non_exhaustive()
+    }
+}
+
 /// A site CA with its key: it signs node certificates and the gateway's own answer key.
 pub struct SiteCa {
     /// The CA certificate, DER.
@@ -173,11 +188,27 @@ impl SiteCa {
         enroll::ca_pin(&self.cert_der).map_err(|e| EnrollmentError::Ca(e.to_string()))
     }
 
-    /// The gateway's answer key, issued now by this CA: a fresh P-256 key that never leaves
-    /// the process, a server certificate for [`ANSWER_SIGNER_NAME`].
+    /// The gateway's answer key, issued now by this CA (see [`SiteCa::gateway_identity`]).
     ///
     /// Errors: [`EnrollmentError::Ca`] when it cannot be made.
     pub fn answer_signer(&self, now: i64) -> Result<AnswerSigner, EnrollmentError> {
+        let identity = self.gateway_identity(now)?;
+        AnswerSigner::from_pem(
+            identity.cert_pem.as_bytes(),
+            identity.key_pem.as_bytes(),
+            self.cert_pem.as_bytes(),
+        )
+        .map_err(EnrollmentError::Ca)
+    }
+
+    /// A certificate for the gateway itself, issued now by this CA: a fresh P-256 key that
+    /// never leaves the process, a server certificate for the DNS name
+    /// [`ANSWER_SIGNER_NAME`]. It signs the gateway's answers and, without
+    /// `--grpc-tls-cert`, serves its gRPC listeners; enrolled agents verify both against
+    /// the site CA under that name.
+    ///
+    /// Errors: [`EnrollmentError::Ca`] when it cannot be made.
+    pub fn gateway_identity(&self, now: i64) -> Result<GatewayIdentity, EnrollmentError> {
         let key = KeyPair::generate().map_err(ca_error)?;
         let mut params =
             CertificateParams::new(vec![ANSWER_SIGNER_NAME.to_owned()]).map_err(ca_error)?;
@@ -191,18 +222,18 @@ impl SiteCa {
         params.not_before = not_before;
         params.not_after = not_after;
         let cert = params.signed_by(&key, &self.issuer).map_err(ca_error)?;
-        AnswerSigner::from_pem(
-            cert.pem().as_bytes(),
-            key.serialize_pem().as_bytes(),
-            self.cert_pem.as_bytes(),
-        )
-        .map_err(EnrollmentError::Ca)
+        Ok(GatewayIdentity {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
     }
 
     /// A node client certificate (PEM) for `public_key` (from a verified request), subject
     /// CN=`system:node:<node>`, O=`system:nodes`, digitalSignature and clientAuth only,
-    /// valid from 5 minutes before `now` (kube-controller-manager's signer backdates the
-    /// same, for clocks a little behind) for `lifetime`.
+    /// valid until `now` + `lifetime`, from 5 minutes before `now` (kube-controller-manager's
+    /// signer backdates the same, for clocks a little behind) or, for a lifetime under 50
+    /// minutes, a tenth of it before (so that a short certificate's rotation deadline,
+    /// 70–90 % of its validity, stays in its future).
     ///
     /// Errors: [`EnrollmentError::Ca`] when rcgen cannot sign.
     pub fn sign_node(
@@ -225,7 +256,9 @@ impl SiteCa {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.use_authority_key_identifier_extension = true;
-        let (not_before, not_after) = validity(now - 300, lifetime + Duration::from_secs(300))?;
+        let backdate = Duration::from_secs(300).min(lifetime / 10);
+        let from = now - i64::try_from(backdate.as_secs()).unwrap_or(0);
+        let (not_before, not_after) = validity(from, lifetime + backdate)?;
         params.not_before = not_before;
         params.not_after = not_after;
         let request = rcgen::CertificateSigningRequestParams { params, public_key };

@@ -8,7 +8,7 @@ fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
 
 #[test]
 fn mqtt_security_flags_are_checked_with_the_flag_named() {
-    let err = |flags: &[&str]| match mqtt_ingress_options(&parse(flags).unwrap()) {
+    let err = |flags: &[&str]| match mqtt_ingress_options(&parse(flags).unwrap(), None) {
         Ok(_) => String::new(),
         Err(e) => format!("{e:#}"),
     };
@@ -26,7 +26,7 @@ fn mqtt_security_flags_are_checked_with_the_flag_named() {
         err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-node-ca", "/dev/zero"])
             .starts_with("--mqtt-node-ca /dev/zero")
     );
-    let plain = mqtt_ingress_options(&parse(&["--mqtt-endpoint", "mqtt://b"]).unwrap())
+    let plain = mqtt_ingress_options(&parse(&["--mqtt-endpoint", "mqtt://b"]).unwrap(), None)
         .unwrap()
         .unwrap();
     assert!(plain.tls.is_none() && plain.signatures.is_none());
@@ -42,7 +42,7 @@ fn mqtt_security_flags_are_checked_with_the_flag_named() {
             "mqtt://b:1884",
         ][..],
     ] {
-        let cluster = mqtt_ingress_options(&parse(flags).unwrap())
+        let cluster = mqtt_ingress_options(&parse(flags).unwrap(), None)
             .unwrap()
             .unwrap();
         assert_eq!((cluster.host.as_str(), cluster.port), ("a", 1883));
@@ -55,13 +55,13 @@ fn mqtt_security_flags_are_checked_with_the_flag_named() {
 fn posture_of(flags: &[&str]) -> Result<Posture, String> {
     let args = parse(flags).map_err(|e| e.to_string())?;
     let grpc = match args.grpc_listen {
-        Some(_) => Some(grpc_server_options(&args).map_err(|e| format!("{e:#}"))?),
+        Some(_) => Some(grpc_server_options(&args, None).map_err(|e| format!("{e:#}"))?),
         None => {
             check_no_grpc_flags(&args).map_err(|e| format!("{e:#}"))?;
             None
         }
     };
-    let mqtt = mqtt_ingress_options(&args).map_err(|e| format!("{e:#}"))?;
+    let mqtt = mqtt_ingress_options(&args, None).map_err(|e| format!("{e:#}"))?;
     posture(&args, grpc.as_ref(), mqtt.as_ref()).map_err(|e| format!("{e:#}"))
 }
 
@@ -175,7 +175,7 @@ fn tls_flags_go_together() {
 
 #[test]
 fn node_identity_is_required_by_default_only_with_a_client_ca() {
-    let plain = grpc_server_options(&parse(&[]).unwrap()).unwrap();
+    let plain = grpc_server_options(&parse(&[]).unwrap(), None).unwrap();
     assert!(plain.tls.is_none() && !plain.require_node_identity);
     assert_eq!(
         parse(&["--require-node-identity"])
@@ -189,7 +189,7 @@ fn node_identity_is_required_by_default_only_with_a_client_ca() {
             .require_node_identity,
         Some(false)
     );
-    let err = grpc_server_options(&parse(&["--require-node-identity"]).unwrap())
+    let err = grpc_server_options(&parse(&["--require-node-identity"]).unwrap(), None)
         .unwrap_err()
         .to_string();
     assert!(err.contains("--grpc-client-ca"), "{err}");
@@ -201,6 +201,7 @@ fn node_identity_is_required_by_default_only_with_a_client_ca() {
             "/nonexistent/k.pem",
         ])
         .unwrap(),
+        None,
     )
     .unwrap_err()
     .to_string();
@@ -231,7 +232,8 @@ fn endless_files_are_refused_naming_the_flag() {
                 "--grpc-tls-key",
                 "/dev/zero"
             ])
-            .unwrap()
+            .unwrap(),
+            None,
         )
         .unwrap_err()
     );

@@ -52,7 +52,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use edgebeat_tests::broker::Broker;
-use edgebeat_tests::fleet::{FleetOptions, FleetStats, FleetTransport, quantile, run_fleet};
+use edgebeat_tests::fleet::{
+    FleetEnrollment, FleetOptions, FleetStats, FleetTransport, quantile, run_fleet,
+};
 use edgebeat_tests::procfs::{open_files, vm_rss_kib};
 use edgebeat_tests::standin::StandIn;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -127,6 +129,15 @@ struct Args {
     /// rescheduled pod would.
     #[arg(long, value_name = "SECONDS", requires = "kill_replica_after")]
     restart_replica_after: Option<u64>,
+    /// Nodes start with nothing but a bootstrap token (`--transport grpc`): the gateway runs
+    /// with `--enrollment` and a gRPC enrollment listener (its site CA in the stand-in, its
+    /// gRPC listener on mutual TLS with its own certificate), the token comes from
+    /// `edgebeat-gateway token create`, and each node enrolls as the agent does before it
+    /// heartbeats with its certificate. Prints when the last node got its certificate and
+    /// when the last one had a renewal written with it. Node starts still follow --ramp
+    /// (`--ramp 0`: all at once).
+    #[arg(long, conflicts_with_all = ["mtls", "ack_only"])]
+    enroll: bool,
     /// Replace the gateway by a subscriber that only acknowledges (see the module docs).
     #[arg(long, conflicts_with_all = ["mtls", "gateway_args"])]
     ack_only: bool,
@@ -347,14 +358,7 @@ fn least_squares_slope(points: &[(f64, f64)]) -> f64 {
 
 /// `(VmRSS KiB, utime+stime seconds)` of `pid` from /proc.
 fn process_figures(pid: u32) -> Option<(u64, f64)> {
-    let rss = vm_rss_kib(pid)?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command: utime and stime are the 12th and 13th.
-    let after = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // USER_HZ is 100 on Linux.
-    Some((rss, ticks as f64 / 100.0))
+    Some((vm_rss_kib(pid)?, edgebeat_tests::procfs::cpu_seconds(pid)?))
 }
 
 /// `--mqtt-endpoint` naming every broker, `brokers[first mod n]` first.
@@ -400,6 +404,33 @@ async fn spawn_replica(
     Ok(child)
 }
 
+/// A bootstrap token for every node of the fleet (`<prefix>*`, `--nodes` uses, 1 h), made
+/// by the gateway binary's `token create` against the stand-in, as an operator makes one.
+async fn fleet_token(
+    args: &Args,
+    standin: &edgebeat_tests::standin::StandInHandle,
+    prefix: &str,
+) -> anyhow::Result<edgebeat_transports::enroll::BootstrapToken> {
+    let output = tokio::process::Command::new(&args.gateway_bin)
+        .arg("--server")
+        .arg(standin.url())
+        .args(["token", "create", "--ttl", "1h"])
+        .arg(format!("--nodes={prefix}*"))
+        .arg(format!("--uses={}", args.nodes))
+        .output()
+        .await
+        .context("edgebeat-gateway token create")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "edgebeat-gateway token create: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| anyhow::anyhow!("the token printed by token create: {e}"))
+}
+
 /// GETs `/readyz` on `port` until it answers 200, for at most 30 s.
 async fn wait_ready(port: u16) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -432,6 +463,10 @@ async fn main() -> anyhow::Result<()> {
     standin.set_recording(false);
     standin.set_latency(Duration::from_millis(args.apiserver_latency_ms));
     standin.set_max_inflight(args.apiserver_max_inflight);
+    if args.enroll {
+        // deploy/gateway's namespace, where the gateway keeps its site CA and tokens.
+        standin.create_namespace("edgebeat-system");
+    }
     if args.standin_ceiling {
         return standin_ceiling(&standin, &args).await;
     }
@@ -487,6 +522,11 @@ async fn main() -> anyhow::Result<()> {
             None => std::process::Stdio::null(),
         })
         .kill_on_drop(true);
+    anyhow::ensure!(
+        !args.enroll || args.transport == Transport::Grpc,
+        "--enroll is for --transport grpc"
+    );
+    let mut enroll_url = None;
     let transport = match args.transport {
         Transport::Mqtt => {
             command
@@ -495,6 +535,15 @@ async fn main() -> anyhow::Result<()> {
             FleetTransport::Mqtt {
                 brokers: brokers.clone(),
             }
+        }
+        Transport::Grpc if args.enroll => {
+            let (port, enroll_port) = (free_port()?, free_port()?);
+            command
+                .arg(format!("--grpc-listen=127.0.0.1:{port}"))
+                .arg("--enrollment")
+                .arg(format!("--grpc-enrollment-listen=127.0.0.1:{enroll_port}"));
+            enroll_url = Some(format!("http://127.0.0.1:{enroll_port}"));
+            FleetTransport::Grpc(format!("https://127.0.0.1:{port}"))
         }
         Transport::Grpc => {
             let port = free_port()?;
@@ -520,7 +569,7 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     };
-    if site_ca.is_none() {
+    if site_ca.is_none() && !args.enroll {
         command.arg("--allow-unidentified-agents");
     }
     command.args(&args.gateway_args);
@@ -580,6 +629,12 @@ async fn main() -> anyhow::Result<()> {
     options.flip_probability = args.flip_probability;
     options.health_conditions = args.health_conditions;
     options.site_ca = site_ca;
+    if let Some(url) = enroll_url {
+        options.enroll = Some(FleetEnrollment {
+            url,
+            token: fleet_token(&args, &standin, &options.prefix).await?,
+        });
+    }
     let lease_duration = f64::from(options.lease_duration_seconds);
     let stats = Arc::new(FleetStats::default());
     let cancel = CancellationToken::new();
@@ -706,6 +761,15 @@ async fn main() -> anyhow::Result<()> {
             let window = stats.take_latencies();
             let dt = last_report.elapsed().as_secs_f64();
             let (rss, cpu) = figures_of(&pids);
+            if args.enroll {
+                println!(
+                    "t={:>4.0}s enrollment_requests={} enrolled={} identified={}",
+                    started.elapsed().as_secs_f64(),
+                    stats.enrollment_requests.load(Ordering::Relaxed),
+                    stats.enrolled.load(Ordering::Relaxed),
+                    stats.identified.load(Ordering::Relaxed),
+                );
+            }
             println!(
                 "t={:>4.0}s msgs/s={:>7.1} renewals_ok={} failed={} ack_p50={:.1}ms p99={:.1}ms max={:.1}ms leases={} expired_samples={} gateway_rss={:.1}MiB cpu={:.1}s gateway_fds={}",
                 started.elapsed().as_secs_f64(),
@@ -887,6 +951,55 @@ async fn main() -> anyhow::Result<()> {
                 "{:.1}",
                 last.map_or(0.0, |t| t.duration_since(killed).as_secs_f64())
             ),
+        );
+    }
+    if args.enroll {
+        let (enrolled_at, identified_at) = stats.enrollment_times();
+        let since = |t: Option<tokio::time::Instant>| {
+            t.map_or_else(
+                || "never".into(),
+                |t| format!("{:.1}", t.duration_since(started).as_secs_f64()),
+            )
+        };
+        let enrolled = stats.enrolled.load(Ordering::Relaxed);
+        put("enrolled", enrolled.to_string());
+        put(
+            "identified",
+            stats.identified.load(Ordering::Relaxed).to_string(),
+        );
+        put("last_enrolled_at_s", since(enrolled_at));
+        put("last_identified_at_s", since(identified_at));
+        put(
+            "enrollment_requests",
+            stats
+                .enrollment_requests
+                .load(Ordering::Relaxed)
+                .to_string(),
+        );
+        put(
+            "enrollment_retries",
+            stats.enrollment_retries.load(Ordering::Relaxed).to_string(),
+        );
+        // The apiserver calls of enrollment: Secrets (site CA, tokens) and CSRs.
+        let enrollment_calls: u64 = standin
+            .request_counts()
+            .iter()
+            .filter(|(key, _)| {
+                key.contains("secrets") || key.contains("certificatesigningrequests")
+            })
+            .map(|(_, n)| n)
+            .sum();
+        put(
+            "apiserver_requests_per_enrollment",
+            format!("{:.2}", enrollment_calls as f64 / enrolled.max(1) as f64),
+        );
+        let peak: u64 = pids
+            .iter()
+            .filter_map(|p| edgebeat_tests::procfs::vm_hwm_kib(*p))
+            .sum();
+        put(
+            "gateway_peak_rss_mib",
+            format!("{:.1}", peak as f64 / 1024.0),
         );
     }
     let node_hours = args.nodes as f64 * elapsed / 3600.0;

@@ -465,6 +465,12 @@ impl StandInHandle {
         }
     }
 
+    /// Creates namespace `name` (Active), as applying a manifest's Namespace would; the
+    /// stand-in serves no namespace writes of its own. An existing one is left as it is.
+    pub fn create_namespace(&self, name: &str) {
+        self.shared.mutate(|s| s.add_namespace(name));
+    }
+
     /// Delays every request by `d` before it is served (or faulted). Zero turns it off.
     pub fn set_latency(&self, d: Duration) {
         self.shared.mutate(|s| s.latency = d);

@@ -184,24 +184,28 @@ impl Store {
             hasher: RandomState::new(),
         };
         for ns in NAMESPACES {
-            let mut obj = json!({
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}},
-                "spec": {"finalizers": ["kubernetes"]},
-                "status": {"phase": "Active"},
-            });
-            meta::set(&mut obj, "uid", store.new_uid().into());
-            meta::set(&mut obj, "creationTimestamp", now_seconds());
-            store.commit(
-                Kind::Namespace,
-                ObjKey::new(Kind::Namespace, None, ns),
-                obj,
-                "ADDED",
-                None,
-            );
+            store.add_namespace(ns);
         }
         store
+    }
+
+    /// Adds namespace `ns`, Active, as `kubectl create namespace` would (the stand-in serves
+    /// no namespace writes); an existing one is left as it is.
+    pub(crate) fn add_namespace(&mut self, ns: &str) {
+        let key = ObjKey::new(Kind::Namespace, None, ns);
+        if self.objects.contains_key(&key) {
+            return;
+        }
+        let mut obj = json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}},
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"},
+        });
+        meta::set(&mut obj, "uid", self.new_uid().into());
+        meta::set(&mut obj, "creationTimestamp", now_seconds());
+        self.commit(Kind::Namespace, key, obj, "ADDED", None);
     }
 
     fn random(&mut self, salt: u64) -> u64 {

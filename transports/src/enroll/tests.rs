@@ -261,3 +261,23 @@ fn a_pinned_client_trusts_only_a_server_of_the_pinned_ca() {
     let err = handshake(&site, [1; 32]).unwrap_err();
     assert!(err.contains("UnknownIssuer"), "{err}");
 }
+
+/// The validity read from the DER is the certificate's, for UTCTime and GeneralizedTime.
+#[test]
+fn certificate_validity_is_read_from_the_der() {
+    let site = site();
+    for (before, after) in [
+        ((2024, 3, 1), (2026, 11, 25)),
+        ((2049, 12, 31), (2051, 1, 2)),
+    ] {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.not_before = rcgen::date_time_ymd(before.0, before.1, before.2);
+        params.not_after = rcgen::date_time_ymd(after.0, after.1, after.2);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &site.issuer).unwrap();
+        let (nb, na) = certificate_validity(cert.der()).unwrap();
+        assert_eq!(nb, params.not_before.unix_timestamp());
+        assert_eq!(na, params.not_after.unix_timestamp());
+    }
+    assert_eq!(certificate_validity(b"junk"), None);
+}

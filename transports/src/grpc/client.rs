@@ -28,6 +28,11 @@ pub struct GrpcUplinkOptions {
     /// host) and, for mTLS, the node's client certificate. Read once; rotating certificates
     /// means restarting the uplink.
     pub tls: Option<ClientTls>,
+    /// The name the gateway's certificate must be valid for, when not the URL's host
+    /// (default `None`: the host). An enrolled agent that trusts the site CA alone sets it
+    /// to [`ANSWER_SIGNER_NAME`](crate::signing::ANSWER_SIGNER_NAME), the name of the
+    /// certificate the gateway issues itself from that CA.
+    pub tls_server_name: Option<String>,
     /// HTTP/2 keepalive: a ping after this long without receiving anything, also while
     /// idle (default [`GRPC_AGENT_KEEPALIVE`](crate::endpoint::GRPC_AGENT_KEEPALIVE), 5 min).
     /// While renewals flow, `TCP_USER_TIMEOUT` notices a dead link without pings (see
@@ -51,6 +56,7 @@ impl GrpcUplinkOptions {
         Self {
             endpoint: endpoint.into(),
             tls: None,
+            tls_server_name: None,
             keepalive: crate::endpoint::GRPC_AGENT_KEEPALIVE,
             keepalive_timeout: super::DEFAULT_KEEPALIVE_TIMEOUT,
             connect_timeout: Duration::from_secs(10),
@@ -104,7 +110,7 @@ enum SessionEnd {
 pub async fn run_uplink(
     options: GrpcUplinkOptions,
     register: RegisterFn,
-    mut driver: UplinkDriver,
+    driver: &mut UplinkDriver,
     cancel: CancellationToken,
 ) -> Result<(), GrpcUplinkError> {
     let endpoint = Endpoint::from_shared(options.endpoint.clone())
@@ -123,7 +129,7 @@ pub async fn run_uplink(
             &endpoint,
             options.keepalive_timeout * 2,
             &register,
-            &mut driver,
+            driver,
             &cancel,
         )
         .await
@@ -173,7 +179,13 @@ fn with_tls(endpoint: Endpoint, options: &GrpcUplinkOptions) -> Result<Endpoint,
         ))
     }
     #[cfg(feature = "grpc-tls")]
-    with_tls_config(endpoint, tls, options.connect_timeout).map_err(error)
+    with_tls_config(
+        endpoint,
+        tls,
+        options.tls_server_name.as_deref(),
+        options.connect_timeout,
+    )
+    .map_err(error)
 }
 
 /// The TLS part of [`with_tls`]. Errors: what is unusable, for [`GrpcUplinkError::Tls`].
@@ -181,18 +193,22 @@ fn with_tls(endpoint: Endpoint, options: &GrpcUplinkOptions) -> Result<Endpoint,
 fn with_tls_config(
     endpoint: Endpoint,
     tls: &ClientTls,
+    server_name: Option<&str>,
     connect_timeout: Duration,
 ) -> Result<Endpoint, String> {
     tls::install_ring_provider();
-    let host = endpoint
-        .uri()
-        .host()
-        .ok_or_else(|| "the endpoint has no host".to_owned())?;
-    // `Uri::host` keeps an IPv6 literal's brackets; the server name is the bare address.
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
+    let host = match server_name {
+        Some(name) => name.to_owned(),
+        None => endpoint
+            .uri()
+            .host()
+            .ok_or_else(|| "the endpoint has no host".to_owned())?
+            // `Uri::host` keeps an IPv6 literal's brackets; the server name is the bare
+            // address.
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+    };
     // Checked here so a bad file is named precisely instead of as tonic's parse error.
     tls::parse_certificates(&tls.ca_pem).map_err(|e| format!("CA: {e}"))?;
     let mut config = ClientTlsConfig::new()

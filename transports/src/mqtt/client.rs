@@ -383,7 +383,7 @@ pub async fn run_uplink(
     options: MqttUplinkOptions,
     node_name: String,
     register: RegisterFn,
-    mut driver: UplinkDriver,
+    driver: &mut UplinkDriver,
     cancel: CancellationToken,
 ) -> Result<(), MqttUplinkError> {
     options.check(&node_name)?;
@@ -412,10 +412,10 @@ pub async fn run_uplink(
             (mut eventloop, result) = &mut next => match result {
                 Ok(event) => {
                     next = next_event(eventloop);
-                    link.on_event(event, &driver)
+                    link.on_event(event, driver)
                 }
                 Err(error) => {
-                    let was_registered = link.close(&driver).unwrap_or(false);
+                    let was_registered = link.close(driver).unwrap_or(false);
                     // rumqttc keeps unacknowledged publishes and queued requests to resend
                     // on a resumed session; these heartbeats are stale by now.
                     eventloop.pending.clear();
@@ -460,7 +460,7 @@ pub async fn run_uplink(
             }
         }
     }
-    if link.close(&driver).is_some() {
+    if link.close(driver).is_some() {
         disconnect(&link.client, next).await;
     }
     Ok(())

@@ -1,0 +1,735 @@
+//! Node certificates without hands, end to end: boards with nothing but a bootstrap token
+//! enroll through the gateway (each request a CertificateSigningRequest in the stand-in
+//! apiserver), heartbeat identified, and rotate their certificates live; what is not
+//! entitled to a certificate is refused, counted, and writes nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use edgebeat_gateway::enrollment::{Approval, EnrollmentOptions};
+use edgebeat_gateway::kube_client;
+use edgebeat_gateway::metrics::RejectReason;
+use edgebeat_proto::Header;
+use edgebeat_tests::harness::{Cluster, Transport, fixture_copy, gateway_options};
+use edgebeat_tests::requests::longest_renewal_gap;
+use edgebeat_transports::enroll::{self, AnswerTrust, Answered, NodeKeyPair};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::Api;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// The CSRs the stand-in holds.
+async fn csrs(cluster: &Cluster) -> Vec<CertificateSigningRequest> {
+    let client = kube_client(
+        kube::Config::new(cluster.standin.url().parse().unwrap()),
+        1000,
+    )
+    .unwrap();
+    Api::<CertificateSigningRequest>::all(client)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+}
+
+fn condition(csr: &CertificateSigningRequest, type_: &str) -> bool {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.status == "True"))
+}
+
+fn issued(csr: &CertificateSigningRequest) -> bool {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.certificate.as_ref())
+        .is_some_and(|c| !c.0.is_empty())
+}
+
+/// The certificate the gateway recorded on `node`'s Node, if any.
+fn recorded_certificate(cluster: &Cluster, node: &str) -> Option<String> {
+    cluster
+        .standin
+        .node(node)?
+        .metadata
+        .annotations?
+        .get("edgebeat.io/node-certificate-sha256")
+        .cloned()
+}
+
+/// A board with only a token (and, over MQTT, the broker's CA) enrolls, its CSR approved and
+/// signed by the gateway, then heartbeats with the identity it got: the Lease renews and
+/// the Node records its certificate. A second board with the same one-use token is refused.
+async fn enrolls_and_heartbeats_identified(transport: Transport) {
+    let cluster =
+        Cluster::start_enrolling(transport, EnrollmentOptions::default(), gateway_options())
+            .await
+            .unwrap();
+    let token = cluster
+        .bootstrap_token(&["plant-3-*"], 1, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster
+        .enrolled_agent_config("plant-3-01", host.path(), &token, dir.path())
+        .unwrap();
+    let agent = cluster.start_agent(config).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "enrolled and leased", |v| {
+            v.lease(LEASE_NAMESPACE, "plant-3-01").is_some()
+        })
+        .await
+        .unwrap();
+    cluster
+        .wait_for_renewals("plant-3-01", 3, DEADLINE)
+        .await
+        .unwrap();
+    assert!(
+        recorded_certificate(&cluster, "plant-3-01").is_some(),
+        "the node speaks with its enrolled identity"
+    );
+    let all = csrs(&cluster).await;
+    assert_eq!(all.len(), 1, "one CSR per enrollment");
+    let csr = &all[0];
+    assert!(condition(csr, "Approved") && issued(csr), "{csr:?}");
+    assert_eq!(
+        csr.spec.signer_name,
+        edgebeat_gateway::enrollment::DEFAULT_SIGNER_NAME
+    );
+    let labels = csr.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get(edgebeat_gateway::enrollment::TOKEN_LABEL),
+        Some(&token.id)
+    );
+    let pair = dir
+        .path()
+        .join("pki")
+        .join(edgebeat_agent::certificates::CURRENT_FILE);
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&pair).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let enrollment = cluster.replicas[0]
+        .as_ref()
+        .unwrap()
+        .enrollment
+        .clone()
+        .unwrap();
+    assert_eq!(enrollment.counters.get("token", "issued"), 1);
+
+    // The token enrolled its one node: another board with it gets nothing.
+    let dir2 = tempfile::tempdir().unwrap();
+    let config = cluster
+        .enrolled_agent_config("plant-3-02", host.path(), &token, dir2.path())
+        .unwrap();
+    let refused = cluster.start_agent(config).unwrap();
+    edgebeat_tests::harness::wait_for("the used-up token refused", DEADLINE, || {
+        enrollment.counters.get("token", "token_used_up") >= 1
+    })
+    .await;
+    assert_eq!(csrs(&cluster).await.len(), 1, "nothing written for it");
+    assert!(cluster.standin.node("plant-3-02").is_none());
+    refused.stop().await.unwrap();
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_board_with_only_a_token_enrolls_over_grpc_and_heartbeats_identified() {
+    enrolls_and_heartbeats_identified(Transport::Grpc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_board_with_only_a_token_enrolls_over_mqtt_and_heartbeats_identified() {
+    enrolls_and_heartbeats_identified(Transport::Mqtt).await;
+}
+
+/// Short certificates (10 s): the agent rotates each at 70–90 % of its life with a new key,
+/// proved by the current one, and swaps it live three times in a row; the Lease never goes
+/// a lease duration (1 s here) without a renewal. The first certificate is refused once
+/// it has expired.
+async fn rotates_live(transport: Transport) {
+    const LIFETIME: Duration = Duration::from_secs(10);
+    let enrollment = EnrollmentOptions {
+        lifetime: LIFETIME,
+        ..EnrollmentOptions::default()
+    };
+    let cluster = Cluster::start_enrolling(transport, enrollment, gateway_options())
+        .await
+        .unwrap();
+    let token = cluster
+        .bootstrap_token(&["edge-01"], 1, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster
+        .enrolled_agent_config("edge-01", host.path(), &token, dir.path())
+        .unwrap();
+    let agent = cluster.start_agent(config).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "enrolled and leased", |v| {
+            v.lease(LEASE_NAMESPACE, "edge-01").is_some()
+        })
+        .await
+        .unwrap();
+    let first = recorded_certificate(&cluster, "edge-01");
+    let first_pair = std::fs::read_to_string(
+        dir.path()
+            .join("pki")
+            .join(edgebeat_agent::certificates::CURRENT_FILE),
+    )
+    .unwrap();
+    let enrollment = cluster.replicas[0]
+        .as_ref()
+        .unwrap()
+        .enrollment
+        .clone()
+        .unwrap();
+    edgebeat_tests::harness::wait_for("three rotations", Duration::from_secs(60), || {
+        enrollment.counters.get("certificate", "issued") >= 3
+    })
+    .await;
+    // Each new certificate carried the node's messages, so the gateway recorded it.
+    cluster
+        .wait_for_renewals("edge-01", 3, DEADLINE)
+        .await
+        .unwrap();
+    assert_ne!(recorded_certificate(&cluster, "edge-01"), first);
+    let gap = longest_renewal_gap(&cluster.standin.requests(), "edge-01").unwrap();
+    assert!(
+        gap < Duration::from_secs(1),
+        "the Lease went {gap:?} without a renewal across the rotations"
+    );
+    assert_eq!(
+        csrs(&cluster).await.len(),
+        4,
+        "one enrollment and three rotations, each a CSR"
+    );
+    assert!(
+        !dir.path()
+            .join("pki")
+            .join(edgebeat_agent::certificates::PREVIOUS_FILE)
+            .exists()
+            || enrollment.counters.get("certificate", "issued") > 3,
+        "the previous pair goes once the new one is accepted"
+    );
+    agent.stop().await.unwrap();
+
+    // The first certificate expired (10 s after it was issued): it opens nothing.
+    if transport == Transport::Grpc {
+        let before = cluster.rejections(RejectReason::TlsHandshake);
+        let identity =
+            edgebeat_agent::certificates::NodeIdentity::from_pem(&first_pair, &enrollment.ca_pem())
+                .unwrap();
+        assert!(identity.not_after < jiff::Timestamp::now().as_second());
+        let mut config = cluster.agent_config("edge-01", host.path());
+        if let Some(edgebeat_agent::config::TransportConfig::Grpc(g)) = config.transport.as_mut() {
+            g.tls_server_name = Some(edgebeat_transports::signing::ANSWER_SIGNER_NAME.into());
+            g.tls = Some(edgebeat_agent::config::ClientTls {
+                ca_pem: enrollment.ca_pem().into_bytes(),
+                client_identity: Some(edgebeat_agent::config::TlsIdentity {
+                    cert_pem: identity.cert_pem.clone().into_bytes(),
+                    key_pem: first_pair.clone().into_bytes(),
+                }),
+            });
+        }
+        let stale = cluster.start_agent(config).unwrap();
+        edgebeat_tests::harness::wait_for("the expired certificate refused", DEADLINE, || {
+            cluster.rejections(RejectReason::TlsHandshake) > before
+        })
+        .await;
+        stale.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_rotate_live_over_grpc_without_a_lease_gap() {
+    rotates_live(Transport::Grpc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_rotate_live_over_mqtt_without_a_lease_gap() {
+    rotates_live(Transport::Mqtt).await;
+}
+
+/// With `--csr-approval=manual` a first enrollment waits, pending, asking again with
+/// backoff (not a flood), until someone approves its CSR through `/approval` (what
+/// `kubectl certificate approve` sends); then the board enrolls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_approval_waits_without_flooding_until_approved() {
+    let enrollment = EnrollmentOptions {
+        approval: Approval::Manual,
+        ..EnrollmentOptions::default()
+    };
+    let cluster = Cluster::start_enrolling(Transport::Grpc, enrollment, gateway_options())
+        .await
+        .unwrap();
+    let token = cluster
+        .bootstrap_token(&["edge-*"], 10, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster
+        .enrolled_agent_config("edge-07", host.path(), &token, dir.path())
+        .unwrap();
+    let agent = cluster.start_agent(config).unwrap();
+    let enrollment = cluster.replicas[0]
+        .as_ref()
+        .unwrap()
+        .enrollment
+        .clone()
+        .unwrap();
+    edgebeat_tests::harness::wait_for("two pending answers", DEADLINE, || {
+        enrollment.counters.get("token", "pending") >= 2
+    })
+    .await;
+    let started = tokio::time::Instant::now();
+    let pending = enrollment.counters.get("token", "pending");
+    let all = csrs(&cluster).await;
+    assert_eq!(
+        all.len(),
+        1,
+        "retries reuse their CSR (same key, same name)"
+    );
+    assert!(!condition(&all[0], "Approved"));
+    assert!(cluster.standin.node("edge-07").is_none());
+    assert_eq!(enrollment.counters.pending(), 1);
+
+    // Approve it as kubectl certificate approve does: PUT .../approval with the condition.
+    let client = kube_client(
+        kube::Config::new(cluster.standin.url().parse().unwrap()),
+        1000,
+    )
+    .unwrap();
+    let api: Api<CertificateSigningRequest> = Api::all(client);
+    let name = all[0].metadata.name.clone().unwrap();
+    let mut csr = api.get(&name).await.unwrap();
+    csr.status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default()
+        .push(
+            k8s_openapi::api::certificates::v1::CertificateSigningRequestCondition {
+                type_: "Approved".into(),
+                status: "True".into(),
+                reason: Some("KubectlApprove".into()),
+                message: Some("This CSR was approved by kubectl certificate approve.".into()),
+                ..Default::default()
+            },
+        );
+    api.replace_subresource("approval", &name, &kube::api::PostParams::default(), &csr)
+        .await
+        .unwrap();
+    cluster
+        .standin
+        .wait_until(
+            Duration::from_secs(90),
+            "enrolled after the approval",
+            |v| v.lease(LEASE_NAMESPACE, "edge-07").is_some(),
+        )
+        .await
+        .unwrap();
+    // Backoff from 2 s doubling: a handful of requests, not one per renew interval.
+    let asked = enrollment.counters.get("token", "pending") - pending;
+    let waited = started.elapsed().as_secs();
+    assert!(
+        asked <= 2 + waited / 4,
+        "{asked} more pending requests in {waited} s"
+    );
+    assert_eq!(enrollment.counters.get("token", "issued"), 1);
+    assert_eq!(enrollment.counters.pending(), 0);
+    agent.stop().await.unwrap();
+}
+
+/// A header for a hand-made request of `node`, now.
+fn header(node: &str, seq: u64) -> Header {
+    Header {
+        node_name: node.into(),
+        boot_id: "4c1e6f0a-6d3b-4b7e-9a51-2f7d8c9e0b13".into(),
+        seq,
+        wall_time_ms: jiff::Timestamp::now().as_millisecond(),
+        ..Header::default()
+    }
+}
+
+/// Sends `payload` to the cluster's gRPC enrollment listener.
+async fn ask(cluster: &Cluster, payload: Vec<u8>) -> Option<Vec<u8>> {
+    let url = cluster.enrolling.as_ref().unwrap().enrollment_urls[0].clone();
+    edgebeat_transports::grpc::enroll::request_certificate(&url, None, payload, DEADLINE)
+        .await
+        .ok()
+}
+
+/// What has no right to a certificate gets none, is counted by its reason, and writes no
+/// CSR: a token for other names, an expired token, a replayed request, a rotation proved
+/// by another node's certificate, a CSR for other names, SANs or usages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_are_counted_and_write_nothing() {
+    let cluster = Cluster::start_enrolling(
+        Transport::Grpc,
+        EnrollmentOptions::default(),
+        gateway_options(),
+    )
+    .await
+    .unwrap();
+    let enrollment = cluster.replicas[0]
+        .as_ref()
+        .unwrap()
+        .enrollment
+        .clone()
+        .unwrap();
+    let token = cluster
+        .bootstrap_token(&["plant-3-*"], 10, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let key = NodeKeyPair::generate().unwrap();
+    let refused_with = |answer: Option<Vec<u8>>, h: &Header| {
+        let answer = answer.expect("an answer");
+        enroll::read_answer(
+            &answer,
+            AnswerTrust::Ca(enrollment.ca_pem().as_bytes()),
+            &h.node_name,
+            h.named_boot_tag(),
+            h.seq,
+            rustls::pki_types::UnixTime::now(),
+        )
+        .unwrap()
+    };
+
+    // A token for plant-3-* asking for plant-4-01.
+    let h = header("plant-4-01", 1);
+    let csr = key.certificate_request("plant-4-01").unwrap();
+    let answer = ask(&cluster, enroll::token_request(&token, h.clone(), csr)).await;
+    assert!(matches!(refused_with(answer, &h), Answered::Refused(_)));
+    assert_eq!(enrollment.counters.get("token", "token_node"), 1);
+
+    // A CSR naming another node than the request.
+    let h = header("plant-3-01", 2);
+    let csr = key.certificate_request("plant-3-99").unwrap();
+    let answer = ask(&cluster, enroll::token_request(&token, h.clone(), csr)).await;
+    assert!(matches!(refused_with(answer, &h), Answered::Refused(_)));
+    // A CSR with a subject alternative name and server auth.
+    let h = header("plant-3-01", 3);
+    let mut params = rcgen::CertificateParams::new(vec!["gateway.example".to_owned()]).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "system:node:plant-3-01");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let rogue = rcgen::KeyPair::generate().unwrap();
+    let csr = params.serialize_request(&rogue).unwrap().der().to_vec();
+    let answer = ask(&cluster, enroll::token_request(&token, h.clone(), csr)).await;
+    assert!(matches!(refused_with(answer, &h), Answered::Refused(_)));
+    assert_eq!(enrollment.counters.get("token", "csr_subject"), 1);
+    assert_eq!(enrollment.counters.get("token", "csr_names"), 1);
+
+    // An expired token.
+    let expired = cluster
+        .bootstrap_token(&["plant-3-*"], 10, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    expire_token(&cluster, &expired.id).await;
+    let h = header("plant-3-01", 4);
+    let csr = key.certificate_request("plant-3-01").unwrap();
+    let answer = ask(&cluster, enroll::token_request(&expired, h.clone(), csr)).await;
+    assert!(matches!(refused_with(answer, &h), Answered::Refused(_)));
+    assert_eq!(enrollment.counters.get("token", "token_expired"), 1);
+
+    // A genuine request, then the same bytes again: the replay gets no answer.
+    let h = header("plant-3-01", 5);
+    let csr = key.certificate_request("plant-3-01").unwrap();
+    let payload = enroll::token_request(&token, h.clone(), csr);
+    let Answered::Issued { chain, .. } = refused_with(ask(&cluster, payload.clone()).await, &h)
+    else {
+        panic!("the genuine request is granted");
+    };
+    assert!(
+        ask(&cluster, payload).await.is_none(),
+        "a replay is not answered"
+    );
+    assert_eq!(enrollment.counters.get("token", "replayed"), 1);
+    assert_eq!(
+        csrs(&cluster).await.len(),
+        1,
+        "only the genuine request wrote"
+    );
+
+    // plant-3-01's certificate proving a rotation for plant-3-02.
+    let pair = format!("{}{}", enroll::pem("CERTIFICATE", &chain[0]), key.to_pem());
+    let signer = edgebeat_transports::signing::MessageSigner::from_pem(
+        pair.as_bytes(),
+        key.to_pem().as_bytes(),
+    )
+    .unwrap();
+    let h = header("plant-3-02", 6);
+    let other = NodeKeyPair::generate().unwrap();
+    let csr = other.certificate_request("plant-3-02").unwrap();
+    let payload = enroll::certificate_request(&signer, h.clone(), csr).unwrap();
+    let answer = ask(&cluster, payload).await;
+    assert!(matches!(refused_with(answer, &h), Answered::Refused(_)));
+    assert_eq!(enrollment.counters.get("certificate", "certificate"), 1);
+    assert_eq!(csrs(&cluster).await.len(), 1, "refusals write nothing");
+}
+
+/// Sets bootstrap token `id`'s expiration to the past, as time would.
+async fn expire_token(cluster: &Cluster, id: &str) {
+    let client = kube_client(
+        kube::Config::new(cluster.standin.url().parse().unwrap()),
+        1000,
+    )
+    .unwrap();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client, &EnrollmentOptions::default().namespace);
+    let name = edgebeat_gateway::enrollment::tokens::token_secret_name(id);
+    let mut secret = secrets.get(&name).await.unwrap();
+    secret.data.as_mut().unwrap().insert(
+        "expiration".into(),
+        k8s_openapi::ByteString(b"2020-01-01T00:00:00Z".to_vec()),
+    );
+    secrets
+        .replace(&name, &kube::api::PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
+/// Over MQTT, a recorded request published again (by anyone on the broker) gets no answer
+/// and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_mqtt_enrollment_gets_no_answer() {
+    let cluster = Cluster::start_enrolling(
+        Transport::Mqtt,
+        EnrollmentOptions::default(),
+        gateway_options(),
+    )
+    .await
+    .unwrap();
+    let enrollment = cluster.replicas[0]
+        .as_ref()
+        .unwrap()
+        .enrollment
+        .clone()
+        .unwrap();
+    let token = cluster
+        .bootstrap_token(&["edge-01"], 1, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster
+        .enrolled_agent_config("edge-01", host.path(), &token, dir.path())
+        .unwrap();
+    let Some(edgebeat_agent::config::TransportConfig::Mqtt(options)) = config.transport.clone()
+    else {
+        panic!("mqtt");
+    };
+    let key = NodeKeyPair::generate().unwrap();
+    let h = header("edge-01", 1);
+    let payload = enroll::token_request(
+        &token,
+        h.clone(),
+        key.certificate_request("edge-01").unwrap(),
+    );
+    let ca = enrollment.ca_pem();
+    let accept = |answer: &[u8]| {
+        enroll::read_answer(
+            answer,
+            AnswerTrust::Ca(ca.as_bytes()),
+            "edge-01",
+            h.named_boot_tag(),
+            h.seq,
+            rustls::pki_types::UnixTime::now(),
+        )
+        .is_ok()
+    };
+    let answer = edgebeat_transports::mqtt::enroll::request_certificate(
+        &options,
+        "edge-01",
+        None,
+        payload.clone(),
+        accept,
+        DEADLINE,
+    )
+    .await
+    .unwrap();
+    assert!(accept(&answer));
+    let replay = edgebeat_transports::mqtt::enroll::request_certificate(
+        &options,
+        "edge-01",
+        None,
+        payload,
+        accept,
+        Duration::from_secs(3),
+    )
+    .await;
+    assert!(replay.is_err(), "the replay got an answer");
+    assert_eq!(enrollment.counters.get("token", "replayed"), 1);
+    assert_eq!(csrs(&cluster).await.len(), 1);
+}
+
+/// Requests flooding the enrollment listener from one address are cut by its limits, and
+/// an enrolled node's renewals keep their pace meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enrollment_flood_leaves_enrolled_nodes_renewals_on_time() {
+    let cluster = Cluster::start_enrolling(
+        Transport::Grpc,
+        EnrollmentOptions::default(),
+        gateway_options(),
+    )
+    .await
+    .unwrap();
+    let enrollment = cluster.replicas[0]
+        .as_ref()
+        .unwrap()
+        .enrollment
+        .clone()
+        .unwrap();
+    let token = cluster
+        .bootstrap_token(&["edge-01"], 1, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster
+        .enrolled_agent_config("edge-01", host.path(), &token, dir.path())
+        .unwrap();
+    let agent = cluster.start_agent(config).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "enrolled and leased", |v| {
+            v.lease(LEASE_NAMESPACE, "edge-01").is_some()
+        })
+        .await
+        .unwrap();
+    let before = cluster.standin.requests().len();
+    // 16 senders, 50 requests each: tokens that do not exist, for made-up nodes.
+    let forged =
+        edgebeat_transports::enroll::BootstrapToken::new("zzzzzz", "0123456789abcdef", [0; 32])
+            .unwrap();
+    let url = cluster.enrolling.as_ref().unwrap().enrollment_urls[0].clone();
+    let senders = (0..16u64).map(|s| {
+        let (url, forged) = (url.clone(), forged.clone());
+        tokio::spawn(async move {
+            let key = NodeKeyPair::generate().unwrap();
+            for i in 0..50u64 {
+                let node = format!("flood-{s}-{i}");
+                let payload = enroll::token_request(
+                    &forged,
+                    header(&node, i + 1),
+                    key.certificate_request(&node).unwrap(),
+                );
+                let _ = edgebeat_transports::grpc::enroll::request_certificate(
+                    &url,
+                    None,
+                    payload,
+                    Duration::from_secs(5),
+                )
+                .await;
+            }
+        })
+    });
+    for sender in senders.collect::<Vec<_>>() {
+        sender.await.unwrap();
+    }
+    cluster
+        .wait_for_renewals("edge-01", 3, DEADLINE)
+        .await
+        .unwrap();
+    let during = &cluster.standin.requests()[before..];
+    let gap = longest_renewal_gap(during, "edge-01").unwrap();
+    assert!(
+        gap < Duration::from_secs(1),
+        "renewals {gap:?} apart during the flood"
+    );
+    assert!(
+        enrollment.counters.get("unknown", "rate_limited") > 0,
+        "the limits cut the flood"
+    );
+    assert_eq!(csrs(&cluster).await.len(), 1, "the flood wrote no CSR");
+    agent.stop().await.unwrap();
+}
+
+/// Replicas starting together against one cluster make one site CA between them: the
+/// Secret is created if absent, and the one that loses the race reads the winner's. Boards
+/// enrolling through either replica are then identified by both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_enrolling_one_fleet_make_one_ca() {
+    let mut cluster = Cluster::start_enrolling(
+        Transport::Mqtt,
+        EnrollmentOptions::default(),
+        gateway_options(),
+    )
+    .await
+    .unwrap();
+    let client = kube_client(
+        kube::Config::new(cluster.standin.url().parse().unwrap()),
+        1000,
+    )
+    .unwrap();
+    // Two more at once, racing for a CA of a new namespace's.
+    let options = EnrollmentOptions {
+        namespace: "edgebeat-race".into(),
+        ..EnrollmentOptions::default()
+    };
+    cluster.standin.create_namespace(&options.namespace);
+    let clock: std::sync::Arc<dyn edgebeat_hw::Clock> =
+        std::sync::Arc::new(edgebeat_hw::SystemClock);
+    let (a, b) = tokio::join!(
+        edgebeat_gateway::enrollment::Enrollment::with_site_ca(
+            client.clone(),
+            options.clone(),
+            clock.clone()
+        ),
+        edgebeat_gateway::enrollment::Enrollment::with_site_ca(client.clone(), options, clock),
+    );
+    assert_eq!(a.unwrap().ca_pem(), b.unwrap().ca_pem(), "one CA");
+
+    cluster.start_replica(gateway_options()).await.unwrap();
+    let cas: Vec<String> = cluster
+        .replicas
+        .iter()
+        .flatten()
+        .map(|r| r.enrollment.as_ref().unwrap().ca_pem())
+        .collect();
+    assert_eq!(cas.len(), 2);
+    assert_eq!(cas[0], cas[1]);
+    let token = cluster
+        .bootstrap_token(&["edge-*"], 4, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut agents = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        let config = cluster
+            .enrolled_agent_config(&format!("edge-{i:02}"), host.path(), &token, dir.path())
+            .unwrap();
+        agents.push(cluster.start_agent(config).unwrap());
+    }
+    cluster
+        .standin
+        .wait_until(DEADLINE, "four enrolled and leased", |v| {
+            (0..4).all(|i| v.lease(LEASE_NAMESPACE, &format!("edge-{i:02}")).is_some())
+        })
+        .await
+        .unwrap();
+    for i in 0..4 {
+        let node = format!("edge-{i:02}");
+        edgebeat_tests::harness::wait_for("identified", DEADLINE, || {
+            recorded_certificate(&cluster, &node).is_some()
+        })
+        .await;
+    }
+    for agent in agents {
+        agent.stop().await.unwrap();
+    }
+}
