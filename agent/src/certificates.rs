@@ -32,7 +32,8 @@
 //!
 //! The server is verified against `transport.caFile` when given, else against the site CA
 //! the enrollment brought: the gateway's gRPC listener by the name of the certificate it
-//! issues itself ([`ANSWER_SIGNER_NAME`]), a broker by its host name.
+//! issues itself ([`edgebeat_transports::signing::ANSWER_SIGNER_NAME`]), a broker by its
+//! host name.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -41,7 +42,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use edgebeat_hw::Clock;
 use edgebeat_proto::Header;
 use edgebeat_transports::enroll::{self, AnswerTrust, Answered, BootstrapToken, NodeKeyPair};
-use edgebeat_transports::signing::{ANSWER_SIGNER_NAME, MessageSigner};
+use edgebeat_transports::signing::MessageSigner;
 use edgebeat_transports::tls::{self, ClientTls, TlsIdentity};
 use edgebeat_transports::uplink::{RegisterFn, Uplink, UplinkDriver};
 use rustls_pki_types::UnixTime;
@@ -362,6 +363,7 @@ impl Manager<'_> {
             ca_pem: server_ca,
             client_identity: Some(identity.tls_identity()),
         };
+        #[cfg(feature = "grpc")]
         let trusts_site_ca = self.ca_file().is_none();
         transport
             .set_tls(tls)
@@ -370,7 +372,8 @@ impl Manager<'_> {
             #[cfg(feature = "grpc")]
             TransportConfig::Grpc(g) => {
                 if trusts_site_ca {
-                    g.tls_server_name = Some(ANSWER_SIGNER_NAME.to_owned());
+                    g.tls_server_name =
+                        Some(edgebeat_transports::signing::ANSWER_SIGNER_NAME.to_owned());
                 }
             }
             #[cfg(feature = "mqtt")]
@@ -498,6 +501,8 @@ impl Manager<'_> {
         trust: AnswerTrust<'_>,
         identity: Option<&NodeIdentity>,
     ) -> Result<Answered, String> {
+        #[cfg(not(feature = "mqtt"))]
+        let _ = identity;
         let node = self.headers.node_name();
         let boot_tag = header.named_boot_tag();
         let seq = header.seq;

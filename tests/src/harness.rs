@@ -268,9 +268,24 @@ impl Cluster {
         enrollment: edgebeat_gateway::enrollment::EnrollmentOptions,
         options: GatewayOptions,
     ) -> anyhow::Result<Self> {
+        Self::start_enrolling_on_port(transport, enrollment, options, 0).await
+    }
+
+    /// As [`Cluster::start_enrolling`], with the stand-in apiserver on `127.0.0.1:port` (0:
+    /// any free port).
+    ///
+    /// Errors: as [`Cluster::start_enrolling`].
+    pub async fn start_enrolling_on_port(
+        transport: Transport,
+        enrollment: edgebeat_gateway::enrollment::EnrollmentOptions,
+        options: GatewayOptions,
+        port: u16,
+    ) -> anyhow::Result<Self> {
         init_test_logging();
         let standin = StandIn::serve(
-            tokio::net::TcpListener::bind("127.0.0.1:0").await?,
+            tokio::net::TcpListener::bind(("127.0.0.1", port))
+                .await
+                .with_context(|| format!("binding 127.0.0.1:{port}"))?,
             std::future::pending(),
         )
         .await?;

@@ -91,34 +91,15 @@ impl TransportConfig {
     }
 }
 
-/// `transport` as written: a mapping tagged on `kind`, each kind with its own fields.
+/// `transport` as written: `kind` and the fields of either kind, read flat and split by
+/// [`RawTransport::split`] (serde's internally tagged enums buffer the whole mapping
+/// through a generic content type, about 50 KB of an aarch64 agent, for the same result).
 #[derive(Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub(super) enum RawTransport {
-    Grpc(RawGrpc),
-    Mqtt(RawMqtt),
-}
-
-/// `transport` fields of `kind: grpc` (read in any build, so that a build without gRPC
-/// names `transport.kind` as the problem).
-#[derive(Deserialize)]
-#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct RawGrpc {
+pub(super) struct RawTransport {
+    kind: Option<String>,
     endpoint: Option<Text>,
     enrollment_endpoint: Option<Text>,
-    keepalive: Option<Period>,
-    ca_file: Option<PathBuf>,
-    cert_file: Option<PathBuf>,
-    key_file: Option<PathBuf>,
-}
-
-/// `transport` fields of `kind: mqtt` (read in any build, as [`RawGrpc`]).
-#[derive(Deserialize)]
-#[cfg_attr(not(feature = "mqtt"), allow(dead_code))]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct RawMqtt {
-    endpoint: Option<Text>,
     endpoints: Option<Vec<Text>>,
     keepalive: Option<Period>,
     #[serde(rename = "clientID")]
@@ -133,21 +114,116 @@ pub(super) struct RawMqtt {
     gateway_ca_file: Option<PathBuf>,
 }
 
-/// Fields only `kind: mqtt` has.
-const MQTT_ONLY: [&str; 6] = [
-    "endpoints",
-    "clientID",
-    "username",
-    "passwordFile",
-    "topicPrefix",
-    "gatewayCAFile",
-];
+/// `transport` of one kind.
+enum Kinded {
+    Grpc(RawGrpc),
+    Mqtt(RawMqtt),
+}
+
+impl RawTransport {
+    /// The fields of its `kind`; a field of the other kind, or a missing or unknown `kind`,
+    /// goes to `p` (`None` for the kind).
+    fn split(self, p: &mut Problems) -> Option<Kinded> {
+        let other = |p: &mut Problems, field: &str, set: bool, message: &str| {
+            if set {
+                p.push(format!("transport.{field}"), message);
+            }
+        };
+        match self.kind.as_deref() {
+            Some("grpc") => {
+                for (field, set) in [
+                    ("endpoints", self.endpoints.is_some()),
+                    ("clientID", self.client_id.is_some()),
+                    ("username", self.username.is_some()),
+                    ("passwordFile", self.password_file.is_some()),
+                    ("topicPrefix", self.topic_prefix.is_some()),
+                    ("gatewayCAFile", self.gateway_ca_file.is_some()),
+                ] {
+                    other(
+                        p,
+                        field,
+                        set,
+                        "only valid with kind: mqtt; remove it or set kind: mqtt",
+                    );
+                }
+                Some(Kinded::Grpc(RawGrpc {
+                    endpoint: self.endpoint,
+                    enrollment_endpoint: self.enrollment_endpoint,
+                    keepalive: self.keepalive,
+                    ca_file: self.ca_file,
+                    cert_file: self.cert_file,
+                    key_file: self.key_file,
+                }))
+            }
+            Some("mqtt") => {
+                other(
+                    p,
+                    "enrollmentEndpoint",
+                    self.enrollment_endpoint.is_some(),
+                    "only valid with kind: grpc (over MQTT, certificate requests go through the broker); remove it",
+                );
+                Some(Kinded::Mqtt(RawMqtt {
+                    endpoint: self.endpoint,
+                    endpoints: self.endpoints,
+                    keepalive: self.keepalive,
+                    client_id: self.client_id,
+                    username: self.username,
+                    password_file: self.password_file,
+                    topic_prefix: self.topic_prefix,
+                    ca_file: self.ca_file,
+                    cert_file: self.cert_file,
+                    key_file: self.key_file,
+                    gateway_ca_file: self.gateway_ca_file,
+                }))
+            }
+            None => {
+                p.push("transport.kind", "required; use grpc or mqtt");
+                None
+            }
+            Some(other) => {
+                p.push(
+                    "transport.kind",
+                    format!("{other:?} is not a transport; use grpc or mqtt"),
+                );
+                None
+            }
+        }
+    }
+}
+
+/// `transport` fields of `kind: grpc` (split in any build, so that a build without gRPC
+/// names `transport.kind` as the problem).
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
+struct RawGrpc {
+    endpoint: Option<Text>,
+    enrollment_endpoint: Option<Text>,
+    keepalive: Option<Period>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+}
+
+/// `transport` fields of `kind: mqtt` (split in any build, as [`RawGrpc`]).
+#[cfg_attr(not(feature = "mqtt"), allow(dead_code))]
+struct RawMqtt {
+    endpoint: Option<Text>,
+    endpoints: Option<Vec<Text>>,
+    keepalive: Option<Period>,
+    client_id: Option<Text>,
+    username: Option<Text>,
+    password_file: Option<PathBuf>,
+    topic_prefix: Option<Text>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    gateway_ca_file: Option<PathBuf>,
+}
 
 /// The `transport` mapping of a file that did not deserialize as a whole, field by field, so
 /// that every bad field is named: `check` deserializes one `transport` value alone and gives
-/// serde's message. A missing or unknown `kind` is the one problem named (the other fields
-/// mean nothing without it); otherwise each field is checked with the `kind` beside it, and
-/// a field of the other kind says so. Returns what passed, with its `kind`, for `validate`.
+/// serde's message. A missing `kind` is the one problem named (the other fields mean
+/// nothing without it); otherwise each field is checked with the `kind` beside it. Returns
+/// what passed, with its `kind`, for `validate` (which names a field of the other kind).
 pub(super) fn name_bad_fields(
     p: &mut Problems,
     value: serde_json::Value,
@@ -168,8 +244,8 @@ pub(super) fn name_bad_fields(
         one.extend(more.map(|(k, v)| (k.clone(), v.clone())));
         serde_json::Value::Object(one)
     };
-    if check(with_kind(None)).is_err() {
-        p.push("transport.kind", kind_problem(&kind));
+    if let Err(m) = check(with_kind(None)) {
+        p.push("transport.kind", m);
         return None;
     }
     let mut kept = serde_json::Map::new();
@@ -178,26 +254,10 @@ pub(super) fn name_bad_fields(
             Ok(()) => {
                 kept.insert(field.clone(), v.clone());
             }
-            Err(_) if kind == "grpc" && MQTT_ONLY.contains(&field.as_str()) => p.push(
-                format!("transport.{field}"),
-                "only valid with kind: mqtt; remove it or set kind: mqtt",
-            ),
-            Err(_) if kind == "mqtt" && field == "enrollmentEndpoint" => p.push(
-                "transport.enrollmentEndpoint",
-                "only valid with kind: grpc (over MQTT, certificate requests go through the broker); remove it",
-            ),
             Err(m) => p.push(format!("transport.{field}"), m),
         }
     }
     Some(serde_json::Value::Object(kept))
-}
-
-/// What is wrong with a `kind` that is neither `grpc` nor `mqtt`.
-fn kind_problem(kind: &serde_json::Value) -> String {
-    match kind.as_str() {
-        Some(other) => format!("{other:?} is not a transport; use grpc or mqtt"),
-        None => format!("{kind} is not a transport; use grpc or mqtt"),
-    }
 }
 
 /// `transport`, checked into the transport's options: every invalid field goes to `p`;
@@ -213,9 +273,9 @@ pub(super) fn validate_transport(
     enrolled: bool,
 ) -> Option<(TransportConfig, Option<String>)> {
     let before = p.len();
-    let transport = match raw {
-        RawTransport::Grpc(g) => grpc(p, g, enrolled),
-        RawTransport::Mqtt(m) => mqtt(p, m, renew_interval, enrolled).map(|t| (t, None)),
+    let transport = match raw.split(p)? {
+        Kinded::Grpc(g) => grpc(p, g, enrolled),
+        Kinded::Mqtt(m) => mqtt(p, m, renew_interval, enrolled).map(|t| (t, None)),
     };
     (p.len() == before).then_some(transport?)
 }

@@ -1,7 +1,10 @@
 //! `edgebeat-demo`: the stand-in apiserver, a gateway and an agent reading this host's real
-//! facts, in one process, over real loopback sockets. Prints the node as
-//! `kubectl get nodes -o wide` would and every lease renewal, and how to point real kubectl
-//! at the stand-in. Intervals are kubelet's defaults unless overridden.
+//! facts, in one process, over real loopback sockets. The agent starts the way a board
+//! should: with nothing but a bootstrap token, it enrolls for its node certificate (a CSR,
+//! approved and signed by the gateway) and heartbeats with it over mutual TLS (or signed
+//! MQTT). Prints the CSR as `kubectl get csr` would, the node as `kubectl get nodes -o wide`
+//! would and every lease renewal, and how to point real kubectl at the stand-in. Intervals
+//! are kubelet's defaults unless overridden; `--plain` runs without identities instead.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,6 +43,56 @@ struct Args {
     /// Log filter for the components.
     #[arg(long, default_value = "warn")]
     log_level: String,
+    /// No enrollment and no node identity: plain gRPC or unsigned MQTT, which the gateway
+    /// accepts only with --allow-unidentified-agents (as a lab would run it).
+    #[arg(long)]
+    plain: bool,
+}
+
+/// `kubectl get csr`'s columns for the stand-in's CSRs.
+async fn print_csrs(standin: &edgebeat_tests::standin::StandInHandle) -> anyhow::Result<()> {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    let api: kube::Api<CertificateSigningRequest> = kube::Api::all(standin.kube_client()?);
+    println!(
+        "{:<42} {:<5} {:<24} {:<18} {:<18} CONDITION",
+        "NAME", "AGE", "SIGNERNAME", "REQUESTOR", "REQUESTEDDURATION"
+    );
+    for csr in api.list(&Default::default()).await?.items {
+        let age = csr
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| format!("{}s", jiff::Timestamp::now().duration_since(t.0).as_secs()))
+            .unwrap_or_default();
+        let status = csr.status.clone().unwrap_or_default();
+        let mut condition: Vec<String> = status
+            .conditions
+            .iter()
+            .flatten()
+            .filter(|c| c.status == "True")
+            .map(|c| c.type_.clone())
+            .collect();
+        if condition.is_empty() {
+            condition.push("Pending".into());
+        }
+        if status.certificate.is_some_and(|c| !c.0.is_empty()) {
+            condition.push("Issued".into());
+        }
+        let duration = csr
+            .spec
+            .expiration_seconds
+            .map_or("<none>".into(), |s| format!("{}d", s / 86_400));
+        println!(
+            "{:<42} {:<5} {:<24} {:<18} {:<18} {}",
+            csr.metadata.name.unwrap_or_default(),
+            age,
+            csr.spec.signer_name,
+            csr.spec.username.unwrap_or_default(),
+            duration,
+            condition.join(",")
+        );
+    }
+    Ok(())
 }
 
 fn node_row(node: &Node) -> String {
@@ -112,19 +165,47 @@ async fn main() -> anyhow::Result<()> {
         other => anyhow::bail!("--transport {other:?}: use grpc or mqtt"),
     };
     let cancel = CancellationToken::new();
-    let cluster = Cluster::start_on_port(transport, GatewayOptions::default(), args.port).await?;
-    let standin = cluster.standin.clone();
-    let url = standin.url();
-
     let mut config = match &args.config {
         Some(path) => AgentConfig::load(path)?,
         None => AgentConfig::default(),
     };
     config.host_root = args.host_root.clone();
+    let name = edgebeat_agent::run::node_name(&config, &edgebeat_agent::run::read_facts(&config)?)?
+        .to_string();
+    let cluster = if args.plain {
+        Cluster::start_on_port(transport, GatewayOptions::default(), args.port).await?
+    } else {
+        Cluster::start_enrolling_on_port(
+            transport,
+            edgebeat_gateway::enrollment::EnrollmentOptions::default(),
+            GatewayOptions::default(),
+            args.port,
+        )
+        .await?
+    };
+    let standin = cluster.standin.clone();
+    let url = standin.url();
+    let state = tempfile::tempdir()?;
     // Kubelet's intervals (or the file's), the demo's own gateway.
-    config.transport = cluster.agent_config("demo", &args.host_root).transport;
+    if args.plain {
+        config.transport = cluster.agent_config(&name, &args.host_root).transport;
+    } else {
+        // As `edgebeat-gateway token create --nodes <name> --uses 1`, put in the board's
+        // bootstrapTokenFile; certDir in a temporary directory.
+        let token = cluster
+            .bootstrap_token(&[name.as_str()], 1, Duration::from_secs(3600))
+            .await?;
+        let enrolled =
+            cluster.enrolled_agent_config(&name, &args.host_root, &token, state.path())?;
+        config.transport = enrolled.transport;
+        config.certificates = enrolled.certificates;
+        println!(
+            "bootstrap token {}.… for node {name:?} (edgebeat-gateway token create --nodes {name} --uses 1), certDir {}",
+            token.id,
+            state.path().join("pki").display()
+        );
+    }
     let agent = Agent::new(config, Arc::new(SystemClock))?;
-    let name = agent.node_name().to_owned();
 
     println!("edgebeat demo — stand-in apiserver (a test double, not a kube-apiserver) at {url}");
     match &cluster.broker {
@@ -143,6 +224,9 @@ async fn main() -> anyhow::Result<()> {
     println!("point real kubectl at it:");
     println!("  kubectl --server {url} get nodes -o wide");
     println!("  kubectl --server {url} get lease -n kube-node-lease");
+    if !args.plain {
+        println!("  kubectl --server {url} get csr");
+    }
     println!();
     let agent_task = tokio::spawn(agent.run(cancel.clone()));
     let started = Instant::now();
@@ -164,6 +248,7 @@ async fn main() -> anyhow::Result<()> {
     let mut last_renew = None;
     let mut last_ready = None;
     let mut renewals = 0u32;
+    let mut identified = args.plain;
     while !cancel.is_cancelled() {
         let seen = last_renew;
         let ready_seen = last_ready.clone();
@@ -180,6 +265,25 @@ async fn main() -> anyhow::Result<()> {
             continue;
         }
         if let Some(node) = standin.node(&name) {
+            let certificate = node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("edgebeat.io/node-certificate-sha256"))
+                .cloned();
+            if !identified && let Some(sha256) = certificate {
+                identified = true;
+                println!(
+                    "[{:>6.1}s] kubectl get csr",
+                    started.elapsed().as_secs_f64()
+                );
+                print_csrs(&standin).await?;
+                println!(
+                    "[{:>6.1}s] node {name} speaks with its enrolled certificate sha256:{}… (annotation edgebeat.io/node-certificate-sha256)",
+                    started.elapsed().as_secs_f64(),
+                    &sha256[..sha256.len().min(16)]
+                );
+            }
             let ready = node.status.clone().and_then(|s| {
                 s.conditions?
                     .into_iter()

@@ -190,7 +190,7 @@ fn with_tls(endpoint: Endpoint, options: &GrpcUplinkOptions) -> Result<Endpoint,
 
 /// The TLS part of [`with_tls`]. Errors: what is unusable, for [`GrpcUplinkError::Tls`].
 #[cfg(feature = "grpc-tls")]
-fn with_tls_config(
+pub(super) fn with_tls_config(
     endpoint: Endpoint,
     tls: &ClientTls,
     server_name: Option<&str>,
@@ -242,8 +242,8 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// connection, so a dead link is noticed within one `user_timeout` of the next renewal,
 /// without HTTP/2 pings while renewals flow.
 #[derive(Clone, Copy)]
-struct Connector {
-    user_timeout: Duration,
+pub(super) struct Connector {
+    pub(super) user_timeout: Duration,
 }
 
 impl tonic::codegen::Service<tonic::transport::Uri> for Connector {

@@ -128,6 +128,7 @@ mod client {
             endpoint: endpoint.to_owned(),
             message,
         };
+        #[cfg_attr(not(feature = "grpc-tls"), allow(unused_mut))]
         let mut channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
             .map_err(|e| bad(e.to_string()))?
             .connect_timeout(timeout)
@@ -136,15 +137,8 @@ mod client {
             (None, false) => {}
             #[cfg(feature = "grpc-tls")]
             (Some(tls), true) => {
-                let mut config = tonic::transport::ClientTlsConfig::new()
-                    .ca_certificate(tonic::transport::Certificate::from_pem(&tls.ca_pem));
-                if let Some(identity) = &tls.client_identity {
-                    config = config.identity(tonic::transport::Identity::from_pem(
-                        &identity.cert_pem,
-                        &identity.key_pem,
-                    ));
-                }
-                channel = channel.tls_config(config).map_err(|e| bad(e.to_string()))?;
+                channel = crate::grpc::client::with_tls_config(channel, tls, None, timeout)
+                    .map_err(bad)?;
             }
             _ => {
                 return Err(bad(
@@ -152,8 +146,11 @@ mod client {
                 ));
             }
         }
+        // The uplink's own connector: one TCP and HTTP/2 stack in the agent, not two.
         let channel = channel
-            .connect()
+            .connect_with_connector(crate::grpc::client::Connector {
+                user_timeout: timeout,
+            })
             .await
             .map_err(|e| EnrollmentClientError::Unanswered(e.to_string()))?;
         let mut client = EnrollmentClient::new(channel)
