@@ -18,8 +18,9 @@
 //!    usage but digital signature and client auth, a P-256 or Ed25519 key.
 //! 3. **A `certificates.k8s.io/v1` CertificateSigningRequest**, named after the key and
 //!    the node (`edgebeat-<hash>`), so a retried request finds its own; labelled with the
-//!    token that proved it (its uses are the CSRs so labelled), annotated with the node,
-//!    transport and proof. `kubectl get csr` shows every enrollment and rotation.
+//!    token that proved it, annotated with the node, transport and proof; a new CSR counts
+//!    one use of the token, recorded in its Secret ([`tokens::USAGE_COUNT_KEY`]), so the
+//!    count outlives CSRs that the garbage collector deletes. `kubectl get csr` shows every enrollment and rotation.
 //! 4. **Approval** through the `/approval` subresource: with [`Approval::Auto`] every
 //!    proved request; with [`Approval::Manual`] rotations only, first enrollments waiting
 //!    for `kubectl certificate approve` (the agent asks again with backoff).
@@ -183,15 +184,6 @@ enum Outcome {
     Silent(&'static str),
 }
 
-/// How long a replica trusts its list of a bootstrap token's CSRs: 30 s.
-pub const TOKEN_USES_RESYNC: Duration = Duration::from_secs(30);
-
-/// The CSRs of one bootstrap token a replica knows of, and when it last listed them.
-struct TokenUses {
-    names: HashSet<String>,
-    listed_at: tokio::time::Instant,
-}
-
 /// The latest request accepted from a node: its boot ID, sequence number, and when.
 type Seen = (Vec<u8>, u64, Timestamp);
 
@@ -266,8 +258,11 @@ pub struct Enrollment {
     /// Latest `(boot ID, seq)` accepted per node, and when: replays are refused for
     /// twice the clock window, after which the window refuses them.
     seen: Mutex<HashMap<String, Seen>>,
-    /// The CSRs of each bootstrap token, by token id (see [`Enrollment::token_uses`]).
-    token_uses: Mutex<HashMap<String, TokenUses>>,
+    /// Uses of each bootstrap token this replica made and has not yet added to the token's
+    /// Secret, by token id (see [`Enrollment::flush_uses`]).
+    unrecorded_uses: Mutex<HashMap<String, u32>>,
+    /// Held while uses are written to a token's Secret.
+    recording_uses: tokio::sync::Mutex<()>,
     /// Requests and outcomes, for `/metrics`.
     pub counters: EnrollmentCounters,
 }
@@ -314,7 +309,8 @@ impl Enrollment {
             identity,
             clock,
             seen: Mutex::default(),
-            token_uses: Mutex::default(),
+            unrecorded_uses: Mutex::default(),
+            recording_uses: tokio::sync::Mutex::default(),
             counters: EnrollmentCounters::default(),
         })
     }
@@ -572,13 +568,18 @@ impl Enrollment {
                 ),
             )));
         }
-        // Uses: the CSRs this token created, other than this request's own.
+        // Uses: those its Secret records, and those this replica made since. A retry of a
+        // request whose CSR exists already (pending approval) is not a new use.
+        let unrecorded = self
+            .unrecorded_uses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&token.id)
+            .copied()
+            .unwrap_or(0);
+        let used = token.used.saturating_add(unrecorded);
         let own = csr_name(&request.csr, node);
-        let used = self
-            .token_uses(&token.id, &own)
-            .await
-            .map_err(|e| Err(format!("counting the token's uses: {e}")))?;
-        if used >= usize::try_from(token.usage_limit).unwrap_or(usize::MAX) {
+        if used >= token.usage_limit && !self.csr_exists(&own).await {
             return Err(Ok(refuse(
                 "token_used_up",
                 format!(
@@ -590,56 +591,65 @@ impl Enrollment {
         Ok(token.id)
     }
 
-    /// How many CSRs bootstrap token `id` has created, other than `own`: the CSRs labelled
-    /// with it, listed at most every [`TOKEN_USES_RESYNC`] per token, and those this replica
-    /// created since. Exact with one replica; with several, a replica learns of the
-    /// others' creations at its next list, so a token can overshoot its limit by what other
-    /// replicas created within one resync.
-    async fn token_uses(&self, id: &str, own: &str) -> Result<usize, kube::Error> {
-        let fresh = {
-            let uses = self
-                .token_uses
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            uses.get(id)
-                .filter(|u| u.listed_at.elapsed() < TOKEN_USES_RESYNC)
-                .map(|u| u.names.iter().filter(|n| n.as_str() != own).count())
-        };
-        if let Some(count) = fresh {
-            return Ok(count);
-        }
+    /// Whether CSR `name` exists (a token's use already counted, when a request is asked
+    /// again). An apiserver error counts as "no": the request is then refused as over its
+    /// limit, and asked again later.
+    async fn csr_exists(&self, name: &str) -> bool {
         let csrs: Api<CertificateSigningRequest> = Api::all(self.client.clone());
-        let listed = csrs
-            .list(&kube::api::ListParams::default().labels(&format!("{TOKEN_LABEL}={id}")))
-            .await?;
-        let names: HashSet<String> = listed
-            .items
-            .into_iter()
-            .filter_map(|c| c.metadata.name)
-            .collect();
-        let count = names.iter().filter(|n| n.as_str() != own).count();
-        self.token_uses
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
-                id.to_owned(),
-                TokenUses {
-                    names,
-                    listed_at: tokio::time::Instant::now(),
-                },
-            );
-        Ok(count)
+        matches!(csrs.get_metadata_opt(name).await, Ok(Some(_)))
     }
 
-    /// Counts CSR `name`, just created, as a use of token `id`.
-    fn token_used(&self, id: &str, name: &str) {
-        if let Some(uses) = self
-            .token_uses
+    /// Counts a CSR just created with token `id`, and adds the uses not yet recorded to
+    /// the token's Secret ([`tokens::record_uses`]): one writer at a time per replica, each
+    /// write carrying every use made meanwhile, so a storm of enrollments with one token
+    /// costs a few Secret writes a second rather than one (and its conflicts) per
+    /// enrollment. With several replicas a token can overshoot its limit by the uses the
+    /// others have not yet written (the requests in flight there).
+    async fn token_used(&self, id: &str) {
+        *self
+            .unrecorded_uses
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get_mut(id)
-        {
-            uses.names.insert(name.to_owned());
+            .entry(id.to_owned())
+            .or_default() += 1;
+        self.flush_uses(id).await;
+    }
+
+    /// Writes token `id`'s unrecorded uses to its Secret, until none are left (see
+    /// [`Enrollment::token_used`]); a failure is logged and left for the next use.
+    async fn flush_uses(&self, id: &str) {
+        let _recording = self.recording_uses.lock().await;
+        loop {
+            let pending = self
+                .unrecorded_uses
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(id)
+                .copied()
+                .unwrap_or(0);
+            if pending == 0 {
+                return;
+            }
+            match tokens::record_uses(self.client.clone(), &self.options.namespace, id, pending)
+                .await
+            {
+                Ok(_) => {
+                    let mut unrecorded = self
+                        .unrecorded_uses
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if let Some(n) = unrecorded.get_mut(id) {
+                        *n = n.saturating_sub(pending);
+                        if *n == 0 {
+                            unrecorded.remove(id);
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(token = id, %error, "the token's uses could not be recorded; trying again with its next use");
+                    return;
+                }
+            }
         }
     }
 
@@ -734,7 +744,7 @@ impl Enrollment {
         let mut csr = match api.create(&PostParams::default(), &wanted).await {
             Ok(created) => {
                 if let Proof::Token(id) = proof {
-                    self.token_used(id, &name);
+                    self.token_used(id).await;
                 }
                 created
             }

@@ -20,7 +20,7 @@ use edgebeat_transports::signing::{AnswerSigner, CertificateVerifier};
 
 /// Receives edgebeat heartbeats and writes Node status and Leases to Kubernetes.
 #[derive(Parser, Debug)]
-#[command(version, about, args_conflicts_with_subcommands = true)]
+#[command(version, about)]
 struct Args {
     /// What else to do instead of serving (`token create`).
     #[command(subcommand)]

@@ -122,7 +122,14 @@ async fn enrolls_and_heartbeats_identified(transport: Transport) {
         .unwrap();
     assert_eq!(enrollment.counters.get("token", "issued"), 1);
 
-    // The token enrolled its one node: another board with it gets nothing.
+    // The token enrolled its one node: another board with it gets nothing, also once the
+    // garbage collector has deleted the issued CSR (kube-controller-manager's csrcleaner
+    // does after an hour): the token's Secret counts its uses.
+    let operator = edgebeat_tests::harness::operator_client(&cluster.standin).unwrap();
+    Api::<CertificateSigningRequest>::all(operator)
+        .delete(csr.metadata.name.as_deref().unwrap(), &Default::default())
+        .await
+        .unwrap();
     let dir2 = tempfile::tempdir().unwrap();
     let config = cluster
         .enrolled_agent_config("plant-3-02", host.path(), &token, dir2.path())
@@ -132,7 +139,7 @@ async fn enrolls_and_heartbeats_identified(transport: Transport) {
         enrollment.counters.get("token", "token_used_up") >= 1
     })
     .await;
-    assert_eq!(csrs(&cluster).await.len(), 1, "nothing written for it");
+    assert!(csrs(&cluster).await.is_empty(), "nothing written for it");
     assert!(cluster.standin.node("plant-3-02").is_none());
     refused.stop().await.unwrap();
     agent.stop().await.unwrap();

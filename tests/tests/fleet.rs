@@ -101,3 +101,57 @@ async fn a_fleet_over_grpc_never_expires() {
 async fn a_fleet_over_mqtt_never_expires() {
     fleet_through_one_gateway(Transport::Mqtt).await;
 }
+
+/// The enrollment storm, short: 200 nodes with one bootstrap token start at once, each
+/// enrolls as the agent does (gateway limits as deployed, but per source raised: every
+/// simulated board dials from 127.0.0.1) and then renews with its certificate. Every node
+/// ends identified; the timed 10,000-node figure is `edgebeat-fleet --enroll`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_enrolling_at_once_ends_identified() {
+    const FLEET: usize = 200;
+    let mut gateway = edgebeat_tests::harness::gateway_options();
+    gateway.enrollment_limits.per_source_rate = 1000.0;
+    gateway.enrollment_limits.per_source_burst = 1000.0;
+    let cluster = Cluster::start_enrolling(
+        Transport::Grpc,
+        edgebeat_gateway::enrollment::EnrollmentOptions::default(),
+        gateway,
+    )
+    .await
+    .unwrap();
+    cluster.standin.set_recording(false);
+    let token = cluster
+        .bootstrap_token(&["sim-*"], FLEET as u32, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let mut options = FleetOptions::new(FLEET, FleetTransport::Grpc(cluster.grpc_url.clone()));
+    options.ramp = Duration::ZERO;
+    options.lease_duration_seconds = LEASE_SECONDS;
+    options.renew_interval = Duration::from_secs(2);
+    options.enroll = Some(edgebeat_tests::fleet::FleetEnrollment {
+        url: cluster.enrolling.as_ref().unwrap().enrollment_urls[0].clone(),
+        token,
+    });
+    let stats = Arc::new(FleetStats::default());
+    let cancel = CancellationToken::new();
+    let fleet = tokio::spawn(run_fleet(options, stats.clone(), cancel.clone()));
+    wait_for("every node identified", Duration::from_secs(60), || {
+        stats.identified.load(Ordering::Relaxed) >= FLEET as u64
+    })
+    .await;
+    cancel.cancel();
+    fleet.await.unwrap();
+    let enrollment = cluster.replicas[0]
+        .as_ref()
+        .unwrap()
+        .enrollment
+        .clone()
+        .unwrap();
+    assert_eq!(enrollment.counters.get("token", "issued"), FLEET as u64);
+    assert_eq!(stats.enrolled.load(Ordering::Relaxed), FLEET as u64);
+    println!(
+        "{FLEET} nodes enrolled with {} requests ({} retried)",
+        stats.enrollment_requests.load(Ordering::Relaxed),
+        stats.enrollment_retries.load(Ordering::Relaxed)
+    );
+}

@@ -32,7 +32,15 @@ pub struct TokenSpec {
     pub nodes: Vec<String>,
     /// How many nodes it may enroll (CertificateSigningRequests it may create).
     pub usage_limit: u32,
+    /// How many it has enrolled, as recorded in the Secret ([`USAGE_COUNT_KEY`]; 0 when
+    /// absent).
+    pub used: u32,
 }
+
+/// Key of a token Secret's data that counts the CSRs the token created, written by the
+/// gateways ([`record_uses`]): the count survives CSRs being garbage-collected
+/// (kube-controller-manager's csrcleaner deletes issued ones after an hour) and restarts.
+pub const USAGE_COUNT_KEY: &str = "usage-count";
 
 impl TokenSpec {
     /// The token's secret half.
@@ -84,6 +92,10 @@ impl TokenSpec {
             usage_limit: field("usage-limit")?
                 .parse()
                 .map_err(|_| bad("usage-limit"))?,
+            used: match field(USAGE_COUNT_KEY) {
+                Ok(count) => count.parse().map_err(|_| bad(USAGE_COUNT_KEY))?,
+                Err(_) => 0,
+            },
         })
     }
 
@@ -109,6 +121,39 @@ impl TokenSpec {
             type_: Some(TOKEN_SECRET_TYPE.to_owned()),
             data: Some(data),
             ..Secret::default()
+        }
+    }
+}
+
+/// Adds `n` to token `id`'s [`USAGE_COUNT_KEY`] in `namespace`, with the Secret's
+/// resourceVersion (a PUT that another writer's change makes fail with 409 is read and tried
+/// again, up to 10 times). Returns the count written.
+///
+/// Errors: [`EnrollmentError::Apiserver`] (the Secret gone, conflicts past the tries), or
+/// [`EnrollmentError::Token`] for a Secret that is not a token's.
+pub async fn record_uses(
+    client: kube::Client,
+    namespace: &str,
+    id: &str,
+    n: u32,
+) -> Result<u32, EnrollmentError> {
+    let secrets: Api<Secret> = Api::namespaced(client, namespace);
+    let name = token_secret_name(id);
+    let mut tries = 0;
+    loop {
+        let mut secret = secrets.get(&name).await?;
+        let count = TokenSpec::from_secret(&secret)?.used.saturating_add(n);
+        secret.data.get_or_insert_default().insert(
+            USAGE_COUNT_KEY.to_owned(),
+            ByteString(count.to_string().into_bytes()),
+        );
+        match secrets
+            .replace(&name, &PostParams::default(), &secret)
+            .await
+        {
+            Ok(_) => return Ok(count),
+            Err(kube::Error::Api(status)) if status.code == 409 && tries < 10 => tries += 1,
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -172,6 +217,7 @@ pub async fn create_token(
             .map_err(|e| EnrollmentError::Token(format!("--ttl: {e}")))?,
         nodes,
         usage_limit: uses,
+        used: 0,
     };
     let token = BootstrapToken::new(&spec.id, &spec.secret, pin)
         .map_err(|e| EnrollmentError::Token(e.to_string()))?;
@@ -209,6 +255,7 @@ mod tests {
             expires: Timestamp::UNIX_EPOCH,
             nodes: vec!["plant-3-*".into(), "edge-01".into()],
             usage_limit: 2,
+            used: 0,
         };
         assert!(spec.allows("plant-3-17"));
         assert!(spec.allows("edge-01"));

@@ -242,3 +242,58 @@ fn endless_files_are_refused_naming_the_flag() {
         "{err}"
     );
 }
+
+/// `token create` takes the cluster flags before or after it, and durations with a unit.
+#[test]
+fn token_create_parses_with_the_cluster_flags_anywhere() {
+    for flags in [
+        &[
+            "--server",
+            "http://127.0.0.1:1",
+            "token",
+            "create",
+            "--nodes",
+            "plant-3-*,edge-01",
+            "--ttl",
+            "2h",
+            "--uses",
+            "5",
+        ][..],
+        &[
+            "token",
+            "create",
+            "--server",
+            "http://127.0.0.1:1",
+            "--nodes=plant-3-*,edge-01",
+            "--ttl=2h",
+            "--uses=5",
+        ][..],
+    ] {
+        let args = parse(flags).unwrap();
+        let Some(Command::Token(TokenCommand::Create { nodes, ttl, uses })) = args.command else {
+            panic!("{flags:?}: no token create");
+        };
+        assert_eq!(nodes, ["plant-3-*", "edge-01"]);
+        assert_eq!(ttl, Duration::from_secs(7200));
+        assert_eq!(uses, 5);
+        assert_eq!(args.cluster.server.as_deref(), Some("http://127.0.0.1:1"));
+    }
+    assert!(parse(&["token", "create"]).is_err(), "--nodes is required");
+    assert!(parse_duration("30m").is_ok_and(|d| d == Duration::from_secs(1800)));
+    for bad in ["", "h", "10", "10y", "0s", "-1h"] {
+        assert!(parse_duration(bad).is_err(), "{bad:?}");
+    }
+    let enrolling = parse(&[
+        "--enrollment",
+        "--grpc-enrollment-listen",
+        "0.0.0.0:7444",
+        "--csr-approval",
+        "manual",
+    ])
+    .unwrap();
+    assert!(enrolling.enrollment && enrolling.csr_approval == CsrApproval::Manual);
+    assert!(
+        parse(&["--grpc-enrollment-listen", "0.0.0.0:7444"]).is_err(),
+        "the enrollment listener needs --enrollment"
+    );
+}
