@@ -24,6 +24,7 @@ pub mod freshness;
 pub mod gateway;
 pub mod metrics;
 pub mod patch;
+pub mod reload;
 pub mod restriction;
 pub mod view;
 mod writer;

@@ -44,7 +44,9 @@ struct Args {
     #[arg(long, default_value_t = edgebeat_gateway::gateway::DEFAULT_MAX_NODES)]
     max_nodes: usize,
     /// PEM certificate chain of the gRPC listener (with --grpc-tls-key): serve gRPC over TLS.
-    /// Read once at start; restart to rotate.
+    /// Read again every 10 s with its key and --grpc-client-ca: a renewed certificate or CA
+    /// bundle (cert-manager, a mounted Secret) is used for new handshakes, open connections
+    /// keep theirs. During a CA change, put the old and the new CA in the bundle.
     #[arg(long, value_name = "FILE", requires = "grpc_tls_key")]
     grpc_tls_cert: Option<PathBuf>,
     /// PEM private key of --grpc-tls-cert.
@@ -391,12 +393,15 @@ async fn run() -> anyhow::Result<()> {
         }
         false => None,
     };
-    let grpc_options = match args.grpc_listen {
+    let mut grpc_options = match args.grpc_listen {
         Some(_) => Some(grpc_server_options(&args, enrollment.as_deref())?),
         None => None,
     };
     let mqtt_options = mqtt_ingress_options(&args, enrollment.as_deref())?;
     let posture = posture(&args, grpc_options.as_ref(), mqtt_options.as_ref())?;
+    if let Some(options) = grpc_options.as_mut() {
+        options.tls_updates = grpc_tls_updates(&args, options.tls.clone(), enrollment.clone());
+    }
     if args.max_nodes == 0 {
         anyhow::bail!("--max-nodes must be at least 1");
     }
@@ -778,6 +783,43 @@ fn grpc_server_options(
         require_node_identity,
         ..GrpcServerOptions::default()
     })
+}
+
+/// New TLS material for the gRPC listener when --grpc-tls-cert, --grpc-tls-key or
+/// --grpc-client-ca change on disk ([`edgebeat_gateway::reload`]), checked as at start and
+/// with the site CA added under --enrollment; `None` without those files.
+fn grpc_tls_updates(
+    args: &Args,
+    initial: Option<GrpcServerTls>,
+    enrollment: Option<Arc<Enrollment>>,
+) -> Option<tokio::sync::watch::Receiver<GrpcServerTls>> {
+    let (cert, key, initial) = (
+        args.grpc_tls_cert.clone()?,
+        args.grpc_tls_key.clone()?,
+        initial?,
+    );
+    let mut paths = vec![cert, key];
+    paths.extend(args.grpc_client_ca.clone());
+    Some(edgebeat_gateway::reload::watch_files(
+        paths,
+        edgebeat_gateway::reload::RELOAD_PERIOD,
+        initial,
+        move |mut files| {
+            let client_ca = (files.len() > 2).then(|| files.remove(2));
+            let key_pem = files.remove(1);
+            let cert_pem = files.remove(0);
+            let tls = GrpcServerTls {
+                cert_pem,
+                key_pem,
+                client_ca_pem: match &enrollment {
+                    Some(enrollment) => Some(enrollment.node_ca_pem(client_ca)),
+                    None => client_ca,
+                },
+            };
+            tls.check()?;
+            Ok(tls)
+        },
+    ))
 }
 
 /// The gRPC enrollment listener's TLS: --grpc-tls-cert and --grpc-tls-key when given

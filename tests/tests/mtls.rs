@@ -706,3 +706,104 @@ fn tls_handshake_cost_over_loopback() {
         "{server_to_client}"
     );
 }
+
+/// The gateway's serving certificate replaced on disk (cert-manager renewing it into a
+/// mounted Secret, here from another CA): new handshakes use the new one, the stream an
+/// agent opened before goes on with no reconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serving_certificate_replaced_on_disk_serves_new_handshakes_and_open_streams_go_on() {
+    let site = Ca::new("site");
+    let next = Ca::new("next serving CA");
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let first = site.server();
+    std::fs::write(&cert, &first.cert_pem).unwrap();
+    std::fs::write(&key, &first.key_pem).unwrap();
+    let mut grpc = edgebeat_tests::harness::mtls_options(&site);
+    let initial = grpc.tls.clone().unwrap();
+    let client_ca = site.cert_pem.clone().into_bytes();
+    grpc.tls_updates = Some(edgebeat_gateway::reload::watch_files(
+        vec![cert.clone(), key.clone()],
+        Duration::from_millis(100),
+        initial,
+        move |files| {
+            let tls = edgebeat_transports::grpc::GrpcServerTls {
+                cert_pem: files[0].clone(),
+                key_pem: files[1].clone(),
+                client_ca_pem: Some(client_ca.clone()),
+            };
+            tls.check()?;
+            Ok(tls)
+        },
+    ));
+    let cluster = Cluster::start_grpc_with(grpc, GatewayOptions::default())
+        .await
+        .unwrap();
+    let mut before = agent_config(
+        &cluster,
+        "edge-before",
+        &site,
+        Some(&site.node("edge-before")),
+    );
+    before.healthz_bind_address = Some("127.0.0.1:0".parse().unwrap());
+    let before = cluster.start_agent(before).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "edge-before leased", |v| {
+            v.lease(LEASE_NS, "edge-before").is_some()
+        })
+        .await
+        .unwrap();
+
+    // Renewed: a certificate from another CA, written as a Secret update would (the key
+    // first: for a moment the pair does not match, and is refused until it does).
+    let renewed = next.server();
+    std::fs::write(&key, &renewed.key_pem).unwrap();
+    std::fs::write(&cert, &renewed.cert_pem).unwrap();
+    let after = agent_config(
+        &cluster,
+        "edge-after",
+        &next,
+        Some(&site.node("edge-after")),
+    );
+    let after = cluster.start_agent(after).unwrap();
+    cluster
+        .standin
+        .wait_until(
+            DEADLINE,
+            "edge-after leased through the new certificate",
+            |v| v.lease(LEASE_NS, "edge-after").is_some(),
+        )
+        .await
+        .unwrap();
+    // The old stream goes on: more renewals, and its agent never lost its registration.
+    cluster
+        .wait_for_renewals("edge-before", 3, DEADLINE)
+        .await
+        .unwrap();
+    let addr = before.agent.observe_addr().unwrap();
+    let (_, metrics) = edgebeat_tests::harness::http_get(addr, "/metrics")
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("edgebeat_agent_transport_reconnects_total 0"),
+        "{metrics}"
+    );
+    // And a new connection that trusts only the old CA is refused now.
+    let handshakes = cluster.rejections(RejectReason::TlsHandshake);
+    let stale = agent_config(
+        &cluster,
+        "edge-stale",
+        &site,
+        Some(&site.node("edge-stale")),
+    );
+    let stale = cluster.start_agent(stale).unwrap();
+    wait_for("the old CA's client refused", DEADLINE, || {
+        cluster.rejections(RejectReason::TlsHandshake) > handshakes
+    })
+    .await;
+    assert!(cluster.standin.lease(LEASE_NS, "edge-stale").is_none());
+    for agent in [before, after, stale] {
+        agent.stop().await.unwrap();
+    }
+}

@@ -47,6 +47,12 @@ pub struct GrpcServerOptions {
     /// address: handshakes take milliseconds and an evicted one reconnects with backoff,
     /// so a site of hundreds reconnecting at once still gets in within seconds.
     pub max_handshakes_per_address: usize,
+    /// New TLS material for the listener while it serves (default none): each value that
+    /// arrives (a serving certificate renewed by cert-manager, a client CA bundle with the
+    /// old and the new CA during a CA change) is used for every handshake from then on;
+    /// connections already open keep theirs. A value that does not build is logged and the
+    /// previous one kept. Only with [`GrpcServerOptions::tls`].
+    pub tls_updates: Option<tokio::sync::watch::Receiver<GrpcServerTls>>,
 }
 
 impl Default for GrpcServerOptions {
@@ -59,6 +65,7 @@ impl Default for GrpcServerOptions {
             require_node_identity: false,
             max_handshakes: 1024,
             max_handshakes_per_address: 32,
+            tls_updates: None,
         }
     }
 }
@@ -246,7 +253,9 @@ fn tls_incoming<H: Handler>(
     closing: tokio_util::sync::CancellationToken,
 ) -> ReceiverStream<Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::io::Error>>
 {
-    let config = Arc::new(config);
+    let mut config = Arc::new(config);
+    let mut updates = options.tls_updates.clone();
+    let require_client_cert = options.require_node_identity;
     let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
     let handshakes = Handshakes::new(options.max_handshakes, options.max_handshakes_per_address);
     tokio::spawn(async move {
@@ -254,6 +263,29 @@ fn tls_incoming<H: Handler>(
             let accepted = tokio::select! {
                 () = closing.cancelled() => return,
                 () = tx.closed() => return,
+                changed = async {
+                    match updates.as_mut() {
+                        Some(updates) => updates.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    match changed {
+                        Ok(()) => {
+                            let tls = updates.as_mut().map(|u| u.borrow_and_update().clone());
+                            match tls.map(|t| t.rustls_config(require_client_cert)) {
+                                Some(Ok(new)) => {
+                                    tracing::info!("gRPC TLS material reloaded: new handshakes use it");
+                                    config = Arc::new(new);
+                                }
+                                Some(Err(error)) => tracing::warn!(%error, "new gRPC TLS material refused; the previous stays in use"),
+                                None => {}
+                            }
+                        }
+                        // The sender is gone: no more updates.
+                        Err(_) => updates = None,
+                    }
+                    continue;
+                }
                 accepted = listener.accept() => accepted,
             };
             let (stream, remote) = match accepted {
