@@ -128,6 +128,33 @@ pub fn operator_client(standin: &StandInHandle) -> anyhow::Result<kube::Client> 
     Ok(kube_client(config, 1000)?)
 }
 
+/// Approves CertificateSigningRequest `name` as `kubectl certificate approve` does, as the
+/// operator ([`OPERATOR`]): the Approved condition (reason `KubectlApprove`) through the
+/// `/approval` subresource.
+///
+/// Errors: the CSR cannot be read or the approval is refused.
+pub async fn approve_csr(standin: &StandInHandle, name: &str) -> anyhow::Result<()> {
+    use k8s_openapi::api::certificates::v1::{
+        CertificateSigningRequest, CertificateSigningRequestCondition,
+    };
+    let api: kube::Api<CertificateSigningRequest> = kube::Api::all(operator_client(standin)?);
+    let mut csr = api.get(name).await?;
+    csr.status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default()
+        .push(CertificateSigningRequestCondition {
+            type_: "Approved".into(),
+            status: "True".into(),
+            reason: Some("KubectlApprove".into()),
+            message: Some("This CSR was approved by kubectl certificate approve.".into()),
+            ..Default::default()
+        });
+    api.replace_subresource("approval", name, &kube::api::PostParams::default(), &csr)
+        .await?;
+    Ok(())
+}
+
 /// Path of a committed fixture host tree (`tests/fixtures/<name>`).
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -335,6 +362,20 @@ impl Cluster {
             .start_replica_on(options, listener, Vec::new())
             .await?;
         Ok(cluster)
+    }
+
+    /// The enrollment side of the first running replica of a [`Cluster::start_enrolling`]
+    /// cluster, for its counters and CA.
+    ///
+    /// # Panics
+    /// When no running replica enrolls (a test mistake).
+    pub fn enrollment(&self) -> Arc<edgebeat_gateway::enrollment::Enrollment> {
+        #[allow(clippy::expect_used)]
+        self.replicas
+            .iter()
+            .flatten()
+            .find_map(|r| r.enrollment.clone())
+            .expect("an enrolling gateway replica")
     }
 
     /// A bootstrap token of this cluster's site (see [`Cluster::start_enrolling`]) for

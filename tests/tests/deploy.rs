@@ -842,21 +842,8 @@ async fn enrollment_rbac_covers_every_request_of_enrolling_and_rotating() {
     let client = edgebeat_tests::harness::operator_client(&cluster.standin).unwrap();
     let api: kube::Api<k8s_openapi::api::certificates::v1::CertificateSigningRequest> =
         kube::Api::all(client);
-    let mut csr = api.list(&Default::default()).await.unwrap().items.remove(0);
-    csr.status
-        .get_or_insert_default()
-        .conditions
-        .get_or_insert_default()
-        .push(
-            k8s_openapi::api::certificates::v1::CertificateSigningRequestCondition {
-                type_: "Approved".into(),
-                status: "True".into(),
-                reason: Some("KubectlApprove".into()),
-                ..Default::default()
-            },
-        );
-    let name = csr.metadata.name.clone().unwrap();
-    api.replace_subresource("approval", &name, &Default::default(), &csr)
+    let csr = api.list(&Default::default()).await.unwrap().items.remove(0);
+    edgebeat_tests::harness::approve_csr(&cluster.standin, csr.metadata.name.as_deref().unwrap())
         .await
         .unwrap();
     edgebeat_tests::harness::wait_for("enrolled, then rotated", Duration::from_secs(90), || {

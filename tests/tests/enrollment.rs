@@ -20,6 +20,39 @@ use kube::Api;
 const DEADLINE: Duration = Duration::from_secs(30);
 const LEASE_NAMESPACE: &str = "kube-node-lease";
 
+/// An enrolling cluster over `transport`, a token for `nodes` with `uses`, and a host
+/// tree for agents.
+async fn enrolling(
+    transport: Transport,
+    options: EnrollmentOptions,
+    nodes: &[&str],
+    uses: u32,
+) -> (
+    Cluster,
+    edgebeat_transports::enroll::BootstrapToken,
+    tempfile::TempDir,
+) {
+    let cluster = Cluster::start_enrolling(transport, options, gateway_options())
+        .await
+        .unwrap();
+    let token = cluster
+        .bootstrap_token(nodes, uses, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    (cluster, token, fixture_copy("rpi4-cgroup1").unwrap())
+}
+
+/// Waits until `node`'s Lease exists.
+async fn leased(cluster: &Cluster, node: &str) {
+    cluster
+        .standin
+        .wait_until(DEADLINE, &format!("{node} enrolled and leased"), |v| {
+            v.lease(LEASE_NAMESPACE, node).is_some()
+        })
+        .await
+        .unwrap();
+}
+
 /// The CSRs the stand-in holds.
 async fn csrs(cluster: &Cluster) -> Vec<CertificateSigningRequest> {
     let client = kube_client(
@@ -63,27 +96,14 @@ fn recorded_certificate(cluster: &Cluster, node: &str) -> Option<String> {
 /// signed by the gateway, then heartbeats with the identity it got: the Lease renews and
 /// the Node records its certificate. A second board with the same one-use token is refused.
 async fn enrolls_and_heartbeats_identified(transport: Transport) {
-    let cluster =
-        Cluster::start_enrolling(transport, EnrollmentOptions::default(), gateway_options())
-            .await
-            .unwrap();
-    let token = cluster
-        .bootstrap_token(&["plant-3-*"], 1, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let (cluster, token, host) =
+        enrolling(transport, EnrollmentOptions::default(), &["plant-3-*"], 1).await;
     let dir = tempfile::tempdir().unwrap();
     let config = cluster
         .enrolled_agent_config("plant-3-01", host.path(), &token, dir.path())
         .unwrap();
     let agent = cluster.start_agent(config).unwrap();
-    cluster
-        .standin
-        .wait_until(DEADLINE, "enrolled and leased", |v| {
-            v.lease(LEASE_NAMESPACE, "plant-3-01").is_some()
-        })
-        .await
-        .unwrap();
+    leased(&cluster, "plant-3-01").await;
     cluster
         .wait_for_renewals("plant-3-01", 3, DEADLINE)
         .await
@@ -114,12 +134,7 @@ async fn enrolls_and_heartbeats_identified(transport: Transport) {
         std::fs::metadata(&pair).unwrap().permissions().mode() & 0o777,
         0o600
     );
-    let enrollment = cluster.replicas[0]
-        .as_ref()
-        .unwrap()
-        .enrollment
-        .clone()
-        .unwrap();
+    let enrollment = cluster.enrollment();
     assert_eq!(enrollment.counters.get("token", "issued"), 1);
 
     // The token enrolled its one node: another board with it gets nothing, also once the
@@ -165,26 +180,13 @@ async fn rotates_live(transport: Transport) {
         lifetime: LIFETIME,
         ..EnrollmentOptions::default()
     };
-    let cluster = Cluster::start_enrolling(transport, enrollment, gateway_options())
-        .await
-        .unwrap();
-    let token = cluster
-        .bootstrap_token(&["edge-01"], 1, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let (cluster, token, host) = enrolling(transport, enrollment, &["edge-01"], 1).await;
     let dir = tempfile::tempdir().unwrap();
     let config = cluster
         .enrolled_agent_config("edge-01", host.path(), &token, dir.path())
         .unwrap();
     let agent = cluster.start_agent(config).unwrap();
-    cluster
-        .standin
-        .wait_until(DEADLINE, "enrolled and leased", |v| {
-            v.lease(LEASE_NAMESPACE, "edge-01").is_some()
-        })
-        .await
-        .unwrap();
+    leased(&cluster, "edge-01").await;
     let first = recorded_certificate(&cluster, "edge-01");
     let first_pair = std::fs::read_to_string(
         dir.path()
@@ -192,12 +194,7 @@ async fn rotates_live(transport: Transport) {
             .join(edgebeat_agent::certificates::CURRENT_FILE),
     )
     .unwrap();
-    let enrollment = cluster.replicas[0]
-        .as_ref()
-        .unwrap()
-        .enrollment
-        .clone()
-        .unwrap();
+    let enrollment = cluster.enrollment();
     edgebeat_tests::harness::wait_for("three rotations", Duration::from_secs(60), || {
         enrollment.counters.get("certificate", "issued") >= 3
     })
@@ -274,25 +271,13 @@ async fn manual_approval_waits_without_flooding_until_approved() {
         approval: Approval::Manual,
         ..EnrollmentOptions::default()
     };
-    let cluster = Cluster::start_enrolling(Transport::Grpc, enrollment, gateway_options())
-        .await
-        .unwrap();
-    let token = cluster
-        .bootstrap_token(&["edge-*"], 10, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let (cluster, token, host) = enrolling(Transport::Grpc, enrollment, &["edge-*"], 10).await;
     let dir = tempfile::tempdir().unwrap();
     let config = cluster
         .enrolled_agent_config("edge-07", host.path(), &token, dir.path())
         .unwrap();
     let agent = cluster.start_agent(config).unwrap();
-    let enrollment = cluster.replicas[0]
-        .as_ref()
-        .unwrap()
-        .enrollment
-        .clone()
-        .unwrap();
+    let enrollment = cluster.enrollment();
     edgebeat_tests::harness::wait_for("two pending answers", DEADLINE, || {
         enrollment.counters.get("token", "pending") >= 2
     })
@@ -310,28 +295,8 @@ async fn manual_approval_waits_without_flooding_until_approved() {
     assert_eq!(enrollment.counters.pending(), 1);
 
     // Approve it as kubectl certificate approve does: PUT .../approval with the condition.
-    let client = kube_client(
-        kube::Config::new(cluster.standin.url().parse().unwrap()),
-        1000,
-    )
-    .unwrap();
-    let api: Api<CertificateSigningRequest> = Api::all(client);
     let name = all[0].metadata.name.clone().unwrap();
-    let mut csr = api.get(&name).await.unwrap();
-    csr.status
-        .get_or_insert_default()
-        .conditions
-        .get_or_insert_default()
-        .push(
-            k8s_openapi::api::certificates::v1::CertificateSigningRequestCondition {
-                type_: "Approved".into(),
-                status: "True".into(),
-                reason: Some("KubectlApprove".into()),
-                message: Some("This CSR was approved by kubectl certificate approve.".into()),
-                ..Default::default()
-            },
-        );
-    api.replace_subresource("approval", &name, &kube::api::PostParams::default(), &csr)
+    edgebeat_tests::harness::approve_csr(&cluster.standin, &name)
         .await
         .unwrap();
     cluster
@@ -386,12 +351,7 @@ async fn refused_requests_are_counted_and_write_nothing() {
     )
     .await
     .unwrap();
-    let enrollment = cluster.replicas[0]
-        .as_ref()
-        .unwrap()
-        .enrollment
-        .clone()
-        .unwrap();
+    let enrollment = cluster.enrollment();
     let token = cluster
         .bootstrap_token(&["plant-3-*"], 10, Duration::from_secs(3600))
         .await
@@ -513,24 +473,14 @@ async fn expire_token(cluster: &Cluster, id: &str) {
 /// and writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_mqtt_enrollment_gets_no_answer() {
-    let cluster = Cluster::start_enrolling(
+    let (cluster, token, host) = enrolling(
         Transport::Mqtt,
         EnrollmentOptions::default(),
-        gateway_options(),
+        &["edge-01"],
+        1,
     )
-    .await
-    .unwrap();
-    let enrollment = cluster.replicas[0]
-        .as_ref()
-        .unwrap()
-        .enrollment
-        .clone()
-        .unwrap();
-    let token = cluster
-        .bootstrap_token(&["edge-01"], 1, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    .await;
+    let enrollment = cluster.enrollment();
     let dir = tempfile::tempdir().unwrap();
     let config = cluster
         .enrolled_agent_config("edge-01", host.path(), &token, dir.path())
@@ -587,36 +537,20 @@ async fn a_replayed_mqtt_enrollment_gets_no_answer() {
 /// an enrolled node's renewals keep their pace meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enrollment_flood_leaves_enrolled_nodes_renewals_on_time() {
-    let cluster = Cluster::start_enrolling(
+    let (cluster, token, host) = enrolling(
         Transport::Grpc,
         EnrollmentOptions::default(),
-        gateway_options(),
+        &["edge-01"],
+        1,
     )
-    .await
-    .unwrap();
-    let enrollment = cluster.replicas[0]
-        .as_ref()
-        .unwrap()
-        .enrollment
-        .clone()
-        .unwrap();
-    let token = cluster
-        .bootstrap_token(&["edge-01"], 1, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    .await;
+    let enrollment = cluster.enrollment();
     let dir = tempfile::tempdir().unwrap();
     let config = cluster
         .enrolled_agent_config("edge-01", host.path(), &token, dir.path())
         .unwrap();
     let agent = cluster.start_agent(config).unwrap();
-    cluster
-        .standin
-        .wait_until(DEADLINE, "enrolled and leased", |v| {
-            v.lease(LEASE_NAMESPACE, "edge-01").is_some()
-        })
-        .await
-        .unwrap();
+    leased(&cluster, "edge-01").await;
     let before = cluster.standin.requests().len();
     // 16 senders, 50 requests each: tokens that do not exist, for made-up nodes.
     let forged =
