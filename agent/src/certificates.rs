@@ -576,7 +576,8 @@ impl Manager<'_> {
     }
 
     /// Waits until `identity` is due for rotation: its deadline at a random point of
-    /// [`ROTATION_WINDOW`], or the gateway's word (`due` changes). Wakes at most hourly to
+    /// [`ROTATION_WINDOW`], or the gateway's word (`due` changed since it was last seen: a
+    /// word that came before this call, with the first Register, counts). Wakes at most hourly to
     /// look at the wall clock again (a board's clock may jump at NTP sync). `false` when
     /// `cancel` fires first.
     pub async fn wait_due(
@@ -587,7 +588,6 @@ impl Manager<'_> {
     ) -> bool {
         let (low, high) = ROTATION_WINDOW;
         let deadline = identity.rotation_deadline(low + (high - low) * fastrand::f64());
-        due.mark_unchanged();
         loop {
             let left = deadline - self.now();
             if left <= 0 {
@@ -673,6 +673,8 @@ pub async fn run(
                     "node certificate rotated; reconnecting with it"
                 );
                 identity = new;
+                // What the gateway said of the old certificate is not about the new one.
+                due.mark_unchanged();
             }
             _ => return stopped,
         }

@@ -184,8 +184,13 @@ enum Outcome {
     Silent(&'static str),
 }
 
-/// The latest request accepted from a node: its boot ID, sequence number, and when.
-type Seen = (Vec<u8>, u64, Timestamp);
+/// The latest request accepted from each node (its boot ID, sequence number, and when),
+/// and when entries older than the replay window were last dropped.
+#[derive(Default)]
+struct Seen {
+    latest: HashMap<String, (Vec<u8>, u64, Timestamp)>,
+    swept: Option<Timestamp>,
+}
 
 /// A request's signed bytes and signature, when it came as a SignedMessage.
 type Signed = (Vec<u8>, Vec<u8>);
@@ -257,7 +262,7 @@ pub struct Enrollment {
     clock: Arc<dyn Clock>,
     /// Latest `(boot ID, seq)` accepted per node, and when: replays are refused for
     /// twice the clock window, after which the window refuses them.
-    seen: Mutex<HashMap<String, Seen>>,
+    seen: Mutex<Seen>,
     /// Uses of each bootstrap token this replica made and has not yet added to the token's
     /// Secret, by token id (see [`Enrollment::flush_uses`]).
     unrecorded_uses: Mutex<HashMap<String, u32>>,
@@ -501,21 +506,38 @@ impl Enrollment {
     /// Records `header`'s boot and sequence for its node; false when not above the last
     /// one of the same boot (a replay).
     fn first_time(&self, header: &Header) -> bool {
-        let now = Timestamp::now();
+        let now = self.now();
         let window = jiff::SignedDuration::try_from(self.options.max_clock_skew * 2)
             .unwrap_or(jiff::SignedDuration::MAX);
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        seen.retain(|_, (_, _, at)| now.duration_since(*at) < window);
-        match seen.get(&header.node_name) {
-            Some((boot, seq, _)) if *boot == header.boot_id && header.seq <= *seq => false,
+        // Entries past the window are dropped once a window, not scanned per request:
+        // the map holds at most two windows' worth of nodes.
+        if seen.swept.is_none_or(|t| now.duration_since(t) >= window) {
+            seen.latest
+                .retain(|_, (_, _, at)| now.duration_since(*at) < window);
+            seen.swept = Some(now);
+        }
+        match seen.latest.get(&header.node_name) {
+            Some((boot, seq, at))
+                if *boot == header.boot_id
+                    && header.seq <= *seq
+                    && now.duration_since(*at) < window =>
+            {
+                false
+            }
             _ => {
-                seen.insert(
+                seen.latest.insert(
                     header.node_name.clone(),
                     (header.boot_id.clone(), header.seq, now),
                 );
                 true
             }
         }
+    }
+
+    /// This replica's clock, as a timestamp.
+    fn now(&self) -> Timestamp {
+        Timestamp::from_second(clock_seconds(self.clock.as_ref())).unwrap_or(Timestamp::UNIX_EPOCH)
     }
 
     /// The token proof: the token's id when it holds. `Err(Ok(_))` refuses,
@@ -552,7 +574,7 @@ impl Enrollment {
                 "the token proof does not verify (another secret, or a request altered)",
             )));
         }
-        if token.expires <= Timestamp::now() {
+        if token.expires <= self.now() {
             return Err(Ok(refuse(
                 "token_expired",
                 format!("bootstrap token {} expired at {}", token.id, token.expires),
@@ -892,7 +914,7 @@ impl Enrollment {
                 "Approved by edgebeat-gateway: a rotation proved by the node's certificate".into()
             }
         };
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now());
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(self.now());
         let status = csr
             .status
             .get_or_insert_with(CertificateSigningRequestStatus::default);

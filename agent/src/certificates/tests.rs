@@ -125,3 +125,59 @@ fn a_bad_token_file_is_named() {
     std::fs::write(&file, format!("  {token}\n")).unwrap();
     assert_eq!(read_token(&file).unwrap().ca_pin, pin);
 }
+
+/// The gateway's "certificate due" that came with the first Register, before the manager
+/// started waiting, still starts a rotation (a board without a real-time clock hears it
+/// once per connection).
+#[tokio::test(start_paused = true)]
+async fn a_due_word_that_came_before_the_wait_still_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pair, ca) = issued("edge-01", 1, 11);
+    let identity = NodeIdentity::from_pem(&pair, &ca).unwrap();
+    let clock: std::sync::Arc<dyn Clock> = std::sync::Arc::new(Before2027);
+    let headers = HeaderFactory::new(
+        "edge-01".parse().unwrap(),
+        "0f8fad5b-d9cb-469f-a165-70867728950e",
+        clock.clone(),
+    );
+    let (metrics, _) = AgentMetrics::new("edge-01", "grpc");
+    let managed = ManagedCertificates {
+        bootstrap_token_file: dir.path().join("token"),
+        cert_dir: dir.path().join("pki"),
+        rotate_certificates: true,
+        enrollment_endpoint: Some("http://127.0.0.1:1".into()),
+    };
+    let transport =
+        TransportConfig::Grpc(crate::config::GrpcUplinkOptions::new("https://127.0.0.1:1"));
+    let manager = Manager {
+        managed: &managed,
+        transport: &transport,
+        headers: &headers,
+        clock: clock.as_ref(),
+        metrics: &metrics,
+        store: CertStore::open(&managed.cert_dir).unwrap(),
+    };
+    let (said, mut due) = tokio::sync::watch::channel(0u64);
+    said.send_replace(1);
+    let cancel = CancellationToken::new();
+    // By the clock the certificate is years from its deadline: only the gateway's word can
+    // end the wait at once.
+    let waited = tokio::time::timeout(
+        Duration::from_secs(1),
+        manager.wait_due(&identity, &mut due, &cancel),
+    )
+    .await;
+    assert_eq!(waited, Ok(true));
+}
+
+/// A wall clock standing at 2026-01-01, a year before [`issued`]'s certificates.
+struct Before2027;
+
+impl Clock for Before2027 {
+    fn now(&self) -> std::time::SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_767_225_600)
+    }
+    fn boottime(&self) -> Duration {
+        Duration::from_secs(60)
+    }
+}
