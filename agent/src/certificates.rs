@@ -79,6 +79,33 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest bootstrap token file, bytes (1 KiB; a token is 88 characters).
 const MAX_TOKEN_FILE_BYTES: u64 = 1024;
 
+/// Why a managed certificate could not be read, asked for or taken.
+#[derive(Debug, thiserror::Error)]
+pub enum CertificateError {
+    /// A certificate or key that does not parse or cannot be used (a file in `certDir`, an
+    /// issued chain).
+    #[error("unusable certificate: {0}")]
+    Unusable(String),
+    /// `bootstrapTokenFile` cannot be read or holds no token.
+    #[error("bootstrapTokenFile {}: {reason}", file.display())]
+    Token {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The node key cannot be made, stored or used for a request.
+    #[error("node key: {0}")]
+    Key(String),
+    /// No answer came: the gateway or broker unreachable, the request over the gateway's
+    /// limits, a timeout.
+    #[error("no answer: {0}")]
+    Unanswered(String),
+    /// An answer came but was not taken (see [`enroll::ReadAnswerError`]).
+    #[error(transparent)]
+    Answer(#[from] enroll::ReadAnswerError),
+}
+
 /// A node identity from the enrollment: the node certificate, its key, and the site CA.
 #[derive(Clone, PartialEq, Eq)]
 pub struct NodeIdentity {
@@ -107,20 +134,25 @@ impl NodeIdentity {
     /// The identity of a certificate file's PEM (the certificate first, then the key) and
     /// the site CA's PEM.
     ///
-    /// Errors: a message when either does not parse, or the certificate's validity cannot
-    /// be read.
-    pub fn from_pem(pair_pem: &str, ca_pem: &str) -> Result<Self, String> {
-        let certs = tls::parse_certificates(pair_pem.as_bytes())?;
-        let leaf = certs.first().ok_or("no certificate")?;
-        let key = match tls::parse_private_key(pair_pem.as_bytes())? {
+    /// Errors: [`CertificateError::Unusable`] when either does not parse, or the
+    /// certificate's validity cannot be read.
+    pub fn from_pem(pair_pem: &str, ca_pem: &str) -> Result<Self, CertificateError> {
+        let unusable = |why: &str| CertificateError::Unusable(why.to_owned());
+        let certs =
+            tls::parse_certificates(pair_pem.as_bytes()).map_err(CertificateError::Unusable)?;
+        let leaf = certs.first().ok_or_else(|| unusable("no certificate"))?;
+        let key = match tls::parse_private_key(pair_pem.as_bytes())
+            .map_err(CertificateError::Unusable)?
+        {
             rustls_pki_types::PrivateKeyDer::Pkcs8(key) => key,
-            _ => return Err("the key is not PKCS#8".into()),
+            _ => return Err(unusable("the key is not PKCS#8")),
         };
-        tls::parse_certificates(ca_pem.as_bytes())?
+        tls::parse_certificates(ca_pem.as_bytes())
+            .map_err(CertificateError::Unusable)?
             .first()
-            .ok_or("no site CA")?;
-        let (not_before, not_after) =
-            enroll::certificate_validity(leaf).ok_or("unreadable certificate validity")?;
+            .ok_or_else(|| unusable("no site CA"))?;
+        let (not_before, not_after) = enroll::certificate_validity(leaf)
+            .ok_or_else(|| unusable("unreadable certificate validity"))?;
         Ok(Self {
             cert_pem: enroll::pem("CERTIFICATE", leaf),
             key_pem: enroll::pem("PRIVATE KEY", key.secret_pkcs8_der()),
@@ -134,8 +166,10 @@ impl NodeIdentity {
     /// CA `ca` (DER).
     ///
     /// Errors: as [`NodeIdentity::from_pem`].
-    fn issued(chain: &[Vec<u8>], ca: &[u8], key: &NodeKeyPair) -> Result<Self, String> {
-        let leaf = chain.first().ok_or("an empty chain")?;
+    fn issued(chain: &[Vec<u8>], ca: &[u8], key: &NodeKeyPair) -> Result<Self, CertificateError> {
+        let leaf = chain
+            .first()
+            .ok_or_else(|| CertificateError::Unusable("an empty chain".into()))?;
         let pair = format!("{}{}", enroll::pem("CERTIFICATE", leaf), key.to_pem());
         Self::from_pem(&pair, &enroll::pem("CERTIFICATE", ca))
     }
@@ -162,8 +196,9 @@ impl NodeIdentity {
     }
 
     /// Signs certificate requests proved by this identity.
-    fn signer(&self) -> Result<MessageSigner, String> {
+    fn signer(&self) -> Result<MessageSigner, CertificateError> {
         MessageSigner::from_pem(self.cert_pem.as_bytes(), self.key_pem.as_bytes())
+            .map_err(CertificateError::Key)
     }
 }
 
@@ -232,7 +267,7 @@ impl CertStore {
     /// asks for the same certificate signing request).
     ///
     /// Errors: the key cannot be made or stored.
-    fn pending_key(&self) -> Result<NodeKeyPair, String> {
+    fn pending_key(&self) -> Result<NodeKeyPair, CertificateError> {
         if let Some(pem) = self.read(PENDING_KEY_FILE) {
             match tls::parse_private_key(pem.as_bytes()) {
                 Ok(rustls_pki_types::PrivateKeyDer::Pkcs8(der)) => {
@@ -246,9 +281,9 @@ impl CertStore {
                 _ => tracing::warn!("unusable pending key; making another"),
             }
         }
-        let key = NodeKeyPair::generate().map_err(|e| e.to_string())?;
+        let key = NodeKeyPair::generate().map_err(|e| CertificateError::Key(e.to_string()))?;
         write_atomically(&self.dir, PENDING_KEY_FILE, key.to_pem().as_bytes(), 0o600)
-            .map_err(|e| format!("storing the pending key: {e}"))?;
+            .map_err(|e| CertificateError::Key(format!("storing the pending key: {e}")))?;
         Ok(key)
     }
 
@@ -304,14 +339,18 @@ fn remove_if_present(path: &Path) -> std::io::Result<()> {
 
 /// Reads the bootstrap token of `file` (surrounding whitespace ignored).
 ///
-/// Errors: a message naming the file, for the log.
-pub fn read_token(file: &Path) -> Result<BootstrapToken, String> {
-    let bytes = edgebeat_hw::read_bounded(file, MAX_TOKEN_FILE_BYTES)
-        .map_err(|e| format!("bootstrapTokenFile {}: {e}", file.display()))?;
+/// Errors: [`CertificateError::Token`] naming the file.
+pub fn read_token(file: &Path) -> Result<BootstrapToken, CertificateError> {
+    let token = |reason: String| CertificateError::Token {
+        file: file.to_owned(),
+        reason,
+    };
+    let bytes =
+        edgebeat_hw::read_bounded(file, MAX_TOKEN_FILE_BYTES).map_err(|e| token(e.to_string()))?;
     String::from_utf8_lossy(&bytes)
         .trim()
-        .parse()
-        .map_err(|e| format!("bootstrapTokenFile {}: {e}", file.display()))
+        .parse::<BootstrapToken>()
+        .map_err(|e| token(e.to_string()))
 }
 
 /// One agent's certificate manager: how it asks and whom it trusts.
@@ -454,12 +493,12 @@ impl Manager<'_> {
     }
 
     /// One request proved by the bootstrap token, its answer verified against the pin.
-    async fn by_token(&self, key: &NodeKeyPair) -> Result<Attempt, String> {
+    async fn by_token(&self, key: &NodeKeyPair) -> Result<Attempt, CertificateError> {
         let token = read_token(&self.managed.bootstrap_token_file)?;
         let header = self.headers.next();
         let csr = key
             .certificate_request(self.headers.node_name())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| CertificateError::Key(e.to_string()))?;
         let payload = enroll::token_request(&token, header.clone(), csr);
         let trust = AnswerTrust::Pin(token.ca_pin);
         let answer = self.send(payload, &header, trust, None).await?;
@@ -471,18 +510,19 @@ impl Manager<'_> {
         &self,
         identity: &NodeIdentity,
         key: &NodeKeyPair,
-    ) -> Result<Attempt, String> {
+    ) -> Result<Attempt, CertificateError> {
         let header = self.headers.next();
         let csr = key
             .certificate_request(self.headers.node_name())
-            .map_err(|e| e.to_string())?;
-        let payload = enroll::certificate_request(&identity.signer()?, header.clone(), csr)?;
+            .map_err(|e| CertificateError::Key(e.to_string()))?;
+        let payload = enroll::certificate_request(&identity.signer()?, header.clone(), csr)
+            .map_err(CertificateError::Key)?;
         let trust = AnswerTrust::Ca(identity.ca_pem.as_bytes());
         let answer = self.send(payload, &header, trust, Some(identity)).await?;
         self.attempt(answer, key)
     }
 
-    fn attempt(&self, answer: Answered, key: &NodeKeyPair) -> Result<Attempt, String> {
+    fn attempt(&self, answer: Answered, key: &NodeKeyPair) -> Result<Attempt, CertificateError> {
         Ok(match answer {
             Answered::Issued { chain, ca } => {
                 Attempt::Issued(NodeIdentity::issued(&chain, &ca, key)?)
@@ -500,7 +540,7 @@ impl Manager<'_> {
         header: &Header,
         trust: AnswerTrust<'_>,
         identity: Option<&NodeIdentity>,
-    ) -> Result<Answered, String> {
+    ) -> Result<Answered, CertificateError> {
         #[cfg(not(feature = "mqtt"))]
         let _ = identity;
         let node = self.headers.node_name();
@@ -518,11 +558,9 @@ impl Manager<'_> {
         match self.transport {
             #[cfg(feature = "grpc")]
             TransportConfig::Grpc(_) => {
-                let endpoint = self
-                    .managed
-                    .enrollment_endpoint
-                    .as_deref()
-                    .ok_or("no transport.enrollmentEndpoint")?;
+                let endpoint = self.managed.enrollment_endpoint.as_deref().ok_or_else(|| {
+                    CertificateError::Unanswered("no transport.enrollmentEndpoint".into())
+                })?;
                 let tls = self.transport.tls();
                 let answer = edgebeat_transports::grpc::enroll::request_certificate(
                     endpoint,
@@ -531,8 +569,8 @@ impl Manager<'_> {
                     REQUEST_TIMEOUT,
                 )
                 .await
-                .map_err(|e| e.to_string())?;
-                read(&answer)
+                .map_err(|e| CertificateError::Unanswered(e.to_string()))?;
+                Ok(read(&answer)?)
             }
             #[cfg(feature = "mqtt")]
             TransportConfig::Mqtt(options) => {
@@ -545,12 +583,14 @@ impl Manager<'_> {
                                 ca_pem: identity.ca_pem.clone().into_bytes(),
                                 client_identity: None,
                             }
-                            .rustls_config()?,
+                            .rustls_config()
+                            .map_err(CertificateError::Unusable)?,
                         ),
                         (None, None) => match trust {
-                            AnswerTrust::Pin(pin) => {
-                                Some(enroll::PinnedCaVerifier::client_config(pin)?)
-                            }
+                            AnswerTrust::Pin(pin) => Some(
+                                enroll::PinnedCaVerifier::client_config(pin)
+                                    .map_err(CertificateError::Unusable)?,
+                            ),
                             AnswerTrust::Ca(_) => None,
                         },
                     };
@@ -563,13 +603,15 @@ impl Manager<'_> {
                         REQUEST_TIMEOUT,
                     )
                     .await
-                    .map_err(|e| e.to_string())?;
-                    read(&answer)
+                    .map_err(|e| CertificateError::Unanswered(e.to_string()))?;
+                    Ok(read(&answer)?)
                 }
                 #[cfg(not(feature = "mqtt-tls"))]
                 {
                     let _ = (options, payload, identity, read);
-                    Err("this build has no MQTT TLS".into())
+                    Err(CertificateError::Unanswered(
+                        "this build has no MQTT TLS".into(),
+                    ))
                 }
             }
         }

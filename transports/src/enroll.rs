@@ -499,12 +499,35 @@ pub enum AnswerTrust<'a> {
     Ca(&'a [u8]),
 }
 
+/// Why an answer to a certificate request was not taken (the agent ignores it and asks
+/// again later).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadAnswerError {
+    /// The trusted CA's PEM is unusable.
+    #[error("the site CA: {0}")]
+    Ca(String),
+    /// The answer does not verify against the trusted CA (unsigned, another key, a bad
+    /// signature, an expired or foreign answer certificate).
+    #[error("unverified answer: {0}")]
+    Unverified(#[from] crate::signing::AnswerError),
+    /// An issued chain whose CA is not the one the bootstrap token pins.
+    #[error("the issued chain's CA is not the bootstrap token's")]
+    NotPinned,
+    /// A verified answer, but to another node, boot or request (on a shared ack topic,
+    /// someone else's; keep waiting for this one's).
+    #[error("an answer to another request")]
+    OtherRequest,
+    /// A verified answer that makes no sense (no CA in an issued chain, an unknown kind, a
+    /// contradictory Ack).
+    #[error("malformed answer: {0}")]
+    Malformed(String),
+}
+
 /// Reads the gateway's answer `payload` (a [`SignedAnswer`](edgebeat_proto::SignedAnswer))
 /// to the certificate request of `node` with `boot_tag` and `seq`, trusting it as `trust`
 /// says (see [`AnswerTrust`]) at `now`.
 ///
-/// Errors: a message, for the log, when the answer does not verify or is not for this
-/// request: the agent ignores it and asks again later.
+/// Errors: [`ReadAnswerError`] when the answer does not verify or is not for this request.
 pub fn read_answer(
     payload: &[u8],
     trust: AnswerTrust<'_>,
@@ -512,17 +535,21 @@ pub fn read_answer(
     boot_tag: u32,
     seq: u64,
     now: rustls::pki_types::UnixTime,
-) -> Result<Answered, String> {
+) -> Result<Answered, ReadAnswerError> {
     use edgebeat_proto::gateway_message::Kind;
     use edgebeat_proto::{Answer, GatewayMessage};
 
+    let malformed = |what: &str| ReadAnswerError::Malformed(what.to_owned());
     let verifier = match trust {
-        AnswerTrust::Ca(pem) => crate::signing::AnswerVerifier::from_pem(pem)?,
+        AnswerTrust::Ca(pem) => {
+            crate::signing::AnswerVerifier::from_pem(pem).map_err(ReadAnswerError::Ca)?
+        }
         AnswerTrust::Pin(pin) => {
             // The claim, unverified until its CA has the pin and its signature verifies.
-            let signed = crate::signing::unseal_answer(payload).ok_or("not a signed answer")?;
+            let signed = crate::signing::unseal_answer(payload)
+                .ok_or(crate::signing::AnswerError::Unsigned)?;
             let claimed = GatewayMessage::decode(signed.signed_message.as_slice())
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| ReadAnswerError::Malformed(e.to_string()))?;
             let Some(Kind::Certificate(issued)) = claimed.kind else {
                 return Ok(Answered::Pending(
                     "an answer that cannot be verified before the site CA is known".into(),
@@ -531,27 +558,27 @@ pub fn read_answer(
             let ca = issued
                 .certificate_chain
                 .last()
-                .ok_or("an issued certificate without its CA")?;
-            if ca_pin(ca).map_err(|e| e.to_string())? != pin {
-                return Err("the issued chain's CA is not the bootstrap token's".into());
+                .ok_or_else(|| malformed("an issued certificate without its CA"))?;
+            if ca_pin(ca).map_err(|_| ReadAnswerError::NotPinned)? != pin {
+                return Err(ReadAnswerError::NotPinned);
             }
-            crate::signing::AnswerVerifier::from_der(ca)?
+            crate::signing::AnswerVerifier::from_der(ca).map_err(ReadAnswerError::Ca)?
         }
     };
-    let message = verifier.verify(payload, now).map_err(|e| e.to_string())?;
+    let message = verifier.verify(payload, now)?;
     match message.kind {
         Some(Kind::Certificate(issued)) => {
             if issued.node_name != node || issued.boot_tag != boot_tag || issued.seq != seq {
-                return Err("a certificate answering another request".into());
+                return Err(ReadAnswerError::OtherRequest);
+            }
+            if issued.certificate_chain.len() < 2 {
+                return Err(malformed("an issued chain without the site CA"));
             }
             let ca = issued
                 .certificate_chain
                 .last()
                 .cloned()
-                .ok_or("an issued certificate without its CA")?;
-            if issued.certificate_chain.len() < 2 {
-                return Err("an issued chain without the site CA".into());
-            }
+                .ok_or_else(|| malformed("an issued certificate without its CA"))?;
             Ok(Answered::Issued {
                 chain: issued.certificate_chain,
                 ca,
@@ -559,14 +586,14 @@ pub fn read_answer(
         }
         Some(Kind::Ack(ack)) => {
             if ack.node_name != node || ack.boot_tag != boot_tag || ack.seq != seq {
-                return Err("an answer to another request".into());
+                return Err(ReadAnswerError::OtherRequest);
             }
-            match Answer::try_from(ack).map_err(|e| e.to_string())? {
+            match Answer::try_from(ack).map_err(|e| ReadAnswerError::Malformed(e.to_string()))? {
                 Answer::Rejected { reason } => Ok(Answered::Refused(reason)),
                 other => Ok(Answered::Pending(other.reason().to_owned())),
             }
         }
-        None => Err("an answer of an unknown kind".into()),
+        None => Err(malformed("an answer of an unknown kind")),
     }
 }
 

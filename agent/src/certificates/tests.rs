@@ -109,7 +109,7 @@ fn a_pending_key_survives_until_its_certificate_is_stored() {
 fn a_bad_token_file_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("token");
-    let missing = read_token(&file).unwrap_err();
+    let missing = read_token(&file).unwrap_err().to_string();
     assert!(
         missing.contains("bootstrapTokenFile") && missing.contains("token"),
         "{missing}"
@@ -118,6 +118,7 @@ fn a_bad_token_file_is_named() {
     assert!(
         read_token(&file)
             .unwrap_err()
+            .to_string()
             .contains("bootstrapTokenFile")
     );
     let pin = [7u8; 32];
