@@ -10,9 +10,19 @@ command -v cc >/dev/null || need_apt+=(gcc)
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 # ip (network namespaces, veth) for the link-bytes test, tests/tests/link.rs.
 command -v ip >/dev/null || need_apt+=(iproute2)
+# promtool and a real Prometheus for the alert rules and the dashboard,
+# tests/tests/monitoring.rs (Debian's 2.42; without its recommended exporters).
+command -v promtool >/dev/null && command -v prometheus >/dev/null || need_prometheus=1
+if [ ${#need_apt[@]} -gt 0 ] || [ -n "${need_prometheus:-}" ]; then
+  apt-get update -qq
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+if [ -n "${need_prometheus:-}" ]; then
+  echo "installing prometheus (promtool)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
 fi
 command -v cargo >/dev/null || { echo "cargo (Rust stable via rustup) is required" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt

@@ -34,6 +34,16 @@ struct Args {
     /// Log filter: a level (info, debug…) or `target=level,…`.
     #[arg(long, default_value = "info")]
     log_level: String,
+    /// Log line format: `text` (coloured only on a terminal without NO_COLOR) or `json` (one
+    /// object per line: timestamp, level, target, message, the event's fields, spans).
+    /// kubelet's name for it, `--logging-format`, is accepted too.
+    #[arg(
+        long,
+        alias = "logging-format",
+        value_name = "text|json",
+        default_value = "text"
+    )]
+    log_format: edgebeat_transports::observe::LogFormat,
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +55,7 @@ fn run() -> anyhow::Result<()> {
     edgebeat_transports::observe::init_logging(
         &args.log_level,
         edgebeat_transports::observe::LogTo::Stderr,
+        args.log_format,
     )
     .map_err(|e| anyhow::anyhow!("--log-level {:?}: {e}", args.log_level))?;
 

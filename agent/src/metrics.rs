@@ -237,6 +237,9 @@ impl AgentMetrics {
                 ("version", env!("CARGO_PKG_VERSION").to_owned()),
             ]),
         );
+        // process_cpu_seconds_total, process_resident_memory_bytes…: the agent's own cost
+        // on the board.
+        registry.register_collector(Box::new(edgebeat_transports::observe::ProcessCollector));
         (metrics, registry)
     }
 

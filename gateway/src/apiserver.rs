@@ -453,12 +453,18 @@ fn not_found_as_none<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kub
 /// Builds the kube-rs client the gateway watches with ([`Gateway::watch`](crate::Gateway::watch)): `config`
 /// without a read timeout, since a watch is quiet for as long as nothing changes
 /// (kube-runtime's watcher applies its own idle timeout, the watch's 290 s plus a margin),
-/// and no client-side rate limit.
+/// and no client-side rate limit. Every request is timed into `requests`
+/// ([`requests::RequestMetrics`]).
 ///
 /// Errors: kube's error when the config cannot produce a client (bad TLS material).
-pub fn watch_client(mut config: kube::Config) -> Result<kube::Client, kube::Error> {
+pub fn watch_client(
+    mut config: kube::Config,
+    requests: &requests::RequestMetrics,
+) -> Result<kube::Client, kube::Error> {
     config.read_timeout = None;
-    kube::Client::try_from(config)
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&requests.layer())
+        .build())
 }
 
 /// Builds the kube-rs client the gateway writes with: `config` with a 10 s write timeout
@@ -468,10 +474,15 @@ pub fn watch_client(mut config: kube::Config) -> Result<kube::Client, kube::Erro
 /// `RateLimitLayer`). The default is 0: kubelet's heartbeat client has no client-side limit
 /// (`cmd/kubelet/app/server.go`), and a fixed rate shared by a whole fleet expires nodes
 /// once the fleet outgrows it; the gateway bounds concurrency and backs off on 429/5xx
-/// instead (the module docs).
+/// instead (the module docs). Every request is timed into `requests`
+/// ([`requests::RequestMetrics`]; under the rate limit, so its wait is not counted).
 ///
 /// Errors: kube's error when the config cannot produce a client (bad TLS material).
-pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, kube::Error> {
+pub fn kube_client(
+    mut config: kube::Config,
+    qps: u64,
+    requests: &requests::RequestMetrics,
+) -> Result<kube::Client, kube::Error> {
     // A connection read timeout (hyper-timeout) also fires on a pooled connection that sat
     // idle that long, and a request handed to it at that moment fails to send: with
     // hundreds of pooled connections that happened a few times per 100,000 renewals, each
@@ -482,7 +493,7 @@ pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, k
     // a dead node. The agent retries with a fresh message instead (kubelet's own loops).
     config.default_retry = false;
     config.write_timeout = Some(Duration::from_secs(10));
-    let builder = kube::client::ClientBuilder::try_from(config)?;
+    let builder = kube::client::ClientBuilder::try_from(config)?.with_layer(&requests.layer());
     Ok(if qps == 0 {
         builder.build()
     } else {
@@ -490,6 +501,8 @@ pub fn kube_client(mut config: kube::Config, qps: u64) -> Result<kube::Client, k
         builder.with_layer(&limit).build()
     })
 }
+
+pub mod requests;
 
 #[cfg(test)]
 mod tests;

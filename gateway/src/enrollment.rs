@@ -281,6 +281,12 @@ impl std::fmt::Debug for Enrollment {
 }
 
 impl Enrollment {
+    /// The lifetime of the certificates it issues (`--certificate-lifetime`; a CSR may
+    /// ask for less).
+    pub fn lifetime(&self) -> Duration {
+        self.options.lifetime
+    }
+
     /// The enrollment side signing with the site CA of the Secret [`ca::SITE_CA_SECRET`]
     /// (made if absent), which also issues the gateway's answer key.
     ///

@@ -75,6 +75,11 @@ pub struct GatewayOptions {
     /// Limits of certificate requests, per source and in all (see
     /// [`crate::enrollment::gate`]), when enrollment is on.
     pub enrollment_limits: EnrollmentLimits,
+    /// Whether `/metrics` carries the per-node series (`edgebeat_gateway_node_lease_age_seconds`,
+    /// `edgebeat_gateway_node_clock_skew_seconds`: two series per node). Off for large
+    /// fleets, whose Lease ages then show only as `edgebeat_gateway_lease_age_seconds`'s
+    /// buckets (`--per-node-metrics=false`).
+    pub per_node_metrics: bool,
 }
 
 impl Default for GatewayOptions {
@@ -91,6 +96,7 @@ impl Default for GatewayOptions {
             old_boot_memory: Duration::from_secs(30),
             write_limits: WriteLimits::default(),
             enrollment_limits: EnrollmentLimits::default(),
+            per_node_metrics: true,
         }
     }
 }
@@ -379,7 +385,9 @@ impl Gateway {
         crate::metrics::register(
             registry,
             &self.counters,
-            &self.writer.node_metrics,
+            self.options
+                .per_node_metrics
+                .then_some(&self.writer.node_metrics),
             move || gateway.upgrade().map(|g| g.replica_gauges()),
         );
         if let Some(enrollment) = self.enrollment.get() {
@@ -394,6 +402,12 @@ impl Gateway {
             max_nodes: self.options.max_nodes,
             backing_off: self.writer.api.backing_off(),
             unidentified_allowed: self.options.posture == Posture::AllowUnidentified,
+            per_node_metrics: self.options.per_node_metrics,
+            certificate_lifetime: self.enrollment.get().map(|e| e.lifetime()),
+            fleet: self
+                .writer
+                .view
+                .fleet_summary(jiff::Timestamp::try_from(self.clock.now()).unwrap_or_default()),
         }
     }
 

@@ -43,6 +43,12 @@ struct Args {
     /// fleet a replica serves and the memory limit it runs under.
     #[arg(long, default_value_t = edgebeat_gateway::gateway::DEFAULT_MAX_NODES)]
     max_nodes: usize,
+    /// Export the per-node series on /metrics (edgebeat_gateway_node_lease_age_seconds and
+    /// edgebeat_gateway_node_clock_skew_seconds, two series per node). For large fleets,
+    /// --per-node-metrics=false keeps /metrics to a fixed size; Lease ages then show in
+    /// edgebeat_gateway_lease_age_seconds' buckets, without node names.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    per_node_metrics: bool,
     /// PEM certificate chain of the gRPC listener (with --grpc-tls-key): serve gRPC over TLS.
     /// Read again every 10 s with its key and --grpc-client-ca: a renewed certificate or CA
     /// bundle (cert-manager, a mounted Secret) is used for new handshakes, open connections
@@ -203,6 +209,16 @@ struct Args {
     /// Log filter: a level (info, debug…) or `target=level,…`.
     #[arg(long, default_value = "info")]
     log_level: String,
+    /// Log line format: `text` (coloured only on a terminal without NO_COLOR) or `json` (one
+    /// object per line: timestamp, level, target, message, the event's fields, spans).
+    /// kubelet's name for it, `--logging-format`, is accepted too.
+    #[arg(
+        long,
+        alias = "logging-format",
+        value_name = "text|json",
+        default_value = "text"
+    )]
+    log_format: edgebeat_transports::observe::LogFormat,
 }
 
 /// Where the gateway's cluster is (both for serving and for `token create`).
@@ -312,7 +328,11 @@ async fn token_create(
     ttl: Duration,
     uses: u32,
 ) -> anyhow::Result<()> {
-    let client = kube_client(kube_config(cluster).await?, 0)?;
+    let client = kube_client(
+        kube_config(cluster).await?,
+        0,
+        &edgebeat_gateway::apiserver::requests::RequestMetrics::default(),
+    )?;
     let namespace = cluster.namespace();
     let now = jiff::Timestamp::now();
     let ca = SiteCa::load_or_create(client.clone(), &namespace, now.as_second()).await?;
@@ -353,6 +373,7 @@ async fn run() -> anyhow::Result<()> {
     edgebeat_transports::observe::init_logging(
         &args.log_level,
         edgebeat_transports::observe::LogTo::Stdout,
+        args.log_format,
     )
     .map_err(|e| anyhow::anyhow!("--log-level {:?}: {e}", args.log_level))?;
     // rustls on ring for every TLS user in the process (gRPC server, kube client).
@@ -364,8 +385,10 @@ async fn run() -> anyhow::Result<()> {
         check_no_grpc_flags(&args)?;
     }
     let config = kube_config(&args.cluster).await?;
-    let watches = watch_client(config.clone())?;
-    let client = kube_client(config, args.qps)?;
+    // Both clients' requests, in edgebeat_gateway_apiserver_request_duration_seconds.
+    let requests = edgebeat_gateway::apiserver::requests::RequestMetrics::default();
+    let watches = watch_client(config.clone(), &requests)?;
+    let client = kube_client(config, args.qps, &requests)?;
     let clock: Arc<dyn edgebeat_hw::Clock> = Arc::new(edgebeat_hw::SystemClock);
     let enrollment = match args.enrollment {
         true => {
@@ -410,6 +433,7 @@ async fn run() -> anyhow::Result<()> {
         impersonate_nodes: args.impersonate_nodes,
         posture,
         max_nodes: args.max_nodes,
+        per_node_metrics: args.per_node_metrics,
         write_limits: edgebeat_gateway::apiserver::WriteLimits {
             max_inflight: args.max_inflight.max(2),
         },
@@ -501,6 +525,8 @@ async fn run() -> anyhow::Result<()> {
     });
     let mut registry = prometheus_client::registry::Registry::default();
     gateway.register_metrics(&mut registry);
+    requests.register(&mut registry);
+    registry.register_collector(Box::new(edgebeat_transports::observe::ProcessCollector));
     let ready = readiness(
         stop.clone(),
         grpc.is_some().then(|| grpc_serving.clone()),

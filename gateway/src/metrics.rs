@@ -18,6 +18,21 @@
 //! | `edgebeat_gateway_unidentified_agents_allowed` | gauge | | 1 with `--allow-unidentified-agents` and an ingress that lets them in |
 //! | `edgebeat_gateway_node_lease_age_seconds` | gauge | `node` | gateway wall clock − the `renewTime` this replica last wrote for the node's Lease |
 //! | `edgebeat_gateway_node_clock_skew_seconds` | gauge | `node` | gateway wall clock − the agent's `Header.wall_time_ms`, at receipt of its last accepted message (signed: positive when the agent's clock is behind) |
+//! | `edgebeat_gateway_per_node_metrics` | gauge | | 1 when the two per-node families above are exported (`--per-node-metrics`, default true) |
+//! | `edgebeat_gateway_lease_age_seconds` | histogram (a gauge histogram) | `le` | every managed Lease's age now, as the watch holds it ([`crate::view::LEASE_AGE_BUCKETS`]) |
+//! | `edgebeat_gateway_node_conditions` | gauge | `condition`, `status` | managed Nodes holding each condition type, by status, as the watch holds them |
+//! | `edgebeat_gateway_certificate_lifetime_seconds` | gauge | | `--certificate-lifetime`, when this replica issues node certificates |
+//! | `edgebeat_gateway_node_certificate_oldest_not_before_timestamp_seconds` | gauge | | earliest notBefore among the node certificates recorded on managed Nodes |
+//! | `edgebeat_gateway_apiserver_request_duration_seconds` | histogram | `verb`, `resource`, `subresource`, `code` | the gateway's requests to kube-apiserver ([`crate::apiserver::requests`]) |
+//! | `edgebeat_gateway_certificate_requests_total`, `…_certificate_signing_requests_pending` | counter, gauge | `proof`, `outcome` | enrollment ([`crate::enrollment::EnrollmentCounters`]) |
+//! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_start_time_seconds`, `process_open_fds` | | | the process ([`edgebeat_transports::observe::ProcessCollector`]) |
+//!
+//! **Fleet-wide series.** Every replica watches every managed Node and Lease, so
+//! `edgebeat_gateway_lease_age_seconds` and `edgebeat_gateway_node_conditions` describe the
+//! whole fleet on each replica, whoever wrote it: aggregate them with `max`, never `sum`.
+//! They cost a fixed number of series whatever the fleet's size, and one pass over the
+//! view per scrape. For fleets of thousands, `--per-node-metrics=false` drops the two
+//! series per node (BENCHMARKS.md, "What a scrape costs").
 //!
 //! The counters are prometheus-client [`Counter`]s in [`Counters`], incremented on the
 //! message path (one relaxed atomic add each); the gauges are read at scrape time by a
@@ -50,10 +65,13 @@ pub use edgebeat_transports::ingress::RejectReason;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use edgebeat_hw::Clock;
+
+use crate::patch::HeldStatus;
+use crate::view::{FleetSummary, LEASE_AGE_BUCKETS};
 use jiff::Timestamp;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, NoLabelSet};
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
@@ -322,16 +340,19 @@ pub struct NodeSeries {
 }
 
 /// Registers every gateway metric in `registry`: the [`Counters`], the per-node families of
-/// `node_metrics`, and the gauges `gauges` reads at scrape time (through a collector; `None`
+/// `node_metrics` (none when `None`: `--per-node-metrics=false`), and the gauges `gauges` reads at scrape time (through a collector; `None`
 /// once the gateway is gone, which then reports none).
 pub fn register(
     registry: &mut Registry,
     counters: &Counters,
-    node_metrics: &NodeMetrics,
+    node_metrics: Option<&NodeMetrics>,
     gauges: impl Fn() -> Option<ReplicaGauges> + Send + Sync + 'static,
 ) {
     counters.register(registry);
     registry.register_collector(Box::new(ReplicaCollector(Box::new(gauges))));
+    let Some(node_metrics) = node_metrics else {
+        return;
+    };
     registry.register_with_unit(
         "edgebeat_gateway_node_lease_age",
         "Gateway wall clock minus the renewTime this replica last wrote for the node's Lease",
@@ -347,7 +368,7 @@ pub fn register(
 }
 
 /// What a replica's scrape-time gauges show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ReplicaGauges {
     /// `edgebeat_gateway_tracked_nodes`.
     pub tracked_nodes: usize,
@@ -357,6 +378,15 @@ pub struct ReplicaGauges {
     pub backing_off: bool,
     /// `edgebeat_gateway_unidentified_agents_allowed`.
     pub unidentified_allowed: bool,
+    /// `edgebeat_gateway_per_node_metrics` (`--per-node-metrics`).
+    pub per_node_metrics: bool,
+    /// `edgebeat_gateway_certificate_lifetime_seconds` (`--certificate-lifetime`), when
+    /// this replica issues node certificates.
+    pub certificate_lifetime: Option<std::time::Duration>,
+    /// The managed fleet as the replica's watches hold it: `edgebeat_gateway_lease_age_seconds`,
+    /// `edgebeat_gateway_node_conditions` and
+    /// `edgebeat_gateway_node_certificate_oldest_not_before_timestamp_seconds`.
+    pub fleet: FleetSummary,
 }
 
 /// Reads [`ReplicaGauges`] at scrape time.
@@ -400,8 +430,77 @@ impl Collector for ReplicaCollector {
             let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
             gauge.encode(metric)?;
         }
-        Ok(())
+        let per_node = ConstGauge::new(i64::from(g.per_node_metrics));
+        per_node.encode(encoder.encode_descriptor(
+            "edgebeat_gateway_per_node_metrics",
+            "1 when the per-node series (edgebeat_gateway_node_lease_age_seconds, edgebeat_gateway_node_clock_skew_seconds) are exported (--per-node-metrics), else 0.",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        if let Some(lifetime) = g.certificate_lifetime {
+            let gauge = ConstGauge::new(lifetime.as_secs_f64());
+            gauge.encode(encoder.encode_descriptor(
+                "edgebeat_gateway_certificate_lifetime",
+                "Lifetime of the node certificates this replica issues (--certificate-lifetime); agents rotate at 70 to 90 % of it.",
+                Some(&Unit::Seconds),
+                MetricType::Gauge,
+            )?)?;
+        }
+        if let Some(not_before) = g.fleet.oldest_certificate_not_before {
+            let gauge = ConstGauge::new(not_before);
+            gauge.encode(encoder.encode_descriptor(
+                "edgebeat_gateway_node_certificate_oldest_not_before_timestamp",
+                "Earliest notBefore of the node certificates recorded on managed Nodes (Unix seconds): the certificate closest to expiry when all share one lifetime.",
+                Some(&Unit::Seconds),
+                MetricType::Gauge,
+            )?)?;
+        }
+        encode_fleet(&g.fleet, &mut encoder)
     }
+}
+
+/// `edgebeat_gateway_lease_age_seconds` and `edgebeat_gateway_node_conditions` from `fleet`.
+///
+/// The Lease ages are a *gauge histogram* (OpenMetrics `gaugehistogram`: the distribution
+/// now, not events counted since start), which prometheus-client cannot type; it is
+/// exposed as a histogram. Query its buckets as they are (`max by (le) (…_bucket)` across
+/// replicas, `histogram_quantile` on that); never `rate()` it.
+fn encode_fleet(
+    fleet: &FleetSummary,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let mut buckets = [(f64::INFINITY, 0u64); LEASE_AGE_BUCKETS.len() + 1];
+    for (i, (slot, count)) in buckets.iter_mut().zip(fleet.lease_ages).enumerate() {
+        *slot = (
+            LEASE_AGE_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY),
+            count,
+        );
+    }
+    let count = fleet.lease_ages.iter().sum();
+    let mut metric = encoder.encode_descriptor(
+        "edgebeat_gateway_lease_age",
+        "Ages of every managed node Lease as this replica's watch holds it (gateway wall clock minus renewTime), now: the same fleet on every replica, so aggregate with max by (le); never rate() it.",
+        Some(&Unit::Seconds),
+        MetricType::Histogram,
+    )?;
+    metric.encode_histogram::<NoLabelSet>(fleet.lease_age_sum, count, &buckets, None)?;
+    let mut family = encoder.encode_descriptor(
+        "edgebeat_gateway_node_conditions",
+        "Managed Nodes holding each condition type, by status, as this replica's watch holds them (the same fleet on every replica: aggregate with max).",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (type_, by_status) in &fleet.conditions {
+        for (status, n) in [HeldStatus::True, HeldStatus::False, HeldStatus::Unknown]
+            .into_iter()
+            .zip(by_status)
+        {
+            let labels = [("condition", type_.as_str()), ("status", status.as_str())];
+            let gauge = ConstGauge::new(i64::try_from(*n).unwrap_or(i64::MAX));
+            gauge.encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -485,5 +584,56 @@ mod tests {
         let out = text(&registry);
         assert!(!out.contains("edge-01"), "{out}");
         assert!(out.contains("edgebeat_gateway_node_lease_age_seconds{node=\"edge-02\"} 40.0\n"));
+    }
+
+    /// The scrape shows the Lease ages as cumulative buckets with `+Inf`, conditions by
+    /// status, and the per-node families only when they are on.
+    #[test]
+    fn the_replica_collector_encodes_the_fleet_and_honours_per_node_off() {
+        let summary = FleetSummary {
+            lease_ages: [3, 1, 0, 0, 0, 2, 0, 0, 0, 1],
+            lease_age_sum: 150.5,
+            conditions: vec![(edgebeat_proto::NodeConditionType::Ready, [4, 0, 3])],
+            oldest_certificate_not_before: Some(1_700_000_000),
+        };
+        let gauges = ReplicaGauges {
+            tracked_nodes: 4,
+            max_nodes: 10,
+            backing_off: false,
+            unidentified_allowed: false,
+            per_node_metrics: false,
+            certificate_lifetime: Some(Duration::from_secs(86_400)),
+            fleet: summary,
+        };
+        let clock = Arc::new(Fixed(Mutex::new(UNIX_EPOCH)));
+        let nodes = NodeMetrics::new(clock);
+        nodes.clock_skew("edge-01").set(1.0);
+        let mut registry = Registry::default();
+        register(&mut registry, &Counters::default(), None, move || {
+            Some(gauges.clone())
+        });
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        for line in [
+            "# TYPE edgebeat_gateway_lease_age_seconds histogram",
+            "edgebeat_gateway_lease_age_seconds_bucket{le=\"5.0\"} 3\n",
+            "edgebeat_gateway_lease_age_seconds_bucket{le=\"10.0\"} 4\n",
+            "edgebeat_gateway_lease_age_seconds_bucket{le=\"40.0\"} 4\n",
+            "edgebeat_gateway_lease_age_seconds_bucket{le=\"60.0\"} 6\n",
+            "edgebeat_gateway_lease_age_seconds_bucket{le=\"+Inf\"} 7\n",
+            "edgebeat_gateway_lease_age_seconds_count 7\n",
+            "edgebeat_gateway_lease_age_seconds_sum 150.5\n",
+            "edgebeat_gateway_node_conditions{condition=\"Ready\",status=\"True\"} 4\n",
+            "edgebeat_gateway_node_conditions{condition=\"Ready\",status=\"Unknown\"} 3\n",
+            "edgebeat_gateway_per_node_metrics 0\n",
+            "edgebeat_gateway_certificate_lifetime_seconds 86400",
+            "edgebeat_gateway_node_certificate_oldest_not_before_timestamp_seconds 1700000000\n",
+        ] {
+            assert!(out.contains(line), "{line} missing from\n{out}");
+        }
+        assert!(
+            !out.contains("# TYPE edgebeat_gateway_node_clock_skew"),
+            "{out}"
+        );
     }
 }

@@ -138,6 +138,15 @@ impl KnownConditions {
     pub fn values(&self) -> impl Iterator<Item = &KnownCondition> {
         self.0.iter().flatten()
     }
+
+    /// Every condition held, with its type (kubelet's four, then the health conditions).
+    pub fn iter(&self) -> impl Iterator<Item = (NodeConditionType, &KnownCondition)> {
+        NodeConditionType::KUBELET
+            .into_iter()
+            .chain(NodeConditionType::HEALTH)
+            .zip(&self.0)
+            .filter_map(|(t, c)| Some((t, c.as_ref()?)))
+    }
 }
 
 /// Truncates to whole seconds: `metav1.Time` keeps second precision only.

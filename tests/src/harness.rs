@@ -40,6 +40,8 @@ pub struct Replica {
     pub enrollment: Option<Arc<edgebeat_gateway::enrollment::Enrollment>>,
     /// Nodes with a queue in its MQTT ingress (0 without MQTT).
     pub mqtt_node_queues: Arc<std::sync::atomic::AtomicUsize>,
+    /// Its kube clients' requests, as the gateway binary registers them on `/metrics`.
+    pub requests: edgebeat_gateway::apiserver::requests::RequestMetrics,
     cancel: CancellationToken,
     task: JoinHandle<()>,
     /// Its watch, gRPC and MQTT tasks, for [`Cluster::kill_replica`].
@@ -125,7 +127,7 @@ pub const OPERATOR: &str = "edgebeat-operator";
 pub fn operator_client(standin: &StandInHandle) -> anyhow::Result<kube::Client> {
     let mut config = kube::Config::new(standin.url().parse()?);
     config.auth_info.impersonate = Some(OPERATOR.to_owned());
-    Ok(kube_client(config, 1000)?)
+    Ok(kube_client(config, 1000, &Default::default())?)
 }
 
 /// Approves CertificateSigningRequest `name` as `kubectl certificate approve` does, as the
@@ -576,8 +578,9 @@ impl Cluster {
         }
         let max_nodes = options.max_nodes;
         let config = kube::Config::new(self.standin.url().parse()?);
-        let watches = watch_client(config.clone())?;
-        let client = kube_client(config, 1000)?;
+        let requests = edgebeat_gateway::apiserver::requests::RequestMetrics::default();
+        let watches = watch_client(config.clone(), &requests)?;
+        let client = kube_client(config, 1000, &requests)?;
         let enrollment = match &self.enrolling {
             Some(site) => Some(Arc::new(
                 edgebeat_gateway::enrollment::Enrollment::with_site_ca(
@@ -721,6 +724,7 @@ impl Cluster {
             gateway,
             enrollment,
             mqtt_node_queues,
+            requests,
             cancel,
             task,
             aborts,

@@ -58,6 +58,7 @@ async fn csrs(cluster: &Cluster) -> Vec<CertificateSigningRequest> {
     let client = kube_client(
         kube::Config::new(cluster.standin.url().parse().unwrap()),
         1000,
+        &Default::default(),
     )
     .unwrap();
     Api::<CertificateSigningRequest>::all(client)
@@ -453,6 +454,7 @@ async fn expire_token(cluster: &Cluster, id: &str) {
     let client = kube_client(
         kube::Config::new(cluster.standin.url().parse().unwrap()),
         1000,
+        &Default::default(),
     )
     .unwrap();
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
@@ -614,6 +616,7 @@ async fn two_replicas_enrolling_one_fleet_make_one_ca() {
     let client = kube_client(
         kube::Config::new(cluster.standin.url().parse().unwrap()),
         1000,
+        &Default::default(),
     )
     .unwrap();
     // Two more at once, racing for a CA of a new namespace's.

@@ -222,6 +222,146 @@ fn respond(status: StatusCode, content_type: &'static str, body: String) -> Resp
     response
 }
 
+/// The process's own metrics, as every Prometheus client library exports them
+/// (client_golang's `process` collector): `process_cpu_seconds_total` (user + system CPU,
+/// seconds), `process_resident_memory_bytes` (RSS, bytes), `process_start_time_seconds`
+/// (Unix seconds) and `process_open_fds`. Read from procfs at scrape time (proc(5):
+/// `/proc/self/stat` fields 14, 15 and 22 in clock ticks, `/proc/self/status` `VmRSS` in
+/// KiB, `/proc/stat` `btime`, the entries of `/proc/self/fd`). Register it with
+/// `registry.register_collector(Box::new(ProcessCollector))`.
+///
+/// Clock ticks are taken as 100 per second (`USER_HZ`, which the kernel fixes at 100 for
+/// user space on every architecture edgebeat builds for), as prometheus/procfs does
+/// (`proc_stat.go: userHZ`) rather than calling `sysconf` through unsafe code. A series
+/// whose file cannot be read (no procfs) is left out of the scrape; the others stay.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessCollector;
+
+/// Clock ticks per second in `/proc/self/stat` (`USER_HZ`).
+const USER_HZ: f64 = 100.0;
+
+/// What [`ProcessCollector`] reads, `None` for what could not be read.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct ProcessStats {
+    /// User + system CPU time, seconds.
+    pub cpu_seconds: Option<f64>,
+    /// Resident set size, bytes.
+    pub resident_bytes: Option<u64>,
+    /// Start time, Unix seconds.
+    pub start_time_seconds: Option<f64>,
+    /// Open file descriptors.
+    pub open_fds: Option<u64>,
+}
+
+impl ProcessStats {
+    /// Reads this process's figures from `/proc` (see [`ProcessCollector`]).
+    pub fn read() -> Self {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok();
+        let fields = stat.as_deref().and_then(stat_fields);
+        let btime = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| boot_time(&s));
+        Self {
+            cpu_seconds: fields.map(|(utime, stime, _)| (utime + stime) as f64 / USER_HZ),
+            resident_bytes: std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|s| vm_rss_bytes(&s)),
+            start_time_seconds: fields
+                .zip(btime)
+                .map(|((_, _, start), btime)| btime as f64 + start as f64 / USER_HZ),
+            open_fds: std::fs::read_dir("/proc/self/fd")
+                .ok()
+                .map(|dir| dir.count() as u64),
+        }
+    }
+}
+
+/// `utime`, `stime` and `starttime` (fields 14, 15 and 22 of proc(5)'s `/proc/pid/stat`,
+/// clock ticks). Fields are counted after the command name's closing parenthesis, since the
+/// name itself may hold spaces and parentheses.
+fn stat_fields(stat: &str) -> Option<(u64, u64, u64)> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    // After the name come field 3 (state) onwards.
+    let mut fields = after_comm.split_ascii_whitespace();
+    let field = |fields: &mut std::str::SplitAsciiWhitespace<'_>, skip: usize| {
+        fields.nth(skip).and_then(|f| f.parse::<u64>().ok())
+    };
+    let utime = field(&mut fields, 14 - 3)?;
+    let stime = field(&mut fields, 0)?;
+    let start = field(&mut fields, 22 - 15 - 1)?;
+    Some((utime, stime, start))
+}
+
+/// `VmRSS` of `/proc/pid/status` in bytes (the file says kB: KiB).
+fn vm_rss_bytes(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line["VmRSS:".len()..]
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// `btime` of `/proc/stat`: the boot time, Unix seconds.
+fn boot_time(stat: &str) -> Option<u64> {
+    stat.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric as _;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::registry::Unit;
+        let stats = ProcessStats::read();
+        if let Some(cpu) = stats.cpu_seconds {
+            let counter = ConstCounter::new(cpu);
+            let metric = encoder.encode_descriptor(
+                "process_cpu",
+                "Total user and system CPU time spent in seconds.",
+                Some(&Unit::Seconds),
+                counter.metric_type(),
+            )?;
+            counter.encode(metric)?;
+        }
+        let gauges = [
+            (
+                "process_resident_memory",
+                "Resident memory size in bytes.",
+                Some(Unit::Bytes),
+                stats.resident_bytes.map(|b| b as f64),
+            ),
+            (
+                "process_start_time",
+                "Start time of the process since unix epoch in seconds.",
+                Some(Unit::Seconds),
+                stats.start_time_seconds,
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors.",
+                None,
+                stats.open_fds.map(|n| n as f64),
+            ),
+        ];
+        for (name, help, unit, value) in gauges {
+            let Some(value) = value else { continue };
+            let gauge = ConstGauge::new(value);
+            let metric =
+                encoder.encode_descriptor(name, help, unit.as_ref(), gauge.metric_type())?;
+            gauge.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
 /// Where a binary's log lines go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogTo {
@@ -231,23 +371,85 @@ pub enum LogTo {
     Stderr,
 }
 
-/// Installs the process's log subscriber, the same for both binaries: tracing-subscriber's
-/// `fmt` lines, filtered by `filter` (a level such as `info`, or `target=level,…`:
-/// tracing-subscriber's `Targets` syntax), written to `to`.
+/// How log lines are written (`--log-format` of both binaries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// tracing-subscriber's `fmt` lines: `2026-11-25T10:00:00.123456Z  INFO target: message
+    /// key=value…`, coloured only on a terminal (see [`init_logging`]).
+    #[default]
+    Text,
+    /// One JSON object per line (tracing-subscriber's `json` format, event flattened):
+    /// `timestamp`, `level`, `target`, `message` and every field of the event as keys, the
+    /// innermost span under `span` and all open spans under `spans`. For log shippers
+    /// (Loki, Elasticsearch, journald's `MESSAGE`).
+    Json,
+}
+
+/// A `--log-format` value that is neither `text` nor `json`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown log format {0:?}: use text or json")]
+pub struct UnknownLogFormat(String);
+
+impl std::str::FromStr for LogFormat {
+    type Err = UnknownLogFormat;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            other => Err(UnknownLogFormat(other.to_owned())),
+        }
+    }
+}
+
+/// Whether log lines to a stream that `is_terminal` may carry ANSI colour escapes: only on
+/// a terminal, and only while `NO_COLOR` (`no_color`, its value) is unset or empty, as
+/// <https://no-color.org> asks. Files, pipes, `kubectl logs` and journald get plain text.
+pub fn colour(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// Installs the process's log subscriber, the same for both binaries: lines in `format`,
+/// filtered by `filter` (a level such as `info`, or `target=level,…`: tracing-subscriber's
+/// `Targets` syntax), written to `to`. Text lines are coloured only when `to` is a terminal
+/// and `NO_COLOR` is unset ([`colour`]); JSON lines never are.
 ///
 /// Errors: why `filter` does not parse. Nothing is installed then.
-pub fn init_logging(filter: &str, to: LogTo) -> Result<(), String> {
+pub fn init_logging(
+    filter: &str,
+    to: LogTo,
+    format: LogFormat,
+) -> Result<(), tracing_subscriber::filter::ParseError> {
+    use std::io::IsTerminal as _;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::fmt::writer::BoxMakeWriter;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let targets: tracing_subscriber::filter::Targets =
-        filter.parse().map_err(|e| format!("{e}"))?;
-    let registry = tracing_subscriber::registry().with(targets);
-    match to {
-        LogTo::Stdout => registry.with(tracing_subscriber::fmt::layer()).init(),
-        LogTo::Stderr => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-            .init(),
-    }
+    let targets: tracing_subscriber::filter::Targets = filter.parse()?;
+    let terminal = match to {
+        LogTo::Stdout => std::io::stdout().is_terminal(),
+        LogTo::Stderr => std::io::stderr().is_terminal(),
+    };
+    let ansi = colour(terminal, std::env::var_os("NO_COLOR").as_deref());
+    let writer = || match to {
+        LogTo::Stdout => BoxMakeWriter::new(std::io::stdout),
+        LogTo::Stderr => BoxMakeWriter::new(std::io::stderr),
+    };
+    let layer = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(writer())
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_ansi(false)
+            .with_writer(writer())
+            .boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(layer.with_filter(targets))
+        .init();
     Ok(())
 }
 
@@ -307,6 +509,58 @@ pub async fn shutdown_signal() {
 mod tests {
     use super::*;
     use prometheus_client::metrics::counter::Counter;
+
+    #[test]
+    fn process_figures_parse_from_procfs_text() {
+        // A command name with a space and a parenthesis, as `comm` may hold.
+        let stat = "4242 (edge (gw) x) S 1 4242 4242 0 -1 4194560 1500 0 0 0 \
+                    250 75 0 0 20 0 9 0 123456 27000000 3000 18446744073709551615";
+        assert_eq!(stat_fields(stat), Some((250, 75, 123456)));
+        assert_eq!(stat_fields("garbage"), None);
+        let status = "Name:\tedgebeat\nVmPeak:\t  9000 kB\nVmRSS:\t    5120 kB\n";
+        assert_eq!(vm_rss_bytes(status), Some(5 * 1024 * 1024));
+        assert_eq!(vm_rss_bytes("Name: x\n"), None);
+        assert_eq!(
+            boot_time("cpu 1 2 3\nbtime 1764000000\nprocesses 9\n"),
+            Some(1764000000)
+        );
+        // This process, read for real.
+        let me = ProcessStats::read();
+        assert!(me.resident_bytes.is_some_and(|b| b > 1024 * 1024), "{me:?}");
+        assert!(me.open_fds.is_some_and(|n| n >= 3), "{me:?}");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let started = me.start_time_seconds.unwrap();
+        assert!(
+            started <= now + 1.0 && started > now - 3600.0,
+            "{started} vs {now}"
+        );
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(colour(true, None));
+        assert!(
+            colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None), "a file or a pipe");
+    }
+
+    #[test]
+    fn log_formats_parse_and_others_are_named() {
+        assert_eq!("text".parse::<LogFormat>().unwrap(), LogFormat::Text);
+        assert_eq!("json".parse::<LogFormat>().unwrap(), LogFormat::Json);
+        let bad = "JSON5".parse::<LogFormat>().unwrap_err().to_string();
+        assert!(
+            bad.contains("JSON5") && bad.contains("text or json"),
+            "{bad}"
+        );
+    }
     use std::sync::atomic::{AtomicBool, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -212,6 +212,11 @@ pub(super) async fn send_with_retry<S, T>(
                 tracing::warn!(%why, "{} failed", attempts.what);
                 return None;
             }
+            // The agent is shutting down: nothing went wrong.
+            Outcome::Stopped => {
+                tracing::debug!("{} not sent: the uplink stopped", attempts.what);
+                return None;
+            }
         }
     }
     tracing::warn!("{}", attempts.exhausted);
@@ -350,6 +355,8 @@ pub(super) enum Outcome {
     Ok,
     Retry(String),
     GiveUp(String),
+    /// The transport task ended ([`UplinkError::Closed`]): a clean shutdown, not a failure.
+    Stopped,
 }
 
 pub(super) fn outcome(result: Result<pb::Answer, UplinkError>) -> Outcome {
@@ -374,6 +381,7 @@ pub(super) fn outcome(result: Result<pb::Answer, UplinkError>) -> Outcome {
         Err(e @ (UplinkError::Timeout(_) | UplinkError::Disconnected | UplinkError::BadAck(_))) => {
             Outcome::Retry(e.to_string())
         }
+        Err(UplinkError::Closed) => Outcome::Stopped,
         Err(e) => Outcome::GiveUp(e.to_string()),
     }
 }

@@ -183,3 +183,38 @@ async fn the_watch_state_follows_the_event_stream() {
         "the stream ended: no longer following"
     );
 }
+
+/// The scrape-time summary counts every Lease by age bucket and managed Nodes by condition
+/// status; an unmanaged Node is left out.
+#[test]
+fn the_fleet_summary_buckets_lease_ages_and_counts_conditions() {
+    let view = ApiserverView::new();
+    let now = Timestamp::from_second(1_000).unwrap();
+    for (i, renewed) in [995, 990, 961, 950, 50].into_iter().enumerate() {
+        let mut l = lease("1", renewed);
+        l.metadata.name = Some(format!("n{i}"));
+        view.observe_lease(&l);
+    }
+    let managed = |name: &str, ready: &str| {
+        let mut n = node("1", ready, "b");
+        n.metadata.name = Some(name.into());
+        n.metadata.labels = Some([(MANAGED_LABEL.0.into(), MANAGED_LABEL.1.into())].into());
+        n
+    };
+    view.observe_node(&managed("a", "True"));
+    view.observe_node(&managed("b", "True"));
+    view.observe_node(&managed("c", "Unknown"));
+    let mut unmanaged = node("1", "False", "b");
+    unmanaged.metadata.name = Some("d".into());
+    view.observe_node(&unmanaged);
+
+    let summary = view.fleet_summary(now);
+    // ≤5: 995; ≤10: 990; ≤40: 961 (39 s); ≤60: 950 (50 s); >900: 50.
+    assert_eq!(summary.lease_ages, [1, 1, 0, 0, 1, 1, 0, 0, 0, 1]);
+    assert_eq!(summary.lease_age_sum, 5.0 + 10.0 + 39.0 + 50.0 + 950.0);
+    assert_eq!(
+        summary.conditions,
+        vec![(NodeConditionType::Ready, [2, 0, 1])]
+    );
+    assert_eq!(summary.oldest_certificate_not_before, None);
+}

@@ -255,7 +255,11 @@ async fn standin_ceiling(
 ) -> anyhow::Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
     const WORKERS: usize = 256;
-    let client = edgebeat_gateway::kube_client(kube::Config::new(standin.url().parse()?), 0)?;
+    let client = edgebeat_gateway::kube_client(
+        kube::Config::new(standin.url().parse()?),
+        0,
+        &Default::default(),
+    )?;
     let api: kube::Api<Lease> =
         kube::Api::namespaced(client, edgebeat_gateway::patch::LEASE_NAMESPACE);
     let mut leases = Vec::with_capacity(args.nodes);
@@ -450,6 +454,20 @@ async fn wait_ready(port: u16) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The body of `GET /metrics` on 127.0.0.1:`port` (HTTP/1.0: read to the end).
+async fn scrape_metrics(port: u16) -> anyhow::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    let (_, body) = answer
+        .split_once("\r\n\r\n")
+        .context("no HTTP answer from /metrics")?;
+    Ok(body.to_owned())
 }
 
 #[tokio::main]
@@ -1017,6 +1035,28 @@ async fn main() -> anyhow::Result<()> {
             status
         );
         put(&name, format!("{:.1}", count as f64 / node_hours));
+    }
+    if !args.ack_only {
+        // What a Prometheus scrape of the first replica costs with this fleet: its series,
+        // its size, and the median of five scrapes' times (fleet still running).
+        let mut times = Vec::new();
+        let mut body = String::new();
+        for _ in 0..5 {
+            let asked = tokio::time::Instant::now();
+            body = scrape_metrics(metrics_port).await?;
+            times.push(asked.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        let series = body
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .count();
+        put("metrics_series", series.to_string());
+        put("metrics_scrape_bytes", body.len().to_string());
+        put(
+            "metrics_scrape_ms_median",
+            format!("{:.1}", times.get(2).copied().unwrap_or_default()),
+        );
     }
     cancel.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), fleet).await;

@@ -1,0 +1,456 @@
+//! What ships for operators, checked against the real thing: the alert rules by promtool
+//! (syntax and unit tests), the PrometheusRule against the plain rules file, the runbook
+//! against the alerts, `kubectl kustomize` with the monitoring component, and the Grafana
+//! dashboard against a real Prometheus that scraped two real gateways (gRPC and signed
+//! MQTT, both enrolling their agents) over loopback: every panel's query must return a
+//! series.
+//!
+//! promtool and prometheus are Debian's `prometheus` package, which `scripts/test.sh`
+//! installs; kubectl is the operator's own. A missing tool fails the test, naming it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgebeat_gateway::enrollment::EnrollmentOptions;
+use edgebeat_tests::harness::{Cluster, Transport, fixture_copy, gateway_options};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn monitoring(file: &str) -> PathBuf {
+    repo().join("deploy/monitoring").join(file)
+}
+
+/// `name` on PATH, or a failure saying where to get it.
+fn tool(name: &str, from: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(name))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| panic!("{name} not found on PATH: {from}"))
+}
+
+fn promtool() -> PathBuf {
+    tool(
+        "promtool",
+        "install Debian's prometheus package (scripts/test.sh does)",
+    )
+}
+
+fn run(program: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .env("KUBECONFIG", "/dev/null")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{} {args:?} failed:\n{text}",
+        program.display()
+    );
+    text
+}
+
+fn yaml(path: &Path) -> Value {
+    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every alerting rule of `rules.yaml`.
+fn alerts() -> Vec<Value> {
+    let rules = yaml(&monitoring("rules.yaml"));
+    rules["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().clone())
+        .filter(|r| r.get("alert").is_some())
+        .collect()
+}
+
+/// promtool accepts the rules and every unit test in `rules.test.yaml` passes; each alert
+/// is exercised by at least one test case.
+#[test]
+fn promtool_checks_the_rules_and_their_unit_tests_pass() {
+    let promtool = promtool();
+    let rules = monitoring("rules.yaml");
+    let checked = run(&promtool, &["check", "rules", rules.to_str().unwrap()]);
+    assert!(checked.contains("SUCCESS"), "{checked}");
+    let tests = monitoring("rules.test.yaml");
+    let tested = run(&promtool, &["test", "rules", tests.to_str().unwrap()]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+    let cases = std::fs::read_to_string(&tests).unwrap();
+    for alert in alerts() {
+        let name = alert["alert"].as_str().unwrap();
+        assert!(
+            cases.contains(&format!("alertname: {name}")),
+            "no unit test exercises {name}"
+        );
+    }
+}
+
+/// The PrometheusRule for prometheus-operator carries exactly the plain rules file's groups.
+#[test]
+fn the_prometheus_rule_carries_exactly_the_plain_rules() {
+    let plain = yaml(&monitoring("rules.yaml"));
+    let rule = yaml(&monitoring("prometheusrule.yaml"));
+    assert_eq!(rule["kind"], "PrometheusRule");
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["spec"]["groups"], plain["groups"]);
+}
+
+/// Every alert has a severity, a summary, a description, and a runbook link to its own
+/// section of deploy/README.md.
+#[test]
+fn every_alert_has_a_summary_and_a_runbook_section() {
+    let readme = std::fs::read_to_string(repo().join("deploy/README.md")).unwrap();
+    let alerts = alerts();
+    assert!(alerts.len() >= 8, "{} alerts", alerts.len());
+    for alert in alerts {
+        let name = alert["alert"].as_str().unwrap();
+        assert!(alert["labels"]["severity"].is_string(), "{name}: severity");
+        let notes = &alert["annotations"];
+        for key in ["summary", "description"] {
+            assert!(
+                notes[key].as_str().is_some_and(|s| !s.is_empty()),
+                "{name}: {key}"
+            );
+        }
+        let url = notes["runbook_url"].as_str().unwrap();
+        let anchor = name.to_lowercase();
+        assert!(
+            url.ends_with(&format!("deploy/README.md#{anchor}")),
+            "{name}: {url}"
+        );
+        assert!(
+            readme.contains(&format!("#### {name}\n")),
+            "{name}: no runbook section"
+        );
+    }
+}
+
+/// `kubectl kustomize` renders the gateway with and without the monitoring component; with
+/// it, a metrics Service selects the gateway's pods on its metrics port, the ServiceMonitor
+/// selects that Service by port name, and the PrometheusRule is the same object as the file.
+#[test]
+fn kustomize_adds_the_monitoring_component_to_the_gateway() {
+    let kubectl = tool("kubectl", "the operator's kubectl (CI has it)");
+    let render = |dir: &str| -> Vec<Value> {
+        let out = run(&kubectl, &["kustomize", repo().join(dir).to_str().unwrap()]);
+        serde_saphyr::from_multiple(&out).unwrap()
+    };
+    let plain = render("deploy/gateway");
+    let monitored = render("deploy/gateway-monitoring");
+    let kinds = |docs: &[Value]| -> Vec<String> {
+        let mut k: Vec<String> = docs
+            .iter()
+            .map(|d| format!("{}/{}", d["kind"], d["metadata"]["name"]))
+            .collect();
+        k.sort();
+        k
+    };
+    let added: Vec<String> = kinds(&monitored)
+        .into_iter()
+        .filter(|k| !kinds(&plain).contains(k))
+        .collect();
+    assert_eq!(added.len(), 3, "{added:?}");
+    for doc in &plain {
+        assert!(
+            monitored.contains(doc),
+            "the component changed {}",
+            doc["kind"]
+        );
+    }
+    // The component's own objects: those the plain rendering lacks.
+    let of = |kind: &str| -> &Value {
+        monitored
+            .iter()
+            .find(|d| d["kind"] == kind && !plain.contains(d))
+            .unwrap_or_else(|| panic!("the component adds no {kind}"))
+    };
+    let monitor = of("ServiceMonitor");
+    let service = of("Service");
+    let deployment = monitored
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap();
+    assert_eq!(
+        monitor["metadata"]["namespace"],
+        service["metadata"]["namespace"]
+    );
+    let labels = service["metadata"]["labels"].as_object().unwrap();
+    for (k, v) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(labels.get(k), Some(v), "ServiceMonitor selector {k}");
+    }
+    let port = monitor["spec"]["endpoints"][0]["port"].as_str().unwrap();
+    let service_port = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == port)
+        .unwrap_or_else(|| panic!("the metrics Service has no port {port}"));
+    let pod = &deployment["spec"]["template"];
+    for (k, v) in service["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(pod["metadata"]["labels"][k], *v, "Service selector {k}");
+    }
+    let container_ports = pod["spec"]["containers"][0]["ports"].as_array().unwrap();
+    assert!(
+        container_ports
+            .iter()
+            .any(|p| p["name"] == service_port["targetPort"]),
+        "targetPort {} is no container port",
+        service_port["targetPort"]
+    );
+    assert_eq!(
+        of("PrometheusRule")["spec"],
+        yaml(&monitoring("prometheusrule.yaml"))["spec"]
+    );
+}
+
+/// Every `expr` of every panel (rows' panels too) of the dashboard.
+fn dashboard_queries() -> Vec<(String, String)> {
+    fn walk(panel: &Value, out: &mut Vec<(String, String)>) {
+        let title = panel["title"].as_str().unwrap_or("").to_owned();
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            if let Some(expr) = target["expr"].as_str() {
+                out.push((title.clone(), expr.to_owned()));
+            }
+        }
+        for inner in panel["panels"].as_array().into_iter().flatten() {
+            walk(inner, out);
+        }
+    }
+    let text = std::fs::read_to_string(monitoring("dashboard.json")).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    let mut out = Vec::new();
+    walk(&dashboard, &mut out);
+    out
+}
+
+/// `s` percent-encoded for a query string (RFC 3986 unreserved characters kept).
+fn percent_encoded(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A GET of `path` over HTTP/1.0 (so Go's server answers without chunking): the status
+/// code and the body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: prometheus\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let code = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (code, body.to_owned())
+}
+
+/// A GET of `path`, its body as JSON.
+async fn get_json(addr: SocketAddr, path: &str) -> Value {
+    let (code, body) = get(addr, path).await;
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {code} {e}: {body}"))
+}
+
+/// Prometheus' instant query of `expr`: the series it returns.
+async fn query(prometheus: SocketAddr, expr: &str) -> Vec<Value> {
+    let answer = get_json(
+        prometheus,
+        &format!("/api/v1/query?query={}", percent_encoded(expr)),
+    )
+    .await;
+    assert_eq!(answer["status"], "success", "{expr}: {answer}");
+    answer["data"]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Serves `cluster`'s first replica's metrics, as the gateway binary registers them, on a
+/// port of its own; returns its address.
+async fn serve_metrics(cluster: &Cluster) -> SocketAddr {
+    let replica = cluster.replicas[0].as_ref().unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    replica.gateway.register_metrics(&mut registry);
+    replica.requests.register(&mut registry);
+    registry.register_collector(Box::new(edgebeat_transports::observe::ProcessCollector));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(edgebeat_transports::observe::serve(
+        listener,
+        Arc::new(registry),
+        || Ok(()),
+        std::future::pending(),
+    ));
+    addr
+}
+
+/// A real Prometheus (Debian's, 2.42) scraping `targets` every second; returns its address
+/// and the process.
+async fn prometheus(dir: &Path, targets: &[SocketAddr]) -> (SocketAddr, tokio::process::Child) {
+    let binary = tool(
+        "prometheus",
+        "install Debian's prometheus package (scripts/test.sh does)",
+    );
+    let list: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: edgebeat-gateway\n    static_configs:\n      - targets: [{}]\n",
+            list.join(", ")
+        ),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(binary)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg("--web.listen-address=127.0.0.1:0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let find = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            // `msg="Listening on" address=127.0.0.1:39507`: the port it bound.
+            if line.contains("msg=\"Listening on\"") {
+                let addr = line.rsplit("address=").next().unwrap().trim();
+                return addr.parse::<SocketAddr>().unwrap();
+            }
+        }
+        panic!("prometheus exited before listening");
+    };
+    let addr = tokio::time::timeout(Duration::from_secs(30), find)
+        .await
+        .expect("prometheus listening within 30 s");
+    // Keep draining its log so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // It answers queries once its storage is open: /-/ready says 200 then.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while get(addr, "/-/ready").await.0 != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "prometheus not ready within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (addr, child)
+}
+
+/// A cluster over `transport` whose gateway enrolls, with one enrolled agent `node`
+/// heartbeating; returns it, the agent and what must outlive them.
+async fn enrolled(
+    transport: Transport,
+    node: &str,
+) -> (
+    Cluster,
+    edgebeat_tests::harness::AgentHandle,
+    [tempfile::TempDir; 2],
+) {
+    let cluster =
+        Cluster::start_enrolling(transport, EnrollmentOptions::default(), gateway_options())
+            .await
+            .unwrap();
+    let token = cluster
+        .bootstrap_token(&[node], 1, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let certs = tempfile::tempdir().unwrap();
+    let config = cluster
+        .enrolled_agent_config(node, host.path(), &token, certs.path())
+        .unwrap();
+    let agent = cluster.start_agent(config).unwrap();
+    cluster
+        .wait_for_renewals(node, 2, Duration::from_secs(60))
+        .await
+        .unwrap();
+    (cluster, agent, [host, certs])
+}
+
+/// A real Prometheus scrapes two gateways (gRPC and signed MQTT, each with an enrolled
+/// agent); every query of the dashboard, with `$__rate_interval` as 10s, then returns at
+/// least one series: a panel whose query returns nothing is a broken panel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_query_returns_series_from_a_real_prometheus() {
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 12, "{} queries", queries.len());
+    for (title, expr) in &queries {
+        let vars: Vec<&str> = expr
+            .match_indices('$')
+            .map(|(i, _)| &expr[i..])
+            .filter(|rest| !rest.starts_with("$__rate_interval"))
+            .collect();
+        assert!(
+            vars.is_empty(),
+            "{title}: a variable the test cannot fill: {expr}"
+        );
+    }
+    let (grpc, grpc_agent, _keep_grpc) = enrolled(Transport::Grpc, "watch-grpc-01").await;
+    let (mqtt, mqtt_agent, _keep_mqtt) = enrolled(Transport::Mqtt, "watch-mqtt-01").await;
+    let targets = [serve_metrics(&grpc).await, serve_metrics(&mqtt).await];
+    let dir = tempfile::tempdir().unwrap();
+    let (prometheus, mut child) = prometheus(dir.path(), &targets).await;
+
+    // Waits on what Prometheus holds: every query answered with a series, within a
+    // deadline long enough for a few scrapes and two renewals per agent.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let empty = loop {
+        let mut empty = Vec::new();
+        for (title, expr) in &queries {
+            let expr = expr.replace("$__rate_interval", "10s");
+            if query(prometheus, &expr).await.is_empty() {
+                empty.push(format!("{title}: {expr}"));
+            }
+        }
+        if empty.is_empty() || tokio::time::Instant::now() > deadline {
+            break empty;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        empty.is_empty(),
+        "panels whose query returned nothing:\n{}",
+        empty.join("\n")
+    );
+    // Both gateways were scraped, and they are the only targets.
+    let up = query(prometheus, "up == 1").await;
+    assert_eq!(up.len(), 2, "{up:?}");
+    let _ = child.kill().await;
+    grpc_agent.stop().await.unwrap();
+    mqtt_agent.stop().await.unwrap();
+}
