@@ -3,8 +3,9 @@
 //! agent registers and renews its Lease through a gateway on this host, over gRPC and MQTT.
 //!
 //! The binaries come from `scripts/cross-agent.sh` (the test script builds them and sets
-//! `EDGEBEAT_CROSS_AGENT_AARCH64` / `EDGEBEAT_CROSS_AGENT_ARMV7` to their paths). Without
-//! those variables these tests say so and do nothing.
+//! `EDGEBEAT_CROSS_AGENT_AARCH64` / `EDGEBEAT_CROSS_AGENT_ARMV7` to their paths), so they
+//! are `#[ignore]`d for a plain `cargo test` and scripts/test.sh runs them with
+//! `--ignored`; run that way without the variables, they fail and say why.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -24,23 +25,20 @@ struct Cross {
     arch: &'static str,
 }
 
-fn cross(var: &str, qemu: &'static str, arch: &'static str) -> Option<Cross> {
-    match std::env::var_os(var) {
-        Some(path) => Some(Cross {
-            qemu,
-            agent: PathBuf::from(path),
-            arch,
-        }),
-        None => {
-            eprintln!(
-                "{var} not set: skipping (scripts/test.sh builds the ARM agents and sets it)"
-            );
-            None
-        }
+/// The agent `var` names. Panics without it: these tests are `#[ignore]`d, and what runs
+/// them (scripts/test.sh) builds the agents and sets the variables first.
+fn cross(var: &str, qemu: &'static str, arch: &'static str) -> Cross {
+    let path = std::env::var_os(var).unwrap_or_else(|| {
+        panic!("{var} not set: scripts/test.sh builds the ARM agents and sets it")
+    });
+    Cross {
+        qemu,
+        agent: PathBuf::from(path),
+        arch,
     }
 }
 
-fn aarch64() -> Option<Cross> {
+fn aarch64() -> Cross {
     cross(
         "EDGEBEAT_CROSS_AGENT_AARCH64",
         "qemu-aarch64-static",
@@ -48,7 +46,7 @@ fn aarch64() -> Option<Cross> {
     )
 }
 
-fn armv7() -> Option<Cross> {
+fn armv7() -> Cross {
     cross("EDGEBEAT_CROSS_AGENT_ARMV7", "qemu-arm-static", "arm")
 }
 
@@ -155,36 +153,31 @@ async fn live(cross: &Cross, transport: Transport) {
 }
 
 #[test]
+#[ignore = "needs the ARM agents: scripts/test.sh builds them and runs it"]
 fn aarch64_once_matches_native() {
-    if let Some(c) = aarch64() {
-        once_matches_native(&c);
-    }
+    once_matches_native(&aarch64());
 }
 
 #[test]
+#[ignore = "needs the ARM agents: scripts/test.sh builds them and runs it"]
 fn armv7_once_matches_native() {
-    if let Some(c) = armv7() {
-        once_matches_native(&c);
-    }
+    once_matches_native(&armv7());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the ARM agents: scripts/test.sh builds them and runs it"]
 async fn aarch64_agent_renews_over_grpc() {
-    if let Some(c) = aarch64() {
-        live(&c, Transport::Grpc).await;
-    }
+    live(&aarch64(), Transport::Grpc).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the ARM agents: scripts/test.sh builds them and runs it"]
 async fn aarch64_agent_renews_over_mqtt() {
-    if let Some(c) = aarch64() {
-        live(&c, Transport::Mqtt).await;
-    }
+    live(&aarch64(), Transport::Mqtt).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the ARM agents: scripts/test.sh builds them and runs it"]
 async fn armv7_agent_renews_over_grpc() {
-    if let Some(c) = armv7() {
-        live(&c, Transport::Grpc).await;
-    }
+    live(&armv7(), Transport::Grpc).await;
 }
