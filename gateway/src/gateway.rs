@@ -26,6 +26,7 @@ use crate::apiserver::{Apiserver, WriteLimits};
 use crate::enrollment::Enrollment;
 use crate::enrollment::gate::{EnrollmentGate, EnrollmentLimits, Source};
 use crate::metrics::{RejectReason, ReplicaGauges, clock_skew_seconds};
+use crate::sites::{PartitionRule, SiteTracker};
 use crate::view::ApiserverView;
 pub use crate::writer::{LeaseState, validate_status};
 use crate::writer::{NodeWrites, Writer, rejected, retry};
@@ -228,6 +229,8 @@ pub struct Gateway {
     enrollment_gate: EnrollmentGate,
     /// Counters of what the gateway did.
     pub counters: Arc<Counters>,
+    /// The sites of the managed fleet ([`crate::sites`]), followed by [`Gateway::watch`].
+    sites: Arc<Mutex<SiteTracker>>,
 }
 
 impl Gateway {
@@ -252,6 +255,7 @@ impl Gateway {
             messages: AtomicU64::new(0),
             enrollment: OnceLock::new(),
             counters,
+            sites: Arc::new(Mutex::new(SiteTracker::new(PartitionRule::default()))),
         }
     }
 
@@ -291,12 +295,24 @@ impl Gateway {
     /// `client`, until dropped; spawn it beside the ingresses. `client` should have no read
     /// timeout shorter than the watch's (kube-runtime asks the apiserver for 290 s), see
     /// [`watch_client`].
+    ///
+    /// It also follows the fleet's sites ([`crate::sites::follow`]): every replica reads
+    /// the same watched Leases, reaches the same verdict and writes the same bytes, so a
+    /// cut-off site is recorded once.
     pub fn watch(&self, client: kube::Client) -> impl Future<Output = ()> + Send + 'static {
         let view = self.writer.view.clone();
+        let clock = self.clock.clone();
+        let sites = crate::sites::follow(
+            view.clone(),
+            self.writer.api.clone(),
+            self.sites.clone(),
+            move || jiff::Timestamp::try_from(clock.now()).unwrap_or_default(),
+        );
         async move {
             tokio::join!(
                 view.clone().watch_nodes(client.clone()),
-                view.watch_leases(client)
+                view.watch_leases(client),
+                sites
             );
         }
     }
@@ -403,6 +419,7 @@ impl Gateway {
             backing_off: self.writer.api.backing_off(),
             unidentified_allowed: self.options.posture == Posture::AllowUnidentified,
             per_node_metrics: self.options.per_node_metrics,
+            sites: crate::sites::figures(&self.sites),
             certificate_lifetime: self.enrollment.get().map(|e| e.lifetime()),
             fleet: self
                 .writer

@@ -16,6 +16,7 @@
 //! - [`restriction`]: NodeRestriction's label rules, input limits and the per-node rate limit.
 //! - [`patch`]: the Node, status patch, Lease and Event bodies.
 //! - [`metrics`]: the Prometheus metrics (`edgebeat_gateway_*`) served on `/metrics`.
+//! - [`sites`]: a site (zone) cut off told apart from its nodes dying.
 
 pub mod admission;
 pub mod apiserver;
@@ -26,6 +27,7 @@ pub mod metrics;
 pub mod patch;
 pub mod reload;
 pub mod restriction;
+pub mod sites;
 pub mod view;
 mod writer;
 

@@ -23,6 +23,8 @@
 //! | `edgebeat_gateway_node_conditions` | gauge | `condition`, `status` | managed Nodes holding each condition type, by status, as the watch holds them |
 //! | `edgebeat_gateway_certificate_lifetime_seconds` | gauge | | `--certificate-lifetime`, when this replica issues node certificates |
 //! | `edgebeat_gateway_node_certificate_oldest_not_before_timestamp_seconds` | gauge | | earliest notBefore among the node certificates recorded on managed Nodes |
+//! | `edgebeat_gateway_site_reachable` | gauge | `site` | 0 while the site is cut off ([`crate::sites`]), else 1; only sites of managed nodes with a zone |
+//! | `edgebeat_gateway_site_nodes` | gauge | `site`, `state` | the site's live nodes: `renewing` or `silent` |
 //! | `edgebeat_gateway_apiserver_request_duration_seconds` | histogram | `verb`, `resource`, `subresource`, `code` | the gateway's requests to kube-apiserver ([`crate::apiserver::requests`]) |
 //! | `edgebeat_gateway_certificate_requests_total`, `…_certificate_signing_requests_pending` | counter, gauge | `proof`, `outcome` | enrollment ([`crate::enrollment::EnrollmentCounters`]) |
 //! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_start_time_seconds`, `process_open_fds` | | | the process ([`edgebeat_transports::observe::ProcessCollector`]) |
@@ -387,6 +389,9 @@ pub struct ReplicaGauges {
     /// `edgebeat_gateway_node_conditions` and
     /// `edgebeat_gateway_node_certificate_oldest_not_before_timestamp_seconds`.
     pub fleet: FleetSummary,
+    /// Per site (`site`, reachable, live nodes, silent nodes):
+    /// `edgebeat_gateway_site_reachable` and `edgebeat_gateway_site_nodes`.
+    pub sites: Vec<(Box<str>, bool, usize, usize)>,
 }
 
 /// Reads [`ReplicaGauges`] at scrape time.
@@ -455,8 +460,46 @@ impl Collector for ReplicaCollector {
                 MetricType::Gauge,
             )?)?;
         }
-        encode_fleet(&g.fleet, &mut encoder)
+        encode_fleet(&g.fleet, &mut encoder)?;
+        encode_sites(&g.sites, &mut encoder)
     }
+}
+
+/// `edgebeat_gateway_site_reachable{site}` and `edgebeat_gateway_site_nodes{site, state}`
+/// (see [`crate::sites`]); nothing when no managed node has a zone.
+fn encode_sites(
+    sites: &[(Box<str>, bool, usize, usize)],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    if sites.is_empty() {
+        return Ok(());
+    }
+    let mut family = encoder.encode_descriptor(
+        "edgebeat_gateway_site_reachable",
+        "0 while the site (topology.kubernetes.io/zone) is cut off: most of its live nodes went silent together; else 1. The same on every replica: aggregate with min.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (site, reachable, _, _) in sites {
+        ConstGauge::new(i64::from(*reachable))
+            .encode(family.encode_family(&[("site", &**site)])?)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "edgebeat_gateway_site_nodes",
+        "Managed nodes of each site by state: renewing, or silent (two renewals missed); nodes silent for twelve renew intervals are no longer counted.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (site, _, live, silent) in sites {
+        for (state, n) in [
+            ("renewing", live.saturating_sub(*silent)),
+            ("silent", *silent),
+        ] {
+            let gauge = ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+            gauge.encode(family.encode_family(&[("site", &**site), ("state", state)])?)?;
+        }
+    }
+    Ok(())
 }
 
 /// `edgebeat_gateway_lease_age_seconds` and `edgebeat_gateway_node_conditions` from `fleet`.
@@ -604,6 +647,7 @@ mod tests {
             per_node_metrics: false,
             certificate_lifetime: Some(Duration::from_secs(86_400)),
             fleet: summary,
+            sites: vec![("plant-3".into(), false, 5, 4)],
         };
         let clock = Arc::new(Fixed(Mutex::new(UNIX_EPOCH)));
         let nodes = NodeMetrics::new(clock);
@@ -628,6 +672,9 @@ mod tests {
             "edgebeat_gateway_per_node_metrics 0\n",
             "edgebeat_gateway_certificate_lifetime_seconds 86400",
             "edgebeat_gateway_node_certificate_oldest_not_before_timestamp_seconds 1700000000\n",
+            "edgebeat_gateway_site_reachable{site=\"plant-3\"} 0\n",
+            "edgebeat_gateway_site_nodes{site=\"plant-3\",state=\"renewing\"} 1\n",
+            "edgebeat_gateway_site_nodes{site=\"plant-3\",state=\"silent\"} 4\n",
         ] {
             assert!(out.contains(line), "{line} missing from\n{out}");
         }

@@ -71,6 +71,10 @@ pub struct NodeRecord {
     /// ([`CERTIFICATE_SHA256_ANNOTATION`], [`CERTIFICATE_NOT_BEFORE_ANNOTATION`]): the node
     /// is identified, and no older certificate is believed for it.
     pub certificate: Option<CertificateId>,
+    /// Its site, from its zone and region labels ([`crate::sites::site_of`]).
+    pub site: Option<Box<str>>,
+    /// Whether it holds [`crate::sites::SITE_CONDITION`] `True`.
+    pub site_unreachable: bool,
 }
 
 impl NodeRecord {
@@ -109,6 +113,16 @@ impl NodeRecord {
                 .annotations
                 .as_ref()
                 .and_then(recorded_certificate),
+            site: node
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| crate::sites::site_of(|k| labels.get(k).map(String::as_str))),
+            site_unreachable: node
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| c.type_ == crate::sites::SITE_CONDITION && c.status == "True"),
         }
     }
 
@@ -134,6 +148,8 @@ pub struct LeaseRecord {
     /// [`MANAGED_LABEL`], so a PUT can be rebuilt from this record without dropping a
     /// field. When false the renewal reads the whole Lease first.
     pub plain: bool,
+    /// `spec.leaseDurationSeconds`.
+    pub duration_seconds: Option<i32>,
 }
 
 impl LeaseRecord {
@@ -165,6 +181,7 @@ impl LeaseRecord {
             resource_version: Box::from(meta.resource_version.as_deref()?),
             renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
             plain,
+            duration_seconds: spec.and_then(|s| s.lease_duration_seconds),
         })
     }
 }
@@ -438,6 +455,40 @@ impl ApiserverView {
         }
         summary.conditions.sort_by_key(|(t, _)| *t);
         summary
+    }
+
+    /// The managed nodes that have a site and a Lease, by site, for
+    /// [`crate::sites::SiteTracker::look`]: each node's renewTime and renew interval
+    /// (`leaseDurationSeconds` × 0.25, kubelet's). The Lease map is read first and let go,
+    /// so the two locks are never held together.
+    pub fn site_members(&self) -> BTreeMap<Box<str>, Vec<crate::sites::Member>> {
+        let leases: HashMap<Box<str>, (Timestamp, i32)> = self
+            .leases
+            .map()
+            .iter()
+            .filter_map(|(name, l)| {
+                Some((
+                    name.clone(),
+                    (l.renew_time?, l.duration_seconds.filter(|d| *d > 0)?),
+                ))
+            })
+            .collect();
+        let nodes = self.nodes.map();
+        crate::sites::group(
+            nodes
+                .iter()
+                .filter(|(_, n)| n.managed)
+                .filter_map(|(name, n)| {
+                    let (renewed, duration) = leases.get(name)?;
+                    Some((
+                        name.clone(),
+                        n.site.clone()?,
+                        *renewed,
+                        jiff::SignedDuration::from_millis(i64::from(*duration) * 250),
+                        n.site_unreachable,
+                    ))
+                }),
+        )
     }
 
     /// Takes `obj`'s record unless one of a newer version is held.

@@ -394,9 +394,14 @@ async fn enrolled(
         .unwrap();
     let host = fixture_copy("rpi4-cgroup1").unwrap();
     let certs = tempfile::tempdir().unwrap();
-    let config = cluster
+    let mut config = cluster
         .enrolled_agent_config(node, host.path(), &token, certs.path())
         .unwrap();
+    // A site, so the per-site panels have series.
+    config.node_labels.insert(
+        edgebeat_gateway::sites::ZONE_LABEL.into(),
+        format!("{node}-site"),
+    );
     let agent = cluster.start_agent(config).unwrap();
     cluster
         .wait_for_renewals(node, 2, Duration::from_secs(60))

@@ -221,7 +221,11 @@ impl Writer {
     /// every condition whose status in `written` differs from `before` (what the apiserver
     /// held before the write), and with [`Reboot::Record`] kubelet's `Rebooted` event when
     /// the boot ID did. A condition new to the Node records its event too, except Ready, as
-    /// kubelet's setters do when they append one. Then takes `written` into the view.
+    /// kubelet's setters do when they append one. Only the types an agent reports count:
+    /// another writer's condition (the gateway's own `SiteUnreachable`, a CNI's
+    /// `NetworkUnavailable`, node-problem-detector's) is theirs to record, and the view
+    /// does not keep it, so it would look new at every write. Then takes `written` into the
+    /// view.
     async fn remember(
         &self,
         before: &NodeRecord,
@@ -234,6 +238,7 @@ impl Writer {
             .status
             .iter()
             .flat_map(|s| s.conditions.iter().flatten())
+            .filter(|c| patch::KnownConditions::reportable(&c.type_))
         {
             let held = before.conditions.get(&c.type_).map(|k| k.status.as_str());
             let reason = c.reason.as_deref().unwrap_or_default();

@@ -1,0 +1,532 @@
+//! Sites: a whole site cut off is told apart from its nodes dying.
+//!
+//! **A site is a zone.** The site of a node is its `topology.kubernetes.io/zone` label
+//! ([`ZONE_LABEL`]; the agent sets it through `nodeLabels`, which NodeRestriction allows a
+//! node to set on itself), prefixed by `topology.kubernetes.io/region` and `/` when that is
+//! set too ([`site_of`]), which is how kube-controller-manager's node lifecycle controller
+//! groups nodes (`pkg/controller/nodelifecycle/node_lifecycle_controller.go:
+//! ComputeZoneState`, zone key from `staging/src/k8s.io/component-helpers/node/topology:
+//! GetZoneKey`). Nodes without a zone belong to no site and are never part of a partition.
+//!
+//! **The rule** ([`SiteTracker::assess`], I/O-free): each node's silence is read from its
+//! Lease as the replica's watch holds it (so every replica sees the same fleet and reaches
+//! the same verdict). With `r` a node's renew interval (`leaseDurationSeconds` × 0.25, as
+//! kubelet renews):
+//!
+//! - a node is **live** when its Lease was renewed within [`LIVE_INTERVALS`] × `r` (a node
+//!   dead for longer no longer counts for its site), and **silent** when it was not renewed
+//!   within [`SILENT_INTERVALS`] × `r` (two renewals missed: one lost renewal is not
+//!   silence);
+//! - a site is **cut off** when at least [`PartitionRule::min_nodes`] (3) of its silent
+//!   nodes went silent *together* — their last renewals within [`SILENT_INTERVALS`] × `r` of
+//!   each other — and those are at least [`PartitionRule::share`] (80 %) of the site's live
+//!   nodes. One silent node is a node; nodes dying one by one over minutes never fall in
+//!   one window; a site of one or two nodes cannot be told from its nodes and is never
+//!   called cut off.
+//!
+//! While a site is cut off, each of its silent nodes carries the NodeCondition
+//! [`SITE_CONDITION`] (`SiteUnreachable`, status `True`, reason [`REASON_SILENT`], a message
+//! naming the site and since when), patched by type as node-problem-detector patches its
+//! conditions; kube-controller-manager's `Unknown` on kubelet's four conditions stays as it
+//! is, so `kubectl describe node` shows both. The site is reachable again as soon as one of
+//! those nodes renews: one Event records the partition ([`REASON_SILENT`], Warning) and one
+//! its end ([`REASON_REACHABLE`], Normal), each about the first node of the site by name.
+//! A node's condition turns `False` (reason [`REASON_REACHABLE`]) once its own Lease is
+//! renewed again; a node still silent [`LIVE_INTERVALS`] × `r` after its site came back is
+//! just a dead node, and its condition turns `False` too (the node lifecycle controller's
+//! `Unknown` then says all there is). Leases of silent nodes are never renewed.
+//!
+//! **Replicas agree without talking.** Every replica computes the same verdict from the
+//! same Leases, and what it writes is the same bytes: the condition's times are the
+//! partition's start (the last renewal of the first node to go silent) and each node's
+//! renewal, not the moment a replica noticed, and an Event's name is made from the site and
+//! that start ([`event_name`]), so the second replica's POST is refused with 409 and its
+//! condition patch changes nothing. One partition is one Event, whatever the replica count.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use serde_json::json;
+
+use crate::apiserver::Apiserver;
+use crate::patch;
+use crate::view::ApiserverView;
+
+/// The zone label (`topology.kubernetes.io/zone`).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// The region label (`topology.kubernetes.io/region`).
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+/// The NodeCondition type on each silent node of a cut-off site.
+pub const SITE_CONDITION: &str = "SiteUnreachable";
+/// Reason of [`SITE_CONDITION`] `True` and of the partition's Event.
+pub const REASON_SILENT: &str = "SiteSilent";
+/// Reason of [`SITE_CONDITION`] `False` and of the recovery's Event.
+pub const REASON_REACHABLE: &str = "SiteReachable";
+/// Renew intervals without a renewal after which a node is silent.
+pub const SILENT_INTERVALS: i64 = 2;
+/// Renew intervals within which a node renewed to count as live for its site.
+pub const LIVE_INTERVALS: i64 = 12;
+/// How often the replica looks (seconds): well inside one renew interval.
+pub const TICK: Duration = Duration::from_secs(2);
+
+/// The site of a node with `labels`: its zone, as `region/zone` when a region is set;
+/// `None` without a zone label (or an empty one).
+pub fn site_of<'a>(mut label: impl FnMut(&str) -> Option<&'a str>) -> Option<Box<str>> {
+    let zone = label(ZONE_LABEL).filter(|z| !z.is_empty())?;
+    Some(match label(REGION_LABEL).filter(|r| !r.is_empty()) {
+        Some(region) => format!("{region}/{zone}").into(),
+        None => zone.into(),
+    })
+}
+
+/// When a site counts as cut off (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PartitionRule {
+    /// Fewest nodes going silent together that can be a partition (default 3).
+    pub min_nodes: usize,
+    /// Least share of the site's live nodes they must be (default 0.8).
+    pub share: f64,
+}
+
+impl Default for PartitionRule {
+    fn default() -> Self {
+        Self {
+            min_nodes: 3,
+            share: 0.8,
+        }
+    }
+}
+
+/// One managed node of a site, as the view holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Member {
+    /// The node's name.
+    pub node: Box<str>,
+    /// Its Lease's `renewTime`.
+    pub renewed: Timestamp,
+    /// Its renew interval (`leaseDurationSeconds` × 0.25).
+    pub renew_interval: SignedDuration,
+    /// Whether the Node holds [`SITE_CONDITION`] `True`.
+    pub unreachable: bool,
+}
+
+impl Member {
+    fn age(&self, now: Timestamp) -> SignedDuration {
+        now.duration_since(self.renewed)
+    }
+
+    fn silent(&self, now: Timestamp) -> bool {
+        self.age(now) > self.renew_interval * SILENT_INTERVALS as i32
+    }
+
+    fn live(&self, now: Timestamp) -> bool {
+        self.age(now) <= self.renew_interval * LIVE_INTERVALS as i32
+    }
+}
+
+/// A site cut off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    /// The last renewal of the first of its nodes to go silent: when the site was last heard
+    /// whole.
+    pub since: Timestamp,
+    /// The nodes that went silent with it.
+    pub nodes: Vec<Box<str>>,
+}
+
+/// What one site is, for `/metrics` and the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SiteState {
+    /// Live nodes (see the module docs).
+    pub live: usize,
+    /// Silent ones among them.
+    pub silent: usize,
+    /// The partition, while cut off.
+    pub partition: Option<Partition>,
+    /// When the site was last heard again after a partition, until its stragglers are
+    /// settled.
+    returned: Option<Timestamp>,
+}
+
+/// What the replica does about the sites after one look.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// `site` is cut off: one Warning Event.
+    Partitioned {
+        /// The site.
+        site: Box<str>,
+        /// Its partition.
+        partition: Partition,
+    },
+    /// `site` is heard again at `at`, after its partition: one Normal Event.
+    Returned {
+        /// The site.
+        site: Box<str>,
+        /// The partition that ended.
+        partition: Partition,
+        /// The first renewal heard from the site again.
+        at: Timestamp,
+    },
+    /// Set [`SITE_CONDITION`] `True` on `node`, transition at `since`.
+    Unreachable {
+        /// The node.
+        node: Box<str>,
+        /// Its site.
+        site: Box<str>,
+        /// The partition's start.
+        since: Timestamp,
+    },
+    /// Set [`SITE_CONDITION`] `False` on `node`, transition at `at`.
+    Reachable {
+        /// The node.
+        node: Box<str>,
+        /// Its renewal that showed it reachable, or when its site's return settled it.
+        at: Timestamp,
+    },
+}
+
+/// The sites one replica follows: the rule applied to every look (I/O-free).
+#[derive(Debug, Default)]
+pub struct SiteTracker {
+    rule: PartitionRule,
+    sites: BTreeMap<Box<str>, SiteState>,
+}
+
+impl SiteTracker {
+    /// A tracker with `rule`.
+    pub fn new(rule: PartitionRule) -> Self {
+        Self {
+            rule,
+            sites: BTreeMap::new(),
+        }
+    }
+
+    /// The state of every site seen.
+    pub fn sites(&self) -> &BTreeMap<Box<str>, SiteState> {
+        &self.sites
+    }
+
+    /// The partition of `members` (one site's nodes) at `now`, if the rule finds one.
+    pub fn assess(&self, members: &[Member], now: Timestamp) -> Option<Partition> {
+        let live = members.iter().filter(|m| m.live(now)).count();
+        let mut silent: Vec<&Member> = members
+            .iter()
+            .filter(|m| m.live(now) && m.silent(now))
+            .collect();
+        silent.sort_by_key(|m| m.renewed);
+        // The most nodes whose last renewals lie within one window of each other.
+        let mut best: &[&Member] = &[];
+        let mut start = 0;
+        for end in 0..silent.len() {
+            while let (Some(first), Some(last)) = (silent.get(start), silent.get(end)) {
+                let window =
+                    first.renew_interval.max(last.renew_interval) * SILENT_INTERVALS as i32;
+                if last.renewed.duration_since(first.renewed) <= window {
+                    break;
+                }
+                start += 1;
+            }
+            if let Some(group) = silent.get(start..=end)
+                && group.len() > best.len()
+            {
+                best = group;
+            }
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let enough =
+            best.len() >= self.rule.min_nodes && best.len() as f64 >= self.rule.share * live as f64;
+        enough.then(|| Partition {
+            since: best.first().map_or(now, |m| m.renewed),
+            nodes: best.iter().map(|m| m.node.clone()).collect(),
+        })
+    }
+
+    /// Looks at every site's `members` at `now` and returns what to write.
+    pub fn look(
+        &mut self,
+        members: &BTreeMap<Box<str>, Vec<Member>>,
+        now: Timestamp,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        self.sites.retain(|site, _| members.contains_key(site));
+        for (site, nodes) in members {
+            let assessed = self.assess(nodes, now);
+            let state = self.sites.entry(site.clone()).or_default();
+            state.live = nodes.iter().filter(|m| m.live(now)).count();
+            state.silent = nodes
+                .iter()
+                .filter(|m| m.live(now) && m.silent(now))
+                .count();
+            match (&state.partition, assessed) {
+                (None, Some(partition)) => {
+                    state.returned = None;
+                    actions.push(Action::Partitioned {
+                        site: site.clone(),
+                        partition: partition.clone(),
+                    });
+                    state.partition = Some(partition);
+                }
+                (Some(partition), _) => {
+                    // Heard again: any node of the partition renewed after it began.
+                    let back = nodes
+                        .iter()
+                        .filter(|m| partition.nodes.contains(&m.node) && !m.silent(now))
+                        .map(|m| m.renewed)
+                        .min();
+                    if let Some(at) = back {
+                        actions.push(Action::Returned {
+                            site: site.clone(),
+                            partition: partition.clone(),
+                            at,
+                        });
+                        state.partition = None;
+                        state.returned = Some(at);
+                    }
+                }
+                (None, None) => {}
+            }
+            for m in nodes {
+                match &state.partition {
+                    // Every node silent since the partition began shares it.
+                    Some(p) if m.silent(now) && m.renewed >= p.since && !m.unreachable => {
+                        actions.push(Action::Unreachable {
+                            node: m.node.clone(),
+                            site: site.clone(),
+                            since: p.since,
+                        });
+                    }
+                    _ if m.unreachable && !m.silent(now) => actions.push(Action::Reachable {
+                        node: m.node.clone(),
+                        at: m.renewed,
+                    }),
+                    // Still silent long after its site returned: a dead node.
+                    None if m.unreachable
+                        && state.returned.is_some_and(|r| {
+                            now.duration_since(r) > m.renew_interval * LIVE_INTERVALS as i32
+                        }) =>
+                    {
+                        let at = state.returned.unwrap_or(now);
+                        actions.push(Action::Reachable {
+                            node: m.node.clone(),
+                            at,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+        }
+        actions
+    }
+}
+
+/// The Event name of `what` (`silent` or `reachable`) for the partition of `site` that began
+/// at `since`: the same on every replica, so the apiserver keeps one (a DNS subdomain:
+/// the site lower-cased, characters other than `a-z0-9-.` as `-`).
+pub fn event_name(site: &str, what: &str, since: Timestamp) -> String {
+    let site: String = site
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '-' | '.') => c,
+            _ => '-',
+        })
+        .collect();
+    format!(
+        "edgebeat-site-{}.{what}.{:x}",
+        site.trim_matches(|c| c == '-' || c == '.'),
+        since.as_second()
+    )
+}
+
+/// The strategic-merge patch setting [`SITE_CONDITION`] on a Node's status.
+pub fn condition_patch(
+    status: bool,
+    reason: &str,
+    message: &str,
+    at: Timestamp,
+) -> serde_json::Value {
+    let at = patch::whole_seconds(at).to_string();
+    json!({"status": {"conditions": [{
+        "type": SITE_CONDITION,
+        "status": if status { "True" } else { "False" },
+        "reason": reason,
+        "message": message,
+        "lastHeartbeatTime": at,
+        "lastTransitionTime": at,
+    }]}})
+}
+
+/// Follows the sites of the managed fleet in `view` every [`TICK`], writing through `api`
+/// (see the module docs); until dropped. `now` reads the gateway clock.
+pub async fn follow(
+    view: Arc<ApiserverView>,
+    api: Apiserver,
+    tracker: Arc<Mutex<SiteTracker>>,
+    now: impl Fn() -> Timestamp + Send + 'static,
+) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !(view.nodes_watched() && view.leases_watched()) {
+            // Without the fleet in view, silence cannot be told from not knowing.
+            continue;
+        }
+        let now = now();
+        let members = view.site_members();
+        let actions = tracker
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .look(&members, now);
+        for action in actions {
+            // Events are about the first node of the site by name.
+            let about = match &action {
+                Action::Partitioned { site, .. } | Action::Returned { site, .. } => members
+                    .get(site)
+                    .and_then(|m| m.iter().map(|m| m.node.clone()).min()),
+                _ => None,
+            };
+            write(&api, &action, about.as_deref(), now).await;
+        }
+    }
+}
+
+async fn write(api: &Apiserver, action: &Action, about: Option<&str>, now: Timestamp) {
+    let result = match action {
+        Action::Partitioned { site, partition } => {
+            tracing::warn!(
+                site = &**site,
+                nodes = partition.nodes.len(),
+                since = %partition.since,
+                "site cut off: its nodes went silent together"
+            );
+            let message = format!(
+                "Site {site} unreachable since {}: {} nodes went silent together ({})",
+                patch::whole_seconds(partition.since),
+                partition.nodes.len(),
+                partition.nodes.join(", ")
+            );
+            event(
+                api,
+                site,
+                "silent",
+                partition.since,
+                "Warning",
+                REASON_SILENT,
+                message,
+                about,
+                now,
+            )
+            .await
+        }
+        Action::Returned {
+            site,
+            partition,
+            at,
+        } => {
+            let down = at.duration_since(partition.since);
+            tracing::info!(
+                site = &**site,
+                down_s = down.as_secs(),
+                "site reachable again"
+            );
+            let message = format!(
+                "Site {site} reachable again at {} after {}s unreachable",
+                patch::whole_seconds(*at),
+                down.as_secs()
+            );
+            event(
+                api,
+                site,
+                "reachable",
+                partition.since,
+                "Normal",
+                REASON_REACHABLE,
+                message,
+                about,
+                now,
+            )
+            .await
+        }
+        Action::Unreachable { node, site, since } => {
+            let message = format!(
+                "Site {site} unreachable since {}: the node's site went silent with it",
+                patch::whole_seconds(*since)
+            );
+            api.patch_node_status(node, condition_patch(true, REASON_SILENT, &message, *since))
+                .await
+                .map(drop)
+        }
+        Action::Reachable { node, at } => api
+            .patch_node_status(
+                node,
+                condition_patch(false, REASON_REACHABLE, "The node's site is reachable", *at),
+            )
+            .await
+            .map(drop),
+    };
+    if let Err(error) = result {
+        tracing::warn!(?action, %error, "could not record a site's state");
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn event(
+    api: &Apiserver,
+    site: &str,
+    what: &str,
+    since: Timestamp,
+    type_: &str,
+    reason: &str,
+    message: String,
+    about: Option<&str>,
+    now: Timestamp,
+) -> Result<(), kube::Error> {
+    let Some(node) = about else {
+        return Ok(());
+    };
+    let mut event = patch::node_event(node, type_, reason, message, now, 0);
+    event.metadata.name = Some(event_name(site, what, since));
+    event.source = Some(k8s_openapi::api::core::v1::EventSource {
+        component: Some("edgebeat-gateway".into()),
+        host: None,
+    });
+    event.reporting_component = Some("edgebeat-gateway".into());
+    event.reporting_instance = None;
+    match api.create_event(node, &event).await {
+        // Another replica recorded it first.
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+/// Per-site figures for `/metrics`: `(site, reachable, live, silent)`.
+pub fn figures(tracker: &Mutex<SiteTracker>) -> Vec<(Box<str>, bool, usize, usize)> {
+    tracker
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .sites()
+        .iter()
+        .map(|(site, s)| (site.clone(), s.partition.is_none(), s.live, s.silent))
+        .collect()
+}
+
+/// Builds per-site member lists from `(node, site, renewed, renew interval, unreachable)`.
+pub fn group(
+    nodes: impl IntoIterator<Item = (Box<str>, Box<str>, Timestamp, SignedDuration, bool)>,
+) -> BTreeMap<Box<str>, Vec<Member>> {
+    let mut sites: BTreeMap<Box<str>, Vec<Member>> = BTreeMap::new();
+    for (node, site, renewed, renew_interval, unreachable) in nodes {
+        sites.entry(site).or_default().push(Member {
+            node,
+            renewed,
+            renew_interval,
+            unreachable,
+        });
+    }
+    sites
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,179 @@
+use super::*;
+
+/// kubelet's renew interval: 10 s (a 40 s lease).
+const R: SignedDuration = SignedDuration::from_secs(10);
+
+fn t(s: i64) -> Timestamp {
+    Timestamp::from_second(1_764_000_000 + s).unwrap()
+}
+
+fn member(node: &str, renewed: i64) -> Member {
+    Member {
+        node: node.into(),
+        renewed: t(renewed),
+        renew_interval: R,
+        unreachable: false,
+    }
+}
+
+fn site(members: Vec<Member>) -> BTreeMap<Box<str>, Vec<Member>> {
+    [("plant-3".into(), members)].into()
+}
+
+fn partitioned(actions: &[Action]) -> usize {
+    actions
+        .iter()
+        .filter(|a| matches!(a, Action::Partitioned { .. }))
+        .count()
+}
+
+fn unreachable(actions: &[Action]) -> Vec<&str> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Unreachable { node, .. } => Some(&**node),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn one_silent_node_is_a_node() {
+    let mut tracker = SiteTracker::default();
+    let mut nodes: Vec<Member> = (0..5).map(|i| member(&format!("n{i}"), 95)).collect();
+    nodes[0].renewed = t(60);
+    let actions = tracker.look(&site(nodes), t(100));
+    assert!(actions.is_empty(), "{actions:?}");
+    let state = &tracker.sites()["plant-3"];
+    assert_eq!(
+        (state.live, state.silent, state.partition.is_some()),
+        (5, 1, false)
+    );
+}
+
+#[test]
+fn most_of_a_site_silent_together_is_a_partition_and_its_end_is_seen() {
+    let mut tracker = SiteTracker::default();
+    // Four of five last renewed within 4 s of each other, 25–29 s ago; one still renews.
+    let mut nodes = vec![
+        member("n0", 71),
+        member("n1", 72),
+        member("n2", 74),
+        member("n3", 75),
+        member("n4", 98),
+    ];
+    let actions = tracker.look(&site(nodes.clone()), t(100));
+    assert_eq!(partitioned(&actions), 1, "{actions:?}");
+    assert_eq!(unreachable(&actions), ["n0", "n1", "n2", "n3"]);
+    let Some(Action::Partitioned { partition, .. }) = actions.first() else {
+        panic!("{actions:?}")
+    };
+    assert_eq!(
+        partition.since,
+        t(71),
+        "the last renewal of the first to go silent"
+    );
+    // The next look changes nothing (the conditions are written).
+    for m in nodes.iter_mut().take(4) {
+        m.unreachable = true;
+    }
+    assert!(tracker.look(&site(nodes.clone()), t(102)).is_empty());
+    // The link returns: n1 renews at 130; the site is back, n1's condition clears.
+    nodes[1].renewed = t(130);
+    let actions = tracker.look(&site(nodes.clone()), t(131));
+    assert!(
+        matches!(&actions[..], [Action::Returned { at, .. }, Action::Reachable { node, .. }] if *at == t(130) && &**node == "n1"),
+        "{actions:?}"
+    );
+    // The others clear as each renews.
+    nodes[1].unreachable = false;
+    nodes[0].renewed = t(132);
+    let actions = tracker.look(&site(nodes), t(133));
+    assert_eq!(
+        actions,
+        [Action::Reachable {
+            node: "n0".into(),
+            at: t(132)
+        }]
+    );
+}
+
+#[test]
+fn nodes_dying_one_by_one_are_no_partition() {
+    let mut tracker = SiteTracker::default();
+    // Six nodes; one dies every 30 s (three renew intervals apart), the rest keep renewing.
+    let died = |i: i64| 30 * i;
+    for now in (0..=200).step_by(2) {
+        let nodes = (0..6)
+            .map(|i| {
+                let last = if died(i + 1) < now {
+                    died(i + 1)
+                } else {
+                    now - 1
+                };
+                member(&format!("n{i}"), last)
+            })
+            .collect();
+        let actions = tracker.look(&site(nodes), t(now));
+        assert_eq!(partitioned(&actions), 0, "at {now}: {actions:?}");
+    }
+}
+
+#[test]
+fn a_site_of_two_is_never_called_cut_off() {
+    let mut tracker = SiteTracker::default();
+    let actions = tracker.look(&site(vec![member("a", 10), member("b", 11)]), t(100));
+    assert!(actions.is_empty(), "{actions:?}");
+}
+
+#[test]
+fn a_straggler_still_silent_after_its_site_returned_is_a_dead_node() {
+    let mut tracker = SiteTracker::default();
+    let mut nodes = vec![member("n0", 70), member("n1", 71), member("n2", 72)];
+    assert_eq!(partitioned(&tracker.look(&site(nodes.clone()), t(100))), 1);
+    for m in &mut nodes {
+        m.unreachable = true;
+    }
+    nodes[0].renewed = t(120);
+    nodes[1].renewed = t(121);
+    let _ = tracker.look(&site(nodes.clone()), t(122));
+    nodes[0].unreachable = false;
+    nodes[1].unreachable = false;
+    // n2 never comes back: settled once 12 renew intervals have passed since the return.
+    nodes[0].renewed = t(240);
+    nodes[1].renewed = t(240);
+    assert!(tracker.look(&site(nodes.clone()), t(200)).is_empty());
+    let actions = tracker.look(&site(nodes), t(241));
+    assert_eq!(
+        actions,
+        [Action::Reachable {
+            node: "n2".into(),
+            at: t(120)
+        }]
+    );
+}
+
+#[test]
+fn sites_are_zones_with_their_region_and_event_names_are_shared() {
+    let labels = |zone: Option<&'static str>, region: Option<&'static str>| {
+        site_of(move |k| match k {
+            ZONE_LABEL => zone,
+            REGION_LABEL => region,
+            _ => None,
+        })
+    };
+    assert_eq!(labels(Some("plant-3"), None).as_deref(), Some("plant-3"));
+    assert_eq!(
+        labels(Some("plant-3"), Some("eu-west")).as_deref(),
+        Some("eu-west/plant-3")
+    );
+    assert_eq!(labels(None, Some("eu-west")), None);
+    assert_eq!(labels(Some(""), None), None);
+    assert_eq!(
+        event_name("eu-west/Plant_3", "silent", t(0)),
+        format!(
+            "edgebeat-site-eu-west-plant-3.silent.{:x}",
+            t(0).as_second()
+        )
+    );
+}

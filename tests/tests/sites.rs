@@ -1,0 +1,234 @@
+//! Sites end to end over gRPC, with two gateway replicas on one stand-in apiserver: a site
+//! (a zone) whose nodes all go silent at once gets `SiteUnreachable` on each of its nodes
+//! and one Event, however many replicas saw it; another site does not; when the site
+//! returns, the conditions clear and one Event says so. Nodes dying one by one, and one
+//! dead node, are no partition.
+//!
+//! Agents run with a 4 s lease (renewals every second): a node is silent after 2 s without
+//! a renewal, and the replicas look every 2 s.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgebeat_gateway::sites::{REASON_REACHABLE, REASON_SILENT, SITE_CONDITION, ZONE_LABEL};
+use edgebeat_gateway::{Gateway, kube_client, watch_client};
+use edgebeat_tests::harness::{
+    AgentHandle, Cluster, Transport, fixture_copy, gateway_options, wait_for,
+};
+use edgebeat_tests::standin::StandInView;
+use http::Method;
+use k8s_openapi::api::core::v1::Event;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+const LEASE_SECONDS: u32 = 4;
+const LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// `(status, reason)` of `node`'s `SiteUnreachable` condition, as the stand-in holds it.
+fn site_condition(v: &StandInView<'_>, node: &str) -> Option<(String, String)> {
+    v.node(node)?
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == SITE_CONDITION)
+        .map(|c| (c.status, c.reason.unwrap_or_default()))
+}
+
+fn is(v: &StandInView<'_>, node: &str, status: &str, reason: &str) -> bool {
+    site_condition(v, node).is_some_and(|(s, r)| s == status && r == reason)
+}
+
+fn events(cluster: &Cluster, reason: &str) -> Vec<Event> {
+    cluster
+        .standin
+        .events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+/// Agents `names` in zone `zone`, renewing a 4 s Lease.
+fn start(
+    cluster: &Cluster,
+    host: &std::path::Path,
+    zone: &str,
+    names: &[String],
+) -> Vec<AgentHandle> {
+    names
+        .iter()
+        .map(|name| {
+            let mut config = cluster.agent_config(name, host);
+            config.node_lease_duration_seconds = LEASE_SECONDS;
+            config.node_labels.insert(ZONE_LABEL.into(), zone.into());
+            cluster.start_agent(config).unwrap()
+        })
+        .collect()
+}
+
+async fn stop(agents: Vec<AgentHandle>) {
+    futures_util::future::join_all(agents.into_iter().map(AgentHandle::stop)).await;
+}
+
+async fn renewing(cluster: &Cluster, names: &[String]) {
+    for name in names {
+        cluster.wait_for_renewals(name, 2, DEADLINE).await.unwrap();
+    }
+}
+
+/// Seconds since `node`'s Lease was last renewed, by the test's clock.
+fn lease_age(cluster: &Cluster, node: &str) -> f64 {
+    let renewed = cluster
+        .standin
+        .lease(LEASE_NAMESPACE, node)
+        .and_then(|l| l.spec?.renew_time)
+        .map_or(0, |t| t.0.as_millisecond());
+    (jiff::Timestamp::now().as_millisecond() - renewed) as f64 / 1e3
+}
+
+/// A second gateway replica on the cluster's stand-in: its own clients, view and site
+/// tracker, following the same Nodes and Leases (no ingress: sites are read from Leases).
+fn second_replica(cluster: &Cluster) -> tokio::task::JoinHandle<()> {
+    let config = kube::Config::new(cluster.standin.url().parse().unwrap());
+    let client = kube_client(config.clone(), 1000, &Default::default()).unwrap();
+    let gateway = Arc::new(Gateway::new(
+        client,
+        Arc::new(edgebeat_hw::SystemClock),
+        gateway_options(),
+    ));
+    let watch = gateway.watch(watch_client(config, &Default::default()).unwrap());
+    tokio::spawn(async move {
+        let _gateway = gateway;
+        watch.await;
+    })
+}
+
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i:02}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_cut_off_is_marked_on_its_nodes_once_and_cleared_when_it_returns() {
+    let cluster = Cluster::start(Transport::Grpc).await.unwrap();
+    let replica = second_replica(&cluster);
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let cut = names("plant-a", 4);
+    let other = names("plant-b", 2);
+    let a = start(&cluster, host.path(), "plant-a", &cut);
+    let b = start(&cluster, host.path(), "plant-b", &other);
+    renewing(&cluster, &cut).await;
+    renewing(&cluster, &other).await;
+
+    // The site's uplink is cut: every agent of plant-a falls silent at once.
+    let cut_at = tokio::time::Instant::now();
+    stop(a).await;
+    cluster
+        .standin
+        .wait_until(DEADLINE, "every node of plant-a marked unreachable", |v| {
+            cut.iter().all(|n| is(v, n, "True", REASON_SILENT))
+        })
+        .await
+        .unwrap();
+    println!("cut to condition: {:.1} s", cut_at.elapsed().as_secs_f64());
+    // Both replicas tried to record the partition; the apiserver kept one Event.
+    // (Polled: the request log is read outside the stand-in's change notifications.)
+    wait_for("both replicas recorded the partition", DEADLINE, || {
+        cluster
+            .standin
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.method == Method::POST
+                    && r.path.ends_with("/events")
+                    && String::from_utf8_lossy(&r.body).contains(REASON_SILENT)
+            })
+            .count()
+            >= 2
+    })
+    .await;
+    let silent = events(&cluster, REASON_SILENT);
+    assert_eq!(silent.len(), 1, "{silent:?}");
+    let message = silent[0].message.clone().unwrap_or_default();
+    assert!(
+        message.contains("plant-a") && message.contains("4 nodes"),
+        "{message}"
+    );
+    assert_eq!(silent[0].type_.as_deref(), Some("Warning"));
+    {
+        let standin = &cluster.standin;
+        for node in &other {
+            let node_condition = standin.node(node).and_then(|n| {
+                n.status?
+                    .conditions?
+                    .into_iter()
+                    .find(|c| c.type_ == SITE_CONDITION)
+            });
+            assert!(node_condition.is_none(), "{node}: {node_condition:?}");
+        }
+    }
+
+    // The link returns: the agents come back, each node's condition clears.
+    let a = start(&cluster, host.path(), "plant-a", &cut);
+    cluster
+        .standin
+        .wait_until(DEADLINE, "every node of plant-a reachable again", |v| {
+            cut.iter().all(|n| is(v, n, "False", REASON_REACHABLE))
+        })
+        .await
+        .unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "the return recorded", |v| {
+            v.events()
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(REASON_REACHABLE))
+        })
+        .await
+        .unwrap();
+    let back = events(&cluster, REASON_REACHABLE);
+    assert_eq!(back.len(), 1, "{back:#?}");
+    let silent: Vec<_> = events(&cluster, REASON_SILENT)
+        .into_iter()
+        .map(|e| (e.metadata.name, e.message))
+        .collect();
+    assert_eq!(silent.len(), 1, "{silent:#?}");
+    stop(a).await;
+    stop(b).await;
+    replica.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_dying_one_by_one_are_no_partition() {
+    let cluster = Cluster::start(Transport::Grpc).await.unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let site = names("plant-c", 4);
+    let agents = start(&cluster, host.path(), "plant-c", &site);
+    renewing(&cluster, &site).await;
+    // One at a time, each after the previous one has been silent for three renew intervals
+    // (longer than the 2 s window in which silences count as together).
+    for (agent, name) in agents.into_iter().zip(&site) {
+        agent.stop().await.unwrap();
+        // Silence grows with time alone: polled (nothing changes in the stand-in).
+        wait_for(&format!("{name} silent 3 s"), DEADLINE, || {
+            lease_age(&cluster, name) > 3.0
+        })
+        .await;
+    }
+    // Long enough for several looks after the last one fell silent.
+    let last = site.last().unwrap();
+    wait_for("the last node silent 8 s", DEADLINE, || {
+        lease_age(&cluster, last) > 8.0
+    })
+    .await;
+    assert!(events(&cluster, REASON_SILENT).is_empty());
+    let standin = &cluster.standin;
+    for node in &site {
+        let condition = standin.node(node).and_then(|n| {
+            n.status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == SITE_CONDITION)
+        });
+        assert!(condition.is_none(), "{node}: {condition:?}");
+    }
+}
