@@ -6,9 +6,8 @@
 mod log_lines;
 
 use std::process::Command;
-use std::time::Duration;
 
-use log_lines::{Stream, assert_json, assert_plain, log_of};
+use log_lines::{Stream, check_both_formats};
 
 /// The agent of the `rpi4-cgroup1` fixture, speaking gRPC to a port nobody listens on: it
 /// logs why each connection fails.
@@ -40,27 +39,18 @@ fn agent(dir: &std::path::Path, format: &str) -> Command {
 #[test]
 fn log_lines_in_a_file_are_plain_text_or_json() {
     let dir = tempfile::tempdir().unwrap();
-    let deadline = Duration::from_secs(30);
-    let text = log_of(
-        agent(dir.path(), "text"),
+    let lines = check_both_formats(
+        |format| agent(dir.path(), format),
         Stream::Stderr,
-        &dir.path().join("text.log"),
+        dir.path(),
         2,
-        deadline,
+        "WARN",
+        "error",
     );
-    assert_plain(&text, "WARN", "error");
-    let json = log_of(
-        agent(dir.path(), "json"),
-        Stream::Stderr,
-        &dir.path().join("json.log"),
-        2,
-        deadline,
-    );
-    let lines = assert_json(&json, "WARN", "error");
     assert!(
         lines.iter().all(|l| l["target"]
             .as_str()
             .is_some_and(|t| t.starts_with("edgebeat"))),
-        "{json}"
+        "{lines:?}"
     );
 }

@@ -387,12 +387,20 @@ pub async fn follow(
                     .and_then(|m| m.iter().map(|m| m.node.clone()).min()),
                 _ => None,
             };
-            write(&api, &action, about.as_deref(), now).await;
+            write(&api, &view, &action, about.as_deref(), now).await;
         }
     }
 }
 
-async fn write(api: &Apiserver, action: &Action, about: Option<&str>, now: Timestamp) {
+/// Records `action` (see the module docs); a patched Node's answer goes into `view`, so the
+/// next look sees the condition written and does not write it again.
+async fn write(
+    api: &Apiserver,
+    view: &ApiserverView,
+    action: &Action,
+    about: Option<&str>,
+    now: Timestamp,
+) {
     let result = match action {
         Action::Partitioned { site, partition } => {
             tracing::warn!(
@@ -456,7 +464,7 @@ async fn write(api: &Apiserver, action: &Action, about: Option<&str>, now: Times
             );
             api.patch_node_status(node, condition_patch(true, REASON_SILENT, &message, *since))
                 .await
-                .map(drop)
+                .map(|written| view.observe_node(&written))
         }
         Action::Reachable { node, at } => api
             .patch_node_status(
@@ -464,7 +472,7 @@ async fn write(api: &Apiserver, action: &Action, about: Option<&str>, now: Times
                 condition_patch(false, REASON_REACHABLE, "The node's site is reachable", *at),
             )
             .await
-            .map(drop),
+            .map(|written| view.observe_node(&written)),
     };
     if let Err(error) = result {
         tracing::warn!(?action, %error, "could not record a site's state");

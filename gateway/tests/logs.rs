@@ -7,9 +7,8 @@
 mod log_lines;
 
 use std::process::Command;
-use std::time::Duration;
 
-use log_lines::{Stream, assert_json, assert_plain, log_of};
+use log_lines::{Stream, check_both_formats};
 
 /// A gateway whose apiserver does not answer (a port nobody listens on), serving plain
 /// gRPC: it warns that unidentified agents are let in, then says at debug level why its
@@ -36,21 +35,5 @@ fn gateway(format: &str) -> Command {
 #[test]
 fn log_lines_in_a_file_are_plain_text_or_json() {
     let dir = tempfile::tempdir().unwrap();
-    let deadline = Duration::from_secs(30);
-    let text = log_of(
-        gateway("text"),
-        Stream::Stdout,
-        &dir.path().join("text.log"),
-        3,
-        deadline,
-    );
-    assert_plain(&text, "DEBUG", "error");
-    let json = log_of(
-        gateway("json"),
-        Stream::Stdout,
-        &dir.path().join("json.log"),
-        3,
-        deadline,
-    );
-    assert_json(&json, "DEBUG", "error");
+    check_both_formats(gateway, Stream::Stdout, dir.path(), 3, "DEBUG", "error");
 }

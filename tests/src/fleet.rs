@@ -85,6 +85,78 @@ pub struct FleetOptions {
     /// `bootstrapTokenFile` does, then heartbeats over gRPC with mutual TLS with it
     /// (`transport` must be an `https://` gRPC URL of a gateway run with `--enrollment`).
     pub enroll: Option<FleetEnrollment>,
+    /// Sites and silences: node `i` registers with `topology.kubernetes.io/zone` =
+    /// [`Silences::site_name`]`(i % sites)`, and sends nothing while [`Silences`] says it is
+    /// silent (its site cut off, or the node itself down). `None`: no sites.
+    pub silences: Option<Arc<Silences>>,
+}
+
+/// Which simulated nodes are silent now: a site's uplink cut, or one node down (churn).
+/// A silent node sends nothing (no renewal, no status report) but keeps its connection, as
+/// a board behind a dead uplink whose gateway has not yet noticed; the gateway only reads
+/// its Lease going stale.
+#[derive(Debug)]
+pub struct Silences {
+    sites: usize,
+    origin: Instant,
+    /// Per node: milliseconds after `origin` until which it is down.
+    node_until: Vec<AtomicU64>,
+    /// Per site: milliseconds after `origin` until which it is cut off.
+    site_until: Vec<AtomicU64>,
+}
+
+impl Silences {
+    /// `nodes` nodes over `sites` sites (at least 1), none silent.
+    pub fn new(nodes: usize, sites: usize) -> Self {
+        let sites = sites.max(1);
+        Self {
+            sites,
+            origin: Instant::now(),
+            node_until: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
+            site_until: (0..sites).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Number of sites.
+    pub fn sites(&self) -> usize {
+        self.sites
+    }
+
+    /// The zone label of site `site`: `site-NN`.
+    pub fn site_name(site: usize) -> String {
+        format!("site-{site:02}")
+    }
+
+    /// The site of node `index`.
+    pub fn site_of(&self, index: usize) -> usize {
+        index % self.sites
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Node `index` goes silent for `d`.
+    pub fn down(&self, index: usize, d: Duration) {
+        if let Some(until) = self.node_until.get(index) {
+            until.store(self.now_ms() + d.as_millis() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Site `site`'s uplink is cut for `d`.
+    pub fn cut(&self, site: usize, d: Duration) {
+        if let Some(until) = self.site_until.get(site) {
+            until.store(self.now_ms() + d.as_millis() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether node `index` is silent now.
+    pub fn silent(&self, index: usize) -> bool {
+        let now = self.now_ms();
+        let over =
+            |until: Option<&AtomicU64>| until.is_some_and(|u| u.load(Ordering::Relaxed) > now);
+        over(self.node_until.get(index)) || over(self.site_until.get(self.site_of(index)))
+    }
 }
 
 /// Where and with what the simulated nodes enroll (see [`FleetOptions::enroll`]).
@@ -123,7 +195,13 @@ impl FleetOptions {
             site_ca: None,
             health_conditions: false,
             enroll: None,
+            silences: None,
         }
+    }
+
+    /// Whether node `index` is silent now (see [`Silences`]).
+    fn silent(&self, index: usize) -> bool {
+        self.silences.as_ref().is_some_and(|s| s.silent(index))
     }
 
     /// Name of node `index`.
@@ -608,6 +686,10 @@ async fn run_boot(
         booted: Instant::now(),
         last: Arc::new(AtomicU64::new(0)),
     };
+    let site = options
+        .silences
+        .as_ref()
+        .map(|s| Silences::site_name(s.site_of(host.index)));
     let register: RegisterFn = {
         let headers = headers.clone();
         let stats = stats.clone();
@@ -624,7 +706,12 @@ async fn run_boot(
                         ("beta.kubernetes.io/os".to_owned(), "linux".to_owned()),
                         ("beta.kubernetes.io/arch".to_owned(), "arm64".to_owned()),
                     ]
-                    .into(),
+                    .into_iter()
+                    .chain(
+                        site.clone()
+                            .map(|s| ("topology.kubernetes.io/zone".to_owned(), s)),
+                    )
+                    .collect(),
                     taints: vec![pb::Taint {
                         key: "edgebeat.io/edge".into(),
                         value: "true".into(),
@@ -745,6 +832,11 @@ async fn heartbeat_loops(
                 }
             } => return true,
             () = tokio::time::sleep_until(next_renew) => {
+                if options.silent(host.index) {
+                    // Cut off: the renewal never leaves; the next is due as usual.
+                    next_renew = Instant::now() + jittered(options.renew_interval);
+                    continue;
+                }
                 let ok = renew(
                     options,
                     stats,
@@ -770,7 +862,9 @@ async fn heartbeat_loops(
                 if flipped {
                     host.memory_pressure = !host.memory_pressure;
                 }
-                if flipped || last_report.elapsed() >= options.status_report_interval {
+                if (flipped || last_report.elapsed() >= options.status_report_interval)
+                    && !options.silent(host.index)
+                {
                     report(options, stats, uplink, headers, host).await;
                     last_report = Instant::now();
                 }

@@ -94,3 +94,34 @@ pub fn assert_json(text: &str, level: &str, key: &str) -> Vec<serde_json::Value>
     );
     lines
 }
+
+/// Runs `binary(format)` for `text` then `json`, each with its log `stream` to a file in
+/// `dir` until it holds `lines` lines (30 s at most), and checks both: no escape byte in
+/// either; some line at `level` carries the field `key`; every JSON line has the standard
+/// keys ([`assert_json`]). Returns the JSON lines.
+pub fn check_both_formats(
+    binary: impl Fn(&str) -> Command,
+    stream: Stream,
+    dir: &Path,
+    lines: usize,
+    level: &str,
+    key: &str,
+) -> Vec<serde_json::Value> {
+    let deadline = Duration::from_secs(30);
+    let text = log_of(
+        binary("text"),
+        stream,
+        &dir.join("text.log"),
+        lines,
+        deadline,
+    );
+    assert_plain(&text, level, key);
+    let json = log_of(
+        binary("json"),
+        stream,
+        &dir.join("json.log"),
+        lines,
+        deadline,
+    );
+    assert_json(&json, level, key)
+}

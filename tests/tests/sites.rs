@@ -35,6 +35,19 @@ fn site_condition(v: &StandInView<'_>, node: &str) -> Option<(String, String)> {
         .map(|c| (c.status, c.reason.unwrap_or_default()))
 }
 
+/// None of `nodes` carries a `SiteUnreachable` condition at all.
+fn assert_unmarked(cluster: &Cluster, nodes: &[String]) {
+    for node in nodes {
+        let condition = cluster.standin.node(node).and_then(|n| {
+            n.status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == SITE_CONDITION)
+        });
+        assert!(condition.is_none(), "{node}: {condition:?}");
+    }
+}
+
 fn is(v: &StandInView<'_>, node: &str, status: &str, reason: &str) -> bool {
     site_condition(v, node).is_some_and(|(s, r)| s == status && r == reason)
 }
@@ -154,18 +167,7 @@ async fn a_site_cut_off_is_marked_on_its_nodes_once_and_cleared_when_it_returns(
         "{message}"
     );
     assert_eq!(silent[0].type_.as_deref(), Some("Warning"));
-    {
-        let standin = &cluster.standin;
-        for node in &other {
-            let node_condition = standin.node(node).and_then(|n| {
-                n.status?
-                    .conditions?
-                    .into_iter()
-                    .find(|c| c.type_ == SITE_CONDITION)
-            });
-            assert!(node_condition.is_none(), "{node}: {node_condition:?}");
-        }
-    }
+    assert_unmarked(&cluster, &other);
 
     // The link returns: the agents come back, each node's condition clears.
     let a = start(&cluster, host.path(), "plant-a", &cut);
@@ -221,14 +223,5 @@ async fn nodes_dying_one_by_one_are_no_partition() {
     })
     .await;
     assert!(events(&cluster, REASON_SILENT).is_empty());
-    let standin = &cluster.standin;
-    for node in &site {
-        let condition = standin.node(node).and_then(|n| {
-            n.status?
-                .conditions?
-                .into_iter()
-                .find(|c| c.type_ == SITE_CONDITION)
-        });
-        assert!(condition.is_none(), "{node}: {condition:?}");
-    }
+    assert_unmarked(&cluster, &site);
 }

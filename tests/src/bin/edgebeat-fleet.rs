@@ -34,6 +34,12 @@
 //!   window per heartbeat message the fleet sent; each crosses the broker twice, up and as
 //!   its ack down), `broker_rss_mib` at the end: of Mosquitto, or summed over `--broker-pid`;
 //! - `apiserver_<METHOD>_<resource>_per_node_hour`: requests the stand-in answered 2xx.
+//! - with `--sites`: `site_cuts` (whole-site cuts made, `--site-cut-every`),
+//!   `site_cuts_caught`, `site_false_partitions` (partition Events matching no cut, e.g. from
+//!   `--churn-per-minute` single-node silences), `site_partition_events`, and
+//!   `site_cut_to_condition_s_median` / `_max` (cut to the gateway's Event, whole seconds);
+//! - `metrics_series`, `metrics_scrape_bytes`, `metrics_scrape_ms_median`: a scrape of the
+//!   first replica's `/metrics` at the end (not with `--ack-only`).
 //!
 //! With `--ack-only` the gateway is replaced by a subscriber that only acknowledges: this
 //! binary again, as a child process serving the real gRPC or MQTT ingress code with a
@@ -53,7 +59,7 @@ use anyhow::Context;
 use clap::Parser;
 use edgebeat_tests::broker::Broker;
 use edgebeat_tests::fleet::{
-    FleetEnrollment, FleetOptions, FleetStats, FleetTransport, quantile, run_fleet,
+    FleetEnrollment, FleetOptions, FleetStats, FleetTransport, Silences, quantile, run_fleet,
 };
 use edgebeat_tests::procfs::{open_files, vm_rss_kib};
 use edgebeat_tests::standin::StandIn;
@@ -106,6 +112,24 @@ struct Args {
     /// Each node also reports the agent's six health conditions (all False).
     #[arg(long)]
     health_conditions: bool,
+    /// Spread the nodes over this many sites (`topology.kubernetes.io/zone` site-NN, node i
+    /// in site i mod N); 0: no sites.
+    #[arg(long, default_value_t = 0)]
+    sites: usize,
+    /// Single nodes falling silent per minute across the fleet (churn: a board off), each
+    /// for --churn-down seconds. Needs --sites.
+    #[arg(long, default_value_t = 0.0)]
+    churn_per_minute: f64,
+    /// How long a churned node stays silent, seconds.
+    #[arg(long, default_value_t = 120)]
+    churn_down: u64,
+    /// Cut a random site's uplink (every node of it silent at once) every this many seconds
+    /// after the ramp, for --site-cut-for seconds; 0: never. Needs --sites.
+    #[arg(long, default_value_t = 0)]
+    site_cut_every: u64,
+    /// How long a site cut lasts, seconds.
+    #[arg(long, default_value_t = 60)]
+    site_cut_for: u64,
     /// Where the gateway's log goes (warnings and errors); discarded without it.
     #[arg(long, value_name = "FILE")]
     gateway_log: Option<PathBuf>,
@@ -456,6 +480,57 @@ async fn wait_ready(port: u16) -> anyhow::Result<()> {
     }
 }
 
+/// What the gateway recorded of the sites (its `SiteSilent` Events, each naming its site
+/// and stamped when it was recorded) against the `cuts` made: `site_cuts`,
+/// `site_cuts_caught` (an Event for the cut site between its start and a minute after its
+/// end), `site_false_partitions` (Events matching no cut), and the seconds from cut to
+/// Event (whole seconds, the Event's resolution): `site_cut_to_condition_s_median`, `…_max`.
+fn site_figures(
+    events: &[k8s_openapi::api::core::v1::Event],
+    cuts: &[(usize, jiff::Timestamp, jiff::Timestamp)],
+    put: &mut impl FnMut(&str, String),
+) {
+    use edgebeat_tests::fleet::Silences;
+    let recorded: Vec<(String, jiff::Timestamp)> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("SiteSilent"))
+        .filter_map(|e| {
+            let message = e.message.as_deref()?;
+            let site = message.strip_prefix("Site ")?.split(' ').next()?.to_owned();
+            Some((site, e.first_timestamp.as_ref()?.0))
+        })
+        .collect();
+    let matches = |(site, at): &(String, jiff::Timestamp),
+                   (s, start, end): &(usize, jiff::Timestamp, jiff::Timestamp)| {
+        *site == Silences::site_name(*s)
+            && *at >= *start - jiff::SignedDuration::from_secs(2)
+            && *at <= *end + jiff::SignedDuration::from_secs(60)
+    };
+    let mut latencies: Vec<f64> = cuts
+        .iter()
+        .filter_map(|cut| {
+            recorded
+                .iter()
+                .filter(|r| matches(r, cut))
+                .map(|(_, at)| at.duration_since(cut.1).as_secs_f64())
+                .reduce(f64::min)
+        })
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let false_partitions = recorded
+        .iter()
+        .filter(|r| !cuts.iter().any(|cut| matches(r, cut)))
+        .count();
+    put("site_cuts", cuts.len().to_string());
+    put("site_cuts_caught", latencies.len().to_string());
+    put("site_false_partitions", false_partitions.to_string());
+    put("site_partition_events", recorded.len().to_string());
+    if let (Some(median), Some(max)) = (latencies.get(latencies.len() / 2), latencies.last()) {
+        put("site_cut_to_condition_s_median", format!("{median:.0}"));
+        put("site_cut_to_condition_s_max", format!("{max:.0}"));
+    }
+}
+
 /// The body of `GET /metrics` on 127.0.0.1:`port` (HTTP/1.0: read to the end).
 async fn scrape_metrics(port: u16) -> anyhow::Result<String> {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
@@ -646,6 +721,13 @@ async fn main() -> anyhow::Result<()> {
     options.reboots_per_minute = args.reboots_per_minute;
     options.flip_probability = args.flip_probability;
     options.health_conditions = args.health_conditions;
+    let silences = (args.sites > 0).then(|| Arc::new(Silences::new(args.nodes, args.sites)));
+    options.silences = silences.clone();
+    // Site cuts made: (site, start, end), by the wall clock the gateway also stamps with.
+    let mut cuts: Vec<(usize, jiff::Timestamp, jiff::Timestamp)> = Vec::new();
+    let mut next_cut = (args.site_cut_every > 0).then(|| {
+        tokio::time::Instant::now() + Duration::from_secs(args.ramp + args.site_cut_every)
+    });
     options.site_ca = site_ca;
     if let Some(url) = enroll_url {
         options.enroll = Some(FleetEnrollment {
@@ -703,6 +785,37 @@ async fn main() -> anyhow::Result<()> {
     );
     while tokio::time::Instant::now() < end {
         sample.tick().await;
+        if let Some(silences) = &silences {
+            // Churn: single nodes off, a Poisson process sampled once a second.
+            let mut expected = args.churn_per_minute / 60.0;
+            while expected > 0.0 {
+                if fastrand::f64() < expected.min(1.0) {
+                    silences.down(
+                        fastrand::usize(0..args.nodes),
+                        Duration::from_secs(args.churn_down),
+                    );
+                }
+                expected -= 1.0;
+            }
+            // No cut that the run would end before the gateway could see.
+            if let Some(at) = next_cut
+                && tokio::time::Instant::now() >= at
+                && at + Duration::from_secs(args.site_cut_for) <= end
+            {
+                let busy = |s: usize| {
+                    cuts.iter()
+                        .any(|(c, _, e)| *c == s && *e > jiff::Timestamp::now())
+                };
+                let free: Vec<usize> = (0..silences.sites()).filter(|s| !busy(*s)).collect();
+                if let Some(&site) = free.get(fastrand::usize(0..free.len().max(1))) {
+                    let d = Duration::from_secs(args.site_cut_for);
+                    silences.cut(site, d);
+                    let start = jiff::Timestamp::now();
+                    cuts.push((site, start, start + jiff::SignedDuration::try_from(d)?));
+                }
+                next_cut = Some(at + Duration::from_secs(args.site_cut_every));
+            }
+        }
         if killed_at.is_none()
             && kill_at.is_some_and(|t| tokio::time::Instant::now() >= t)
             && let Some(mut victim) = replicas.pop()
@@ -1035,6 +1148,9 @@ async fn main() -> anyhow::Result<()> {
             status
         );
         put(&name, format!("{:.1}", count as f64 / node_hours));
+    }
+    if args.sites > 0 {
+        site_figures(&standin.events(), &cuts, &mut put);
     }
     if !args.ack_only {
         // What a Prometheus scrape of the first replica costs with this fleet: its series,
