@@ -284,9 +284,16 @@ enum CsrApproval {
     Manual,
 }
 
+/// A duration flag that is not a whole number with `s`, `m`, `h` or `d`, or is 0.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?}: give a whole number above 0 with s, m, h or d, e.g. 24h")]
+struct BadDuration(String);
+
 /// A duration flag: a whole number with a unit (`s`, `m`, `h`, `d`), e.g. `24h`.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?}: give a whole number with s, m, h or d, e.g. 24h");
+///
+/// Errors: [`BadDuration`], naming the text.
+fn parse_duration(text: &str) -> Result<Duration, BadDuration> {
+    let bad = || BadDuration(text.to_owned());
     let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
     let (number, unit) = text.split_at(split);
     let number: u64 = number.parse().map_err(|_| bad())?;
@@ -297,11 +304,10 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         "d" => 86_400,
         _ => return Err(bad()),
     };
-    let seconds = number.checked_mul(unit).ok_or_else(bad)?;
-    if seconds == 0 {
-        return Err(format!("{text:?}: must be more than 0"));
+    match number.checked_mul(unit) {
+        Some(seconds) if seconds > 0 => Ok(Duration::from_secs(seconds)),
+        _ => Err(bad()),
     }
-    Ok(Duration::from_secs(seconds))
 }
 
 /// The apiserver client config from `--server`, `--kubeconfig` or the environment.

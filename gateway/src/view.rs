@@ -459,36 +459,33 @@ impl ApiserverView {
 
     /// The managed nodes that have a site and a Lease, by site, for
     /// [`crate::sites::SiteTracker::look`]: each node's renewTime and renew interval
-    /// (`leaseDurationSeconds` × 0.25, kubelet's). The Lease map is read first and let go,
-    /// so the two locks are never held together.
+    /// (`leaseDurationSeconds` × 0.25, kubelet's). The nodes with a site are read first
+    /// (none, and nothing more is done, in a fleet without zones), then their Leases: the
+    /// two locks are never held together.
     pub fn site_members(&self) -> BTreeMap<Box<str>, Vec<crate::sites::Member>> {
-        let leases: HashMap<Box<str>, (Timestamp, i32)> = self
-            .leases
+        let sited: Vec<(Box<str>, Box<str>, bool)> = self
+            .nodes
             .map()
             .iter()
-            .filter_map(|(name, l)| {
-                Some((
-                    name.clone(),
-                    (l.renew_time?, l.duration_seconds.filter(|d| *d > 0)?),
-                ))
-            })
+            .filter(|(_, n)| n.managed)
+            .filter_map(|(name, n)| Some((name.clone(), n.site.clone()?, n.site_unreachable)))
             .collect();
-        let nodes = self.nodes.map();
-        crate::sites::group(
-            nodes
-                .iter()
-                .filter(|(_, n)| n.managed)
-                .filter_map(|(name, n)| {
-                    let (renewed, duration) = leases.get(name)?;
-                    Some((
-                        name.clone(),
-                        n.site.clone()?,
-                        *renewed,
-                        jiff::SignedDuration::from_millis(i64::from(*duration) * 250),
-                        n.site_unreachable,
-                    ))
-                }),
-        )
+        if sited.is_empty() {
+            return BTreeMap::new();
+        }
+        let leases = self.leases.map();
+        crate::sites::group(sited.into_iter().filter_map(|(name, site, unreachable)| {
+            let lease = leases.get(&name)?;
+            let renewed = lease.renew_time?;
+            let duration = lease.duration_seconds.filter(|d| *d > 0)?;
+            Some((
+                name,
+                site,
+                renewed,
+                jiff::SignedDuration::from_millis(i64::from(duration) * 250),
+                unreachable,
+            ))
+        }))
     }
 
     /// Takes `obj`'s record unless one of a newer version is held.
