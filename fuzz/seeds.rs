@@ -124,6 +124,7 @@ fn main() -> std::io::Result<()> {
                 header: header(22_000_000),
                 status: Some(status("False")),
                 unchanged: false,
+                journal: Vec::new(),
             })),
         ),
         (
@@ -132,6 +133,7 @@ fn main() -> std::io::Result<()> {
                 header: header(23_000_000),
                 status: Some(unknown_status),
                 unchanged: false,
+                journal: Vec::new(),
             })),
         ),
         (

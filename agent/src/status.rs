@@ -2,7 +2,7 @@
 //! clock, mirroring kubelet's setters (`pkg/kubelet/nodestatus/setters.go`) and its eviction
 //! manager's pressure conditions (`pkg/kubelet/eviction/eviction_manager.go`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -519,6 +519,82 @@ impl ComputedStatus {
         self.conditions
             .iter()
             .find(|c| c.type_ == NodeConditionType::Ready)
+    }
+}
+
+/// Most transitions a [`Journal`] holds, 64: beyond it the oldest is dropped (and counted).
+/// A pressure condition flaps at most once per `evictionPressureTransitionPeriod` (5 min),
+/// so 64 covers hours of an outage; a board cut off longer keeps the latest.
+pub const JOURNAL_ENTRIES: usize = pb::MAX_JOURNAL_ENTRIES;
+
+/// The condition transitions this agent has computed and not yet had written
+/// (`StatusReport.journal`), oldest first, on the boot clock: normally the one a report is
+/// about to carry, and while the link is down every transition made meanwhile, so the
+/// gateway records each at its true time when the link returns
+/// ([`ComputedStatus::to_proto`]'s `seconds_since_transition` says only the last).
+///
+/// Held in memory only: what a board saw before it rebooted goes with the boot (the
+/// reboot itself reaches the gateway as `Register.uptime_ms`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Journal {
+    entries: VecDeque<Condition>,
+    dropped: u64,
+}
+
+impl Journal {
+    /// Records every condition of `after` whose status differs from the same type's in
+    /// `before` (a type new in `after` is no transition: the whole status carries it).
+    pub fn observe(&mut self, before: &ComputedStatus, after: &ComputedStatus) {
+        for c in &after.conditions {
+            let changed = before
+                .conditions
+                .iter()
+                .find(|b| b.type_ == c.type_)
+                .is_some_and(|b| b.status != c.status);
+            if changed {
+                if self.entries.len() == JOURNAL_ENTRIES {
+                    self.entries.pop_front();
+                    self.dropped += 1;
+                }
+                self.entries.push_back(c.clone());
+            }
+        }
+    }
+
+    /// Transitions held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Transitions dropped because the journal was full, since the agent started.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// The wire form at boot-clock time `now`: each transition's `ms_ago = now −` its time,
+    /// in milliseconds.
+    pub fn to_proto(&self, now: Duration) -> Vec<pb::ConditionTransition> {
+        self.entries
+            .iter()
+            .map(|c| pb::ConditionTransition {
+                ms_ago: u64::try_from(now.saturating_sub(c.last_transition).as_millis())
+                    .unwrap_or(u64::MAX),
+                r#type: c.type_.as_str().to_owned(),
+                status: c.status.as_str().to_owned(),
+                reason: c.reason.as_str().to_owned(),
+                message: c.message.clone(),
+            })
+            .collect()
+    }
+
+    /// Forgets the oldest `count` transitions: a report carrying them was written.
+    pub fn written(&mut self, count: usize) {
+        self.entries.drain(..count.min(self.entries.len()));
     }
 }
 

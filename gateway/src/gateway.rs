@@ -231,6 +231,8 @@ pub struct Gateway {
     pub counters: Arc<Counters>,
     /// The sites of the managed fleet ([`crate::sites`]), followed by [`Gateway::watch`].
     sites: Arc<Mutex<SiteTracker>>,
+    /// Wakes the site loop when a bridge notification arrives.
+    sites_wake: Arc<tokio::sync::Notify>,
 }
 
 impl Gateway {
@@ -256,6 +258,7 @@ impl Gateway {
             enrollment: OnceLock::new(),
             counters,
             sites: Arc::new(Mutex::new(SiteTracker::new(PartitionRule::default()))),
+            sites_wake: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -306,6 +309,7 @@ impl Gateway {
             view.clone(),
             self.writer.api.clone(),
             self.sites.clone(),
+            self.sites_wake.clone(),
             move || jiff::Timestamp::try_from(clock.now()).unwrap_or_default(),
         );
         async move {
@@ -626,7 +630,7 @@ impl Gateway {
             }
             Some(Kind::Status(report)) => {
                 self.writer
-                    .report(writes, name, report.status.as_ref())
+                    .report(writes, name, report.status.as_ref(), &report.journal)
                     .await
             }
             Some(Kind::Lease(renewal)) => {
@@ -721,6 +725,16 @@ impl Handler for Gateway {
 
     fn recorded_certificate(&self, node: &str) -> Option<CertificateId> {
         self.writer.view.certificate(node)
+    }
+
+    /// Takes the bridge's word into the site tracker ([`SiteTracker::uplink`]) and wakes
+    /// the site loop, which marks or clears the site's nodes at once.
+    fn site_uplink(&self, site: &str, up: bool) {
+        self.sites
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .uplink(site, up);
+        self.sites_wake.notify_one();
     }
 
     fn rejected(&self, peer: &Peer, why: RejectReason, detail: &str) {

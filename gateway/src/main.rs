@@ -200,6 +200,11 @@ struct Args {
     /// MQTT 5 shared-subscription group: replicas in one group split the fleet.
     #[arg(long, default_value = "edgebeat-gateway")]
     mqtt_share_group: String,
+    /// Follow the site brokers' bridge notifications on `<prefix>/sites/#` (a site's
+    /// uplink down marks its nodes SiteUnreachable at once). `false` when the broker's ACL
+    /// does not let the gateway read them.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    mqtt_site_uplinks: bool,
     /// MQTT username (with --mqtt-password-file).
     #[arg(long, requires = "mqtt_password_file")]
     mqtt_username: Option<String>,
@@ -663,6 +668,7 @@ fn mqtt_ingress_options(
     options.failover = brokers;
     options.topic_prefix = args.mqtt_topic_prefix.clone();
     options.share_group = args.mqtt_share_group.clone();
+    options.site_uplinks = args.mqtt_site_uplinks;
     if let (Some(user), Some(file)) = (&args.mqtt_username, &args.mqtt_password_file) {
         let password = read_password_file(file)?;
         options.credentials = Some((user.clone(), password));

@@ -36,14 +36,26 @@
 //! just a dead node, and its condition turns `False` too (the node lifecycle controller's
 //! `Unknown` then says all there is). Leases of silent nodes are never renewed.
 //!
+//! **Bridged sites say so themselves.** An MQTT site whose broker is bridged to the
+//! cluster's (Mosquitto `connection` with `notifications true` and `notification_topic
+//! P/sites/{site}/uplink`) publishes a retained `1` when its bridge connects and, through
+//! the bridge's Last Will, `0` when the cluster's broker loses it (at 1.5 × the bridge's
+//! `keepalive_interval` at the latest). Every replica follows those notifications
+//! ([`SiteTracker::uplink`]): a `0` makes the site cut off at once, cause
+//! [`Cause::UplinkDown`], every live node of it marked with reason [`REASON_UPLINK_DOWN`]
+//! and one Warning Event; a `1` (or any of its nodes heard again) ends it. The rule above
+//! stays the fallback for a bridge that says nothing.
+//!
 //! **Replicas agree without talking.** Every replica computes the same verdict from the
 //! same Leases, and what it writes is the same bytes: the condition's times are the
 //! partition's start (the last renewal of the first node to go silent) and each node's
 //! renewal, not the moment a replica noticed, and an Event's name is made from the site and
 //! that start ([`event_name`]), so the second replica's POST is refused with 409 and its
 //! condition patch changes nothing. One partition is one Event, whatever the replica count.
+//! A bridged site's partition begins at the site's last renewal before its bridge went
+//! down, which every replica's watch holds alike by the time the broker notices.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -62,6 +74,9 @@ pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
 pub const SITE_CONDITION: &str = "SiteUnreachable";
 /// Reason of [`SITE_CONDITION`] `True` and of the partition's Event.
 pub const REASON_SILENT: &str = "SiteSilent";
+/// Reason of [`SITE_CONDITION`] `True` and of the partition's Event when the site broker's
+/// bridge said its uplink is down.
+pub const REASON_UPLINK_DOWN: &str = "SiteUplinkDown";
 /// Reason of [`SITE_CONDITION`] `False` and of the recovery's Event.
 pub const REASON_REACHABLE: &str = "SiteReachable";
 /// Renew intervals without a renewal after which a node is silent.
@@ -126,9 +141,38 @@ impl Member {
     }
 }
 
+/// How a site was found cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Its live nodes went silent together (the rule of the module docs).
+    Silent,
+    /// Its broker's bridge to the cluster's broker is down (bridge notification `0`).
+    UplinkDown,
+}
+
+impl Cause {
+    /// The reason of the condition and of the partition's Event.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Silent => REASON_SILENT,
+            Self::UplinkDown => REASON_UPLINK_DOWN,
+        }
+    }
+
+    /// What the partition's Event name says ([`event_name`]).
+    fn event_word(self) -> &'static str {
+        match self {
+            Self::Silent => "silent",
+            Self::UplinkDown => "uplink-down",
+        }
+    }
+}
+
 /// A site cut off.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Partition {
+    /// How it was found.
+    pub cause: Cause,
     /// The last renewal of the first of its nodes to go silent: when the site was last heard
     /// whole.
     pub since: Timestamp,
@@ -148,6 +192,10 @@ pub struct SiteState {
     /// When the site was last heard again after a partition, until its stragglers are
     /// settled.
     returned: Option<Timestamp>,
+    /// The last partition's nodes and start, once it ended: a node of it not heard since is
+    /// a straggler of that partition, not news of another, and a node marked for it clears
+    /// only with a renewal after its start.
+    last: Option<Partition>,
 }
 
 /// What the replica does about the sites after one look.
@@ -177,6 +225,8 @@ pub enum Action {
         site: Box<str>,
         /// The partition's start.
         since: Timestamp,
+        /// How the partition was found.
+        cause: Cause,
     },
     /// Set [`SITE_CONDITION`] `False` on `node`, transition at `at`.
     Reachable {
@@ -192,6 +242,8 @@ pub enum Action {
 pub struct SiteTracker {
     rule: PartitionRule,
     sites: BTreeMap<Box<str>, SiteState>,
+    /// Sites whose bridge said `0` last.
+    uplinks_down: BTreeSet<Box<str>>,
 }
 
 impl SiteTracker {
@@ -200,6 +252,17 @@ impl SiteTracker {
         Self {
             rule,
             sites: BTreeMap::new(),
+            uplinks_down: BTreeSet::new(),
+        }
+    }
+
+    /// The bridge of `site` says its uplink is `up` (notification `1`) or down (`0`); the
+    /// next [`SiteTracker::look`] acts on it.
+    pub fn uplink(&mut self, site: &str, up: bool) {
+        if up {
+            self.uplinks_down.remove(site);
+        } else {
+            self.uplinks_down.insert(site.into());
         }
     }
 
@@ -210,39 +273,8 @@ impl SiteTracker {
 
     /// The partition of `members` (one site's nodes) at `now`, if the rule finds one.
     pub fn assess(&self, members: &[Member], now: Timestamp) -> Option<Partition> {
-        let live = members.iter().filter(|m| m.live(now)).count();
-        let mut silent: Vec<&Member> = members
-            .iter()
-            .filter(|m| m.live(now) && m.silent(now))
-            .collect();
-        silent.sort_by_key(|m| m.renewed);
-        // The most nodes whose last renewals lie within one window of each other.
-        let mut best: &[&Member] = &[];
-        let mut start = 0;
-        for end in 0..silent.len() {
-            while let (Some(first), Some(last)) = (silent.get(start), silent.get(end)) {
-                let window =
-                    first.renew_interval.max(last.renew_interval) * SILENT_INTERVALS as i32;
-                if last.renewed.duration_since(first.renewed) <= window {
-                    break;
-                }
-                start += 1;
-            }
-            if let Some(group) = silent.get(start..=end)
-                && group.len() > best.len()
-            {
-                best = group;
-            }
-        }
-        #[allow(clippy::cast_precision_loss)]
-        let enough =
-            best.len() >= self.rule.min_nodes && best.len() as f64 >= self.rule.share * live as f64;
-        enough.then(|| Partition {
-            since: best.first().map_or(now, |m| m.renewed),
-            nodes: best.iter().map(|m| m.node.clone()).collect(),
-        })
+        assess(self.rule, members, now)
     }
-
     /// Looks at every site's `members` at `now` and returns what to write.
     pub fn look(
         &mut self,
@@ -252,8 +284,29 @@ impl SiteTracker {
         let mut actions = Vec::new();
         self.sites.retain(|site, _| members.contains_key(site));
         for (site, nodes) in members {
-            let assessed = self.assess(nodes, now);
+            let down = self.uplinks_down.contains(site);
             let state = self.sites.entry(site.clone()).or_default();
+            // Stragglers of the last partition (not heard since it ended) are no news.
+            let fresh: Vec<Member> = nodes
+                .iter()
+                .filter(|m| {
+                    !state.last.as_ref().is_some_and(|l| {
+                        l.nodes.contains(&m.node) && state.returned.is_some_and(|r| m.renewed < r)
+                    })
+                })
+                .cloned()
+                .collect();
+            let assessed = if down {
+                // The bridge said so: every live node, since the site was last heard.
+                let live: Vec<&Member> = nodes.iter().filter(|m| m.live(now)).collect();
+                live.iter().map(|m| m.renewed).max().map(|since| Partition {
+                    cause: Cause::UplinkDown,
+                    since,
+                    nodes: live.iter().map(|m| m.node.clone()).collect(),
+                })
+            } else {
+                assess(self.rule, &fresh, now)
+            };
             state.live = nodes.iter().filter(|m| m.live(now)).count();
             state.silent = nodes
                 .iter()
@@ -262,6 +315,7 @@ impl SiteTracker {
             match (&state.partition, assessed) {
                 (None, Some(partition)) => {
                     state.returned = None;
+                    state.last = None;
                     actions.push(Action::Partitioned {
                         site: site.clone(),
                         partition: partition.clone(),
@@ -269,38 +323,60 @@ impl SiteTracker {
                     state.partition = Some(partition);
                 }
                 (Some(partition), _) => {
-                    // Heard again: any node of the partition renewed after it began.
+                    // Heard again: any node of the partition renewed after it began, or
+                    // its bridge is up again.
                     let back = nodes
                         .iter()
-                        .filter(|m| partition.nodes.contains(&m.node) && !m.silent(now))
+                        .filter(|m| {
+                            partition.nodes.contains(&m.node)
+                                && !m.silent(now)
+                                && m.renewed > partition.since
+                        })
                         .map(|m| m.renewed)
-                        .min();
+                        .min()
+                        .or((partition.cause == Cause::UplinkDown && !down).then_some(now));
                     if let Some(at) = back {
                         actions.push(Action::Returned {
                             site: site.clone(),
                             partition: partition.clone(),
                             at,
                         });
-                        state.partition = None;
+                        state.last = state.partition.take();
                         state.returned = Some(at);
+                        // Heard is stronger than a bridge's last word (an `up` lost).
+                        self.uplinks_down.remove(site);
                     }
                 }
                 (None, None) => {}
             }
+            // A marked node clears with a renewal after the partition it was marked for began.
+            let began = state
+                .partition
+                .as_ref()
+                .or(state.last.as_ref())
+                .map(|p| p.since);
             for m in nodes {
-                match &state.partition {
+                let shares = |p: &Partition| match p.cause {
                     // Every node silent since the partition began shares it.
-                    Some(p) if m.silent(now) && m.renewed >= p.since && !m.unreachable => {
+                    Cause::Silent => m.silent(now) && m.renewed >= p.since,
+                    // Every node of the site when its bridge went down, until heard.
+                    Cause::UplinkDown => p.nodes.contains(&m.node) && m.renewed <= p.since,
+                };
+                match &state.partition {
+                    Some(p) if shares(p) && !m.unreachable => {
                         actions.push(Action::Unreachable {
                             node: m.node.clone(),
                             site: site.clone(),
                             since: p.since,
+                            cause: p.cause,
                         });
                     }
-                    _ if m.unreachable && !m.silent(now) => actions.push(Action::Reachable {
-                        node: m.node.clone(),
-                        at: m.renewed,
-                    }),
+                    _ if m.unreachable && !m.silent(now) && began.is_none_or(|b| m.renewed > b) => {
+                        actions.push(Action::Reachable {
+                            node: m.node.clone(),
+                            at: m.renewed,
+                        });
+                    }
                     // Still silent long after its site returned: a dead node.
                     None if m.unreachable
                         && state.returned.is_some_and(|r| {
@@ -321,7 +397,41 @@ impl SiteTracker {
     }
 }
 
-/// The Event name of `what` (`silent` or `reachable`) for the partition of `site` that began
+/// The silence rule of the module docs over `members` at `now`.
+fn assess(rule: PartitionRule, members: &[Member], now: Timestamp) -> Option<Partition> {
+    let live = members.iter().filter(|m| m.live(now)).count();
+    let mut silent: Vec<&Member> = members
+        .iter()
+        .filter(|m| m.live(now) && m.silent(now))
+        .collect();
+    silent.sort_by_key(|m| m.renewed);
+    // The most nodes whose last renewals lie within one window of each other.
+    let mut best: &[&Member] = &[];
+    let mut start = 0;
+    for end in 0..silent.len() {
+        while let (Some(first), Some(last)) = (silent.get(start), silent.get(end)) {
+            let window = first.renew_interval.max(last.renew_interval) * SILENT_INTERVALS as i32;
+            if last.renewed.duration_since(first.renewed) <= window {
+                break;
+            }
+            start += 1;
+        }
+        if let Some(group) = silent.get(start..=end)
+            && group.len() > best.len()
+        {
+            best = group;
+        }
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let enough = best.len() >= rule.min_nodes && best.len() as f64 >= rule.share * live as f64;
+    enough.then(|| Partition {
+        cause: Cause::Silent,
+        since: best.first().map_or(now, |m| m.renewed),
+        nodes: best.iter().map(|m| m.node.clone()).collect(),
+    })
+}
+
+/// The Event name of `what` (`silent`, `uplink-down` or `reachable`) for the partition of `site` that began
 /// at `since`: the same on every replica, so the apiserver keeps one (a DNS subdomain:
 /// the site lower-cased, characters other than `a-z0-9-.` as `-`).
 pub fn event_name(site: &str, what: &str, since: Timestamp) -> String {
@@ -357,18 +467,23 @@ pub fn condition_patch(
     }]}})
 }
 
-/// Follows the sites of the managed fleet in `view` every [`TICK`], writing through `api`
-/// (see the module docs); until dropped. `now` reads the gateway clock.
+/// Follows the sites of the managed fleet in `view` every [`TICK`], and at once when `wake`
+/// is notified (a bridge notification), writing through `api` (see the module docs); until
+/// dropped. `now` reads the gateway clock.
 pub async fn follow(
     view: Arc<ApiserverView>,
     api: Apiserver,
     tracker: Arc<Mutex<SiteTracker>>,
+    wake: Arc<tokio::sync::Notify>,
     now: impl Fn() -> Timestamp + Send + 'static,
 ) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = wake.notified() => {}
+        }
         if !(view.nodes_watched() && view.leases_watched()) {
             // Without the fleet in view, silence cannot be told from not knowing.
             continue;
@@ -403,14 +518,19 @@ async fn write(
 ) {
     let result = match action {
         Action::Partitioned { site, partition } => {
+            let how = match partition.cause {
+                Cause::Silent => "nodes went silent together",
+                Cause::UplinkDown => "nodes behind a bridge that went down",
+            };
             tracing::warn!(
                 site = &**site,
                 nodes = partition.nodes.len(),
                 since = %partition.since,
-                "site cut off: its nodes went silent together"
+                cause = partition.cause.reason(),
+                "site cut off"
             );
             let message = format!(
-                "Site {site} unreachable since {}: {} nodes went silent together ({})",
+                "Site {site} unreachable since {}: {} {how} ({})",
                 patch::whole_seconds(partition.since),
                 partition.nodes.len(),
                 partition.nodes.join(", ")
@@ -418,10 +538,10 @@ async fn write(
             event(
                 api,
                 site,
-                "silent",
+                partition.cause.event_word(),
                 partition.since,
                 "Warning",
-                REASON_SILENT,
+                partition.cause.reason(),
                 message,
                 about,
                 now,
@@ -457,14 +577,26 @@ async fn write(
             )
             .await
         }
-        Action::Unreachable { node, site, since } => {
+        Action::Unreachable {
+            node,
+            site,
+            since,
+            cause,
+        } => {
+            let why = match cause {
+                Cause::Silent => "the node's site went silent with it",
+                Cause::UplinkDown => "the site broker's bridge to the cluster is down",
+            };
             let message = format!(
-                "Site {site} unreachable since {}: the node's site went silent with it",
+                "Site {site} unreachable since {}: {why}",
                 patch::whole_seconds(*since)
             );
-            api.patch_node_status(node, condition_patch(true, REASON_SILENT, &message, *since))
-                .await
-                .map(|written| view.observe_node(&written))
+            api.patch_node_status(
+                node,
+                condition_patch(true, cause.reason(), &message, *since),
+            )
+            .await
+            .map(|written| view.observe_node(&written))
         }
         Action::Reachable { node, at } => api
             .patch_node_status(

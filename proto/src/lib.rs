@@ -84,6 +84,10 @@ pub mod codec {
 /// path (gRPC max message size, MQTT max packet size) uses this value.
 pub const MAX_AGENT_MESSAGE_BYTES: usize = 64 * 1024;
 
+/// Most entries of `StatusReport.journal` (64): the agent keeps no more, the gateway refuses
+/// a report with more.
+pub const MAX_JOURNAL_ENTRIES: usize = 64;
+
 /// A NodeCondition type edgebeat reports (`k8s.io/api/core/v1` `NodeConditionType`):
 /// kubelet's four ([`NodeConditionType::KUBELET`]) and the agent's health conditions
 /// ([`NodeConditionType::HEALTH`]). On the wire and in the apiserver it is its

@@ -27,6 +27,65 @@ pub struct Broker {
     tls: Option<BrokerTls>,
     /// Log only errors and warnings (benchmarks): `log_type all` writes a line per PUBLISH.
     quiet: bool,
+    /// A site broker's bridge to the cluster's broker.
+    bridge: Option<Bridge>,
+    /// Run inside this network namespace (`ip netns exec`), listening on `listen`.
+    namespace: Option<String>,
+    /// Address the listener binds, `127.0.0.1` unless in a namespace.
+    listen: String,
+}
+
+/// A site broker's bridge to the cluster's broker, as an edge site runs it: the site's
+/// agents publish to the site broker, which forwards `P/nodes/#` (and certificates) to the
+/// cluster and `P/acks/#` back, and announces its uplink on `P/sites/{site}/uplink`
+/// (`notifications true`, retained `1` on connect, `0` as its Last Will on the cluster's
+/// broker).
+#[derive(Debug, Clone)]
+pub struct Bridge {
+    /// The cluster broker's address, as the site reaches it.
+    pub remote_host: String,
+    /// Its port.
+    pub remote_port: u16,
+    /// The site (the agents' zone).
+    pub site: String,
+    /// Topic prefix (the agents' `transport.topicPrefix`).
+    pub topic_prefix: String,
+    /// The bridge's MQTT keepalive in seconds: the cluster's broker publishes the `0` at
+    /// 1.5 × this after the link goes quiet.
+    pub keepalive_secs: u16,
+}
+
+impl Bridge {
+    /// The `mosquitto.conf` lines of the bridge (`mosquitto.conf(5)`, "Configuring
+    /// Bridges"): a clean session both ways, so nothing queued while the uplink was down
+    /// floods the gateway when it returns (agents retry with fresh messages); MQTT 5, so
+    /// expiry and properties cross it.
+    pub fn config(&self) -> String {
+        let p = &self.topic_prefix;
+        let id: String = self
+            .site
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        format!(
+            "connection edgebeat-site-{id}\n\
+             address {host}:{port}\n\
+             remote_clientid edgebeat-site-{id}\n\
+             bridge_protocol_version mqttv50\n\
+             cleansession true\n\
+             keepalive_interval {keepalive}\n\
+             restart_timeout 1 2\n\
+             notifications true\n\
+             notification_topic {uplink}\n\
+             topic {p}/nodes/# out 1\n\
+             topic {p}/certificates/# both 1\n\
+             topic {p}/acks/# in 1\n",
+            host = self.remote_host,
+            port = self.remote_port,
+            keepalive = self.keepalive_secs,
+            uplink = edgebeat_transports::mqtt::uplink_topic(p, &self.site),
+        )
+    }
 }
 
 /// TLS for the broker's listener: with `require_certificate`, clients must present a
@@ -58,6 +117,26 @@ impl Broker {
         Self::start_inner(None, false).await
     }
 
+    /// As [`Broker::start`], bridged to the cluster's broker as a site broker ([`Bridge`]).
+    ///
+    /// Errors: as [`Broker::start`].
+    pub async fn start_site(bridge: Bridge) -> anyhow::Result<Broker> {
+        Self::start_with(None, false, Some(bridge), None, "127.0.0.1").await
+    }
+
+    /// As [`Broker::start_site`], inside network namespace `namespace` (`ip netns exec`,
+    /// root), listening on `listen` (an address of the namespace this namespace reaches,
+    /// so that it can tell when the broker is up).
+    ///
+    /// Errors: as [`Broker::start`].
+    pub async fn start_site_in(
+        bridge: Bridge,
+        namespace: &str,
+        listen: &str,
+    ) -> anyhow::Result<Broker> {
+        Self::start_with(None, false, Some(bridge), Some(namespace.into()), listen).await
+    }
+
     /// As [`Broker::start`], logging only errors and warnings, so that a fleet benchmark
     /// measures the broker and not its log.
     ///
@@ -75,6 +154,16 @@ impl Broker {
     }
 
     async fn start_inner(tls: Option<BrokerTls>, quiet: bool) -> anyhow::Result<Broker> {
+        Self::start_with(tls, quiet, None, None, "127.0.0.1").await
+    }
+
+    async fn start_with(
+        tls: Option<BrokerTls>,
+        quiet: bool,
+        bridge: Option<Bridge>,
+        namespace: Option<String>,
+        listen: &str,
+    ) -> anyhow::Result<Broker> {
         let binary = find_mosquitto()?;
         let dir = tempfile::Builder::new()
             .prefix("edgebeat-mosquitto-")
@@ -87,6 +176,9 @@ impl Broker {
             dir,
             tls,
             quiet,
+            bridge,
+            namespace,
+            listen: listen.to_owned(),
         };
         for _ in 0..PORT_ATTEMPTS {
             broker.port = free_port()?;
@@ -115,9 +207,9 @@ impl Broker {
         self.child.as_ref().and_then(Child::id)
     }
 
-    /// The broker's host, `127.0.0.1`.
+    /// The broker's host, `127.0.0.1` (or the address it listens on in its namespace).
     pub fn host(&self) -> &str {
-        "127.0.0.1"
+        &self.listen
     }
 
     /// Stops the broker and waits for it to exit. It is killed outright (SIGKILL): with
@@ -163,7 +255,7 @@ impl Broker {
         // `user root`: started as root, Mosquitto would switch to the `mosquitto` user, who
         // cannot write the log in our directory; it has no effect for other users.
         let config = format!(
-            "listener {port} 127.0.0.1\n\
+            "listener {port} {listen}\n\
              allow_anonymous true\n\
              persistence false\n\
              max_queued_messages 1000\n\
@@ -173,6 +265,7 @@ impl Broker {
              {log_types}\
              log_timestamp true\n",
             port = self.port,
+            listen = self.listen,
             log = self.log_path().display(),
             log_types = if self.quiet {
                 "log_type error\nlog_type warning\n"
@@ -181,6 +274,9 @@ impl Broker {
             },
         );
         let mut config = config;
+        if let Some(bridge) = &self.bridge {
+            config.push_str(&bridge.config());
+        }
         if let Some(tls) = &self.tls {
             let file = |name: &str, pem: &str| -> anyhow::Result<PathBuf> {
                 let path = self.dir.path().join(name);
@@ -203,7 +299,15 @@ impl Broker {
     /// Spawns Mosquitto and waits until it accepts TCP connections. `Ok(false)` when it
     /// exited first (typically: the port was taken).
     async fn spawn(&mut self) -> anyhow::Result<bool> {
-        let child = Command::new(&self.binary)
+        let mut command = match &self.namespace {
+            Some(namespace) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", namespace]).arg(&self.binary);
+                c
+            }
+            None => Command::new(&self.binary),
+        };
+        let child = command
             .arg("-c")
             .arg(self.config_path())
             .stdin(Stdio::null())

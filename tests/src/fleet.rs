@@ -950,6 +950,7 @@ async fn report(
             header: Some(headers.next()),
             status: Some(host.status()),
             unchanged: false,
+            journal: Vec::new(),
         })),
     };
     stats.status_sent.fetch_add(1, Ordering::Relaxed);

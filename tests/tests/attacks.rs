@@ -108,6 +108,7 @@ async fn an_unidentified_listener_cannot_write_beside_signed_mqtt() {
             header: r.header,
             status: Some(status),
             unchanged: false,
+            journal: Vec::new(),
         }));
     }
     let mut forged = vec![forged_status, renewal("edge-a", u64::MAX / 2 + 1)];
@@ -1010,6 +1011,7 @@ fn not_ready(node: &str, seq: u64) -> pb::AgentMessage {
         header: r.header,
         status: Some(status),
         unchanged: false,
+        journal: Vec::new(),
     }));
     message
 }

@@ -4,6 +4,10 @@
 //! returns, the conditions clear and one Event says so. Nodes dying one by one, and one
 //! dead node, are no partition.
 //!
+//! Over MQTT, a site whose agents publish to their own broker bridged to the cluster's
+//! (real Mosquitto bridges with notifications): the bridge going down marks every node of
+//! the site at once, with reason `SiteUplinkDown`, before any Lease is late.
+//!
 //! Agents run with a 4 s lease (renewals every second): a node is silent after 2 s without
 //! a renewal, and the replicas look every 2 s.
 
@@ -12,8 +16,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_gateway::sites::{REASON_REACHABLE, REASON_SILENT, SITE_CONDITION, ZONE_LABEL};
+use edgebeat_gateway::sites::{
+    REASON_REACHABLE, REASON_SILENT, REASON_UPLINK_DOWN, SITE_CONDITION, ZONE_LABEL,
+};
 use edgebeat_gateway::{Gateway, kube_client, watch_client};
+use edgebeat_tests::broker::{Bridge, Broker};
 use edgebeat_tests::harness::{
     AgentHandle, Cluster, Transport, fixture_copy, gateway_options, wait_for,
 };
@@ -224,4 +231,103 @@ async fn nodes_dying_one_by_one_are_no_partition() {
     .await;
     assert!(events(&cluster, REASON_SILENT).is_empty());
     assert_unmarked(&cluster, &site);
+}
+
+/// Agents `names` in zone `zone`, publishing to `broker` (a site broker) over MQTT.
+fn start_on(
+    cluster: &Cluster,
+    host: &std::path::Path,
+    zone: &str,
+    names: &[String],
+    broker: &Broker,
+) -> Vec<AgentHandle> {
+    names
+        .iter()
+        .map(|name| {
+            let mut config = cluster.agent_config(name, host);
+            config.node_lease_duration_seconds = LEASE_SECONDS;
+            config.node_labels.insert(ZONE_LABEL.into(), zone.into());
+            if let Some(edgebeat_agent::config::TransportConfig::Mqtt(mqtt)) = &mut config.transport
+            {
+                mqtt.port = broker.port();
+            }
+            cluster.start_agent(config).unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridged_site_whose_uplink_drops_is_marked_at_once_and_cleared_when_it_returns() {
+    let cluster = Cluster::start(Transport::Mqtt).await.unwrap();
+    let cluster_broker = cluster.broker.as_ref().unwrap();
+    let mut site = Broker::start_site(Bridge {
+        remote_host: cluster_broker.host().into(),
+        remote_port: cluster_broker.port(),
+        site: "plant-m".into(),
+        topic_prefix: edgebeat_transports::mqtt::DEFAULT_TOPIC_PREFIX.into(),
+        keepalive_secs: 5,
+    })
+    .await
+    .unwrap();
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let bridged = names("plant-m", 3);
+    let direct = names("plant-n", 2);
+    let m = start_on(&cluster, host.path(), "plant-m", &bridged, &site);
+    let n = start(&cluster, host.path(), "plant-n", &direct);
+    renewing(&cluster, &bridged).await;
+    renewing(&cluster, &direct).await;
+
+    // The site broker dies: the cluster's broker publishes the bridge's Last Will `0`.
+    let cut_at = tokio::time::Instant::now();
+    site.stop().await;
+    cluster
+        .standin
+        .wait_until(DEADLINE, "every node of plant-m marked uplink down", |v| {
+            bridged.iter().all(|n| is(v, n, "True", REASON_UPLINK_DOWN))
+        })
+        .await
+        .unwrap();
+    let marked_after = cut_at.elapsed();
+    println!(
+        "bridge down to condition: {:.2} s",
+        marked_after.as_secs_f64()
+    );
+    // Before the Leases could tell: a 4 s lease is silent only after 2 s without renewal
+    // and the rule would need a look after that.
+    let down = events(&cluster, REASON_UPLINK_DOWN);
+    assert_eq!(down.len(), 1, "{down:#?}");
+    let message = down[0].message.clone().unwrap_or_default();
+    assert!(
+        message.contains("plant-m") && message.contains("3 nodes"),
+        "{message}"
+    );
+    assert!(
+        events(&cluster, REASON_SILENT).is_empty(),
+        "one partition, one reason"
+    );
+    assert_unmarked(&cluster, &direct);
+
+    // The uplink returns: the bridge says `1`, the agents renew through it again.
+    site.restart().await.unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "every node of plant-m reachable again", |v| {
+            bridged.iter().all(|n| is(v, n, "False", REASON_REACHABLE))
+        })
+        .await
+        .unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "the return recorded", |v| {
+            v.events()
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(REASON_REACHABLE))
+        })
+        .await
+        .unwrap();
+    assert_eq!(events(&cluster, REASON_UPLINK_DOWN).len(), 1);
+    assert!(events(&cluster, REASON_SILENT).is_empty());
+    assert_unmarked(&cluster, &direct);
+    stop(m).await;
+    stop(n).await;
 }

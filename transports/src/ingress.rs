@@ -154,6 +154,15 @@ pub trait Handler: Send + Sync + 'static {
         let _ = node;
         None
     }
+
+    /// The uplink of `site` (a zone, or `region/zone`) is `up` or down, as the site
+    /// broker's bridge notifications say (MQTT: `P/sites/{site}/uplink`, see
+    /// [`crate::mqtt::uplink_topic`]). Called in arrival order, for the retained state
+    /// when the ingress subscribes and for every change after; must not block. The default
+    /// ignores it.
+    fn site_uplink(&self, site: &str, up: bool) {
+        let _ = (site, up);
+    }
 }
 
 /// A transport's refusal: its [`RejectReason`] and a fixed text for logs and acks.

@@ -84,6 +84,7 @@ impl Node {
                 header: Some(self.header()),
                 status: None,
                 unchanged: false,
+                journal: Vec::new(),
             })),
         }
     }

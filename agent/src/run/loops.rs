@@ -23,6 +23,9 @@ pub(super) struct StatusLoop<'a> {
     pub(super) options: &'a ReadOptions,
     pub(super) clock: &'a dyn Clock,
     pub(super) latest: &'a Mutex<ComputedStatus>,
+    /// Transitions not yet written: carried by every full report (and `Register`) until
+    /// one is.
+    pub(super) journal: &'a Mutex<Journal>,
     pub(super) send: Sender<'a>,
 }
 
@@ -52,6 +55,11 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
     let mut served_request = *requests.borrow_and_update();
     let mut watch_registration = true;
     let mut watch_requests = true;
+    let journal = || {
+        s.journal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
     loop {
         let mut waited = Duration::ZERO;
         let (root, options) = (s.root.clone(), s.options.clone());
@@ -59,6 +67,7 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
             Ok(Ok(facts)) => {
                 let previous = latest(s.latest);
                 let next = compute(&facts, s.config, Some(&previous), s.clock.boottime());
+                journal().observe(&previous, &next);
                 s.send
                     .metrics
                     .observe_health(&facts, next.condition_states());
@@ -74,9 +83,12 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
         }
         if *registered.borrow() {
             let latest = latest(s.latest);
+            let pending = journal().clone();
             let request = *requests.borrow_and_update();
-            // Only the period is due: the gateway has this very status.
+            // Only the period is due: the gateway has this very status (and every
+            // transition: a flap while the link was down still goes out whole).
             let unchanged = request == served_request
+                && pending.is_empty()
                 && last_reported
                     .as_ref()
                     .is_some_and(|l| !has_changed(l, &latest));
@@ -84,13 +96,14 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
                 || last_report_at
                     .is_none_or(|t| t.elapsed() >= s.config.node_status_report_frequency);
             let started = Instant::now();
-            let reported = due && report(&s, &latest, unchanged).await;
+            let reported = due && report(&s, &latest, unchanged, &pending).await;
             if due && unchanged {
                 waited = started.elapsed();
             }
             if reported {
                 if !unchanged {
                     last_reported = Some(latest);
+                    journal().written(pending.len());
                 }
                 last_report_at = Some(Instant::now());
                 served_request = request;
@@ -145,20 +158,37 @@ pub(super) async fn count_registrations(
 
 /// One status report: the whole status, or with `unchanged` the periodic report of a
 /// status the gateway already has (`StatusReport.unchanged`, answered only with news).
+/// A full report carries `journal`, the transitions not yet written, timed at each attempt.
 /// Returns whether it was written (counted in `edgebeat_agent_status_reports_total`).
-pub(super) async fn report(s: &StatusLoop<'_>, status: &ComputedStatus, unchanged: bool) -> bool {
-    let ok = try_report(s, status, unchanged).await;
+pub(super) async fn report(
+    s: &StatusLoop<'_>,
+    status: &ComputedStatus,
+    unchanged: bool,
+    journal: &Journal,
+) -> bool {
+    let ok = try_report(s, status, unchanged, journal).await;
     s.send.metrics.status_report(ok);
     ok
 }
 
-async fn try_report(s: &StatusLoop<'_>, status: &ComputedStatus, unchanged: bool) -> bool {
+async fn try_report(
+    s: &StatusLoop<'_>,
+    status: &ComputedStatus,
+    unchanged: bool,
+    journal: &Journal,
+) -> bool {
     let message = |_: &()| {
+        let now = s.clock.boottime();
         let report = pb::AgentMessage {
             kind: Some(Kind::Status(pb::StatusReport {
                 header: Some(s.send.headers.next()),
-                status: (!unchanged).then(|| status.to_proto(s.clock.boottime())),
+                status: (!unchanged).then(|| status.to_proto(now)),
                 unchanged,
+                journal: if unchanged {
+                    Vec::new()
+                } else {
+                    journal.to_proto(now)
+                },
             })),
         };
         (report, ack_timeout(s.config))

@@ -31,7 +31,7 @@ use crate::config::{
 };
 use crate::header::HeaderFactory;
 use crate::metrics::{AgentMetrics, MessageKind};
-use crate::status::{ComputedStatus, compute, has_changed};
+use crate::status::{ComputedStatus, Journal, compute, has_changed};
 use crate::systemd::{self, Liveness, Systemd};
 
 mod loops;
@@ -92,6 +92,8 @@ pub struct Agent {
     headers: HeaderFactory,
     labels: BTreeMap<String, String>,
     latest: Mutex<ComputedStatus>,
+    /// Condition transitions not yet written (carried by Register and full reports).
+    journal: Mutex<Journal>,
     metrics: AgentMetrics,
     registry: Arc<Registry>,
     liveness: Liveness,
@@ -214,6 +216,7 @@ impl Agent {
             clock,
             labels,
             latest: Mutex::new(first),
+            journal: Mutex::new(Journal::default()),
             metrics,
             registry: Arc::new(registry),
             liveness,
@@ -259,6 +262,7 @@ impl Agent {
             options: &self.options,
             clock: self.clock.as_ref(),
             latest: &self.latest,
+            journal: &self.journal,
             send: self.sender(uplink),
         }
     }
@@ -280,7 +284,13 @@ impl Agent {
     /// the Node again.
     pub fn register_message(&self, registration_completed: bool) -> pb::AgentMessage {
         let header = self.headers.next();
-        let status = self.latest().to_proto(self.clock.boottime());
+        let now = self.clock.boottime();
+        let status = self.latest().to_proto(now);
+        let journal = self
+            .journal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .to_proto(now);
         pb::AgentMessage {
             kind: Some(Kind::Register(pb::Register {
                 header: Some(header),
@@ -299,6 +309,8 @@ impl Agent {
                 skip_create: !self.config.register_node,
                 registration_completed,
                 status: Some(status),
+                uptime_ms: u64::try_from(now.as_millis()).unwrap_or(u64::MAX),
+                journal,
             })),
         }
     }

@@ -76,7 +76,15 @@ async fn a_report_and_a_renewal_show_in_the_metrics() {
         0.0
     );
 
-    assert!(loops::report(&agent.status_inputs(&uplink), &agent.latest(), false).await);
+    assert!(
+        loops::report(
+            &agent.status_inputs(&uplink),
+            &agent.latest(),
+            false,
+            &Journal::default()
+        )
+        .await
+    );
     assert_eq!(
         loops::renew(&agent.lease_inputs(&uplink), &mut Vec::new()).await,
         Some(false),
@@ -181,7 +189,13 @@ async fn silence_means_written_and_news_is_acted_on() {
     assert!(renewals.iter().all(pb::AgentMessage::is_quiet));
 
     assert!(
-        loops::report(&agent.status_inputs(&uplink), &agent.latest(), true).await,
+        loops::report(
+            &agent.status_inputs(&uplink),
+            &agent.latest(),
+            true,
+            &Journal::default()
+        )
+        .await,
         "silence"
     );
     let report = seen.try_recv().unwrap();
@@ -191,7 +205,13 @@ async fn silence_means_written_and_news_is_acted_on() {
     };
     assert!(s.status.is_none(), "an unchanged report carries no status");
     assert!(
-        !loops::report(&agent.status_inputs(&uplink), &agent.latest(), true).await,
+        !loops::report(
+            &agent.status_inputs(&uplink),
+            &agent.latest(),
+            true,
+            &Journal::default()
+        )
+        .await,
         "the gateway wants the whole status"
     );
     drop(uplink);

@@ -342,3 +342,65 @@ fn proto_carries_relative_transitions() {
     );
     assert_eq!(p.node_info.unwrap().kubelet_version, KUBELET_VERSION);
 }
+
+#[test]
+fn the_journal_keeps_each_transition_with_its_time_until_written() {
+    let config = AgentConfig::default();
+    let mut low = facts();
+    low.memory.available_bytes = Some(50 << 20);
+    let mut journal = Journal::default();
+    let s0 = compute(&facts(), &config, None, T0);
+    let s1 = compute(&low, &config, Some(&s0), T0 + Duration::from_secs(10));
+    journal.observe(&s0, &s1);
+    // Unchanged: nothing recorded.
+    let s2 = compute(&low, &config, Some(&s1), T0 + Duration::from_secs(20));
+    journal.observe(&s1, &s2);
+    let s3 = compute(&facts(), &config, Some(&s2), T0 + Duration::from_secs(320));
+    journal.observe(&s2, &s3);
+    let wire = journal.to_proto(T0 + Duration::from_secs(330));
+    let seen: Vec<_> = wire
+        .iter()
+        .map(|t| (t.r#type.as_str(), t.status.as_str(), t.ms_ago))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("MemoryPressure", "True", 320_000),
+            ("MemoryPressure", "False", 10_000)
+        ]
+    );
+    assert_eq!(wire[0].reason, "KubeletHasInsufficientMemory");
+    journal.written(1);
+    assert_eq!(journal.len(), 1);
+    journal.written(5);
+    assert!(journal.is_empty());
+}
+
+#[test]
+fn the_journal_drops_the_oldest_beyond_its_bound() {
+    let config = AgentConfig::default();
+    let mut low = facts();
+    low.memory.available_bytes = Some(50 << 20);
+    let mut journal = Journal::default();
+    let mut previous = compute(&facts(), &config, None, T0);
+    for i in 1..=(JOURNAL_ENTRIES as u64 + 3) {
+        // Past the transition period each time, so every step flips MemoryPressure.
+        let f = if i % 2 == 1 { &low } else { &facts() };
+        let next = compute(
+            f,
+            &config,
+            Some(&previous),
+            T0 + Duration::from_secs(301 * i),
+        );
+        journal.observe(&previous, &next);
+        previous = next;
+    }
+    assert_eq!(journal.len(), JOURNAL_ENTRIES);
+    assert_eq!(journal.dropped(), 3);
+    let now = T0 + Duration::from_secs(301 * (JOURNAL_ENTRIES as u64 + 3));
+    assert_eq!(
+        journal.to_proto(now).last().map(|t| t.ms_ago),
+        Some(0),
+        "the newest is kept"
+    );
+}

@@ -177,3 +177,95 @@ fn sites_are_zones_with_their_region_and_event_names_are_shared() {
         )
     );
 }
+
+fn mark(nodes: &mut [Member], actions: &[Action]) {
+    for a in actions {
+        match a {
+            Action::Unreachable { node, .. } => {
+                if let Some(m) = nodes.iter_mut().find(|m| m.node == *node) {
+                    m.unreachable = true;
+                }
+            }
+            Action::Reachable { node, .. } => {
+                if let Some(m) = nodes.iter_mut().find(|m| m.node == *node) {
+                    m.unreachable = false;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn a_bridge_going_down_cuts_its_site_off_at_once_until_it_is_up_and_heard() {
+    let mut tracker = SiteTracker::default();
+    // Everyone renewed within the last few seconds: nobody is silent yet.
+    let mut nodes: Vec<Member> = (0..4).map(|i| member(&format!("n{i}"), 95 + i)).collect();
+    assert!(tracker.look(&site(nodes.clone()), t(100)).is_empty());
+    tracker.uplink("plant-3", false);
+    let actions = tracker.look(&site(nodes.clone()), t(100));
+    let Some(Action::Partitioned { partition, .. }) = actions.first() else {
+        panic!("{actions:?}")
+    };
+    assert_eq!(partition.cause, Cause::UplinkDown);
+    assert_eq!(partition.since, t(98), "the site's last renewal");
+    assert_eq!(unreachable(&actions), ["n0", "n1", "n2", "n3"]);
+    assert!(actions.iter().all(|a| match a {
+        Action::Unreachable { cause, since, .. } => *cause == Cause::UplinkDown && *since == t(98),
+        _ => true,
+    }));
+    mark(&mut nodes, &actions);
+    // Later looks: nodes now silent, but no second partition and nothing cleared.
+    assert!(tracker.look(&site(nodes.clone()), t(130)).is_empty());
+    // The bridge is up: the site returns; each node clears with its first renewal.
+    tracker.uplink("plant-3", true);
+    let actions = tracker.look(&site(nodes.clone()), t(131));
+    assert!(
+        matches!(actions.as_slice(), [Action::Returned { .. }]),
+        "{actions:?}"
+    );
+    nodes[0].renewed = t(132);
+    let actions = tracker.look(&site(nodes.clone()), t(133));
+    assert_eq!(
+        actions,
+        [Action::Reachable {
+            node: "n0".into(),
+            at: t(132)
+        }]
+    );
+    mark(&mut nodes, &actions);
+    // The stragglers not heard yet are no new partition.
+    assert!(tracker.look(&site(nodes.clone()), t(135)).is_empty());
+}
+
+#[test]
+fn a_bridged_site_heard_again_returns_even_if_the_up_notification_is_lost() {
+    let mut tracker = SiteTracker::default();
+    let mut nodes: Vec<Member> = (0..3).map(|i| member(&format!("n{i}"), 95)).collect();
+    tracker.uplink("plant-3", false);
+    let actions = tracker.look(&site(nodes.clone()), t(100));
+    mark(&mut nodes, &actions);
+    assert_eq!(partitioned(&actions), 1);
+    // A replica that restarts gets the retained "0" again: same start, same Event name.
+    let mut restarted = SiteTracker::default();
+    restarted.uplink("plant-3", false);
+    let again = restarted.look(&site(nodes.clone()), t(104));
+    assert_eq!(
+        again.first(),
+        actions.first(),
+        "the same partition, so the same Event"
+    );
+    assert!(unreachable(&again).is_empty(), "already marked");
+    nodes[1].renewed = t(140);
+    let actions = tracker.look(&site(nodes.clone()), t(141));
+    assert!(
+        matches!(actions.first(), Some(Action::Returned { at, .. }) if *at == t(140)),
+        "{actions:?}"
+    );
+    mark(&mut nodes, &actions);
+    assert_eq!(
+        partitioned(&tracker.look(&site(nodes), t(142))),
+        0,
+        "no flapping"
+    );
+}

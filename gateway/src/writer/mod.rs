@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Answer, NodeConditionType};
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -90,6 +90,104 @@ pub fn validate_status(status: &pb::NodeStatus) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks `StatusReport.journal`: at most [`pb::MAX_JOURNAL_ENTRIES`] transitions, each of a
+/// type an agent reports, `True` or `False`, with a reason, texts at most
+/// [`crate::restriction::MAX_TEXT_BYTES`], no older than [`MAX_JOURNAL_AGE`].
+///
+/// Errors: a message naming the offending entry.
+pub fn validate_journal(journal: &[pb::ConditionTransition]) -> Result<(), String> {
+    if journal.len() > pb::MAX_JOURNAL_ENTRIES {
+        return Err(format!(
+            "malformed: journal has {} entries > {}",
+            journal.len(),
+            pb::MAX_JOURNAL_ENTRIES
+        ));
+    }
+    for (i, t) in journal.iter().enumerate() {
+        let why = if !patch::KnownConditions::reportable(&t.r#type) {
+            "a type kubelet or edgebeat does not report"
+        } else if t.status != "True" && t.status != "False" {
+            "a status other than True or False"
+        } else if t.reason.is_empty() {
+            "no reason"
+        } else if t.reason.len().max(t.message.len()) > crate::restriction::MAX_TEXT_BYTES {
+            "an oversized reason or message"
+        } else if u128::from(t.ms_ago) > MAX_JOURNAL_AGE.as_millis() {
+            "a time older than the journal keeps"
+        } else {
+            continue;
+        };
+        return Err(format!(
+            "malformed: journal entry {i} ({}) has {why}",
+            t.r#type
+        ));
+    }
+    Ok(())
+}
+
+/// Oldest transition a journal may carry: 30 days before its report.
+pub const MAX_JOURNAL_AGE: Duration = Duration::from_secs(30 * 86_400);
+
+/// A report later than this after its transition says so in the transition's event: the
+/// node's link was down or failing (a report goes out at the computation that saw the
+/// transition, and its retries within one 10 s tick fit inside).
+pub const LATE: SignedDuration = SignedDuration::from_secs(10);
+
+/// One journal entry on the gateway clock: the transition at `at` (receipt − `ms_ago`).
+struct Timed<'a> {
+    entry: &'a pb::ConditionTransition,
+    at: Timestamp,
+}
+
+/// How close to the held `lastTransitionTime` (whole seconds) a journal transition counts as
+/// the one already recorded: the second it was truncated to, plus the jitter of mapping a
+/// resent transition onto the clock again.
+const RECORDED_WITHIN: SignedDuration = SignedDuration::from_secs(1);
+
+/// The journal mapped onto the gateway clock at `now` (the report's receipt), without the
+/// transitions already recorded: those no later than their condition's `lastTransitionTime`
+/// in `held` (plus [`RECORDED_WITHIN`]) while it holds True or False, which a Register, another replica or an earlier
+/// attempt of the same report wrote. So a journal sent twice records its events once.
+fn timed<'a>(
+    journal: &'a [pb::ConditionTransition],
+    now: Timestamp,
+    held: &patch::KnownConditions,
+) -> Vec<Timed<'a>> {
+    journal
+        .iter()
+        .map(|entry| Timed {
+            entry,
+            at: now
+                .checked_sub(SignedDuration::from_millis(
+                    i64::try_from(entry.ms_ago).unwrap_or(i64::MAX),
+                ))
+                .unwrap_or(now),
+        })
+        .filter(|t| {
+            // The controller's Unknown (written while the node was away) records nothing of
+            // the node's own.
+            held.get(&t.entry.r#type).is_none_or(|k| {
+                k.status == patch::HeldStatus::Unknown || t.at > k.last_transition + RECORDED_WITHIN
+            })
+        })
+        .collect()
+}
+
+/// Sets each condition's `lastTransitionTime` to the true time of its last transition in
+/// `journal`, when that transition is to the status being written (a report made after an
+/// outage says when things happened, not when they were heard of).
+fn journal_transitions(
+    conditions: &mut [k8s_openapi::api::core::v1::NodeCondition],
+    journal: &[Timed<'_>],
+) {
+    for c in conditions {
+        let last = journal.iter().rev().find(|t| t.entry.r#type == c.type_);
+        if let Some(t) = last.filter(|t| t.entry.status == c.status) {
+            c.last_transition_time = Some(Time(patch::whole_seconds(t.at)));
+        }
+    }
+}
+
 /// kubelet's event for a condition of `type_` that is written with `status` where the
 /// apiserver held `before` (`None`: the condition is new): the setters of
 /// `pkg/kubelet/nodestatus/setters.go` record one on every status change, and for a new
@@ -141,11 +239,22 @@ fn transition_reason(type_: &str, status: &str) -> Option<&'static str> {
     })
 }
 
+/// `d` as kubectl prints ages: `4m12s`, `2h5m`, `45s`.
+fn human(d: SignedDuration) -> String {
+    let s = d.as_secs().max(0);
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, m, _) => format!("{h}h{m}m"),
+    }
+}
+
 /// Whether a status write records kubelet's `Rebooted` event for a changed boot ID.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reboot {
-    /// Registration: compare with the Node just read.
-    Record,
+    /// Registration: compare with the Node just read; the board booted at `booted`
+    /// (`Register.uptime_ms` before the receipt), when known.
+    Record { booted: Option<Timestamp> },
     /// A status report: never (see [`Writer::register`]).
     Ignore,
 }
@@ -220,7 +329,9 @@ impl Writer {
     /// Records kubelet's condition events (`NodeReady`, `NodeHasSufficientMemory`, …) for
     /// every condition whose status in `written` differs from `before` (what the apiserver
     /// held before the write), and with [`Reboot::Record`] kubelet's `Rebooted` event when
-    /// the boot ID did. A condition new to the Node records its event too, except Ready, as
+    /// the boot ID did, stamped with the boot time when the agent said its uptime. A type
+    /// with transitions in `journal` records one event per transition instead, each at its
+    /// true time (a late one says how late and how long it lasted). A condition new to the Node records its event too, except Ready, as
     /// kubelet's setters do when they append one. Only the types an agent reports count:
     /// another writer's condition (the gateway's own `SiteUnreachable`, a CNI's
     /// `NetworkUnavailable`, node-problem-detector's) is theirs to record, and the view
@@ -233,12 +344,15 @@ impl Writer {
         now: Timestamp,
         name: &str,
         reboot: Reboot,
+        journal: &[Timed<'_>],
     ) {
+        self.journal_events(before, now, name, journal).await;
         for c in written
             .status
             .iter()
             .flat_map(|s| s.conditions.iter().flatten())
             .filter(|c| patch::KnownConditions::reportable(&c.type_))
+            .filter(|c| !journal.iter().any(|t| t.entry.r#type == c.type_))
         {
             let held = before.conditions.get(&c.type_).map(|k| k.status.as_str());
             let reason = c.reason.as_deref().unwrap_or_default();
@@ -251,7 +365,8 @@ impl Writer {
             .as_ref()
             .and_then(|s| s.node_info.as_ref())
             .map(|i| i.boot_id.as_str());
-        if let (Reboot::Record, Some(old), Some(new)) = (reboot, before.boot_id.as_deref(), boot)
+        if let (Reboot::Record { booted }, Some(old), Some(new)) =
+            (reboot, before.boot_id.as_deref(), boot)
             && !old.is_empty()
             && old != new
         {
@@ -260,19 +375,61 @@ impl Writer {
                 "Warning",
                 "Rebooted",
                 format!("Node {name} has been rebooted, boot id: {new}"),
-                now,
+                booted.unwrap_or(now),
             )
             .await;
         }
         self.view.observe_node(written);
     }
 
-    /// kubelet `patchNodeStatus`: strategic-merge PATCH of `nodes/{name}/status`.
+    /// One condition event per journal transition, at its true time, in order (the status
+    /// before each is the one the apiserver held, then the journal's previous of the type).
+    async fn journal_events(
+        &self,
+        before: &NodeRecord,
+        now: Timestamp,
+        name: &str,
+        journal: &[Timed<'_>],
+    ) {
+        for (i, t) in journal.iter().enumerate() {
+            let type_ = t.entry.r#type.as_str();
+            let held = journal[..i]
+                .iter()
+                .rev()
+                .find(|p| p.entry.r#type == type_)
+                .map(|p| p.entry.status.as_str())
+                .or_else(|| before.conditions.get(type_).map(|k| k.status.as_str()));
+            let Some((kind, reason)) =
+                condition_event(type_, &t.entry.status, &t.entry.reason, held)
+            else {
+                continue;
+            };
+            let mut message = format!("Node {name} status is now: {reason}");
+            let late = now.duration_since(t.at);
+            if late > LATE {
+                let lasted = journal[i + 1..]
+                    .iter()
+                    .find(|n| n.entry.r#type == type_)
+                    .map(|n| n.at.duration_since(t.at));
+                message.push_str(&format!(
+                    " (at {}{}; reported {} later, after the node's link was down)",
+                    patch::whole_seconds(t.at),
+                    lasted.map_or(String::new(), |d| format!(", for {}", human(d))),
+                    human(late),
+                ));
+            }
+            self.event(name, kind, &reason, message, t.at).await;
+        }
+    }
+
+    /// kubelet `patchNodeStatus`: strategic-merge PATCH of `nodes/{name}/status`, with the
+    /// report's `journal` of transitions timed on this replica's clock ([`validate_journal`]).
     pub(crate) async fn report(
         &self,
         w: &mut NodeWrites,
         name: &str,
         status: Option<&pb::NodeStatus>,
+        journal: &[pb::ConditionTransition],
     ) -> Answer {
         let Some(status) = status else {
             return self.reject(
@@ -282,6 +439,7 @@ impl Writer {
         };
         if let Err(why) = validate_status(status)
             .and_then(|()| crate::restriction::validate_status_limits(status))
+            .and_then(|()| validate_journal(journal))
         {
             return self.reject(RejectReason::Invalid, why);
         }
@@ -290,7 +448,8 @@ impl Writer {
             Err(answer) => return answer,
         };
         let now = self.now();
-        self.write_status(w, name, status, &held, now, Reboot::Ignore)
+        let journal = timed(journal, now, &held.conditions);
+        self.write_status(w, name, status, &held, now, Reboot::Ignore, &journal)
             .await
     }
 
@@ -355,8 +514,10 @@ impl Writer {
         held: &NodeRecord,
         now: Timestamp,
         reboot: Reboot,
+        journal: &[Timed<'_>],
     ) -> Answer {
-        let conditions = patch::conditions(status, now, &held.conditions);
+        let mut conditions = patch::conditions(status, now, &held.conditions);
+        journal_transitions(&mut conditions, journal);
         // A health condition the agent no longer reports (turned off, or its signal gone
         // from the host) is deleted rather than left to look current.
         let dropped = NodeConditionType::HEALTH
@@ -378,7 +539,7 @@ impl Writer {
         };
         match self.api.patch_node_status(name, body).await {
             Ok(node) => {
-                self.remember(held, &node, now, name, reboot).await;
+                self.remember(held, &node, now, name, reboot, journal).await;
                 self.counters.status_reports.inc();
                 Answer::WRITTEN
             }

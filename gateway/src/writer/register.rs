@@ -30,6 +30,7 @@ impl Writer {
         if let Err(why) = validate_status(status)
             .and_then(|()| crate::restriction::validate_status_limits(status))
             .and_then(|()| pb::registration::validate_register(register))
+            .and_then(|()| validate_journal(&register.journal))
         {
             return self.reject(RejectReason::Invalid, why);
         }
@@ -77,7 +78,8 @@ impl Writer {
                     w.registered = true;
                     self.counters.registrations.inc();
                     tracing::info!(node = name, "registered node");
-                    self.start_events(name, status, now).await;
+                    self.start_events(name, status, &register.journal, now)
+                        .await;
                     return registered;
                 }
                 Err(e) if api_code(&e) == Some(409) => match self.api.get_node(name).await {
@@ -99,10 +101,30 @@ impl Writer {
             return retry(format!("reconciling hugepages: {e}"));
         }
         let held = NodeRecord::of(&existing);
-        if held.boot_id.as_deref().is_some_and(|b| b != new_boot) {
+        // The boot time, from the agent's uptime on this replica's clock.
+        let reboot = Reboot::Record {
+            booted: (register.uptime_ms > 0)
+                .then(|| {
+                    now.checked_sub(SignedDuration::from_millis(
+                        i64::try_from(register.uptime_ms).unwrap_or(i64::MAX),
+                    ))
+                    .ok()
+                })
+                .flatten(),
+        };
+        let journal = timed(&register.journal, now, &held.conditions);
+        let new_boot = held.boot_id.as_deref().is_some_and(|b| b != new_boot);
+        // A board's agent starts with its boot: its start events belong there.
+        let started = match reboot {
+            Reboot::Record {
+                booted: Some(booted),
+            } if new_boot => booted,
+            _ => now,
+        };
+        if new_boot {
             // A new boot: write it now, with its event (see above).
             let answer = self
-                .write_status(w, name, status, &held, now, Reboot::Record)
+                .write_status(w, name, status, &held, now, reboot, &journal)
                 .await;
             if matches!(answer, Answer::NodeNotFound { .. }) && !register.registration_completed {
                 // Deleted while this first registration was under way: it creates the
@@ -116,7 +138,8 @@ impl Writer {
         w.registered = true;
         self.counters.registrations.inc();
         if !register.registration_completed {
-            self.start_events(name, status, now).await;
+            self.start_events(name, status, &register.journal, started)
+                .await;
         }
         registered
     }
@@ -127,11 +150,25 @@ impl Writer {
     /// `NodeHasSufficientPID` or the insufficient forms — while a new Ready records none
     /// (`pkg/kubelet/nodestatus/setters.go`; `initialNode` in
     /// `pkg/kubelet/kubelet_node_status.go`). Recorded once per agent process (not for a
-    /// `Register` with `registration_completed`).
-    pub(super) async fn start_events(&self, name: &str, status: &pb::NodeStatus, now: Timestamp) {
+    /// `Register` with `registration_completed`). Each is of the status the condition had
+    /// at the start: the one before its first transition in `journal`, when it has one
+    /// (the transitions themselves are recorded by the status write), stamped `at`.
+    pub(super) async fn start_events(
+        &self,
+        name: &str,
+        status: &pb::NodeStatus,
+        journal: &[pb::ConditionTransition],
+        at: Timestamp,
+    ) {
         for c in &status.conditions {
-            if let Some((kind, reason)) = condition_event(&c.r#type, &c.status, &c.reason, None) {
-                self.condition_event(name, kind, &reason, now).await;
+            let first = journal.iter().find(|t| t.r#type == c.r#type);
+            let at_start = match first.map(|t| t.status.as_str()) {
+                Some("True") => "False",
+                Some(_) => "True",
+                None => c.status.as_str(),
+            };
+            if let Some((kind, reason)) = condition_event(&c.r#type, at_start, &c.reason, None) {
+                self.condition_event(name, kind, &reason, at).await;
             }
         }
     }

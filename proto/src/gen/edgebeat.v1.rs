@@ -151,6 +151,18 @@ pub struct Register {
     /// If the Node is gone (deleted with kubectl delete node), the answer is node_not_found.
     #[prost(bool, tag = "7")]
     pub registration_completed: bool,
+    /// Milliseconds since the board booted when this message was sent (CLOCK_BOOTTIME, which
+    /// counts suspend). The gateway stamps kubelet's Rebooted event with the boot time,
+    /// its own clock minus this, so a board that rebooted while its link was down is
+    /// recorded at the time it rebooted, not when it came back. 0: unknown.
+    #[prost(uint64, tag = "8")]
+    pub uptime_ms: u64,
+    /// As StatusReport.journal: the transitions not yet written. A Register that writes the
+    /// status (a new boot) records them at their true times; the StatusReport after it
+    /// carries them again, and the gateway skips any transition no later than the
+    /// condition's lastTransitionTime it holds (already recorded).
+    #[prost(message, repeated, tag = "9")]
+    pub journal: ::prost::alloc::vec::Vec<ConditionTransition>,
 }
 /// A NodeStatus report: sent on a meaningful change or every nodeStatusReportFrequency.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -168,6 +180,34 @@ pub struct StatusReport {
     /// whole status.
     #[prost(bool, tag = "3")]
     pub unchanged: bool,
+    /// The condition transitions this agent has seen and not yet had written, oldest first,
+    /// at most 64 (the agent drops the oldest beyond that): normally the one that made this
+    /// report, and after a link outage every transition made while it lasted. Sent only with
+    /// status. The gateway records each as the condition's event at its true time and uses
+    /// the last of a type as that condition's lastTransitionTime.
+    #[prost(message, repeated, tag = "4")]
+    pub journal: ::prost::alloc::vec::Vec<ConditionTransition>,
+}
+/// One NodeCondition transition, timed on the agent's boot clock.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ConditionTransition {
+    /// Milliseconds between the transition and the sending of the message that carries it
+    /// (CLOCK_BOOTTIME: never steps, counts suspend). The gateway maps it onto its own clock:
+    /// time of the transition = receipt − ms_ago; the agent's wall clock plays no part.
+    #[prost(uint64, tag = "1")]
+    pub ms_ago: u64,
+    /// NodeConditionType name: one of the types an agent reports (kubelet's four, the
+    /// health conditions).
+    #[prost(string, tag = "2")]
+    pub r#type: ::prost::alloc::string::String,
+    /// "True" or "False".
+    #[prost(string, tag = "3")]
+    pub status: ::prost::alloc::string::String,
+    /// The condition's reason and message from the transition on.
+    #[prost(string, tag = "4")]
+    pub reason: ::prost::alloc::string::String,
+    #[prost(string, tag = "5")]
+    pub message: ::prost::alloc::string::String,
 }
 /// One node Lease renewal (every nodeLeaseDurationSeconds × 0.25). renewTime is stamped by
 /// the gateway clock, never taken from the agent.

@@ -109,6 +109,46 @@ pub fn parse_certificate_topic<'t>(prefix: &str, topic: &'t str) -> Option<&'t s
     (!node.is_empty() && !node.contains('/')).then_some(node)
 }
 
+/// Topic of a site's uplink state, `{prefix}/sites/{site}/uplink` (`site` is a zone, or
+/// `region/zone`): what a site broker's Mosquitto bridge publishes as its
+/// `notification_topic` — retained `1` when the bridge connects, and through its Last Will
+/// `0` when the cluster's broker loses it (Mosquitto `mosquitto.conf(5)`: `notifications`,
+/// `notification_topic`).
+pub fn uplink_topic(prefix: &str, site: &str) -> String {
+    format!("{prefix}/sites/{site}/uplink")
+}
+
+/// Filter every gateway replica subscribes to (no share group, so each gets the retained
+/// state of every site): `{prefix}/sites/#`.
+pub fn sites_filter(prefix: &str) -> String {
+    format!("{prefix}/sites/#")
+}
+
+/// The site of `{prefix}/sites/{site}/uplink`, when `site` is a zone or `region/zone`
+/// whose parts are label values (at most 63 characters of `A-Za-z0-9-_.`, alphanumeric at
+/// both ends: Kubernetes' label value syntax); `None` for any other topic under
+/// `{prefix}/sites/`, and for topics outside it.
+pub fn parse_uplink_topic<'t>(prefix: &str, topic: &'t str) -> Option<&'t str> {
+    let site = topic
+        .strip_prefix(prefix)?
+        .strip_prefix("/sites/")?
+        .strip_suffix("/uplink")?;
+    let label_value = |v: &str| {
+        let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        !v.is_empty()
+            && v.len() <= 63
+            && edge(v.chars().next())
+            && edge(v.chars().last())
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    let mut parts = site.split('/');
+    let valid = parts.next().is_some_and(label_value)
+        && parts.next().is_none_or(label_value)
+        && parts.next().is_none();
+    valid.then_some(site)
+}
+
 /// Shared-subscription filter of gateway replicas: `$share/{group}/{prefix}/nodes/+/+`.
 pub fn gateway_filter(prefix: &str, group: &str) -> String {
     format!("$share/{group}/{prefix}/nodes/+/+")

@@ -99,6 +99,14 @@ pub const REJECT_CERTIFICATE: Rejection = Rejection {
     detail: "node certificate refused",
 };
 
+/// Refusal: a payload on `P/sites/{site}/uplink` other than
+/// Mosquitto's bridge notifications `1` and `0`, or a site that is not a zone or
+/// `region/zone` of label values.
+pub const REJECT_UPLINK: Rejection = Rejection {
+    reason: RejectReason::Malformed,
+    detail: "site uplink notification is not 0 or 1",
+};
+
 /// Headroom above `max_packet_bytes` for the PUBLISH header (topic, properties) in the
 /// Maximum Packet Size announced to the broker, so that payloads a little over the limit
 /// still arrive and are counted as rejected. Larger packets the broker drops itself.
@@ -163,6 +171,11 @@ pub struct MqttIngressOptions {
     pub tls: Option<ClientTls>,
     /// End-to-end signature checks (default off); see [`SignaturePolicy`].
     pub signatures: Option<SignaturePolicy>,
+    /// Follow the site brokers' bridge notifications (default on): subscribe, without a
+    /// share group, to `P/sites/#` ([`super::sites_filter`]) and hand each site's uplink
+    /// state to [`Handler::site_uplink`]. The broker's ACL must let the gateway read it,
+    /// and only the site bridges write it.
+    pub site_uplinks: bool,
     /// Signs every answer to a signed message (default off; required by agents that sign,
     /// see [`crate::signing::AnswerSigner`]): the answer then binds the node and boot it
     /// answers (`Ack.node_name`, `Ack.boot_tag`). Answers to unsigned messages stay plain.
@@ -225,6 +238,7 @@ impl MqttIngressOptions {
             tls: None,
             signatures: None,
             answer_signer: None,
+            site_uplinks: true,
         }
     }
 
@@ -338,6 +352,11 @@ pub enum MqttIngressError {
 /// ([`REJECT_CLOCK`], answered); within it, replays are the handler's to refuse by the
 /// per-boot `seq`. Node names in topics must be valid node names ([`REJECT_MALFORMED`]).
 ///
+/// With [`MqttIngressOptions::site_uplinks`] (the default) the ingress also subscribes,
+/// without a share group, to `P/sites/#`: each site bridge's notification
+/// (`P/sites/{site}/uplink`, `1` or `0`, retained) goes to [`Handler::site_uplink`]; any
+/// other payload or topic there is refused ([`REJECT_UPLINK`]).
+///
 /// Last Wills (`P/nodes/{node}/will`) are logged at info level and otherwise ignored: the
 /// broker publishes them when a connection dies, which says nothing about the node itself,
 /// so the gateway never writes `Unknown` or `NotReady` because of one (the node's Lease
@@ -369,6 +388,12 @@ pub async fn serve<H: Handler>(
     if options.signatures.is_some() {
         filters.push(Filter::new(
             certificates_filter(&options.topic_prefix),
+            QoS::AtLeastOnce,
+        ));
+    }
+    if options.site_uplinks {
+        filters.push(Filter::new(
+            super::sites_filter(&options.topic_prefix),
             QoS::AtLeastOnce,
         ));
     }
@@ -537,6 +562,9 @@ enum Inbound<'t> {
     },
     /// `node`'s certificate chain (`P/certificates/{node}`).
     Certificate { node: &'t str },
+    /// A site bridge's notification (`P/sites/{site}/uplink`): `Some(up)`, or `None` for
+    /// an empty payload (a retained state cleared: nothing known).
+    Uplink { site: &'t str, up: Option<bool> },
     /// A certificate request of `node` (`P/nodes/{node}/csr`), for the handler's
     /// enrollment ([`Handler::request_certificate`]).
     CertificateRequest { node: &'t str },
@@ -559,6 +587,19 @@ fn classify<'t>(
             Err(REJECT_MALFORMED)
         }
     };
+    if topic
+        .strip_prefix(prefix)
+        .is_some_and(|t| t.starts_with("/sites/"))
+    {
+        let site = super::parse_uplink_topic(prefix, topic).ok_or(REJECT_UPLINK)?;
+        let up = match payload {
+            b"1" => Some(true),
+            b"0" => Some(false),
+            b"" => None,
+            _ => return Err(REJECT_UPLINK),
+        };
+        return Ok(Inbound::Uplink { site, up });
+    }
     if let Some(node) = parse_certificate_topic(prefix, topic) {
         let node = valid(node)?;
         if payload.len() > max_bytes {

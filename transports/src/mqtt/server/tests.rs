@@ -76,6 +76,7 @@ fn rejections_name_their_reason() {
             }),
             status: None,
             unchanged: false,
+            journal: Vec::new(),
         })),
     }
     .encode_to_vec();
@@ -275,4 +276,44 @@ fn signed_messages_are_verified_before_decoding() {
         open("n1", MessageKind::Lease, &sealed, None, None, now),
         Ok((lease("n1"), None))
     );
+}
+
+#[test]
+fn site_uplink_notifications_are_zones_and_zero_or_one() {
+    fn up<'t>(topic: &'t str, payload: &[u8]) -> Result<Inbound<'t>, Rejection> {
+        classify("p", topic.as_bytes(), payload, 1024)
+    }
+    assert_eq!(
+        up("p/sites/plant-a/uplink", b"0"),
+        Ok(Inbound::Uplink {
+            site: "plant-a",
+            up: Some(false)
+        })
+    );
+    assert_eq!(
+        up("p/sites/eu-west/plant.a_1/uplink", b"1"),
+        Ok(Inbound::Uplink {
+            site: "eu-west/plant.a_1",
+            up: Some(true)
+        })
+    );
+    // A retained state cleared.
+    assert_eq!(
+        up("p/sites/plant-a/uplink", b""),
+        Ok(Inbound::Uplink {
+            site: "plant-a",
+            up: None
+        })
+    );
+    for (topic, payload) in [
+        ("p/sites/plant-a/uplink", &b"up"[..]),
+        ("p/sites/plant-a/uplink", b"10"),
+        ("p/sites/-plant/uplink", b"1"),
+        ("p/sites/a/b/c/uplink", b"1"),
+        ("p/sites//uplink", b"1"),
+        ("p/sites/plant-a/state", b"1"),
+        ("p/sites/plant-a", b"1"),
+    ] {
+        assert_eq!(up(topic, payload), Err(REJECT_UPLINK), "{topic}");
+    }
 }

@@ -87,6 +87,16 @@ impl<H: Handler> Workers<H> {
                 }
                 return;
             }
+            Ok(Inbound::Uplink { site, up }) => {
+                match up {
+                    Some(up) => {
+                        tracing::info!(site, up, "site uplink notification");
+                        self.handler.site_uplink(site, up);
+                    }
+                    None => tracing::debug!(site, "site uplink state cleared"),
+                }
+                return;
+            }
             Ok(Inbound::CertificateRequest { node }) => {
                 self.request_certificate(node, publish.payload.to_vec());
                 return;
