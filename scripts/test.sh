@@ -8,7 +8,8 @@ need_apt=()
 command -v cc >/dev/null || need_apt+=(gcc)
 # A real MQTT broker for the MQTT tests (Debian's Mosquitto 2.x; no service is started).
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
-# ip (network namespaces, veth) for the link-bytes test, tests/tests/link.rs.
+# ip (network namespaces, veth) for the link-bytes test, tests/tests/link.rs, and the cut
+# site of tests/tests/sites.rs.
 command -v ip >/dev/null || need_apt+=(iproute2)
 # promtool and a real Prometheus for the alert rules and the dashboard,
 # tests/tests/monitoring.rs (Debian's 2.42; without its recommended exporters).
@@ -45,9 +46,9 @@ not_run=()
 # The ARM agents were built above.
 cargo test --workspace --locked --test cross_qemu -- --ignored
 if [ "$(id -u)" = 0 ] && ip netns list >/dev/null 2>&1; then
-  cargo test --workspace --locked --test link --test faults -- --ignored
+  cargo test --workspace --locked --test link --test faults --test sites -- --ignored
 else
-  not_run+=("tests/tests/link.rs and faults.rs: need root with ip netns")
+  not_run+=("tests/tests/link.rs, faults.rs and the veth test of sites.rs: need root with ip netns")
 fi
 # kubectl (no Debian package): a real client against the stand-in and the manifests.
 if command -v kubectl >/dev/null; then

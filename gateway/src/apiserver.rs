@@ -456,15 +456,33 @@ fn not_found_as_none<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kub
 /// and no client-side rate limit. Every request is timed into `requests`
 /// ([`requests::RequestMetrics`]).
 ///
+/// Over HTTP/2 where the apiserver speaks it ([`client`]); [`watch_client_with`] chooses.
+///
 /// Errors: kube's error when the config cannot produce a client (bad TLS material).
 pub fn watch_client(
-    mut config: kube::Config,
+    config: kube::Config,
     requests: &requests::RequestMetrics,
 ) -> Result<kube::Client, kube::Error> {
-    config.read_timeout = None;
-    Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&requests.layer())
-        .build())
+    watch_client_with(config, requests, client::HttpVersion::Http2)
+}
+
+/// [`watch_client`] speaking `version` to the apiserver ([`client`]).
+///
+/// Errors: as [`client::http_client`].
+pub fn watch_client_with(
+    config: kube::Config,
+    requests: &requests::RequestMetrics,
+    version: client::HttpVersion,
+) -> Result<kube::Client, kube::Error> {
+    // No read timeout either way: the stack below has none (a watch is quiet while nothing
+    // changes); HTTP/2 PINGs find a dead connection.
+    let namespace = config.default_namespace.clone();
+    let service = client::http_client(config, version)?;
+    Ok(
+        kube::client::ClientBuilder::new(service, namespace)
+            .with_layer(&requests.layer())
+            .build(),
+    )
 }
 
 /// Builds the kube-rs client the gateway writes with: `config` with a 10 s write timeout
@@ -479,21 +497,35 @@ pub fn watch_client(
 ///
 /// Errors: kube's error when the config cannot produce a client (bad TLS material).
 pub fn kube_client(
-    mut config: kube::Config,
+    config: kube::Config,
     qps: u64,
     requests: &requests::RequestMetrics,
 ) -> Result<kube::Client, kube::Error> {
-    // A connection read timeout (hyper-timeout) also fires on a pooled connection that sat
-    // idle that long, and a request handed to it at that moment fails to send: with
-    // hundreds of pooled connections that happened a few times per 100,000 renewals, each
-    // closing the backoff gate (kube-rs removed its own default for this reason,
-    // https://github.com/kube-rs/kube/pull/1945).
-    config.read_timeout = None;
-    // No retries inside the client: a heartbeat retried late would be written late and hide
-    // a dead node. The agent retries with a fresh message instead (kubelet's own loops).
-    config.default_retry = false;
-    config.write_timeout = Some(Duration::from_secs(10));
-    let builder = kube::client::ClientBuilder::try_from(config)?.with_layer(&requests.layer());
+    kube_client_with(config, qps, requests, client::HttpVersion::Http2)
+}
+
+/// [`kube_client`] speaking `version` to the apiserver ([`client`]): one HTTP/2 connection
+/// carries every call of the replica.
+///
+/// The stack has no connection read or write timeout: a read timeout (hyper-timeout) also
+/// fires on a pooled connection that sat idle that long, and a request handed to it at that
+/// moment fails to send (kube-rs removed its own default for this reason,
+/// https://github.com/kube-rs/kube/pull/1945); each call is bounded as a whole instead
+/// ([`Apiserver`]), and HTTP/2 PINGs close a dead connection. No retries inside the client
+/// either: a heartbeat retried late would be written late and hide a dead node; the agent
+/// retries with a fresh message instead (kubelet's own loops).
+///
+/// Errors: as [`client::http_client`].
+pub fn kube_client_with(
+    config: kube::Config,
+    qps: u64,
+    requests: &requests::RequestMetrics,
+    version: client::HttpVersion,
+) -> Result<kube::Client, kube::Error> {
+    let namespace = config.default_namespace.clone();
+    let service = client::http_client(config, version)?;
+    let builder = kube::client::ClientBuilder::new(service, namespace)
+        .with_layer(&requests.layer());
     Ok(if qps == 0 {
         builder.build()
     } else {
@@ -502,6 +534,7 @@ pub fn kube_client(
     })
 }
 
+pub mod client;
 pub mod requests;
 
 #[cfg(test)]

@@ -747,7 +747,7 @@ impl Handler for Gateway {
     }
 }
 
-pub use crate::apiserver::{kube_client, watch_client};
+pub use crate::apiserver::{kube_client, kube_client_with, watch_client, watch_client_with};
 
 #[cfg(test)]
 mod tests;

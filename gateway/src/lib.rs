@@ -32,4 +32,6 @@ pub mod view;
 mod writer;
 
 pub use admission::Posture;
-pub use gateway::{Gateway, GatewayOptions, kube_client, watch_client};
+pub use gateway::{
+    Gateway, GatewayOptions, kube_client, kube_client_with, watch_client, watch_client_with,
+};

@@ -11,7 +11,9 @@ use clap::Parser;
 use edgebeat_gateway::enrollment::ca::SiteCa;
 use edgebeat_gateway::enrollment::gate::EnrollmentLimits;
 use edgebeat_gateway::enrollment::{Approval, Enrollment, EnrollmentOptions};
-use edgebeat_gateway::{Gateway, GatewayOptions, Posture, kube_client, watch_client};
+use edgebeat_gateway::{
+    Gateway, GatewayOptions, Posture, kube_client, kube_client_with, watch_client_with,
+};
 use edgebeat_transports::endpoint::MqttCluster;
 use edgebeat_transports::grpc::enroll::{EnrollmentServerOptions, serve_enrollment};
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, serve, tls};
@@ -130,6 +132,11 @@ struct Args {
     /// on 429/5xx instead.
     #[arg(long, default_value_t = 0)]
     qps: u64,
+    /// HTTP to kube-apiserver: `2` (HTTP/2 where the server offers it over ALPN, as
+    /// client-go; one connection carries every call, PINGs every 30 s find a dead one) or
+    /// `1.1` (a connection per call in flight).
+    #[arg(long, value_name = "VERSION", default_value = "2")]
+    apiserver_http: edgebeat_gateway::apiserver::client::HttpVersion,
     /// Apiserver requests in flight at once; Node, status and Event calls may hold at most
     /// half, so Lease renewals always get through.
     #[arg(long, default_value_t = 256)]
@@ -398,8 +405,8 @@ async fn run() -> anyhow::Result<()> {
     let config = kube_config(&args.cluster).await?;
     // Both clients' requests, in edgebeat_gateway_apiserver_request_duration_seconds.
     let requests = edgebeat_gateway::apiserver::requests::RequestMetrics::default();
-    let watches = watch_client(config.clone(), &requests)?;
-    let client = kube_client(config, args.qps, &requests)?;
+    let watches = watch_client_with(config.clone(), &requests, args.apiserver_http)?;
+    let client = kube_client_with(config, args.qps, &requests, args.apiserver_http)?;
     let clock: Arc<dyn edgebeat_hw::Clock> = Arc::new(edgebeat_hw::SystemClock);
     let enrollment = match args.enrollment {
         true => {

@@ -272,6 +272,19 @@ impl Link {
         })
     }
 
+    /// Takes the link down (`ip link set … down` on the gateway side: the agent side loses
+    /// its carrier, nothing crosses) or brings it back up: a cut uplink and its return.
+    ///
+    /// Errors: `ip` fails.
+    pub fn set_up(&self, up: bool) -> anyhow::Result<()> {
+        ip(&[
+            "link",
+            "set",
+            HOST_INTERFACE,
+            if up { "up" } else { "down" },
+        ])
+    }
+
     /// A command that runs `program` inside the agent's namespace (`ip netns exec`).
     pub fn command(&self, program: &Path) -> tokio::process::Command {
         let mut command = tokio::process::Command::new("ip");
@@ -467,7 +480,7 @@ pub fn agent_binary() -> anyhow::Result<std::path::PathBuf> {
 /// with `--config config`, logging warnings and errors to the file `log`.
 ///
 /// Errors: the log file cannot be created or the agent cannot start.
-pub(crate) fn spawn_agent(
+pub fn spawn_agent(
     mut command: tokio::process::Command,
     config: &Path,
     log: &Path,
@@ -542,6 +555,143 @@ pub async fn measure(
     })
 }
 
+/// What a partition of the link costs when it heals ([`measure_partition`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Heal {
+    /// Which case.
+    pub case: Case,
+    /// How long the link was down.
+    pub partition: std::time::Duration,
+    /// Length of each counted window.
+    pub window: std::time::Duration,
+    /// A steady window before the partition.
+    pub steady: Counters,
+    /// The window that starts when the link comes back.
+    pub healed: Counters,
+    /// From the link's return to the node caught up: its Lease renewed and the status with
+    /// the transition made while cut off written.
+    pub caught_up: std::time::Duration,
+    /// How far the transition's Event time is from when the memory pressure began
+    /// (seconds; `None`: no Event found).
+    pub event_off_by: Option<f64>,
+}
+
+impl Heal {
+    /// Bytes the healed window carried beyond the steady one.
+    pub fn heal_bytes(&self) -> i64 {
+        i64::try_from(self.healed.bytes()).unwrap_or(i64::MAX)
+            - i64::try_from(self.steady.bytes()).unwrap_or(i64::MAX)
+    }
+}
+
+/// Measures what a partition of `partition` costs `case` when it heals: the real agent in
+/// the link's namespace at kubelet's cadence, registered and renewing; a steady `window`
+/// counted; the link taken down (`ip link set … down` on the gateway side) for `partition`,
+/// MemoryPressure turning True 5 s into it (a transition the agent's journal holds); the
+/// link back up and the `window` after it counted, with the time until the node caught
+/// up and the Event's time checked against the pressure's.
+///
+/// Errors: as [`measure`], or the node not caught up within `window` + 2 minutes.
+pub async fn measure_partition(
+    case: Case,
+    partition: std::time::Duration,
+    window: std::time::Duration,
+    keepalive: Option<std::time::Duration>,
+) -> anyhow::Result<Heal> {
+    use crate::harness::{Cluster, Transport, gateway_options, mtls_options};
+    let link = Link::create()?;
+    let site = crate::pki::Ca::new("edgebeat site CA");
+    let cluster = match case {
+        Case::Grpc => Cluster::start(Transport::Grpc).await?,
+        Case::GrpcMtls => Cluster::start_grpc_with(mtls_options(&site), gateway_options()).await?,
+        Case::Mqtt => Cluster::start(Transport::Mqtt).await?,
+        Case::MqttTlsSigned => Cluster::start_mqtt_secure(&site, true, gateway_options()).await?,
+    };
+    let upstream: SocketAddr = match &cluster.broker {
+        Some(b) => SocketAddr::new(b.host().parse()?, b.port()),
+        None => cluster
+            .grpc_url
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .parse()?,
+    };
+    let port = forward(upstream).await?;
+    let side = Side {
+        link: &link,
+        cluster: &cluster,
+        site: &site,
+        dir: tempfile::tempdir()?,
+        case,
+        port,
+        keepalive,
+    };
+    let node = "link-cut";
+    let hour = std::time::Duration::from_secs(3600);
+    let (mut agent, host) = side.start(node, hour).await?;
+    // Time passing is what is measured here: plain sleeps.
+    let before = link.counters()?;
+    tokio::time::sleep(window).await;
+    let steady = link.counters()?.since(before);
+    link.set_up(false)?;
+    let cut_at = tokio::time::Instant::now();
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let usage = 3_978_792_960u64 - 50 * 1024 * 1024 + 991_285_248;
+    std::fs::write(
+        host.path()
+            .join("sys/fs/cgroup/memory/memory.usage_in_bytes"),
+        format!("{usage}\n"),
+    )?;
+    let pressure_at = jiff::Timestamp::now();
+    tokio::time::sleep(partition.saturating_sub(cut_at.elapsed())).await;
+    let (renewed, reported) = written(&cluster.standin.requests(), node);
+    let before = link.counters()?;
+    link.set_up(true)?;
+    let healed_at = tokio::time::Instant::now();
+    cluster
+        .standin
+        .wait_until(
+            window + std::time::Duration::from_secs(120),
+            "caught up after the partition",
+            |v| {
+                let (r, p) = written(v.requests(), node);
+                r > renewed && p > reported
+            },
+        )
+        .await?;
+    let caught_up = healed_at.elapsed();
+    tokio::time::sleep(window.saturating_sub(healed_at.elapsed())).await;
+    let healed = link.counters()?.since(before);
+    let _ = agent.kill().await;
+    let event_off_by = cluster
+        .standin
+        .events()
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("NodeHasInsufficientMemory"))
+        .filter_map(|e| e.first_timestamp.as_ref())
+        .map(|t| {
+            let truth = pressure_at.as_second();
+            (t.0.as_second() - truth).abs() as f64
+        })
+        .reduce(f64::min);
+    Ok(Heal {
+        case,
+        partition,
+        window,
+        steady,
+        healed,
+        caught_up,
+        event_off_by,
+    })
+}
+
+/// `(Lease renewals written, status PATCHes)` of `node` in `requests`.
+fn written(requests: &[crate::standin::RecordedRequest], node: &str) -> (usize, usize) {
+    (
+        crate::requests::count(requests, |r| crate::requests::is_lease_renewed(r, node)),
+        crate::requests::count(requests, |r| crate::requests::is_status_patch(r, node)),
+    )
+}
+
 /// The gateway side of one measurement, for [`Side::window`].
 struct Side<'a> {
     link: &'a Link,
@@ -565,73 +715,8 @@ impl Side<'_> {
         length: std::time::Duration,
         flip: bool,
     ) -> anyhow::Result<Window> {
-        let host = crate::harness::fixture_copy("rpi4-cgroup1")?;
-        let case = self.case;
-        let file = |name: &str| self.dir.path().join(format!("{node}-{name}"));
-        let tls = match case {
-            Case::Grpc | Case::Mqtt => String::new(),
-            Case::GrpcMtls | Case::MqttTlsSigned => {
-                let leaf = self.site.node(node);
-                std::fs::write(file("ca.crt"), &self.site.cert_pem)?;
-                std::fs::write(file("node.crt"), &leaf.cert_pem)?;
-                std::fs::write(file("node.key"), &leaf.key_pem)?;
-                format!(
-                    ", caFile: {}, certFile: {}, keyFile: {}",
-                    file("ca.crt").display(),
-                    file("node.crt").display(),
-                    file("node.key").display()
-                )
-            }
-        };
-        let keepalive = self
-            .keepalive
-            .map_or(String::new(), |k| format!(", keepalive: {}s", k.as_secs()));
-        let (kind, scheme) = match case {
-            Case::Grpc => ("grpc", "http"),
-            Case::GrpcMtls => ("grpc", "https"),
-            Case::Mqtt => ("mqtt", "mqtt"),
-            Case::MqttTlsSigned => ("mqtt", "mqtts"),
-        };
-        std::fs::write(
-            file("agent.yaml"),
-            format!(
-                "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\nhostRoot: {}\nnodeStatusReportFrequency: {}s\ntransport: {{kind: {kind}, endpoint: \"{scheme}://{GATEWAY_IP}:{}\"{tls}{keepalive}}}\n",
-                host.path().display(),
-                report_every.as_secs(),
-                self.port,
-            ),
-        )?;
-        let mut agent = spawn_agent(
-            self.link.command(&agent_binary()?),
-            &file("agent.yaml"),
-            &file("agent.log"),
-        )?;
-        let written = |requests: &[crate::standin::RecordedRequest]| {
-            (
-                crate::requests::count(requests, |r| crate::requests::is_lease_renewed(r, node)),
-                crate::requests::count(requests, |r| crate::requests::is_status_patch(r, node)),
-            )
-        };
-        // Steady: registered, first status written, renewing.
-        let started = self
-            .cluster
-            .standin
-            .wait_until(
-                std::time::Duration::from_secs(60),
-                "registered and renewing",
-                |v| {
-                    let (renewed, reported) = written(v.requests());
-                    renewed >= 1 && reported >= 1
-                },
-            )
-            .await;
-        if let Err(e) = started {
-            let log = std::fs::read_to_string(file("agent.log")).unwrap_or_default();
-            bail!(
-                "{}: the agent did not start: {e}\nagent log:\n{log}",
-                case.name()
-            );
-        }
+        let (mut agent, host) = self.start(node, report_every).await?;
+        let written = |requests: &[crate::standin::RecordedRequest]| written(requests, node);
         // The window runs from one Lease write to a later one, so that it holds whole renew
         // periods: a window of fixed length catches 11 or 12 renewals in 120 s (the period
         // is 10 to 10.4 s with kubelet's jitter), which moves the day's figure by 8 %.
@@ -685,5 +770,78 @@ impl Side<'_> {
             renewals: renewed_after - renewed,
             reports: reported_after - reported,
         })
+    }
+
+    /// Starts the agent for `node` (status reported every `report_every`) on a copy of
+    /// the `rpi4-cgroup1` fixture and waits until it is registered, its status written and
+    /// its Lease renewed. Returns it and its host tree.
+    async fn start(
+        &self,
+        node: &str,
+        report_every: std::time::Duration,
+    ) -> anyhow::Result<(tokio::process::Child, tempfile::TempDir)> {
+        let host = crate::harness::fixture_copy("rpi4-cgroup1")?;
+        let case = self.case;
+        let file = |name: &str| self.dir.path().join(format!("{node}-{name}"));
+        let tls = match case {
+            Case::Grpc | Case::Mqtt => String::new(),
+            Case::GrpcMtls | Case::MqttTlsSigned => {
+                let leaf = self.site.node(node);
+                std::fs::write(file("ca.crt"), &self.site.cert_pem)?;
+                std::fs::write(file("node.crt"), &leaf.cert_pem)?;
+                std::fs::write(file("node.key"), &leaf.key_pem)?;
+                format!(
+                    ", caFile: {}, certFile: {}, keyFile: {}",
+                    file("ca.crt").display(),
+                    file("node.crt").display(),
+                    file("node.key").display()
+                )
+            }
+        };
+        let keepalive = self
+            .keepalive
+            .map_or(String::new(), |k| format!(", keepalive: {}s", k.as_secs()));
+        let (kind, scheme) = match case {
+            Case::Grpc => ("grpc", "http"),
+            Case::GrpcMtls => ("grpc", "https"),
+            Case::Mqtt => ("mqtt", "mqtt"),
+            Case::MqttTlsSigned => ("mqtt", "mqtts"),
+        };
+        std::fs::write(
+            file("agent.yaml"),
+            format!(
+                "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\nhostRoot: {}\nnodeStatusReportFrequency: {}s\ntransport: {{kind: {kind}, endpoint: \"{scheme}://{GATEWAY_IP}:{}\"{tls}{keepalive}}}\n",
+                host.path().display(),
+                report_every.as_secs(),
+                self.port,
+            ),
+        )?;
+        let agent = spawn_agent(
+            self.link.command(&agent_binary()?),
+            &file("agent.yaml"),
+            &file("agent.log"),
+        )?;
+        let written = |requests: &[crate::standin::RecordedRequest]| written(requests, node);
+        // Steady: registered, first status written, renewing.
+        let started = self
+            .cluster
+            .standin
+            .wait_until(
+                std::time::Duration::from_secs(60),
+                "registered and renewing",
+                |v| {
+                    let (renewed, reported) = written(v.requests());
+                    renewed >= 1 && reported >= 1
+                },
+            )
+            .await;
+        if let Err(e) = started {
+            let log = std::fs::read_to_string(file("agent.log")).unwrap_or_default();
+            bail!(
+                "{}: the agent did not start: {e}\nagent log:\n{log}",
+                case.name()
+            );
+        }
+        Ok((agent, host))
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! Over MQTT, a site whose agents publish to their own broker bridged to the cluster's
 //! (real Mosquitto bridges with notifications): the bridge going down marks every node of
-//! the site at once, with reason `SiteUplinkDown`, before any Lease is late.
+//! the site at once, with reason `SiteUplinkDown`, before any Lease is late, once for two
+//! replicas; and behind a cut veth (root), within the bridge's keepalive.
 //!
 //! Agents run with a 4 s lease (renewals every second): a node is silent after 2 s without
 //! a renewal, and the replicas look every 2 s.
@@ -258,7 +259,9 @@ fn start_on(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridged_site_whose_uplink_drops_is_marked_at_once_and_cleared_when_it_returns() {
-    let cluster = Cluster::start(Transport::Mqtt).await.unwrap();
+    let mut cluster = Cluster::start(Transport::Mqtt).await.unwrap();
+    // Two replicas, each following the bridge's notifications: one partition, one Event.
+    cluster.start_replica(gateway_options()).await.unwrap();
     let cluster_broker = cluster.broker.as_ref().unwrap();
     let mut site = Broker::start_site(Bridge {
         remote_host: cluster_broker.host().into(),
@@ -293,7 +296,23 @@ async fn a_bridged_site_whose_uplink_drops_is_marked_at_once_and_cleared_when_it
         marked_after.as_secs_f64()
     );
     // Before the Leases could tell: a 4 s lease is silent only after 2 s without renewal
-    // and the rule would need a look after that.
+    // and the rule would need a look after that. Both replicas posted the Event; the
+    // apiserver kept one. (Polled: the request log is read outside the stand-in's change
+    // notifications.)
+    wait_for("both replicas recorded the partition", DEADLINE, || {
+        cluster
+            .standin
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.method == Method::POST
+                    && r.path.ends_with("/events")
+                    && String::from_utf8_lossy(&r.body).contains(REASON_UPLINK_DOWN)
+            })
+            .count()
+            >= 2
+    })
+    .await;
     let down = events(&cluster, REASON_UPLINK_DOWN);
     assert_eq!(down.len(), 1, "{down:#?}");
     let message = down[0].message.clone().unwrap_or_default();
@@ -330,4 +349,113 @@ async fn a_bridged_site_whose_uplink_drops_is_marked_at_once_and_cleared_when_it
     assert_unmarked(&cluster, &direct);
     stop(m).await;
     stop(n).await;
+}
+
+/// Cuts of the veth test (`EDGEBEAT_SITE_CUTS`, default 3): BENCHMARKS.md's figure is of 5.
+fn cuts() -> usize {
+    std::env::var("EDGEBEAT_SITE_CUTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(3)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root with ip netns (a network namespace and a veth pair)"]
+async fn a_site_behind_a_cut_veth_is_marked_within_the_bridge_keepalive() {
+    use edgebeat_tests::link::{AGENT_IP, GATEWAY_IP, Link, NAMESPACE, agent_binary, forward};
+    Link::require().expect("scripts/test.sh runs this as root");
+    let link = Link::create().unwrap();
+    let cluster = Cluster::start(Transport::Mqtt).await.unwrap();
+    let cluster_broker = cluster.broker.as_ref().unwrap();
+    // The site reaches the cluster's broker across the link.
+    let relay = forward(std::net::SocketAddr::new(
+        cluster_broker.host().parse().unwrap(),
+        cluster_broker.port(),
+    ))
+    .await
+    .unwrap();
+    let keepalive = 5;
+    let site = Broker::start_site_in(
+        Bridge {
+            remote_host: GATEWAY_IP.into(),
+            remote_port: relay,
+            site: "plant-v".into(),
+            topic_prefix: edgebeat_transports::mqtt::DEFAULT_TOPIC_PREFIX.into(),
+            keepalive_secs: keepalive,
+        },
+        NAMESPACE,
+        AGENT_IP,
+    )
+    .await
+    .unwrap();
+    // Three boards in the site, the real agent binary in the namespace.
+    let dir = tempfile::tempdir().unwrap();
+    let hosts: Vec<_> = (0..3).map(|_| fixture_copy("rpi4-cgroup1").unwrap()).collect();
+    let behind = names("plant-v", 3);
+    let mut agents = Vec::new();
+    for (name, host) in behind.iter().zip(&hosts) {
+        let config = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {name}\nhostRoot: {}\nnodeLeaseDurationSeconds: {LEASE_SECONDS}\nnodeLabels: {{{ZONE_LABEL}: plant-v}}\ntransport: {{kind: mqtt, endpoint: \"mqtt://{AGENT_IP}:{}\"}}\n",
+                host.path().display(),
+                site.port(),
+            ),
+        )
+        .unwrap();
+        agents.push(
+            edgebeat_tests::link::spawn_agent(
+                link.command(&agent_binary().unwrap()),
+                &config,
+                &dir.path().join(format!("{name}.log")),
+            )
+            .unwrap(),
+        );
+    }
+    // Another site, straight on the cluster's broker.
+    let host = fixture_copy("rpi4-cgroup1").unwrap();
+    let direct = names("plant-w", 2);
+    let w = start(&cluster, host.path(), "plant-w", &direct);
+    renewing(&cluster, &behind).await;
+    renewing(&cluster, &direct).await;
+
+    let mut times = Vec::new();
+    for cut in 1..=cuts() {
+        link.set_up(false).unwrap();
+        let cut_at = tokio::time::Instant::now();
+        cluster
+            .standin
+            .wait_until(DEADLINE, "every node of plant-v marked uplink down", |v| {
+                behind.iter().all(|n| is(v, n, "True", REASON_UPLINK_DOWN))
+            })
+            .await
+            .unwrap();
+        times.push(cut_at.elapsed().as_secs_f64());
+        assert_unmarked(&cluster, &direct);
+        link.set_up(true).unwrap();
+        cluster
+            .standin
+            .wait_until(DEADLINE, "every node of plant-v reachable again", |v| {
+                behind.iter().all(|n| is(v, n, "False", REASON_REACHABLE))
+            })
+            .await
+            .unwrap();
+        assert_eq!(events(&cluster, REASON_UPLINK_DOWN).len(), cut, "one Event per cut");
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let max = times[times.len() - 1];
+    println!(
+        "veth cut to SiteUplinkDown on every node, {} cuts, bridge keepalive {keepalive} s: median {median:.1} s, max {max:.1} s ({times:.1?})",
+        times.len()
+    );
+    // Within the broker's keepalive check (1.5 × keepalive) and a look, far inside the
+    // 40 s a Lease lasts at kubelet's defaults.
+    assert!(max < 40.0, "{times:?}");
+    assert!(events(&cluster, REASON_SILENT).is_empty());
+    for mut agent in agents {
+        let _ = agent.kill().await;
+    }
+    stop(w).await;
 }

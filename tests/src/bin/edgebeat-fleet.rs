@@ -17,6 +17,9 @@
 //!   sample (a node the node lifecycle controller would have marked NotReady);
 //! - `gateway_rss_mib` (VmRSS at the end), `gateway_rss_per_node_kib`, `gateway_cpu_s_per_s`;
 //! - `sim_rss_mib`, `sim_rss_per_node_kib` (this process, the stand-in included);
+//! - `apiserver_connections_max` (most TCP connections open to the stand-in apiserver at a
+//!   progress line, every replica's clients together) and `apiserver_connections_accepted`
+//!   (over the run);
 //! - for a soak, from the progress lines after the warm-up: `gateway_rss_slope_kib_per_min`
 //!   (least-squares slope of the gateway's VmRSS), `gateway_fds_first`/`_last` (entries of
 //!   /proc/<pid>/fd, summed over replicas), and `broker_rss_slope_kib_per_min`,
@@ -761,6 +764,8 @@ async fn main() -> anyhow::Result<()> {
         .kill_broker_after
         .map(|after| measured_from + Duration::from_secs(after));
     let mut soak: Vec<SoakSample> = Vec::new();
+    // Most connections open to the apiserver at a progress line.
+    let mut apiserver_conns_max = 0;
     let kill_at = args
         .kill_replica_after
         .map(|after| measured_from + Duration::from_secs(after));
@@ -902,7 +907,7 @@ async fn main() -> anyhow::Result<()> {
                 );
             }
             println!(
-                "t={:>4.0}s msgs/s={:>7.1} renewals_ok={} failed={} ack_p50={:.1}ms p99={:.1}ms max={:.1}ms leases={} expired_samples={} gateway_rss={:.1}MiB cpu={:.1}s gateway_fds={}",
+                "t={:>4.0}s msgs/s={:>7.1} renewals_ok={} failed={} ack_p50={:.1}ms p99={:.1}ms max={:.1}ms leases={} expired_samples={} gateway_rss={:.1}MiB cpu={:.1}s gateway_fds={} apiserver_conns={}",
                 started.elapsed().as_secs_f64(),
                 (messages - last_messages) as f64 / dt,
                 stats.renewals_ok.load(Ordering::Relaxed),
@@ -915,7 +920,9 @@ async fn main() -> anyhow::Result<()> {
                 rss as f64 / 1024.0,
                 cpu + cpu_of_gone - cpu_start,
                 pids.iter().map(|p| open_files(*p)).sum::<usize>(),
+                standin.open_connections(),
             );
+            apiserver_conns_max = apiserver_conns_max.max(standin.open_connections());
             // A kill or a restart is a step in the summed figures, not a slope.
             if started.elapsed() >= warm_up
                 && args.kill_replica_after.is_none()
@@ -955,6 +962,14 @@ async fn main() -> anyhow::Result<()> {
         summary.insert(k.to_owned(), v);
     };
     put("nodes", args.nodes.to_string());
+    put(
+        "apiserver_connections_max",
+        apiserver_conns_max.to_string(),
+    );
+    put(
+        "apiserver_connections_accepted",
+        standin.connections().to_string(),
+    );
     put(
         "renewals_ok",
         stats.renewals_ok.load(Ordering::Relaxed).to_string(),

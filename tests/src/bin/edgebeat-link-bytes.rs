@@ -13,6 +13,11 @@
 //! window's rate for 86,400 s plus 288 periodic reports (`nodeStatusReportFrequency` 5 min)
 //! and 4 flips, each costing what it added in its window.
 //!
+//! With `--partition SECS` it measures instead what a partition of the link that long costs
+//! when it heals ([`edgebeat_tests::link::measure_partition`]): a steady window, the link
+//! down (a condition turning True meanwhile), and the same window from the link's return:
+//! the difference is the heal's cost.
+//!
 //! Run as root: `scripts/link-bytes.sh` (or `cargo build --release -p edgebeat-agent -p
 //! edgebeat-tests --bin edgebeat-link-bytes` and run `target/release/edgebeat-link-bytes`).
 
@@ -20,7 +25,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use edgebeat_tests::link::{Case, FLIPS_PER_DAY, Link, REPORTS_PER_DAY, measure};
+use edgebeat_tests::link::{
+    Case, FLIPS_PER_DAY, Link, REPORTS_PER_DAY, measure, measure_partition,
+};
 
 #[derive(Parser)]
 #[command(about = "Bytes per node-day on an edge link (network namespace + veth counters)")]
@@ -39,6 +46,9 @@ struct Args {
     /// `net.ipv4.tcp_timestamps=0`: host tuning an operator could apply on the board.
     #[arg(long = "agent-sysctl")]
     agent_sysctls: Vec<String>,
+    /// Measure a partition this long (seconds) and its heal instead of a node-day.
+    #[arg(long)]
+    partition: Option<u64>,
     /// Cases to run: grpc, grpc-mtls, mqtt, mqtt-tls (default: all).
     #[arg(long = "case", value_parser = parse_case)]
     cases: Vec<Case>,
@@ -58,6 +68,39 @@ async fn main() -> anyhow::Result<()> {
         args.cases
     };
     let window = Duration::from_secs(args.window);
+    if let Some(partition) = args.partition {
+        println!(
+            "partition of {partition} s, windows of {} s (MemoryPressure turns True 5 s into the partition)",
+            args.window
+        );
+        println!(
+            "| case | caught up after the link returns | steady window: bytes (packets) | window from the return: bytes (packets) | **the heal costs** | transition Event − file change (agent samples every 10 s) |"
+        );
+        println!("|---|---|---|---|---|---|");
+        for case in cases {
+            let h = measure_partition(
+                case,
+                Duration::from_secs(partition),
+                window,
+                args.keepalive.map(Duration::from_secs),
+            )
+            .await
+            .with_context(|| case.name())?;
+            println!(
+                "| {} | {:.1} s | {} B ({}) | {} B ({}) | **{} B** | {} |",
+                case.name(),
+                h.caught_up.as_secs_f64(),
+                h.steady.bytes(),
+                h.steady.packets(),
+                h.healed.bytes(),
+                h.healed.packets(),
+                h.heal_bytes(),
+                h.event_off_by
+                    .map_or("no Event".to_owned(), |s| format!("{s:.0} s")),
+            );
+        }
+        return Ok(());
+    }
     println!(
         "windows of {} s; a day = renewal rate × 86,400 s + {REPORTS_PER_DAY} periodic status reports + {FLIPS_PER_DAY} condition flips",
         args.window

@@ -1,6 +1,8 @@
 //! A stand-in kube-apiserver: a **test double, not a kube-apiserver**.
 //!
-//! It serves, over plain HTTP/1.1 on 127.0.0.1 with no authentication, the subset of the
+//! It serves, over plain HTTP on 127.0.0.1 with no authentication (HTTP/1.1, and HTTP/2 with
+//! prior knowledge on the same port, at most 100 streams per connection as kube-apiserver's
+//! `--http2-max-streams-per-connection` default), the subset of the
 //! Kubernetes API that edgebeat's gateway (and kubelet) touch, faithfully enough that
 //! kube-rs sees the same answers and `kubectl --server` prints like a cluster:
 //!
@@ -141,6 +143,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Secret};
 use tokio::net::TcpListener;
 
 use kinds::Kind;
+pub use server::MAX_STREAMS;
 use server::Shared;
 use store::Store;
 
@@ -200,6 +203,8 @@ pub struct RecordedRequest {
     pub status: u16,
     /// `Warning` headers answered (e.g. `299 - "unknown field \"spec.foo\""`).
     pub warnings: Vec<String>,
+    /// The HTTP version it came over (HTTP/1.1, or HTTP/2 with prior knowledge).
+    pub version: http::Version,
 }
 
 impl RecordedRequest {
@@ -334,6 +339,19 @@ impl std::fmt::Debug for StandInHandle {
 }
 
 impl StandInHandle {
+    /// TCP connections accepted so far: what a client's connection pool costs the
+    /// apiserver.
+    pub fn connections(&self) -> usize {
+        self.shared
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// TCP connections open now (clients' pooled connections included).
+    pub fn open_connections(&self) -> usize {
+        self.shared.open.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.shared.addr)

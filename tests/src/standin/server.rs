@@ -12,7 +12,8 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::server::conn::http1;
+use hyper_util::rt::TokioExecutor;
+use hyper_util::server::conn::auto;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -41,6 +42,10 @@ pub(crate) struct Shared {
     store: Mutex<Store>,
     /// Requests being served (for the overload mode).
     inflight: std::sync::atomic::AtomicUsize,
+    /// TCP connections accepted.
+    pub(crate) connections: std::sync::atomic::AtomicUsize,
+    /// TCP connections open now.
+    pub(crate) open: std::sync::atomic::AtomicUsize,
     /// Bumped after every state change (objects, requests, faults): wakes `wait_until`.
     pub(crate) changed: watch::Sender<u64>,
     pub(crate) shutdown: watch::Sender<bool>,
@@ -52,6 +57,8 @@ impl Shared {
         Shared {
             store: Mutex::new(Store::new()),
             inflight: std::sync::atomic::AtomicUsize::new(0),
+            connections: std::sync::atomic::AtomicUsize::new(0),
+            open: std::sync::atomic::AtomicUsize::new(0),
             changed: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
             addr,
@@ -69,6 +76,9 @@ impl Shared {
         r
     }
 }
+
+/// kube-apiserver's default `--http2-max-streams-per-connection`.
+pub const MAX_STREAMS: u32 = 100;
 
 /// The service error that makes hyper close the connection without a response.
 #[derive(Debug)]
@@ -104,11 +114,21 @@ pub(crate) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
+        shared
+            .connections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let shared = shared.clone();
         let mut conn_shutdown = shared.shutdown.subscribe();
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| handle(shared.clone(), req));
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+            let served = shared.clone();
+            let svc = hyper::service::service_fn(move |req| handle(served.clone(), req));
+            // HTTP/1.1 and HTTP/2 (prior knowledge) on one port, as kube-apiserver serves
+            // both (over TLS, by ALPN); at most 100 streams per HTTP/2 connection, its
+            // default `--http2-max-streams-per-connection`.
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder.http2().max_concurrent_streams(MAX_STREAMS);
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
             let mut conn = std::pin::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
@@ -117,6 +137,7 @@ pub(crate) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     let _ = conn.as_mut().await;
                 }
             }
+            shared.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         });
     }
 }
@@ -152,6 +173,7 @@ async fn handle(
             .collect(),
         status: 0,
         warnings: Vec::new(),
+        version: parts.version,
     };
     let body = match Limited::new(body, MAX_BODY).collect().await {
         Ok(c) => c.to_bytes(),

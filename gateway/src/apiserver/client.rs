@@ -1,0 +1,144 @@
+//! The HTTP stack under the gateway's kube-rs clients: HTTP/2 to kube-apiserver, as every
+//! kubelet speaks it.
+//!
+//! client-go (and so kubelet) talks to kube-apiserver over one TLS connection with HTTP/2,
+//! multiplexing every request on it. kube-rs' own client speaks HTTP/1.1 only (kube-rs
+//! issue #1923: its upgrade calls — exec, attach, port-forward — need HTTP/1.1), so
+//! concurrent requests each take a connection: a gateway writing for thousands of nodes
+//! held hundreds. The gateway makes no upgrade calls, so it builds the client from the same
+//! parts kube-rs does ([`kube::client::ConfigExt`]: the base URI, authentication and extra
+//! header layers, the rustls connector from the kubeconfig) on a hyper client with HTTP/2
+//! enabled:
+//!
+//! - over TLS, ALPN offers `h2` then `http/1.1`, and the server's choice is used (a server
+//!   that offers only HTTP/1.1 gets HTTP/1.1);
+//! - over plain `http://` (the stand-in apiserver of the tests; kube-apiserver has served
+//!   no insecure port since 1.20) HTTP/2 with prior knowledge;
+//! - HTTP/2 keepalive PINGs every [`PING_INTERVAL`] (30 s) even when idle, a connection
+//!   whose PING is not answered within [`PING_TIMEOUT`] (15 s) is closed: client-go's
+//!   `ReadIdleTimeout` and `PingTimeout` (`staging/src/k8s.io/client-go/transport/
+//!   transport.go` via `golang.org/x/net/http2`), so a dead connection behind a load
+//!   balancer is noticed;
+//! - the server's `SETTINGS_MAX_CONCURRENT_STREAMS` (kube-apiserver: 100 by default,
+//!   `--http2-max-streams-per-connection`) is respected by h2: a request beyond it waits
+//!   for a stream to free up on the connection, it is never refused for it;
+//! - with [`HttpVersion::Http1`] (or a server without HTTP/2) at most [`MAX_IDLE_HTTP1`]
+//!   idle connections are kept.
+//!
+//! What kube-rs' default stack adds and this one leaves out: its tracing span per request
+//! (the gateway times requests itself, [`super::requests`]), gzip (not enabled), HTTP
+//! proxies (`proxy_url` is refused, see [`http_client`]) and `valid_until` of exec
+//! credential plugins (the gateway runs with a service account token, which the auth layer
+//! re-reads).
+
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kube::client::{Body, ConfigExt as _};
+use tower::{BoxError, Service, ServiceBuilder};
+
+/// HTTP/2 PING interval on an idle connection (client-go's `ReadIdleTimeout`).
+pub const PING_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a PING may go unanswered before the connection is closed (client-go's
+/// `PingTimeout`).
+pub const PING_TIMEOUT: Duration = Duration::from_secs(15);
+/// Idle HTTP/1.1 connections kept per apiserver (HTTP/2 needs one).
+pub const MAX_IDLE_HTTP1: usize = 16;
+
+/// Which HTTP the gateway's clients speak to kube-apiserver (`--apiserver-http`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HttpVersion {
+    /// HTTP/2 where the server speaks it (see the module docs), else HTTP/1.1.
+    #[default]
+    Http2,
+    /// HTTP/1.1 only: a connection per request in flight, [`MAX_IDLE_HTTP1`] kept idle.
+    Http1,
+}
+
+impl std::str::FromStr for HttpVersion {
+    type Err = String;
+
+    /// `2` (or `http2`) and `1.1` (or `http1`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "2" | "http2" => Ok(Self::Http2),
+            "1.1" | "http1" => Ok(Self::Http1),
+            other => Err(format!("{other:?}: use 2 or 1.1")),
+        }
+    }
+}
+
+/// The service a kube-rs [`kube::client::ClientBuilder`] is built on: requests with
+/// `config`'s base URI, authentication and extra headers, over a hyper client speaking
+/// `version` (see the module docs), connecting within `config.connect_timeout`.
+///
+/// Errors: kube's error for TLS material it cannot use ([`kube::Error::RustlsTls`]) or an
+/// authentication it cannot set up; [`kube::Error::ProxyProtocolDisabled`] for a
+/// `proxy_url` (this stack has no proxy support); [`kube::Error::Service`] for a
+/// `tls_server_name` that is no DNS name.
+pub fn http_client(
+    config: kube::Config,
+    version: HttpVersion,
+) -> Result<
+    impl Service<
+        Request<Body>,
+        Response = Response<hyper::body::Incoming>,
+        Error = BoxError,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static,
+    kube::Error,
+> {
+    if let Some(proxy_url) = &config.proxy_url {
+        return Err(kube::Error::ProxyProtocolDisabled {
+            proxy_url: Box::new(proxy_url.clone()),
+            protocol_feature: "the gateway's own HTTP/2 client (no proxy support)",
+        });
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(config.connect_timeout);
+    let tls = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config.rustls_client_config()?)
+        .https_or_http();
+    let tls = match &config.tls_server_name {
+        Some(name) => tls.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
+            name.clone()
+                .try_into()
+                .map_err(|e| kube::Error::Service(Box::new(e)))?,
+        )),
+        None => tls,
+    };
+    let connector = match version {
+        HttpVersion::Http2 => tls.enable_http1().enable_http2().wrap_connector(http),
+        HttpVersion::Http1 => tls.enable_http1().wrap_connector(http),
+    };
+    let mut builder = Client::builder(TokioExecutor::new());
+    // HTTP/2 PINGs and idle-connection expiry run on tokio's timer.
+    builder
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .pool_max_idle_per_host(MAX_IDLE_HTTP1);
+    if version == HttpVersion::Http2 {
+        builder
+            .http2_keep_alive_interval(PING_INTERVAL)
+            .http2_keep_alive_timeout(PING_TIMEOUT)
+            .http2_keep_alive_while_idle(true);
+        // Without TLS there is no ALPN to agree on HTTP/2: prior knowledge.
+        if config.cluster_url.scheme() == Some(&http::uri::Scheme::HTTP) {
+            builder.http2_only(true);
+        }
+    }
+    let client: Client<_, Body> = builder.build(connector);
+    Ok(ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(client))
+}
