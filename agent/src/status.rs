@@ -527,6 +527,10 @@ impl ComputedStatus {
 /// so 64 covers hours of an outage; a board cut off longer keeps the latest.
 pub const JOURNAL_ENTRIES: usize = pb::MAX_JOURNAL_ENTRIES;
 
+/// Oldest transition the journal keeps, [`pb::MAX_JOURNAL_AGE`] (30 days): older ones are
+/// dropped (and counted), as the gateway would refuse them.
+pub const JOURNAL_MAX_AGE: Duration = pb::MAX_JOURNAL_AGE;
+
 /// The condition transitions this agent has computed and not yet had written
 /// (`StatusReport.journal`), oldest first, on the boot clock: normally the one a report is
 /// about to carry, and while the link is down every transition made meanwhile, so the
@@ -545,6 +549,9 @@ impl Journal {
     /// Records every condition of `after` whose status differs from the same type's in
     /// `before` (a type new in `after` is no transition: the whole status carries it).
     pub fn observe(&mut self, before: &ComputedStatus, after: &ComputedStatus) {
+        if let Some(now) = after.conditions.iter().map(|c| c.last_transition).max() {
+            self.forget_older_than(now);
+        }
         for c in &after.conditions {
             let changed = before
                 .conditions
@@ -588,8 +595,22 @@ impl Journal {
                 status: c.status.as_str().to_owned(),
                 reason: c.reason.as_str().to_owned(),
                 message: c.message.clone(),
+                boot_ms: u64::try_from(c.last_transition.as_millis()).unwrap_or(u64::MAX),
             })
             .collect()
+    }
+
+    /// Forgets transitions more than [`JOURNAL_MAX_AGE`] before `now` (boot clock): the
+    /// gateway would not take them.
+    fn forget_older_than(&mut self, now: Duration) {
+        while self
+            .entries
+            .front()
+            .is_some_and(|c| now.saturating_sub(c.last_transition) > JOURNAL_MAX_AGE)
+        {
+            self.entries.pop_front();
+            self.dropped += 1;
+        }
     }
 
     /// Forgets the oldest `count` transitions: a report carrying them was written.

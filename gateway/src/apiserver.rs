@@ -477,17 +477,16 @@ pub fn watch_client_with(
     // No read timeout either way: the stack below has none (a watch is quiet while nothing
     // changes); HTTP/2 PINGs find a dead connection.
     let namespace = config.default_namespace.clone();
-    let service = client::http_client(config, version)?;
-    Ok(
-        kube::client::ClientBuilder::new(service, namespace)
-            .with_layer(&requests.layer())
-            .build(),
-    )
+    let service = client::http_client(config, version, false)?;
+    Ok(kube::client::ClientBuilder::new(service, namespace)
+        .with_layer(&requests.layer())
+        .build())
 }
 
-/// Builds the kube-rs client the gateway writes with: `config` with a 10 s write timeout
-/// and no connection read timeout (each call is bounded to 10 s as a whole instead, kubelet's
-/// heartbeat client timeout, see the module docs), kube's own 429/5xx retries off, and, when
+/// Builds the kube-rs client the gateway writes with, over HTTP/2 with Lease calls on a
+/// connection of their own ([`client`]): no connection read or write timeout (each call
+/// is bounded to 10 s as a whole instead, kubelet's heartbeat client timeout, see the
+/// module docs), no retries inside the client, and, when
 /// `qps` is not 0, a client-side rate limit of `qps` requests per second (tower
 /// `RateLimitLayer`). The default is 0: kubelet's heartbeat client has no client-side limit
 /// (`cmd/kubelet/app/server.go`), and a fixed rate shared by a whole fleet expires nodes
@@ -523,9 +522,9 @@ pub fn kube_client_with(
     version: client::HttpVersion,
 ) -> Result<kube::Client, kube::Error> {
     let namespace = config.default_namespace.clone();
-    let service = client::http_client(config, version)?;
-    let builder = kube::client::ClientBuilder::new(service, namespace)
-        .with_layer(&requests.layer());
+    let service = client::http_client(config, version, true)?;
+    let builder =
+        kube::client::ClientBuilder::new(service, namespace).with_layer(&requests.layer());
     Ok(if qps == 0 {
         builder.build()
     } else {

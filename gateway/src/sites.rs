@@ -53,7 +53,10 @@
 //! that start ([`event_name`]), so the second replica's POST is refused with 409 and its
 //! condition patch changes nothing. One partition is one Event, whatever the replica count.
 //! A bridged site's partition begins at the site's last renewal before its bridge went
-//! down, which every replica's watch holds alike by the time the broker notices.
+//! down, which every replica's watch holds alike by the time the broker notices (1.5 ×
+//! the bridge's keepalive after the cut). What may differ between replicas is only text:
+//! the time in a recovery Event's message is each replica's own look (the first POST
+//! wins), and the `False` of a node found dead after its site returned.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -173,8 +176,9 @@ impl Cause {
 pub struct Partition {
     /// How it was found.
     pub cause: Cause,
-    /// The last renewal of the first of its nodes to go silent: when the site was last heard
-    /// whole.
+    /// When the site was last heard whole: for [`Cause::Silent`] the last renewal of the
+    /// first of its nodes to go silent, for [`Cause::UplinkDown`] the site's last renewal
+    /// before its bridge went down.
     pub since: Timestamp,
     /// The nodes that went silent with it.
     pub nodes: Vec<Box<str>>,

@@ -84,9 +84,13 @@ pub mod codec {
 /// path (gRPC max message size, MQTT max packet size) uses this value.
 pub const MAX_AGENT_MESSAGE_BYTES: usize = 64 * 1024;
 
-/// Most entries of `StatusReport.journal` (64): the agent keeps no more, the gateway refuses
-/// a report with more.
+/// Most entries of `StatusReport.journal` (64): the agent keeps no more, the gateway takes
+/// the newest 64 of a longer one.
 pub const MAX_JOURNAL_ENTRIES: usize = 64;
+
+/// Oldest transition a journal carries (30 days before its message): the agent drops
+/// older ones, the gateway skips them.
+pub const MAX_JOURNAL_AGE: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
 /// A NodeCondition type edgebeat reports (`k8s.io/api/core/v1` `NodeConditionType`):
 /// kubelet's four ([`NodeConditionType::KUBELET`]) and the agent's health conditions

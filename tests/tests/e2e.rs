@@ -687,7 +687,15 @@ async fn node_set_unknown_during_an_outage_is_ready_again_within_seconds(transpo
         .iter()
         .filter(|r| r.method == Method::GET && r.path == "/api/v1/nodes/rpi4-edge-01")
         .count();
-    assert_eq!(node_gets, 0, "the watch, not a read, brought the Unknown");
+    assert_eq!(
+        node_gets,
+        0,
+        "the watch, not a read, brought the Unknown: {:?}",
+        cluster.standin.requests()[outage..]
+            .iter()
+            .map(|r| format!("{} {} {}", r.method, r.path, r.status))
+            .collect::<Vec<_>>()
+    );
 }
 
 /// `kubectl delete node` decommissions the machine: the gateway tells the agent, which

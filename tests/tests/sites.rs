@@ -390,7 +390,9 @@ async fn a_site_behind_a_cut_veth_is_marked_within_the_bridge_keepalive() {
     .unwrap();
     // Three boards in the site, the real agent binary in the namespace.
     let dir = tempfile::tempdir().unwrap();
-    let hosts: Vec<_> = (0..3).map(|_| fixture_copy("rpi4-cgroup1").unwrap()).collect();
+    let hosts: Vec<_> = (0..3)
+        .map(|_| fixture_copy("rpi4-cgroup1").unwrap())
+        .collect();
     let behind = names("plant-v", 3);
     let mut agents = Vec::new();
     for (name, host) in behind.iter().zip(&hosts) {
@@ -441,7 +443,11 @@ async fn a_site_behind_a_cut_veth_is_marked_within_the_bridge_keepalive() {
             })
             .await
             .unwrap();
-        assert_eq!(events(&cluster, REASON_UPLINK_DOWN).len(), cut, "one Event per cut");
+        assert_eq!(
+            events(&cluster, REASON_UPLINK_DOWN).len(),
+            cut,
+            "one Event per cut"
+        );
     }
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];

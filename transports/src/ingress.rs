@@ -157,7 +157,8 @@ pub trait Handler: Send + Sync + 'static {
 
     /// The uplink of `site` (a zone, or `region/zone`) is `up` or down, as the site
     /// broker's bridge notifications say (MQTT: `P/sites/{site}/uplink`, see
-    /// [`crate::mqtt::uplink_topic`]). Called in arrival order, for the retained state
+    /// [`crate::mqtt::uplink_topic`]; a retained state cleared counts as up). Called in
+    /// arrival order, for the retained state
     /// when the ingress subscribes and for every change after; must not block. The default
     /// ignores it.
     fn site_uplink(&self, site: &str, up: bool) {

@@ -22,8 +22,18 @@
 //! - the server's `SETTINGS_MAX_CONCURRENT_STREAMS` (kube-apiserver: 100 by default,
 //!   `--http2-max-streams-per-connection`) is respected by h2: a request beyond it waits
 //!   for a stream to free up on the connection, it is never refused for it;
+//! - Lease calls have a connection of their own, as kubelet's `heartbeatClient` has its own
+//!   transport (`cmd/kubelet/app/server.go`): the writes of Nodes, status and Events, up
+//!   to half of `--max-inflight`, can fill a connection's 100 streams, but never hold up a
+//!   renewal (see [`http_client`]);
+//! - a connection is established (TCP and TLS) within `connect_timeout` (default
+//!   [`CONNECT_TIMEOUT`]);
 //! - with [`HttpVersion::Http1`] (or a server without HTTP/2) at most [`MAX_IDLE_HTTP1`]
 //!   idle connections are kept.
+//!
+//! One HTTP/2 connection stays on the apiserver instance it reached: behind a load
+//! balancer, kube-apiserver's `--goaway-chance` is what spreads long-lived clients, as it
+//! does kubelets.
 //!
 //! What kube-rs' default stack adds and this one leaves out: its tracing span per request
 //! (the gateway times requests itself, [`super::requests`]), gzip (not enabled), HTTP
@@ -45,8 +55,11 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a PING may go unanswered before the connection is closed (client-go's
 /// `PingTimeout`).
 pub const PING_TIMEOUT: Duration = Duration::from_secs(15);
-/// Idle HTTP/1.1 connections kept per apiserver (HTTP/2 needs one).
-pub const MAX_IDLE_HTTP1: usize = 16;
+/// Idle HTTP/1.1 connections kept per apiserver (HTTP/2 needs one): the gateway's default
+/// `--max-inflight`, so a steady load does not dial afresh.
+pub const MAX_IDLE_HTTP1: usize = 256;
+/// Time to establish a connection, TCP and TLS, when the kubeconfig sets none.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Which HTTP the gateway's clients speak to kube-apiserver (`--apiserver-http`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -73,7 +86,9 @@ impl std::str::FromStr for HttpVersion {
 
 /// The service a kube-rs [`kube::client::ClientBuilder`] is built on: requests with
 /// `config`'s base URI, authentication and extra headers, over a hyper client speaking
-/// `version` (see the module docs), connecting within `config.connect_timeout`.
+/// `version` (see the module docs), connecting within `config.connect_timeout`. With
+/// `lease_connection`, calls on `leases` go over a pool (a connection, with HTTP/2) of
+/// their own.
 ///
 /// Errors: kube's error for TLS material it cannot use ([`kube::Error::RustlsTls`]) or an
 /// authentication it cannot set up; [`kube::Error::ProxyProtocolDisabled`] for a
@@ -82,6 +97,7 @@ impl std::str::FromStr for HttpVersion {
 pub fn http_client(
     config: kube::Config,
     version: HttpVersion,
+    lease_connection: bool,
 ) -> Result<
     impl Service<
         Request<Body>,
@@ -102,7 +118,6 @@ pub fn http_client(
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
-    http.set_connect_timeout(config.connect_timeout);
     let tls = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(config.rustls_client_config()?)
         .https_or_http();
@@ -118,6 +133,19 @@ pub fn http_client(
         HttpVersion::Http2 => tls.enable_http1().enable_http2().wrap_connector(http),
         HttpVersion::Http1 => tls.enable_http1().wrap_connector(http),
     };
+    // TCP and TLS together.
+    let connect_timeout = config.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
+    let connector = tower::service_fn(move |uri: http::Uri| {
+        let connecting = tower::ServiceExt::oneshot(connector.clone(), uri);
+        Box::pin(async move {
+            match tokio::time::timeout(connect_timeout, connecting).await {
+                Ok(connected) => connected,
+                Err(_) => {
+                    Err(format!("connecting to the apiserver took over {connect_timeout:?}").into())
+                }
+            }
+        })
+    });
     let mut builder = Client::builder(TokioExecutor::new());
     // HTTP/2 PINGs and idle-connection expiry run on tokio's timer.
     builder
@@ -134,11 +162,50 @@ pub fn http_client(
             builder.http2_only(true);
         }
     }
-    let client: Client<_, Body> = builder.build(connector);
+    let rest: Client<_, Body> = builder.build(connector.clone());
+    let leases = match lease_connection {
+        // Another client, so another pool.
+        true => builder.build(connector),
+        false => rest.clone(),
+    };
     Ok(ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
-        .service(client))
+        .service(ByResource { leases, rest }))
+}
+
+/// Calls on `leases` (the path names them: `/apis/coordination.k8s.io/v1/…/leases…`) to
+/// `leases`, the others to `rest`. Both are ready at all times (hyper clients queue in
+/// their pools).
+#[derive(Clone)]
+struct ByResource<S> {
+    leases: S,
+    rest: S,
+}
+
+impl<S> Service<Request<Body>> for ByResource<S>
+where
+    S: Service<Request<Body>> + Clone,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = tower::util::Oneshot<S, Request<Body>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let service = if request.uri().path().contains("/leases") {
+            self.leases.clone()
+        } else {
+            self.rest.clone()
+        };
+        tower::ServiceExt::oneshot(service, request)
+    }
 }

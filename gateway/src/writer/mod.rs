@@ -33,8 +33,11 @@ use crate::patch;
 use crate::patch::MANAGED_LABEL;
 use crate::view::{ApiserverView, NodeRecord};
 
+mod journal;
 mod lease;
 mod register;
+use journal::Timed;
+pub use journal::{LATE, usable};
 pub use lease::LeaseState;
 
 /// [`Answer::Retry`]: not written now, `reason` for the agent's log.
@@ -90,104 +93,6 @@ pub fn validate_status(status: &pb::NodeStatus) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks `StatusReport.journal`: at most [`pb::MAX_JOURNAL_ENTRIES`] transitions, each of a
-/// type an agent reports, `True` or `False`, with a reason, texts at most
-/// [`crate::restriction::MAX_TEXT_BYTES`], no older than [`MAX_JOURNAL_AGE`].
-///
-/// Errors: a message naming the offending entry.
-pub fn validate_journal(journal: &[pb::ConditionTransition]) -> Result<(), String> {
-    if journal.len() > pb::MAX_JOURNAL_ENTRIES {
-        return Err(format!(
-            "malformed: journal has {} entries > {}",
-            journal.len(),
-            pb::MAX_JOURNAL_ENTRIES
-        ));
-    }
-    for (i, t) in journal.iter().enumerate() {
-        let why = if !patch::KnownConditions::reportable(&t.r#type) {
-            "a type kubelet or edgebeat does not report"
-        } else if t.status != "True" && t.status != "False" {
-            "a status other than True or False"
-        } else if t.reason.is_empty() {
-            "no reason"
-        } else if t.reason.len().max(t.message.len()) > crate::restriction::MAX_TEXT_BYTES {
-            "an oversized reason or message"
-        } else if u128::from(t.ms_ago) > MAX_JOURNAL_AGE.as_millis() {
-            "a time older than the journal keeps"
-        } else {
-            continue;
-        };
-        return Err(format!(
-            "malformed: journal entry {i} ({}) has {why}",
-            t.r#type
-        ));
-    }
-    Ok(())
-}
-
-/// Oldest transition a journal may carry: 30 days before its report.
-pub const MAX_JOURNAL_AGE: Duration = Duration::from_secs(30 * 86_400);
-
-/// A report later than this after its transition says so in the transition's event: the
-/// node's link was down or failing (a report goes out at the computation that saw the
-/// transition, and its retries within one 10 s tick fit inside).
-pub const LATE: SignedDuration = SignedDuration::from_secs(10);
-
-/// One journal entry on the gateway clock: the transition at `at` (receipt − `ms_ago`).
-struct Timed<'a> {
-    entry: &'a pb::ConditionTransition,
-    at: Timestamp,
-}
-
-/// How close to the held `lastTransitionTime` (whole seconds) a journal transition counts as
-/// the one already recorded: the second it was truncated to, plus the jitter of mapping a
-/// resent transition onto the clock again.
-const RECORDED_WITHIN: SignedDuration = SignedDuration::from_secs(1);
-
-/// The journal mapped onto the gateway clock at `now` (the report's receipt), without the
-/// transitions already recorded: those no later than their condition's `lastTransitionTime`
-/// in `held` (plus [`RECORDED_WITHIN`]) while it holds True or False, which a Register, another replica or an earlier
-/// attempt of the same report wrote. So a journal sent twice records its events once.
-fn timed<'a>(
-    journal: &'a [pb::ConditionTransition],
-    now: Timestamp,
-    held: &patch::KnownConditions,
-) -> Vec<Timed<'a>> {
-    journal
-        .iter()
-        .map(|entry| Timed {
-            entry,
-            at: now
-                .checked_sub(SignedDuration::from_millis(
-                    i64::try_from(entry.ms_ago).unwrap_or(i64::MAX),
-                ))
-                .unwrap_or(now),
-        })
-        .filter(|t| {
-            // The controller's Unknown (written while the node was away) records nothing of
-            // the node's own.
-            held.get(&t.entry.r#type).is_none_or(|k| {
-                k.status == patch::HeldStatus::Unknown || t.at > k.last_transition + RECORDED_WITHIN
-            })
-        })
-        .collect()
-}
-
-/// Sets each condition's `lastTransitionTime` to the true time of its last transition in
-/// `journal`, when that transition is to the status being written (a report made after an
-/// outage says when things happened, not when they were heard of).
-fn journal_transitions(
-    conditions: &mut [k8s_openapi::api::core::v1::NodeCondition],
-    journal: &[Timed<'_>],
-) {
-    for c in conditions {
-        let last = journal.iter().rev().find(|t| t.entry.r#type == c.type_);
-        if let Some(t) = last.filter(|t| t.entry.status == c.status) {
-            c.last_transition_time = Some(Time(patch::whole_seconds(t.at)));
-        }
-    }
-}
-
 /// kubelet's event for a condition of `type_` that is written with `status` where the
 /// apiserver held `before` (`None`: the condition is new): the setters of
 /// `pkg/kubelet/nodestatus/setters.go` record one on every status change, and for a new
@@ -239,14 +144,13 @@ fn transition_reason(type_: &str, status: &str) -> Option<&'static str> {
     })
 }
 
-/// `d` as kubectl prints ages: `4m12s`, `2h5m`, `45s`.
-fn human(d: SignedDuration) -> String {
-    let s = d.as_secs().max(0);
-    match (s / 3600, s % 3600 / 60, s % 60) {
-        (0, 0, s) => format!("{s}s"),
-        (0, m, s) => format!("{m}m{s}s"),
-        (h, m, _) => format!("{h}h{m}m"),
-    }
+/// `status.nodeInfo.bootID` of a reported status (empty when absent).
+pub(crate) fn boot_id_of(status: &pb::NodeStatus) -> &str {
+    status
+        .node_info
+        .as_ref()
+        .map(|i| i.boot_id.as_str())
+        .unwrap_or_default()
 }
 
 /// Whether a status write records kubelet's `Rebooted` event for a changed boot ID.
@@ -414,12 +318,36 @@ impl Writer {
                 message.push_str(&format!(
                     " (at {}{}; reported {} later, after the node's link was down)",
                     patch::whole_seconds(t.at),
-                    lasted.map_or(String::new(), |d| format!(", for {}", human(d))),
-                    human(late),
+                    lasted.map_or(String::new(), |d| format!(", for {}", journal::human(d))),
+                    journal::human(late),
                 ));
             }
-            self.event(name, kind, &reason, message, t.at).await;
+            let mut event = patch::node_event(name, kind, &reason, message, t.at, 0);
+            event.metadata.name = Some(t.name.clone());
+            match self.api.create_event(name, &event).await {
+                Ok(_) => {}
+                // Recorded already: by another replica, or for an earlier send.
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(error) => {
+                    tracing::warn!(node = name, reason, %error, "could not record event");
+                }
+            }
         }
+    }
+
+    /// The entries of `journal` to take ([`usable`]); the others are counted as `invalid`
+    /// and logged.
+    pub(crate) fn usable_journal<'a>(
+        &self,
+        name: &str,
+        journal: &'a [pb::ConditionTransition],
+    ) -> Vec<&'a pb::ConditionTransition> {
+        let (taken, skipped) = usable(journal);
+        for why in skipped {
+            self.counters.count_rejection(RejectReason::Invalid);
+            tracing::warn!(node = name, %why, "journal entry skipped");
+        }
+        taken
     }
 
     /// kubelet `patchNodeStatus`: strategic-merge PATCH of `nodes/{name}/status`, with the
@@ -431,6 +359,7 @@ impl Writer {
         status: Option<&pb::NodeStatus>,
         journal: &[pb::ConditionTransition],
     ) -> Answer {
+        let journal = self.usable_journal(name, journal);
         let Some(status) = status else {
             return self.reject(
                 RejectReason::Malformed,
@@ -439,7 +368,6 @@ impl Writer {
         };
         if let Err(why) = validate_status(status)
             .and_then(|()| crate::restriction::validate_status_limits(status))
-            .and_then(|()| validate_journal(journal))
         {
             return self.reject(RejectReason::Invalid, why);
         }
@@ -448,7 +376,7 @@ impl Writer {
             Err(answer) => return answer,
         };
         let now = self.now();
-        let journal = timed(journal, now, &held.conditions);
+        let journal = journal::timed(&journal, now, &held.conditions, name, boot_id_of(status));
         self.write_status(w, name, status, &held, now, Reboot::Ignore, &journal)
             .await
     }
@@ -517,7 +445,7 @@ impl Writer {
         journal: &[Timed<'_>],
     ) -> Answer {
         let mut conditions = patch::conditions(status, now, &held.conditions);
-        journal_transitions(&mut conditions, journal);
+        journal::transitions(&mut conditions, journal, &held.conditions);
         // A health condition the agent no longer reports (turned off, or its signal gone
         // from the host) is deleted rather than left to look current.
         let dropped = NodeConditionType::HEALTH

@@ -30,10 +30,10 @@ impl Writer {
         if let Err(why) = validate_status(status)
             .and_then(|()| crate::restriction::validate_status_limits(status))
             .and_then(|()| pb::registration::validate_register(register))
-            .and_then(|()| validate_journal(&register.journal))
         {
             return self.reject(RejectReason::Invalid, why);
         }
+        let usable = self.usable_journal(name, &register.journal);
         let new_boot = status
             .node_info
             .as_ref()
@@ -70,7 +70,11 @@ impl Writer {
             }
         } else {
             let before = known.map(|k| k.conditions).unwrap_or_default();
-            let conditions = patch::conditions(status, now, &before);
+            let mut conditions = patch::conditions(status, now, &before);
+            // Transitions made before the Node ever existed (its link was down from the
+            // start) keep their times too.
+            let journal = journal::timed(&usable, now, &before, name, new_boot);
+            journal::transitions(&mut conditions, &journal, &before);
             let node = patch::initial_node(name, register, patch::node_status(status, conditions));
             match self.api.create_node(&node).await {
                 Ok(created) => {
@@ -78,7 +82,8 @@ impl Writer {
                     w.registered = true;
                     self.counters.registrations.inc();
                     tracing::info!(node = name, "registered node");
-                    self.start_events(name, status, &register.journal, now)
+                    self.start_events(name, status, &usable, now).await;
+                    self.journal_events(&NodeRecord::default(), now, name, &journal)
                         .await;
                     return registered;
                 }
@@ -101,7 +106,9 @@ impl Writer {
             return retry(format!("reconciling hugepages: {e}"));
         }
         let held = NodeRecord::of(&existing);
-        // The boot time, from the agent's uptime on this replica's clock.
+        // The boot time, from the agent's uptime on this replica's clock; an uptime that
+        // puts it before the last transition the old boot wrote is not believed.
+        let old_boot_seen = held.conditions.iter().map(|(_, k)| k.last_transition).max();
         let reboot = Reboot::Record {
             booted: (register.uptime_ms > 0)
                 .then(|| {
@@ -110,9 +117,10 @@ impl Writer {
                     ))
                     .ok()
                 })
-                .flatten(),
+                .flatten()
+                .filter(|booted| old_boot_seen.is_none_or(|seen| *booted >= seen)),
         };
-        let journal = timed(&register.journal, now, &held.conditions);
+        let journal = journal::timed(&usable, now, &held.conditions, name, boot_id_of(status));
         let new_boot = held.boot_id.as_deref().is_some_and(|b| b != new_boot);
         // A board's agent starts with its boot: its start events belong there.
         let started = match reboot {
@@ -138,8 +146,7 @@ impl Writer {
         w.registered = true;
         self.counters.registrations.inc();
         if !register.registration_completed {
-            self.start_events(name, status, &register.journal, started)
-                .await;
+            self.start_events(name, status, &usable, started).await;
         }
         registered
     }
@@ -152,20 +159,25 @@ impl Writer {
     /// `pkg/kubelet/kubelet_node_status.go`). Recorded once per agent process (not for a
     /// `Register` with `registration_completed`). Each is of the status the condition had
     /// at the start: the one before its first transition in `journal`, when it has one
-    /// (the transitions themselves are recorded by the status write), stamped `at`.
+    /// (the transitions themselves are recorded with the status write), stamped `at`. A
+    /// health condition with transitions records none here: its event's reason is the
+    /// condition's own, known only for the status it has now.
     pub(super) async fn start_events(
         &self,
         name: &str,
         status: &pb::NodeStatus,
-        journal: &[pb::ConditionTransition],
+        journal: &[&pb::ConditionTransition],
         at: Timestamp,
     ) {
         for c in &status.conditions {
             let first = journal.iter().find(|t| t.r#type == c.r#type);
+            let kubelets =
+                NodeConditionType::from_name(&c.r#type).is_some_and(NodeConditionType::is_kubelets);
             let at_start = match first.map(|t| t.status.as_str()) {
+                None => c.status.as_str(),
+                Some(_) if !kubelets => continue,
                 Some("True") => "False",
                 Some(_) => "True",
-                None => c.status.as_str(),
             };
             if let Some((kind, reason)) = condition_event(&c.r#type, at_start, &c.reason, None) {
                 self.condition_event(name, kind, &reason, at).await;

@@ -208,6 +208,10 @@ pub struct ConditionTransition {
     pub reason: ::prost::alloc::string::String,
     #[prost(string, tag = "5")]
     pub message: ::prost::alloc::string::String,
+    /// When it happened on the agent's boot clock (milliseconds since boot): with the boot
+    /// ID it names the transition, so every replica and every resend records it once.
+    #[prost(uint64, tag = "6")]
+    pub boot_ms: u64,
 }
 /// One node Lease renewal (every nodeLeaseDurationSeconds × 0.25). renewTime is stamped by
 /// the gateway clock, never taken from the agent.

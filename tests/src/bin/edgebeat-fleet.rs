@@ -962,10 +962,7 @@ async fn main() -> anyhow::Result<()> {
         summary.insert(k.to_owned(), v);
     };
     put("nodes", args.nodes.to_string());
-    put(
-        "apiserver_connections_max",
-        apiserver_conns_max.to_string(),
-    );
+    put("apiserver_connections_max", apiserver_conns_max.to_string());
     put(
         "apiserver_connections_accepted",
         standin.connections().to_string(),

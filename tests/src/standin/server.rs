@@ -13,8 +13,8 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioExecutor;
-use hyper_util::server::conn::auto;
 use hyper_util::rt::TokioIo;
+use hyper_util::server::conn::auto;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
@@ -117,7 +117,9 @@ pub(crate) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         shared
             .connections
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        shared.open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared
+            .open
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let shared = shared.clone();
         let mut conn_shutdown = shared.shutdown.subscribe();
         tokio::spawn(async move {
@@ -137,7 +139,9 @@ pub(crate) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     let _ = conn.as_mut().await;
                 }
             }
-            shared.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            shared
+                .open
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         });
     }
 }

@@ -104,7 +104,7 @@ pub const REJECT_CERTIFICATE: Rejection = Rejection {
 /// `region/zone` of label values.
 pub const REJECT_UPLINK: Rejection = Rejection {
     reason: RejectReason::Malformed,
-    detail: "site uplink notification is not 0 or 1",
+    detail: "site uplink notification: not 0 or 1, or not a zone",
 };
 
 /// Headroom above `max_packet_bytes` for the PUBLISH header (topic, properties) in the
@@ -563,7 +563,7 @@ enum Inbound<'t> {
     /// `node`'s certificate chain (`P/certificates/{node}`).
     Certificate { node: &'t str },
     /// A site bridge's notification (`P/sites/{site}/uplink`): `Some(up)`, or `None` for
-    /// an empty payload (a retained state cleared: nothing known).
+    /// an empty payload (a retained state cleared: taken as up).
     Uplink { site: &'t str, up: Option<bool> },
     /// A certificate request of `node` (`P/nodes/{node}/csr`), for the handler's
     /// enrollment ([`Handler::request_certificate`]).

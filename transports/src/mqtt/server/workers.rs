@@ -88,13 +88,11 @@ impl<H: Handler> Workers<H> {
                 return;
             }
             Ok(Inbound::Uplink { site, up }) => {
-                match up {
-                    Some(up) => {
-                        tracing::info!(site, up, "site uplink notification");
-                        self.handler.site_uplink(site, up);
-                    }
-                    None => tracing::debug!(site, "site uplink state cleared"),
-                }
+                // A retained state cleared (the bridge removed): nothing says the site is
+                // down any more.
+                let up = up.unwrap_or(true);
+                tracing::info!(site, up, "site uplink notification");
+                self.handler.site_uplink(site, up);
                 return;
             }
             Ok(Inbound::CertificateRequest { node }) => {
