@@ -513,7 +513,6 @@ pub async fn measure(
     keepalive: Option<std::time::Duration>,
     agent_sysctls: &[String],
 ) -> anyhow::Result<Measurement> {
-    use crate::harness::{Cluster, Transport, gateway_options, mtls_options};
     let link = Link::create()?;
     for setting in agent_sysctls {
         let (key, value) = setting.split_once('=').with_context(|| {
@@ -521,22 +520,7 @@ pub async fn measure(
         })?;
         write_sysctl(Some(NAMESPACE), key, value)?;
     }
-    let site = crate::pki::Ca::new("edgebeat site CA");
-    let cluster = match case {
-        Case::Grpc => Cluster::start(Transport::Grpc).await?,
-        Case::GrpcMtls => Cluster::start_grpc_with(mtls_options(&site), gateway_options()).await?,
-        Case::Mqtt => Cluster::start(Transport::Mqtt).await?,
-        Case::MqttTlsSigned => Cluster::start_mqtt_secure(&site, true, gateway_options()).await?,
-    };
-    let upstream: SocketAddr = match &cluster.broker {
-        Some(b) => SocketAddr::new(b.host().parse()?, b.port()),
-        None => cluster
-            .grpc_url
-            .trim_start_matches("http://")
-            .trim_start_matches("https://")
-            .parse()?,
-    };
-    let port = forward(upstream).await?;
+    let (site, cluster, port) = gateway_side(case).await?;
     let side = Side {
         link: &link,
         cluster: &cluster,
@@ -553,6 +537,34 @@ pub async fn measure(
         with_reports: side.window("link-1", report_every, window, false).await?,
         with_flip: side.window("link-2", hour, window, true).await?,
     })
+}
+
+/// The gateway side of `case` on this side of the link: a site CA, the cluster (stand-in,
+/// gateway, Mosquitto for MQTT) in the posture of `case`, and the port of a relay on
+/// [`GATEWAY_IP`] to its gRPC listener or broker.
+///
+/// Errors: the cluster did not start, or the relay could not bind (the link must exist).
+async fn gateway_side(
+    case: Case,
+) -> anyhow::Result<(crate::pki::Ca, crate::harness::Cluster, u16)> {
+    use crate::harness::{Cluster, Transport, gateway_options, mtls_options};
+    let site = crate::pki::Ca::new("edgebeat site CA");
+    let cluster = match case {
+        Case::Grpc => Cluster::start(Transport::Grpc).await?,
+        Case::GrpcMtls => Cluster::start_grpc_with(mtls_options(&site), gateway_options()).await?,
+        Case::Mqtt => Cluster::start(Transport::Mqtt).await?,
+        Case::MqttTlsSigned => Cluster::start_mqtt_secure(&site, true, gateway_options()).await?,
+    };
+    let upstream: SocketAddr = match &cluster.broker {
+        Some(b) => SocketAddr::new(b.host().parse()?, b.port()),
+        None => cluster
+            .grpc_url
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .parse()?,
+    };
+    let port = forward(upstream).await?;
+    Ok((site, cluster, port))
 }
 
 /// What a partition of the link costs when it heals ([`measure_partition`]).
@@ -598,24 +610,8 @@ pub async fn measure_partition(
     window: std::time::Duration,
     keepalive: Option<std::time::Duration>,
 ) -> anyhow::Result<Heal> {
-    use crate::harness::{Cluster, Transport, gateway_options, mtls_options};
     let link = Link::create()?;
-    let site = crate::pki::Ca::new("edgebeat site CA");
-    let cluster = match case {
-        Case::Grpc => Cluster::start(Transport::Grpc).await?,
-        Case::GrpcMtls => Cluster::start_grpc_with(mtls_options(&site), gateway_options()).await?,
-        Case::Mqtt => Cluster::start(Transport::Mqtt).await?,
-        Case::MqttTlsSigned => Cluster::start_mqtt_secure(&site, true, gateway_options()).await?,
-    };
-    let upstream: SocketAddr = match &cluster.broker {
-        Some(b) => SocketAddr::new(b.host().parse()?, b.port()),
-        None => cluster
-            .grpc_url
-            .trim_start_matches("http://")
-            .trim_start_matches("https://")
-            .parse()?,
-    };
-    let port = forward(upstream).await?;
+    let (site, cluster, port) = gateway_side(case).await?;
     let side = Side {
         link: &link,
         cluster: &cluster,

@@ -69,6 +69,26 @@ fn events(cluster: &Cluster, reason: &str) -> Vec<Event> {
         .collect()
 }
 
+/// Waits until two Event POSTs with `reason` reached the apiserver: both replicas tried to
+/// record the partition. (Polled: the request log is read outside the stand-in's change
+/// notifications.)
+async fn both_replicas_posted(cluster: &Cluster, reason: &str) {
+    wait_for("both replicas recorded the partition", DEADLINE, || {
+        cluster
+            .standin
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.method == Method::POST
+                    && r.path.ends_with("/events")
+                    && String::from_utf8_lossy(&r.body).contains(reason)
+            })
+            .count()
+            >= 2
+    })
+    .await;
+}
+
 /// Agents `names` in zone `zone`, renewing a 4 s Lease.
 fn start(
     cluster: &Cluster,
@@ -152,21 +172,7 @@ async fn a_site_cut_off_is_marked_on_its_nodes_once_and_cleared_when_it_returns(
         .unwrap();
     println!("cut to condition: {:.1} s", cut_at.elapsed().as_secs_f64());
     // Both replicas tried to record the partition; the apiserver kept one Event.
-    // (Polled: the request log is read outside the stand-in's change notifications.)
-    wait_for("both replicas recorded the partition", DEADLINE, || {
-        cluster
-            .standin
-            .requests()
-            .iter()
-            .filter(|r| {
-                r.method == Method::POST
-                    && r.path.ends_with("/events")
-                    && String::from_utf8_lossy(&r.body).contains(REASON_SILENT)
-            })
-            .count()
-            >= 2
-    })
-    .await;
+    both_replicas_posted(&cluster, REASON_SILENT).await;
     let silent = events(&cluster, REASON_SILENT);
     assert_eq!(silent.len(), 1, "{silent:?}");
     let message = silent[0].message.clone().unwrap_or_default();
@@ -297,22 +303,8 @@ async fn a_bridged_site_whose_uplink_drops_is_marked_at_once_and_cleared_when_it
     );
     // Before the Leases could tell: a 4 s lease is silent only after 2 s without renewal
     // and the rule would need a look after that. Both replicas posted the Event; the
-    // apiserver kept one. (Polled: the request log is read outside the stand-in's change
-    // notifications.)
-    wait_for("both replicas recorded the partition", DEADLINE, || {
-        cluster
-            .standin
-            .requests()
-            .iter()
-            .filter(|r| {
-                r.method == Method::POST
-                    && r.path.ends_with("/events")
-                    && String::from_utf8_lossy(&r.body).contains(REASON_UPLINK_DOWN)
-            })
-            .count()
-            >= 2
-    })
-    .await;
+    // apiserver kept one.
+    both_replicas_posted(&cluster, REASON_UPLINK_DOWN).await;
     let down = events(&cluster, REASON_UPLINK_DOWN);
     assert_eq!(down.len(), 1, "{down:#?}");
     let message = down[0].message.clone().unwrap_or_default();
