@@ -69,6 +69,27 @@ fn events(cluster: &Cluster, reason: &str) -> Vec<Event> {
         .collect()
 }
 
+/// Waits until every one of `nodes` carries `SiteUnreachable` False (`SiteReachable`) and
+/// the site's return is recorded as an Event.
+async fn returned(cluster: &Cluster, nodes: &[String]) {
+    cluster
+        .standin
+        .wait_until(DEADLINE, "every node of the site reachable again", |v| {
+            nodes.iter().all(|n| is(v, n, "False", REASON_REACHABLE))
+        })
+        .await
+        .unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "the return recorded", |v| {
+            v.events()
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(REASON_REACHABLE))
+        })
+        .await
+        .unwrap();
+}
+
 /// Waits until two Event POSTs with `reason` reached the apiserver: both replicas tried to
 /// record the partition. (Polled: the request log is read outside the stand-in's change
 /// notifications.)
@@ -185,22 +206,7 @@ async fn a_site_cut_off_is_marked_on_its_nodes_once_and_cleared_when_it_returns(
 
     // The link returns: the agents come back, each node's condition clears.
     let a = start(&cluster, host.path(), "plant-a", &cut);
-    cluster
-        .standin
-        .wait_until(DEADLINE, "every node of plant-a reachable again", |v| {
-            cut.iter().all(|n| is(v, n, "False", REASON_REACHABLE))
-        })
-        .await
-        .unwrap();
-    cluster
-        .standin
-        .wait_until(DEADLINE, "the return recorded", |v| {
-            v.events()
-                .iter()
-                .any(|e| e.reason.as_deref() == Some(REASON_REACHABLE))
-        })
-        .await
-        .unwrap();
+    returned(&cluster, &cut).await;
     let back = events(&cluster, REASON_REACHABLE);
     assert_eq!(back.len(), 1, "{back:#?}");
     let silent: Vec<_> = events(&cluster, REASON_SILENT)
@@ -320,22 +326,7 @@ async fn a_bridged_site_whose_uplink_drops_is_marked_at_once_and_cleared_when_it
 
     // The uplink returns: the bridge says `1`, the agents renew through it again.
     site.restart().await.unwrap();
-    cluster
-        .standin
-        .wait_until(DEADLINE, "every node of plant-m reachable again", |v| {
-            bridged.iter().all(|n| is(v, n, "False", REASON_REACHABLE))
-        })
-        .await
-        .unwrap();
-    cluster
-        .standin
-        .wait_until(DEADLINE, "the return recorded", |v| {
-            v.events()
-                .iter()
-                .any(|e| e.reason.as_deref() == Some(REASON_REACHABLE))
-        })
-        .await
-        .unwrap();
+    returned(&cluster, &bridged).await;
     assert_eq!(events(&cluster, REASON_UPLINK_DOWN).len(), 1);
     assert!(events(&cluster, REASON_SILENT).is_empty());
     assert_unmarked(&cluster, &direct);
