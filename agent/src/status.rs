@@ -547,11 +547,10 @@ pub struct Journal {
 
 impl Journal {
     /// Records every condition of `after` whose status differs from the same type's in
-    /// `before` (a type new in `after` is no transition: the whole status carries it).
-    pub fn observe(&mut self, before: &ComputedStatus, after: &ComputedStatus) {
-        if let Some(now) = after.conditions.iter().map(|c| c.last_transition).max() {
-            self.forget_older_than(now);
-        }
+    /// `before` (a type new in `after` is no transition: the whole status carries it), after
+    /// forgetting what is older than [`JOURNAL_MAX_AGE`] at `now` (boot clock).
+    pub fn observe(&mut self, before: &ComputedStatus, after: &ComputedStatus, now: Duration) {
+        self.forget_older_than(now);
         for c in &after.conditions {
             let changed = before
                 .conditions

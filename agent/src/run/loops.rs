@@ -66,8 +66,9 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
         match tokio::task::spawn_blocking(move || read_host_facts(&root, &options)).await {
             Ok(Ok(facts)) => {
                 let previous = latest(s.latest);
-                let next = compute(&facts, s.config, Some(&previous), s.clock.boottime());
-                journal().observe(&previous, &next);
+                let now = s.clock.boottime();
+                let next = compute(&facts, s.config, Some(&previous), now);
+                journal().observe(&previous, &next, now);
                 s.send
                     .metrics
                     .observe_health(&facts, next.condition_states());

@@ -351,12 +351,12 @@ fn the_journal_keeps_each_transition_with_its_time_until_written() {
     let mut journal = Journal::default();
     let s0 = compute(&facts(), &config, None, T0);
     let s1 = compute(&low, &config, Some(&s0), T0 + Duration::from_secs(10));
-    journal.observe(&s0, &s1);
+    journal.observe(&s0, &s1, T0 + Duration::from_secs(10));
     // Unchanged: nothing recorded.
     let s2 = compute(&low, &config, Some(&s1), T0 + Duration::from_secs(20));
-    journal.observe(&s1, &s2);
+    journal.observe(&s1, &s2, T0 + Duration::from_secs(20));
     let s3 = compute(&facts(), &config, Some(&s2), T0 + Duration::from_secs(320));
-    journal.observe(&s2, &s3);
+    journal.observe(&s2, &s3, T0 + Duration::from_secs(320));
     let wire = journal.to_proto(T0 + Duration::from_secs(330));
     let seen: Vec<_> = wire
         .iter()
@@ -386,13 +386,9 @@ fn the_journal_drops_the_oldest_beyond_its_bound() {
     for i in 1..=(JOURNAL_ENTRIES as u64 + 3) {
         // Past the transition period each time, so every step flips MemoryPressure.
         let f = if i % 2 == 1 { &low } else { &facts() };
-        let next = compute(
-            f,
-            &config,
-            Some(&previous),
-            T0 + Duration::from_secs(301 * i),
-        );
-        journal.observe(&previous, &next);
+        let now = T0 + Duration::from_secs(301 * i);
+        let next = compute(f, &config, Some(&previous), now);
+        journal.observe(&previous, &next, now);
         previous = next;
     }
     assert_eq!(journal.len(), JOURNAL_ENTRIES);
@@ -403,4 +399,21 @@ fn the_journal_drops_the_oldest_beyond_its_bound() {
         Some(0),
         "the newest is kept"
     );
+}
+
+#[test]
+fn the_journal_forgets_what_the_gateway_would_not_take() {
+    let config = AgentConfig::default();
+    let mut low = facts();
+    low.memory.available_bytes = Some(50 << 20);
+    let mut journal = Journal::default();
+    let s0 = compute(&facts(), &config, None, T0);
+    let s1 = compute(&low, &config, Some(&s0), T0 + Duration::from_secs(10));
+    journal.observe(&s0, &s1, T0 + Duration::from_secs(10));
+    assert_eq!(journal.len(), 1);
+    // Nothing changes for longer than the journal keeps: the old transition goes.
+    let later = T0 + Duration::from_secs(10) + JOURNAL_MAX_AGE + Duration::from_secs(1);
+    journal.observe(&s1, &s1, later);
+    assert!(journal.is_empty());
+    assert_eq!(journal.dropped(), 1);
 }

@@ -71,15 +71,22 @@ pub enum HttpVersion {
     Http1,
 }
 
+/// A `--apiserver-http` value that is neither `2` nor `1.1`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: use 2 or 1.1")]
+pub struct UnknownHttpVersion(pub String);
+
 impl std::str::FromStr for HttpVersion {
-    type Err = String;
+    type Err = UnknownHttpVersion;
 
     /// `2` (or `http2`) and `1.1` (or `http1`).
-    fn from_str(s: &str) -> Result<Self, String> {
+    ///
+    /// Errors: [`UnknownHttpVersion`] for anything else.
+    fn from_str(s: &str) -> Result<Self, UnknownHttpVersion> {
         match s {
             "2" | "http2" => Ok(Self::Http2),
             "1.1" | "http1" => Ok(Self::Http1),
-            other => Err(format!("{other:?}: use 2 or 1.1")),
+            other => Err(UnknownHttpVersion(other.to_owned())),
         }
     }
 }
