@@ -217,6 +217,17 @@ impl NodeAdmission {
         !self.boot_id.is_empty() && pb::boot_tag(&self.boot_id) == tag
     }
 
+    /// Whether `header` names this node's current boot (by ID or by tag) with a sequence
+    /// number at or below the last admitted one: a copy of a message already admitted (or
+    /// one overtaken by it), which [`NodeAdmission::admit`] refuses as
+    /// [`RejectReason::Replayed`]. Checked before admission only to decide whether a
+    /// refusal may be answered: a replay is never answered.
+    pub fn is_replay(&self, header: &pb::Header) -> bool {
+        self.holds_boot_tag(header.named_boot_tag())
+            && (header.boot_id.is_empty() || header.boot_id == self.boot_id)
+            && header.seq <= self.last_seq
+    }
+
     /// Rules 2–5 of the module docs for one message with `header`, received at `now` (the
     /// gateway's monotonic clock; `origin` is the fixed instant [`Freshness`] measures
     /// from). `heartbeat` says whether it is a Lease renewal or status report (only those

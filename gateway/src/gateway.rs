@@ -527,7 +527,12 @@ impl Gateway {
         if waiting.is_some_and(Waiting::superseded) {
             // A newer one of the same kind is queued behind: write only that one (a
             // backlog, say a slow apiserver, then costs one write per node, not one per
-            // message).
+            // message). A replay waiting among them is refused as one, unanswered: the
+            // answer would cost the node's link, and the genuine message had its own.
+            if slot.admission.is_replay(header) {
+                self.counters.count_rejection(RejectReason::Replayed);
+                return None;
+            }
             self.counters.count_rejection(RejectReason::Superseded);
             return Some(rejected(format!(
                 "superseded: a newer {} from this node is waiting",
@@ -739,8 +744,9 @@ impl Handler for Gateway {
 
     fn rejected(&self, peer: &Peer, why: RejectReason, detail: &str) {
         self.counters.count_rejection(why);
-        if why == RejectReason::Superseded {
-            tracing::debug!(transport = peer.transport.as_str(), node = ?peer.identity, detail, "heartbeat superseded");
+        if matches!(why, RejectReason::Superseded | RejectReason::Replayed) {
+            // Expected under a backlog or a replay flood: one warning each would flood the log.
+            tracing::debug!(transport = peer.transport.as_str(), node = ?peer.identity, why = why.as_str(), detail, "heartbeat refused without an answer");
             return;
         }
         tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, node = ?peer.identity, why = why.as_str(), detail, "message refused by the transport");

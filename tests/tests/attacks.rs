@@ -9,7 +9,8 @@
 //! 5. TLS handshake slots filled by idle sockets.
 //! 6. Replays of an accepted message draining the node's rate limit.
 //!
-//! Beside them, the MQTT side of a backlog: queued signed renewals superseded by a newer one.
+//! Beside them, the MQTT side of a backlog: queued signed renewals superseded by a newer one,
+//! and copies queued behind a renewal refused without an answer.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::Ordering;
@@ -503,6 +504,84 @@ async fn a_backlog_writes_only_the_newest_signed_renewal() {
     assert_eq!(
         puts, written,
         "one Lease write per renewal answered OK, none for the superseded"
+    );
+}
+
+/// Replays of a signed renewal that reach a node's queue behind it used to be answered: the
+/// node's next genuine renewal superseded each queued copy, and each drew a signed
+/// `superseded` answer on the node's ack topic (seen in CI as two answers to one renewal
+/// in test 9). Now a copy of a message already queued is refused at once, unanswered:
+/// the renewal gets exactly one answer however many copies follow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_queued_behind_a_renewal_get_no_answer() {
+    use edgebeat_hw::Clock as _;
+    const NODE: &str = "edge-q";
+    const COPIES: usize = 5;
+    let site = Ca::new("edgebeat site CA");
+    let cluster = Cluster::start_mqtt_secure(&site, true, gateway_options())
+        .await
+        .unwrap();
+    let cert = site.node(NODE);
+    let agent = cluster
+        .start_agent(cluster.secure_agent_config(NODE, &fixture(FACTS), &cert))
+        .unwrap();
+    cluster.wait_for_renewals(NODE, 2, DEADLINE).await.unwrap();
+    agent.stop().await.unwrap();
+
+    let acks_topic = format!("{PREFIX}/acks/{NODE}");
+    let lease_topic = format!("{PREFIX}/nodes/{NODE}/lease");
+    let mut spy = Spy::connect(&cluster, &site.client("spy", None), &[&acks_topic]).await;
+    let signer = edgebeat_transports::signing::MessageSigner::from_pem(
+        cert.cert_pem.as_bytes(),
+        cert.key_pem.as_bytes(),
+    )
+    .unwrap();
+    let boot =
+        std::fs::read_to_string(fixture(FACTS).join("proc/sys/kernel/random/boot_id")).unwrap();
+    let now_us = u64::try_from(edgebeat_hw::SystemClock.boottime().as_micros()).unwrap();
+    let wall_ms = jiff::Timestamp::now().as_millisecond();
+    let signed = |seq: u64| {
+        let mut message = renewal(NODE, seq);
+        if let Some(Kind::Lease(l)) = message.kind.as_mut() {
+            let header = l.header.as_mut().unwrap();
+            header.boot_id = pb::boot_id_to_bytes(boot.trim());
+            header.wall_time_ms = wall_ms;
+        }
+        signer.seal(message.encode_to_vec()).unwrap()
+    };
+    // A write takes 500 ms: the copies arrive while the first renewal is queued or being
+    // written, and the next genuine one after them.
+    cluster.standin.set_latency(Duration::from_millis(500));
+    let replayed_before = cluster.rejections(RejectReason::Replayed);
+    let (first, next) = (now_us, now_us + 1);
+    let original = signed(first);
+    for _ in 0..=COPIES {
+        spy.publish(&lease_topic, original.clone(), false).await;
+    }
+    spy.publish(&lease_topic, signed(next), false).await;
+    // Answers are published in the order they were decided: every answer to the first
+    // renewal precedes the next one's.
+    let mut answered_first = Vec::new();
+    loop {
+        let payload = spy.next_on(&acks_topic).await;
+        let ack = edgebeat_tests::spy::verified_ack(&payload, &site.cert_pem)
+            .expect("every answer is signed");
+        if ack.seq == next {
+            assert_eq!(AckCode::try_from(ack.code), Ok(AckCode::Ok), "{ack:?}");
+            break;
+        }
+        if ack.seq == first {
+            answered_first.push((ack.code, ack.reason));
+        }
+    }
+    assert_eq!(
+        answered_first.len(),
+        1,
+        "one answer to the renewal, none to its copies: {answered_first:?}"
+    );
+    assert!(
+        cluster.rejections(RejectReason::Replayed) >= replayed_before + COPIES as u64,
+        "every copy refused as replayed"
     );
 }
 

@@ -322,3 +322,32 @@ async fn late_heartbeats_are_stale_but_registrations_are_not() {
         Verdict::Admit(_)
     ));
 }
+
+/// `is_replay` names exactly the messages `admit` would refuse as replayed within the
+/// current boot, whichever way the header names the boot; another boot's are not its call.
+#[tokio::test(start_paused = true)]
+async fn is_replay_matches_the_current_boot_by_id_or_tag() {
+    let p = policy(Posture::Identified);
+    let t0 = Instant::now();
+    let mut node = NodeAdmission::default();
+    assert!(
+        !node.is_replay(&header(1, 10 * SEC, 0)),
+        "nothing admitted yet"
+    );
+    node.admit(&p, &header(1, 10 * SEC, 0), MTLS, true, t0, t0);
+    let by_tag = |seq| pb::Header {
+        boot_id: Vec::new(),
+        boot_tag: pb::boot_tag(&[1; 16]),
+        ..header(1, seq, 0)
+    };
+    for replay in [header(1, 10 * SEC, 0), header(1, SEC, 0), by_tag(10 * SEC)] {
+        assert!(node.is_replay(&replay), "{replay:?}");
+        assert_eq!(
+            reason(node.admit(&p, &replay, MTLS, true, t0, t0)),
+            RejectReason::Replayed
+        );
+    }
+    assert!(!node.is_replay(&header(1, 10 * SEC + 1, 0)));
+    assert!(!node.is_replay(&by_tag(10 * SEC + 1)));
+    assert!(!node.is_replay(&header(2, SEC, 0)), "another boot");
+}

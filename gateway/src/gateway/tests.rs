@@ -210,3 +210,56 @@ async fn the_posture_and_the_fleet_bound_hold_before_any_state() {
     small.handle_message(&peer, register("n5")).await;
     assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);
 }
+
+/// A replay waiting for a node's slot with a newer heartbeat behind it is superseded, but
+/// refused as the replay it is, without an answer: a `superseded` answer would let anyone
+/// who can copy a node's messages make the gateway speak on the node's link.
+#[tokio::test(start_paused = true)]
+async fn a_superseded_replay_gets_no_answer() {
+    let client =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    let gateway = Arc::new(Gateway::new(
+        client,
+        Arc::new(FixedClock(std::time::UNIX_EPOCH)),
+        GatewayOptions::default(),
+    ));
+    let peer = Peer {
+        identity: Some(NodeName::new("edge-1").unwrap()),
+        ..Peer::unidentified(TransportKind::Grpc, None)
+    };
+    let header = |seq| pb::Header {
+        node_name: "edge-1".into(),
+        boot_id: vec![1; 16],
+        seq,
+        wall_time_ms: 0,
+        boot_tag: 0,
+    };
+    let lease = move |seq| pb::AgentMessage {
+        kind: Some(Kind::Lease(pb::LeaseRenewal {
+            header: Some(header(seq)),
+            lease_duration_seconds: 40,
+            ..Default::default()
+        })),
+    };
+    // Admitted (the write itself fails: no apiserver), so seq 5 is the last accepted.
+    gateway.handle_message(&peer, lease(5)).await;
+    let cell = gateway.slots.lock().unwrap()["edge-1"].clone();
+    let held = cell.state.lock().await;
+    let spawn = |seq| {
+        let (gateway, peer) = (gateway.clone(), peer.clone());
+        tokio::spawn(async move { gateway.handle_message(&peer, lease(seq)).await })
+    };
+    let replay = spawn(5);
+    while cell.waiting[0].load(Ordering::Acquire) < 1 {
+        tokio::task::yield_now().await;
+    }
+    let newer = spawn(6);
+    while cell.waiting[0].load(Ordering::Acquire) < 2 {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    assert_eq!(replay.await.unwrap(), None, "a replay gets no answer");
+    assert_eq!(gateway.counters.rejections(RejectReason::Replayed), 1);
+    assert_eq!(gateway.counters.rejections(RejectReason::Superseded), 0);
+    assert!(newer.await.unwrap().is_some(), "the newer one is answered");
+}

@@ -23,6 +23,11 @@ pub(super) struct NodeQueue {
     /// `per_node_queue` + 1 messages in the gateway, however the tasks are scheduled.
     pub(super) handling: bool,
     pub(super) last_message: Option<Instant>,
+    /// Boot tag and sequence number of the newest signed message queued for the node
+    /// ([`edgebeat_proto::Header::named_boot_tag`], [`edgebeat_proto::Header::seq`]). The agent never sends a
+    /// sequence number twice in a boot, so a signed message at or below it is a copy (a
+    /// replay, or a QoS 1 redelivery): refused unanswered before it takes a queue slot.
+    pub(super) newest_signed: Option<(u32, u64)>,
 }
 
 /// The nodes' queues, shared by the event loop (which fills them) and the short-lived
@@ -163,6 +168,22 @@ impl<H: Handler> Workers<H> {
         }
         let entry = nodes.entry(node.clone()).or_default();
         entry.last_message = Some(Instant::now());
+        if signed && let Some(header) = message.header() {
+            let named = (header.named_boot_tag(), header.seq);
+            match entry.newest_signed {
+                Some((tag, seq)) if tag == named.0 && named.1 <= seq => {
+                    drop(nodes);
+                    tracing::debug!(%node, seq = named.1, "MQTT message refused: a copy of one already queued");
+                    self.handler.rejected(
+                        &peer(&node, certificate),
+                        RejectReason::Replayed,
+                        "replayed: a copy of a message already queued",
+                    );
+                    return;
+                }
+                _ => entry.newest_signed = Some(named),
+            }
+        }
         // A signed heartbeat supersedes the queued signed ones of its kind and boot with a
         // lower sequence number, not yet handed to the gateway: only the newest renewal or
         // status report of a node is written after a backlog. Unsigned messages supersede
