@@ -35,7 +35,9 @@ use std::time::Duration;
 use edgebeat_hw::{HostFacts, Mount, PsiLine, ThermalZone, Throttled, TripKind};
 use edgebeat_proto::NodeConditionType;
 
-use crate::status::{Condition, ConditionReason, ConditionStatus, MessageCarry};
+use crate::status::{
+    Condition, ConditionReason, ConditionStatus, MessageCarry, within_transition_period,
+};
 
 /// The agent's health-condition settings (KubeletConfiguration-style fields of the agent
 /// config; see [`crate::config`]).
@@ -206,9 +208,7 @@ pub fn conditions(
         }
         let before = previous.iter().find(|c| c.type_ == type_);
         let was_true = before.is_some_and(|c| c.status == ConditionStatus::True);
-        let held = observed
-            .get(&type_)
-            .is_some_and(|t| now.saturating_sub(*t) < period || now == *t);
+        let held = within_transition_period(observed.get(&type_).copied(), now, period);
         let condition = match (seen.sets, before) {
             (Some(sets), _) => carried(before, type_, ConditionStatus::True, sets, now),
             // Held: the reason and message of the crossing stay.

@@ -11,31 +11,25 @@ use edgebeat_proto::{self as pb, NodeConditionType};
 
 use crate::config::{AgentConfig, EvictionSignal};
 
-mod reason;
 use crate::quantity::{Amount, format_binary, format_millicores};
-pub use reason::ConditionReason;
+pub use edgebeat_proto::{ConditionReason, ConditionStatus};
 
 /// `nodeInfo.kubeletVersion` the agent reports: the Kubernetes API level it follows, tagged
 /// with edgebeat's own version so `kubectl get nodes` tells edgebeat nodes apart.
 pub const KUBELET_VERSION: &str = concat!("v1.33.0-edgebeat.", env!("CARGO_PKG_VERSION"));
 
-/// Status of a NodeCondition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConditionStatus {
-    /// `"True"`.
-    True,
-    /// `"False"`.
-    False,
-}
-
-impl ConditionStatus {
-    /// The API string, `"True"` or `"False"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::True => "True",
-            Self::False => "False",
-        }
-    }
+/// Whether a condition whose signal was last observed over its threshold at `observed`
+/// (time since boot, `None`: never) still holds at `now`: for
+/// `evictionPressureTransitionPeriod` (`period`) after that observation, and always at the
+/// observation itself (a zero period). kubelet's eviction manager keeps a pressure
+/// condition as long (`nodeConditionsObservedSince`, `pkg/kubelet/eviction/helpers.go`);
+/// the health conditions of [`crate::health`] follow the same rule.
+pub(crate) fn within_transition_period(
+    observed: Option<Duration>,
+    now: Duration,
+    period: Duration,
+) -> bool {
+    observed.is_some_and(|t| now.saturating_sub(t) < period || now == t)
 }
 
 /// One computed NodeCondition with its transition on the agent's boot clock.
@@ -124,8 +118,7 @@ pub fn compute(
         },
     };
     let period = config.eviction_pressure_transition_period;
-    let held =
-        |at: Option<Duration>| at.is_some_and(|t| now.saturating_sub(t) < period || now == t);
+    let held = |at: Option<Duration>| within_transition_period(at, now, period);
 
     let before = |type_: NodeConditionType| {
         previous.and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))

@@ -38,8 +38,8 @@ use std::time::Duration;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{
-    Answer, CertificateRequest, GatewayMessage, Header, IssuedCertificate, NodeCertificate,
-    gateway_message,
+    Answer, CertificateRequest, ConditionStatus, GatewayMessage, Header, IssuedCertificate,
+    NodeCertificate, gateway_message,
 };
 use edgebeat_transports::enroll;
 use edgebeat_transports::ingress::TransportKind;
@@ -785,7 +785,10 @@ impl Enrollment {
             csr.status
                 .as_ref()
                 .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.status == "True"))
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == type_ && ConditionStatus::from_api(&c.status).is_true())
+                })
         };
         if conditions(&csr, "Denied") || conditions(&csr, "Failed") {
             return Err(Ok(refuse(
@@ -929,7 +932,7 @@ impl Enrollment {
             .get_or_insert_default()
             .push(CertificateSigningRequestCondition {
                 type_: "Approved".into(),
-                status: "True".into(),
+                status: ConditionStatus::True.as_str().into(),
                 reason: Some("EdgebeatAutoApproved".into()),
                 message: Some(message),
                 last_update_time: Some(now.clone()),

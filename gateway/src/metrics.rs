@@ -68,7 +68,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use edgebeat_hw::Clock;
 
-use crate::patch::HeldStatus;
 use crate::view::{FleetSummary, LEASE_AGE_BUCKETS};
 use jiff::Timestamp;
 use prometheus_client::collector::Collector;
@@ -534,7 +533,7 @@ fn encode_fleet(
         MetricType::Gauge,
     )?;
     for (type_, by_status) in &fleet.conditions {
-        for (status, n) in [HeldStatus::True, HeldStatus::False, HeldStatus::Unknown]
+        for (status, n) in edgebeat_proto::ConditionStatus::ALL
             .into_iter()
             .zip(by_status)
         {

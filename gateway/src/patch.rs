@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use edgebeat_proto::{self as pb, NodeConditionType};
+use edgebeat_proto::{self as pb, ConditionStatus, NodeConditionType};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
@@ -44,54 +44,18 @@ fn managed_labels() -> BTreeMap<String, String> {
     BTreeMap::from([(MANAGED_LABEL.0.to_owned(), MANAGED_LABEL.1.to_owned())])
 }
 
-/// A condition's status as the apiserver holds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HeldStatus {
-    /// `"True"`.
-    True,
-    /// `"False"`.
-    False,
-    /// `"Unknown"` (the node lifecycle controller's), or any other string.
-    Unknown,
-}
-
-impl HeldStatus {
-    /// `"True"` and `"False"` as themselves; anything else is `Unknown`.
-    pub fn parse(status: &str) -> Self {
-        match status {
-            "True" => Self::True,
-            "False" => Self::False,
-            _ => Self::Unknown,
-        }
-    }
-
-    /// The API string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::True => "True",
-            Self::False => "False",
-            Self::Unknown => "Unknown",
-        }
-    }
-
-    /// True or False: what an agent writes (Unknown is the controller's).
-    pub fn is_reported(self) -> bool {
-        self != Self::Unknown
-    }
-}
-
 /// What the gateway remembers of one condition: its status and when it last changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KnownCondition {
-    /// The status held.
-    pub status: HeldStatus,
+    /// The status held ([`ConditionStatus::from_api`]: other text is `Unknown`).
+    pub status: ConditionStatus,
     /// lastTransitionTime as written.
     pub last_transition: Timestamp,
 }
 
 /// Condition types an agent may report, the slots of [`KnownConditions`]: kubelet's, then
 /// the health conditions.
-const CONDITION_SLOTS: usize = NodeConditionType::KUBELET.len() + NodeConditionType::HEALTH.len();
+const CONDITION_SLOTS: usize = NodeConditionType::ALL.len();
 
 /// The [`KnownCondition`] of each condition type an agent may report
 /// ([`NodeConditionType::KUBELET`], [`NodeConditionType::HEALTH`]),
@@ -104,32 +68,24 @@ const CONDITION_SLOTS: usize = NodeConditionType::KUBELET.len() + NodeConditionT
 pub struct KnownConditions([Option<KnownCondition>; CONDITION_SLOTS]);
 
 impl KnownConditions {
-    fn slot(type_: &str) -> Option<usize> {
-        NodeConditionType::KUBELET
-            .iter()
-            .chain(NodeConditionType::HEALTH.iter())
-            .position(|t| *t == type_)
+    /// The slot of `type_`: its place in [`NodeConditionType::ALL`].
+    fn slot(type_: NodeConditionType) -> usize {
+        type_ as usize
     }
 
-    /// Whether `type_` is one an agent may report: kubelet's four and the health
-    /// conditions. The gateway writes no other condition type.
-    pub fn reportable(type_: &str) -> bool {
-        Self::slot(type_).is_some()
-    }
-
-    /// The condition of `type_`, if held (and reportable).
-    pub fn get(&self, type_: &str) -> Option<&KnownCondition> {
-        self.0.get(Self::slot(type_)?)?.as_ref()
+    /// The condition of `type_`, if held.
+    pub fn get(&self, type_: NodeConditionType) -> Option<&KnownCondition> {
+        self.0.get(Self::slot(type_))?.as_ref()
     }
 
     /// Whether a condition of `type_` is held.
-    pub fn contains_key(&self, type_: &str) -> bool {
+    pub fn contains_key(&self, type_: NodeConditionType) -> bool {
         self.get(type_).is_some()
     }
 
-    /// Records `condition` for `type_`; a type no agent reports is ignored.
-    pub fn insert(&mut self, type_: &str, condition: KnownCondition) {
-        if let Some(slot) = Self::slot(type_).and_then(|i| self.0.get_mut(i)) {
+    /// Records `condition` for `type_`.
+    pub fn insert(&mut self, type_: NodeConditionType, condition: KnownCondition) {
+        if let Some(slot) = self.0.get_mut(Self::slot(type_)) {
             *slot = Some(condition);
         }
     }
@@ -141,9 +97,8 @@ impl KnownConditions {
 
     /// Every condition held, with its type (kubelet's four, then the health conditions).
     pub fn iter(&self) -> impl Iterator<Item = (NodeConditionType, &KnownCondition)> {
-        NodeConditionType::KUBELET
+        NodeConditionType::ALL
             .into_iter()
-            .chain(NodeConditionType::HEALTH)
             .zip(&self.0)
             .filter_map(|(t, c)| Some((t, c.as_ref()?)))
     }
@@ -171,7 +126,8 @@ pub fn conditions(
         .conditions
         .iter()
         .map(|c| {
-            let transition = match known.get(&c.r#type) {
+            let held = NodeConditionType::from_name(&c.r#type).and_then(|t| known.get(t));
+            let transition = match held {
                 Some(k) if k.status.as_str() == c.status => k.last_transition,
                 _ => now,
             };
@@ -405,13 +361,13 @@ pub fn renewed_lease(
 
 /// A `core/v1` Event about Node `name`, as kubelet records it: involvedObject Kind Node with
 /// UID = node name (kubelet's `nodeRef`), source component `kubelet` on host `name`, in
-/// namespace `default`. `type_` is `Normal` or `Warning`.
+/// namespace `default`, of type `type_`.
 ///
 /// The object name is client-go's `<node>.<hex nanoseconds>`, with `unique` added to the
 /// nanoseconds so events recorded at one instant get distinct names.
 pub fn node_event(
     name: &str,
-    type_: &str,
+    type_: pb::EventType,
     reason: &str,
     message: String,
     now: Timestamp,
@@ -432,7 +388,7 @@ pub fn node_event(
         },
         reason: Some(reason.to_owned()),
         message: Some(message),
-        type_: Some(type_.to_owned()),
+        type_: Some(type_.as_str().to_owned()),
         count: Some(1),
         first_timestamp: Some(Time(whole_seconds(now))),
         last_timestamp: Some(Time(whole_seconds(now))),
@@ -482,21 +438,24 @@ mod tests {
         assert!(std::mem::size_of::<KnownConditions>() <= 240);
         let mut known = KnownConditions::default();
         let at: Timestamp = "2026-11-21T10:00:00Z".parse().unwrap();
-        for t in NodeConditionType::KUBELET
-            .iter()
-            .chain(&NodeConditionType::HEALTH)
-        {
+        for t in NodeConditionType::ALL {
             known.insert(
-                t.as_str(),
+                t,
                 KnownCondition {
-                    status: HeldStatus::False,
+                    status: ConditionStatus::False,
                     last_transition: at,
                 },
             );
         }
         assert_eq!(known.values().count(), CONDITION_SLOTS);
-        assert!(known.contains_key("UnderVoltage") && !known.contains_key("KernelDeadlock"));
-        assert_eq!(HeldStatus::parse("maybe"), HeldStatus::Unknown);
+        assert!(known.contains_key(NodeConditionType::UnderVoltage));
+        assert!(
+            known
+                .iter()
+                .map(|(t, _)| t)
+                .eq(NodeConditionType::ALL.into_iter()),
+            "one slot per type, in order"
+        );
     }
 
     #[test]
@@ -506,16 +465,14 @@ mod tests {
         let earlier: Timestamp = "2026-11-20T08:00:00Z".parse().unwrap();
         let unknown_at: Timestamp = "2026-11-21T09:59:50Z".parse().unwrap();
         let held = |status: &str, at| KnownCondition {
-            status: HeldStatus::parse(status),
+            status: ConditionStatus::from_api(status),
             last_transition: at,
         };
         let mut known = KnownConditions::default();
-        known.insert("Ready", held("True", earlier));
-        known.insert("MemoryPressure", held("True", earlier));
+        known.insert(NodeConditionType::Ready, held("True", earlier));
+        known.insert(NodeConditionType::MemoryPressure, held("True", earlier));
         // The node lifecycle controller's Unknown, during an outage.
-        known.insert("DiskPressure", held("Unknown", unknown_at));
-        // Not an agent's: not kept.
-        known.insert("NetworkUnavailable", held("False", earlier));
+        known.insert(NodeConditionType::DiskPressure, held("Unknown", unknown_at));
         assert_eq!(known.values().count(), 3);
         let c = conditions(&report(), now, &known);
         assert_eq!(c.len(), 4);

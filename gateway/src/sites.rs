@@ -62,6 +62,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use edgebeat_proto::{ConditionStatus, EventType};
 use jiff::{SignedDuration, Timestamp};
 use serde_json::json;
 
@@ -463,7 +464,7 @@ pub fn condition_patch(
     let at = patch::whole_seconds(at).to_string();
     json!({"status": {"conditions": [{
         "type": SITE_CONDITION,
-        "status": if status { "True" } else { "False" },
+        "status": ConditionStatus::from_bool(status).as_str(),
         "reason": reason,
         "message": message,
         "lastHeartbeatTime": at,
@@ -544,7 +545,7 @@ async fn write(
                 site,
                 partition.cause.event_word(),
                 partition.since,
-                "Warning",
+                EventType::Warning,
                 partition.cause.reason(),
                 message,
                 about,
@@ -573,7 +574,7 @@ async fn write(
                 site,
                 "reachable",
                 partition.since,
-                "Normal",
+                EventType::Normal,
                 REASON_REACHABLE,
                 message,
                 about,
@@ -621,7 +622,7 @@ async fn event(
     site: &str,
     what: &str,
     since: Timestamp,
-    type_: &str,
+    type_: EventType,
     reason: &str,
     message: String,
     about: Option<&str>,

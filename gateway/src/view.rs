@@ -39,11 +39,11 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, ResourceExt};
 
-use edgebeat_proto::NodeConditionType;
+use edgebeat_proto::{ConditionStatus, NodeConditionType};
 use edgebeat_transports::ingress::CertificateId;
 
 use crate::patch::{
-    CERTIFICATE_NOT_BEFORE_ANNOTATION, CERTIFICATE_SHA256_ANNOTATION, HeldStatus, KnownCondition,
+    CERTIFICATE_NOT_BEFORE_ANNOTATION, CERTIFICATE_SHA256_ANNOTATION, KnownCondition,
     KnownConditions, LEASE_NAMESPACE, MANAGED_LABEL,
 };
 
@@ -86,11 +86,14 @@ impl NodeRecord {
             .iter()
             .flat_map(|s| s.conditions.iter().flatten())
         {
-            if let Some(t) = &c.last_transition_time {
+            if let (Some(t), Some(type_)) = (
+                &c.last_transition_time,
+                NodeConditionType::from_name(&c.type_),
+            ) {
                 conditions.insert(
-                    &c.type_,
+                    type_,
                     KnownCondition {
-                        status: HeldStatus::parse(&c.status),
+                        status: ConditionStatus::from_api(&c.status),
                         last_transition: t.0,
                     },
                 );
@@ -122,7 +125,10 @@ impl NodeRecord {
                 .status
                 .iter()
                 .flat_map(|s| s.conditions.iter().flatten())
-                .any(|c| c.type_ == crate::sites::SITE_CONDITION && c.status == "True"),
+                .any(|c| {
+                    c.type_ == crate::sites::SITE_CONDITION
+                        && ConditionStatus::from_api(&c.status).is_true()
+                }),
         }
     }
 
@@ -132,7 +138,7 @@ impl NodeRecord {
     pub fn has_unknown_condition(&self) -> bool {
         self.conditions
             .values()
-            .any(|c| c.status == HeldStatus::Unknown)
+            .any(|c| c.status == ConditionStatus::Unknown)
     }
 }
 
@@ -295,7 +301,7 @@ pub struct FleetSummary {
     /// Sum of every counted Lease's age, seconds.
     pub lease_age_sum: f64,
     /// Managed Nodes per condition type holding it, by status: `[True, False, Unknown]`
-    /// (indexed by [`HeldStatus`] as `usize`), in [`NodeConditionType`] order.
+    /// (indexed by [`ConditionStatus`] as `usize`), in [`NodeConditionType`] order.
     pub conditions: Vec<(NodeConditionType, [u64; 3])>,
     /// The earliest `notBefore` (Unix seconds) of the node certificates the managed Nodes'
     /// annotations record; `None` when none is.

@@ -18,9 +18,11 @@ pub mod v1 {
 pub use v1::*;
 
 pub mod answer;
+mod conditions;
 pub mod registration;
 
 pub use answer::{AckError, Answer, HeaderForm};
+pub use conditions::{ConditionReason, ConditionStatus, EventType, NodeConditionType};
 
 /// The codec of the generated `Heartbeat` client and server: prost, with buffers sized to
 /// edgebeat's messages instead of tonic's 8 KiB default.
@@ -91,114 +93,6 @@ pub const MAX_JOURNAL_ENTRIES: usize = 64;
 /// Oldest transition a journal carries (30 days before its message): the agent drops
 /// older ones, the gateway skips them.
 pub const MAX_JOURNAL_AGE: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
-
-/// A NodeCondition type edgebeat reports (`k8s.io/api/core/v1` `NodeConditionType`):
-/// kubelet's four ([`NodeConditionType::KUBELET`]) and the agent's health conditions
-/// ([`NodeConditionType::HEALTH`]). On the wire and in the apiserver it is its
-/// [`NodeConditionType::as_str`]; the gateway writes no other type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum NodeConditionType {
-    /// `MemoryPressure` (kubelet).
-    MemoryPressure,
-    /// `DiskPressure` (kubelet).
-    DiskPressure,
-    /// `PIDPressure` (kubelet).
-    PidPressure,
-    /// `Ready` (kubelet).
-    Ready,
-    /// `SystemMemoryContentionPressure` (KEP-5394).
-    SystemMemoryContentionPressure,
-    /// `SystemDiskContentionPressure` (KEP-5394).
-    SystemDiskContentionPressure,
-    /// `ReadonlyFilesystem` (node-problem-detector).
-    ReadonlyFilesystem,
-    /// `ThermalPressure` (edgebeat).
-    ThermalPressure,
-    /// `UnderVoltage` (edgebeat).
-    UnderVoltage,
-    /// `ClockUnsynchronized` (edgebeat).
-    ClockUnsynchronized,
-}
-
-impl NodeConditionType {
-    /// The types kubelet reports, in kubelet's order (`pkg/kubelet/kubelet_node_status.go`
-    /// `defaultNodeStatusFuncs`): the agent reports all four, Ready last.
-    pub const KUBELET: [Self; 4] = [
-        Self::MemoryPressure,
-        Self::DiskPressure,
-        Self::PidPressure,
-        Self::Ready,
-    ];
-
-    /// The health conditions an agent may add to kubelet's four, each optional (off in the
-    /// agent's config, or its signal unreadable on the host):
-    ///
-    /// - `SystemMemoryContentionPressure`, `SystemDiskContentionPressure`: KEP-5394 (PSI
-    ///   based node conditions, `kubernetes/enhancements`
-    ///   `keps/sig-node/5394-psi-node-conditions`);
-    /// - `ReadonlyFilesystem`: node-problem-detector's (`config/readonly-monitor.json`);
-    /// - `ThermalPressure`, `UnderVoltage`, `ClockUnsynchronized`: edgebeat's own.
-    ///
-    /// The README section "Health conditions" gives each one's rule.
-    pub const HEALTH: [Self; 6] = [
-        Self::SystemMemoryContentionPressure,
-        Self::SystemDiskContentionPressure,
-        Self::ReadonlyFilesystem,
-        Self::ThermalPressure,
-        Self::UnderVoltage,
-        Self::ClockUnsynchronized,
-    ];
-
-    /// The API's spelling, e.g. `PIDPressure`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::MemoryPressure => "MemoryPressure",
-            Self::DiskPressure => "DiskPressure",
-            Self::PidPressure => "PIDPressure",
-            Self::Ready => "Ready",
-            Self::SystemMemoryContentionPressure => "SystemMemoryContentionPressure",
-            Self::SystemDiskContentionPressure => "SystemDiskContentionPressure",
-            Self::ReadonlyFilesystem => "ReadonlyFilesystem",
-            Self::ThermalPressure => "ThermalPressure",
-            Self::UnderVoltage => "UnderVoltage",
-            Self::ClockUnsynchronized => "ClockUnsynchronized",
-        }
-    }
-
-    /// The type spelt `name` (case-sensitive, as the API); `None` for a type edgebeat does
-    /// not report.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::KUBELET
-            .into_iter()
-            .chain(Self::HEALTH)
-            .find(|t| t.as_str() == name)
-    }
-
-    /// One of kubelet's four.
-    pub fn is_kubelets(self) -> bool {
-        Self::KUBELET.contains(&self)
-    }
-}
-
-impl std::fmt::Display for NodeConditionType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Compares with the API's spelling, so `condition.type_ == "Ready"` reads as it would in
-/// client-go.
-impl PartialEq<&str> for NodeConditionType {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
-
-impl PartialEq<str> for NodeConditionType {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
 
 /// Length of a binary boot ID in [`Header::boot_id`], in bytes (a UUID).
 pub const BOOT_ID_BYTES: usize = 16;

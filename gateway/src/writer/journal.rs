@@ -8,7 +8,7 @@
 //! node, its boot and its time on that boot's clock (`boot_ms`), and its Event gets that
 //! name on every replica and every resend, so the apiserver keeps one (409 for the rest).
 
-use edgebeat_proto as pb;
+use edgebeat_proto::{self as pb, ConditionStatus, NodeConditionType};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -29,6 +29,10 @@ const RECORDED_WITHIN: SignedDuration = SignedDuration::from_secs(1);
 /// One journal entry on the gateway clock.
 pub(super) struct Timed<'a> {
     pub(super) entry: &'a pb::ConditionTransition,
+    /// The entry's type, parsed.
+    pub(super) type_: NodeConditionType,
+    /// The entry's status, parsed: `True` or `False`.
+    pub(super) status: ConditionStatus,
     /// When it happened: receipt − `ms_ago`.
     pub(super) at: Timestamp,
     /// Its Event's name (see the module docs).
@@ -37,9 +41,9 @@ pub(super) struct Timed<'a> {
 
 /// Why one entry cannot be taken, or `Ok`.
 fn check(t: &pb::ConditionTransition) -> Result<(), &'static str> {
-    if !patch::KnownConditions::reportable(&t.r#type) {
+    if NodeConditionType::from_name(&t.r#type).is_none() {
         Err("a type kubelet or edgebeat does not report")
-    } else if t.status != "True" && t.status != "False" {
+    } else if !ConditionStatus::parse(&t.status).is_some_and(ConditionStatus::is_reported) {
         Err("a status other than True or False")
     } else if t.reason.is_empty() {
         Err("no reason")
@@ -100,18 +104,22 @@ pub(super) fn timed<'a>(
 ) -> Vec<Timed<'a>> {
     journal
         .iter()
-        .map(|&entry| Timed {
-            entry,
-            at: now
-                .checked_sub(SignedDuration::from_millis(
-                    i64::try_from(entry.ms_ago).unwrap_or(i64::MAX),
-                ))
-                .unwrap_or(now),
-            name: event_name(node, boot_id, entry),
+        .filter_map(|&entry| {
+            Some(Timed {
+                entry,
+                type_: NodeConditionType::from_name(&entry.r#type)?,
+                status: ConditionStatus::parse(&entry.status)?,
+                at: now
+                    .checked_sub(SignedDuration::from_millis(
+                        i64::try_from(entry.ms_ago).unwrap_or(i64::MAX),
+                    ))
+                    .unwrap_or(now),
+                name: event_name(node, boot_id, entry),
+            })
         })
         .filter(|t| {
-            held.get(&t.entry.r#type).is_none_or(|k| {
-                k.status == patch::HeldStatus::Unknown || t.at > k.last_transition + RECORDED_WITHIN
+            held.get(t.type_).is_none_or(|k| {
+                k.status == ConditionStatus::Unknown || t.at > k.last_transition + RECORDED_WITHIN
             })
         })
         .collect()
@@ -141,12 +149,15 @@ pub(super) fn transitions(
     held: &patch::KnownConditions,
 ) {
     for c in conditions {
-        let last = journal.iter().rev().find(|t| t.entry.r#type == c.type_);
-        let Some(t) = last.filter(|t| t.entry.status == c.status) else {
+        let Some(type_) = NodeConditionType::from_name(&c.type_) else {
             continue;
         };
-        let after_unknown = held.get(&c.type_).is_some_and(|k| {
-            k.status == patch::HeldStatus::Unknown && patch::whole_seconds(t.at) < k.last_transition
+        let last = journal.iter().rev().find(|t| t.type_ == type_);
+        let Some(t) = last.filter(|t| t.status.as_str() == c.status) else {
+            continue;
+        };
+        let after_unknown = held.get(type_).is_some_and(|k| {
+            k.status == ConditionStatus::Unknown && patch::whole_seconds(t.at) < k.last_transition
         });
         if !after_unknown {
             c.last_transition_time = Some(Time(patch::whole_seconds(t.at)));

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
-use edgebeat_proto::{self as pb, Answer, NodeConditionType};
+use edgebeat_proto::{self as pb, Answer, ConditionStatus, EventType, NodeConditionType};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -62,7 +62,7 @@ fn api_code(e: &kube::Error) -> Option<u16> {
 }
 
 /// Checks a reported NodeStatus: only condition types an agent may report (kubelet's four
-/// and [`NodeConditionType::HEALTH`], [`patch::KnownConditions::reportable`]),
+/// and [`NodeConditionType::HEALTH`], [`NodeConditionType::from_name`]),
 /// each at most once, each True or False (Unknown belongs to the node lifecycle
 /// controller), with a reason.
 ///
@@ -70,7 +70,7 @@ fn api_code(e: &kube::Error) -> Option<u16> {
 pub fn validate_status(status: &pb::NodeStatus) -> Result<(), String> {
     let mut seen = Vec::with_capacity(status.conditions.len());
     for c in &status.conditions {
-        if !patch::KnownConditions::reportable(&c.r#type) {
+        if NodeConditionType::from_name(&c.r#type).is_none() {
             return Err(format!(
                 "malformed: condition type {:?} is not one kubelet or edgebeat reports",
                 c.r#type
@@ -80,7 +80,7 @@ pub fn validate_status(status: &pb::NodeStatus) -> Result<(), String> {
             return Err(format!("malformed: condition {} appears twice", c.r#type));
         }
         seen.push(c.r#type.as_str());
-        if c.status != "True" && c.status != "False" {
+        if !ConditionStatus::parse(&c.status).is_some_and(ConditionStatus::is_reported) {
             return Err(format!(
                 "malformed: condition {} has status {:?}; only True or False",
                 c.r#type, c.status
@@ -97,51 +97,41 @@ pub fn validate_status(status: &pb::NodeStatus) -> Result<(), String> {
 /// apiserver held `before` (`None`: the condition is new): the setters of
 /// `pkg/kubelet/nodestatus/setters.go` record one on every status change, and for a new
 /// condition only for the pressure ones (they start `Unknown`; a new Ready records none).
-fn condition_event_reason(type_: &str, status: &str, before: Option<&str>) -> Option<&'static str> {
+fn condition_event_reason(
+    type_: NodeConditionType,
+    status: ConditionStatus,
+    before: Option<ConditionStatus>,
+) -> Option<&'static str> {
     let changed = match before {
         Some(held) => held != status,
-        None => type_ != "Ready",
+        None => type_ != NodeConditionType::Ready,
     };
-    changed.then(|| transition_reason(type_, status)).flatten()
+    changed.then(|| type_.event_reason(status)).flatten()
 }
 
 /// The event a written condition records, as (event type, reason): kubelet's conditions as
 /// [`condition_event_reason`]; a health condition, like node-problem-detector's, with its
 /// own reason whenever its status changes or it first appears True — `Warning` when True.
 fn condition_event(
-    type_: &str,
-    status: &str,
+    type_: NodeConditionType,
+    status: ConditionStatus,
     reason: &str,
-    before: Option<&str>,
-) -> Option<(&'static str, String)> {
-    if NodeConditionType::from_name(type_).is_some_and(NodeConditionType::is_kubelets) {
-        return condition_event_reason(type_, status, before).map(|r| ("Normal", r.to_owned()));
+    before: Option<ConditionStatus>,
+) -> Option<(EventType, String)> {
+    if type_.is_kubelets() {
+        return condition_event_reason(type_, status, before)
+            .map(|r| (EventType::Normal, r.to_owned()));
     }
     let changed = match before {
         Some(held) => held != status,
-        None => status == "True",
+        None => status.is_true(),
     };
-    let kind = if status == "True" {
-        "Warning"
+    let kind = if status.is_true() {
+        EventType::Warning
     } else {
-        "Normal"
+        EventType::Normal
     };
     (changed && !reason.is_empty()).then(|| (kind, reason.to_owned()))
-}
-
-/// kubelet's event reason for a condition reaching `status` (`pkg/kubelet/events`).
-fn transition_reason(type_: &str, status: &str) -> Option<&'static str> {
-    Some(match (type_, status) {
-        ("Ready", "True") => "NodeReady",
-        ("Ready", _) => "NodeNotReady",
-        ("MemoryPressure", "True") => "NodeHasInsufficientMemory",
-        ("MemoryPressure", "False") => "NodeHasSufficientMemory",
-        ("DiskPressure", "True") => "NodeHasDiskPressure",
-        ("DiskPressure", "False") => "NodeHasNoDiskPressure",
-        ("PIDPressure", "True") => "NodeHasInsufficientPID",
-        ("PIDPressure", "False") => "NodeHasSufficientPID",
-        _ => return None,
-    })
 }
 
 /// `status.nodeInfo.bootID` of a reported status (empty when absent).
@@ -251,16 +241,17 @@ impl Writer {
         journal: &[Timed<'_>],
     ) {
         self.journal_events(before, now, name, journal).await;
-        for c in written
+        for (type_, c) in written
             .status
             .iter()
             .flat_map(|s| s.conditions.iter().flatten())
-            .filter(|c| patch::KnownConditions::reportable(&c.type_))
-            .filter(|c| !journal.iter().any(|t| t.entry.r#type == c.type_))
+            .filter_map(|c| Some((NodeConditionType::from_name(&c.type_)?, c)))
+            .filter(|(type_, _)| !journal.iter().any(|t| t.type_ == *type_))
         {
-            let held = before.conditions.get(&c.type_).map(|k| k.status.as_str());
+            let held = before.conditions.get(type_).map(|k| k.status);
             let reason = c.reason.as_deref().unwrap_or_default();
-            if let Some((kind, reason)) = condition_event(&c.type_, &c.status, reason, held) {
+            let status = ConditionStatus::from_api(&c.status);
+            if let Some((kind, reason)) = condition_event(type_, status, reason, held) {
                 self.condition_event(name, kind, &reason, now).await;
             }
         }
@@ -276,7 +267,7 @@ impl Writer {
         {
             self.event(
                 name,
-                "Warning",
+                EventType::Warning,
                 "Rebooted",
                 format!("Node {name} has been rebooted, boot id: {new}"),
                 booted.unwrap_or(now),
@@ -296,15 +287,14 @@ impl Writer {
         journal: &[Timed<'_>],
     ) {
         for (i, t) in journal.iter().enumerate() {
-            let type_ = t.entry.r#type.as_str();
+            let type_ = t.type_;
             let held = journal[..i]
                 .iter()
                 .rev()
-                .find(|p| p.entry.r#type == type_)
-                .map(|p| p.entry.status.as_str())
-                .or_else(|| before.conditions.get(type_).map(|k| k.status.as_str()));
-            let Some((kind, reason)) =
-                condition_event(type_, &t.entry.status, &t.entry.reason, held)
+                .find(|p| p.type_ == type_)
+                .map(|p| p.status)
+                .or_else(|| before.conditions.get(type_).map(|k| k.status));
+            let Some((kind, reason)) = condition_event(type_, t.status, &t.entry.reason, held)
             else {
                 continue;
             };
@@ -313,7 +303,7 @@ impl Writer {
             if late > LATE {
                 let lasted = journal[i + 1..]
                     .iter()
-                    .find(|n| n.entry.r#type == type_)
+                    .find(|n| n.type_ == type_)
                     .map(|n| n.at.duration_since(t.at));
                 message.push_str(&format!(
                     " (at {}{}; reported {} later, after the node's link was down)",
@@ -395,14 +385,12 @@ impl Writer {
         // Only conditions the agent reports: others (a CNI's NetworkUnavailable) are not
         // ours. kubelet's four must all be there; a health condition is refreshed when the
         // Node has it (the last whole status had it: one it stopped reporting was deleted).
-        let reported = |t: &str| {
+        let reported = |t: &NodeConditionType| {
             held.conditions
-                .get(t)
+                .get(*t)
                 .is_some_and(|c| c.status.is_reported())
         };
-        let as_reported = NodeConditionType::KUBELET
-            .iter()
-            .all(|t| reported(t.as_str()));
+        let as_reported = NodeConditionType::KUBELET.iter().all(reported);
         if !as_reported {
             return Answer::ResendStatus {
                 reason: "the apiserver's status differs: send it whole".into(),
@@ -411,11 +399,7 @@ impl Writer {
         let now = patch::whole_seconds(self.now());
         let conditions: Vec<serde_json::Value> = NodeConditionType::KUBELET
             .iter()
-            .chain(
-                NodeConditionType::HEALTH
-                    .iter()
-                    .filter(|t| reported(t.as_str())),
-            )
+            .chain(NodeConditionType::HEALTH.iter().filter(|t| reported(t)))
             .map(|t| serde_json::json!({ "type": t.as_str(), "lastHeartbeatTime": Time(now) }))
             .collect();
         let body = serde_json::json!({ "status": { "conditions": conditions } });
@@ -449,11 +433,12 @@ impl Writer {
         // A health condition the agent no longer reports (turned off, or its signal gone
         // from the host) is deleted rather than left to look current.
         let dropped = NodeConditionType::HEALTH
-            .iter()
-            .map(|t| t.as_str())
+            .into_iter()
             .filter(|t| {
-                held.conditions.contains_key(t) && !status.conditions.iter().any(|c| c.r#type == *t)
-            });
+                held.conditions.contains_key(*t)
+                    && !status.conditions.iter().any(|c| *t == c.r#type.as_str())
+            })
+            .map(NodeConditionType::as_str);
         let body = match patch::status_patch(&patch::node_status(status, conditions), None)
             .map(|body| patch::delete_conditions(body, dropped))
         {
@@ -527,7 +512,7 @@ impl Writer {
 
     /// kubelet `recordNodeStatusEvent`: a `Normal` event `reason` with "Node X status is now:
     /// reason".
-    async fn condition_event(&self, name: &str, kind: &str, reason: &str, now: Timestamp) {
+    async fn condition_event(&self, name: &str, kind: EventType, reason: &str, now: Timestamp) {
         self.event(
             name,
             kind,
@@ -538,7 +523,14 @@ impl Writer {
         .await;
     }
 
-    async fn event(&self, name: &str, type_: &str, reason: &str, message: String, now: Timestamp) {
+    async fn event(
+        &self,
+        name: &str,
+        type_: EventType,
+        reason: &str,
+        message: String,
+        now: Timestamp,
+    ) {
         let unique = self.event_seq.fetch_add(1, Ordering::Relaxed);
         let event = patch::node_event(name, type_, reason, message, now, unique);
         if let Err(error) = self.api.create_event(name, &event).await {
@@ -570,38 +562,36 @@ mod tests {
 
     #[test]
     fn events_follow_kubelets_setters() {
+        use ConditionStatus::{False, True, Unknown};
+        use NodeConditionType as T;
         let r = condition_event_reason;
         let health =
-            |status, reason, before| condition_event("ThermalPressure", status, reason, before);
+            |status, reason, before| condition_event(T::ThermalPressure, status, reason, before);
         assert_eq!(
-            health("True", "TemperatureAboveTripPoint", None),
-            Some(("Warning", "TemperatureAboveTripPoint".to_owned()))
+            health(True, "TemperatureAboveTripPoint", None),
+            Some((EventType::Warning, "TemperatureAboveTripPoint".to_owned()))
         );
         assert_eq!(
-            health("False", "TemperatureNormal", None),
+            health(False, "TemperatureNormal", None),
             None,
             "new and fine"
         );
         assert_eq!(
-            health("False", "TemperatureNormal", Some("True")),
-            Some(("Normal", "TemperatureNormal".to_owned()))
+            health(False, "TemperatureNormal", Some(True)),
+            Some((EventType::Normal, "TemperatureNormal".to_owned()))
         );
-        assert_eq!(health("True", "CPUThermallyThrottled", Some("True")), None);
+        assert_eq!(health(True, "CPUThermallyThrottled", Some(True)), None);
         assert_eq!(
-            r("MemoryPressure", "False", None),
+            r(T::MemoryPressure, False, None),
             Some("NodeHasSufficientMemory")
         );
+        assert_eq!(r(T::Ready, True, None), None, "a new Ready records nothing");
+        assert_eq!(r(T::Ready, True, Some(Unknown)), Some("NodeReady"));
         assert_eq!(
-            r("Ready", "True", None),
-            None,
-            "a new Ready records nothing"
-        );
-        assert_eq!(r("Ready", "True", Some("Unknown")), Some("NodeReady"));
-        assert_eq!(
-            r("DiskPressure", "True", Some("False")),
+            r(T::DiskPressure, True, Some(False)),
             Some("NodeHasDiskPressure")
         );
-        assert_eq!(r("PIDPressure", "False", Some("False")), None, "unchanged");
+        assert_eq!(r(T::PidPressure, False, Some(False)), None, "unchanged");
     }
 
     #[test]

@@ -170,16 +170,20 @@ impl Writer {
         at: Timestamp,
     ) {
         for c in &status.conditions {
-            let first = journal.iter().find(|t| t.r#type == c.r#type);
-            let kubelets =
-                NodeConditionType::from_name(&c.r#type).is_some_and(NodeConditionType::is_kubelets);
-            let at_start = match first.map(|t| t.status.as_str()) {
-                None => c.status.as_str(),
-                Some(_) if !kubelets => continue,
-                Some("True") => "False",
-                Some(_) => "True",
+            // Checked at the edge ([`validate_status`], [`usable`]): skipped, never misread.
+            let (Some(type_), Some(now)) = (
+                NodeConditionType::from_name(&c.r#type),
+                ConditionStatus::parse(&c.status),
+            ) else {
+                continue;
             };
-            if let Some((kind, reason)) = condition_event(&c.r#type, at_start, &c.reason, None) {
+            let first = journal.iter().find(|t| t.r#type == c.r#type);
+            let at_start = match first.map(|t| ConditionStatus::from_api(&t.status)) {
+                None => now,
+                Some(_) if !type_.is_kubelets() => continue,
+                Some(status) => ConditionStatus::from_bool(!status.is_true()),
+            };
+            if let Some((kind, reason)) = condition_event(type_, at_start, &c.reason, None) {
                 self.condition_event(name, kind, &reason, at).await;
             }
         }

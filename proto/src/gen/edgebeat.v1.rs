@@ -34,10 +34,15 @@ pub struct Header {
 /// made relative so that it survives a wrong agent clock.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct NodeCondition {
-    /// MemoryPressure, DiskPressure, PIDPressure or Ready.
+    /// NodeConditionType name: kubelet's MemoryPressure, DiskPressure, PIDPressure or Ready,
+    /// or one of the health conditions (SystemMemoryContentionPressure,
+    /// SystemDiskContentionPressure, ReadonlyFilesystem, ThermalPressure, UnderVoltage,
+    /// ClockUnsynchronized). The gateway refuses a status with any other type, or with one
+    /// type twice.
     #[prost(string, tag = "1")]
     pub r#type: ::prost::alloc::string::String,
-    /// "True", "False" or "Unknown".
+    /// "True" or "False". "Unknown" is the node lifecycle controller's to write, never an
+    /// agent's: the gateway refuses a status that carries it.
     #[prost(string, tag = "2")]
     pub status: ::prost::alloc::string::String,
     /// CamelCase reason, e.g. KubeletHasSufficientMemory.

@@ -188,6 +188,54 @@ fn condition_types_are_spelt_as_the_api_kubelets_four_first() {
     assert_eq!(NodeConditionType::from_name("NetworkUnavailable"), None);
     assert_eq!(NodeConditionType::from_name("ready"), None);
     assert!(NodeConditionType::Ready == "Ready");
+    // ALL is KUBELET then HEALTH, and a type's discriminant is its place in it.
+    assert!(
+        NodeConditionType::KUBELET
+            .iter()
+            .chain(&NodeConditionType::HEALTH)
+            .eq(NodeConditionType::ALL.iter())
+    );
+    for (i, t) in NodeConditionType::ALL.into_iter().enumerate() {
+        assert_eq!(t as usize, i);
+    }
+}
+
+#[test]
+fn condition_statuses_parse_strictly_or_as_held() {
+    use ConditionStatus::{False, True, Unknown};
+    for s in ConditionStatus::ALL {
+        assert_eq!(ConditionStatus::parse(s.as_str()), Some(s));
+        assert_eq!(ConditionStatus::ALL[s as usize], s);
+    }
+    assert_eq!(ConditionStatus::parse("true"), None);
+    assert_eq!(ConditionStatus::from_api("maybe"), Unknown);
+    assert!(True.is_reported() && False.is_reported() && !Unknown.is_reported());
+    assert_eq!(ConditionStatus::from_bool(false), False);
+    assert_eq!(EventType::Warning.as_str(), "Warning");
+}
+
+/// kubelet's event reasons (`pkg/kubelet/events/event.go`) for its four conditions; the
+/// health conditions have none of kubelet's.
+#[test]
+fn kubelets_event_reasons_follow_the_status() {
+    use ConditionStatus::{False, True, Unknown};
+    use NodeConditionType as T;
+    assert_eq!(T::Ready.event_reason(True), Some("NodeReady"));
+    assert_eq!(T::Ready.event_reason(Unknown), Some("NodeNotReady"));
+    assert_eq!(
+        T::MemoryPressure.event_reason(False),
+        Some("NodeHasSufficientMemory")
+    );
+    assert_eq!(
+        T::DiskPressure.event_reason(True),
+        Some("NodeHasDiskPressure")
+    );
+    assert_eq!(
+        T::PidPressure.event_reason(True),
+        Some("NodeHasInsufficientPID")
+    );
+    assert_eq!(T::PidPressure.event_reason(Unknown), None);
+    assert_eq!(T::UnderVoltage.event_reason(True), None);
 }
 
 #[test]
