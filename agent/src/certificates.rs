@@ -86,6 +86,10 @@ pub enum CertificateError {
     /// issued chain).
     #[error("unusable certificate: {0}")]
     Unusable(String),
+    /// TLS material that does not parse or cannot be used (a file in `certDir`, an issued
+    /// chain, the site CA).
+    #[error("unusable certificate: {0}")]
+    Tls(#[from] tls::TlsError),
     /// `bootstrapTokenFile` cannot be read or holds no token.
     #[error("bootstrapTokenFile {}: {reason}", file.display())]
     Token {
@@ -134,21 +138,20 @@ impl NodeIdentity {
     /// The identity of a certificate file's PEM (the certificate first, then the key) and
     /// the site CA's PEM.
     ///
-    /// Errors: [`CertificateError::Unusable`] when either does not parse, or the
-    /// certificate's validity cannot be read.
+    /// Errors: [`CertificateError::Tls`] when either does not parse,
+    /// [`CertificateError::Unusable`] when the key is not PKCS#8 or the certificate's
+    /// validity cannot be read.
     pub fn from_pem(pair_pem: &str, ca_pem: &str) -> Result<Self, CertificateError> {
         let unusable = |why: &str| CertificateError::Unusable(why.to_owned());
-        let certs =
-            tls::parse_certificates(pair_pem.as_bytes()).map_err(CertificateError::Unusable)?;
+        let certs = tls::parse_certificates(pair_pem.as_bytes()).map_err(CertificateError::Tls)?;
         let leaf = certs.first().ok_or_else(|| unusable("no certificate"))?;
-        let key = match tls::parse_private_key(pair_pem.as_bytes())
-            .map_err(CertificateError::Unusable)?
-        {
-            rustls_pki_types::PrivateKeyDer::Pkcs8(key) => key,
-            _ => return Err(unusable("the key is not PKCS#8")),
-        };
+        let key =
+            match tls::parse_private_key(pair_pem.as_bytes()).map_err(CertificateError::Tls)? {
+                rustls_pki_types::PrivateKeyDer::Pkcs8(key) => key,
+                _ => return Err(unusable("the key is not PKCS#8")),
+            };
         tls::parse_certificates(ca_pem.as_bytes())
-            .map_err(CertificateError::Unusable)?
+            .map_err(CertificateError::Tls)?
             .first()
             .ok_or_else(|| unusable("no site CA"))?;
         let (not_before, not_after) = enroll::certificate_validity(leaf)
@@ -198,7 +201,7 @@ impl NodeIdentity {
     /// Signs certificate requests proved by this identity.
     fn signer(&self) -> Result<MessageSigner, CertificateError> {
         MessageSigner::from_pem(self.cert_pem.as_bytes(), self.key_pem.as_bytes())
-            .map_err(CertificateError::Key)
+            .map_err(|e| CertificateError::Key(e.to_string()))
     }
 }
 
@@ -516,7 +519,7 @@ impl Manager<'_> {
             .certificate_request(self.headers.node_name())
             .map_err(|e| CertificateError::Key(e.to_string()))?;
         let payload = enroll::certificate_request(&identity.signer()?, header.clone(), csr)
-            .map_err(CertificateError::Key)?;
+            .map_err(|e| CertificateError::Key(e.to_string()))?;
         let trust = AnswerTrust::Ca(identity.ca_pem.as_bytes());
         let answer = self.send(payload, &header, trust, Some(identity)).await?;
         self.attempt(answer, key)
@@ -584,12 +587,12 @@ impl Manager<'_> {
                                 client_identity: None,
                             }
                             .rustls_config()
-                            .map_err(CertificateError::Unusable)?,
+                            .map_err(CertificateError::Tls)?,
                         ),
                         (None, None) => match trust {
                             AnswerTrust::Pin(pin) => Some(
                                 enroll::PinnedCaVerifier::client_config(pin)
-                                    .map_err(CertificateError::Unusable)?,
+                                    .map_err(CertificateError::Tls)?,
                             ),
                             AnswerTrust::Ca(_) => None,
                         },

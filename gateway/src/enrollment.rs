@@ -90,6 +90,9 @@ pub enum EnrollmentError {
     /// The site CA cannot be made, read or used.
     #[error("site CA: {0}")]
     Ca(String),
+    /// The site CA's or the gateway's answer key's TLS material cannot be used.
+    #[error("site CA: {0}")]
+    CaTls(#[from] edgebeat_transports::tls::TlsError),
     /// A bootstrap token cannot be made or read.
     #[error("bootstrap token: {0}")]
     Token(String),
@@ -305,11 +308,11 @@ impl Enrollment {
                 identity.key_pem.as_bytes(),
                 ca.cert_pem.as_bytes(),
             )
-            .map_err(EnrollmentError::Ca)?,
+            .map_err(EnrollmentError::CaTls)?,
         );
         let ca_der = ca.cert_der.clone();
-        let verifier =
-            CertificateVerifier::from_pem(ca.cert_pem.as_bytes()).map_err(EnrollmentError::Ca)?;
+        let verifier = CertificateVerifier::from_pem(ca.cert_pem.as_bytes())
+            .map_err(EnrollmentError::CaTls)?;
         Ok(Self {
             client,
             options,

@@ -862,7 +862,7 @@ fn grpc_tls_updates(
                 },
             };
             tls.check()?;
-            Ok(tls)
+            Ok::<_, edgebeat_transports::tls::TlsError>(tls)
         },
     ))
 }

@@ -20,8 +20,9 @@ const MAX_FILE_BYTES: u64 = 1024 * 1024;
 /// a new value of them (in `paths`' order), which the returned receiver then holds. A read
 /// that fails (a file being replaced) or a value `build` refuses (a key that does not match
 /// its certificate yet) is logged and the previous value kept; the next change is tried
-/// again. The task ends when every receiver is dropped.
-pub fn watch_files<T, F>(
+/// again. The task ends when every receiver is dropped. `build`'s error is only logged
+/// (its `Display`).
+pub fn watch_files<T, E, F>(
     paths: Vec<PathBuf>,
     period: Duration,
     initial: T,
@@ -29,7 +30,8 @@ pub fn watch_files<T, F>(
 ) -> watch::Receiver<T>
 where
     T: Send + Sync + 'static,
-    F: Fn(Vec<Vec<u8>>) -> Result<T, String> + Send + 'static,
+    E: std::fmt::Display,
+    F: Fn(Vec<Vec<u8>>) -> Result<T, E> + Send + 'static,
 {
     let (tx, rx) = watch::channel(initial);
     let read = move |paths: &[PathBuf]| -> Result<Vec<Vec<u8>>, String> {
@@ -82,7 +84,7 @@ mod tests {
         let mut rx = watch_files(vec![file.clone()], RELOAD_PERIOD, "one".to_owned(), |c| {
             let text = String::from_utf8(c[0].clone()).map_err(|e| e.to_string())?;
             if text == "bad" {
-                Err("refused".into())
+                Err("refused".to_owned())
             } else {
                 Ok(text)
             }

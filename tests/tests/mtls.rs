@@ -733,7 +733,7 @@ async fn a_serving_certificate_replaced_on_disk_serves_new_handshakes_and_open_s
                 client_ca_pem: Some(client_ca.clone()),
             };
             tls.check()?;
-            Ok(tls)
+            Ok::<_, edgebeat_transports::tls::TlsError>(tls)
         },
     ));
     let cluster = Cluster::start_grpc_with(grpc, GatewayOptions::default())

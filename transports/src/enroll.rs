@@ -372,14 +372,14 @@ pub fn token_request(token: &BootstrapToken, header: Header, csr: Vec<u8>) -> Ve
 /// `signer`'s certificate chain, signed with its key (which may have expired, within the
 /// gateway's grace period).
 ///
-/// Errors: the signer's message when signing fails.
+/// Errors: [`EnrollError::Key`] when signing fails.
 pub fn certificate_request(
     signer: &crate::signing::MessageSigner,
     header: Header,
     csr: Vec<u8>,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, EnrollError> {
     let chain = edgebeat_proto::NodeCertificate::decode(signer.certificate())
-        .map_err(|e| e.to_string())?
+        .map_err(|e| EnrollError::Certificate(e.to_string()))?
         .certificate_chain;
     let request = CertificateRequest {
         header: Some(header),
@@ -388,7 +388,9 @@ pub fn certificate_request(
         token_proof: Vec::new(),
         certificate_chain: chain,
     };
-    signer.seal(request.encode_to_vec())
+    signer
+        .seal(request.encode_to_vec())
+        .map_err(|e| EnrollError::Key(e.to_string()))
 }
 
 /// `(notBefore, notAfter)` of an X.509 certificate (DER), Unix seconds; `None` when it does
@@ -541,9 +543,8 @@ pub fn read_answer(
 
     let malformed = |what: &str| ReadAnswerError::Malformed(what.to_owned());
     let verifier = match trust {
-        AnswerTrust::Ca(pem) => {
-            crate::signing::AnswerVerifier::from_pem(pem).map_err(ReadAnswerError::Ca)?
-        }
+        AnswerTrust::Ca(pem) => crate::signing::AnswerVerifier::from_pem(pem)
+            .map_err(|e| ReadAnswerError::Ca(e.to_string()))?,
         AnswerTrust::Pin(pin) => {
             // The claim, unverified until its CA has the pin and its signature verifies.
             let signed = crate::signing::unseal_answer(payload)
@@ -562,7 +563,8 @@ pub fn read_answer(
             if ca_pin(ca).map_err(|_| ReadAnswerError::NotPinned)? != pin {
                 return Err(ReadAnswerError::NotPinned);
             }
-            crate::signing::AnswerVerifier::from_der(ca).map_err(ReadAnswerError::Ca)?
+            crate::signing::AnswerVerifier::from_der(ca)
+                .map_err(|e| ReadAnswerError::Ca(e.to_string()))?
         }
     };
     let message = verifier.verify(payload, now)?;
@@ -620,13 +622,13 @@ impl PinnedCaVerifier {
     /// A rustls client configuration verifying servers with this pin (TLS 1.2 and 1.3),
     /// presenting no client certificate.
     ///
-    /// Errors: rustls' message when the protocol versions cannot be set.
-    pub fn client_config(pin: [u8; 32]) -> Result<rustls::ClientConfig, String> {
+    /// Errors: [`TlsError::Rustls`](crate::tls::TlsError::Rustls) when the protocol
+    /// versions cannot be set.
+    pub fn client_config(pin: [u8; 32]) -> Result<rustls::ClientConfig, crate::tls::TlsError> {
         let verifier = std::sync::Arc::new(Self::new(pin));
         Ok(
             rustls::ClientConfig::builder_with_provider(verifier.provider.clone())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| e.to_string())?
+                .with_safe_default_protocol_versions()?
                 .dangerous()
                 .with_custom_certificate_verifier(verifier)
                 .with_no_client_auth(),

@@ -28,7 +28,7 @@ use prost::Message as _;
 use rustls::SignatureScheme;
 use rustls::sign::Signer;
 
-use crate::tls;
+use crate::tls::{self, TlsError};
 
 /// Domain separation prefix of every signature: `"edgebeat.v1 signed message"` and a NUL
 /// byte (27 bytes). A signature made for anything else (a TLS handshake with the same key)
@@ -58,8 +58,8 @@ fn with_context(context: &[u8], message: &[u8]) -> Vec<u8> {
 /// The signer of a certificate chain (`cert_pem`, leaf first) and its private key
 /// (`key_pem`), in one of [`SCHEMES`].
 ///
-/// Errors: a message when either PEM does not parse, or the key is neither ECDSA P-256 nor
-/// Ed25519.
+/// Errors: [`TlsError::In`] `certificate` or `key` when either PEM does not parse, or
+/// `key` with [`TlsError::UnsupportedKey`] when the key is neither ECDSA P-256 nor Ed25519.
 fn load_key(
     cert_pem: &[u8],
     key_pem: &[u8],
@@ -68,17 +68,17 @@ fn load_key(
         Box<dyn Signer>,
         Vec<rustls::pki_types::CertificateDer<'static>>,
     ),
-    String,
+    TlsError,
 > {
-    let chain = tls::parse_certificates(cert_pem).map_err(|e| format!("certificate: {e}"))?;
-    let key = tls::parse_private_key(key_pem).map_err(|e| format!("key: {e}"))?;
+    let chain = tls::parse_certificates(cert_pem).map_err(TlsError::part("certificate"))?;
+    let key = tls::parse_private_key(key_pem).map_err(TlsError::part("key"))?;
     let key =
-        rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| format!("key: {e}"))?;
+        rustls::crypto::ring::sign::any_supported_type(&key).map_err(TlsError::part("key"))?;
     let signer = key.choose_scheme(&SCHEMES).ok_or_else(|| {
-        format!(
-            "key: a {:?} key cannot sign messages; use an ECDSA P-256 (kubelet's default) or Ed25519 key",
-            key.algorithm()
-        )
+        TlsError::UnsupportedKey {
+            algorithm: format!("{:?}", key.algorithm()),
+        }
+        .in_part("key")
     })?;
     Ok((signer, chain))
 }
@@ -119,10 +119,11 @@ impl MessageSigner {
     /// private key (`key_pem`: PKCS#8, or SEC1 for EC keys) are given, as in the agent's
     /// `transport.certFile` and `transport.keyFile`.
     ///
-    /// Errors: a message when either PEM does not parse, or the key is neither ECDSA P-256
-    /// nor Ed25519 (RSA and P-384 keys are refused: their signatures cost more bytes on a
-    /// metered link than the whole Lease renewal they would sign).
-    pub fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, String> {
+    /// Errors: [`TlsError`] (in part `certificate` or `key`) when either PEM does not
+    /// parse, or the key is neither ECDSA P-256 nor Ed25519 ([`TlsError::UnsupportedKey`]:
+    /// RSA and P-384 signatures cost more bytes on a metered link than the whole Lease
+    /// renewal they would sign).
+    pub fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, TlsError> {
         let (signer, chain) = load_key(cert_pem, key_pem)?;
         let certificate = NodeCertificate {
             certificate_chain: chain.iter().map(|c| c.as_ref().to_vec()).collect(),
@@ -137,12 +138,13 @@ impl MessageSigner {
     /// Wraps an encoded `AgentMessage` into an encoded [`SignedMessage`], about 75 bytes
     /// (ECDSA P-256) or 68 bytes (Ed25519) larger.
     ///
-    /// Errors: a message when the signing itself fails (ring reports no detail).
-    pub fn seal(&self, message: Vec<u8>) -> Result<Vec<u8>, String> {
+    /// Errors: [`TlsError::Signing`] when the signing itself fails (ring reports no
+    /// detail).
+    pub fn seal(&self, message: Vec<u8>) -> Result<Vec<u8>, TlsError> {
         let signature = self
             .signer
             .sign(&signed_bytes(&message))
-            .map_err(|e| format!("signing failed: {e}"))?;
+            .map_err(TlsError::Signing)?;
         Ok(SignedMessage {
             signed_message: message,
             signature,
@@ -190,14 +192,13 @@ mod verify {
         /// A verifier trusting the CA certificate(s) in `ca_pem` (the site CA that signs
         /// node client certificates).
         ///
-        /// Errors: a message when the PEM holds no usable CA certificate.
-        pub fn from_pem(ca_pem: &[u8]) -> Result<Self, String> {
+        /// Errors: [`TlsError`] when the PEM holds no usable CA certificate.
+        pub fn from_pem(ca_pem: &[u8]) -> Result<Self, TlsError> {
             let provider = Arc::new(rustls::crypto::ring::default_provider());
             let roots = tls::root_store(ca_pem)?;
             let verifier =
                 rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
-                    .build()
-                    .map_err(|e| e.to_string())?;
+                    .build()?;
             Ok(Self { verifier })
         }
 
@@ -227,7 +228,7 @@ mod verify {
             self.verifier
                 .verify_client_cert(&leaf, &intermediates, now)
                 .map_err(|e| refuse(format!("{e}")))?;
-            let identity = tls::node_identity(&leaf).map_err(refuse)?;
+            let identity = tls::node_identity(&leaf).map_err(|e| refuse(e.to_string()))?;
             if identity != node {
                 return Err(refuse(format!(
                     "certificate of node {identity:?} published for node {node:?}"
@@ -256,7 +257,7 @@ mod verify {
                             .into(),
                     ));
                 };
-            let id = tls::certificate_id(&leaf).map_err(refuse)?;
+            let id = tls::certificate_id(&leaf).map_err(|e| refuse(e.to_string()))?;
             Ok(NodeKey {
                 node: identity,
                 public_key: spki.subject_public_key.data.to_vec(),
@@ -514,8 +515,12 @@ mod tests {
         let pki = ca();
         let (cert, key) = node(&pki, "edge-1", &PKCS_ECDSA_P384_SHA384);
         let err = MessageSigner::from_pem(cert.as_bytes(), key.as_bytes()).unwrap_err();
-        assert!(err.contains("ECDSA P-256"), "{err}");
+        assert!(
+            matches!(&err, TlsError::In { part: "key", source } if matches!(**source, TlsError::UnsupportedKey { .. })),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("ECDSA P-256"), "{err}");
         let err = MessageSigner::from_pem(b"junk", key.as_bytes()).unwrap_err();
-        assert!(err.starts_with("certificate: "), "{err}");
+        assert!(err.to_string().starts_with("certificate: "), "{err}");
     }
 }

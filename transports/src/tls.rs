@@ -60,6 +60,79 @@ impl std::fmt::Debug for CertificateId {
     }
 }
 
+/// Why TLS material (PEM certificates and keys, a trust anchor, a rustls configuration, a
+/// signing key) is unusable. `Display` is the message for a person, e.g. `client
+/// certificate: no PEM CERTIFICATE block found`; [`TlsError::In`] says which part of a
+/// configuration it was.
+#[cfg(feature = "tls")]
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// The text is not PEM.
+    #[error("not valid PEM: {0}")]
+    Pem(#[source] rustls::pki_types::pem::Error),
+    /// The PEM holds no `CERTIFICATE` block.
+    #[error("no PEM CERTIFICATE block found")]
+    NoCertificate,
+    /// The PEM holds no private key block (PKCS#8, PKCS#1 RSA or SEC1 EC).
+    #[error("no PEM PRIVATE KEY block found (PKCS#8, RSA or EC)")]
+    NoPrivateKey,
+    /// The private key block does not parse.
+    #[error("not a valid PEM private key: {0}")]
+    PrivateKey(#[source] rustls::pki_types::pem::Error),
+    /// A certificate rustls-webpki refuses as a trust anchor.
+    #[error("not a usable CA certificate: {0}")]
+    TrustAnchor(#[source] rustls::Error),
+    /// rustls refused the configuration, e.g. a key that does not belong to its
+    /// certificate, or a key type it cannot sign with.
+    #[error("{0}")]
+    Rustls(#[from] rustls::Error),
+    /// rustls could not build a certificate verifier from the trust anchors.
+    #[error("{0}")]
+    Verifier(#[from] rustls::client::VerifierBuilderError),
+    /// A key that cannot sign edgebeat messages: only ECDSA P-256 and Ed25519 (RSA and
+    /// P-384 signatures cost more bytes on a metered link than the renewal they sign).
+    #[error(
+        "a {algorithm} key cannot sign messages; use an ECDSA P-256 (kubelet's default) or Ed25519 key"
+    )]
+    UnsupportedKey {
+        /// The key's algorithm as rustls names it, e.g. `RSA`.
+        algorithm: String,
+    },
+    /// The signing operation failed (ring reports no detail).
+    #[error("signing failed: {0}")]
+    Signing(#[source] rustls::Error),
+    /// The gateway's answer key signs what agents would refuse.
+    #[error("agents would refuse its answers: {0}")]
+    AnswersRefused(#[source] crate::signing::AnswerError),
+    /// `source`, in the part of a configuration named `part`: `CA`, `client certificate`,
+    /// `client key`, `certificate`, `key`, `client CA`, `site CA`…
+    #[error("{part}: {source}")]
+    In {
+        /// Which part.
+        part: &'static str,
+        /// What is wrong with it.
+        #[source]
+        source: Box<TlsError>,
+    },
+}
+
+#[cfg(feature = "tls")]
+impl TlsError {
+    /// `self`, in the part named `part` ([`TlsError::In`]).
+    pub fn in_part(self, part: &'static str) -> Self {
+        Self::In {
+            part,
+            source: Box::new(self),
+        }
+    }
+
+    /// A closure for `map_err`: errors convertible into [`TlsError`], in the part `part`.
+    pub fn part<E: Into<Self>>(part: &'static str) -> impl FnOnce(E) -> Self {
+        move |e| e.into().in_part(part)
+    }
+}
+
 /// Makes ring the process-wide default rustls [`rustls::crypto::CryptoProvider`], so no
 /// code path picks (or panics choosing between) providers. Idempotent; a provider installed
 /// earlier is left in place.
@@ -103,26 +176,25 @@ impl ClientTls {
     /// A rustls client configuration on the ring provider: the server must chain to
     /// `ca_pem`; the client certificate, when set, is presented. TLS 1.2 and 1.3.
     ///
-    /// Errors: a message naming the part (`CA`, `client certificate`, `client key`, or the
-    /// pair) that is unusable.
-    pub fn rustls_config(&self) -> Result<rustls::ClientConfig, String> {
-        let roots = root_store(&self.ca_pem).map_err(|e| format!("CA: {e}"))?;
+    /// Errors: [`TlsError::In`] naming the part (`CA`, `client certificate`, `client key`,
+    /// or the pair) that is unusable.
+    pub fn rustls_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        let roots = root_store(&self.ca_pem).map_err(TlsError::part("CA"))?;
         let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .with_safe_default_protocol_versions()?
         .with_root_certificates(roots);
         match &self.client_identity {
             None => Ok(builder.with_no_client_auth()),
             Some(identity) => {
                 let certs = parse_certificates(&identity.cert_pem)
-                    .map_err(|e| format!("client certificate: {e}"))?;
+                    .map_err(TlsError::part("client certificate"))?;
                 let key =
-                    parse_private_key(&identity.key_pem).map_err(|e| format!("client key: {e}"))?;
+                    parse_private_key(&identity.key_pem).map_err(TlsError::part("client key"))?;
                 builder
                     .with_client_auth_cert(certs, key)
-                    .map_err(|e| format!("client certificate and key: {e}"))
+                    .map_err(TlsError::part("client certificate and key"))
             }
         }
     }
@@ -172,8 +244,8 @@ impl GrpcServerTls {
     /// message instead of at the first connection: every PEM parses, the key belongs to the
     /// certificate, and the client CA (when set) holds at least one usable certificate.
     ///
-    /// Errors: a message naming the part (`certificate`, `key`, `client CA`).
-    pub fn check(&self) -> Result<(), String> {
+    /// Errors: [`TlsError::In`] naming the part (`certificate`, `key`, `client CA`).
+    pub fn check(&self) -> Result<(), TlsError> {
         self.rustls_config(false).map(|_| ())
     }
 
@@ -182,17 +254,19 @@ impl GrpcServerTls {
     /// `require_client_cert`, optional otherwise.
     ///
     /// Errors: as [`GrpcServerTls::check`].
-    pub fn rustls_config(&self, require_client_cert: bool) -> Result<rustls::ServerConfig, String> {
+    pub fn rustls_config(
+        &self,
+        require_client_cert: bool,
+    ) -> Result<rustls::ServerConfig, TlsError> {
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let certs = parse_certificates(&self.cert_pem).map_err(|e| format!("certificate: {e}"))?;
-        let key = parse_private_key(&self.key_pem).map_err(|e| format!("key: {e}"))?;
+        let certs = parse_certificates(&self.cert_pem).map_err(TlsError::part("certificate"))?;
+        let key = parse_private_key(&self.key_pem).map_err(TlsError::part("key"))?;
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?;
+            .with_safe_default_protocol_versions()?;
         let builder = match &self.client_ca_pem {
             None => builder.with_no_client_auth(),
             Some(pem) => {
-                let roots = root_store(pem).map_err(|e| format!("client CA: {e}"))?;
+                let roots = root_store(pem).map_err(TlsError::part("client CA"))?;
                 let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                     roots.into(),
                     provider,
@@ -203,13 +277,13 @@ impl GrpcServerTls {
                     verifier.allow_unauthenticated()
                 };
                 builder.with_client_cert_verifier(
-                    verifier.build().map_err(|e| format!("client CA: {e}"))?,
+                    verifier.build().map_err(TlsError::part("client CA"))?,
                 )
             }
         };
         let mut config = builder
             .with_single_cert(certs, key)
-            .map_err(|e| format!("certificate and key: {e}"))?;
+            .map_err(TlsError::part("certificate and key"))?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(config)
     }
@@ -217,56 +291,103 @@ impl GrpcServerTls {
 
 /// The trust anchors of a PEM file of CA certificates.
 ///
-/// Errors: a message when the text is not PEM, holds no certificate, or a certificate is not
-/// usable as a trust anchor.
+/// Errors: as [`parse_certificates`], or [`TlsError::TrustAnchor`] when a certificate is
+/// not usable as a trust anchor.
 #[cfg(feature = "tls")]
-pub fn root_store(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
+pub fn root_store(pem: &[u8]) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in parse_certificates(pem)? {
-        roots
-            .add(cert)
-            .map_err(|e| format!("not a usable CA certificate: {e}"))?;
+        roots.add(cert).map_err(TlsError::TrustAnchor)?;
     }
     Ok(roots)
 }
 
 /// Parses every `CERTIFICATE` block of a PEM file.
 ///
-/// Errors: a message when the text is not PEM or holds no certificate.
+/// Errors: [`TlsError::Pem`] when the text is not PEM, [`TlsError::NoCertificate`] when
+/// it holds no certificate.
 #[cfg(feature = "tls")]
-pub fn parse_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+pub fn parse_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("not valid PEM: {e}"))?;
+        .map_err(TlsError::Pem)?;
     if certs.is_empty() {
-        return Err("no PEM CERTIFICATE block found".into());
+        return Err(TlsError::NoCertificate);
     }
     Ok(certs)
 }
 
 /// Parses the first private key (PKCS#8, PKCS#1 RSA or SEC1 EC) of a PEM file.
 ///
-/// Errors: a message when there is none or it is malformed.
+/// Errors: [`TlsError::NoPrivateKey`] when there is none, [`TlsError::PrivateKey`] when
+/// it is malformed.
 #[cfg(feature = "tls")]
-pub fn parse_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+pub fn parse_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
-        rustls::pki_types::pem::Error::NoItemsFound => {
-            "no PEM PRIVATE KEY block found (PKCS#8, RSA or EC)".to_owned()
-        }
-        other => format!("not a valid PEM private key: {other}"),
+        rustls::pki_types::pem::Error::NoItemsFound => TlsError::NoPrivateKey,
+        other => TlsError::PrivateKey(other),
     })
+}
+
+/// Why a client certificate is not a node identity ([`node_identity`], [`certificate_id`]).
+/// `Display` is the short reason logged, counted and sent in the `UNAUTHENTICATED` status.
+#[cfg(feature = "node-identity")]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdentityError {
+    /// The DER does not parse as an X.509 certificate (x509-parser's reason).
+    #[error("client certificate does not parse: {0}")]
+    Unparsable(String),
+    /// A CN or O attribute of `subject` is not a string.
+    #[error("client certificate subject {subject} has a non-string value")]
+    NonStringValue {
+        /// The subject, as x509-parser prints it.
+        subject: String,
+    },
+    /// `subject` has no CN, or more than one.
+    #[error(
+        "client certificate subject {subject} must have exactly one CN ({NODE_USER_PREFIX}<nodeName>)"
+    )]
+    CommonNames {
+        /// The subject, as x509-parser prints it.
+        subject: String,
+    },
+    /// The CN lacks the `system:node:` prefix.
+    #[error(
+        "client certificate CN {common_name:?} is not a node identity ({NODE_USER_PREFIX}<nodeName>)"
+    )]
+    NotANodeUser {
+        /// The CN.
+        common_name: String,
+    },
+    /// The name after `system:node:` is not a valid Node name.
+    #[error("client certificate CN {common_name:?} does not name a valid node")]
+    InvalidNodeName {
+        /// The CN.
+        common_name: String,
+    },
+    /// No O is `system:nodes`.
+    #[error(
+        "client certificate for {common_name:?} lacks O={NODES_GROUP} (has {organizations:?}): not a node"
+    )]
+    NotInNodesGroup {
+        /// The CN.
+        common_name: String,
+        /// The O values it has.
+        organizations: Vec<String>,
+    },
 }
 
 /// The [`CertificateId`](CertificateId) of a leaf certificate (DER): its
 /// SHA-256 and notBefore.
 ///
-/// Errors: a short reason when the certificate does not parse.
+/// Errors: [`IdentityError::Unparsable`] when the certificate does not parse.
 #[cfg(feature = "node-identity")]
-pub fn certificate_id(leaf_der: &[u8]) -> Result<CertificateId, String> {
+pub fn certificate_id(leaf_der: &[u8]) -> Result<CertificateId, IdentityError> {
     use x509_parser::prelude::{FromDer as _, X509Certificate};
 
     let (_, cert) = X509Certificate::from_der(leaf_der)
-        .map_err(|e| format!("certificate does not parse: {e}"))?;
+        .map_err(|e| IdentityError::Unparsable(e.to_string()))?;
     let digest = ring::digest::digest(&ring::digest::SHA256, leaf_der);
     let mut sha256 = [0u8; 32];
     sha256.copy_from_slice(digest.as_ref());
@@ -284,47 +405,51 @@ pub fn certificate_id(leaf_der: &[u8]) -> Result<CertificateId, String> {
 /// Only identity is read here; chain, validity period and key usage were checked by rustls
 /// during the handshake.
 ///
-/// Errors: a short reason (for logs, metrics and the `UNAUTHENTICATED` status) naming what
-/// is missing.
+/// Errors: the [`IdentityError`] naming what is missing.
 #[cfg(feature = "node-identity")]
-pub fn node_identity(leaf_der: &[u8]) -> Result<edgebeat_proto::registration::NodeName, String> {
+pub fn node_identity(
+    leaf_der: &[u8],
+) -> Result<edgebeat_proto::registration::NodeName, IdentityError> {
     use x509_parser::prelude::{FromDer as _, X509Certificate};
 
     let (_, cert) = X509Certificate::from_der(leaf_der)
-        .map_err(|e| format!("client certificate does not parse: {e}"))?;
+        .map_err(|e| IdentityError::Unparsable(e.to_string()))?;
     let subject = cert.subject();
     let text = |attr: &x509_parser::x509::AttributeTypeAndValue<'_>| {
         attr.as_str()
             .map(str::to_owned)
-            .map_err(|_| format!("client certificate subject {subject} has a non-string value"))
+            .map_err(|_| IdentityError::NonStringValue {
+                subject: subject.to_string(),
+            })
     };
     let common_names = subject
         .iter_common_name()
         .map(text)
         .collect::<Result<Vec<_>, _>>()?;
     let [common_name] = common_names.as_slice() else {
-        return Err(format!(
-            "client certificate subject {subject} must have exactly one CN ({NODE_USER_PREFIX}<nodeName>)"
-        ));
+        return Err(IdentityError::CommonNames {
+            subject: subject.to_string(),
+        });
     };
     let Some(name) = common_name.strip_prefix(NODE_USER_PREFIX) else {
-        return Err(format!(
-            "client certificate CN {common_name:?} is not a node identity ({NODE_USER_PREFIX}<nodeName>)"
-        ));
+        return Err(IdentityError::NotANodeUser {
+            common_name: common_name.clone(),
+        });
     };
     let Ok(name) = edgebeat_proto::registration::NodeName::new(name) else {
-        return Err(format!(
-            "client certificate CN {common_name:?} does not name a valid node"
-        ));
+        return Err(IdentityError::InvalidNodeName {
+            common_name: common_name.clone(),
+        });
     };
     let organizations = subject
         .iter_organization()
         .map(text)
         .collect::<Result<Vec<_>, _>>()?;
     if !organizations.iter().any(|o| o == NODES_GROUP) {
-        return Err(format!(
-            "client certificate for {common_name:?} lacks O={NODES_GROUP} (has {organizations:?}): not a node"
-        ));
+        return Err(IdentityError::NotInNodesGroup {
+            common_name: common_name.clone(),
+            organizations,
+        });
     }
     Ok(name)
 }
@@ -402,10 +527,13 @@ mod tests {
             ),
         ];
         for (subject, expected) in cases {
-            let err = node_identity(&cert(&subject)).unwrap_err();
+            let err = node_identity(&cert(&subject)).unwrap_err().to_string();
             assert!(err.contains(expected), "{subject:?}: {err}");
         }
-        assert!(node_identity(b"not DER").is_err());
+        assert!(matches!(
+            node_identity(b"not DER"),
+            Err(IdentityError::Unparsable(_))
+        ));
     }
 
     #[test]
@@ -451,7 +579,12 @@ mod tests {
         ];
         for (tls, prefix) in cases {
             let err = tls.check().unwrap_err();
-            assert!(err.starts_with(prefix), "{err}");
+            // The part is named both in the type and in the message.
+            let TlsError::In { part, .. } = &err else {
+                panic!("not in a part: {err:?}");
+            };
+            assert_eq!(format!("{part}: "), prefix);
+            assert!(err.to_string().starts_with(prefix), "{err}");
         }
         let debug = format!("{good:?}");
         assert!(

@@ -641,12 +641,14 @@ pub(super) fn validate_tls(
     // refused now rather than at the first connection.
     #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
     if let Err(why) = tls.rustls_config() {
-        let field = if why.starts_with("CA") {
-            "transport.caFile"
-        } else if why.starts_with("client certificate:") {
-            "transport.certFile"
-        } else {
-            "transport.keyFile"
+        use edgebeat_transports::tls::TlsError;
+        let field = match &why {
+            TlsError::In { part: "CA", .. } => "transport.caFile",
+            TlsError::In {
+                part: "client certificate",
+                ..
+            } => "transport.certFile",
+            _ => "transport.keyFile",
         };
         p.push(field, format!("unusable for TLS: {why}"));
         return None;

@@ -91,7 +91,7 @@ impl SiteCa {
         let key = KeyPair::from_pem(key_pem).map_err(ca_error)?;
         let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(ca_error)?;
         let cert_der = edgebeat_transports::tls::parse_certificates(cert_pem.as_bytes())
-            .map_err(EnrollmentError::Ca)?
+            .map_err(EnrollmentError::CaTls)?
             .into_iter()
             .next()
             .ok_or_else(|| EnrollmentError::Ca("no certificate".into()))?
@@ -198,7 +198,7 @@ impl SiteCa {
             identity.key_pem.as_bytes(),
             self.cert_pem.as_bytes(),
         )
-        .map_err(EnrollmentError::Ca)
+        .map_err(EnrollmentError::CaTls)
     }
 
     /// A certificate for the gateway itself, issued now by this CA: a fresh P-256 key that

@@ -72,7 +72,7 @@ mod server {
             let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
             server = server
                 .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
-                .map_err(|e| GrpcServeError::Tls(e.to_string()))?;
+                .map_err(GrpcServeError::Transport)?;
         }
         server
             .add_service(service)

@@ -199,8 +199,9 @@ impl<H> Service<H> {
             // A presented certificate chains to the client CA (rustls checked it); it must
             // also say which node it is, whether or not identity is required.
             Some(der) => {
-                let name = tls::node_identity(&der)?;
-                Ok(Some((name, tls::certificate_id(&der)?)))
+                let name = tls::node_identity(&der).map_err(|e| e.to_string())?;
+                let id = tls::certificate_id(&der).map_err(|e| e.to_string())?;
+                Ok(Some((name, id)))
             }
             None if self.require_node_identity => Err(format!(
                 "a client certificate with a node identity is required (CN={}<nodeName>, O={})",
@@ -217,7 +218,7 @@ impl<H> Service<H> {
 pub enum GrpcServeError {
     /// The TLS material cannot work (see [`GrpcServerTls::check`]).
     #[error("gRPC TLS: {0}")]
-    Tls(String),
+    Tls(#[source] crate::tls::TlsError),
     /// tonic stopped serving (the listener broke).
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),

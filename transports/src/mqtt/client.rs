@@ -173,7 +173,7 @@ impl MqttUplinkOptions {
                 )),
                 Some(std::sync::Arc::new(
                     crate::signing::AnswerVerifier::from_pem(&tls.ca_pem)
-                        .map_err(|e| MqttUplinkError::Tls(format!("CA: {e}")))?,
+                        .map_err(|e| MqttUplinkError::Tls(e.in_part("CA")))?,
                 )),
             ),
             None => (None, None),
@@ -192,7 +192,7 @@ impl MqttUplinkOptions {
     #[cfg(feature = "mqtt-tls")]
     pub fn set_gateway_ca(&mut self, ca_pem: &[u8]) -> Result<(), MqttUplinkError> {
         let verifier = crate::signing::AnswerVerifier::from_pem(ca_pem)
-            .map_err(|e| MqttUplinkError::Tls(format!("gateway CA: {e}")))?;
+            .map_err(|e| MqttUplinkError::Tls(e.in_part("gateway CA")))?;
         self.answers = Some(std::sync::Arc::new(verifier));
         Ok(())
     }
@@ -292,11 +292,11 @@ pub enum MqttUplinkError {
     },
     /// The TLS material cannot work (unparsable PEM, key not matching the certificate).
     #[error("MQTT TLS: {0}")]
-    Tls(String),
+    Tls(#[source] crate::tls::TlsError),
     /// The client certificate's key cannot sign messages end to end (see
     /// [`crate::signing::MessageSigner::from_pem`]).
     #[error("cannot sign MQTT messages with the client key: {0}")]
-    SigningKey(String),
+    SigningKey(#[source] crate::tls::TlsError),
 }
 
 /// Topics of one node.

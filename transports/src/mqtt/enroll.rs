@@ -17,6 +17,9 @@ pub enum MqttEnrollmentError {
     /// The options cannot work (TLS material, a broker).
     #[error("MQTT certificate request: {0}")]
     Options(String),
+    /// The TLS material cannot work.
+    #[error("MQTT certificate request: {0}")]
+    Tls(#[source] crate::tls::TlsError),
     /// The broker could not be reached, or no answer taken by `accept` came in time: ask
     /// again later.
     #[error("no answer to the certificate request: {0}")]
@@ -63,7 +66,7 @@ pub async fn request_certificate(
             .as_ref()
             .map(crate::tls::ClientTls::rustls_config)
             .transpose()
-            .map_err(MqttEnrollmentError::Options)?,
+            .map_err(MqttEnrollmentError::Tls)?,
     };
     if let Some(config) = tls {
         crate::tls::install_ring_provider();

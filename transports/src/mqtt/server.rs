@@ -309,7 +309,7 @@ pub enum MqttIngressError {
     },
     /// The TLS material cannot work (unparsable PEM, key not matching the certificate).
     #[error("MQTT TLS: {0}")]
-    Tls(String),
+    Tls(#[source] crate::tls::TlsError),
     /// The broker refused the shared subscription (no shared-subscription support, not
     /// authorized): this replica would never receive a message.
     #[error("the broker refused the subscription {filter}: {reason}")]

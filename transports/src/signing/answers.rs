@@ -19,6 +19,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::Signer;
 
 use super::{load_key, tls};
+use crate::tls::TlsError;
 
 /// Domain separation prefix of every answer signature: `"edgebeat.v1 signed answer"` and a
 /// NUL byte (26 bytes). Neither a message signature ([`super::SIGNING_CONTEXT`]) nor a TLS
@@ -50,9 +51,10 @@ impl AnswerSigner {
     /// will check it: a serverAuth certificate chaining to the site CA, valid now for
     /// [`ANSWER_SIGNER_NAME`], whose key signs what [`AnswerVerifier`] verifies.
     ///
-    /// Errors: a message when a PEM does not parse, the key is neither ECDSA P-256 nor
-    /// Ed25519, or agents would refuse what it signs (naming why).
-    pub fn from_pem(cert_pem: &[u8], key_pem: &[u8], site_ca_pem: &[u8]) -> Result<Self, String> {
+    /// Errors: [`TlsError`] when a PEM does not parse (in part `certificate`, `key` or
+    /// `site CA`), the key is neither ECDSA P-256 nor Ed25519, or agents would refuse what
+    /// it signs ([`TlsError::AnswersRefused`], naming why).
+    pub fn from_pem(cert_pem: &[u8], key_pem: &[u8], site_ca_pem: &[u8]) -> Result<Self, TlsError> {
         let (signer, chain) = load_key(cert_pem, key_pem)?;
         let signer = Self {
             signer,
@@ -60,22 +62,23 @@ impl AnswerSigner {
         };
         let probe = signer.seal(&GatewayMessage::default())?;
         AnswerVerifier::from_pem(site_ca_pem)
-            .map_err(|e| format!("site CA: {e}"))?
+            .map_err(TlsError::part("site CA"))?
             .verify(&probe, UnixTime::now())
-            .map_err(|e| format!("agents would refuse its answers: {e}"))?;
+            .map_err(TlsError::AnswersRefused)?;
         Ok(signer)
     }
 
     /// The encoded [`SignedAnswer`] of `message`: the message, about 71 (ECDSA P-256) or 64
     /// (Ed25519) bytes of signature, and the certificate chain.
     ///
-    /// Errors: a message when the signing itself fails (ring reports no detail).
-    pub fn seal(&self, message: &GatewayMessage) -> Result<Vec<u8>, String> {
+    /// Errors: [`TlsError::Signing`] when the signing itself fails (ring reports no
+    /// detail).
+    pub fn seal(&self, message: &GatewayMessage) -> Result<Vec<u8>, TlsError> {
         let signed_message = message.encode_to_vec();
         let signature = self
             .signer
             .sign(&super::with_context(ANSWER_CONTEXT, &signed_message))
-            .map_err(|e| format!("signing failed: {e}"))?;
+            .map_err(TlsError::Signing)?;
         Ok(SignedAnswer {
             signed_message,
             signature,
@@ -128,28 +131,27 @@ impl AnswerVerifier {
     /// A verifier trusting the CA certificate(s) in `ca_pem` (the site CA that issues the
     /// gateway's answer key).
     ///
-    /// Errors: a message when the PEM holds no usable CA certificate.
-    pub fn from_pem(ca_pem: &[u8]) -> Result<Self, String> {
+    /// Errors: [`TlsError`] when the PEM holds no usable CA certificate.
+    pub fn from_pem(ca_pem: &[u8]) -> Result<Self, TlsError> {
         Self::from_roots(tls::root_store(ca_pem)?)
     }
 
     /// A verifier trusting the one CA certificate `ca_der` (DER).
     ///
-    /// Errors: a message when it is not usable as a trust anchor.
-    pub fn from_der(ca_der: &[u8]) -> Result<Self, String> {
+    /// Errors: [`TlsError::TrustAnchor`] when it is not usable as a trust anchor.
+    pub fn from_der(ca_der: &[u8]) -> Result<Self, TlsError> {
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from(ca_der.to_vec()))
-            .map_err(|e| format!("not a usable CA certificate: {e}"))?;
+            .map_err(TlsError::TrustAnchor)?;
         Self::from_roots(roots)
     }
 
-    fn from_roots(roots: rustls::RootCertStore) -> Result<Self, String> {
+    fn from_roots(roots: rustls::RootCertStore) -> Result<Self, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier =
             rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| e.to_string())?;
+                .build()?;
         Ok(Self { verifier })
     }
 

@@ -91,7 +91,7 @@ impl Link {
         false
     }
 
-    pub(super) fn payload(&self, message: Vec<u8>) -> Result<Vec<u8>, String> {
+    pub(super) fn payload(&self, message: Vec<u8>) -> Result<Vec<u8>, crate::tls::TlsError> {
         #[cfg(feature = "mqtt-tls")]
         if let Some(signer) = &self.signer {
             return signer.seal(message);
@@ -319,7 +319,7 @@ impl Link {
         let payload = match self.payload(message.encode_to_vec()) {
             Ok(payload) => payload,
             Err(error) => {
-                let _ = request.reply.send(Ok(local_reject(error)));
+                let _ = request.reply.send(Ok(local_reject(error.to_string())));
                 return;
             }
         };
