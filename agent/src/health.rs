@@ -97,29 +97,43 @@ impl HealthSettings {
 /// before anything is killed.
 pub const DEFAULT_CONTENTION_THRESHOLD: f64 = 0.1;
 
+/// A health setting outside its range: the value given and what the field takes. Its
+/// `Display` is the config error's text (the caller names the field), e.g. `got 10; a
+/// fraction of time between 0 (off) and 1, e.g. 0.1 for 10 %`.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("got {value}; {expected}")]
+pub struct OutOfRange {
+    /// The value given.
+    pub value: f64,
+    /// The range the field takes, with an example.
+    pub expected: &'static str,
+}
+
 /// Checks a PSI threshold field: a fraction in `[0, 1]`.
 ///
-/// Errors: a message for the config error of that field.
-pub fn check_threshold(value: f64) -> Result<f64, String> {
+/// Errors: [`OutOfRange`] for the config error of that field.
+pub fn check_threshold(value: f64) -> Result<f64, OutOfRange> {
     if (0.0..=1.0).contains(&value) {
         Ok(value)
     } else {
-        Err(format!(
-            "got {value}; a fraction of time between 0 (off) and 1, e.g. 0.1 for 10 %"
-        ))
+        Err(OutOfRange {
+            value,
+            expected: "a fraction of time between 0 (off) and 1, e.g. 0.1 for 10 %",
+        })
     }
 }
 
 /// Checks `thermalLimitCelsius`: above 0 and at most 150 °C (no board runs hotter).
 ///
-/// Errors: a message for the config error of that field.
-pub fn check_thermal_limit(value: f64) -> Result<f64, String> {
+/// Errors: [`OutOfRange`] for the config error of that field.
+pub fn check_thermal_limit(value: f64) -> Result<f64, OutOfRange> {
     if value > 0.0 && value <= 150.0 {
         Ok(value)
     } else {
-        Err(format!(
-            "got {value}; degrees Celsius above 0 and at most 150, e.g. 80"
-        ))
+        Err(OutOfRange {
+            value,
+            expected: "degrees Celsius above 0 and at most 150, e.g. 80",
+        })
     }
 }
 

@@ -28,7 +28,7 @@ use crate::enrollment::gate::{EnrollmentGate, EnrollmentLimits, Source};
 use crate::metrics::{RejectReason, ReplicaGauges, clock_skew_seconds};
 use crate::sites::{PartitionRule, SiteTracker};
 use crate::view::ApiserverView;
-pub use crate::writer::{LeaseState, validate_status};
+pub use crate::writer::{LeaseState, StatusError, validate_status};
 use crate::writer::{NodeWrites, Writer, rejected, retry};
 
 /// Gateway behaviour settings.

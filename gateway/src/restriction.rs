@@ -9,6 +9,8 @@ use std::time::Duration;
 use edgebeat_proto as pb;
 use tokio::time::Instant;
 
+use crate::writer::StatusError;
+
 /// Longest free-text field in a status (condition message, nodeInfo fields), in bytes.
 pub const MAX_TEXT_BYTES: usize = 1024;
 /// Most addresses or resource entries in a status.
@@ -17,15 +19,16 @@ pub const MAX_ENTRIES: usize = 32;
 /// Checks the sizes in a reported status: at most [`MAX_ENTRIES`] addresses and resource
 /// entries each, text fields at most [`MAX_TEXT_BYTES`].
 ///
-/// Errors: a message naming the oversized field.
-pub fn validate_status_limits(status: &pb::NodeStatus) -> Result<(), String> {
-    for (field, n) in [
+/// Errors: [`StatusError::TooManyEntries`] naming the field, or
+/// [`StatusError::TextTooLong`].
+pub fn validate_status_limits(status: &pb::NodeStatus) -> Result<(), StatusError> {
+    for (field, count) in [
         ("addresses", status.addresses.len()),
         ("capacity", status.capacity.len()),
         ("allocatable", status.allocatable.len()),
     ] {
-        if n > MAX_ENTRIES {
-            return Err(format!("status.{field} has {n} entries > {MAX_ENTRIES}"));
+        if count > MAX_ENTRIES {
+            return Err(StatusError::TooManyEntries { field, count });
         }
     }
     let info = status.node_info.as_ref();
@@ -56,10 +59,7 @@ pub fn validate_status_limits(status: &pb::NodeStatus) -> Result<(), String> {
         }));
     for text in texts {
         if text.len() > MAX_TEXT_BYTES {
-            return Err(format!(
-                "a status field is {} bytes > {MAX_TEXT_BYTES}",
-                text.len()
-            ));
+            return Err(StatusError::TextTooLong { bytes: text.len() });
         }
     }
     Ok(())

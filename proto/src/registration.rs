@@ -79,20 +79,103 @@ impl TaintEffect {
 }
 
 impl std::str::FromStr for TaintEffect {
-    type Err = String;
+    type Err = RegistrationError;
 
     /// Parses the API's spelling (case-sensitive, as the apiserver).
     ///
-    /// Errors: `unknown effect "X"; use NoSchedule, PreferNoSchedule, NoExecute`.
-    fn from_str(s: &str) -> Result<Self, String> {
+    /// Errors: [`RegistrationError::TaintEffect`]: `unknown effect "X"; use NoSchedule,
+    /// PreferNoSchedule, NoExecute`.
+    fn from_str(s: &str) -> Result<Self, RegistrationError> {
         Self::ALL
             .into_iter()
             .find(|e| e.as_str() == s)
-            .ok_or_else(|| {
-                let all: Vec<&str> = Self::ALL.iter().map(|e| e.as_str()).collect();
-                format!("unknown effect {s:?}; use {}", all.join(", "))
+            .ok_or_else(|| RegistrationError::TaintEffect {
+                effect: s.to_owned(),
             })
     }
+}
+
+/// Why a Node name, label, taint or registration is refused, with the rule it breaks
+/// (apimachinery's validation, `k8s.io/apimachinery/pkg/util/validation`, and
+/// NodeRestriction's label rules). `Display` is the message for the operator's config error
+/// or the agent's log, e.g. `label "Site": key "Site": the name must be …`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistrationError {
+    /// Not a DNS-1123 subdomain ([`is_node_name`]).
+    #[error(
+        "{name:?} is not a valid node name: use lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, at most {MAX_SUBDOMAIN_BYTES} characters"
+    )]
+    NodeName {
+        /// The name refused.
+        name: String,
+    },
+    /// A key's prefix before `/` is not a DNS-1123 subdomain.
+    #[error(
+        "key {key:?}: the prefix before '/' must be a DNS subdomain (lower-case letters, digits, '-' and '.', at most {MAX_SUBDOMAIN_BYTES} characters)"
+    )]
+    KeyPrefix {
+        /// The key refused.
+        key: String,
+    },
+    /// A key's name part is not 1 to 63 letters, digits, `-`, `_` and `.`.
+    #[error(
+        "key {key:?}: the name must be 1 to {MAX_LABEL_VALUE_BYTES} characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+    )]
+    KeyName {
+        /// The key refused.
+        key: String,
+    },
+    /// A value is neither empty nor at most 63 letters, digits, `-`, `_` and `.`.
+    #[error(
+        "value {value:?} must be empty or at most {MAX_LABEL_VALUE_BYTES} characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+    )]
+    Value {
+        /// The value refused.
+        value: String,
+    },
+    /// A taint effect other than [`TaintEffect::ALL`].
+    #[error("unknown effect {effect:?}; use NoSchedule, PreferNoSchedule, NoExecute")]
+    TaintEffect {
+        /// The effect refused.
+        effect: String,
+    },
+    /// The label `key` is malformed (`source` says how).
+    #[error("label {key:?}: {source}")]
+    Label {
+        /// The label's key.
+        key: String,
+        /// What is wrong with it.
+        #[source]
+        source: Box<RegistrationError>,
+    },
+    /// The taint `key` is malformed (`source` says how).
+    #[error("taint {key:?}: {source}")]
+    Taint {
+        /// The taint's key.
+        key: String,
+        /// What is wrong with it.
+        #[source]
+        source: Box<RegistrationError>,
+    },
+    /// More than [`MAX_LABELS`] labels.
+    #[error("too many labels: {count} > {MAX_LABELS}")]
+    TooManyLabels {
+        /// How many there were.
+        count: usize,
+    },
+    /// More than [`MAX_TAINTS`] taints.
+    #[error("too many taints: {count} > {MAX_TAINTS}")]
+    TooManyTaints {
+        /// How many there were.
+        count: usize,
+    },
+    /// Labels a node may not set ([`forbidden_labels`]).
+    #[error("forbidden labels (NodeRestriction): {}", keys.join(", "))]
+    ForbiddenLabels {
+        /// The forbidden keys, sorted.
+        keys: Vec<String>,
+    },
 }
 
 impl std::fmt::Display for TaintEffect {
@@ -127,16 +210,15 @@ impl std::fmt::Debug for NodeName {
 impl NodeName {
     /// `name` if it is a valid Node name ([`is_node_name`]).
     ///
-    /// Errors: `"Edge_1" is not a valid node name: use lower-case letters, digits, '-' and
-    /// '.', starting and ending with a letter or digit, at most 253 characters`.
-    pub fn new(name: impl Into<String>) -> Result<Self, String> {
+    /// Errors: [`RegistrationError::NodeName`]: `"Edge_1" is not a valid node name: use
+    /// lower-case letters, digits, '-' and '.', starting and ending with a letter or digit,
+    /// at most 253 characters`.
+    pub fn new(name: impl Into<String>) -> Result<Self, RegistrationError> {
         let name = name.into();
         if is_node_name(&name) {
             Ok(Self(name))
         } else {
-            Err(format!(
-                "{name:?} is not a valid node name: use lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, at most {MAX_SUBDOMAIN_BYTES} characters"
-            ))
+            Err(RegistrationError::NodeName { name })
         }
     }
 
@@ -179,19 +261,19 @@ impl std::fmt::Display for NodeName {
 }
 
 impl std::str::FromStr for NodeName {
-    type Err = String;
+    type Err = RegistrationError;
 
     /// As [`NodeName::new`].
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, RegistrationError> {
         Self::new(s)
     }
 }
 
 impl TryFrom<String> for NodeName {
-    type Error = String;
+    type Error = RegistrationError;
 
     /// As [`NodeName::new`].
-    fn try_from(s: String) -> Result<Self, String> {
+    fn try_from(s: String) -> Result<Self, RegistrationError> {
         Self::new(s)
     }
 }
@@ -235,8 +317,8 @@ fn is_label_token(s: &str) -> bool {
 /// and `/`, then a name of 1 to 63 bytes of letters, digits, `-`, `_` and `.`, starting and
 /// ending with a letter or digit.
 ///
-/// Errors: what is wrong with `key`.
-pub fn check_key(key: &str) -> Result<(), String> {
+/// Errors: [`RegistrationError::KeyPrefix`] or [`RegistrationError::KeyName`].
+pub fn check_key(key: &str) -> Result<(), RegistrationError> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
@@ -244,14 +326,14 @@ pub fn check_key(key: &str) -> Result<(), String> {
     if let Some(prefix) = prefix
         && !is_node_name(prefix)
     {
-        return Err(format!(
-            "key {key:?}: the prefix before '/' must be a DNS subdomain (lower-case letters, digits, '-' and '.', at most {MAX_SUBDOMAIN_BYTES} characters)"
-        ));
+        return Err(RegistrationError::KeyPrefix {
+            key: key.to_owned(),
+        });
     }
     if name.len() > MAX_LABEL_VALUE_BYTES || !is_label_token(name) {
-        return Err(format!(
-            "key {key:?}: the name must be 1 to {MAX_LABEL_VALUE_BYTES} characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
-        ));
+        return Err(RegistrationError::KeyName {
+            key: key.to_owned(),
+        });
     }
     Ok(())
 }
@@ -259,14 +341,14 @@ pub fn check_key(key: &str) -> Result<(), String> {
 /// Checks a label or taint value (`IsValidLabelValue`): empty, or at most 63 bytes of
 /// letters, digits, `-`, `_` and `.`, starting and ending with a letter or digit.
 ///
-/// Errors: what is wrong with `value`.
-pub fn check_value(value: &str) -> Result<(), String> {
+/// Errors: [`RegistrationError::Value`].
+pub fn check_value(value: &str) -> Result<(), RegistrationError> {
     if value.is_empty() || (value.len() <= MAX_LABEL_VALUE_BYTES && is_label_token(value)) {
         Ok(())
     } else {
-        Err(format!(
-            "value {value:?} must be empty or at most {MAX_LABEL_VALUE_BYTES} characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
-        ))
+        Err(RegistrationError::Value {
+            value: value.to_owned(),
+        })
     }
 }
 
@@ -309,51 +391,55 @@ pub fn forbidden_labels<'a>(keys: impl IntoIterator<Item = &'a str>) -> Vec<&'a 
 
 /// Checks one label: its key ([`check_key`]) and value ([`check_value`]).
 ///
-/// Errors: what is wrong, naming the label.
-pub fn check_label(key: &str, value: &str) -> Result<(), String> {
+/// Errors: [`RegistrationError::Label`], naming the label and what is wrong.
+pub fn check_label(key: &str, value: &str) -> Result<(), RegistrationError> {
     check_key(key)
         .and_then(|()| check_value(value))
-        .map_err(|e| format!("label {key:?}: {e}"))
+        .map_err(|e| RegistrationError::Label {
+            key: key.to_owned(),
+            source: Box::new(e),
+        })
 }
 
 /// Checks one taint: key ([`check_key`]), value ([`check_value`]) and effect
 /// ([`TaintEffect`]).
 ///
-/// Errors: what is wrong, naming the taint.
-pub fn check_taint(key: &str, value: &str, effect: &str) -> Result<(), String> {
+/// Errors: [`RegistrationError::Taint`], naming the taint and what is wrong.
+pub fn check_taint(key: &str, value: &str, effect: &str) -> Result<(), RegistrationError> {
     check_key(key)
         .and_then(|()| check_value(value))
         .and_then(|()| effect.parse::<TaintEffect>().map(|_| ()))
-        .map_err(|e| format!("taint {key:?}: {e}"))
+        .map_err(|e| RegistrationError::Taint {
+            key: key.to_owned(),
+            source: Box::new(e),
+        })
 }
 
 /// Checks a registration: at most [`MAX_LABELS`] labels and [`MAX_TAINTS`] taints, each
 /// label and taint well formed ([`check_label`], [`check_taint`]), no label a node may not
 /// set ([`forbidden_labels`]).
 ///
-/// Errors: a message naming the offending label or taint, for the Ack and the log.
-pub fn validate_register(register: &Register) -> Result<(), String> {
+/// Errors: the [`RegistrationError`] naming the offending label or taint, for the Ack and
+/// the log.
+pub fn validate_register(register: &Register) -> Result<(), RegistrationError> {
     if register.labels.len() > MAX_LABELS {
-        return Err(format!(
-            "too many labels: {} > {MAX_LABELS}",
-            register.labels.len()
-        ));
+        return Err(RegistrationError::TooManyLabels {
+            count: register.labels.len(),
+        });
     }
     if register.taints.len() > MAX_TAINTS {
-        return Err(format!(
-            "too many taints: {} > {MAX_TAINTS}",
-            register.taints.len()
-        ));
+        return Err(RegistrationError::TooManyTaints {
+            count: register.taints.len(),
+        });
     }
     for (key, value) in &register.labels {
         check_label(key, value)?;
     }
     let forbidden = forbidden_labels(register.labels.keys().map(String::as_str));
     if !forbidden.is_empty() {
-        return Err(format!(
-            "forbidden labels (NodeRestriction): {}",
-            forbidden.join(", ")
-        ));
+        return Err(RegistrationError::ForbiddenLabels {
+            keys: forbidden.into_iter().map(str::to_owned).collect(),
+        });
     }
     for t in &register.taints {
         check_taint(&t.key, &t.value, &t.effect)?;
@@ -443,18 +529,26 @@ mod tests {
             String::new(),
         );
         let err = validate_register(&r).unwrap_err();
+        assert_eq!(
+            err,
+            RegistrationError::ForbiddenLabels {
+                keys: vec!["node-role.kubernetes.io/control-plane".into()]
+            }
+        );
         assert!(
-            err.contains("node-role.kubernetes.io/control-plane"),
+            err.to_string()
+                .contains("node-role.kubernetes.io/control-plane"),
             "{err}"
         );
         let mut r = Register::default();
         for i in 0..=MAX_LABELS {
             r.labels.insert(format!("example.com/l{i}"), "v".into());
         }
-        assert!(
-            validate_register(&r)
-                .unwrap_err()
-                .starts_with("too many labels")
+        assert_eq!(
+            validate_register(&r),
+            Err(RegistrationError::TooManyLabels {
+                count: MAX_LABELS + 1
+            })
         );
         let mut r = Register::default();
         r.labels.insert("example.com/l".into(), "v".repeat(64));
@@ -478,6 +572,11 @@ mod tests {
         );
         let e = check_taint("example.com/edge", "", "Sometimes").unwrap_err();
         assert!(
+            matches!(&e, RegistrationError::Taint { key, source } if key == "example.com/edge" && matches!(**source, RegistrationError::TaintEffect { .. })),
+            "{e:?}"
+        );
+        let e = e.to_string();
+        assert!(
             e.contains("unknown effect") && e.contains("NoExecute"),
             "{e}"
         );
@@ -489,7 +588,7 @@ mod tests {
         let name: NodeName = "edge-01".parse().unwrap();
         assert_eq!(name, "edge-01");
         assert_eq!(name.len(), 7, "reads as a str");
-        let err = NodeName::new("Edge_01").unwrap_err();
+        let err = NodeName::new("Edge_01").unwrap_err().to_string();
         assert!(
             err.starts_with("\"Edge_01\" is not a valid node name"),
             "{err}"

@@ -119,24 +119,67 @@ impl MqttCluster {
     }
 }
 
+/// Why a gRPC endpoint is refused ([`check_grpc_endpoint`]), quoting the text given; its
+/// `Display` ends with the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrpcEndpointError {
+    /// `http::Uri` does not parse it (`reason` is its message).
+    #[error("{url:?} is not a URL ({reason}); {GRPC_ENDPOINT_FIX}")]
+    NotAUrl {
+        /// The text given.
+        url: String,
+        /// `http::Uri`'s reason.
+        reason: String,
+    },
+    /// A scheme other than `http` or `https`.
+    #[error("{url:?} must start with http:// or https:// for kind: grpc")]
+    Scheme {
+        /// The text given.
+        url: String,
+    },
+    /// No host.
+    #[error("{url:?} has no host; {GRPC_ENDPOINT_FIX}")]
+    NoHost {
+        /// The text given.
+        url: String,
+    },
+    /// A port that is not a number, or user info (`user@`).
+    #[error("{url:?} has an invalid port or user info; {GRPC_ENDPOINT_FIX}")]
+    PortOrUserInfo {
+        /// The text given.
+        url: String,
+    },
+    /// A path or a query.
+    #[error("{url:?} must not have a path or query; {GRPC_ENDPOINT_FIX}")]
+    PathOrQuery {
+        /// The text given.
+        url: String,
+    },
+}
+
+/// The fix every [`GrpcEndpointError`] ends with.
+const GRPC_ENDPOINT_FIX: &str = "use http://host:port, or https://host:port for TLS";
+
 /// Checks a gateway's gRPC endpoint (the agent's `transport.endpoint` for `kind: grpc`):
 /// `http://host[:port]`, or `https://host[:port]` for TLS, parsed by `http::Uri` as tonic's
 /// `Endpoint::from_shared` parses it when the uplink starts, so an endpoint the config
 /// accepts is one the uplink takes.
 ///
-/// Errors: what is wrong, quoting the text.
-pub fn check_grpc_endpoint(url: &str) -> Result<(), String> {
-    const FIX: &str = "use http://host:port, or https://host:port for TLS";
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("{url:?} is not a URL ({e}); {FIX}"))?;
+/// Errors: the [`GrpcEndpointError`] saying what is wrong.
+pub fn check_grpc_endpoint(url: &str) -> Result<(), GrpcEndpointError> {
+    let uri: http::Uri =
+        url.parse()
+            .map_err(|e: http::uri::InvalidUri| GrpcEndpointError::NotAUrl {
+                url: url.to_owned(),
+                reason: e.to_string(),
+            })?;
+    let url = || url.to_owned();
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
-        return Err(format!(
-            "{url:?} must start with http:// or https:// for kind: grpc"
-        ));
+        return Err(GrpcEndpointError::Scheme { url: url() });
     }
     if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("{url:?} has no host; {FIX}"));
+        return Err(GrpcEndpointError::NoHost { url: url() });
     }
     // `http::Uri` takes `gw:x` with no port, and the connector would then dial port 80.
     let authority = uri.authority().map_or("", http::uri::Authority::as_str);
@@ -144,10 +187,10 @@ pub fn check_grpc_endpoint(url: &str) -> Result<(), String> {
         .rsplit_once(']')
         .map_or(authority, |(_, rest)| rest);
     if authority.contains('@') || (after_host.contains(':') && uri.port_u16().is_none()) {
-        return Err(format!("{url:?} has an invalid port or user info; {FIX}"));
+        return Err(GrpcEndpointError::PortOrUserInfo { url: url() });
     }
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err(format!("{url:?} must not have a path or query; {FIX}"));
+        return Err(GrpcEndpointError::PathOrQuery { url: url() });
     }
     Ok(())
 }

@@ -101,7 +101,7 @@ use values::{
     AbsolutePath, BindAddress, HoldPeriod, LeaseSeconds, MaxPods, NodeIp, NodeNameField, Period,
     PodsPerCore, parse_reserved,
 };
-pub use values::{MAX_DURATION, parse_bind_address, parse_duration, parse_node_name};
+pub use values::{MAX_DURATION, ValueError, parse_bind_address, parse_duration, parse_node_name};
 
 pub use edgebeat_proto::registration::TaintEffect;
 
@@ -561,15 +561,15 @@ fn registration_taints(p: &mut Problems, taints: Vec<RawTaint>) -> Vec<Taint> {
         let effect = match t.effect.parse::<TaintEffect>() {
             Ok(effect) => Some(effect),
             Err(e) => {
-                p.push(format!("registerWithTaints[{i}].effect"), e);
+                p.push(format!("registerWithTaints[{i}].effect"), e.to_string());
                 None
             }
         };
         if let Err(e) = registration::check_key(&t.key) {
-            p.push(format!("registerWithTaints[{i}].key"), e);
+            p.push(format!("registerWithTaints[{i}].key"), e.to_string());
         }
         if let Err(e) = registration::check_value(&t.value) {
-            p.push(format!("registerWithTaints[{i}].value"), e);
+            p.push(format!("registerWithTaints[{i}].value"), e.to_string());
         }
         if let Some(effect) = effect {
             checked.push(Taint {
@@ -596,7 +596,7 @@ fn check_node_labels(p: &mut Problems, labels: &BTreeMap<String, String>) {
     }
     for (key, value) in labels {
         if let Err(e) = registration::check_label(key, value) {
-            p.push(format!("nodeLabels[{key:?}]"), e);
+            p.push(format!("nodeLabels[{key:?}]"), e.to_string());
         }
     }
     for key in registration::forbidden_labels(labels.keys().map(String::as_str)) {
@@ -679,14 +679,14 @@ fn health(p: &mut Problems, raw: RawHealth) -> HealthSettings {
         if let Some(v) = value {
             match crate::health::check_threshold(v) {
                 Ok(v) => *slot = v,
-                Err(m) => p.push(field, m),
+                Err(m) => p.push(field, m.to_string()),
             }
         }
     }
     if let Some(v) = raw.thermal_limit_celsius {
         match crate::health::check_thermal_limit(v) {
             Ok(v) => health.thermal_limit_celsius = Some(v),
-            Err(m) => p.push("thermalLimitCelsius", m),
+            Err(m) => p.push("thermalLimitCelsius", m.to_string()),
         }
     }
     let switches = [

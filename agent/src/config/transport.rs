@@ -301,7 +301,7 @@ fn grpc(p: &mut Problems, g: RawGrpc, enrolled: bool) -> Option<(TransportConfig
         return None;
     };
     if let Err(m) = edgebeat_transports::endpoint::check_grpc_endpoint(&endpoint) {
-        p.push("transport.endpoint", m);
+        p.push("transport.endpoint", m.to_string());
         return None;
     }
     if endpoint.starts_with("https://") && !cfg!(feature = "grpc-tls") {
@@ -363,7 +363,7 @@ fn enrollment_endpoint(
         }
         (Some(Text(url)), true) => {
             if let Err(m) = edgebeat_transports::endpoint::check_grpc_endpoint(&url) {
-                p.push(FIELD, m);
+                p.push(FIELD, m.to_string());
                 return None;
             }
             if url.starts_with("https://") && !has_ca {

@@ -17,21 +17,62 @@ use edgebeat_proto::registration::{self, NodeName};
 
 use crate::quantity::{Amount, parse_amount, parse_millicores};
 
+/// Why a value of the config file or a flag is refused: the text given, and the fix. Its
+/// `Display` is the message the operator reads (the caller names the field).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValueError {
+    /// Not an `IP:port` ([`parse_bind_address`]).
+    #[error(
+        "{text:?} is not an IP:port address, e.g. 127.0.0.1:10248 or [::1]:10248 (remove the field to turn the server off)"
+    )]
+    NotAnAddress {
+        /// The text given.
+        text: String,
+    },
+    /// An `IP:port` with port 0 ([`parse_bind_address`]).
+    #[error(
+        "{text:?} has port 0; use a fixed port such as 10248 so probes and scrapers can find it"
+    )]
+    PortZero {
+        /// The text given.
+        text: String,
+    },
+    /// Not a Go duration ([`parse_duration`]).
+    #[error("invalid duration {text:?}; use a Go duration such as \"10s\", \"5m\" or \"1m30s\"")]
+    Duration {
+        /// The text given.
+        text: String,
+    },
+    /// Not a valid Node name ([`parse_node_name`]).
+    #[error(transparent)]
+    NodeName(#[from] registration::RegistrationError),
+    /// A valid Node name too long for the `kubernetes.io/hostname` label
+    /// ([`parse_node_name`]).
+    #[error(
+        "{name:?} is {} characters; a node name is also its kubernetes.io/hostname label, which allows at most {}",
+        name.len(),
+        registration::MAX_LABEL_VALUE_BYTES
+    )]
+    NodeNameTooLong {
+        /// The name given.
+        name: String,
+    },
+}
+
 /// Parses the observe server's address (`healthzBindAddress`, `--healthz-bind-address`): an
 /// `IP:port` (`[v6]:port` for IPv6) with a port other than 0. A host name is not accepted:
 /// the agent binds before any resolver is needed, as kubelet does.
 ///
-/// Errors: a message with the rejected text and an example.
-pub fn parse_bind_address(text: &str) -> Result<SocketAddr, String> {
-    let addr: SocketAddr = text.trim().parse().map_err(|_| {
-        format!(
-            "{text:?} is not an IP:port address, e.g. 127.0.0.1:10248 or [::1]:10248 (remove the field to turn the server off)"
-        )
+/// Errors: [`ValueError::NotAnAddress`], [`ValueError::PortZero`].
+pub fn parse_bind_address(text: &str) -> Result<SocketAddr, ValueError> {
+    let addr: SocketAddr = text.trim().parse().map_err(|_| ValueError::NotAnAddress {
+        text: text.to_owned(),
     })?;
     if addr.port() == 0 {
-        return Err(format!(
-            "{text:?} has port 0; use a fixed port such as 10248 so probes and scrapers can find it"
-        ));
+        return Err(ValueError::PortZero {
+            text: text.to_owned(),
+        });
     }
     Ok(addr)
 }
@@ -78,15 +119,13 @@ pub(super) fn is_link_local(ip: &IpAddr) -> bool {
 /// `kubernetes.io/hostname` label ([`registration::check_value`]); a longer name would load
 /// and then never register.
 ///
-/// Errors: a message saying what is wrong.
-pub fn parse_node_name(name: &str) -> Result<NodeName, String> {
+/// Errors: [`ValueError::NodeName`], [`ValueError::NodeNameTooLong`].
+pub fn parse_node_name(name: &str) -> Result<NodeName, ValueError> {
     let node = NodeName::new(name)?;
     if registration::check_value(name).is_err() {
-        return Err(format!(
-            "{name:?} is {} characters; a node name is also its kubernetes.io/hostname label, which allows at most {}",
-            name.len(),
-            registration::MAX_LABEL_VALUE_BYTES
-        ));
+        return Err(ValueError::NodeNameTooLong {
+            name: name.to_owned(),
+        });
     }
     Ok(node)
 }
@@ -147,7 +186,7 @@ impl TryFrom<String> for Period {
     type Error = String;
 
     fn try_from(text: String) -> Result<Self, String> {
-        let d = parse_duration(&text)?;
+        let d = parse_duration(&text).map_err(|e| e.to_string())?;
         if d.is_zero() || d > MAX_DURATION {
             return Err(format!(
                 "{text:?} must be greater than zero and at most 24h"
@@ -166,7 +205,7 @@ impl TryFrom<String> for HoldPeriod {
     type Error = String;
 
     fn try_from(text: String) -> Result<Self, String> {
-        match parse_duration(&text)? {
+        match parse_duration(&text).map_err(|e| e.to_string())? {
             d if d <= MAX_DURATION => Ok(Self(d)),
             _ => Err(format!("{text:?} must be at most 24h")),
         }
@@ -232,7 +271,9 @@ impl TryFrom<String> for NodeNameField {
         if name.is_empty() {
             return Ok(Self(None));
         }
-        parse_node_name(&name).map(|n| Self(Some(n)))
+        parse_node_name(&name)
+            .map(|n| Self(Some(n)))
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -272,7 +313,9 @@ impl TryFrom<String> for BindAddress {
     type Error = String;
 
     fn try_from(text: String) -> Result<Self, String> {
-        parse_bind_address(&text).map(Self)
+        parse_bind_address(&text)
+            .map(Self)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -300,10 +343,10 @@ impl TryFrom<PathBuf> for AbsolutePath {
 /// decimal numbers with units `ns`, `us`/`µs`, `ms`, `s`, `m`, `h`, e.g. `"10s"`, `"1m30s"`,
 /// `"1.5h"`, `"300ms"`; `"0"` alone is zero.
 ///
-/// Errors: a message with the rejected text and an example of the expected form.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let err = || {
-        format!("invalid duration {text:?}; use a Go duration such as \"10s\", \"5m\" or \"1m30s\"")
+/// Errors: [`ValueError::Duration`], with the rejected text.
+pub fn parse_duration(text: &str) -> Result<Duration, ValueError> {
+    let err = || ValueError::Duration {
+        text: text.to_owned(),
     };
     let t = text.trim();
     if t == "0" {

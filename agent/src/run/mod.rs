@@ -157,7 +157,7 @@ pub fn node_name(config: &AgentConfig, facts: &HostFacts) -> Result<NodeName, Ag
         .hostname
         .as_deref()
         .ok_or_else(|| AgentError::NodeName("no hostname found".into()))?;
-    parse_node_name(&hostname.to_lowercase()).map_err(AgentError::NodeName)
+    parse_node_name(&hostname.to_lowercase()).map_err(|e| AgentError::NodeName(e.to_string()))
 }
 
 /// kubelet's default node labels (`initialNode`) plus `nodeLabels`, which override, plus

@@ -61,33 +61,87 @@ fn api_code(e: &kube::Error) -> Option<u16> {
     }
 }
 
+/// Why a reported NodeStatus is refused ([`validate_status`],
+/// [`crate::restriction::validate_status_limits`]). `Display` is the reason the agent's
+/// `Rejected` answer and the gateway's log carry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StatusError {
+    /// A condition type no agent reports (not [`NodeConditionType`]).
+    #[error("malformed: condition type {type_:?} is not one kubelet or edgebeat reports")]
+    UnknownConditionType {
+        /// The type given.
+        type_: String,
+    },
+    /// A condition type given twice.
+    #[error("malformed: condition {type_} appears twice")]
+    DuplicateCondition {
+        /// The type given twice.
+        type_: NodeConditionType,
+    },
+    /// A condition status other than `True` or `False`.
+    #[error("malformed: condition {type_} has status {status:?}; only True or False")]
+    ConditionStatus {
+        /// The condition.
+        type_: NodeConditionType,
+        /// The status given.
+        status: String,
+    },
+    /// A condition without a reason.
+    #[error("malformed: condition {type_} has no reason")]
+    NoReason {
+        /// The condition.
+        type_: NodeConditionType,
+    },
+    /// More than [`crate::restriction::MAX_ENTRIES`] addresses, capacity or allocatable
+    /// entries.
+    #[error(
+        "status.{field} has {count} entries > {}",
+        crate::restriction::MAX_ENTRIES
+    )]
+    TooManyEntries {
+        /// `addresses`, `capacity` or `allocatable`.
+        field: &'static str,
+        /// How many there were.
+        count: usize,
+    },
+    /// A text field over [`crate::restriction::MAX_TEXT_BYTES`].
+    #[error(
+        "a status field is {bytes} bytes > {}",
+        crate::restriction::MAX_TEXT_BYTES
+    )]
+    TextTooLong {
+        /// Its length, bytes.
+        bytes: usize,
+    },
+}
+
 /// Checks a reported NodeStatus: only condition types an agent may report (kubelet's four
 /// and [`NodeConditionType::HEALTH`], [`NodeConditionType::from_name`]),
 /// each at most once, each True or False (Unknown belongs to the node lifecycle
 /// controller), with a reason.
 ///
-/// Errors: a message naming the offending condition.
-pub fn validate_status(status: &pb::NodeStatus) -> Result<(), String> {
+/// Errors: the [`StatusError`] naming the offending condition.
+pub fn validate_status(status: &pb::NodeStatus) -> Result<(), StatusError> {
     let mut seen = Vec::with_capacity(status.conditions.len());
     for c in &status.conditions {
-        if NodeConditionType::from_name(&c.r#type).is_none() {
-            return Err(format!(
-                "malformed: condition type {:?} is not one kubelet or edgebeat reports",
-                c.r#type
-            ));
+        let Some(type_) = NodeConditionType::from_name(&c.r#type) else {
+            return Err(StatusError::UnknownConditionType {
+                type_: c.r#type.clone(),
+            });
+        };
+        if seen.contains(&type_) {
+            return Err(StatusError::DuplicateCondition { type_ });
         }
-        if seen.contains(&c.r#type.as_str()) {
-            return Err(format!("malformed: condition {} appears twice", c.r#type));
-        }
-        seen.push(c.r#type.as_str());
+        seen.push(type_);
         if !ConditionStatus::parse(&c.status).is_some_and(ConditionStatus::is_reported) {
-            return Err(format!(
-                "malformed: condition {} has status {:?}; only True or False",
-                c.r#type, c.status
-            ));
+            return Err(StatusError::ConditionStatus {
+                type_,
+                status: c.status.clone(),
+            });
         }
         if c.reason.is_empty() {
-            return Err(format!("malformed: condition {} has no reason", c.r#type));
+            return Err(StatusError::NoReason { type_ });
         }
     }
     Ok(())
@@ -359,7 +413,7 @@ impl Writer {
         if let Err(why) = validate_status(status)
             .and_then(|()| crate::restriction::validate_status_limits(status))
         {
-            return self.reject(RejectReason::Invalid, why);
+            return self.reject(RejectReason::Invalid, why.to_string());
         }
         let held = match self.ensure_known(w, name).await {
             Ok(held) => held,

@@ -29,7 +29,8 @@ impl Writer {
         };
         if let Err(why) = validate_status(status)
             .and_then(|()| crate::restriction::validate_status_limits(status))
-            .and_then(|()| pb::registration::validate_register(register))
+            .map_err(|e| e.to_string())
+            .and_then(|()| pb::registration::validate_register(register).map_err(|e| e.to_string()))
         {
             return self.reject(RejectReason::Invalid, why);
         }
