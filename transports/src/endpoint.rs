@@ -17,54 +17,94 @@ pub struct MqttEndpoint {
     pub tls: bool,
 }
 
+/// Why an MQTT endpoint is refused ([`MqttEndpoint`]'s `FromStr`): what is wrong with
+/// the text `url`, which the message quotes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MqttEndpointError {
+    /// A scheme other than `mqtt://` or `mqtts://`.
+    #[error("{url:?} must start with mqtt:// or mqtts:// (TLS), e.g. mqtts://broker.example:8883")]
+    Scheme {
+        /// The text given.
+        url: String,
+    },
+    /// A path after the host.
+    #[error("{url:?} must not have a path")]
+    Path {
+        /// The text given.
+        url: String,
+    },
+    /// A `[` without its `]`.
+    #[error("{url:?} has an unclosed '['")]
+    UnclosedBracket {
+        /// The text given.
+        url: String,
+    },
+    /// Text after `]` that is not `:port`.
+    #[error("{url:?} has text after the IPv6 address")]
+    AfterAddress {
+        /// The text given.
+        url: String,
+    },
+    /// A port that is not a number from 0 to 65535.
+    #[error("{url:?} has an invalid port")]
+    Port {
+        /// The text given.
+        url: String,
+    },
+    /// No host.
+    #[error("{url:?} has no host")]
+    NoHost {
+        /// The text given.
+        url: String,
+    },
+}
+
 impl std::str::FromStr for MqttEndpoint {
-    type Err = String;
+    type Err = MqttEndpointError;
 
     /// Parses `mqtt://host[:port]` or `mqtts://host[:port]`.
     ///
-    /// Errors: a message quoting the text for another scheme, a path, a bad port or no host.
-    fn from_str(url: &str) -> Result<Self, String> {
+    /// Errors: the [`MqttEndpointError`] for another scheme, a path, a bad port or no host.
+    fn from_str(url: &str) -> Result<Self, MqttEndpointError> {
+        use MqttEndpointError as E;
+        let text = || url.to_owned();
         let (rest, port, tls) = match (url.strip_prefix("mqtt://"), url.strip_prefix("mqtts://")) {
             (Some(rest), _) => (rest, 1883, false),
             (None, Some(rest)) => (rest, 8883, true),
-            (None, None) => {
-                return Err(format!(
-                    "{url:?} must start with mqtt:// or mqtts:// (TLS), e.g. mqtts://broker.example:8883"
-                ));
-            }
+            (None, None) => return Err(E::Scheme { url: text() }),
         };
         if rest.contains('/') {
-            return Err(format!("{url:?} must not have a path"));
+            return Err(E::Path { url: text() });
         }
-        let (host, port_text) =
-            match rest.strip_prefix('[') {
-                Some(bracketed) => {
-                    let (host, after) = bracketed
-                        .split_once(']')
-                        .ok_or_else(|| format!("{url:?} has an unclosed '['"))?;
-                    match after {
-                        "" => (host, None),
-                        _ => (
-                            host,
-                            Some(after.strip_prefix(':').ok_or_else(|| {
-                                format!("{url:?} has text after the IPv6 address")
-                            })?),
+        let (host, port_text) = match rest.strip_prefix('[') {
+            Some(bracketed) => {
+                let (host, after) = bracketed
+                    .split_once(']')
+                    .ok_or_else(|| E::UnclosedBracket { url: text() })?;
+                match after {
+                    "" => (host, None),
+                    _ => (
+                        host,
+                        Some(
+                            after
+                                .strip_prefix(':')
+                                .ok_or_else(|| E::AfterAddress { url: text() })?,
                         ),
-                    }
+                    ),
                 }
-                None => match rest.split_once(':') {
-                    Some((host, port)) => (host, Some(port)),
-                    None => (rest, None),
-                },
-            };
+            }
+            None => match rest.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (rest, None),
+            },
+        };
         let port = match port_text {
-            Some(text) => text
-                .parse::<u16>()
-                .map_err(|_| format!("{url:?} has an invalid port"))?,
+            Some(port) => port.parse::<u16>().map_err(|_| E::Port { url: text() })?,
             None => port,
         };
         if host.is_empty() {
-            return Err(format!("{url:?} has no host"));
+            return Err(E::NoHost { url: text() });
         }
         Ok(Self {
             host: host.to_owned(),
@@ -108,7 +148,7 @@ impl MqttCluster {
                     ),
                 )),
                 Ok(e) => brokers.push((e.host, e.port)),
-                Err(m) => problems.push((i, m)),
+                Err(m) => problems.push((i, m.to_string())),
             }
         }
         if problems.is_empty() {
@@ -269,7 +309,9 @@ mod tests {
     use super::*;
 
     fn parse(url: &str) -> Result<(String, u16, bool), String> {
-        url.parse::<MqttEndpoint>().map(|e| (e.host, e.port, e.tls))
+        url.parse::<MqttEndpoint>()
+            .map(|e| (e.host, e.port, e.tls))
+            .map_err(|e| e.to_string())
     }
 
     /// Every endpoint the check accepts, tonic's parser takes (the uplink's); the ones it

@@ -44,19 +44,29 @@ impl EvictionSignal {
     }
 }
 
+/// A name that is not one of kubelet's eviction signals ([`EvictionSignal::ALL`]); its
+/// `Display` lists them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown signal; use one of memory.available, nodefs.available, nodefs.inodesFree, imagefs.available, imagefs.inodesFree, pid.available"
+)]
+pub struct UnknownSignal {
+    /// The name given.
+    pub name: String,
+}
+
 impl std::str::FromStr for EvictionSignal {
-    type Err = String;
+    type Err = UnknownSignal;
 
     /// Parses kubelet's name of a signal.
     ///
-    /// Errors: a message listing the signals kubelet knows.
-    fn from_str(name: &str) -> Result<Self, String> {
+    /// Errors: [`UnknownSignal`], listing the signals kubelet knows.
+    fn from_str(name: &str) -> Result<Self, UnknownSignal> {
         Self::ALL
             .into_iter()
             .find(|s| s.as_str() == name)
-            .ok_or_else(|| {
-                let known: Vec<&str> = Self::ALL.iter().map(|s| s.as_str()).collect();
-                format!("unknown signal; use one of {}", known.join(", "))
+            .ok_or_else(|| UnknownSignal {
+                name: name.to_owned(),
             })
     }
 }

@@ -90,7 +90,7 @@ pub use edgebeat_hw::MAX_PEM_FILE_BYTES;
 pub use edgebeat_proto::registration::NodeName;
 pub use error::{ConfigError, FieldError};
 use error::{Problems, field_message, got};
-pub use eviction::EvictionSignal;
+pub use eviction::{EvictionSignal, UnknownSignal};
 #[cfg(feature = "grpc")]
 pub use transport::GrpcUplinkOptions;
 #[cfg(feature = "mqtt")]
@@ -634,7 +634,7 @@ fn eviction_hard(
         let signal = match name.parse::<EvictionSignal>() {
             Ok(signal) => signal,
             Err(e) => {
-                p.push(field, e);
+                p.push(field, e.to_string());
                 continue;
             }
         };

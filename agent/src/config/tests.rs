@@ -949,3 +949,14 @@ fn bootstrap_token_file_turns_on_managed_certificates() {
         assert_eq!(fields, ["transport.endpoint"], "{err}");
     }
 }
+
+/// The refusal of an unknown eviction signal names every signal kubelet knows.
+#[test]
+fn an_unknown_signal_lists_every_known_one() {
+    let err = "memory.free".parse::<EvictionSignal>().unwrap_err();
+    assert_eq!(err.name, "memory.free");
+    let text = err.to_string();
+    for signal in EvictionSignal::ALL {
+        assert!(text.contains(signal.as_str()), "{signal} missing: {text}");
+    }
+}
