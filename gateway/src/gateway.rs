@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
-use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
+use edgebeat_proto::{self as pb, Answer, BootSeq, MessageKind, agent_message::Kind};
 use edgebeat_transports::ingress::{CertificateId, Handler, Peer};
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
@@ -127,21 +127,15 @@ const SLOT_IDLE: Duration = Duration::from_secs(15 * 60);
 /// Idle slots are swept once per this many messages.
 const SWEEP_EVERY: u64 = 4096;
 
-/// A heartbeat's boot ID (the header's 16 bytes) and sequence number.
-/// A heartbeat's boot, as its tag ([`pb::Header::named_boot_tag`]: the same whether the
-/// header carries the boot ID or the tag), and its sequence number.
-type BootSeq = (u32, u64);
-
 /// A node's slot and the identified heartbeats queued for it.
 #[derive(Default)]
 struct SlotCell {
-    /// Identified Lease renewals ([0]) and status reports ([1]) of this node waiting for
-    /// the slot.
-    waiting: [AtomicU32; 2],
-    /// Boot ID and sequence number of the newest identified heartbeat of each kind that
-    /// arrived: only one of the same boot with a higher sequence supersedes (a replay or a
-    /// message from an older boot never does).
-    newest: [Mutex<Option<BootSeq>>; 2],
+    /// Identified heartbeats of this node waiting for the slot, per kind
+    /// ([`MessageKind::heartbeat_index`]).
+    waiting: [AtomicU32; MessageKind::HEARTBEATS.len()],
+    /// The newest identified heartbeat of each kind that arrived: only one that
+    /// [`BootSeq::supersedes`] a waiting one costs it its write.
+    newest: [Mutex<Option<BootSeq>>; MessageKind::HEARTBEATS.len()],
     /// An identified message of this node was admitted: the slot is never given up for
     /// an unidentified node's (see [`Gateway::slot`]).
     identified: std::sync::atomic::AtomicBool,
@@ -152,13 +146,16 @@ struct SlotCell {
 /// its handling is dropped).
 struct Waiting<'a> {
     cell: &'a SlotCell,
+    /// [`MessageKind::heartbeat_index`].
     kind: usize,
-    boot: u32,
-    seq: u64,
+    at: BootSeq,
 }
 
 impl<'a> Waiting<'a> {
-    fn new(cell: &'a SlotCell, kind: usize, boot: u32, seq: u64) -> Self {
+    /// Counts a heartbeat of `kind` at `at` as waiting; `None` for a kind that is not a
+    /// heartbeat (a Register is never superseded).
+    fn new(cell: &'a SlotCell, kind: MessageKind, at: BootSeq) -> Option<Self> {
+        let kind = kind.heartbeat_index()?;
         {
             let mut newest = cell.newest[kind]
                 .lock()
@@ -167,18 +164,13 @@ impl<'a> Waiting<'a> {
             // by one that is ahead in the queue only skips a message admission would
             // refuse as reordered. With none waiting, a new boot takes over.
             if cell.waiting[kind].load(Ordering::Acquire) == 0
-                || newest.is_none_or(|(b, s)| b == boot && s < seq)
+                || newest.is_none_or(|newest| at.supersedes(newest))
             {
-                *newest = Some((boot, seq));
+                *newest = Some(at);
             }
         }
         cell.waiting[kind].fetch_add(1, Ordering::AcqRel);
-        Self {
-            cell,
-            kind,
-            boot,
-            seq,
-        }
+        Some(Self { cell, kind, at })
     }
 
     /// Called holding the slot: another heartbeat of the same kind waits behind this one
@@ -190,7 +182,7 @@ impl<'a> Waiting<'a> {
             && self.cell.newest[self.kind]
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .is_some_and(|(b, s)| b == self.boot && s > self.seq)
+                .is_some_and(|newest| newest.supersedes(self.at))
     }
 }
 
@@ -489,7 +481,6 @@ impl Gateway {
                 "malformed: no header or unknown message kind".into(),
             ));
         };
-        let seq = header.seq;
         let name = header.node_name.as_str();
         let provenance = Provenance {
             identity: peer.identity.as_deref(),
@@ -515,12 +506,10 @@ impl Gateway {
         };
         // Only identified heartbeats supersede each other: an unidentified message in a
         // node's name must not cost that node a write.
-        let boot = header.named_boot_tag();
-        let waiting = match (&message.kind, provenance.identity) {
-            (Some(Kind::Lease(_)), Some(_)) => Some(Waiting::new(&cell, 0, boot, seq)),
-            (Some(Kind::Status(_)), Some(_)) => Some(Waiting::new(&cell, 1, boot, seq)),
-            _ => None,
-        };
+        let waiting = provenance
+            .identity
+            .and(message.message_kind())
+            .and_then(|kind| Waiting::new(&cell, kind, header.boot_seq()));
         let mut slot = cell.state.lock().await;
         // Decided, and the count released, at once: it counts only heartbeats still
         // waiting, so the one behind never sees this one as waiting too.
@@ -534,10 +523,7 @@ impl Gateway {
                 return None;
             }
             self.counters.count_rejection(RejectReason::Superseded);
-            return Some(rejected(format!(
-                "superseded: a newer {} from this node is waiting",
-                message.kind_name()
-            )));
+            return message.message_kind().map(Answer::superseded);
         }
         let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
         let policy = self.options.admission();

@@ -124,6 +124,19 @@ impl Answer {
         resend_status: false,
     };
 
+    /// The answer to a heartbeat of `kind` that a newer one of its node, waiting behind
+    /// it, superseded ([`crate::BootSeq::supersedes`]): only the newest is written, so a
+    /// backlog (a slow apiserver, a link coming back) costs one write per node, not one per
+    /// message. The gateway's slots and the MQTT ingress's queues both answer with it.
+    pub fn superseded(kind: crate::MessageKind) -> Self {
+        Self::Rejected {
+            reason: format!(
+                "superseded: a newer {} from this node is waiting",
+                kind.as_str()
+            ),
+        }
+    }
+
     /// The wire code of this answer.
     pub fn code(&self) -> AckCode {
         match self {

@@ -160,6 +160,36 @@ impl Header {
             boot_tag(&self.boot_id)
         }
     }
+
+    /// The header's [`BootSeq`].
+    pub fn boot_seq(&self) -> BootSeq {
+        BootSeq {
+            boot_tag: self.named_boot_tag(),
+            seq: self.seq,
+        }
+    }
+}
+
+/// Where a message stands in its node's sequence: the boot it names
+/// ([`Header::named_boot_tag`]) and its [`Header::seq`] (the agent's boot clock, never sent
+/// twice in a boot). It carries the one rule of superseding, which the gateway's per-node
+/// slots and the MQTT ingress's per-node queues share ([`BootSeq::supersedes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BootSeq {
+    /// [`Header::named_boot_tag`].
+    pub boot_tag: u32,
+    /// [`Header::seq`], microseconds on the agent's boot clock.
+    pub seq: u64,
+}
+
+impl BootSeq {
+    /// Whether a heartbeat at `self` supersedes one of the same kind at `older` that waits
+    /// ahead of it: the same boot and a higher sequence number. A copy (a replay, a QoS 1
+    /// redelivery: the same sequence number), an older message and another boot's never
+    /// do, so only the node's own newer message can cost a queued one its write.
+    pub fn supersedes(self, older: Self) -> bool {
+        self.boot_tag == older.boot_tag && self.seq > older.seq
+    }
 }
 
 impl AgentMessage {
@@ -305,6 +335,16 @@ impl MessageKind {
     /// for any other text.
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
+    /// The heartbeats (Lease renewals, then status reports), the kinds a newer message
+    /// of the same kind supersedes ([`BootSeq::supersedes`]).
+    pub const HEARTBEATS: [Self; 2] = [Self::Lease, Self::Status];
+
+    /// The kind's place in [`MessageKind::HEARTBEATS`]; `None` for a Register (never
+    /// superseded: each one is the agent's registration).
+    pub fn heartbeat_index(self) -> Option<usize> {
+        Self::HEARTBEATS.iter().position(|k| *k == self)
     }
 }
 

@@ -8,31 +8,47 @@ use edgebeat_transports::ingress::TransportKind;
 fn only_a_newer_heartbeat_of_the_same_boot_supersedes() {
     let cell = SlotCell::default();
     let (boot, next_boot) = (pb::boot_tag(&[1; 16]), pb::boot_tag(&[2; 16]));
+    let wait = |kind, boot_tag, seq| {
+        Waiting::new(&cell, kind, BootSeq { boot_tag, seq }).expect("a heartbeat")
+    };
+    let (lease, status) = (MessageKind::Lease, MessageKind::Status);
+    // A Register is never counted: it is never superseded.
+    assert!(
+        Waiting::new(
+            &cell,
+            MessageKind::Register,
+            BootSeq {
+                boot_tag: boot,
+                seq: 1
+            }
+        )
+        .is_none()
+    );
     // A replay (lower sequence) queued behind a genuine renewal supersedes nothing.
-    let genuine = Waiting::new(&cell, 0, boot, 10);
-    let replay = Waiting::new(&cell, 0, boot, 5);
+    let genuine = wait(lease, boot, 10);
+    let replay = wait(lease, boot, 5);
     assert!(!genuine.superseded());
     assert!(!replay.superseded(), "nothing behind it");
     // A backlog of three: the first two are superseded by the newest.
-    let a = Waiting::new(&cell, 0, boot, 20);
-    let b = Waiting::new(&cell, 0, boot, 30);
-    let c = Waiting::new(&cell, 0, boot, 40);
+    let a = wait(lease, boot, 20);
+    let b = wait(lease, boot, 30);
+    let c = wait(lease, boot, 40);
     assert!(a.superseded());
     assert!(b.superseded());
     assert!(!c.superseded());
     // Status reports are counted apart from renewals.
-    let renewal = Waiting::new(&cell, 0, boot, 50);
-    let status = Waiting::new(&cell, 1, boot, 51);
+    let renewal = wait(lease, boot, 50);
+    let report = wait(status, boot, 51);
     assert!(!renewal.superseded());
-    assert!(!status.superseded());
+    assert!(!report.superseded());
     // After a reboot (lower sequence numbers, nothing waiting) the new boot takes over.
-    let x = Waiting::new(&cell, 0, next_boot, 1);
-    let y = Waiting::new(&cell, 0, next_boot, 2);
+    let x = wait(lease, next_boot, 1);
+    let y = wait(lease, next_boot, 2);
     assert!(x.superseded());
     assert!(!y.superseded());
     // A heartbeat of an older boot behind one of the current boot supersedes nothing.
-    let current = Waiting::new(&cell, 0, next_boot, 3);
-    let _old = Waiting::new(&cell, 0, boot, 99);
+    let current = wait(lease, next_boot, 3);
+    let _old = wait(lease, boot, 99);
     assert!(!current.superseded());
 }
 

@@ -251,3 +251,41 @@ fn message_kinds_name_their_topic_level() {
     assert_eq!(renewal.message_kind(), Some(MessageKind::Lease));
     assert_eq!(renewal.kind_name(), "lease");
 }
+
+/// Only the node's own newer message of the same boot supersedes: never a copy, an older
+/// message or another boot's, whichever way each header names its boot.
+#[test]
+fn only_a_newer_message_of_the_same_boot_supersedes() {
+    let by_id = |seq| Header {
+        boot_id: vec![7; 16],
+        seq,
+        ..Default::default()
+    };
+    let by_tag = |seq| Header {
+        boot_tag: boot_tag(&[7; 16]),
+        seq,
+        ..Default::default()
+    };
+    let other_boot = Header {
+        boot_id: vec![8; 16],
+        seq: 99,
+        ..Default::default()
+    };
+    assert!(by_tag(11).boot_seq().supersedes(by_id(10).boot_seq()));
+    assert!(
+        !by_tag(10).boot_seq().supersedes(by_id(10).boot_seq()),
+        "a copy"
+    );
+    assert!(
+        !by_id(9).boot_seq().supersedes(by_tag(10).boot_seq()),
+        "older"
+    );
+    assert!(!other_boot.boot_seq().supersedes(by_id(10).boot_seq()));
+    assert_eq!(MessageKind::Register.heartbeat_index(), None);
+    assert_eq!(MessageKind::Lease.heartbeat_index(), Some(0));
+    assert!(
+        Answer::superseded(MessageKind::Status)
+            .reason()
+            .contains("a newer status")
+    );
+}

@@ -2,6 +2,7 @@
 //! by a short-lived task that exists only while the node has messages waiting.
 
 use super::*;
+use edgebeat_proto::BootSeq;
 
 /// A message for a node's queue: decoded, and verified when signatures are checked.
 pub(super) struct Work {
@@ -23,11 +24,11 @@ pub(super) struct NodeQueue {
     /// `per_node_queue` + 1 messages in the gateway, however the tasks are scheduled.
     pub(super) handling: bool,
     pub(super) last_message: Option<Instant>,
-    /// Boot tag and sequence number of the newest signed message queued for the node
-    /// ([`edgebeat_proto::Header::named_boot_tag`], [`edgebeat_proto::Header::seq`]). The agent never sends a
-    /// sequence number twice in a boot, so a signed message at or below it is a copy (a
-    /// replay, or a QoS 1 redelivery): refused unanswered before it takes a queue slot.
-    pub(super) newest_signed: Option<(u32, u64)>,
+    /// Where the newest signed message queued for the node stands. The agent never sends
+    /// a sequence number twice in a boot, so a signed message of that boot it does not
+    /// supersede ([`BootSeq::supersedes`]) is a copy (a replay, or a QoS 1 redelivery):
+    /// refused unanswered before it takes a queue slot.
+    pub(super) newest_signed: Option<BootSeq>,
 }
 
 /// The nodes' queues, shared by the event loop (which fills them) and the short-lived
@@ -169,11 +170,11 @@ impl<H: Handler> Workers<H> {
         let entry = nodes.entry(node.clone()).or_default();
         entry.last_message = Some(Instant::now());
         if signed && let Some(header) = message.header() {
-            let named = (header.named_boot_tag(), header.seq);
+            let at = header.boot_seq();
             match entry.newest_signed {
-                Some((tag, seq)) if tag == named.0 && named.1 <= seq => {
+                Some(newest) if newest.boot_tag == at.boot_tag && !at.supersedes(newest) => {
                     drop(nodes);
-                    tracing::debug!(%node, seq = named.1, "MQTT message refused: a copy of one already queued");
+                    tracing::debug!(%node, seq = at.seq, "MQTT message refused: a copy of one already queued");
                     self.handler.rejected(
                         &peer(&node, certificate),
                         RejectReason::Replayed,
@@ -181,7 +182,7 @@ impl<H: Handler> Workers<H> {
                     );
                     return;
                 }
-                _ => entry.newest_signed = Some(named),
+                _ => entry.newest_signed = Some(at),
             }
         }
         // A signed heartbeat supersedes the queued signed ones of its kind and boot with a
@@ -191,15 +192,17 @@ impl<H: Handler> Workers<H> {
         // sequence number is not above the genuine queued message's).
         let mut superseded = Vec::new();
         if signed
-            && let Some(kind @ (MessageKind::Lease | MessageKind::Status)) = message.message_kind()
-            && let Some(newer) = message.header()
+            && let Some(kind) = message.message_kind()
+            && kind.heartbeat_index().is_some()
+            && let Some(newer) = message.header().map(edgebeat_proto::Header::boot_seq)
         {
             entry.queue.retain(|queued| {
                 let older = queued.certificate.is_some()
                     && queued.message.message_kind() == Some(kind)
-                    && queued.message.header().is_some_and(|h| {
-                        h.named_boot_tag() == newer.named_boot_tag() && h.seq < newer.seq
-                    });
+                    && queued
+                        .message
+                        .header()
+                        .is_some_and(|h| newer.supersedes(h.boot_seq()));
                 if older {
                     superseded.push(Asked::of(&queued.message));
                 }
@@ -216,7 +219,7 @@ impl<H: Handler> Workers<H> {
             );
             return;
         }
-        let kind_name = message.kind_name();
+        let kind = message.message_kind();
         entry.queue.push_back(Work {
             message: Box::new(message),
             certificate,
@@ -231,10 +234,9 @@ impl<H: Handler> Workers<H> {
                 RejectReason::Superseded,
                 "a newer heartbeat of the node was queued",
             );
-            let answer = Answer::Rejected {
-                reason: format!("superseded: a newer {kind_name} from this node is waiting"),
-            };
-            self.answer(&node, asked, answer, true);
+            if let Some(kind) = kind {
+                self.answer(&node, asked, Answer::superseded(kind), true);
+            }
         }
         if let Some(gauge) = &self.node_queues {
             gauge.store(count, std::sync::atomic::Ordering::Relaxed);
