@@ -8,14 +8,13 @@
 //! different nodes concurrently. What the apiserver holds is not in the slot but in the
 //! shared view, kept by a watch ([`Gateway::watch`]) and by the answers to writes.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Answer, BootSeq, MessageKind, agent_message::Kind};
-use edgebeat_transports::ingress::{CertificateId, Handler, Peer};
+use edgebeat_transports::ingress::{CertificateId, Handler, NodeMap, Peer};
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
@@ -208,11 +207,10 @@ pub struct Gateway {
     clock: Arc<dyn Clock>,
     options: GatewayOptions,
     started: Instant,
-    slots: Mutex<HashMap<String, Arc<SlotCell>>>,
+    /// At most [`GatewayOptions::max_nodes`].
+    slots: Mutex<NodeMap<String, Arc<SlotCell>>>,
     /// Messages refused because [`GatewayOptions::max_nodes`] was reached (for the log).
     fleet_full: AtomicU64,
-    /// When the slots were last swept because they were full.
-    last_full_sweep: Mutex<Instant>,
     messages: AtomicU64,
     /// Enrollment and rotation of node certificates, once [`Gateway::enable_enrollment`]
     /// turned them on.
@@ -241,11 +239,10 @@ impl Gateway {
             ),
             clock,
             enrollment_gate: EnrollmentGate::new(options.enrollment_limits),
+            slots: Mutex::new(NodeMap::new(options.max_nodes)),
             options,
             started: Instant::now(),
-            slots: Mutex::new(HashMap::new()),
             fleet_full: AtomicU64::new(0),
-            last_full_sweep: Mutex::new(Instant::now()),
             messages: AtomicU64::new(0),
             enrollment: OnceLock::new(),
             counters,
@@ -325,34 +322,20 @@ impl Gateway {
         if self.messages.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             self.sweep(&mut slots);
         }
-        if let Some(slot) = slots.get(name) {
-            return Some(slot.clone());
-        }
-        if slots.len() >= self.options.max_nodes {
-            // At most one scan of the whole map per second: a flood of new names must not
-            // cost a scan each.
-            let mut last = self
-                .last_full_sweep
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if last.elapsed() >= Duration::from_secs(1) {
-                *last = Instant::now();
-                drop(last);
-                self.sweep(&mut slots);
-            }
-            if slots.len() >= self.options.max_nodes
-                && !(identified && self.evict_unidentified(&mut slots))
-            {
-                return None;
-            }
-        }
-        Some(slots.entry(name.to_owned()).or_default().clone())
+        slots
+            .get_or_make(
+                name,
+                || (name.to_owned(), Arc::default()),
+                |slots| self.sweep(slots),
+                |slots| identified && self.evict_unidentified(slots),
+            )
+            .map(|slot| slot.clone())
     }
 
     /// Drops the slot, not in use, of the node never identified that was heard from
     /// longest ago; returns whether there was one. Only for an identified message, so it
     /// costs anyone without an identity nothing to trigger.
-    fn evict_unidentified(&self, slots: &mut HashMap<String, Arc<SlotCell>>) -> bool {
+    fn evict_unidentified(&self, slots: &mut NodeMap<String, Arc<SlotCell>>) -> bool {
         let oldest = slots
             .iter()
             .filter(|(_, cell)| {
@@ -372,7 +355,7 @@ impl Gateway {
 
     /// Drops the slots of nodes silent for [`SLOT_IDLE`]. A slot in use (locked) is never
     /// idle; try_lock skips it. An evicted node's metric series go with it.
-    fn sweep(&self, slots: &mut HashMap<String, Arc<SlotCell>>) {
+    fn sweep(&self, slots: &mut NodeMap<String, Arc<SlotCell>>) {
         let now = Instant::now();
         slots.retain(|name, slot| {
             // A cell a message holds (between lookup and lock) is in use, too.

@@ -275,9 +275,147 @@ impl RejectReason {
     }
 }
 
+/// Least time between two sweeps of a full [`NodeMap`] for a new node, 1 s.
+pub const FULL_SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Per-node state bounded to `max` nodes, the one bounding rule of the gateway's per-node
+/// slots and the MQTT ingress's per-node queues (`--max-nodes`): a known node is always
+/// found; a new one gets an entry only while there is room. When the map is full, a new
+/// node makes room by one sweep of the idle entries (the caller's rule of idle), at most
+/// once per [`FULL_SWEEP_INTERVAL`], so a flood of made-up names costs one scan of the map
+/// per second, not one each. Keys are Node names (`K` borrows as `str`).
+#[derive(Debug)]
+pub struct NodeMap<K, V> {
+    entries: std::collections::HashMap<K, V>,
+    max: usize,
+    last_full_sweep: Option<tokio::time::Instant>,
+}
+
+impl<K: std::hash::Hash + Eq + std::borrow::Borrow<str>, V> NodeMap<K, V> {
+    /// An empty map of at most `max` nodes.
+    pub fn new(max: usize) -> Self {
+        Self {
+            entries: std::collections::HashMap::new(),
+            max,
+            last_full_sweep: None,
+        }
+    }
+
+    /// How many nodes have an entry.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no node has an entry.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entry of `node`.
+    pub fn get(&self, node: &str) -> Option<&V> {
+        self.entries.get(node)
+    }
+
+    /// The entry of `node`, mutable.
+    pub fn get_mut(&mut self, node: &str) -> Option<&mut V> {
+        self.entries.get_mut(node)
+    }
+
+    /// Removes the entry of `node`.
+    pub fn remove(&mut self, node: &str) -> Option<V> {
+        self.entries.remove(node)
+    }
+
+    /// Keeps the entries for which `keep` holds (a sweep).
+    pub fn retain(&mut self, keep: impl FnMut(&K, &mut V) -> bool) {
+        self.entries.retain(keep);
+    }
+
+    /// Every entry.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.entries.iter()
+    }
+
+    /// The entry of `node`, made with `make` when it has none and there is room. When the
+    /// map is full, `sweep` runs first, unless a full map was swept less than
+    /// [`FULL_SWEEP_INTERVAL`] ago; then `make_room` may free one entry (say, give an
+    /// identified node the slot of an unidentified one; `|_| false` for none).
+    ///
+    /// Errors: `None` when the map stays full: the caller refuses the message
+    /// (`FleetFull`), and nothing is kept for the node.
+    pub fn get_or_make(
+        &mut self,
+        node: &str,
+        make: impl FnOnce() -> (K, V),
+        sweep: impl FnOnce(&mut Self),
+        make_room: impl FnOnce(&mut Self) -> bool,
+    ) -> Option<&mut V> {
+        if !self.entries.contains_key(node) {
+            if self.entries.len() >= self.max {
+                let now = tokio::time::Instant::now();
+                if self
+                    .last_full_sweep
+                    .is_none_or(|at| now.duration_since(at) >= FULL_SWEEP_INTERVAL)
+                {
+                    self.last_full_sweep = Some(now);
+                    sweep(self);
+                }
+                if self.entries.len() >= self.max && !make_room(self) {
+                    return None;
+                }
+            }
+            let (key, value) = make();
+            self.entries.insert(key, value);
+        }
+        self.entries.get_mut(node)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A full map makes room by a sweep at most once per second, and then by the caller's
+    /// own rule; a known node is always found.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_node_map_sweeps_at_most_once_a_second() {
+        // Values say whether the node is busy (1) or idle (0); the sweep drops idle ones.
+        let mut map: NodeMap<String, u32> = NodeMap::new(2);
+        let sweeps = std::cell::Cell::new(0);
+        let get = |map: &mut NodeMap<String, u32>, node: &str, evict: bool| {
+            map.get_or_make(
+                node,
+                || (node.to_owned(), 1),
+                |m| {
+                    sweeps.set(sweeps.get() + 1);
+                    m.retain(|_, busy| *busy > 0);
+                },
+                |m| evict && m.remove("a").is_some(),
+            )
+            .is_some()
+        };
+        assert!(get(&mut map, "a", false));
+        assert!(get(&mut map, "b", false));
+        assert!(!get(&mut map, "c", false), "full: nothing idle");
+        assert!(
+            !get(&mut map, "d", false),
+            "no second sweep within a second"
+        );
+        assert!(get(&mut map, "a", false), "a known node is found");
+        assert!(get(&mut map, "e", true), "the caller's rule made room");
+        assert_eq!(map.len(), 2);
+        assert!(map.get("a").is_none() && map.get("e").is_some());
+        if let Some(b) = map.get_mut("b") {
+            *b = 0;
+        }
+        tokio::time::advance(FULL_SWEEP_INTERVAL).await;
+        assert!(
+            get(&mut map, "f", false),
+            "a sweep a second later dropped b"
+        );
+        assert!(map.get("b").is_none() && map.len() == 2);
+        assert_eq!(sweeps.get(), 2);
+    }
     use edgebeat_proto::{Ack, Header, LeaseRenewal, Register, agent_message};
 
     fn answered(message: &AgentMessage, answer: Answer) -> Option<Ack> {

@@ -259,7 +259,7 @@ async fn a_superseded_replay_gets_no_answer() {
     };
     // Admitted (the write itself fails: no apiserver), so seq 5 is the last accepted.
     gateway.handle_message(&peer, lease(5)).await;
-    let cell = gateway.slots.lock().unwrap()["edge-1"].clone();
+    let cell = gateway.slots.lock().unwrap().get("edge-1").unwrap().clone();
     let held = cell.state.lock().await;
     let spawn = |seq| {
         let (gateway, peer) = (gateway.clone(), peer.clone());

@@ -30,7 +30,7 @@ use crate::tls::ClientTls;
 mod verify;
 mod workers;
 use verify::{Signatures, nobody, open, peer};
-use workers::{Queues, Workers};
+use workers::Workers;
 
 /// Refusal: the payload is larger than `max_packet_bytes`.
 pub const REJECT_TOO_LARGE: Rejection = Rejection {
@@ -411,8 +411,9 @@ pub async fn serve<H: Handler>(
         queue: options.per_node_queue,
         max_nodes: options.max_nodes,
         node_queues: options.node_queues.clone(),
-        nodes: Queues::default(),
-        last_full_sweep: Instant::now(),
+        nodes: Arc::new(std::sync::Mutex::new(crate::ingress::NodeMap::new(
+            options.max_nodes,
+        ))),
         answer_signer: options.answer_signer.clone(),
         certificate_asked: HashMap::new(),
         enrollments: Arc::new(tokio::sync::Semaphore::new(ENROLLMENTS_IN_FLIGHT)),

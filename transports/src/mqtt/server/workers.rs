@@ -4,6 +4,8 @@
 use super::*;
 use edgebeat_proto::BootSeq;
 
+use crate::ingress::NodeMap;
+
 /// A message for a node's queue: decoded, and verified when signatures are checked.
 pub(super) struct Work {
     /// Boxed: a queue slot costs a pointer, not the largest message kind.
@@ -33,7 +35,7 @@ pub(super) struct NodeQueue {
 
 /// The nodes' queues, shared by the event loop (which fills them) and the short-lived
 /// tasks that drain them.
-pub(super) type Queues = Arc<std::sync::Mutex<HashMap<NodeName, NodeQueue>>>;
+pub(super) type Queues = Arc<std::sync::Mutex<NodeMap<NodeName, NodeQueue>>>;
 
 /// The per-node queues, owned by the event-loop task. A node costs a map entry while it
 /// is known and a task only while it has messages waiting: no task, channel or buffer per
@@ -47,8 +49,6 @@ pub(super) struct Workers<H> {
     pub(super) node_queues: Option<Arc<std::sync::atomic::AtomicUsize>>,
     pub(super) nodes: Queues,
     pub(super) signatures: Option<Arc<Signatures>>,
-    /// When the map was last swept because it was full.
-    pub(super) last_full_sweep: Instant,
     /// Signs the answers to signed messages.
     pub(super) answer_signer: Option<Arc<AnswerSigner>>,
     /// When each node was last asked for its certificate ([`Workers::ask_certificate`]):
@@ -149,25 +149,21 @@ impl<H: Handler> Workers<H> {
             .nodes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !nodes.contains_key(node.as_str()) && nodes.len() >= self.max_nodes {
-            // At most one scan of the whole map per second: a flood of new names must not
-            // cost a scan each.
-            if self.last_full_sweep.elapsed() >= Duration::from_secs(1) {
-                self.last_full_sweep = Instant::now();
-                evict_idle(&mut nodes);
-            }
-            if nodes.len() >= self.max_nodes {
-                drop(nodes);
-                tracing::debug!(%node, max_nodes = self.max_nodes, "MQTT message dropped: no room for another node");
-                self.handler.rejected(
-                    &nobody(),
-                    RejectReason::FleetFull,
-                    "no room for another node's queue",
-                );
-                return;
-            }
-        }
-        let entry = nodes.entry(node.clone()).or_default();
+        let Some(entry) = nodes.get_or_make(
+            node.as_str(),
+            || (node.clone(), NodeQueue::default()),
+            evict_idle,
+            |_| false,
+        ) else {
+            drop(nodes);
+            tracing::debug!(%node, max_nodes = self.max_nodes, "MQTT message dropped: no room for another node");
+            self.handler.rejected(
+                &nobody(),
+                RejectReason::FleetFull,
+                "no room for another node's queue",
+            );
+            return;
+        };
         entry.last_message = Some(Instant::now());
         if signed && let Some(header) = message.header() {
             let at = header.boot_seq();
@@ -445,6 +441,6 @@ pub(super) fn seal(
     }
 }
 
-pub(super) fn evict_idle(nodes: &mut HashMap<NodeName, NodeQueue>) {
+pub(super) fn evict_idle(nodes: &mut NodeMap<NodeName, NodeQueue>) {
     nodes.retain(|_, q| q.draining || q.last_message.is_some_and(|t| t.elapsed() < WORKER_IDLE));
 }
