@@ -425,46 +425,83 @@ async fn replays_do_not_drain_the_rate_limit() {
     agent.stop().await.unwrap();
 }
 
+/// A node of a secure MQTT cluster whose agent ran and stopped, a spy on its ack topic,
+/// and the node's own signed renewals to publish in its place: the setting of the backlog
+/// tests.
+struct Backlog {
+    site: Ca,
+    cluster: Cluster,
+    lease_topic: String,
+    acks_topic: String,
+    spy: Spy,
+    /// The agent's boot clock now, microseconds: the next renewals' sequence numbers.
+    now_us: u64,
+    /// The node's renewal of sequence number `seq` in the agent's boot (the fixture's boot
+    /// ID), signed with its key.
+    signed: Box<dyn Fn(u64) -> Vec<u8>>,
+}
+
+impl Backlog {
+    async fn start(node: &'static str) -> Self {
+        use edgebeat_hw::Clock as _;
+        let site = Ca::new("edgebeat site CA");
+        let cluster = Cluster::start_mqtt_secure(&site, true, gateway_options())
+            .await
+            .unwrap();
+        let cert = site.node(node);
+        let agent = cluster
+            .start_agent(cluster.secure_agent_config(node, &fixture(FACTS), &cert))
+            .unwrap();
+        cluster.wait_for_renewals(node, 2, DEADLINE).await.unwrap();
+        agent.stop().await.unwrap();
+        let acks_topic = format!("{PREFIX}/acks/{node}");
+        let lease_topic = format!("{PREFIX}/nodes/{node}/lease");
+        let spy = Spy::connect(&cluster, &site.client("spy", None), &[&acks_topic]).await;
+        let signer = edgebeat_transports::signing::MessageSigner::from_pem(
+            cert.cert_pem.as_bytes(),
+            cert.key_pem.as_bytes(),
+        )
+        .unwrap();
+        let boot =
+            std::fs::read_to_string(fixture(FACTS).join("proc/sys/kernel/random/boot_id")).unwrap();
+        let now_us = u64::try_from(edgebeat_hw::SystemClock.boottime().as_micros()).unwrap();
+        let wall_ms = jiff::Timestamp::now().as_millisecond();
+        let signed = Box::new(move |seq: u64| {
+            let mut message = renewal(node, seq);
+            if let Some(Kind::Lease(l)) = message.kind.as_mut() {
+                let header = l.header.as_mut().unwrap();
+                header.boot_id = pb::boot_id_to_bytes(boot.trim());
+                header.wall_time_ms = wall_ms;
+            }
+            signer.seal(message.encode_to_vec()).unwrap()
+        });
+        Self {
+            site,
+            cluster,
+            lease_topic,
+            acks_topic,
+            spy,
+            now_us,
+            signed,
+        }
+    }
+}
+
 /// Not an attack, the MQTT side of a backlog: signed renewals queued for one node while
 /// its previous one is being written (a slow apiserver) are not all written; a newer one
 /// supersedes the queued one, which is answered as superseded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_writes_only_the_newest_signed_renewal() {
-    use edgebeat_hw::Clock as _;
     const NODE: &str = "edge-s";
-    let site = Ca::new("edgebeat site CA");
-    let cluster = Cluster::start_mqtt_secure(&site, true, gateway_options())
-        .await
-        .unwrap();
-    let cert = site.node(NODE);
-    let agent = cluster
-        .start_agent(cluster.secure_agent_config(NODE, &fixture(FACTS), &cert))
-        .unwrap();
-    cluster.wait_for_renewals(NODE, 2, DEADLINE).await.unwrap();
-    agent.stop().await.unwrap();
-
-    let acks_topic = format!("{PREFIX}/acks/{NODE}");
-    let lease_topic = format!("{PREFIX}/nodes/{NODE}/lease");
-    let mut spy = Spy::connect(&cluster, &site.client("spy", None), &[&acks_topic]).await;
-    let signer = edgebeat_transports::signing::MessageSigner::from_pem(
-        cert.cert_pem.as_bytes(),
-        cert.key_pem.as_bytes(),
-    )
-    .unwrap();
-    // The agent's boot (the fixture's boot ID) and boot clock, as its next renewals.
-    let boot =
-        std::fs::read_to_string(fixture(FACTS).join("proc/sys/kernel/random/boot_id")).unwrap();
-    let now_us = u64::try_from(edgebeat_hw::SystemClock.boottime().as_micros()).unwrap();
-    let wall_ms = jiff::Timestamp::now().as_millisecond();
-    let signed = |seq: u64| {
-        let mut message = renewal(NODE, seq);
-        if let Some(Kind::Lease(l)) = message.kind.as_mut() {
-            let header = l.header.as_mut().unwrap();
-            header.boot_id = pb::boot_id_to_bytes(boot.trim());
-            header.wall_time_ms = wall_ms;
-        }
-        signer.seal(message.encode_to_vec()).unwrap()
-    };
+    let Backlog {
+        site,
+        cluster,
+        lease_topic,
+        acks_topic,
+        mut spy,
+        now_us,
+        signed,
+    } = Backlog::start(NODE).await;
     cluster.standin.set_latency(Duration::from_millis(500));
     let before = cluster.standin.requests().len();
     let seqs = [now_us, now_us + 1, now_us + 2];
@@ -514,41 +551,17 @@ async fn a_backlog_writes_only_the_newest_signed_renewal() {
 /// the renewal gets exactly one answer however many copies follow it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_queued_behind_a_renewal_get_no_answer() {
-    use edgebeat_hw::Clock as _;
     const NODE: &str = "edge-q";
     const COPIES: usize = 5;
-    let site = Ca::new("edgebeat site CA");
-    let cluster = Cluster::start_mqtt_secure(&site, true, gateway_options())
-        .await
-        .unwrap();
-    let cert = site.node(NODE);
-    let agent = cluster
-        .start_agent(cluster.secure_agent_config(NODE, &fixture(FACTS), &cert))
-        .unwrap();
-    cluster.wait_for_renewals(NODE, 2, DEADLINE).await.unwrap();
-    agent.stop().await.unwrap();
-
-    let acks_topic = format!("{PREFIX}/acks/{NODE}");
-    let lease_topic = format!("{PREFIX}/nodes/{NODE}/lease");
-    let mut spy = Spy::connect(&cluster, &site.client("spy", None), &[&acks_topic]).await;
-    let signer = edgebeat_transports::signing::MessageSigner::from_pem(
-        cert.cert_pem.as_bytes(),
-        cert.key_pem.as_bytes(),
-    )
-    .unwrap();
-    let boot =
-        std::fs::read_to_string(fixture(FACTS).join("proc/sys/kernel/random/boot_id")).unwrap();
-    let now_us = u64::try_from(edgebeat_hw::SystemClock.boottime().as_micros()).unwrap();
-    let wall_ms = jiff::Timestamp::now().as_millisecond();
-    let signed = |seq: u64| {
-        let mut message = renewal(NODE, seq);
-        if let Some(Kind::Lease(l)) = message.kind.as_mut() {
-            let header = l.header.as_mut().unwrap();
-            header.boot_id = pb::boot_id_to_bytes(boot.trim());
-            header.wall_time_ms = wall_ms;
-        }
-        signer.seal(message.encode_to_vec()).unwrap()
-    };
+    let Backlog {
+        site,
+        cluster,
+        lease_topic,
+        acks_topic,
+        mut spy,
+        now_us,
+        signed,
+    } = Backlog::start(NODE).await;
     // A write takes 500 ms: the copies arrive while the first renewal is queued or being
     // written, and the next genuine one after them.
     cluster.standin.set_latency(Duration::from_millis(500));
