@@ -135,7 +135,10 @@ pub enum RegistrationError {
         value: String,
     },
     /// A taint effect other than [`TaintEffect::ALL`].
-    #[error("unknown effect {effect:?}; use NoSchedule, PreferNoSchedule, NoExecute")]
+    #[error(
+        "unknown effect {effect:?}; use {}",
+        TaintEffect::ALL.map(TaintEffect::as_str).join(", ")
+    )]
     TaintEffect {
         /// The effect refused.
         effect: String,

@@ -48,7 +48,8 @@ impl EvictionSignal {
 /// `Display` lists them.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown signal; use one of memory.available, nodefs.available, nodefs.inodesFree, imagefs.available, imagefs.inodesFree, pid.available"
+    "unknown signal; use one of {}",
+    EvictionSignal::ALL.map(EvictionSignal::as_str).join(", ")
 )]
 pub struct UnknownSignal {
     /// The name given.
