@@ -715,7 +715,7 @@ impl Handler for Gateway {
         self.counters.count_rejection(why);
         if matches!(why, RejectReason::Superseded | RejectReason::Replayed) {
             // Expected under a backlog or a replay flood: one warning each would flood the log.
-            tracing::debug!(transport = peer.transport.as_str(), node = ?peer.identity, why = why.as_str(), detail, "heartbeat refused without an answer");
+            tracing::debug!(transport = peer.transport.as_str(), node = ?peer.identity, why = why.as_str(), detail, "heartbeat superseded or replayed");
             return;
         }
         tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, node = ?peer.identity, why = why.as_str(), detail, "message refused by the transport");

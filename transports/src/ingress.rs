@@ -301,6 +301,11 @@ impl<K: std::hash::Hash + Eq + std::borrow::Borrow<str>, V> NodeMap<K, V> {
         }
     }
 
+    /// Most nodes the map holds.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
     /// How many nodes have an entry.
     pub fn len(&self) -> usize {
         self.entries.len()

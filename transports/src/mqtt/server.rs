@@ -409,7 +409,6 @@ pub async fn serve<H: Handler>(
         client: client.clone(),
         prefix: options.topic_prefix.clone(),
         queue: options.per_node_queue,
-        max_nodes: options.max_nodes,
         node_queues: options.node_queues.clone(),
         nodes: Arc::new(std::sync::Mutex::new(crate::ingress::NodeMap::new(
             options.max_nodes,

@@ -26,7 +26,8 @@ pub(super) struct NodeQueue {
     /// `per_node_queue` + 1 messages in the gateway, however the tasks are scheduled.
     pub(super) handling: bool,
     pub(super) last_message: Option<Instant>,
-    /// Where the newest signed message queued for the node stands. The agent never sends
+    /// Where the newest signed message taken for the node's queue stands (queued, or
+    /// dropped because the queue was full). The agent never sends
     /// a sequence number twice in a boot, so a signed message of that boot it does not
     /// supersede ([`BootSeq::supersedes`]) is a copy (a replay, or a QoS 1 redelivery):
     /// refused unanswered before it takes a queue slot.
@@ -45,7 +46,6 @@ pub(super) struct Workers<H> {
     pub(super) client: AsyncClient,
     pub(super) prefix: String,
     pub(super) queue: usize,
-    pub(super) max_nodes: usize,
     pub(super) node_queues: Option<Arc<std::sync::atomic::AtomicUsize>>,
     pub(super) nodes: Queues,
     pub(super) signatures: Option<Arc<Signatures>>,
@@ -155,8 +155,9 @@ impl<H: Handler> Workers<H> {
             evict_idle,
             |_| false,
         ) else {
+            let max_nodes = nodes.max();
             drop(nodes);
-            tracing::debug!(%node, max_nodes = self.max_nodes, "MQTT message dropped: no room for another node");
+            tracing::debug!(%node, max_nodes, "MQTT message dropped: no room for another node");
             self.handler.rejected(
                 &nobody(),
                 RejectReason::FleetFull,
