@@ -52,6 +52,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::patch::{EVENT_NAMESPACE, LEASE_NAMESPACE};
+use crate::view::PartialLease;
 
 /// `Impersonate-User` (kube-apiserver impersonation headers).
 const IMPERSONATE_USER: HeaderName = HeaderName::from_static("impersonate-user");
@@ -400,10 +401,15 @@ impl Apiserver {
     }
 
     /// `PUT` of Lease `kube-node-lease/{name}` (optimistic concurrency on its
-    /// resourceVersion), as node `name`.
+    /// resourceVersion), as node `name`. The answer is parsed in part: what the view keeps
+    /// of it ([`PartialLease`]).
     ///
     /// Errors: kube's (409 on a stale resourceVersion).
-    pub async fn replace_lease(&self, name: &str, lease: &Lease) -> Result<Lease, kube::Error> {
+    pub async fn replace_lease(
+        &self,
+        name: &str,
+        lease: &Lease,
+    ) -> Result<PartialLease, kube::Error> {
         let body = serde_json::to_vec(lease).map_err(kube::Error::SerdeError)?;
         self.call(
             name,
@@ -413,10 +419,11 @@ impl Apiserver {
         .await
     }
 
-    /// `POST` of a Lease in `kube-node-lease`, as the node it is named after.
+    /// `POST` of a Lease in `kube-node-lease`, as the node it is named after; the answer
+    /// parsed in part, as [`Apiserver::replace_lease`]'s.
     ///
     /// Errors: kube's (409 when it exists).
-    pub async fn create_lease(&self, lease: &Lease) -> Result<Lease, kube::Error> {
+    pub async fn create_lease(&self, lease: &Lease) -> Result<PartialLease, kube::Error> {
         let body = serde_json::to_vec(lease).map_err(kube::Error::SerdeError)?;
         self.call(
             &lease.name_any(),

@@ -33,7 +33,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures_util::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
@@ -159,36 +158,10 @@ pub struct LeaseRecord {
 }
 
 impl LeaseRecord {
-    /// The record of `lease`; `None` without a resourceVersion (not a stored object).
-    pub fn of(lease: &Lease) -> Option<Self> {
-        let meta = &lease.metadata;
-        let name = meta.name.as_deref().unwrap_or_default();
-        let only_managed_label = meta.labels.as_ref().is_none_or(|labels| {
-            labels
-                .iter()
-                .all(|(k, v)| (k.as_str(), v.as_str()) == MANAGED_LABEL)
-        });
-        let spec = lease.spec.as_ref();
-        let plain = only_managed_label
-            && meta.annotations.as_ref().is_none_or(BTreeMap::is_empty)
-            && meta.finalizers.as_ref().is_none_or(Vec::is_empty)
-            && meta.owner_references.as_ref().is_some_and(|refs| {
-                matches!(refs.as_slice(), [r] if r.kind == "Node" && r.name == name
-                    && r.controller.is_none() && r.block_owner_deletion.is_none())
-            })
-            && spec.is_some_and(|s| {
-                s.holder_identity.as_deref() == Some(name)
-                    && s.acquire_time.is_none()
-                    && s.lease_transitions.is_none()
-                    && s.preferred_holder.is_none()
-                    && s.strategy.is_none()
-            });
-        Some(Self {
-            resource_version: Box::from(meta.resource_version.as_deref()?),
-            renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
-            plain,
-            duration_seconds: spec.and_then(|s| s.lease_duration_seconds),
-        })
+    /// The record of `lease` (a whole Lease converts with `PartialLease::from`); `None`
+    /// without a resourceVersion (not a stored object).
+    pub fn of(lease: &PartialLease) -> Option<Self> {
+        partial::record(lease)
     }
 }
 
@@ -251,7 +224,7 @@ impl Followed for Node {
     }
 }
 
-impl Followed for Lease {
+impl Followed for PartialLease {
     type Record = LeaseRecord;
     fn record(&self) -> Option<LeaseRecord> {
         LeaseRecord::of(self)
@@ -404,7 +377,7 @@ impl ApiserverView {
     }
 
     /// Takes `lease` unless the view already holds a newer version of it.
-    pub fn observe_lease(&self, lease: &Lease) {
+    pub fn observe_lease(&self, lease: &PartialLease) {
         self.observe(lease);
     }
 
@@ -538,7 +511,9 @@ impl ApiserverView {
 
     /// Follows the managed Leases in `kube-node-lease` (as [`Self::watch_nodes`]).
     pub async fn watch_leases(self: Arc<Self>, client: kube::Client) {
-        let api: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
+        // Parsed in part: every renewal of the fleet, this replica's and the others', comes
+        // through here (see [`PartialLease`]).
+        let api: Api<PartialLease> = Api::namespaced(client, LEASE_NAMESPACE);
         let config = watcher::Config::default().labels(&managed_selector());
         self.follow(watcher(api, config).default_backoff(), "Lease")
             .await;
@@ -596,6 +571,9 @@ impl ApiserverView {
         watched.store(false, Ordering::Relaxed);
     }
 }
+
+mod partial;
+pub use partial::{PartialLease, PartialLeaseSpec};
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
 use super::*;
-use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, NodeSystemInfo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 
@@ -47,10 +47,10 @@ fn an_older_version_never_replaces_a_newer_one() {
     view.observe_node(&node("9", "Unknown", "b1"));
     assert!(view.node_has_unknown_condition("n1"));
 
-    view.observe_lease(&lease("12", 200));
-    view.observe_lease(&lease("11", 190));
+    view.observe_lease(&PartialLease::from(&lease("12", 200)));
+    view.observe_lease(&PartialLease::from(&lease("11", 190)));
     assert_eq!(&*view.lease("n1").unwrap().resource_version, "12");
-    view.observe_lease(&lease("13", 210));
+    view.observe_lease(&PartialLease::from(&lease("13", 210)));
     let held = view.lease("n1").unwrap();
     assert_eq!(&*held.resource_version, "13");
     assert_eq!(held.renew_time, Some(Timestamp::from_second(210).unwrap()));
@@ -75,38 +75,66 @@ fn a_late_delete_does_not_drop_a_newer_node_and_only_labelled_nodes_are_managed(
     assert!(NodeRecord::of(&labelled).managed);
 }
 
+/// `lease`'s record, the same whether read whole (a GET) or parsed in part from the JSON
+/// the apiserver sends (a PUT's answer, a watch event), with the `managedFields` and
+/// other fields a real kube-apiserver adds.
+fn record(lease: &Lease) -> Option<LeaseRecord> {
+    let whole = LeaseRecord::of(&PartialLease::from(lease));
+    let mut json = serde_json::to_value(lease).unwrap();
+    json["metadata"]["uid"] = "u-1".into();
+    json["metadata"]["creationTimestamp"] = "2026-11-26T21:00:00Z".into();
+    json["metadata"]["managedFields"] = serde_json::json!([{
+        "apiVersion": "coordination.k8s.io/v1", "fieldsType": "FieldsV1", "manager": "kubelet",
+        "operation": "Update", "time": "2026-11-26T21:00:00Z",
+        "fieldsV1": {"f:metadata": {"f:ownerReferences": {".": {}}},
+                     "f:spec": {"f:holderIdentity": {}, "f:renewTime": {}}}
+    }]);
+    let parsed: PartialLease = serde_json::from_value(json).unwrap();
+    assert_eq!(
+        LeaseRecord::of(&parsed),
+        whole,
+        "parsed in part: {parsed:?}"
+    );
+    whole
+}
+
 #[test]
 fn a_lease_is_plain_only_with_what_kubelet_sets() {
     let mut l = lease("1", 10);
-    assert!(LeaseRecord::of(&l).unwrap().plain);
+    assert!(record(&l).unwrap().plain);
     l.metadata.labels = Some(BTreeMap::from([(
         MANAGED_LABEL.0.to_owned(),
         MANAGED_LABEL.1.to_owned(),
     )]));
-    assert!(LeaseRecord::of(&l).unwrap().plain);
+    assert!(record(&l).unwrap().plain);
     let mut annotated = l.clone();
     annotated.metadata.annotations = Some(BTreeMap::from([("team".to_owned(), "edge".to_owned())]));
-    assert!(!LeaseRecord::of(&annotated).unwrap().plain);
+    assert!(!record(&annotated).unwrap().plain);
     let mut transitions = l.clone();
     transitions.spec = Some(LeaseSpec {
         lease_transitions: Some(3),
         renew_time: Some(MicroTime(Timestamp::from_second(10).unwrap())),
         ..Default::default()
     });
-    assert!(!LeaseRecord::of(&transitions).unwrap().plain);
+    assert!(!record(&transitions).unwrap().plain);
+    let mut acquired = l.clone();
+    if let Some(spec) = acquired.spec.as_mut() {
+        spec.acquire_time = spec.renew_time.clone();
+    }
+    assert!(!record(&acquired).unwrap().plain);
     let mut held_by_another = l.clone();
     held_by_another.spec.as_mut().unwrap().holder_identity = Some("operator".to_owned());
     assert!(
-        !LeaseRecord::of(&held_by_another).unwrap().plain,
+        !record(&held_by_another).unwrap().plain,
         "a rebuilt Lease would rewrite the holder"
     );
     let mut orphan = l;
     orphan.metadata.owner_references = None;
-    assert!(!LeaseRecord::of(&orphan).unwrap().plain);
+    assert!(!record(&orphan).unwrap().plain);
     // Not a stored object: nothing to PUT against.
     let mut unstored = lease("1", 10);
     unstored.metadata.resource_version = None;
-    assert!(LeaseRecord::of(&unstored).is_none());
+    assert!(record(&unstored).is_none());
 }
 
 /// Fed a watcher's events through a channel: following after the list, not after an
@@ -193,7 +221,7 @@ fn the_fleet_summary_buckets_lease_ages_and_counts_conditions() {
     for (i, renewed) in [995, 990, 961, 950, 50].into_iter().enumerate() {
         let mut l = lease("1", renewed);
         l.metadata.name = Some(format!("n{i}"));
-        view.observe_lease(&l);
+        view.observe_lease(&PartialLease::from(&l));
     }
     let managed = |name: &str, ready: &str| {
         let mut n = node("1", ready, "b");

@@ -150,7 +150,7 @@ impl Writer {
                 Some(lease) => lease,
                 None => match tokio::time::timeout(budget, self.api.get_lease_opt(name)).await {
                     Ok(Ok(Some(lease))) => {
-                        self.view.observe_lease(&lease);
+                        self.view.observe_lease(&PartialLease::from(&lease));
                         Self::saw_renew_time(
                             w,
                             lease
@@ -199,7 +199,7 @@ impl Writer {
         &self,
         w: &mut NodeWrites,
         name: &str,
-        written: &Lease,
+        written: &PartialLease,
         renew: Timestamp,
     ) -> Answer {
         let state = LeaseState {

@@ -31,7 +31,7 @@ use crate::gateway::Counters;
 use crate::metrics::{NodeMetrics, NodeSeries, RejectReason};
 use crate::patch;
 use crate::patch::MANAGED_LABEL;
-use crate::view::{ApiserverView, NodeRecord};
+use crate::view::{ApiserverView, NodeRecord, PartialLease};
 
 mod journal;
 mod lease;
