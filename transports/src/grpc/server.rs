@@ -89,8 +89,12 @@ impl<H: Handler> Heartbeat for Service<H> {
         &self,
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        let mut peer = Peer::unidentified(TransportKind::Grpc, request.remote_addr());
-        match self.authenticate(&request) {
+        let connection = request.extensions().get::<ConnectionInfo>();
+        let remote = connection
+            .map(ConnectionInfo::remote)
+            .or_else(|| request.remote_addr());
+        let mut peer = Peer::unidentified(TransportKind::Grpc, remote);
+        match self.authenticate(connection) {
             Ok(identity) => {
                 if let Some((name, certificate)) = identity {
                     peer.identity = Some(name);
@@ -181,28 +185,21 @@ struct StreamState<H> {
 }
 
 impl<H> Service<H> {
-    /// The node identity of the stream's client certificate, with the certificate's
+    /// The node identity of the stream's client certificate (parsed once for its
+    /// connection, see [`ConnectionInfo`]), with the certificate's
     /// [`CertificateId`](crate::tls::CertificateId): `Ok(Some(..))`, `Ok(None)` when there is
     /// no certificate and none is required, or the reason to refuse.
-    fn authenticate<T>(
+    fn authenticate(
         &self,
-        request: &Request<T>,
+        connection: Option<&ConnectionInfo>,
     ) -> Result<Option<(NodeName, crate::tls::CertificateId)>, String> {
-        let leaf = if self.client_ca {
-            request
-                .peer_certs()
-                .and_then(|chain| chain.first().map(|c| c.as_ref().to_vec()))
-        } else {
-            None
-        };
-        match leaf {
+        let presented = connection
+            .filter(|_| self.client_ca)
+            .and_then(ConnectionInfo::identity);
+        match presented {
             // A presented certificate chains to the client CA (rustls checked it); it must
             // also say which node it is, whether or not identity is required.
-            Some(der) => {
-                let name = tls::node_identity(&der).map_err(|e| e.to_string())?;
-                let id = tls::certificate_id(&der).map_err(|e| e.to_string())?;
-                Ok(Some((name, id)))
-            }
+            Some(identity) => identity.clone().map(Some),
             None if self.require_node_identity => Err(format!(
                 "a client certificate with a node identity is required (CN={}<nodeName>, O={})",
                 tls::NODE_USER_PREFIX,
@@ -232,6 +229,8 @@ const ACCEPTED_QUEUE: usize = 64;
 /// bytes gives its handshake slot back long before [`super::TLS_HANDSHAKE_TIMEOUT`].
 const CLIENT_HELLO_TIMEOUT: Duration = Duration::from_secs(3);
 
+mod connection;
+use connection::{Connection, ConnectionInfo};
 mod handshakes;
 use handshakes::{Handshakes, Ticket};
 
@@ -252,8 +251,7 @@ fn tls_incoming<H: Handler>(
     options: &GrpcServerOptions,
     handler: Arc<H>,
     closing: tokio_util::sync::CancellationToken,
-) -> ReceiverStream<Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::io::Error>>
-{
+) -> ReceiverStream<Result<Connection, std::io::Error>> {
     let mut config = Arc::new(config);
     let mut updates = options.tls_updates.clone();
     let require_client_cert = options.require_node_identity;
@@ -318,9 +316,10 @@ fn tls_incoming<H: Handler>(
                 drop(ticket);
                 let error = match result {
                     Ok(tls) => {
+                        let connection = Connection::new(tls, remote);
                         tokio::select! {
                             () = closing.cancelled() => {}
-                            _ = tx.send(Ok(tls)) => {}
+                            _ = tx.send(Ok(connection)) => {}
                         }
                         return;
                     }
