@@ -894,10 +894,7 @@ impl WatchFilter {
                 api_version,
             ),
         };
-        let mut line =
-            serde_json::to_vec(&json!({"type": event, "object": object})).unwrap_or_default();
-        line.push(b'\n');
-        Bytes::from(line)
+        watch_line(event, &object)
     }
 
     /// The event this watcher sees for `rec`, if any (selector transitions turn MODIFIED
@@ -1019,10 +1016,7 @@ fn start_watch(
                         "annotations": {"k8s.io/initial-events-end": "true"},
                     },
                 });
-                let mut line = serde_json::to_vec(&json!({"type": "BOOKMARK", "object": bookmark}))
-                    .unwrap_or_default();
-                line.push(b'\n');
-                pending.push_back(Bytes::from(line));
+                pending.push_back(watch_line("BOOKMARK", &bookmark));
             }
         } else {
             let since: u64 = rv_param.parse().map_err(|_| {
@@ -1035,11 +1029,7 @@ fn start_watch(
                 ));
                 gone.code = 410;
                 gone.reason = "Expired";
-                let mut line =
-                    serde_json::to_vec(&json!({"type": "ERROR", "object": gone.to_json()}))
-                        .unwrap_or_default();
-                line.push(b'\n');
-                pending.push_back(Bytes::from(line));
+                pending.push_back(watch_line("ERROR", &gone.to_json()));
                 done = true;
             } else {
                 pending.extend(store.history_after(since).filter_map(|r| filter.apply(r)));
@@ -1069,4 +1059,26 @@ fn start_watch(
         HeaderValue::from_static("no-cache, private"),
     );
     Ok(resp)
+}
+
+/// One line of a watch stream: `{"type":…,"object":…}` and a newline, `type` first as
+/// kube-apiserver writes it (`metav1.WatchEvent`, whose fields are `Type` then `Object`:
+/// `staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/watch.go`). A client that reads the
+/// event as a tagged enum (kube-rs' `WatchEvent`) parses the object directly when the tag
+/// comes first, and must buffer the whole object otherwise; `json!` would sort the keys,
+/// `object` first, and make every watch event cost the gateway more than kube-apiserver's.
+fn watch_line(event: &str, object: &Value) -> Bytes {
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        #[serde(rename = "type")]
+        type_: &'a str,
+        object: &'a Value,
+    }
+    let mut line = serde_json::to_vec(&Line {
+        type_: event,
+        object,
+    })
+    .unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
 }
