@@ -38,7 +38,7 @@
 //!   probes per second, not a request per node per retry, and a renewal goes through
 //!   within seconds of recovery, inside one renew interval.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
@@ -326,11 +326,15 @@ impl Apiserver {
     }
 
     fn nodes() -> Request {
-        Request::new(Node::url_path(&(), None))
+        static PATH: LazyLock<String> = LazyLock::new(|| Node::url_path(&(), None));
+        Request::new(PATH.as_str())
     }
 
+    /// Formatted once: every renewal calls it.
     fn leases() -> Request {
-        Request::new(Lease::url_path(&(), Some(LEASE_NAMESPACE)))
+        static PATH: LazyLock<String> =
+            LazyLock::new(|| Lease::url_path(&(), Some(LEASE_NAMESPACE)));
+        Request::new(PATH.as_str())
     }
 
     /// `GET /api/v1/nodes/{name}`, as node `name`.
