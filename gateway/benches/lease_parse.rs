@@ -1,8 +1,10 @@
 //! What parsing one node Lease costs the gateway, whole (k8s-openapi's `Lease`) and in part
 //! ([`PartialLease`], what the watch and the PUT answers use), for the Lease as the
 //! stand-in sends it and as kube-apiserver does, with the `managedFields` entry of the
-//! gateway's Update. Prints nanoseconds per parse, the best of 25 rounds of 20,000: this
-//! VM's timings are noisy, and the best round is the figure that repeats.
+//! gateway's Update; and, for the decision issue 29 asks for, the same Lease in kubelet's
+//! default wire format, protobuf (`application/vnd.kubernetes.protobuf`), decoded and
+//! encoded. Prints nanoseconds per call, the best of 25 rounds of 20,000: this VM's timings
+//! are noisy, and the best round is the figure that repeats.
 //!
 //! ```text
 //! cargo bench -p edgebeat-gateway --bench lease_parse
@@ -71,6 +73,165 @@ fn per_parse(n: u32, mut parse: impl FnMut() -> bool) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// The Lease in protobuf, as kube-apiserver sends it: the envelope of
+/// `staging/src/k8s.io/apimachinery/pkg/runtime/serializer/protobuf/protobuf.go` (the bytes
+/// `k8s\0`, then a `runtime.Unknown` whose `raw` is the object), field numbers of
+/// `k8s.io/api/coordination/v1/generated.proto` and
+/// `k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto`. Only the fields the JSON above
+/// carries are declared; `managedFields[].fieldsV1` is raw bytes in protobuf (its JSON text),
+/// not a tree.
+mod pb {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TypeMeta {
+        #[prost(string, tag = "1")]
+        pub api_version: String,
+        #[prost(string, tag = "2")]
+        pub kind: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Unknown {
+        #[prost(message, optional, tag = "1")]
+        pub type_meta: Option<TypeMeta>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub raw: Vec<u8>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Time {
+        #[prost(int64, tag = "1")]
+        pub seconds: i64,
+        #[prost(int32, tag = "2")]
+        pub nanos: i32,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct OwnerReference {
+        #[prost(string, tag = "1")]
+        pub kind: String,
+        #[prost(string, tag = "3")]
+        pub name: String,
+        #[prost(string, tag = "4")]
+        pub uid: String,
+        #[prost(string, tag = "5")]
+        pub api_version: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct FieldsV1 {
+        #[prost(bytes = "vec", tag = "1")]
+        pub raw: Vec<u8>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ManagedFieldsEntry {
+        #[prost(string, tag = "1")]
+        pub manager: String,
+        #[prost(string, tag = "2")]
+        pub operation: String,
+        #[prost(string, tag = "3")]
+        pub api_version: String,
+        #[prost(message, optional, tag = "4")]
+        pub time: Option<Time>,
+        #[prost(string, tag = "6")]
+        pub fields_type: String,
+        #[prost(message, optional, tag = "7")]
+        pub fields_v1: Option<FieldsV1>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ObjectMeta {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(string, tag = "3")]
+        pub namespace: String,
+        #[prost(string, tag = "5")]
+        pub uid: String,
+        #[prost(string, tag = "6")]
+        pub resource_version: String,
+        #[prost(message, optional, tag = "8")]
+        pub creation_timestamp: Option<Time>,
+        #[prost(btree_map = "string, string", tag = "11")]
+        pub labels: std::collections::BTreeMap<String, String>,
+        #[prost(message, repeated, tag = "13")]
+        pub owner_references: Vec<OwnerReference>,
+        #[prost(message, repeated, tag = "17")]
+        pub managed_fields: Vec<ManagedFieldsEntry>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LeaseSpec {
+        #[prost(string, optional, tag = "1")]
+        pub holder_identity: Option<String>,
+        #[prost(int32, optional, tag = "2")]
+        pub lease_duration_seconds: Option<i32>,
+        #[prost(message, optional, tag = "4")]
+        pub renew_time: Option<Time>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Lease {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ObjectMeta>,
+        #[prost(message, optional, tag = "2")]
+        pub spec: Option<LeaseSpec>,
+    }
+
+    /// The protobuf form of the JSON Lease `json` (`managed_fields`: with the entry).
+    pub fn lease(managed_fields: bool) -> Lease {
+        let time = |seconds, nanos| Some(Time { seconds, nanos });
+        Lease {
+            metadata: Some(ObjectMeta {
+                name: "edge-node-00042".into(),
+                namespace: "kube-node-lease".into(),
+                uid: "1c9d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f".into(),
+                resource_version: "1234567".into(),
+                creation_timestamp: time(1_795_723_200, 0),
+                labels: [("edgebeat.io/managed".to_owned(), "true".to_owned())].into(),
+                owner_references: vec![OwnerReference {
+                    kind: "Node".into(),
+                    name: "edge-node-00042".into(),
+                    uid: "8f0c1b7e-5a0e-4c1e-9d7a-0b9e6f1c2d3e".into(),
+                    api_version: "v1".into(),
+                }],
+                managed_fields: if managed_fields {
+                    vec![ManagedFieldsEntry {
+                        manager: "edgebeat-gateway".into(),
+                        operation: "Update".into(),
+                        api_version: "coordination.k8s.io/v1".into(),
+                        time: time(1_795_727_554, 0),
+                        fields_type: "FieldsV1".into(),
+                        fields_v1: Some(FieldsV1 {
+                            raw: br#"{"f:metadata":{"f:labels":{".":{},"f:edgebeat.io/managed":{}},"f:ownerReferences":{".":{},"k:{\"uid\":\"8f0c1b7e-5a0e-4c1e-9d7a-0b9e6f1c2d3e\"}":{}}},"f:spec":{"f:holderIdentity":{},"f:leaseDurationSeconds":{},"f:renewTime":{}}}"#.to_vec(),
+                        }),
+                    }]
+                } else {
+                    Vec::new()
+                },
+            }),
+            spec: Some(LeaseSpec {
+                holder_identity: Some("edge-node-00042".into()),
+                lease_duration_seconds: Some(40),
+                renew_time: time(1_795_727_554, 567_890_000),
+            }),
+        }
+    }
+
+    /// `lease` in the envelope, as on the wire.
+    pub fn wire(lease: &Lease) -> Vec<u8> {
+        use prost::Message as _;
+        let unknown = Unknown {
+            type_meta: Some(TypeMeta {
+                api_version: "coordination.k8s.io/v1".into(),
+                kind: "Lease".into(),
+            }),
+            raw: lease.encode_to_vec(),
+        };
+        let mut wire = b"k8s\0".to_vec();
+        unknown.encode(&mut wire).unwrap_or_default();
+        wire
+    }
+
+    /// Decodes the envelope and the Lease in it.
+    pub fn decode(wire: &[u8]) -> Option<Lease> {
+        use prost::Message as _;
+        let unknown = Unknown::decode(wire.strip_prefix(b"k8s\0")?).ok()?;
+        Lease::decode(unknown.raw.as_slice()).ok()
+    }
+}
+
 fn main() {
     const N: u32 = 20_000;
     println!("lease_json                    bytes  whole Lease  PartialLease  (ns per parse)");
@@ -91,6 +252,36 @@ fn main() {
         println!(
             "{label:<28} {:>6} {whole:>12.0} {partial:>13.0}",
             json.len()
+        );
+    }
+    println!();
+    println!(
+        "encode and decode, both ways    JSON bytes  JSON ser  protobuf bytes  protobuf enc  protobuf dec (ns per call)"
+    );
+    for (label, managed) in [
+        ("as the stand-in sends it", false),
+        ("with managedFields", true),
+    ] {
+        let json = lease_json(managed);
+        let Ok(lease) = serde_json::from_slice::<Lease>(&json) else {
+            panic!("the JSON Lease parses");
+        };
+        let proto = pb::lease(managed);
+        let wire = pb::wire(&proto);
+        assert_eq!(
+            pb::decode(&wire).as_ref(),
+            Some(&proto),
+            "the protobuf Lease round-trips"
+        );
+        let ser = per_parse(N, || {
+            serde_json::to_vec(black_box(&lease)).is_ok_and(|v| !v.is_empty())
+        });
+        let enc = per_parse(N, || !pb::wire(black_box(&proto)).is_empty());
+        let dec = per_parse(N, || pb::decode(black_box(&wire)).is_some());
+        println!(
+            "{label:<30} {:>11} {ser:>9.0} {:>15} {enc:>13.0} {dec:>13.0}",
+            json.len(),
+            wire.len()
         );
     }
 }
