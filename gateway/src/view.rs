@@ -157,14 +157,6 @@ pub struct LeaseRecord {
     pub duration_seconds: Option<i32>,
 }
 
-impl LeaseRecord {
-    /// The record of `lease` (a whole Lease converts with `PartialLease::from`); `None`
-    /// without a resourceVersion (not a stored object).
-    pub fn of(lease: &PartialLease) -> Option<Self> {
-        partial::record(lease)
-    }
-}
-
 /// The certificate a Node's annotations record: a SHA-256 of 64 hex digits and an RFC 3339
 /// notBefore; `None` when either is missing or malformed (then nothing is recorded).
 fn recorded_certificate(annotations: &BTreeMap<String, String>) -> Option<CertificateId> {

@@ -3,12 +3,13 @@
 //!
 //! Every renewal brings the gateway a Lease twice, as the answer to its PUT and as the
 //! watch event of that PUT, and every replica parses the watch events of every other
-//! replica's renewals too. Parsed as k8s-openapi's whole `Lease`, one such object cost
-//! about 21,000 instructions here (BENCHMARKS.md, "Where a renewal's instructions go"),
-//! most of it fields nobody reads: `uid`, `creationTimestamp`, `apiVersion`/`kind`, and
-//! from a real kube-apiserver `managedFields`, a tree of `serde_json::Value`s per object.
-//! serde skips fields a type does not name without building anything, so this type names
-//! only what is read. A Lease read to be written back whole (a GET before a PUT of a Lease
+//! replica's renewals too. Most of a Lease is fields nobody here reads: `uid`,
+//! `creationTimestamp`, `apiVersion`/`kind`, and from a real kube-apiserver `managedFields`,
+//! which k8s-openapi's whole `Lease` builds into a tree of `serde_json::Value`s. serde
+//! skips the fields a type does not name (it still scans them, but builds nothing), so this
+//! type names only what is read: with kube-apiserver's `managedFields` a Lease parses in
+//! about half the time (`cargo bench -p edgebeat-gateway --bench lease_parse`; BENCHMARKS.md,
+//! "What was cut"). A Lease read to be written back whole (a GET before a PUT of a Lease
 //! that is not plain) is still parsed in full as k8s-openapi's `Lease`.
 
 use std::collections::BTreeMap;
@@ -20,7 +21,7 @@ use serde::{Deserialize, Deserializer};
 use super::LeaseRecord;
 
 /// A Lease (`coordination.k8s.io/v1`) with only the fields [`LeaseRecord::of`] reads:
-/// `metadata` name, namespace, resourceVersion, labels, annotations, finalizers and
+/// `metadata` name, resourceVersion, labels, annotations, finalizers and
 /// ownerReferences; `spec` holderIdentity, leaseDurationSeconds and renewTime, and whether
 /// each other spec field is set. What the apiserver sends besides is skipped unparsed.
 /// Read-only: it is never written back (a PUT would drop what it skipped).
@@ -47,18 +48,18 @@ pub struct PartialLeaseSpec {
     /// `renewTime` (microseconds).
     #[serde(default)]
     pub renew_time: Option<MicroTime>,
-    /// `acquireTime`, `leaseTransitions`, `preferredHolder` and `strategy` are set (not
-    /// null): kubelet's `newLease` sets none of them, so a Lease with any is not plain.
-    /// Read for presence only, their values skipped.
+    /// Whether `acquireTime` is set (not null). kubelet's `newLease` sets none of
+    /// `acquireTime`, `leaseTransitions`, `preferredHolder` and `strategy`, so a Lease with
+    /// any is not plain; they are read for presence only, their values skipped.
     #[serde(default, deserialize_with = "set")]
     pub acquire_time: bool,
-    /// See [`PartialLeaseSpec::acquire_time`].
+    /// Whether `leaseTransitions` is set (see [`PartialLeaseSpec::acquire_time`]).
     #[serde(default, deserialize_with = "set")]
     pub lease_transitions: bool,
-    /// See [`PartialLeaseSpec::acquire_time`].
+    /// Whether `preferredHolder` is set (see [`PartialLeaseSpec::acquire_time`]).
     #[serde(default, deserialize_with = "set")]
     pub preferred_holder: bool,
-    /// See [`PartialLeaseSpec::acquire_time`].
+    /// Whether `strategy` is set (see [`PartialLeaseSpec::acquire_time`]).
     #[serde(default, deserialize_with = "set")]
     pub strategy: bool,
 }
@@ -83,8 +84,6 @@ fn partial_meta<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta
         #[serde(default)]
         name: Option<String>,
         #[serde(default)]
-        namespace: Option<String>,
-        #[serde(default)]
         resource_version: Option<String>,
         #[serde(default)]
         labels: Option<BTreeMap<String, String>>,
@@ -98,7 +97,6 @@ fn partial_meta<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta
     let m = Meta::deserialize(deserializer)?;
     Ok(ObjectMeta {
         name: m.name,
-        namespace: m.namespace,
         resource_version: m.resource_version,
         labels: m.labels,
         annotations: m.annotations,
@@ -115,7 +113,6 @@ impl From<&Lease> for PartialLease {
         Self {
             metadata: ObjectMeta {
                 name: m.name.clone(),
-                namespace: m.namespace.clone(),
                 resource_version: m.resource_version.clone(),
                 labels: m.labels.clone(),
                 annotations: m.annotations.clone(),
@@ -155,30 +152,34 @@ impl k8s_openapi::Metadata for PartialLease {
     }
 }
 
-/// The record of `lease`, the one rule for a Lease from any source.
-pub(super) fn record(lease: &PartialLease) -> Option<LeaseRecord> {
-    let meta = &lease.metadata;
-    let name = meta.name.as_deref().unwrap_or_default();
-    let only_managed_label = meta.labels.as_ref().is_none_or(|labels| {
-        labels
-            .iter()
-            .all(|(k, v)| (k.as_str(), v.as_str()) == super::MANAGED_LABEL)
-    });
-    let spec = lease.spec.as_ref();
-    let plain = only_managed_label
-        && meta.annotations.as_ref().is_none_or(BTreeMap::is_empty)
-        && meta.finalizers.as_ref().is_none_or(Vec::is_empty)
-        && meta.owner_references.as_ref().is_some_and(|refs| {
-            matches!(refs.as_slice(), [r] if r.kind == "Node" && r.name == name
-                && r.controller.is_none() && r.block_owner_deletion.is_none())
-        })
-        && spec.is_some_and(|s| {
-            s.holder_identity.as_deref() == Some(name) && !s.more_than_kubelet_sets()
+impl LeaseRecord {
+    /// The record of `lease`, the one rule for a Lease from any source (a whole Lease
+    /// converts with `PartialLease::from`); `None` without a resourceVersion (not a stored
+    /// object).
+    pub fn of(lease: &PartialLease) -> Option<Self> {
+        let meta = &lease.metadata;
+        let name = meta.name.as_deref().unwrap_or_default();
+        let only_managed_label = meta.labels.as_ref().is_none_or(|labels| {
+            labels
+                .iter()
+                .all(|(k, v)| (k.as_str(), v.as_str()) == super::MANAGED_LABEL)
         });
-    Some(LeaseRecord {
-        resource_version: Box::from(meta.resource_version.as_deref()?),
-        renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
-        plain,
-        duration_seconds: spec.and_then(|s| s.lease_duration_seconds),
-    })
+        let spec = lease.spec.as_ref();
+        let plain = only_managed_label
+            && meta.annotations.as_ref().is_none_or(BTreeMap::is_empty)
+            && meta.finalizers.as_ref().is_none_or(Vec::is_empty)
+            && meta.owner_references.as_ref().is_some_and(|refs| {
+                matches!(refs.as_slice(), [r] if r.kind == "Node" && r.name == name
+                    && r.controller.is_none() && r.block_owner_deletion.is_none())
+            })
+            && spec.is_some_and(|s| {
+                s.holder_identity.as_deref() == Some(name) && !s.more_than_kubelet_sets()
+            });
+        Some(Self {
+            resource_version: Box::from(meta.resource_version.as_deref()?),
+            renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
+            plain,
+            duration_seconds: spec.and_then(|s| s.lease_duration_seconds),
+        })
+    }
 }

@@ -101,9 +101,10 @@ impl<H: Handler> Heartbeat for Service<H> {
                     peer.certificate = Some(certificate);
                 }
             }
-            Err(reason) => {
+            Err(refused) => {
                 // Refused before any message is read: nothing from this stream reaches the
                 // handler, and the agent sees UNAUTHENTICATED (its own fault, not the link).
+                let reason = refused.to_string();
                 self.handler
                     .rejected(&peer, RejectReason::Unauthenticated, &reason);
                 tracing::warn!(remote = ?peer.remote, %reason, "gRPC stream refused: unauthenticated");
@@ -187,27 +188,43 @@ struct StreamState<H> {
 impl<H> Service<H> {
     /// The node identity of the stream's client certificate (parsed once for its
     /// connection, see [`ConnectionInfo`]), with the certificate's
-    /// [`CertificateId`](crate::tls::CertificateId): `Ok(Some(..))`, `Ok(None)` when there is
-    /// no certificate and none is required, or the reason to refuse.
+    /// [`CertificateId`](crate::tls::CertificateId): `Ok(Some(..))`, or `Ok(None)` when there
+    /// is no certificate and none is required.
+    ///
+    /// Errors: [`Unauthenticated`], why the stream is refused.
     fn authenticate(
         &self,
         connection: Option<&ConnectionInfo>,
-    ) -> Result<Option<(NodeName, crate::tls::CertificateId)>, String> {
+    ) -> Result<Option<(NodeName, crate::tls::CertificateId)>, Unauthenticated> {
         let presented = connection
             .filter(|_| self.client_ca)
             .and_then(ConnectionInfo::identity);
         match presented {
             // A presented certificate chains to the client CA (rustls checked it); it must
             // also say which node it is, whether or not identity is required.
-            Some(identity) => identity.clone().map(Some),
-            None if self.require_node_identity => Err(format!(
-                "a client certificate with a node identity is required (CN={}<nodeName>, O={})",
-                tls::NODE_USER_PREFIX,
-                tls::NODES_GROUP
-            )),
+            Some(identity) => identity
+                .clone()
+                .map(Some)
+                .map_err(Unauthenticated::Certificate),
+            None if self.require_node_identity => Err(Unauthenticated::Required),
             None => Ok(None),
         }
     }
+}
+
+/// Why a gRPC stream is refused before any of its messages is read (`UNAUTHENTICATED`).
+#[derive(Debug, thiserror::Error)]
+enum Unauthenticated {
+    /// The client certificate names no node, or does not parse.
+    #[error(transparent)]
+    Certificate(tls::IdentityError),
+    /// No client certificate, and node identities are required.
+    #[error(
+        "a client certificate with a node identity is required (CN={prefix}<nodeName>, O={group})",
+        prefix = tls::NODE_USER_PREFIX,
+        group = tls::NODES_GROUP
+    )]
+    Required,
 }
 
 /// Why [`serve`] stopped with an error.

@@ -20,9 +20,9 @@ use tokio_rustls::server::TlsStream;
 use crate::ingress::CertificateId;
 use crate::tls;
 
-/// What a connection's TLS handshake established ([`Connection::info`]): the client's
-/// address, and its certificate's node identity when it presented one (`Err` with the
-/// reason when that certificate names no node). Cheap to clone: tonic puts a copy in the
+/// What a connection's TLS handshake established (a [`Connection`]'s): the client's
+/// address, and its certificate's node identity when it presented one (`Err` when that
+/// certificate names no node). Cheap to clone: tonic puts a copy in the
 /// extensions of every request of the connection.
 #[derive(Debug, Clone)]
 pub(crate) struct ConnectionInfo(Arc<Established>);
@@ -30,7 +30,7 @@ pub(crate) struct ConnectionInfo(Arc<Established>);
 #[derive(Debug)]
 struct Established {
     remote: SocketAddr,
-    identity: Option<Result<(NodeName, CertificateId), String>>,
+    identity: Option<Result<(NodeName, CertificateId), tls::IdentityError>>,
 }
 
 impl ConnectionInfo {
@@ -39,10 +39,12 @@ impl ConnectionInfo {
         self.0.remote
     }
 
-    /// The node identity of the client certificate: `None` without one, `Err` with the
-    /// reason when the certificate names no node (CN=`system:node:<name>`,
-    /// O=`system:nodes`) or does not parse.
-    pub(crate) fn identity(&self) -> Option<&Result<(NodeName, CertificateId), String>> {
+    /// The node identity of the client certificate: `None` without one, `Err` when the
+    /// certificate names no node (CN=`system:node:<name>`, O=`system:nodes`) or does not
+    /// parse.
+    pub(crate) fn identity(
+        &self,
+    ) -> Option<&Result<(NodeName, CertificateId), tls::IdentityError>> {
         self.0.identity.as_ref()
     }
 }
@@ -61,11 +63,7 @@ impl Connection {
             .1
             .peer_certificates()
             .and_then(|chain| chain.first())
-            .map(|leaf| {
-                let name = tls::node_identity(leaf).map_err(|e| e.to_string())?;
-                let id = tls::certificate_id(leaf).map_err(|e| e.to_string())?;
-                Ok((name, id))
-            });
+            .map(|leaf| Ok((tls::node_identity(leaf)?, tls::certificate_id(leaf)?)));
         Self {
             tls,
             info: ConnectionInfo(Arc::new(Established { remote, identity })),
