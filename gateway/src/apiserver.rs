@@ -520,7 +520,7 @@ pub fn kube_client(
 /// The stack has no connection read or write timeout: a read timeout (hyper-timeout) also
 /// fires on a pooled connection that sat idle that long, and a request handed to it at that
 /// moment fails to send (kube-rs removed its own default for this reason,
-/// https://github.com/kube-rs/kube/pull/1945); each call is bounded as a whole instead
+/// <https://github.com/kube-rs/kube/pull/1945>); each call is bounded as a whole instead
 /// ([`Apiserver`]), and HTTP/2 PINGs close a dead connection. No retries inside the client
 /// either: a heartbeat retried late would be written late and hide a dead node; the agent
 /// retries with a fresh message instead (kubelet's own loops).

@@ -1,20 +1,28 @@
-//! The gateway's message path: each agent message goes through admission
-//! ([`crate::admission`]: identity, boot, sequence, freshness, rate limit) and then the
-//! writer (`writer.rs`: kubelet's apiserver calls, diffed against the
-//! [`ApiserverView`]).
+//! The gateway's message path, one for every ingress. A message arrives as a [`Letter`]
+//! ([`Handler::deliver`]) and goes through:
+//! 1. **screening** (`Gateway::screen`): the checks that need no state (a header, the
+//!    identity [`Posture`]), so nothing is kept for a message that fails them;
+//! 2. **posting** to its node's [`Mailbox`] (order, the `per_node_queue` bound, a newer
+//!    identified heartbeat superseding a waiting one, copies refused), once the node has a
+//!    slot; slots are bounded by [`GatewayOptions::max_nodes`] and swept when idle;
+//! 3. at its turn, one at a time per node and different nodes concurrently,
+//!    **admission** ([`crate::admission`]: boot, sequence, freshness, rate limit), the
+//!    **writes** (`writer.rs`: kubelet's apiserver calls, diffed against the
+//!    [`ApiserverView`]) and the **follow-up** (the node's certificate recorded, a full
+//!    status report asked for).
 //!
-//! Per node it keeps a small slot (admission state, the writer's flags, metric series),
-//! bounded by [`GatewayOptions::max_nodes`]; one node's messages are handled one at a time,
-//! different nodes concurrently. What the apiserver holds is not in the slot but in the
-//! shared view, kept by a watch ([`Gateway::watch`]) and by the answers to writes.
+//! What the apiserver holds is not in the slot but in the shared view, kept by a watch
+//! ([`Gateway::watch`]) and by the answers to writes.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
-use edgebeat_proto::{self as pb, Answer, BootSeq, MessageKind, agent_message::Kind};
-use edgebeat_transports::ingress::{CertificateId, Handler, NodeMap, Peer};
+use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
+use edgebeat_transports::ingress::{
+    CertificateId, Handler, Letter, Mailbox, NodeMap, Peer, Refused, Turn,
+};
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
@@ -75,6 +83,11 @@ pub struct GatewayOptions {
     /// Limits of certificate requests, per source and in all (see
     /// [`crate::enrollment::gate`]), when enrollment is on.
     pub enrollment_limits: EnrollmentLimits,
+    /// Letters one node may have waiting in its mailbox behind the one being handled
+    /// (default 8): beyond it a node's messages are refused ([`RejectReason::QueueFull`],
+    /// unanswered), so one node's flood cannot grow the gateway's memory or starve the
+    /// others. See [`Mailbox`].
+    pub per_node_queue: usize,
     /// Whether `/metrics` carries the per-node series (`edgebeat_gateway_node_lease_age_seconds`,
     /// `edgebeat_gateway_node_clock_skew_seconds`: two series per node). Off for large
     /// fleets, whose Lease ages then show only as `edgebeat_gateway_lease_age_seconds`'s
@@ -96,6 +109,7 @@ impl Default for GatewayOptions {
             old_boot_memory: Duration::from_secs(30),
             write_limits: WriteLimits::default(),
             enrollment_limits: EnrollmentLimits::default(),
+            per_node_queue: DEFAULT_PER_NODE_QUEUE,
             per_node_metrics: true,
         }
     }
@@ -103,6 +117,10 @@ impl Default for GatewayOptions {
 
 /// Default [`GatewayOptions::max_nodes`].
 pub const DEFAULT_MAX_NODES: usize = 10_000;
+
+/// Default [`GatewayOptions::per_node_queue`]: a reconnect's Register, status report and
+/// renewal with room for their retries.
+pub const DEFAULT_PER_NODE_QUEUE: usize = 8;
 
 impl GatewayOptions {
     fn admission(&self) -> AdmissionPolicy {
@@ -126,69 +144,39 @@ const SLOT_IDLE: Duration = Duration::from_secs(15 * 60);
 /// Idle slots are swept once per this many messages.
 const SWEEP_EVERY: u64 = 4096;
 
-/// A node's slot and the identified heartbeats queued for it.
+/// A node's mailbox and the state its letters are handled with.
 #[derive(Default)]
 struct SlotCell {
-    /// Identified heartbeats of this node waiting for the slot, per kind
-    /// ([`MessageKind::heartbeat_index`]).
-    waiting: [AtomicU32; MessageKind::HEARTBEATS.len()],
-    /// The newest identified heartbeat of each kind that arrived: only one that
-    /// [`BootSeq::supersedes`] a waiting one costs it its write.
-    newest: [Mutex<Option<BootSeq>>; MessageKind::HEARTBEATS.len()],
+    /// The node's letters waiting, from every ingress ([`Mailbox`]).
+    mailbox: Mutex<Mailbox>,
     /// An identified message of this node was admitted: the slot is never given up for
     /// an unidentified node's (see [`Gateway::slot`]).
     identified: std::sync::atomic::AtomicBool,
+    /// Locked by whoever handles the mailbox's letters (one at a time), and tried by
+    /// sweeps.
     state: tokio::sync::Mutex<NodeSlot>,
 }
 
-/// An identified heartbeat counted in [`SlotCell::waiting`] until it holds the slot (or
-/// its handling is dropped).
-struct Waiting<'a> {
+/// Marks a node's mailbox as no longer handled when its handling stops abnormally (a
+/// panic, or a cancelled [`Handler::handle`] call that was handling it), so that the next
+/// letter starts handling again; the normal end disarms it.
+struct Handling<'a> {
     cell: &'a SlotCell,
-    /// [`MessageKind::heartbeat_index`].
-    kind: usize,
-    at: BootSeq,
+    armed: bool,
 }
 
-impl<'a> Waiting<'a> {
-    /// Counts a heartbeat of `kind` at `at` as waiting; `None` for a kind that is not a
-    /// heartbeat (a Register is never superseded).
-    fn new(cell: &'a SlotCell, kind: MessageKind, at: BootSeq) -> Option<Self> {
-        let kind = kind.heartbeat_index()?;
-        {
-            let mut newest = cell.newest[kind]
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Any identified heartbeat that arrived may stand as the newest: superseding
-            // by one that is ahead in the queue only skips a message admission would
-            // refuse as reordered. With none waiting, a new boot takes over.
-            if cell.waiting[kind].load(Ordering::Acquire) == 0
-                || newest.is_none_or(|newest| at.supersedes(newest))
-            {
-                *newest = Some(at);
-            }
-        }
-        cell.waiting[kind].fetch_add(1, Ordering::AcqRel);
-        Some(Self { cell, kind, at })
-    }
-
-    /// Called holding the slot: another heartbeat of the same kind waits behind this one
-    /// (the slot's lock is fair, FIFO, so it arrived later), and a newer one of this boot
-    /// has arrived.
-    fn superseded(self) -> bool {
-        let behind = self.cell.waiting[self.kind].load(Ordering::Acquire) > 1;
-        behind
-            && self.cell.newest[self.kind]
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .is_some_and(|newest| newest.supersedes(self.at))
-    }
-}
-
-impl Drop for Waiting<'_> {
+impl Drop for Handling<'_> {
     fn drop(&mut self) {
-        self.cell.waiting[self.kind].fetch_sub(1, Ordering::AcqRel);
+        if self.armed {
+            lock(&self.cell.mailbox).stopped();
+        }
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[derive(Default)]
@@ -339,7 +327,9 @@ impl Gateway {
         let oldest = slots
             .iter()
             .filter(|(_, cell)| {
-                !cell.identified.load(Ordering::Relaxed) && Arc::strong_count(cell) == 1
+                !cell.identified.load(Ordering::Relaxed)
+                    && Arc::strong_count(cell) == 1
+                    && !lock(&cell.mailbox).is_busy()
             })
             .filter_map(|(name, cell)| Some((name, cell.state.try_lock().ok()?.last_seen)))
             .min_by_key(|(_, last_seen)| *last_seen)
@@ -358,8 +348,9 @@ impl Gateway {
     fn sweep(&self, slots: &mut NodeMap<String, Arc<SlotCell>>) {
         let now = Instant::now();
         slots.retain(|name, slot| {
-            // A cell a message holds (between lookup and lock) is in use, too.
+            // A cell a message holds (between lookup and post) or with letters is in use.
             let keep = Arc::strong_count(slot) > 1
+                || lock(&slot.mailbox).is_busy()
                 || slot.state.try_lock().map_or(true, |s| {
                     s.last_seen
                         .is_some_and(|t| now.duration_since(t) < SLOT_IDLE)
@@ -455,61 +446,157 @@ impl Gateway {
         (pb::boot_tag(&boot_id) == header.boot_tag).then_some(boot_id)
     }
 
-    /// Handles one message (see the module docs); `None` for a replay, which gets no
-    /// answer.
-    async fn handle_message(&self, peer: &Peer, message: pb::AgentMessage) -> Option<Answer> {
+    /// The checks of `message` from `peer` that need no per-node state, so nothing is
+    /// kept for a message that fails them: it has a header, its identity suits the
+    /// [`Posture`] and its node name ([`check_identity`]), and it is not unidentified for
+    /// a node the cluster records as speaking with a certificate.
+    ///
+    /// Errors: the answer that refuses it (counted).
+    fn screen(&self, peer: &Peer, message: &pb::AgentMessage) -> Result<(), Answer> {
         let Some(header) = message.header() else {
-            return Some(self.reject(
+            return Err(self.reject(
                 RejectReason::Malformed,
                 "malformed: no header or unknown message kind".into(),
             ));
         };
         let name = header.node_name.as_str();
-        let provenance = Provenance {
-            identity: peer.identity.as_deref(),
-            wall_time_verified: peer.wall_time_verified,
-        };
-        // Stateless checks first: nothing is allocated for a message that fails them.
-        if let Err(refusal) = check_identity(self.options.posture, name, provenance) {
-            return Some(self.reject(refusal.reason, refusal.detail));
+        if let Err(refusal) = check_identity(self.options.posture, name, provenance(peer)) {
+            return Err(self.reject(refusal.reason, refusal.detail));
         }
-        if provenance.identity.is_none() && self.writer.view.certificate(name).is_some() {
+        if peer.identity.is_none() && self.writer.view.certificate(name).is_some() {
             // The cluster records that the node speaks with a certificate: whoever sends
             // this without one is not the node, whatever this replica remembers.
-            return Some(self.reject(
+            return Err(self.reject(
                 RejectReason::Unauthenticated,
                 format!("unidentified message for node {name:?}, which speaks with its identity"),
             ));
         }
-        let received = Instant::now();
-        let received_wall = self.clock.now();
-        let agent_wall_ms = header.wall_time_ms;
-        let Some(cell) = self.slot(name, provenance.identity.is_some()) else {
-            return Some(self.fleet_full(name));
-        };
-        // Only identified heartbeats supersede each other: an unidentified message in a
-        // node's name must not cost that node a write.
-        let waiting = provenance
-            .identity
-            .and(message.message_kind())
-            .and_then(|kind| Waiting::new(&cell, kind, header.boot_seq()));
-        let mut slot = cell.state.lock().await;
-        // Decided, and the count released, at once: it counts only heartbeats still
-        // waiting, so the one behind never sees this one as waiting too.
-        if waiting.is_some_and(Waiting::superseded) {
-            // A newer one of the same kind is queued behind: write only that one (a
-            // backlog, say a slow apiserver, then costs one write per node, not one per
-            // message). A replay waiting among them is refused as one, unanswered: the
-            // answer would cost the node's link, and the genuine message had its own.
-            if slot.admission.is_replay(header) {
-                self.counters.count_rejection(RejectReason::Replayed);
-                return None;
-            }
-            self.counters.count_rejection(RejectReason::Superseded);
-            return message.message_kind().map(Answer::superseded);
+        Ok(())
+    }
+
+    /// Posts `letter` to its node's [`Mailbox`], after [`Gateway::screen`] and once the
+    /// node has a slot ([`Gateway::slot`]); refusals are answered (or, for a copy or a
+    /// full mailbox, counted and dropped unanswered) at once. Returns the node's slot when
+    /// its letters must now be handled ([`Gateway::handle_letters`]).
+    fn post(&self, letter: Letter) -> Option<Arc<SlotCell>> {
+        if let Err(answer) = self.screen(&letter.peer, &letter.message) {
+            letter.reply.send_now(Some(answer));
+            return None;
         }
+        let name = letter.message.header().map_or("", |h| h.node_name.as_str());
+        let Some(cell) = self.slot(name, letter.peer.identity.is_some()) else {
+            let answer = self.fleet_full(name);
+            letter.reply.send_now(Some(answer));
+            return None;
+        };
+        let posted = lock(&cell.mailbox).post(letter, self.options.per_node_queue);
+        match posted {
+            Ok(posted) => posted.start.then_some(cell),
+            Err((refused, letter)) => {
+                let why = match refused {
+                    Refused::Copy => RejectReason::Replayed,
+                    Refused::Full => RejectReason::QueueFull,
+                };
+                self.counters.count_rejection(why);
+                tracing::debug!(
+                    transport = letter.peer.transport.as_str(),
+                    node = ?letter.peer.identity,
+                    why = why.as_str(),
+                    "message refused unanswered: a copy of one already posted, or the node's mailbox is full"
+                );
+                None
+            }
+        }
+    }
+
+    /// Handles `cell`'s letters in order until none is left, answering each: called by
+    /// whoever's post started the handling, and by nobody else meanwhile.
+    async fn handle_letters(&self, cell: &SlotCell) {
+        let mut handling = Handling { cell, armed: true };
+        loop {
+            let Some(turn) = lock(&cell.mailbox).next_turn() else {
+                // Idle under the lock: the next post starts handling again.
+                handling.armed = false;
+                return;
+            };
+            let (letter, answer) = match turn {
+                Turn::Handle(letter) => {
+                    let answer = self.handle_letter(cell, &letter).await;
+                    (letter, answer)
+                }
+                Turn::Superseded(letter) => {
+                    let answer = self.superseded(cell, &letter.message).await;
+                    (letter, answer)
+                }
+            };
+            letter.reply.send(answer).await;
+        }
+    }
+
+    /// The answer to a letter superseded while it waited: `superseded`, never written (a
+    /// backlog, say a slow apiserver, then costs one write per node, not one per message),
+    /// or none for a replay (the answer would cost the node's link, and the genuine
+    /// message had its own).
+    async fn superseded(&self, cell: &SlotCell, message: &pb::AgentMessage) -> Option<Answer> {
+        let replay = match message.header() {
+            Some(header) => cell.state.lock().await.admission.is_replay(header),
+            None => false,
+        };
+        if replay {
+            self.counters.count_rejection(RejectReason::Replayed);
+            return None;
+        }
+        self.counters.count_rejection(RejectReason::Superseded);
+        message.message_kind().map(Answer::superseded)
+    }
+
+    /// Handles one letter whose turn came (see the module docs): admission, the writes,
+    /// and what follows a write. `None` for a replay, which gets no answer.
+    async fn handle_letter(&self, cell: &SlotCell, letter: &Letter) -> Option<Answer> {
+        let (peer, message) = (&letter.peer, &*letter.message);
+        let mut slot = cell.state.lock().await;
+        let age = match self.admit(cell, &mut slot, peer, message, letter.received) {
+            Ok(age) => age,
+            Err(answer) => return answer,
+        };
+        // Writes must start before the heartbeat would be stale (at least half a second, so a
+        // fresh one always gets its attempt).
+        let deadline = letter.received
+            + self
+                .options
+                .max_renewal_age
+                .saturating_sub(age)
+                .max(Duration::from_millis(500));
+        let name = message.header().map_or("", |h| h.node_name.as_str());
+        let answer = self.write(&mut slot.writes, name, message, deadline).await;
+        Some(
+            self.follow_up(&mut slot.writes, name, peer, message, answer)
+                .await,
+        )
+    }
+
+    /// Admission of a message under its node's slot ([`NodeAdmission::admit`]): boot,
+    /// sequence, freshness, rate limit; then what an admitted message teaches (the Lease
+    /// duration, the clock skew). Returns the heartbeat's age.
+    ///
+    /// Errors: the answer to a refused message, `None` for a replay.
+    fn admit(
+        &self,
+        cell: &SlotCell,
+        slot: &mut NodeSlot,
+        peer: &Peer,
+        message: &pb::AgentMessage,
+        received: Instant,
+    ) -> Result<Duration, Option<Answer>> {
+        let Some(header) = message.header() else {
+            return Err(Some(self.reject(
+                RejectReason::Malformed,
+                "malformed: no header or unknown message kind".into(),
+            )));
+        };
+        let name = header.node_name.as_str();
+        let provenance = provenance(peer);
         let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
-        let policy = self.options.admission();
         // A boot named by tag that this replica does not hold (a shared subscription gave
         // it the node's first message since the node rebooted or the replica started): the
         // Node's status.nodeInfo.bootID, which the Node watch holds once the node's status
@@ -525,14 +612,15 @@ impl Gateway {
             }
             None => header,
         };
-        let age = match slot.admission.admit(
-            &policy,
+        let verdict = slot.admission.admit(
+            &self.options.admission(),
             header,
             provenance,
             heartbeat,
             self.started,
             received,
-        ) {
+        );
+        let age = match verdict {
             // Only admitted messages keep a slot alive: refused ones must not keep state
             // (or a lockout) from being swept.
             Verdict::Admit(admitted) => {
@@ -550,9 +638,9 @@ impl Gateway {
                     node = name,
                     "boot tag of a boot this replica does not hold; asking for the boot ID"
                 );
-                return Some(Answer::SendBootId {
+                return Err(Some(Answer::SendBootId {
                     reason: refusal.detail,
-                });
+                }));
             }
             Verdict::Reject(refusal) if refusal.reason == RejectReason::Replayed => {
                 // No answer: the genuine sender had its answer, and a replay must not make
@@ -560,9 +648,11 @@ impl Gateway {
                 // for).
                 self.counters.count_rejection(RejectReason::Replayed);
                 tracing::debug!(node = name, detail = %refusal.detail, "replay refused without an answer");
-                return None;
+                return Err(None);
             }
-            Verdict::Reject(refusal) => return Some(self.reject(refusal.reason, refusal.detail)),
+            Verdict::Reject(refusal) => {
+                return Err(Some(self.reject(refusal.reason, refusal.detail)));
+            }
             Verdict::Stale(age) => {
                 slot.last_seen = Some(received);
                 self.counters.stale_renewals.inc();
@@ -572,7 +662,7 @@ impl Gateway {
                     kind = message.kind_name(),
                     "dropping a stale heartbeat"
                 );
-                return Some(rejected(format!("stale: {age:?} old")));
+                return Err(Some(rejected(format!("stale: {age:?} old"))));
             }
         };
         if let Some(Kind::Lease(renewal)) = &message.kind {
@@ -581,23 +671,26 @@ impl Gateway {
         }
         // Only messages that passed the replay and staleness checks: an old one would read
         // as skew.
-        if let Some(skew) = clock_skew_seconds(received_wall, agent_wall_ms) {
+        if let Some(skew) = clock_skew_seconds(self.clock.now(), header.wall_time_ms) {
             slot.writes
                 .series
                 .clock_skew
                 .get_or_insert_with(|| self.writer.node_metrics.clock_skew(name))
                 .set(skew);
         }
-        // Writes must start before the heartbeat would be stale (at least half a second, so a
-        // fresh one always gets its attempt).
-        let deadline = received
-            + self
-                .options
-                .max_renewal_age
-                .saturating_sub(age)
-                .max(Duration::from_millis(500));
-        let writes = &mut slot.writes;
-        let answer = match &message.kind {
+        Ok(age)
+    }
+
+    /// The apiserver calls of an admitted message ([`Writer`]): kubelet's registration,
+    /// status update or Lease renewal, each starting before `deadline`.
+    async fn write(
+        &self,
+        writes: &mut NodeWrites,
+        name: &str,
+        message: &pb::AgentMessage,
+        deadline: Instant,
+    ) -> Answer {
+        match &message.kind {
             Some(Kind::Register(register)) => self.writer.register(writes, name, register).await,
             Some(Kind::Status(report)) if report.unchanged => {
                 self.writer.report_unchanged(writes, name).await
@@ -622,9 +715,28 @@ impl Gateway {
                 RejectReason::Malformed,
                 "malformed: unknown message kind".into(),
             ),
-        };
+        }
+    }
+
+    /// What follows a written message: the node's certificate recorded on its Node, a full
+    /// status report asked for when the apiserver holds a condition at Unknown, and a
+    /// Register told whether its certificate is due.
+    async fn follow_up(
+        &self,
+        writes: &mut NodeWrites,
+        name: &str,
+        peer: &Peer,
+        message: &pb::AgentMessage,
+        mut answer: Answer,
+    ) -> Answer {
+        if let Answer::Registered {
+            certificate_due, ..
+        } = &mut answer
+        {
+            *certificate_due = self.certificate_due(peer.certificate);
+        }
         if !answer.is_written() {
-            return Some(answer);
+            return answer;
         }
         writes.last_write = Some(Instant::now());
         if let Some(certificate) = peer.certificate {
@@ -636,9 +748,9 @@ impl Gateway {
         if !matches!(message.kind, Some(Kind::Status(_)))
             && self.writer.view.node_has_unknown_condition(name)
         {
-            return Some(answer.and_resend_status());
+            return answer.and_resend_status();
         }
-        Some(answer)
+        answer
     }
 
     /// Records on its Node that `name` speaks with `certificate`, when the view knows the
@@ -661,15 +773,23 @@ impl Gateway {
 }
 
 impl Handler for Gateway {
+    /// Posts the message to its node's mailbox and waits for its answer; when nothing of
+    /// the node was being handled, handles the mailbox's letters itself meanwhile (its own
+    /// and those posted behind it).
     async fn handle(&self, peer: &Peer, message: pb::AgentMessage) -> Option<Answer> {
-        let mut answer = self.handle_message(peer, message).await;
-        if let Some(Answer::Registered {
-            certificate_due, ..
-        }) = &mut answer
-        {
-            *certificate_due = self.certificate_due(peer.certificate);
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if let Some(cell) = self.post(Letter::new(peer.clone(), message, reply)) {
+            self.handle_letters(&cell).await;
         }
-        answer
+        answer.await.ok().flatten()
+    }
+
+    /// Posts the letter to its node's mailbox; when nothing of the node was being handled,
+    /// a task handles the mailbox's letters until none is left.
+    fn deliver(self: Arc<Self>, letter: Letter) {
+        if let Some(cell) = self.post(letter) {
+            tokio::spawn(async move { self.handle_letters(&cell).await });
+        }
     }
 
     /// Through the [`EnrollmentGate`] (per source: the client's address over gRPC, the
@@ -719,6 +839,14 @@ impl Handler for Gateway {
             return;
         }
         tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, node = ?peer.identity, why = why.as_str(), detail, "message refused by the transport");
+    }
+}
+
+/// What the transport vouches for about a message from `peer` ([`Provenance`]).
+fn provenance(peer: &Peer) -> Provenance<'_> {
+    Provenance {
+        identity: peer.identity.as_deref(),
+        wall_time_verified: peer.wall_time_verified,
     }
 }
 

@@ -518,7 +518,6 @@ async fn run() -> anyhow::Result<()> {
     let mut mqtt_subscribed = None;
     let mqtt = match mqtt_options {
         Some(mut options) => {
-            options.max_nodes = args.max_nodes;
             let (subscribed, watch) = tokio::sync::watch::channel(false);
             options.subscribed = Some(Arc::new(subscribed));
             mqtt_subscribed = Some(watch);

@@ -172,8 +172,8 @@ impl Header {
 
 /// Where a message stands in its node's sequence: the boot it names
 /// ([`Header::named_boot_tag`]) and its [`Header::seq`] (the agent's boot clock, never sent
-/// twice in a boot). It carries the one rule of superseding, which the gateway's per-node
-/// slots and the MQTT ingress's per-node queues share ([`BootSeq::supersedes`]).
+/// twice in a boot). It carries the one rule of superseding ([`BootSeq::supersedes`]),
+/// which the gateway's per-node mailbox applies (`edgebeat_transports::ingress::Mailbox`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BootSeq {
     /// [`Header::named_boot_tag`].

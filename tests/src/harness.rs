@@ -38,8 +38,6 @@ pub struct Replica {
     pub gateway: Arc<Gateway>,
     /// Its enrollment side, in a [`Cluster::start_enrolling`] cluster.
     pub enrollment: Option<Arc<edgebeat_gateway::enrollment::Enrollment>>,
-    /// Nodes with a queue in its MQTT ingress (0 without MQTT).
-    pub mqtt_node_queues: Arc<std::sync::atomic::AtomicUsize>,
     /// Its kube clients' requests, as the gateway binary registers them on `/metrics`.
     pub requests: edgebeat_gateway::apiserver::requests::RequestMetrics,
     cancel: CancellationToken,
@@ -576,7 +574,6 @@ impl Cluster {
         if unidentified {
             options.posture = edgebeat_gateway::Posture::AllowUnidentified;
         }
-        let max_nodes = options.max_nodes;
         let config = kube::Config::new(self.standin.url().parse()?);
         let requests = edgebeat_gateway::apiserver::requests::RequestMetrics::default();
         let watches = watch_client(config.clone(), &requests)?;
@@ -599,7 +596,6 @@ impl Cluster {
         let cancel = CancellationToken::new();
         let index = self.replicas.len();
         let (subscribed_tx, mut subscribed) = tokio::sync::watch::channel(false);
-        let mqtt_node_queues = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut tasks = Vec::new();
         // As the binary: the replica follows its Nodes and Leases, and starts serving once
         // both watches have listed (so a scenario's first messages meet a known view).
@@ -658,8 +654,6 @@ impl Cluster {
                 MqttIngressOptions::new(host, port, format!("edgebeat-gateway-{index}"));
             options.failover = brokers;
             options.subscribed = Some(Arc::new(subscribed_tx));
-            options.node_queues = Some(mqtt_node_queues.clone());
-            options.max_nodes = max_nodes;
             if let (Some(enrollment), Some(site)) = (&enrollment, &self.enrolling) {
                 options.tls =
                     site.broker_ca_pem
@@ -723,7 +717,6 @@ impl Cluster {
         self.replicas.push(Some(Replica {
             gateway,
             enrollment,
-            mqtt_node_queues,
             requests,
             cancel,
             task,

@@ -3,9 +3,13 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{AgentMessage, Answer, GatewayMessage, HeaderForm, gateway_message};
+
+mod mailbox;
+pub use mailbox::{Letter, Mailbox, Posted, Refused, Reply, Sending, Turn};
 
 /// Which transport carried a message (a metric label and log field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -125,6 +129,27 @@ pub trait Handler: Send + Sync + 'static {
         message: AgentMessage,
     ) -> impl Future<Output = Option<Answer>> + Send;
 
+    /// Takes one message without waiting (the ingress's event loop calls it) and answers
+    /// it later through the letter's [`Reply`]: every ingress hands its messages here. The
+    /// gateway posts it to the node's [`Mailbox`], where it waits in order, one handled at
+    /// a time per node; a newer heartbeat may supersede it there.
+    ///
+    /// The default, for handlers that keep no per-node state (benchmarks' ack-only
+    /// handlers), handles each letter at once in a task of its own, through
+    /// [`Handler::handle`], with no per-node order.
+    fn deliver(self: Arc<Self>, letter: Letter) {
+        tokio::spawn(async move {
+            let Letter {
+                peer,
+                message,
+                reply,
+                ..
+            } = letter;
+            let answer = self.handle(&peer, *message).await;
+            reply.send(answer).await;
+        });
+    }
+
     /// Called when the transport refused something from `peer` before the handler could see
     /// a message (undecodable, oversized, unauthenticated, a failed TLS handshake, a bad
     /// signature); the transport drops it and keeps serving. `reason` is the metric label,
@@ -194,7 +219,8 @@ pub enum RejectReason {
     Replayed,
     /// Over the per-node message rate.
     RateLimited,
-    /// Dropped because the node's MQTT queue was full (a flood from that node).
+    /// Dropped because the node's mailbox was full (a flood from that node, see
+    /// [`Mailbox`]), or, over MQTT, because too many certificate requests were in flight.
     QueueFull,
     /// No node identity where one is required: a gRPC stream without a node's client
     /// certificate, any message without an identity when the gateway requires identities,
@@ -279,7 +305,7 @@ impl RejectReason {
 pub const FULL_SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Per-node state bounded to `max` nodes, the one bounding rule of the gateway's per-node
-/// slots and the MQTT ingress's per-node queues (`--max-nodes`): a known node is always
+/// slots and mailboxes (`--max-nodes`): a known node is always
 /// found; a new one gets an entry only while there is room. When the map is full, a new
 /// node makes room by one sweep of the idle entries (the caller's rule of idle), at most
 /// once per [`FULL_SWEEP_INTERVAL`], so a flood of made-up names costs one scan of the map

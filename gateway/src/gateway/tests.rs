@@ -1,56 +1,6 @@
 use super::*;
 use edgebeat_proto::registration::NodeName;
-use edgebeat_transports::ingress::TransportKind;
-
-/// Slots are taken in arrival order; each `superseded` call is the moment a heartbeat
-/// holds the slot.
-#[test]
-fn only_a_newer_heartbeat_of_the_same_boot_supersedes() {
-    let cell = SlotCell::default();
-    let (boot, next_boot) = (pb::boot_tag(&[1; 16]), pb::boot_tag(&[2; 16]));
-    let wait = |kind, boot_tag, seq| {
-        Waiting::new(&cell, kind, BootSeq { boot_tag, seq }).expect("a heartbeat")
-    };
-    let (lease, status) = (MessageKind::Lease, MessageKind::Status);
-    // A Register is never counted: it is never superseded.
-    assert!(
-        Waiting::new(
-            &cell,
-            MessageKind::Register,
-            BootSeq {
-                boot_tag: boot,
-                seq: 1
-            }
-        )
-        .is_none()
-    );
-    // A replay (lower sequence) queued behind a genuine renewal supersedes nothing.
-    let genuine = wait(lease, boot, 10);
-    let replay = wait(lease, boot, 5);
-    assert!(!genuine.superseded());
-    assert!(!replay.superseded(), "nothing behind it");
-    // A backlog of three: the first two are superseded by the newest.
-    let a = wait(lease, boot, 20);
-    let b = wait(lease, boot, 30);
-    let c = wait(lease, boot, 40);
-    assert!(a.superseded());
-    assert!(b.superseded());
-    assert!(!c.superseded());
-    // Status reports are counted apart from renewals.
-    let renewal = wait(lease, boot, 50);
-    let report = wait(status, boot, 51);
-    assert!(!renewal.superseded());
-    assert!(!report.superseded());
-    // After a reboot (lower sequence numbers, nothing waiting) the new boot takes over.
-    let x = wait(lease, next_boot, 1);
-    let y = wait(lease, next_boot, 2);
-    assert!(x.superseded());
-    assert!(!y.superseded());
-    // A heartbeat of an older boot behind one of the current boot supersedes nothing.
-    let current = wait(lease, next_boot, 3);
-    let _old = wait(lease, boot, 99);
-    assert!(!current.superseded());
-}
+use edgebeat_transports::ingress::{Reply, Sending, TransportKind};
 
 struct FixedClock(std::time::SystemTime);
 impl Clock for FixedClock {
@@ -100,20 +50,14 @@ async fn skew_is_recorded_per_node_and_evicted_with_the_slot() {
             ..Default::default()
         })),
     };
-    let answer = gateway
-        .handle_message(&peer, register("edge-old", 1, 2_500))
-        .await;
+    let answer = gateway.handle(&peer, register("edge-old", 1, 2_500)).await;
     assert!(
         matches!(answer, Some(Answer::Rejected { .. })),
         "{answer:?}"
     );
-    gateway
-        .handle_message(&peer, register("edge-fast", 1, -750))
-        .await;
+    gateway.handle(&peer, register("edge-fast", 1, -750)).await;
     // A replayed message (seq not increasing) does not move the skew.
-    gateway
-        .handle_message(&peer, register("edge-old", 1, 99_000))
-        .await;
+    gateway.handle(&peer, register("edge-old", 1, 99_000)).await;
     let out = scrape(&registry);
     for line in [
         "edgebeat_gateway_node_clock_skew_seconds{node=\"edge-old\"} 2.5\n",
@@ -140,9 +84,7 @@ async fn skew_is_recorded_per_node_and_evicted_with_the_slot() {
     // edge-old goes silent past SLOT_IDLE; edge-fast keeps talking until a sweep.
     tokio::time::advance(SLOT_IDLE + Duration::from_secs(1)).await;
     for seq in 2..SWEEP_EVERY + 2 {
-        gateway
-            .handle_message(&peer, register("edge-fast", seq, 0))
-            .await;
+        gateway.handle(&peer, register("edge-fast", seq, 0)).await;
     }
     assert_eq!(gateway.tracked_nodes(), 1);
     let out = scrape(&registry);
@@ -176,7 +118,7 @@ async fn the_posture_and_the_fleet_bound_hold_before_any_state() {
     };
     for transport in [TransportKind::Grpc, TransportKind::Mqtt] {
         let answer = gateway
-            .handle_message(&Peer::unidentified(transport, None), register("edge-1"))
+            .handle(&Peer::unidentified(transport, None), register("edge-1"))
             .await;
         assert!(
             matches!(answer, Some(Answer::Rejected { .. })),
@@ -204,13 +146,13 @@ async fn the_posture_and_the_fleet_bound_hold_before_any_state() {
     );
     let peer = Peer::unidentified(TransportKind::Grpc, None);
     for node in ["n1", "n2", "n3", "n4"] {
-        small.handle_message(&peer, register(node)).await;
+        small.handle(&peer, register(node)).await;
     }
     assert_eq!(small.tracked_nodes(), 2);
     assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);
     // Known nodes still get in (a replay is refused without an answer); idle ones make
     // room.
-    let answer = small.handle_message(&peer, register("n1")).await;
+    let answer = small.handle(&peer, register("n1")).await;
     assert_eq!(answer, None, "a replay gets no answer");
     assert_eq!(small.counters.rejections(RejectReason::Replayed), 1);
     // An identified node is never kept out by unidentified ones: it takes the slot of the
@@ -219,17 +161,18 @@ async fn the_posture_and_the_fleet_bound_hold_before_any_state() {
         identity: Some(NodeName::new("n9").unwrap()),
         ..peer.clone()
     };
-    small.handle_message(&identified, register("n9")).await;
+    small.handle(&identified, register("n9")).await;
     assert_eq!(small.tracked_nodes(), 2);
     assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);
     tokio::time::advance(SLOT_IDLE + Duration::from_secs(1)).await;
-    small.handle_message(&peer, register("n5")).await;
+    small.handle(&peer, register("n5")).await;
     assert_eq!(small.counters.rejections(RejectReason::FleetFull), 2);
 }
 
-/// A replay waiting for a node's slot with a newer heartbeat behind it is superseded, but
-/// refused as the replay it is, without an answer: a `superseded` answer would let anyone
-/// who can copy a node's messages make the gateway speak on the node's link.
+/// A replay is refused without an answer, whether it comes as a copy of the newest
+/// message posted (refused before it waits) or is superseded while it waits: a
+/// `superseded` answer would let anyone who can copy a node's messages make the gateway
+/// speak on the node's link.
 #[tokio::test(start_paused = true)]
 async fn a_superseded_replay_gets_no_answer() {
     let client =
@@ -258,24 +201,107 @@ async fn a_superseded_replay_gets_no_answer() {
         })),
     };
     // Admitted (the write itself fails: no apiserver), so seq 5 is the last accepted.
-    gateway.handle_message(&peer, lease(5)).await;
-    let cell = gateway.slots.lock().unwrap().get("edge-1").unwrap().clone();
-    let held = cell.state.lock().await;
-    let spawn = |seq| {
-        let (gateway, peer) = (gateway.clone(), peer.clone());
-        tokio::spawn(async move { gateway.handle_message(&peer, lease(seq)).await })
-    };
-    let replay = spawn(5);
-    while cell.waiting[0].load(Ordering::Acquire) < 1 {
-        tokio::task::yield_now().await;
-    }
-    let newer = spawn(6);
-    while cell.waiting[0].load(Ordering::Acquire) < 2 {
-        tokio::task::yield_now().await;
-    }
-    drop(held);
-    assert_eq!(replay.await.unwrap(), None, "a replay gets no answer");
+    gateway.handle(&peer, lease(5)).await;
+    assert_eq!(
+        gateway.handle(&peer, lease(5)).await,
+        None,
+        "a copy: no answer"
+    );
     assert_eq!(gateway.counters.rejections(RejectReason::Replayed), 1);
+    // Its turn come, a superseded replay is refused as the replay it is; a superseded
+    // genuine message is answered superseded.
+    let cell = gateway.slots.lock().unwrap().get("edge-1").unwrap().clone();
+    assert_eq!(gateway.superseded(&cell, &lease(4)).await, None);
+    assert_eq!(gateway.counters.rejections(RejectReason::Replayed), 2);
     assert_eq!(gateway.counters.rejections(RejectReason::Superseded), 0);
-    assert!(newer.await.unwrap().is_some(), "the newer one is answered");
+    assert_eq!(
+        gateway.superseded(&cell, &lease(6)).await,
+        Some(Answer::superseded(pb::MessageKind::Lease))
+    );
+    assert_eq!(gateway.counters.rejections(RejectReason::Superseded), 1);
+    assert!(
+        gateway.handle(&peer, lease(6)).await.is_some(),
+        "the newer one is answered"
+    );
+}
+
+/// Records the sequence number of each letter answered, in the order answered.
+struct Recorded {
+    seq: u64,
+    answered: Arc<tokio::sync::watch::Sender<Vec<u64>>>,
+}
+
+impl Reply for Recorded {
+    fn send(self: Box<Self>, answer: Option<Answer>) -> Sending {
+        self.send_now(answer);
+        Box::pin(std::future::ready(()))
+    }
+    fn send_now(self: Box<Self>, answer: Option<Answer>) {
+        assert!(answer.is_some(), "every letter here is answered");
+        self.answered.send_modify(|seqs| seqs.push(self.seq));
+    }
+}
+
+/// One node's flood waits in its mailbox, `per_node_queue` letters behind the one being
+/// handled, the rest refused as `queue_full`; other nodes are handled meanwhile, and the
+/// waiting letters are handled in order once the node's handling moves.
+#[tokio::test(start_paused = true)]
+async fn a_flooding_node_waits_in_its_mailbox() {
+    let client =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    let gateway = Arc::new(Gateway::new(
+        client,
+        Arc::new(FixedClock(std::time::UNIX_EPOCH)),
+        GatewayOptions {
+            posture: Posture::AllowUnidentified,
+            per_node_queue: 4,
+            ..GatewayOptions::default()
+        },
+    ));
+    let peer = Peer::unidentified(TransportKind::Mqtt, None);
+    // No status: each is answered (refused) without an apiserver call.
+    let register = |node: &str, seq| pb::AgentMessage {
+        kind: Some(Kind::Register(pb::Register {
+            header: Some(pb::Header {
+                node_name: node.into(),
+                boot_id: vec![1; 16],
+                seq,
+                wall_time_ms: 0,
+                boot_tag: 0,
+            }),
+            ..Default::default()
+        })),
+    };
+    gateway.handle(&peer, register("flood", 1)).await;
+    let cell = gateway.slots.lock().unwrap().get("flood").unwrap().clone();
+    let held = cell.state.lock().await;
+    let answered = Arc::new(tokio::sync::watch::channel(Vec::new()).0);
+    let deliver = |seq| {
+        let reply = Recorded {
+            seq,
+            answered: answered.clone(),
+        };
+        gateway
+            .clone()
+            .deliver(Letter::new(peer.clone(), register("flood", seq), reply));
+    };
+    deliver(10);
+    // The handling task took it and waits for the node's state.
+    while !lock(&cell.mailbox).is_empty() {
+        tokio::task::yield_now().await;
+    }
+    for seq in 11..20 {
+        deliver(seq);
+    }
+    assert_eq!(gateway.counters.rejections(RejectReason::QueueFull), 5);
+    assert!(
+        gateway.handle(&peer, register("good", 1)).await.is_some(),
+        "another node is handled meanwhile"
+    );
+    assert!(answered.borrow().is_empty());
+    drop(held);
+    let mut seen = answered.subscribe();
+    let all = tokio::time::timeout(Duration::from_secs(60), seen.wait_for(|s| s.len() == 5)).await;
+    assert!(all.is_ok(), "answered: {:?}", answered.borrow());
+    assert_eq!(*answered.borrow(), [10, 11, 12, 13, 14], "in order");
 }

@@ -257,7 +257,6 @@ async fn serve_ack_only(spec: &str) -> anyhow::Result<()> {
         );
         let (subscribed, mut watch) = tokio::sync::watch::channel(false);
         options.subscribed = Some(Arc::new(subscribed));
-        options.max_nodes = usize::MAX;
         tokio::spawn(async move {
             if watch.wait_for(|s| *s).await.is_ok() {
                 println!("ready");

@@ -12,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::tls::{self, GrpcServerTls};
-use crate::ingress::{Asked, Handler, Peer, RejectReason, TransportKind};
+use crate::ingress::{Asked, Handler, Letter, Peer, RejectReason, TransportKind};
 
 /// Settings of the gateway's gRPC server.
 #[derive(Debug, Clone)]
@@ -137,13 +137,14 @@ impl<H: Handler> Heartbeat for Service<H> {
                         } else if let Some(header) = &state.register {
                             message.complete_header(header);
                         }
-                        // In a task of its own: an agent that goes away mid-message must not
+                        // Delivered, and handled apart from this stream (for the gateway, in
+                        // the node's mailbox): an agent that goes away mid-message must not
                         // cancel the gateway's writes half-way (a Node patched but its Event
-                        // not recorded). The task lives only while the message is handled.
-                        let (handler, peer) = (state.handler.clone(), state.peer.clone());
-                        let ack = tokio::spawn(async move { handler.handle(&peer, message).await })
-                            .await
-                            .ok()?;
+                        // not recorded). A reply dropped unsent is no answer.
+                        let (reply, answer) = tokio::sync::oneshot::channel();
+                        let letter = Letter::new(state.peer.clone(), message, reply);
+                        state.handler.clone().deliver(letter);
+                        let ack = answer.await.unwrap_or(None);
                         let Some(reply) = asked.answer(ack) else {
                             continue;
                         };

@@ -1,4 +1,5 @@
-//! The gateway's MQTT ingress: one shared subscription, a queue per active node.
+//! The gateway's MQTT ingress: one shared subscription; each message classified, verified
+//! and decoded in the event loop, then delivered to the handler's per-node mailbox.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,7 +24,10 @@ use super::{
     disconnect, ends_backoff, gateway_filter, next_event, parse_certificate_topic,
     parse_node_topic,
 };
-use crate::ingress::{Asked, CertificateId, Handler, Peer, RejectReason, Rejection, TransportKind};
+use crate::ingress::{
+    Asked, CertificateId, Handler, Letter, Peer, RejectReason, Rejection, Reply, Sending,
+    TransportKind,
+};
 use crate::signing::{self, AnswerSigner, CertificateVerifier, NodeKey, SignatureError};
 use crate::tls::ClientTls;
 
@@ -53,12 +57,6 @@ pub const REJECT_MISMATCH: Rejection = Rejection {
 pub const REJECT_UNKNOWN_TOPIC: Rejection = Rejection {
     reason: RejectReason::Malformed,
     detail: "unknown topic",
-};
-/// Refusal: the node's queue was full; the message is dropped so
-/// that one node's flood cannot starve the others.
-pub const REJECT_QUEUE_FULL: Rejection = Rejection {
-    reason: RejectReason::QueueFull,
-    detail: "per-node queue full",
 };
 /// Refusal: signatures are required, or the node signs, and the payload is
 /// a bare `AgentMessage` (not answered).
@@ -112,16 +110,14 @@ pub const REJECT_UPLINK: Rejection = Rejection {
 /// still arrive and are counted as rejected. Larger packets the broker drops itself.
 const PACKET_HEADROOM: usize = 4096;
 
-/// Capacity of rumqttc's request queue (acks from all nodes). Drain tasks wait for room, the
-/// event loop never does.
+/// Capacity of rumqttc's request queue (acks from all nodes). Tasks handling messages wait
+/// for room, the event loop never does.
 const REQUEST_QUEUE: usize = 256;
 
 /// Certificate requests handled at once (each may wait for the apiserver); beyond it a
-/// request is dropped and counted ([`REJECT_QUEUE_FULL`]), and its agent asks again later.
+/// request is dropped and counted ([`RejectReason::QueueFull`]), and its agent asks again
+/// later.
 const ENROLLMENTS_IN_FLIGHT: usize = 64;
-
-/// A node's queue is forgotten after this long without messages.
-const WORKER_IDLE: Duration = Duration::from_secs(300);
 
 /// Settings of the gateway's MQTT ingress.
 #[derive(Debug, Clone)]
@@ -151,18 +147,6 @@ pub struct MqttIngressOptions {
     pub keepalive: Duration,
     /// Largest accepted payload in bytes (default [`MAX_AGENT_MESSAGE_BYTES`]).
     pub max_packet_bytes: usize,
-    /// Messages waiting per node (default 8); when full, new ones are dropped and reported
-    /// as [`REJECT_QUEUE_FULL`].
-    pub per_node_queue: usize,
-    /// Most nodes with a queue at once (default 10,000): when signatures are not checked,
-    /// any well-formed node name in a topic would otherwise get one. Beyond it (after
-    /// dropping idle ones) messages of further nodes are refused as
-    /// [`RejectReason::FleetFull`].
-    pub max_nodes: usize,
-    /// Where the number of nodes with a queue is stored after each change (default none):
-    /// for `/metrics` and tests, so the per-node state an attacker could cause is
-    /// observable.
-    pub node_queues: Option<Arc<std::sync::atomic::AtomicUsize>>,
     /// Set to `true` when the broker has granted the shared subscription, `false` when the
     /// connection is lost: a readiness signal (tests wait on it; `/readyz` can report it).
     pub subscribed: Option<Arc<tokio::sync::watch::Sender<bool>>>,
@@ -231,9 +215,6 @@ impl MqttIngressOptions {
             share_group: DEFAULT_SHARE_GROUP.to_owned(),
             keepalive: DEFAULT_KEEPALIVE,
             max_packet_bytes: MAX_AGENT_MESSAGE_BYTES,
-            per_node_queue: 8,
-            max_nodes: 10_000,
-            node_queues: None,
             subscribed: None,
             tls: None,
             signatures: None,
@@ -251,12 +232,6 @@ impl MqttIngressOptions {
             .map_err(|(option, reason)| invalid(option, reason))?;
         if self.max_packet_bytes == 0 || self.max_packet_bytes > u32::MAX as usize / 2 {
             return Err(invalid("max_packet_bytes", "must be > 0 and < 2 GiB"));
-        }
-        if self.per_node_queue == 0 {
-            return Err(invalid("per_node_queue", "must be > 0"));
-        }
-        if self.max_nodes == 0 {
-            return Err(invalid("max_nodes", "must be > 0"));
         }
         Ok(())
     }
@@ -331,9 +306,9 @@ pub enum MqttIngressError {
 /// is at most `max_packet_bytes` ([`REJECT_TOO_LARGE`]); then the signature policy
 /// (below), the payload decodes ([`REJECT_MALFORMED`]) and the topic's node
 /// and kind are the message's header node name and kind ([`REJECT_MISMATCH`]). All of that
-/// runs in the event-loop task, before any per-node state exists: a node gets a queue only
-/// with a message that passed (at most `max_nodes` queues, else [`RejectReason::FleetFull`]).
-/// Rejections go to [`Handler::rejected`] and serving goes on. The [`Peer`] has
+/// runs in the event-loop task, before anything of the message reaches the handler; a
+/// message that passed is delivered ([`Handler::deliver`]) and answered through its
+/// [`Reply`](crate::ingress::Reply). Rejections go to [`Handler::rejected`] and serving goes on. The [`Peer`] has
 /// `transport: Mqtt, remote: None`: the broker is the socket peer and says nothing about who
 /// published, so `identity` is `Some(node)` (and `wall_time_verified` true) only for a
 /// message whose signature verified.
@@ -362,10 +337,10 @@ pub enum MqttIngressError {
 /// so the gateway never writes `Unknown` or `NotReady` because of one (the node's Lease
 /// simply stops being renewed, exactly as with kubelet).
 ///
-/// The event loop never waits for a handler: each node has a queue of `per_node_queue`
-/// messages (full: [`REJECT_QUEUE_FULL`]), drained in order, one at a time, by a task that
-/// exists only while the queue is not empty; different nodes are handled concurrently. A
-/// node's queue is forgotten after 5 minutes without messages. Broker connection errors are
+/// The event loop never waits for a handler: delivering takes no time (the gateway posts
+/// the message to the node's mailbox, handled in order, one at a time per node, by a task
+/// that exists only while the mailbox holds letters), and answers that find rumqttc's
+/// request queue full wait in the handling task. Broker connection errors are
 /// logged and retried with jittered backoff (200 ms doubling to 7 s; only a connection that
 /// subscribed and lasted 7 s starts it over, so a broker that accepts and drops the replica
 /// is not redialled every 200 ms), each retry on the next broker of
@@ -407,12 +382,7 @@ pub async fn serve<H: Handler>(
     let mut workers = Workers {
         handler,
         client: client.clone(),
-        prefix: options.topic_prefix.clone(),
-        queue: options.per_node_queue,
-        node_queues: options.node_queues.clone(),
-        nodes: Arc::new(std::sync::Mutex::new(crate::ingress::NodeMap::new(
-            options.max_nodes,
-        ))),
+        prefix: options.topic_prefix.as_str().into(),
         answer_signer: options.answer_signer.clone(),
         certificate_asked: HashMap::new(),
         enrollments: Arc::new(tokio::sync::Semaphore::new(ENROLLMENTS_IN_FLIGHT)),
@@ -431,13 +401,10 @@ pub async fn serve<H: Handler>(
     // SUBACKs refused in a row, by as many brokers (see the SubAck arm).
     let mut refusals = 0;
     let mut next = next_event(eventloop);
-    let mut sweep = tokio::time::interval(WORKER_IDLE / 5);
-    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            _ = sweep.tick() => workers.evict_idle(),
             (mut eventloop, result) = &mut next => {
                 let lost = match result {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
@@ -512,7 +479,7 @@ pub async fn serve<H: Handler>(
                 }
                 if brokers.len() > 1 {
                     // The next node of the cluster, on the same event loop: the client
-                    // every node's drain task holds stays the one that sends.
+                    // every waiting reply holds stays the one that sends.
                     broker = (broker + 1) % brokers.len();
                     let (host, port) = &brokers[broker];
                     eventloop.options = options.mqtt_options(host, *port)?;
@@ -523,7 +490,7 @@ pub async fn serve<H: Handler>(
             }
         }
     }
-    // Drain tasks finish what they hold; their acks may not make it out any more.
+    // Messages being handled finish; their acks may not make it out any more.
     drop(workers);
     disconnect(&client, next).await;
     Ok(())

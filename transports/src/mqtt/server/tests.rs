@@ -149,7 +149,7 @@ fn options_are_checked_before_connecting() {
         })
     ));
     let mut o = ok;
-    o.per_node_queue = 0;
+    o.max_packet_bytes = 0;
     assert!(o.check().is_err());
 }
 

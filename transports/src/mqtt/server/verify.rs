@@ -145,7 +145,7 @@ pub(super) fn nobody() -> Peer {
 }
 
 /// The signature policy and the verified certificate of every node this replica has seen,
-/// shared by the drain tasks. An entry only exists for a certificate the site CA issued, so the
+/// kept by the event loop. An entry only exists for a certificate the site CA issued, so the
 /// map is bounded by the site's fleet.
 pub(super) struct Signatures {
     pub(super) policy: SignaturePolicy,
