@@ -452,30 +452,13 @@ impl AgentConfig {
             c.root_dir = path;
         }
         c.image_fs_dir = raw.image_fs_dir.map(|AbsolutePath(path)| path);
-        let enrolled = raw.bootstrap_token_file.is_some();
-        if !enrolled && (raw.cert_dir.is_some() || raw.rotate_certificates.is_some()) {
-            p.push(
-                if raw.cert_dir.is_some() { "certDir" } else { "rotateCertificates" },
-                "only valid with bootstrapTokenFile (certificates the agent enrolls for and rotates); add it, or remove this field",
-            );
-        }
-        if let Some(t) = raw.transport {
-            let renew = c.lease_renew_interval();
-            if let Some((transport, endpoint)) = validate_transport(&mut p, t, renew, enrolled) {
-                c.transport = Some(transport);
-                c.certificates = managed_certificates(
-                    raw.bootstrap_token_file,
-                    raw.cert_dir,
-                    raw.rotate_certificates,
-                    endpoint,
-                );
-            }
-        } else if enrolled {
-            p.push(
-                "bootstrapTokenFile",
-                "needs transport: the enrollment goes to the gateway over it",
-            );
-        }
+        let managed = RawManaged {
+            bootstrap_token_file: raw.bootstrap_token_file,
+            cert_dir: raw.cert_dir,
+            rotate_certificates: raw.rotate_certificates,
+        };
+        (c.transport, c.certificates) =
+            transport_section(&mut p, raw.transport, managed, c.lease_renew_interval());
         c.healthz_bind_address = raw.healthz_bind_address.map(|BindAddress(a)| a);
         p.into_result(c)
     }
@@ -514,6 +497,50 @@ pub struct ManagedCertificates {
 
 /// `bootstrapTokenFile`, `certDir` and `rotateCertificates` with the enrollment endpoint
 /// `transport` gave; `None` without a token file.
+/// The raw fields of certificates the agent enrolls for and rotates.
+struct RawManaged {
+    bootstrap_token_file: Option<AbsolutePath>,
+    cert_dir: Option<AbsolutePath>,
+    rotate_certificates: Option<bool>,
+}
+
+/// `transport` (checked by [`validate_transport`] for a Lease renew interval of `renew`)
+/// and the certificates the agent manages (`bootstrapTokenFile`, `certDir`,
+/// `rotateCertificates`), which need each other: problems go to `p`.
+fn transport_section(
+    p: &mut Problems,
+    transport: Option<RawTransport>,
+    managed: RawManaged,
+    renew: Duration,
+) -> (Option<TransportConfig>, Option<ManagedCertificates>) {
+    let enrolled = managed.bootstrap_token_file.is_some();
+    if !enrolled && (managed.cert_dir.is_some() || managed.rotate_certificates.is_some()) {
+        p.push(
+            if managed.cert_dir.is_some() { "certDir" } else { "rotateCertificates" },
+            "only valid with bootstrapTokenFile (certificates the agent enrolls for and rotates); add it, or remove this field",
+        );
+    }
+    let Some(transport) = transport else {
+        if enrolled {
+            p.push(
+                "bootstrapTokenFile",
+                "needs transport: the enrollment goes to the gateway over it",
+            );
+        }
+        return (None, None);
+    };
+    let Some((transport, endpoint)) = validate_transport(p, transport, renew, enrolled) else {
+        return (None, None);
+    };
+    let certificates = managed_certificates(
+        managed.bootstrap_token_file,
+        managed.cert_dir,
+        managed.rotate_certificates,
+        endpoint,
+    );
+    (Some(transport), certificates)
+}
+
 fn managed_certificates(
     token_file: Option<AbsolutePath>,
     cert_dir: Option<AbsolutePath>,

@@ -353,44 +353,7 @@ impl Agent {
                 "no node certificate (transport.certFile, transport.keyFile): this agent's messages carry no identity, and only a gateway run with --allow-unidentified-agents accepts them"
             );
         }
-        let transport = async {
-            match managed {
-                #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
-                Some(managed) => {
-                    let store =
-                        crate::certificates::CertStore::open(&managed.cert_dir).map_err(|e| {
-                            AgentError::Certificates(format!(
-                                "certDir {}: {e}",
-                                managed.cert_dir.display()
-                            ))
-                        })?;
-                    let manager = crate::certificates::Manager {
-                        managed,
-                        transport: &transport,
-                        headers: &self.headers,
-                        clock: self.clock.as_ref(),
-                        metrics: &self.metrics,
-                        store,
-                    };
-                    let node = self.node_name();
-                    crate::certificates::run(
-                        manager,
-                        node,
-                        register,
-                        &uplink,
-                        &mut driver,
-                        sending.clone(),
-                    )
-                    .await
-                }
-                _ => {
-                    transport
-                        .clone()
-                        .run(self.node_name(), register, &mut driver, sending.clone())
-                        .await
-                }
-            }
-        };
+        let transport = self.run_transport(&transport, register, &uplink, &mut driver, &sending);
         let notify = async {
             let Some(systemd) = Systemd::from_env() else {
                 return;
@@ -420,6 +383,51 @@ impl Agent {
         };
         let (result, _) = tokio::join!(transport, loops);
         result
+    }
+
+    /// Runs `transport` until `sending` is cancelled: through the certificate manager when
+    /// the agent enrolls for and rotates its certificate (`bootstrapTokenFile`), else as
+    /// configured.
+    ///
+    /// Errors: [`AgentError::Certificates`] when `certDir` cannot be opened, and the
+    /// transport's or the certificate manager's own.
+    async fn run_transport(
+        &self,
+        transport: &TransportConfig,
+        register: RegisterFn,
+        uplink: &Uplink,
+        driver: &mut UplinkDriver,
+        sending: &CancellationToken,
+    ) -> Result<(), AgentError> {
+        match self.config.certificates.as_ref() {
+            #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
+            Some(managed) => {
+                let store =
+                    crate::certificates::CertStore::open(&managed.cert_dir).map_err(|e| {
+                        AgentError::Certificates(format!(
+                            "certDir {}: {e}",
+                            managed.cert_dir.display()
+                        ))
+                    })?;
+                let manager = crate::certificates::Manager {
+                    managed,
+                    transport,
+                    headers: &self.headers,
+                    clock: self.clock.as_ref(),
+                    metrics: &self.metrics,
+                    store,
+                };
+                let node = self.node_name();
+                crate::certificates::run(manager, node, register, uplink, driver, sending.clone())
+                    .await
+            }
+            _ => {
+                transport
+                    .clone()
+                    .run(self.node_name(), register, driver, sending.clone())
+                    .await
+            }
+        }
     }
 
     /// Binds `healthzBindAddress` (`addr`) and records the address bound
