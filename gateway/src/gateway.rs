@@ -491,7 +491,14 @@ impl Gateway {
         };
         let posted = lock(&cell.mailbox).post(letter, self.options.per_node_queue);
         match posted {
-            Ok(posted) => posted.start.then_some(cell),
+            Ok(posted) => {
+                for _ in 0..posted.dropped {
+                    // Superseded, and dropped unanswered: the node sends faster than one
+                    // of its letters is handled.
+                    self.counters.count_rejection(RejectReason::Superseded);
+                }
+                posted.start.then_some(cell)
+            }
             Err((refused, letter)) => {
                 let why = match refused {
                     Refused::Copy => RejectReason::Replayed,
@@ -671,7 +678,13 @@ impl Gateway {
         }
         // Only messages that passed the replay and staleness checks: an old one would read
         // as skew.
-        if let Some(skew) = clock_skew_seconds(self.clock.now(), header.wall_time_ms) {
+        // The gateway's wall clock when the message arrived, not after its wait.
+        let received_wall = self
+            .clock
+            .now()
+            .checked_sub(received.elapsed())
+            .unwrap_or_else(|| self.clock.now());
+        if let Some(skew) = clock_skew_seconds(received_wall, header.wall_time_ms) {
             slot.writes
                 .series
                 .clock_skew
@@ -784,7 +797,9 @@ impl Gateway {
 impl Handler for Gateway {
     /// Posts the message to its node's mailbox and waits for its answer; when nothing of
     /// the node was being handled, handles the mailbox's letters itself meanwhile (its own
-    /// and those posted behind it).
+    /// and those posted behind it). For direct callers (tests); the ingresses use
+    /// [`Handler::deliver`]. Cancelled while it handles letters, it leaves the waiting ones
+    /// to the node's next post.
     async fn handle(&self, peer: &Peer, message: pb::AgentMessage) -> Option<Answer> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         if let Some(cell) = self.post(Letter::new(peer.clone(), message, reply)) {

@@ -495,8 +495,6 @@ pub struct ManagedCertificates {
     pub enrollment_endpoint: Option<String>,
 }
 
-/// `bootstrapTokenFile`, `certDir` and `rotateCertificates` with the enrollment endpoint
-/// `transport` gave; `None` without a token file.
 /// The raw fields of certificates the agent enrolls for and rotates.
 struct RawManaged {
     bootstrap_token_file: Option<AbsolutePath>,
@@ -541,6 +539,8 @@ fn transport_section(
     (Some(transport), certificates)
 }
 
+/// `bootstrapTokenFile`, `certDir` and `rotateCertificates` with the enrollment endpoint
+/// `transport` gave; `None` without a token file.
 fn managed_certificates(
     token_file: Option<AbsolutePath>,
     cert_dir: Option<AbsolutePath>,

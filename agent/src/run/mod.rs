@@ -391,6 +391,10 @@ impl Agent {
     ///
     /// Errors: [`AgentError::Certificates`] when `certDir` cannot be opened, and the
     /// transport's or the certificate manager's own.
+    #[cfg_attr(
+        not(any(feature = "grpc-tls", feature = "mqtt-tls")),
+        allow(unused_variables)
+    )]
     async fn run_transport(
         &self,
         transport: &TransportConfig,

@@ -114,6 +114,10 @@ pub struct Posted {
     pub start: bool,
     /// How many waiting letters the new one superseded (marked, see [`Turn::Superseded`]).
     pub superseded: usize,
+    /// How many superseded letters were dropped unanswered to keep at most `capacity` of
+    /// them waiting for their answer (a node pouring out heartbeats faster than one is
+    /// handled).
+    pub dropped: usize,
 }
 
 /// A letter's turn, from [`Mailbox::next_turn`].
@@ -141,8 +145,8 @@ struct Waiting {
 /// supersedes the waiting ones of its kind and boot with a lower sequence number, so after
 /// a backlog (a slow apiserver) only the newest is written, one write per node and kind,
 /// not one per message. A Register is never superseded (each one re-registers). A
-/// superseded letter keeps its place (and counts against the capacity) until its turn
-/// ([`Turn::Superseded`]).
+/// superseded letter keeps its place until its turn ([`Turn::Superseded`]), but no longer
+/// counts against the capacity.
 #[derive(Debug, Default)]
 pub struct Mailbox {
     letters: VecDeque<Waiting>,
@@ -157,8 +161,9 @@ pub struct Mailbox {
 }
 
 impl Mailbox {
-    /// Posts `letter`, which may wait behind at most `capacity` others (the one being
-    /// handled not counted): a node has at most `capacity` + 1 letters in the gateway.
+    /// Posts `letter`, which may wait behind at most `capacity` others still to be handled
+    /// (the one being handled not counted), plus at most `capacity` superseded ones waiting
+    /// for their answer: a node has at most 2 × `capacity` + 1 letters in the gateway.
     ///
     /// Errors: [`Refused`] with the letter given back (boxed: refusals are rare, posts are
     /// not), not answered, when it is a copy or
@@ -178,22 +183,40 @@ impl Mailbox {
                 _ => self.newest = Some(at),
             }
         }
-        let mut superseded = 0;
-        if let Some((Some(kind), newer)) = identified
-            && kind.heartbeat_index().is_some()
-        {
-            for waiting in self.letters.iter_mut().filter(|w| !w.superseded) {
-                if let Some((Some(k), older)) = waiting.letter.identified_at()
-                    && k == kind
-                    && newer.supersedes(older)
-                {
-                    waiting.superseded = true;
-                    superseded += 1;
-                }
+        // Which waiting letters this one supersedes: identified heartbeats of its kind and
+        // boot with a lower sequence number, not superseded already.
+        let supersedes = |waiting: &Waiting| {
+            !waiting.superseded
+                && matches!(
+                    (identified, waiting.letter.identified_at()),
+                    (Some((Some(kind), newer)), Some((Some(k), older)))
+                        if kind.heartbeat_index().is_some() && k == kind && newer.supersedes(older)
+                )
+        };
+        // Only letters still to be handled count against the capacity, the ones this one
+        // supersedes no longer: a newer heartbeat always has room, so after a backlog it is
+        // the newest that is written. Nothing is marked for a letter refused.
+        let live = self.letters.iter().filter(|w| !w.superseded).count();
+        let superseded = self.letters.iter().filter(|w| supersedes(w)).count();
+        if live - superseded + usize::from(self.handling) > capacity {
+            return Err((Refused::Full, Box::new(letter)));
+        }
+        for waiting in self.letters.iter_mut() {
+            if supersedes(waiting) {
+                waiting.superseded = true;
             }
         }
-        if self.letters.len() + usize::from(self.handling) > capacity {
-            return Err((Refused::Full, Box::new(letter)));
+        // Superseded letters wait for their answer, at most `capacity` of them: beyond, the
+        // oldest is dropped unanswered (its agent's timeout covers it; a newer one waits).
+        let mut dropped = 0;
+        while self.letters.iter().filter(|w| w.superseded).count() > capacity {
+            match self.letters.iter().position(|w| w.superseded) {
+                Some(oldest) => {
+                    self.letters.remove(oldest);
+                    dropped += 1;
+                }
+                None => break,
+            }
         }
         let start = !self.draining;
         self.draining = true;
@@ -201,7 +224,11 @@ impl Mailbox {
             letter,
             superseded: false,
         });
-        Ok(Posted { start, superseded })
+        Ok(Posted {
+            start,
+            superseded,
+            dropped,
+        })
     }
 
     /// The next letter to handle, marking the mailbox as handling it; `None` when none is
@@ -234,7 +261,7 @@ impl Mailbox {
         self.draining || !self.letters.is_empty()
     }
 
-    /// Letters waiting (not counting the one being handled).
+    /// Letters waiting, superseded ones included (not counting the one being handled).
     pub fn len(&self) -> usize {
         self.letters.len()
     }

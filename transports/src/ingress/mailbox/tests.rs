@@ -84,7 +84,8 @@ fn only_a_newer_heartbeat_of_the_same_boot_supersedes() {
         a,
         Posted {
             start: false,
-            superseded: 0
+            superseded: 0,
+            dropped: 0,
         },
         "being handled: the handler reaches it"
     );
@@ -201,4 +202,37 @@ fn a_full_mailbox_refuses_and_a_stopped_one_starts_again() {
     );
     assert_eq!(drain(&mut mailbox), [2, 3, 5]);
     assert!(!mailbox.is_busy() && mailbox.is_empty());
+}
+
+/// A full mailbox still takes a heartbeat that supersedes a waiting one (after a backlog the
+/// newest is written), refuses anything else without marking a thing, and keeps at most
+/// `capacity` superseded letters waiting for their answer.
+#[test]
+fn a_newer_heartbeat_has_room_in_a_full_mailbox() {
+    use MessageKind::{Lease, Register, Status};
+    let mut mailbox = Mailbox::default();
+    post_to(&mut mailbox, letter(Register, 1, 1, true));
+    assert!(mailbox.next_turn().is_some(), "being handled");
+    post_to(&mut mailbox, letter(Lease, 1, 2, true));
+    post_to(&mut mailbox, letter(Status, 1, 3, true));
+    let full = mailbox.post(letter(Register, 1, 4, true), 2).unwrap_err().0;
+    assert_eq!(full, Refused::Full);
+    let newer = post_to(&mut mailbox, letter(Lease, 1, 5, true));
+    assert_eq!((newer.superseded, newer.dropped), (1, 0));
+    // Each newer renewal supersedes the last; two superseded ones wait at most.
+    for seq in 6..=8 {
+        let posted = post_to(&mut mailbox, letter(Lease, 1, seq, true));
+        assert_eq!(posted.superseded, 1);
+        assert_eq!(posted.dropped, usize::from(seq > 6), "seq {seq}");
+    }
+    assert_eq!(
+        mailbox.post(letter(Status, 1, 9, false), 2).unwrap_err().0,
+        Refused::Full,
+        "an unidentified status report supersedes nothing"
+    );
+    assert_eq!(drain(&mut mailbox), [3, -6, -7, 8]);
+}
+
+fn post_to(mailbox: &mut Mailbox, letter: Letter) -> Posted {
+    mailbox.post(letter, 2).map_err(|(why, _)| why).unwrap()
 }
