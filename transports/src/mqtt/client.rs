@@ -291,10 +291,12 @@ pub enum MqttUplinkError {
         reason: &'static str,
     },
     /// The TLS material cannot work (unparsable PEM, key not matching the certificate).
+    #[cfg(feature = "mqtt-tls")]
     #[error("MQTT TLS: {0}")]
     Tls(#[source] crate::tls::TlsError),
     /// The client certificate's key cannot sign messages end to end (see
     /// [`crate::signing::MessageSigner::from_pem`]).
+    #[cfg(feature = "mqtt-tls")]
     #[error("cannot sign MQTT messages with the client key: {0}")]
     SigningKey(#[source] crate::tls::TlsError),
 }

@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// Why a message could not be sealed: signing fails only with a signer (`mqtt-tls`).
+#[cfg(feature = "mqtt-tls")]
+type SealError = crate::tls::TlsError;
+#[cfg(not(feature = "mqtt-tls"))]
+type SealError = std::convert::Infallible;
+
 /// The connection's protocol side: topics, the client handle and the current [`Session`]
 /// (`None` while not connected).
 pub(super) struct Link {
@@ -91,7 +97,7 @@ impl Link {
         false
     }
 
-    pub(super) fn payload(&self, message: Vec<u8>) -> Result<Vec<u8>, crate::tls::TlsError> {
+    pub(super) fn payload(&self, message: Vec<u8>) -> Result<Vec<u8>, SealError> {
         #[cfg(feature = "mqtt-tls")]
         if let Some(signer) = &self.signer {
             return signer.seal(message);
