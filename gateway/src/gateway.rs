@@ -454,10 +454,7 @@ impl Gateway {
     /// Errors: the answer that refuses it (counted).
     fn screen(&self, peer: &Peer, message: &pb::AgentMessage) -> Result<(), Answer> {
         let Some(header) = message.header() else {
-            return Err(self.reject(
-                RejectReason::Malformed,
-                "malformed: no header or unknown message kind".into(),
-            ));
+            return Err(self.no_header());
         };
         let name = header.node_name.as_str();
         if let Err(refusal) = check_identity(self.options.posture, name, provenance(peer)) {
@@ -472,6 +469,14 @@ impl Gateway {
             ));
         }
         Ok(())
+    }
+
+    /// Refuses a message without a header (or of a kind this version does not know).
+    fn no_header(&self) -> Answer {
+        self.reject(
+            RejectReason::Malformed,
+            "malformed: no header or unknown message kind".into(),
+        )
     }
 
     /// Posts `letter` to its node's [`Mailbox`], after [`Gateway::screen`] and once the
@@ -561,8 +566,11 @@ impl Gateway {
     /// and what follows a write. `None` for a replay, which gets no answer.
     async fn handle_letter(&self, cell: &SlotCell, letter: &Letter) -> Option<Answer> {
         let (peer, message) = (&letter.peer, &*letter.message);
+        let Some(header) = message.header() else {
+            return Some(self.no_header());
+        };
         let mut slot = cell.state.lock().await;
-        let age = match self.admit(cell, &mut slot, peer, message, letter.received) {
+        let age = match self.admit(cell, &mut slot, peer, message, header, letter.received) {
             Ok(age) => age,
             Err(answer) => return answer,
         };
@@ -574,7 +582,7 @@ impl Gateway {
                 .max_renewal_age
                 .saturating_sub(age)
                 .max(Duration::from_millis(500));
-        let name = message.header().map_or("", |h| h.node_name.as_str());
+        let name = header.node_name.as_str();
         let answer = self.write(&mut slot.writes, name, message, deadline).await;
         Some(
             self.follow_up(&mut slot.writes, name, peer, message, answer)
@@ -582,7 +590,7 @@ impl Gateway {
         )
     }
 
-    /// Admission of a message under its node's slot ([`NodeAdmission::admit`]): boot,
+    /// Admission of a message (whose header is `header`) under its node's slot ([`NodeAdmission::admit`]): boot,
     /// sequence, freshness, rate limit; then what an admitted message teaches (the Lease
     /// duration, the clock skew). Returns the heartbeat's age.
     ///
@@ -593,14 +601,9 @@ impl Gateway {
         slot: &mut NodeSlot,
         peer: &Peer,
         message: &pb::AgentMessage,
+        header: &pb::Header,
         received: Instant,
     ) -> Result<Duration, Option<Answer>> {
-        let Some(header) = message.header() else {
-            return Err(Some(self.reject(
-                RejectReason::Malformed,
-                "malformed: no header or unknown message kind".into(),
-            )));
-        };
         let name = header.node_name.as_str();
         let provenance = provenance(peer);
         let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
@@ -679,11 +682,8 @@ impl Gateway {
         // Only messages that passed the replay and staleness checks: an old one would read
         // as skew.
         // The gateway's wall clock when the message arrived, not after its wait.
-        let received_wall = self
-            .clock
-            .now()
-            .checked_sub(received.elapsed())
-            .unwrap_or_else(|| self.clock.now());
+        let now = self.clock.now();
+        let received_wall = now.checked_sub(received.elapsed()).unwrap_or(now);
         if let Some(skew) = clock_skew_seconds(received_wall, header.wall_time_ms) {
             slot.writes
                 .series

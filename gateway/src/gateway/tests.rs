@@ -287,9 +287,16 @@ async fn a_flooding_node_waits_in_its_mailbox() {
     };
     deliver(10);
     // The handling task took it and waits for the node's state.
-    while !lock(&cell.mailbox).is_empty() {
+    for _ in 0..1000 {
+        if lock(&cell.mailbox).is_empty() {
+            break;
+        }
         tokio::task::yield_now().await;
     }
+    assert!(
+        lock(&cell.mailbox).is_empty(),
+        "the handling task never ran"
+    );
     for seq in 11..20 {
         deliver(seq);
     }
@@ -304,4 +311,35 @@ async fn a_flooding_node_waits_in_its_mailbox() {
     let all = tokio::time::timeout(Duration::from_secs(60), seen.wait_for(|s| s.len() == 5)).await;
     assert!(all.is_ok(), "answered: {:?}", answered.borrow());
     assert_eq!(*answered.borrow(), [10, 11, 12, 13, 14], "in order");
+}
+
+/// A message's future, which tokio copies as its task is spawned and finished, is not as
+/// large as a registration's: the rare, large writes are boxed (`Gateway::write`). Prints
+/// the sizes BENCHMARKS.md quotes:
+/// `cargo test --release -p edgebeat-gateway --lib a_message_future_is_smaller_than_a_registration -- --nocapture`.
+#[tokio::test]
+async fn a_message_future_is_smaller_than_a_registration() {
+    let client =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    let gateway = Gateway::new(
+        client,
+        Arc::new(FixedClock(std::time::UNIX_EPOCH)),
+        GatewayOptions::default(),
+    );
+    let cell = SlotCell::default();
+    let mut slot = NodeSlot::default();
+    let writer = &gateway.writer;
+    let register =
+        std::mem::size_of_val(&writer.register(&mut slot.writes, "n", &pb::Register::default()));
+    let report = std::mem::size_of_val(&writer.report(&mut slot.writes, "n", None, &[]));
+    let renew =
+        std::mem::size_of_val(&writer.renew(&mut slot.writes, "n", 40, &[], Instant::now()));
+    let message = std::mem::size_of_val(&gateway.handle_letters(&cell));
+    eprintln!(
+        "future bytes: message {message}, registration {register}, status report {report}, renewal {renew}"
+    );
+    assert!(
+        message < register && message < report,
+        "a message's future ({message} bytes) holds a registration's ({register}) or a status report's ({report}) inline"
+    );
 }

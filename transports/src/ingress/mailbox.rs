@@ -208,16 +208,14 @@ impl Mailbox {
         }
         // Superseded letters wait for their answer, at most `capacity` of them: beyond, the
         // oldest is dropped unanswered (its agent's timeout covers it; a newer one waits).
-        let mut dropped = 0;
-        while self.letters.iter().filter(|w| w.superseded).count() > capacity {
-            match self.letters.iter().position(|w| w.superseded) {
-                Some(oldest) => {
-                    self.letters.remove(oldest);
-                    dropped += 1;
-                }
-                None => break,
-            }
-        }
+        let waiting_answer = self.letters.iter().filter(|w| w.superseded).count();
+        let dropped = waiting_answer.saturating_sub(capacity);
+        let mut excess = dropped;
+        self.letters.retain(|w| {
+            let drop = w.superseded && excess > 0;
+            excess -= usize::from(drop);
+            !drop
+        });
         let start = !self.draining;
         self.draining = true;
         self.letters.push_back(Waiting {
