@@ -405,16 +405,16 @@ impl Apiserver {
     }
 
     /// `PUT` of Lease `kube-node-lease/{name}` (optimistic concurrency on its
-    /// resourceVersion), as node `name`. The answer is parsed in part: what the view keeps
-    /// of it ([`PartialLease`]).
+    /// resourceVersion), as node `name`, with `body` the Lease's JSON (a plain Lease's from
+    /// [`crate::patch::plain_lease_json`], any other serialized by k8s-openapi). The answer
+    /// is parsed in part: what the view keeps of it ([`PartialLease`]).
     ///
     /// Errors: kube's (409 on a stale resourceVersion).
     pub async fn replace_lease(
         &self,
         name: &str,
-        lease: &Lease,
+        body: Vec<u8>,
     ) -> Result<PartialLease, kube::Error> {
-        let body = serde_json::to_vec(lease).map_err(kube::Error::SerdeError)?;
         self.call(
             name,
             Priority::Lease,

@@ -313,6 +313,100 @@ pub fn new_lease(name: &str, node_uid: &str, duration_seconds: i32, renew: Times
     }
 }
 
+/// The JSON body of a plain node Lease, [`new_lease`]`(name, node_uid, duration_seconds,
+/// renew)` with `metadata.resourceVersion` = `resource_version`: the PUT of every renewal
+/// of a Lease the view knows to be plain ([`crate::view::LeaseRecord::plain`]).
+///
+/// Written straight into bytes: the same bytes, field for field and escape for escape, as
+/// `serde_json::to_vec` of that `Lease` (k8s-openapi's serializer, fields in its order;
+/// the test `a_plain_lease_is_written_as_k8s_openapi_writes_it` compares them), at a
+/// fraction of the instructions: building the `Lease`, serializing it through k8s-openapi
+/// (renewTime through jiff's `strtime`) and dropping it took about a tenth of a renewal's
+/// (BENCHMARKS.md, "Where a renewal's instructions go"). Strings go through serde_json's
+/// escaping, so any name, UID or resourceVersion (the latter may come from the agent's
+/// echo) is written as valid JSON. renewTime is `MicroTime`'s format,
+/// `%Y-%m-%dT%H:%M:%S%.6fZ` in UTC (`apimachinery/pkg/apis/meta/v1/micro_time.go`).
+pub fn plain_lease_json(
+    name: &str,
+    node_uid: &str,
+    duration_seconds: i32,
+    resource_version: &str,
+    renew: Timestamp,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        400 + 2 * name.len() + node_uid.len() + resource_version.len(),
+    );
+    out.extend_from_slice(
+        br#"{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"labels":{"#,
+    );
+    json_str(&mut out, MANAGED_LABEL.0);
+    out.push(b':');
+    json_str(&mut out, MANAGED_LABEL.1);
+    out.extend_from_slice(br#"},"name":"#);
+    json_str(&mut out, name);
+    out.extend_from_slice(br#","namespace":"#);
+    json_str(&mut out, LEASE_NAMESPACE);
+    out.extend_from_slice(br#","ownerReferences":[{"apiVersion":"v1","kind":"Node","name":"#);
+    json_str(&mut out, name);
+    out.extend_from_slice(br#","uid":"#);
+    json_str(&mut out, node_uid);
+    out.extend_from_slice(br#"}],"resourceVersion":"#);
+    json_str(&mut out, resource_version);
+    out.extend_from_slice(br#"},"spec":{"holderIdentity":"#);
+    json_str(&mut out, name);
+    out.extend_from_slice(br#","leaseDurationSeconds":"#);
+    let _ = serde_json::to_writer(&mut out, &duration_seconds);
+    out.extend_from_slice(br#","renewTime":"#);
+    micro_time(&mut out, renew);
+    out.extend_from_slice(b"}}");
+    out
+}
+
+/// `s` as a JSON string, quoted and escaped by serde_json.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    // Writing a str into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// `t` as k8s-openapi's `MicroTime` writes it: `"2026-11-27T03:27:28.123456Z"`, the
+/// microseconds truncated as `%.6f` does. Years outside 0–9999 (never a renewTime) go
+/// through k8s-openapi itself.
+fn micro_time(out: &mut Vec<u8>, t: Timestamp) {
+    let dt = jiff::tz::Offset::UTC.to_datetime(t);
+    let year = dt.year();
+    if !(0..=9999).contains(&year) {
+        let _ = serde_json::to_writer(&mut *out, &MicroTime(t));
+        return;
+    }
+    let two = |out: &mut Vec<u8>, n: i8, sep: u8| {
+        let n = n.unsigned_abs();
+        out.extend_from_slice(&[b'0' + n / 10, b'0' + n % 10, sep]);
+    };
+    let year = year.unsigned_abs();
+    out.extend_from_slice(&[
+        b'"',
+        b'0' + (year / 1000) as u8,
+        b'0' + (year / 100 % 10) as u8,
+        b'0' + (year / 10 % 10) as u8,
+        b'0' + (year % 10) as u8,
+        b'-',
+    ]);
+    two(out, dt.month(), b'-');
+    two(out, dt.day(), b'T');
+    two(out, dt.hour(), b':');
+    two(out, dt.minute(), b':');
+    two(out, dt.second(), b'.');
+    let micros = dt.subsec_nanosecond().unsigned_abs() / 1_000;
+    let mut digits = [b'0'; 6];
+    let mut rest = micros;
+    for d in digits.iter_mut().rev() {
+        *d = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
+    out.extend_from_slice(&digits);
+    out.extend_from_slice(b"Z\"");
+}
+
 /// The Lease's ownerReference to its Node.
 pub fn owner_reference(name: &str, node_uid: &str) -> OwnerReference {
     OwnerReference {
@@ -429,6 +523,40 @@ mod tests {
                 ..Default::default()
             }),
             kubelet_endpoint_port: 0,
+        }
+    }
+
+    #[test]
+    fn a_plain_lease_is_written_as_k8s_openapi_writes_it() {
+        let times = [
+            "2026-11-27T03:27:28.123456Z",
+            "2026-01-02T00:00:00Z",
+            "1999-12-31T23:59:59.999999Z",
+            "0001-01-01T00:00:00.000001Z",
+            "0000-03-01T00:00:00Z",
+        ]
+        .map(|t| t.parse::<Timestamp>().unwrap())
+        .into_iter()
+        .chain([Timestamp::MIN, Timestamp::MAX, Timestamp::UNIX_EPOCH]);
+        let names = [
+            ("edge-01", "6a1f0c2e-uid", "123456"),
+            ("n", "", ""),
+            ("quote\"back\\slash\u{1}\u{7f}é\u{2028}", "uid\t", "rv\n"),
+        ];
+        for t in times {
+            for (name, uid, rv) in names {
+                for duration in [40, 0, -1, i32::MAX, i32::MIN] {
+                    let mut lease = new_lease(name, uid, duration, t);
+                    lease.metadata.resource_version = Some(rv.to_owned());
+                    let whole = serde_json::to_vec(&lease).unwrap();
+                    let lean = plain_lease_json(name, uid, duration, rv, t);
+                    assert_eq!(
+                        String::from_utf8_lossy(&lean),
+                        String::from_utf8_lossy(&whole),
+                        "at {t}"
+                    );
+                }
+            }
         }
     }
 

@@ -565,7 +565,7 @@ impl ApiserverView {
 }
 
 mod partial;
-pub use partial::{PartialLease, PartialLeaseSpec};
+pub use partial::{LeaseExtras, PartialLease, PartialLeaseSpec};
 
 #[cfg(test)]
 mod tests;

@@ -12,27 +12,43 @@
 //! "What was cut"). A Lease read to be written back whole (a GET before a PUT of a Lease
 //! that is not plain) is still parsed in full as k8s-openapi's `Lease`.
 
-use std::collections::BTreeMap;
+use std::fmt;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use super::LeaseRecord;
+use super::{LeaseRecord, MANAGED_LABEL};
 
-/// A Lease (`coordination.k8s.io/v1`) with only the fields [`LeaseRecord::of`] reads:
-/// `metadata` name, resourceVersion, labels, annotations, finalizers and
-/// ownerReferences; `spec` holderIdentity, leaseDurationSeconds and renewTime, and whether
-/// each other spec field is set. What the apiserver sends besides is skipped unparsed.
-/// Read-only: it is never written back (a PUT would drop what it skipped).
-#[derive(Clone, Debug, Default, Deserialize)]
+/// A Lease (`coordination.k8s.io/v1`) with only what [`LeaseRecord::of`] reads: `metadata`
+/// name and resourceVersion, `spec` holderIdentity, leaseDurationSeconds and renewTime, and
+/// of everything else only what tells a plain Lease ([`LeaseExtras`]). What the apiserver
+/// sends besides is skipped unparsed, and nothing of labels, annotations, finalizers or
+/// ownerReferences is kept but those facts. Read-only: it is never written back (a PUT
+/// would drop what it skipped).
+#[derive(Clone, Debug, Default)]
 pub struct PartialLease {
-    /// The fields named above; the rest of `ObjectMeta` stays `None`.
-    #[serde(default, deserialize_with = "partial_meta")]
+    /// `name` and `resourceVersion`; the rest of `ObjectMeta` stays `None` (kube-runtime's
+    /// watcher reads the resourceVersion from here).
     pub metadata: ObjectMeta,
     /// `spec`, in part.
-    #[serde(default)]
     pub spec: Option<PartialLeaseSpec>,
+    /// What the rest of `metadata` says of the Lease.
+    pub extras: LeaseExtras,
+}
+
+/// What a Lease's labels, annotations, finalizers and ownerReferences say of it, the only
+/// facts [`LeaseRecord::of`] reads from them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaseExtras {
+    /// A label other than [`MANAGED_LABEL`], an annotation or a finalizer is set:
+    /// kubelet's `newLease` sets none.
+    pub more_than_kubelet_sets: bool,
+    /// The name in the Lease's ownerReference when there is exactly one, of kind `Node`,
+    /// with neither `controller` nor `blockOwnerDeletion` set (kubelet's
+    /// `SetNodeOwnerFunc`); `None` otherwise.
+    pub node_owner: Option<String>,
 }
 
 /// `LeaseSpec` in part (see [`PartialLease`]).
@@ -73,51 +89,191 @@ impl PartialLeaseSpec {
 
 /// Whether a field is set (not null), its value skipped unparsed.
 fn set<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
-    Ok(Option::<serde::de::IgnoredAny>::deserialize(deserializer)?.is_some())
+    Ok(Option::<IgnoredAny>::deserialize(deserializer)?.is_some())
 }
 
-/// `ObjectMeta` with only the fields [`PartialLease`] names parsed.
-fn partial_meta<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Meta {
-        #[serde(default)]
-        name: Option<String>,
-        #[serde(default)]
-        resource_version: Option<String>,
-        #[serde(default)]
-        labels: Option<BTreeMap<String, String>>,
-        #[serde(default)]
-        annotations: Option<BTreeMap<String, String>>,
-        #[serde(default)]
-        finalizers: Option<Vec<String>>,
-        #[serde(default)]
-        owner_references: Option<Vec<OwnerReference>>,
+impl<'de> Deserialize<'de> for PartialLease {
+    /// The Lease's JSON, fields in any order, unknown ones skipped. Labels are compared
+    /// where they lie and ownerReferences read for kind, name, controller and
+    /// blockOwnerDeletion only; the only strings kept are the name, resourceVersion,
+    /// holderIdentity and the owner's name.
+    ///
+    /// Errors: serde_json's for malformed JSON or a field of the wrong type.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            #[serde(default)]
+            metadata: Meta,
+            #[serde(default)]
+            spec: Option<PartialLeaseSpec>,
+        }
+        #[derive(Default, Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meta {
+            #[serde(default)]
+            name: Option<String>,
+            #[serde(default)]
+            resource_version: Option<String>,
+            #[serde(default)]
+            labels: Option<OtherLabels>,
+            #[serde(default)]
+            annotations: Option<Entries>,
+            #[serde(default)]
+            finalizers: Option<Entries>,
+            #[serde(default)]
+            owner_references: Option<NodeOwner>,
+        }
+        let Wire { metadata: m, spec } = Wire::deserialize(deserializer)?;
+        let count = |entries: Option<Entries>| entries.map_or(0, |e| e.0);
+        Ok(Self {
+            metadata: ObjectMeta {
+                name: m.name,
+                resource_version: m.resource_version,
+                ..ObjectMeta::default()
+            },
+            spec,
+            extras: LeaseExtras {
+                more_than_kubelet_sets: m.labels.is_some_and(|l| l.0)
+                    || count(m.annotations) > 0
+                    || count(m.finalizers) > 0,
+                node_owner: m.owner_references.and_then(|o| o.0),
+            },
+        })
     }
-    let m = Meta::deserialize(deserializer)?;
-    Ok(ObjectMeta {
-        name: m.name,
-        resource_version: m.resource_version,
-        labels: m.labels,
-        annotations: m.annotations,
-        finalizers: m.finalizers,
-        owner_references: m.owner_references,
-        ..ObjectMeta::default()
-    })
+}
+
+/// Whether a label map holds a label other than [`MANAGED_LABEL`], compared in place.
+struct OtherLabels(bool);
+
+impl<'de> Deserialize<'de> for OtherLabels {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Labels;
+        impl<'de> Visitor<'de> for Labels {
+            type Value = OtherLabels;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map of labels")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<OtherLabels, A::Error> {
+                let mut other = false;
+                while let Some(key) = map.next_key_seed(StrIs(MANAGED_LABEL.0))? {
+                    let value = map.next_value_seed(StrIs(MANAGED_LABEL.1))?;
+                    other |= !(key && value);
+                }
+                Ok(OtherLabels(other))
+            }
+        }
+        deserializer.deserialize_map(Labels)
+    }
+}
+
+/// How many entries a JSON object or array holds, their contents skipped.
+struct Entries(usize);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Count;
+        impl<'de> Visitor<'de> for Count {
+            type Value = Entries;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map or a list")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+                let mut n = 0;
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(Entries(n))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Entries, A::Error> {
+                let mut n = 0;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(Entries(n))
+            }
+        }
+        deserializer.deserialize_any(Count)
+    }
+}
+
+/// The owner's name when `ownerReferences` holds exactly one, of kind `Node`, with neither
+/// `controller` nor `blockOwnerDeletion` set (see [`LeaseExtras::node_owner`]).
+struct NodeOwner(Option<String>);
+
+impl<'de> Deserialize<'de> for NodeOwner {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Reference {
+            #[serde(default, deserialize_with = "is_node")]
+            kind: bool,
+            #[serde(default)]
+            name: String,
+            #[serde(default, deserialize_with = "set")]
+            controller: bool,
+            #[serde(default, deserialize_with = "set")]
+            block_owner_deletion: bool,
+        }
+        fn is_node<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+            StrIs("Node").deserialize(deserializer)
+        }
+        struct References;
+        impl<'de> Visitor<'de> for References {
+            type Value = NodeOwner;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of ownerReferences")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<NodeOwner, A::Error> {
+                let first = seq.next_element::<Reference>()?;
+                let more = seq.next_element::<IgnoredAny>()?.is_some();
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(NodeOwner(first.filter(|r| {
+                    !more && r.kind && !r.controller && !r.block_owner_deletion
+                })
+                .map(|r| r.name)))
+            }
+        }
+        deserializer.deserialize_seq(References)
+    }
+}
+
+/// Whether a JSON string equals the one given, compared without keeping it.
+#[derive(Clone, Copy)]
+struct StrIs(&'static str);
+
+impl<'de> DeserializeSeed<'de> for StrIs {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for StrIs {
+    type Value = bool;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<bool, E> {
+        Ok(v == self.0)
+    }
 }
 
 impl From<&Lease> for PartialLease {
-    /// The same fields of a whole `Lease` (read by a GET).
+    /// The same facts of a whole `Lease` (read by a GET).
     fn from(lease: &Lease) -> Self {
         let m = &lease.metadata;
+        let node_owner = match m.owner_references.as_deref() {
+            Some([r])
+                if r.kind == "Node" && r.controller.is_none() && r.block_owner_deletion.is_none() =>
+            {
+                Some(r.name.clone())
+            }
+            _ => None,
+        };
         Self {
             metadata: ObjectMeta {
                 name: m.name.clone(),
                 resource_version: m.resource_version.clone(),
-                labels: m.labels.clone(),
-                annotations: m.annotations.clone(),
-                finalizers: m.finalizers.clone(),
-                owner_references: m.owner_references.clone(),
                 ..ObjectMeta::default()
             },
             spec: lease.spec.as_ref().map(|s| PartialLeaseSpec {
@@ -129,6 +285,15 @@ impl From<&Lease> for PartialLease {
                 preferred_holder: s.preferred_holder.is_some(),
                 strategy: s.strategy.is_some(),
             }),
+            extras: LeaseExtras {
+                more_than_kubelet_sets: m.labels.as_ref().is_some_and(|labels| {
+                    labels
+                        .iter()
+                        .any(|(k, v)| (k.as_str(), v.as_str()) != MANAGED_LABEL)
+                }) || m.annotations.as_ref().is_some_and(|a| !a.is_empty())
+                    || m.finalizers.as_ref().is_some_and(|f| !f.is_empty()),
+                node_owner,
+            },
         }
     }
 }
@@ -159,19 +324,9 @@ impl LeaseRecord {
     pub fn of(lease: &PartialLease) -> Option<Self> {
         let meta = &lease.metadata;
         let name = meta.name.as_deref().unwrap_or_default();
-        let only_managed_label = meta.labels.as_ref().is_none_or(|labels| {
-            labels
-                .iter()
-                .all(|(k, v)| (k.as_str(), v.as_str()) == super::MANAGED_LABEL)
-        });
         let spec = lease.spec.as_ref();
-        let plain = only_managed_label
-            && meta.annotations.as_ref().is_none_or(BTreeMap::is_empty)
-            && meta.finalizers.as_ref().is_none_or(Vec::is_empty)
-            && meta.owner_references.as_ref().is_some_and(|refs| {
-                matches!(refs.as_slice(), [r] if r.kind == "Node" && r.name == name
-                    && r.controller.is_none() && r.block_owner_deletion.is_none())
-            })
+        let plain = !lease.extras.more_than_kubelet_sets
+            && lease.extras.node_owner.as_deref() == Some(name)
             && spec.is_some_and(|s| {
                 s.holder_identity.as_deref() == Some(name) && !s.more_than_kubelet_sets()
             });

@@ -1,7 +1,7 @@
 use super::*;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, NodeSystemInfo};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 
 fn node(rv: &str, ready: &str, boot: &str) -> Node {
     Node {
@@ -89,13 +89,30 @@ fn record(lease: &Lease) -> Option<LeaseRecord> {
         "fieldsV1": {"f:metadata": {"f:ownerReferences": {".": {}}},
                      "f:spec": {"f:holderIdentity": {}, "f:renewTime": {}}}
     }]);
-    let parsed: PartialLease = serde_json::from_value(json).unwrap();
+    // From text, as the PUT's answer and the watch are read.
+    let parsed: PartialLease = serde_json::from_str(&json.to_string()).unwrap();
     assert_eq!(
         LeaseRecord::of(&parsed),
         whole,
         "parsed in part: {parsed:?}"
     );
     whole
+}
+
+#[test]
+fn a_lease_with_nulls_and_escapes_parses_as_one_without() {
+    let text = r#"{"kind":"Lease","metadata":{"name":"n\u0031","resourceVersion":"7",
+        "labels":null,"annotations":null,"finalizers":null,"generation":null,
+        "ownerReferences":[{"uid":"u1","kind":"No\u0064e","name":"n1","controller":null,
+        "blockOwnerDeletion":null,"apiVersion":"v1"}]},
+        "spec":{"renewTime":"2026-11-27T03:27:28.123456Z","holderIdentity":"n1",
+        "leaseDurationSeconds":40,"acquireTime":null,"leaseTransitions":null}}"#;
+    let parsed: PartialLease = serde_json::from_str(text).unwrap();
+    let record = LeaseRecord::of(&parsed).unwrap();
+    assert!(record.plain, "{parsed:?}");
+    assert_eq!(&*record.resource_version, "7");
+    assert_eq!(record.duration_seconds, Some(40));
+    assert!(serde_json::from_str::<PartialLease>(r#"{"metadata":{"labels":[1]}}"#).is_err());
 }
 
 #[test]
@@ -128,9 +145,49 @@ fn a_lease_is_plain_only_with_what_kubelet_sets() {
         !record(&held_by_another).unwrap().plain,
         "a rebuilt Lease would rewrite the holder"
     );
+    let mut labelled = l.clone();
+    labelled
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("site".to_owned(), "north".to_owned());
+    assert!(!record(&labelled).unwrap().plain);
+    let mut relabelled = l.clone();
+    relabelled.metadata.labels = Some(BTreeMap::from([(
+        MANAGED_LABEL.0.to_owned(),
+        "someone-else".to_owned(),
+    )]));
+    assert!(!record(&relabelled).unwrap().plain);
+    let mut unlabelled = l.clone();
+    unlabelled.metadata.labels = Some(BTreeMap::new());
+    unlabelled.metadata.annotations = Some(BTreeMap::new());
+    unlabelled.metadata.finalizers = Some(Vec::new());
+    assert!(record(&unlabelled).unwrap().plain, "empty is as unset");
+    let mut finalized = l.clone();
+    finalized.metadata.finalizers = Some(vec!["example.com/keep".to_owned()]);
+    assert!(!record(&finalized).unwrap().plain);
+    let owner = l.metadata.owner_references.clone().unwrap().remove(0);
+    let mut two_owners = l.clone();
+    two_owners.metadata.owner_references = Some(vec![owner.clone(), owner.clone()]);
+    assert!(!record(&two_owners).unwrap().plain);
+    for change in [
+        |r: &mut OwnerReference| r.kind = "Pod".into(),
+        |r: &mut OwnerReference| r.name = "n2".into(),
+        |r: &mut OwnerReference| r.controller = Some(false),
+        |r: &mut OwnerReference| r.block_owner_deletion = Some(true),
+    ] {
+        let mut owned = l.clone();
+        let mut other = owner.clone();
+        change(&mut other);
+        owned.metadata.owner_references = Some(vec![other]);
+        assert!(!record(&owned).unwrap().plain, "{owned:?}");
+    }
     let mut orphan = l;
     orphan.metadata.owner_references = None;
     assert!(!record(&orphan).unwrap().plain);
+    let mut none_left = orphan.clone();
+    none_left.metadata.owner_references = Some(Vec::new());
+    assert!(!record(&none_left).unwrap().plain);
     // Not a stored object: nothing to PUT against.
     let mut unstored = lease("1", 10);
     unstored.metadata.resource_version = None;

@@ -122,59 +122,50 @@ impl Writer {
             let held_time = held_now.as_ref().and_then(|h| h.renew_time);
             // What to PUT against: the newer of the view and the echo, rebuilt when the
             // Lease is plain; otherwise (or with nothing known) read it.
-            let rebuilt = match (held_now, echoed.take(), uid.as_deref()) {
+            let plain = match (held_now, echoed.take(), uid.as_deref()) {
                 (held, Some(state), Some(uid))
                     if held.as_ref().is_none_or(|h| h.plain)
                         && held.as_ref().map(|h| &*h.resource_version)
                             != Some(state.resource_version.as_str())
                         && held_time.is_none_or(|t| t < state.renew_time) =>
                 {
-                    Some(rebuilt_lease(
-                        name,
-                        uid,
-                        duration,
-                        &state.resource_version,
-                        Some(state.renew_time),
-                    ))
+                    Some((uid, Box::from(state.resource_version)))
                 }
-                (Some(h), _, Some(uid)) if h.plain => Some(rebuilt_lease(
-                    name,
-                    uid,
-                    duration,
-                    &h.resource_version,
-                    h.renew_time,
-                )),
+                (Some(h), _, Some(uid)) if h.plain => Some((uid, h.resource_version)),
                 _ => None,
             };
-            let base = match rebuilt {
-                Some(lease) => lease,
-                None => match tokio::time::timeout(budget, self.api.get_lease_opt(name)).await {
-                    Ok(Ok(Some(lease))) => {
-                        self.view.observe_lease(&PartialLease::from(&lease));
-                        Self::saw_renew_time(
-                            w,
-                            lease
-                                .spec
-                                .as_ref()
-                                .and_then(|s| s.renew_time.as_ref())
-                                .map(|t| t.0),
-                        );
-                        lease
+            let (body, renew) = match plain {
+                Some((uid, resource_version)) => {
+                    let renew = self.renew_time(w);
+                    let body =
+                        patch::plain_lease_json(name, uid, duration, &resource_version, renew);
+                    (body, renew)
+                }
+                None => match self.read_lease(w, name, budget).await {
+                    Read::Lease(base) => {
+                        let renew = self.renew_time(w);
+                        let lease =
+                            patch::renewed_lease(*base, name, uid.as_deref(), duration, renew);
+                        match serde_json::to_vec(&lease) {
+                            Ok(body) => (body, renew),
+                            Err(e) => {
+                                last_error = format!("encoding lease: {e}");
+                                break;
+                            }
+                        }
                     }
-                    Ok(Ok(None)) => return self.create_lease(w, name, duration).await,
-                    Ok(Err(e)) => {
+                    Read::Missing => return self.create_lease(w, name, duration).await,
+                    Read::Failed(e) => {
                         last_error = format!("reading lease: {e}");
                         continue;
                     }
-                    Err(_) => {
+                    Read::Late => {
                         last_error = "reading lease: deadline passed".into();
                         break;
                     }
                 },
             };
-            let renew = self.renew_time(w);
-            let lease = patch::renewed_lease(base, name, uid.as_deref(), duration, renew);
-            match tokio::time::timeout(budget, self.api.replace_lease(name, &lease)).await {
+            match tokio::time::timeout(budget, self.api.replace_lease(name, body)).await {
                 Ok(Ok(written)) => return self.renewed(w, name, &written, renew),
                 Ok(Err(e)) => {
                     last_error = format!("updating lease: {e}");
@@ -193,6 +184,22 @@ impl Writer {
         self.counters.lease_failures.inc();
         tracing::warn!(node = name, error = %last_error, "lease renewal failed");
         retry(last_error)
+    }
+
+    /// GET of the Lease before a PUT (kubelet's lease controller after a 409, or with
+    /// nothing known): what it holds goes into the view.
+    async fn read_lease(&self, w: &mut NodeWrites, name: &str, budget: Duration) -> Read {
+        match tokio::time::timeout(budget, self.api.get_lease_opt(name)).await {
+            Ok(Ok(Some(lease))) => {
+                self.view.observe_lease(&PartialLease::from(&lease));
+                let renew_time = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
+                Self::saw_renew_time(w, renew_time.map(|t| t.0));
+                Read::Lease(Box::new(lease))
+            }
+            Ok(Ok(None)) => Read::Missing,
+            Ok(Err(e)) => Read::Failed(e),
+            Err(_) => Read::Late,
+        }
     }
 
     pub(super) fn renewed(
@@ -260,16 +267,14 @@ impl Writer {
     }
 }
 
-/// A plain node Lease (see [`crate::view::LeaseRecord::plain`]) rebuilt from what the view
-/// or the agent's echo holds, at `resource_version`.
-pub(super) fn rebuilt_lease(
-    name: &str,
-    uid: &str,
-    duration: i32,
-    resource_version: &str,
-    renew_time: Option<Timestamp>,
-) -> Lease {
-    let mut lease = patch::new_lease(name, uid, duration, renew_time.unwrap_or_default());
-    lease.metadata.resource_version = Some(resource_version.to_owned());
-    lease
+/// What [`Writer::read_lease`] found.
+enum Read {
+    /// The Lease, whole.
+    Lease(Box<Lease>),
+    /// No such Lease: it is to be created.
+    Missing,
+    /// The GET failed.
+    Failed(kube::Error),
+    /// The renewal's deadline passed first.
+    Late,
 }
