@@ -84,12 +84,14 @@ pub const WILL_KIND: &str = "will";
 /// Topic of one agent message kind (`register`, `status`, `lease`) or of the Last Will
 /// (`will`): `{prefix}/nodes/{node}/{kind}`.
 pub fn node_topic(prefix: &str, node: &str, kind: &str) -> String {
-    format!("{prefix}/nodes/{node}/{kind}")
+    // Joined, not `format!`: one allocation of the right size on every publish.
+    [prefix, "/nodes/", node, "/", kind].concat()
 }
 
 /// Topic the gateway answers one node on: `{prefix}/acks/{node}`.
 pub fn acks_topic(prefix: &str, node: &str) -> String {
-    format!("{prefix}/acks/{node}")
+    // Joined, not `format!`: the gateway builds one for every answer.
+    [prefix, "/acks/", node].concat()
 }
 
 /// Topic a node's certificate chain is published on (retained): `{prefix}/certificates/{node}`.
