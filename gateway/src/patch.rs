@@ -333,9 +333,8 @@ pub fn plain_lease_json(
     resource_version: &str,
     renew: Timestamp,
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
-        400 + 2 * name.len() + node_uid.len() + resource_version.len(),
-    );
+    let mut out =
+        Vec::with_capacity(400 + 3 * name.len() + node_uid.len() + resource_version.len());
     out.extend_from_slice(
         br#"{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"labels":{"#,
     );

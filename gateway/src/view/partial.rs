@@ -117,14 +117,13 @@ impl<'de> Deserialize<'de> for PartialLease {
             #[serde(default)]
             labels: Option<OtherLabels>,
             #[serde(default)]
-            annotations: Option<Entries>,
+            annotations: Option<Entries<true>>,
             #[serde(default)]
-            finalizers: Option<Entries>,
+            finalizers: Option<Entries<false>>,
             #[serde(default)]
             owner_references: Option<NodeOwner>,
         }
         let Wire { metadata: m, spec } = Wire::deserialize(deserializer)?;
-        let count = |entries: Option<Entries>| entries.map_or(0, |e| e.0);
         Ok(Self {
             metadata: ObjectMeta {
                 name: m.name,
@@ -134,15 +133,17 @@ impl<'de> Deserialize<'de> for PartialLease {
             spec,
             extras: LeaseExtras {
                 more_than_kubelet_sets: m.labels.is_some_and(|l| l.0)
-                    || count(m.annotations) > 0
-                    || count(m.finalizers) > 0,
+                    || m.annotations.is_some_and(|a| a.0 > 0)
+                    || m.finalizers.is_some_and(|f| f.0 > 0),
                 node_owner: m.owner_references.and_then(|o| o.0),
             },
         })
     }
 }
 
-/// Whether a label map holds a label other than [`MANAGED_LABEL`], compared in place.
+/// Whether a label map holds a label other than [`MANAGED_LABEL`], compared in place. A
+/// key repeated in the JSON is compared each time (a map would keep the last value), which
+/// can only make a Lease not plain; kube-apiserver never repeats one.
 struct OtherLabels(bool);
 
 impl<'de> Deserialize<'de> for OtherLabels {
@@ -166,33 +167,39 @@ impl<'de> Deserialize<'de> for OtherLabels {
     }
 }
 
-/// How many entries a JSON object or array holds, their contents skipped.
-struct Entries(usize);
+/// How many strings a JSON object of strings (`MAP`: annotations) or a list of strings
+/// (finalizers) holds, the strings kept nowhere; anything else is an error, as it was for
+/// k8s-openapi's `BTreeMap<String, String>` and `Vec<String>`.
+struct Entries<const MAP: bool>(usize);
 
-impl<'de> Deserialize<'de> for Entries {
+impl<'de, const MAP: bool> Deserialize<'de> for Entries<MAP> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Count;
-        impl<'de> Visitor<'de> for Count {
-            type Value = Entries;
+        struct Count<const MAP: bool>;
+        impl<'de, const MAP: bool> Visitor<'de> for Count<MAP> {
+            type Value = Entries<MAP>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a map or a list")
+                f.write_str("a map of strings or a list of strings")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<MAP>, A::Error> {
                 let mut n = 0;
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
+                while map.next_key_seed(StrIs(""))?.is_some() {
+                    map.next_value_seed(StrIs(""))?;
                     n += 1;
                 }
                 Ok(Entries(n))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Entries, A::Error> {
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Entries<MAP>, A::Error> {
                 let mut n = 0;
-                while seq.next_element::<IgnoredAny>()?.is_some() {
+                while seq.next_element_seed(StrIs(""))?.is_some() {
                     n += 1;
                 }
                 Ok(Entries(n))
             }
         }
-        deserializer.deserialize_any(Count)
+        match MAP {
+            true => deserializer.deserialize_map(Count),
+            false => deserializer.deserialize_seq(Count),
+        }
     }
 }
 
@@ -202,20 +209,24 @@ struct NodeOwner(Option<String>);
 
 impl<'de> Deserialize<'de> for NodeOwner {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // Null or absent `kind` and `name` read as "" (k8s-openapi's defaults).
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Reference {
-            #[serde(default, deserialize_with = "is_node")]
-            kind: bool,
             #[serde(default)]
-            name: String,
+            kind: Option<IsNode>,
+            #[serde(default)]
+            name: Option<String>,
             #[serde(default, deserialize_with = "set")]
             controller: bool,
             #[serde(default, deserialize_with = "set")]
             block_owner_deletion: bool,
         }
-        fn is_node<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
-            StrIs("Node").deserialize(deserializer)
+        struct IsNode(bool);
+        impl<'de> Deserialize<'de> for IsNode {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                StrIs("Node").deserialize(deserializer).map(IsNode)
+            }
         }
         struct References;
         impl<'de> Visitor<'de> for References {
@@ -225,12 +236,20 @@ impl<'de> Deserialize<'de> for NodeOwner {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<NodeOwner, A::Error> {
                 let first = seq.next_element::<Reference>()?;
-                let more = seq.next_element::<IgnoredAny>()?.is_some();
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(NodeOwner(first.filter(|r| {
-                    !more && r.kind && !r.controller && !r.block_owner_deletion
-                })
-                .map(|r| r.name)))
+                let mut more = false;
+                while seq.next_element::<Reference>()?.is_some() {
+                    more = true;
+                }
+                Ok(NodeOwner(
+                    first
+                        .filter(|r| {
+                            !more
+                                && r.kind.as_ref().is_some_and(|k| k.0)
+                                && !r.controller
+                                && !r.block_owner_deletion
+                        })
+                        .map(|r| r.name.unwrap_or_default()),
+                ))
             }
         }
         deserializer.deserialize_seq(References)
@@ -264,7 +283,9 @@ impl From<&Lease> for PartialLease {
         let m = &lease.metadata;
         let node_owner = match m.owner_references.as_deref() {
             Some([r])
-                if r.kind == "Node" && r.controller.is_none() && r.block_owner_deletion.is_none() =>
+                if r.kind == "Node"
+                    && r.controller.is_none()
+                    && r.block_owner_deletion.is_none() =>
             {
                 Some(r.name.clone())
             }

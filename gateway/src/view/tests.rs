@@ -112,7 +112,31 @@ fn a_lease_with_nulls_and_escapes_parses_as_one_without() {
     assert!(record.plain, "{parsed:?}");
     assert_eq!(&*record.resource_version, "7");
     assert_eq!(record.duration_seconds, Some(40));
-    assert!(serde_json::from_str::<PartialLease>(r#"{"metadata":{"labels":[1]}}"#).is_err());
+    // k8s-openapi reads a null kind or name of an ownerReference as "": not plain.
+    let nulls = text.replace(
+        r#""kind":"No\u0064e","name":"n1""#,
+        r#""kind":null,"name":null"#,
+    );
+    assert_ne!(nulls, text);
+    let parsed: PartialLease = serde_json::from_str(&nulls).unwrap();
+    assert!(!LeaseRecord::of(&parsed).unwrap().plain);
+    // What k8s-openapi's types refuse is refused.
+    for wrong in [
+        r#"{"metadata":{"labels":[1]}}"#,
+        r#"{"metadata":{"labels":{"a":null}}}"#,
+        r#"{"metadata":{"annotations":[]}}"#,
+        r#"{"metadata":{"annotations":{"a":null}}}"#,
+        r#"{"metadata":{"finalizers":{}}}"#,
+        r#"{"metadata":{"finalizers":[null]}}"#,
+        r#"{"metadata":{"ownerReferences":[{"kind":"Node"},5]}}"#,
+        r#"{"metadata":{"ownerReferences":{}}}"#,
+        r#"{"spec":{"holderIdentity":1}}"#,
+    ] {
+        assert!(
+            serde_json::from_str::<PartialLease>(wrong).is_err(),
+            "{wrong}"
+        );
+    }
 }
 
 #[test]
