@@ -30,6 +30,11 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The plaintext agents scripts/cross-agent.sh documents (one transport, no TLS): no other
+# step builds these feature sets, and one of them once stopped building unnoticed.
+for transport in mqtt grpc; do
+  cargo clippy -p edgebeat-agent --locked --no-default-features --features "$transport" -- -D warnings
+done
 
 # The static ARM agents, run under qemu-user by tests/tests/cross_qemu.rs.
 EDGEBEAT_CROSS_AGENT_AARCH64=$(scripts/cross-agent.sh aarch64-unknown-linux-musl | tail -n 1)
