@@ -139,6 +139,27 @@ fn a_lease_with_nulls_and_escapes_parses_as_one_without() {
     }
 }
 
+/// The watch reads a Lease inside kube's `WatchEvent`, a tagged enum: with `type` first
+/// (kube-apiserver's order) the Lease is parsed from the text, with `object` first it is
+/// buffered and parsed from serde's buffer; both must give the same record.
+#[test]
+fn a_lease_in_a_watch_event_parses_in_either_field_order() {
+    let l = lease("42", 300);
+    let object = serde_json::to_string(&l).unwrap();
+    let expected = LeaseRecord::of(&PartialLease::from(&l));
+    assert!(expected.as_ref().is_some_and(|r| r.plain));
+    for text in [
+        format!(r#"{{"type":"MODIFIED","object":{object}}}"#),
+        format!(r#"{{"object":{object},"type":"MODIFIED"}}"#),
+    ] {
+        let event: kube::core::WatchEvent<PartialLease> = serde_json::from_str(&text).unwrap();
+        let kube::core::WatchEvent::Modified(parsed) = event else {
+            panic!("a Modified event: {text}");
+        };
+        assert_eq!(LeaseRecord::of(&parsed), expected, "{text}");
+    }
+}
+
 #[test]
 fn a_lease_is_plain_only_with_what_kubelet_sets() {
     let mut l = lease("1", 10);
