@@ -4,8 +4,8 @@
 //! gateway's Update; and, for the decision issue 29 asks for, the same Lease in kubelet's
 //! default wire format, protobuf (`application/vnd.kubernetes.protobuf`), decoded and
 //! encoded; and a plain Lease's PUT body built and serialized by k8s-openapi against
-//! [`patch::plain_lease_json`]. Prints nanoseconds per call, the best of 25 rounds of 20,000: this VM's timings
-//! are noisy, and the best round is the figure that repeats.
+//! [`patch::plain_lease_json`]. Prints nanoseconds per call, the best of 25 rounds of
+//! 20,000: this VM's timings are noisy, and the best round is the figure that repeats.
 //!
 //! ```text
 //! cargo bench -p edgebeat-gateway --bench lease_parse

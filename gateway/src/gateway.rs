@@ -590,9 +590,10 @@ impl Gateway {
         )
     }
 
-    /// Admission of a message (whose header is `header`) under its node's slot ([`NodeAdmission::admit`]): boot,
-    /// sequence, freshness, rate limit; then what an admitted message teaches (the Lease
-    /// duration, the clock skew). Returns the heartbeat's age.
+    /// Admission of a message (whose header is `header`) under its node's slot
+    /// ([`NodeAdmission::admit`]): boot, sequence, freshness, rate limit; then what an
+    /// admitted message teaches (the Lease duration, the clock skew). Returns the
+    /// heartbeat's age.
     ///
     /// Errors: the answer to a refused message, `None` for a replay.
     fn admit(

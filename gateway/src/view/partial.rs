@@ -180,6 +180,7 @@ impl<'de, const MAP: bool> Deserialize<'de> for Entries<MAP> {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a map of strings or a list of strings")
             }
+            // `StrIs("")` only to require a string: the comparison is not read.
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<MAP>, A::Error> {
                 let mut n = 0;
                 while map.next_key_seed(StrIs(""))?.is_some() {
