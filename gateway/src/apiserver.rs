@@ -467,7 +467,8 @@ fn not_found_as_none<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kub
 /// and no client-side rate limit. Every request is timed into `requests`
 /// ([`requests::RequestMetrics`]).
 ///
-/// Over HTTP/2 where the apiserver speaks it ([`client`]); [`watch_client_with`] chooses.
+/// Over HTTP/2 ([`client::HttpVersion::Http2`]: by ALPN over TLS, with prior knowledge over
+/// `http://`); [`watch_client_with`] chooses.
 ///
 /// Errors: kube's error when the config cannot produce a client (bad TLS material).
 pub fn watch_client(
@@ -494,8 +495,9 @@ pub fn watch_client_with(
         .build())
 }
 
-/// Builds the kube-rs client the gateway writes with, over HTTP/2 with Lease calls on a
-/// connection of their own ([`client`]): no connection read or write timeout (each call
+/// Builds the kube-rs client the gateway writes with, over HTTP/2
+/// ([`client::HttpVersion::Http2`], with prior knowledge over `http://`) with Lease calls on
+/// a connection of their own ([`client`]): no connection read or write timeout (each call
 /// is bounded to 10 s as a whole instead, kubelet's heartbeat client timeout, see the
 /// module docs), no retries inside the client, and, when
 /// `qps` is not 0, a client-side rate limit of `qps` requests per second (tower
@@ -545,6 +547,7 @@ pub fn kube_client_with(
 }
 
 pub mod client;
+pub mod reach;
 pub mod requests;
 
 #[cfg(test)]

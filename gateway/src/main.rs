@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::Parser;
 use edgebeat_gateway::enrollment::ca::SiteCa;
 use edgebeat_gateway::enrollment::gate::EnrollmentLimits;
-use edgebeat_gateway::enrollment::{Approval, Enrollment, EnrollmentOptions};
+use edgebeat_gateway::enrollment::{Approval, Enrollment, EnrollmentError, EnrollmentOptions};
 use edgebeat_gateway::{
     Gateway, GatewayOptions, Posture, kube_client, kube_client_with, watch_client_with,
 };
@@ -132,10 +132,12 @@ struct Args {
     /// on 429/5xx instead.
     #[arg(long, default_value_t = 0)]
     qps: u64,
-    /// HTTP to kube-apiserver: `2` (HTTP/2 where the server offers it over ALPN, as
-    /// client-go; one connection carries every call, PINGs every 30 s find a dead one) or
-    /// `1.1` (a connection per call in flight).
-    #[arg(long, value_name = "VERSION", default_value = "2")]
+    /// HTTP to kube-apiserver, as client-go by default (`auto`): over TLS HTTP/2 when the
+    /// apiserver offers it by ALPN (one connection carries every call, PINGs every 30 s find
+    /// a dead one), else HTTP/1.1; over plain `http://` (e.g. `kubectl proxy`) HTTP/1.1.
+    /// `2` also speaks HTTP/2 over `http://` (prior knowledge, for servers that speak h2c);
+    /// `1.1` never HTTP/2 (a connection per call in flight).
+    #[arg(long, value_name = "VERSION", default_value = "auto")]
     apiserver_http: edgebeat_gateway::apiserver::client::HttpVersion,
     /// Apiserver requests in flight at once; Node, status and Event calls may hold at most
     /// half, so Lease renewals always get through.
@@ -402,11 +404,46 @@ async fn run() -> anyhow::Result<()> {
     if args.grpc_listen.is_none() {
         check_no_grpc_flags(&args)?;
     }
+    if args.max_nodes == 0 {
+        anyhow::bail!("--max-nodes must be at least 1");
+    }
+    // Probes are answered from the first second, whatever the apiserver does: /healthz
+    // says the process runs, /readyz says why it is not ready yet. A gateway restarted
+    // during an apiserver outage must not be killed by its liveness probe while it waits.
+    let observe_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
+    tracing::info!(addr = %observe_listener.local_addr()?, "serving /healthz, /readyz and /metrics");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let signal = stop.clone();
+    tokio::spawn(async move {
+        edgebeat_transports::observe::shutdown_signal().await;
+        signal.cancel();
+    });
+    let metrics = Arc::new(std::sync::OnceLock::new());
+    let startup = Arc::new(Startup::new("reading the apiserver configuration"));
+    // Stops after the ingresses, so /readyz answers "shutting down" while they drain.
+    let observe_stop = tokio_util::sync::CancellationToken::new();
+    let observe = tokio::spawn(edgebeat_transports::observe::serve(
+        observe_listener,
+        metrics.clone(),
+        {
+            let startup = startup.clone();
+            move || startup.ready()
+        },
+        observe_stop.clone().cancelled_owned(),
+    ));
     let config = kube_config(&args.cluster).await?;
+    let apiserver_url = config.cluster_url.clone();
     // Both clients' requests, in edgebeat_gateway_apiserver_request_duration_seconds.
     let requests = edgebeat_gateway::apiserver::requests::RequestMetrics::default();
     let watches = watch_client_with(config.clone(), &requests, args.apiserver_http)?;
     let client = kube_client_with(config, args.qps, &requests, args.apiserver_http)?;
+    tokio::spawn(edgebeat_gateway::apiserver::reach::report_reachability(
+        client.clone(),
+        apiserver_url,
+        stop.clone(),
+    ));
     let clock: Arc<dyn edgebeat_hw::Clock> = Arc::new(edgebeat_hw::SystemClock);
     let enrollment = match args.enrollment {
         true => {
@@ -421,9 +458,12 @@ async fn run() -> anyhow::Result<()> {
                 max_clock_skew: Duration::from_secs(args.mqtt_max_clock_skew_seconds),
                 ..EnrollmentOptions::default()
             };
-            let enrollment = Enrollment::with_site_ca(client.clone(), options, clock.clone())
-                .await
-                .context("--enrollment: the site CA (Secret edgebeat-site-ca)")?;
+            startup.phase("reading the site CA (Secret edgebeat-site-ca)");
+            let Some(enrollment) =
+                site_ca_enrollment(client.clone(), options, clock.clone(), &stop).await?
+            else {
+                return stopped(observe_stop, observe).await;
+            };
             tracing::info!(
                 namespace = %args.cluster.namespace(),
                 approval = ?args.csr_approval,
@@ -442,9 +482,6 @@ async fn run() -> anyhow::Result<()> {
     let posture = posture(&args, grpc_options.as_ref(), mqtt_options.as_ref())?;
     if let Some(options) = grpc_options.as_mut() {
         options.tls_updates = grpc_tls_updates(&args, options.tls.clone(), enrollment.clone());
-    }
-    if args.max_nodes == 0 {
-        anyhow::bail!("--max-nodes must be at least 1");
     }
     let options = GatewayOptions {
         max_renewal_age: Duration::from_secs(args.max_renewal_age_seconds),
@@ -474,20 +511,35 @@ async fn run() -> anyhow::Result<()> {
     if let Some(enrollment) = &enrollment {
         gateway.enable_enrollment(enrollment.clone());
     }
+    let mut registry = prometheus_client::registry::Registry::default();
+    gateway.register_metrics(&mut registry);
+    requests.register(&mut registry);
+    registry.register_collector(Box::new(edgebeat_transports::observe::ProcessCollector));
+    // Set once: the cell was empty until now.
+    let _ = metrics.set(registry);
     // What the apiserver holds for the managed Nodes and Leases (see edgebeat_gateway::view).
     tokio::spawn(gateway.watch(watches));
+    let listed = Arc::new(AtomicBool::new(false));
+    tokio::spawn({
+        let (view, listed) = (gateway.view().clone(), listed.clone());
+        async move {
+            view.synced().await;
+            listed.store(true, Ordering::Relaxed);
+        }
+    });
     // Serving starts once the watches have listed, so that the first messages (and the
     // broker's retained certificates) meet the cluster's record of every node: which
     // certificate each speaks with. A watch that cannot list (RBAC) delays the start by at
-    // most VIEW_SYNC_TIMEOUT.
-    if tokio::time::timeout(VIEW_SYNC_TIMEOUT, gateway.view().synced())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
+    // most VIEW_SYNC_TIMEOUT; /readyz waits for the list either way.
+    startup.phase("listing the managed Nodes and Leases (is the apiserver reachable? see the log)");
+    let synced = tokio::time::timeout(VIEW_SYNC_TIMEOUT, gateway.view().synced());
+    match stop.run_until_cancelled(synced).await {
+        None => return stopped(observe_stop, observe).await,
+        Some(Ok(())) => {}
+        Some(Err(_)) => tracing::warn!(
             timeout = ?VIEW_SYNC_TIMEOUT,
             "the Node and Lease watches have not listed; serving without the cluster's record of node certificates until they do"
-        );
+        ),
     }
     let grpc = match (args.grpc_listen, grpc_options) {
         (Some(addr), Some(options)) => {
@@ -509,11 +561,6 @@ async fn run() -> anyhow::Result<()> {
         }
         None => None,
     };
-    let observe_listener = tokio::net::TcpListener::bind(args.metrics_listen)
-        .await
-        .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
-    tracing::info!(addr = %observe_listener.local_addr()?, "serving /healthz, /readyz and /metrics");
-    let stop = tokio_util::sync::CancellationToken::new();
     let grpc_serving = Arc::new(AtomicBool::new(false));
     let mut mqtt_subscribed = None;
     let mqtt = match mqtt_options {
@@ -535,27 +582,11 @@ async fn run() -> anyhow::Result<()> {
         }
         None => None,
     };
-    let signal = stop.clone();
-    tokio::spawn(async move {
-        edgebeat_transports::observe::shutdown_signal().await;
-        signal.cancel();
-    });
-    let mut registry = prometheus_client::registry::Registry::default();
-    gateway.register_metrics(&mut registry);
-    requests.register(&mut registry);
-    registry.register_collector(Box::new(edgebeat_transports::observe::ProcessCollector));
-    let ready = readiness(
+    startup.started(readiness(
         stop.clone(),
         grpc.is_some().then(|| grpc_serving.clone()),
         mqtt_subscribed,
-    );
-    // Stops after the ingresses, so /readyz answers "shutting down" while they drain.
-    let observe_stop = tokio_util::sync::CancellationToken::new();
-    let observe = tokio::spawn(edgebeat_transports::observe::serve(
-        observe_listener,
-        Arc::new(registry),
-        ready,
-        observe_stop.clone().cancelled_owned(),
+        listed,
     ));
     let enrolling = enrollment_listener.map(|listener| {
         let options = EnrollmentServerOptions {
@@ -616,7 +647,20 @@ async fn run() -> anyhow::Result<()> {
     };
     stop.cancel();
     result?;
-    stop.cancel();
+    stopped(observe_stop, observe).await
+}
+
+/// Longest wait at start for the Node and Lease watches to list before serving.
+const VIEW_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Stops the health and metrics server last (after the ingresses, so `/readyz` answered
+/// "shutting down" while they drained) and waits for it.
+///
+/// Errors: the server task panicked.
+async fn stopped(
+    observe_stop: tokio_util::sync::CancellationToken,
+    observe: tokio::task::JoinHandle<std::io::Result<()>>,
+) -> anyhow::Result<()> {
     observe_stop.cancel();
     if let Err(error) = observe.await.context("observe task")? {
         tracing::warn!(%error, "observe server failed");
@@ -624,8 +668,81 @@ async fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Longest wait at start for the Node and Lease watches to list before serving.
-const VIEW_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+/// First and longest wait before reading the site CA again after an apiserver error.
+const SITE_CA_RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+
+/// The enrollment side with the site CA of the Secret edgebeat-site-ca
+/// ([`Enrollment::with_site_ca`]), read again after every apiserver error (logged as an
+/// error, 1 s doubling to 30 s apart) until it is read or `stop` is cancelled (`None`).
+///
+/// Errors: a site CA that cannot be used (the Secret's content), which no retry mends.
+async fn site_ca_enrollment(
+    client: kube::Client,
+    options: EnrollmentOptions,
+    clock: Arc<dyn edgebeat_hw::Clock>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Option<Enrollment>> {
+    let mut wait = SITE_CA_RETRY.0;
+    loop {
+        let reading = Enrollment::with_site_ca(client.clone(), options.clone(), clock.clone());
+        match stop.run_until_cancelled(reading).await {
+            None => return Ok(None),
+            Some(Ok(enrollment)) => return Ok(Some(enrollment)),
+            Some(Err(EnrollmentError::Apiserver(error))) => tracing::error!(
+                error = %edgebeat_transports::observe::error_report(&error),
+                retry_in = ?wait,
+                "--enrollment: cannot read the site CA (Secret edgebeat-site-ca) from the apiserver"
+            ),
+            Some(Err(error)) => {
+                return Err(error).context("--enrollment: the site CA (Secret edgebeat-site-ca)");
+            }
+        }
+        if stop
+            .run_until_cancelled(tokio::time::sleep(wait))
+            .await
+            .is_none()
+        {
+            return Ok(None);
+        }
+        wait = (wait * 2).min(SITE_CA_RETRY.1);
+    }
+}
+
+type Readiness = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// `/readyz` from the first second: while the gateway starts, "starting: " and what it
+/// waits for; then [`readiness`].
+struct Startup {
+    phase: tokio::sync::watch::Sender<&'static str>,
+    started: std::sync::OnceLock<Readiness>,
+}
+
+impl Startup {
+    fn new(phase: &'static str) -> Self {
+        Self {
+            phase: tokio::sync::watch::Sender::new(phase),
+            started: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// What the start waits for now.
+    fn phase(&self, phase: &'static str) {
+        self.phase.send_replace(phase);
+    }
+
+    /// Started: from now on `/readyz` is `ready`.
+    fn started(&self, ready: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
+        // Set once: run() starts once.
+        let _ = self.started.set(Box::new(ready));
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        match self.started.get() {
+            Some(ready) => ready(),
+            None => Err(format!("starting: {}", *self.phase.borrow())),
+        }
+    }
+}
 
 /// The MQTT password from --mqtt-password-file ([`edgebeat_hw::read_password_file`], as
 /// the agent's `transport.passwordFile`), the flag named in the error.
@@ -879,16 +996,24 @@ fn enrollment_tls(args: &Args) -> Option<GrpcServerTls> {
     })
 }
 
-/// `/readyz`: not shutting down, (with gRPC) the gRPC server running, and (with MQTT) the
-/// shared subscription granted by the broker.
+/// `/readyz`: not shutting down, the Node and Lease watches listed once (`listed`: the
+/// apiserver answered the gateway's credentials), (with gRPC) the gRPC server running, and
+/// (with MQTT) the shared subscription granted by the broker.
 fn readiness(
     stop: tokio_util::sync::CancellationToken,
     grpc_serving: Option<Arc<AtomicBool>>,
     mqtt_subscribed: Option<tokio::sync::watch::Receiver<bool>>,
+    listed: Arc<AtomicBool>,
 ) -> impl Fn() -> Result<(), String> + Send + Sync + 'static {
     move || {
         if stop.is_cancelled() {
             return Err("shutting down".into());
+        }
+        if !listed.load(Ordering::Relaxed) {
+            return Err(
+                "the managed Nodes and Leases are not listed yet (is the apiserver reachable? see the log)"
+                    .into(),
+            );
         }
         if grpc_serving
             .as_ref()

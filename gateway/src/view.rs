@@ -521,13 +521,24 @@ impl ApiserverView {
         // Names listed since the last Init: what a re-list did not return was deleted
         // while the watch was down.
         let mut listed: Option<HashSet<String>> = None;
+        // Whether a failure was logged since the watch last followed (once per outage,
+        // including the first one of a watch that never listed).
+        let mut warned = false;
         while let Some(item) = stream.next().await {
             let event = match item {
                 Ok(event) => event,
                 Err(error) => {
                     self.watch_errors.fetch_add(1, Ordering::Relaxed);
-                    if watched.swap(false, Ordering::Relaxed) {
-                        tracing::warn!(kind, %error, "watch failed; reading objects again until it recovers");
+                    watched.store(false, Ordering::Relaxed);
+                    if !warned {
+                        // An error, not a warning: while it lasts nothing is known of the
+                        // cluster (an unreachable apiserver, missing RBAC).
+                        warned = true;
+                        tracing::error!(
+                            kind,
+                            error = %edgebeat_transports::observe::error_report(&error),
+                            "watch failed; reading objects again until it recovers"
+                        );
                     } else {
                         tracing::debug!(kind, %error, "watch still failing");
                     }
@@ -557,6 +568,7 @@ impl ApiserverView {
             // A watch resumed after an error from its last resourceVersion has missed
             // nothing: following again with its next event (a re-list waits for InitDone).
             if listed.is_none() && !watched.swap(true, Ordering::Relaxed) {
+                warned = false;
                 self.following.notify_waiters();
             }
         }

@@ -759,42 +759,22 @@ impl Cluster {
         self.start_replica(options).await.map(|_| ())
     }
 
-    /// An agent configuration for `node_name` reading host facts from `host_root`, with
-    /// short intervals: status computed every 100 ms and reported every 2 s when unchanged,
-    /// lease duration 1 s (renewal every 250 ms).
+    /// [`test_agent_config`] for `node_name` over this cluster's transport (its broker, or
+    /// its gRPC listener).
     ///
     /// # Panics
     /// When `node_name` is not a valid Node name (a test mistake).
     pub fn agent_config(&self, node_name: &str, host_root: &Path) -> AgentConfig {
-        #[allow(clippy::expect_used)]
-        let node_name = edgebeat_agent::config::NodeName::new(node_name)
-            .expect("a test's node name is a valid Node name");
-        AgentConfig {
-            node_name: Some(node_name),
-            node_status_update_frequency: Duration::from_millis(100),
-            node_status_report_frequency: Duration::from_secs(2),
-            node_lease_duration_seconds: 1,
-            host_root: host_root.to_owned(),
-            transport: Some(match (self.transport, &self.broker) {
-                (Transport::Mqtt, Some(broker)) => TransportConfig::Mqtt(MqttUplinkOptions {
-                    keepalive: Duration::from_secs(30),
-                    // As the config sets it from the lease duration: 1 s.
-                    lease_expiry: Duration::from_secs(1),
-                    ..MqttUplinkOptions::new(broker.host(), broker.port())
-                }),
-                _ => TransportConfig::Grpc(GrpcUplinkOptions {
-                    keepalive: Duration::from_secs(30),
-                    ..GrpcUplinkOptions::new(self.grpc_url.clone())
-                }),
+        let transport = match (self.transport, &self.broker) {
+            (Transport::Mqtt, Some(broker)) => TransportConfig::Mqtt(MqttUplinkOptions {
+                keepalive: Duration::from_secs(30),
+                // As the config sets it from the lease duration: 1 s.
+                lease_expiry: Duration::from_secs(1),
+                ..MqttUplinkOptions::new(broker.host(), broker.port())
             }),
-            // ClockUnsynchronized reads the running kernel, not the fixture tree: off, so a
-            // scenario sees the same conditions (and events) on every machine.
-            health: edgebeat_agent::health::HealthSettings {
-                clock_sync: false,
-                ..Default::default()
-            },
-            ..AgentConfig::default()
-        }
+            _ => grpc_transport(&self.grpc_url),
+        };
+        test_agent_config(node_name, host_root, transport)
     }
 
     /// [`Cluster::agent_config`] for an agent of a [`Cluster::start_mqtt_secure`] cluster:
@@ -878,11 +858,11 @@ impl Cluster {
         .await;
     }
 
-    /// Starts an in-process agent with `config`.
+    /// Starts an in-process agent with `config` ([`start_agent`]).
     ///
     /// Errors: the agent's start-up errors (unreadable host facts, bad node name).
     pub fn start_agent(&self, config: AgentConfig) -> anyhow::Result<AgentHandle> {
-        self.start_agent_with_clock(config, Arc::new(SystemClock))
+        start_agent(config, Arc::new(SystemClock))
     }
 
     /// As [`Cluster::start_agent`], reading time from `clock` (e.g. a [`ShiftedClock`]).
@@ -893,17 +873,63 @@ impl Cluster {
         config: AgentConfig,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<AgentHandle> {
-        let agent = Agent::new(config, clock)?;
-        let node_name = agent.node_name().to_owned();
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(agent.clone().run(cancel.clone()));
-        Ok(AgentHandle {
-            node_name,
-            agent,
-            cancel,
-            task,
-        })
+        start_agent(config, clock)
     }
+}
+
+/// An agent configuration for `node_name` reading host facts from `host_root` over
+/// `transport`, with short intervals: status computed every 100 ms and reported every 2 s
+/// when unchanged, lease duration 1 s (renewal every 250 ms).
+///
+/// # Panics
+/// When `node_name` is not a valid Node name (a test mistake).
+pub fn test_agent_config(
+    node_name: &str,
+    host_root: &Path,
+    transport: TransportConfig,
+) -> AgentConfig {
+    #[allow(clippy::expect_used)]
+    let node_name = edgebeat_agent::config::NodeName::new(node_name)
+        .expect("a test's node name is a valid Node name");
+    AgentConfig {
+        node_name: Some(node_name),
+        node_status_update_frequency: Duration::from_millis(100),
+        node_status_report_frequency: Duration::from_secs(2),
+        node_lease_duration_seconds: 1,
+        host_root: host_root.to_owned(),
+        transport: Some(transport),
+        // ClockUnsynchronized reads the running kernel, not the fixture tree: off, so a
+        // scenario sees the same conditions (and events) on every machine.
+        health: edgebeat_agent::health::HealthSettings {
+            clock_sync: false,
+            ..Default::default()
+        },
+        ..AgentConfig::default()
+    }
+}
+
+/// Plain gRPC to `url` (e.g. `http://127.0.0.1:7443`), keepalive 30 s.
+pub fn grpc_transport(url: &str) -> TransportConfig {
+    TransportConfig::Grpc(GrpcUplinkOptions {
+        keepalive: Duration::from_secs(30),
+        ..GrpcUplinkOptions::new(url.to_owned())
+    })
+}
+
+/// Starts an in-process agent with `config`, reading time from `clock`.
+///
+/// Errors: the agent's start-up errors (unreadable host facts, bad node name).
+pub fn start_agent(config: AgentConfig, clock: Arc<dyn Clock>) -> anyhow::Result<AgentHandle> {
+    let agent = Agent::new(config, clock)?;
+    let node_name = agent.node_name().to_owned();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(agent.clone().run(cancel.clone()));
+    Ok(AgentHandle {
+        node_name,
+        agent,
+        cancel,
+        task,
+    })
 }
 
 /// The real clocks with the wall clock stepped by an offset that a test changes while the

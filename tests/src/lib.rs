@@ -9,6 +9,7 @@
 //! - [`requests`]: which recorded stand-in request is which kubelet call.
 //! - [`pki`]: a test PKI made per test (CA, server, client and node certificates).
 //! - [`spy`]: a raw MQTT client over TLS, the attacker on the broker.
+//! - [`process`]: the real `edgebeat-gateway` binary as a child process, its JSON log read.
 //! - [`link`]: an edge link of a network namespace and a veth pair, with its counters.
 
 pub mod broker;
@@ -18,6 +19,7 @@ pub mod harness;
 pub mod link;
 pub mod messages;
 pub mod pki;
+pub mod process;
 pub mod procfs;
 pub mod requests;
 pub mod spy;

@@ -6,7 +6,7 @@
 //! |------------------|----------------------------------------------------------------------------|
 //! | `GET /healthz`   | `200 ok` while the server runs (it runs alongside the process's loops and stops with them) |
 //! | `GET /readyz`    | `200 ok` when the readiness closure returns `Ok(())`, else `503` and its one-line reason |
-//! | `GET /metrics`   | `200`, the registry in the OpenMetrics text format ([`METRICS_CONTENT_TYPE`], ends with `# EOF`) |
+//! | `GET /metrics`   | `200`, the registry in the OpenMetrics text format ([`METRICS_CONTENT_TYPE`], ends with `# EOF`); `503` until the registry is set |
 //! | other path       | `404`                                                                      |
 //! | other method     | `405` with `Allow: GET, HEAD` (on the three paths above)                   |
 //!
@@ -19,7 +19,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -55,11 +55,33 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
+/// What `/metrics` encodes: a [`Registry`], or a [`OnceLock`] of one for a process that
+/// answers probes before its metrics exist (`/metrics` answers `503` until it is set).
+pub trait Exposition: Send + Sync + 'static {
+    /// The registry to encode, if there is one yet.
+    fn registry(&self) -> Option<&Registry>;
+}
+
+impl Exposition for Registry {
+    fn registry(&self) -> Option<&Registry> {
+        Some(self)
+    }
+}
+
+impl Exposition for OnceLock<Registry> {
+    fn registry(&self) -> Option<&Registry> {
+        self.get()
+    }
+}
+
 /// Serves `/healthz`, `/readyz` and `/metrics` (see the module docs) on `listener` until
 /// `shutdown` resolves, then stops accepting, lets requests in progress finish (up to 2 s)
 /// and returns `Ok(())`.
 ///
-/// - `registry` is encoded on every `/metrics` request (collectors run then).
+/// - `registry` is encoded on every `/metrics` request (collectors run then); until it is
+///   set ([`Exposition`]), `/metrics` answers `503 metrics not registered yet`: a process
+///   that must answer probes before its metrics exist (the gateway, while it reaches the
+///   apiserver) serves a [`OnceLock`] and sets it later.
 /// - `ready` is called on every `/readyz` request: `Ok(())` answers `200 ok`, `Err(reason)`
 ///   answers `503` with `reason` (one line; the caller keeps it short). It must not block.
 ///
@@ -71,13 +93,14 @@ type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 /// server.
 pub async fn serve(
     listener: TcpListener,
-    registry: Arc<Registry>,
+    registry: Arc<impl Exposition>,
     ready: impl Fn() -> Result<(), String> + Send + Sync + 'static,
     shutdown: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
     let local = listener.local_addr()?;
     tracing::debug!(addr = %local, "observe server listening");
     let ready: Readiness = Arc::new(ready);
+    let registry: Arc<dyn Exposition> = registry;
     let closing = CancellationToken::new();
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -134,13 +157,18 @@ fn per_connection(error: &io::Error) -> bool {
 
 async fn connection(
     stream: TcpStream,
-    registry: Arc<Registry>,
+    registry: Arc<dyn Exposition>,
     ready: Readiness,
     closing: CancellationToken,
 ) {
     let _ = stream.set_nodelay(true);
     let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-        let response = answer(request.method(), request.uri().path(), &registry, &*ready);
+        let response = answer(
+            request.method(),
+            request.uri().path(),
+            registry.registry(),
+            &*ready,
+        );
         std::future::ready(Ok::<_, Infallible>(response))
     });
     let conn = hyper::server::conn::http1::Builder::new()
@@ -167,7 +195,7 @@ async fn connection(
 fn answer(
     method: &Method,
     path: &str,
-    registry: &Registry,
+    registry: Option<&Registry>,
     ready: &(dyn Fn() -> Result<(), String> + Send + Sync),
 ) -> Response<Full<Bytes>> {
     let known = matches!(path, "/healthz" | "/readyz" | "/metrics");
@@ -194,6 +222,12 @@ fn answer(
             ),
         },
         _ => {
+            let Some(registry) = registry else {
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "metrics not registered yet",
+                );
+            };
             let mut body = String::with_capacity(4096);
             match prometheus_client::encoding::text::encode(&mut body, registry) {
                 Ok(()) => respond(StatusCode::OK, METRICS_CONTENT_TYPE, body),
@@ -662,6 +696,36 @@ mod tests {
             TcpStream::connect(addr).await.is_err(),
             "the listener is closed after shutdown"
         );
+    }
+
+    #[tokio::test]
+    async fn metrics_wait_for_a_late_registry_while_health_answers() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let late = Arc::new(OnceLock::new());
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            late.clone(),
+            || Err("starting".into()),
+            stop.clone().cancelled_owned(),
+        ));
+        assert_eq!(request(addr, "GET", "/healthz").await.0, 200);
+        let (status, _, body) = request(addr, "GET", "/metrics").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (503, "metrics not registered yet\n")
+        );
+
+        let mut registry = Registry::default();
+        let counter: Counter = Counter::default();
+        registry.register("edgebeat_test_late", "Registered late", counter);
+        assert!(late.set(registry).is_ok());
+        let (status, _, body) = request(addr, "GET", "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(body.contains("edgebeat_test_late_total 0"), "{body}");
+        stop.cancel();
+        server.await.unwrap().unwrap();
     }
 
     #[tokio::test]

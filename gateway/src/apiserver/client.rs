@@ -1,5 +1,5 @@
-//! The HTTP stack under the gateway's kube-rs clients: HTTP/2 to kube-apiserver, as every
-//! kubelet speaks it.
+//! The HTTP stack under the gateway's kube-rs clients: HTTP/2 to kube-apiserver over TLS,
+//! as every kubelet speaks it, and HTTP/1.1 over plain `http://`, as client-go does.
 //!
 //! client-go (and so kubelet) talks to kube-apiserver over one TLS connection with HTTP/2,
 //! multiplexing every request on it. kube-rs' own client speaks HTTP/1.1 only (kube-rs
@@ -12,8 +12,12 @@
 //!
 //! - over TLS, ALPN offers `h2` then `http/1.1`, and the server's choice is used (a server
 //!   that offers only HTTP/1.1 gets HTTP/1.1);
-//! - over plain `http://` (the stand-in apiserver of the tests; kube-apiserver has served
-//!   no insecure port since 1.20) HTTP/2 with prior knowledge;
+//! - over plain `http://` (`kubectl proxy`, a local proxy in front of the apiserver;
+//!   kube-apiserver itself has served no insecure port since 1.20) HTTP/1.1, as client-go:
+//!   Go's `net/http` client never speaks HTTP/2 without TLS, and servers such as
+//!   `kubectl proxy` speak only HTTP/1.1 there. [`HttpVersion::Http2`] asks for HTTP/2 with
+//!   prior knowledge instead (h2c, RFC 9113 §3.3), for a server known to speak it (the
+//!   stand-in apiserver of the tests);
 //! - HTTP/2 keepalive PINGs every [`PING_INTERVAL`] (30 s) even when idle, a connection
 //!   whose PING is not answered within [`PING_TIMEOUT`] (15 s) is closed: client-go's
 //!   `ReadIdleTimeout` and `PingTimeout` (`staging/src/k8s.io/client-go/transport/
@@ -64,26 +68,43 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Which HTTP the gateway's clients speak to kube-apiserver (`--apiserver-http`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum HttpVersion {
-    /// HTTP/2 where the server speaks it (see the module docs), else HTTP/1.1.
+    /// As client-go: over TLS, HTTP/2 when the server chooses it by ALPN, else HTTP/1.1;
+    /// over plain `http://`, HTTP/1.1 (see the module docs).
     #[default]
+    Auto,
+    /// As [`Self::Auto`] over TLS; over plain `http://`, HTTP/2 with prior knowledge (a
+    /// server that does not speak h2c fails every call).
     Http2,
     /// HTTP/1.1 only: a connection per request in flight, [`MAX_IDLE_HTTP1`] kept idle.
     Http1,
 }
 
-/// A `--apiserver-http` value that is neither `2` nor `1.1`.
+impl HttpVersion {
+    /// Whether a client for `scheme` (`http` or `https`) offers HTTP/2: over TLS unless
+    /// [`Self::Http1`], without TLS only with [`Self::Http2`].
+    pub fn http2_for(self, scheme: Option<&http::uri::Scheme>) -> bool {
+        match self {
+            Self::Auto => scheme != Some(&http::uri::Scheme::HTTP),
+            Self::Http2 => true,
+            Self::Http1 => false,
+        }
+    }
+}
+
+/// A `--apiserver-http` value that is none of `auto`, `2` and `1.1`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?}: use 2 or 1.1")]
+#[error("{0:?}: use auto, 2 or 1.1")]
 pub struct UnknownHttpVersion(pub String);
 
 impl std::str::FromStr for HttpVersion {
     type Err = UnknownHttpVersion;
 
-    /// `2` (or `http2`) and `1.1` (or `http1`).
+    /// `auto`, `2` (or `http2`) and `1.1` (or `http1`).
     ///
     /// Errors: [`UnknownHttpVersion`] for anything else.
     fn from_str(s: &str) -> Result<Self, UnknownHttpVersion> {
         match s {
+            "auto" => Ok(Self::Auto),
             "2" | "http2" => Ok(Self::Http2),
             "1.1" | "http1" => Ok(Self::Http1),
             other => Err(UnknownHttpVersion(other.to_owned())),
@@ -136,9 +157,11 @@ pub fn http_client(
         )),
         None => tls,
     };
-    let connector = match version {
-        HttpVersion::Http2 => tls.enable_http1().enable_http2().wrap_connector(http),
-        HttpVersion::Http1 => tls.enable_http1().wrap_connector(http),
+    let plain = config.cluster_url.scheme() == Some(&http::uri::Scheme::HTTP);
+    let http2 = version.http2_for(config.cluster_url.scheme());
+    let connector = match http2 {
+        true => tls.enable_http1().enable_http2().wrap_connector(http),
+        false => tls.enable_http1().wrap_connector(http),
     };
     // TCP and TLS together.
     let connect_timeout = config.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
@@ -159,13 +182,13 @@ pub fn http_client(
         .timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
         .pool_max_idle_per_host(MAX_IDLE_HTTP1);
-    if version == HttpVersion::Http2 {
+    if http2 {
         builder
             .http2_keep_alive_interval(PING_INTERVAL)
             .http2_keep_alive_timeout(PING_TIMEOUT)
             .http2_keep_alive_while_idle(true);
         // Without TLS there is no ALPN to agree on HTTP/2: prior knowledge.
-        if config.cluster_url.scheme() == Some(&http::uri::Scheme::HTTP) {
+        if plain {
             builder.http2_only(true);
         }
     }
