@@ -10,7 +10,10 @@ command -v cc >/dev/null || need_apt+=(gcc)
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 # ip (network namespaces, veth) for the link-bytes test, tests/tests/link.rs, and the cut
 # site of tests/tests/sites.rs.
-command -v ip >/dev/null || need_apt+=(iproute2)
+command -v ip >/dev/null && command -v ss >/dev/null || need_apt+=(iproute2)
+# The real control plane's PKI (scripts/control-plane/start.sh) and its free ports.
+command -v openssl >/dev/null || need_apt+=(openssl)
+command -v python3 >/dev/null || need_apt+=(python3)
 # promtool and a real Prometheus for the alert rules and the dashboard,
 # tests/tests/monitoring.rs (Debian's 2.42; without its recommended exporters).
 command -v promtool >/dev/null && command -v prometheus >/dev/null || need_prometheus=1
@@ -27,6 +30,13 @@ if [ -n "${need_prometheus:-}" ]; then
 fi
 command -v cargo >/dev/null || { echo "cargo (Rust stable via rustup) is required" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+
+# The real Kubernetes control plane (kube-apiserver, kube-controller-manager, kubectl of one
+# release, and etcd), built from their Go modules into a cache keyed by version: minutes the
+# first time (BENCHMARKS.md, "The real control plane"), nothing after.
+[ -x /usr/local/go/bin/go ] && export PATH="$PATH:/usr/local/go/bin"
+command -v go >/dev/null || { echo "Go 1.26 is required to build the control plane" >&2; exit 1; }
+scripts/control-plane.sh build
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -57,10 +67,14 @@ else
 fi
 # kubectl (no Debian package): a real client against the stand-in and the manifests.
 if command -v kubectl >/dev/null; then
-  cargo test --workspace --locked --test deploy --test standin_kubectl --test monitoring -- --ignored
+  cargo test --workspace --locked --test deploy --test standin_kubectl --test monitoring \
+    --test gateway_start -- --ignored
 else
   not_run+=("kubectl tests in tests/tests/deploy.rs, standin_kubectl.rs, monitoring.rs: need kubectl on PATH")
 fi
+# The real control plane built above: edgebeat as deployed against kube-apiserver, etcd and
+# kube-controller-manager (tests/tests/control_plane.rs).
+cargo test --workspace --locked --test control_plane -- --ignored
 if command -v systemd-analyze >/dev/null; then
   cargo test --workspace --locked --test systemd -- --ignored
 else

@@ -2,6 +2,8 @@
 //!
 //! - [`standin`]: a stand-in for the kube-apiserver's Node/Lease subset. It is a test double,
 //!   not a kube-apiserver: see its module docs for what it does and does not do.
+//! - [`control_plane`]: the real kube-apiserver, etcd and kube-controller-manager, built
+//!   from their Go modules, and the gateway's arguments as `deploy/` gives them.
 //! - [`harness`]: starts the stand-in, a gateway and in-process agents for end-to-end tests
 //!   and the demo.
 //! - [`fleet`]: the fleet simulator, many simulated agents on the real transports.
@@ -13,6 +15,7 @@
 //! - [`link`]: an edge link of a network namespace and a veth pair, with its counters.
 
 pub mod broker;
+pub mod control_plane;
 pub mod faults;
 pub mod fleet;
 pub mod harness;

@@ -105,6 +105,11 @@ impl GatewayProcess {
         })
     }
 
+    /// The process ID (`None` once it has been waited for).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Every log line so far.
     pub fn lines(&self) -> Vec<LogLine> {
         self.lines

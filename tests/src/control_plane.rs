@@ -1,0 +1,458 @@
+//! The real Kubernetes control plane for end-to-end tests: etcd, kube-apiserver and
+//! kube-controller-manager of one pinned release, built from their Go modules and started by
+//! `scripts/control-plane.sh` (which says how each runs: TLS, x509 client certificates,
+//! `Node,RBAC`, `NodeRestriction`, an audit log, the node lifecycle and CSR controllers).
+//!
+//! - [`ControlPlane::shared`]: one per test binary, started on first use; each test uses its
+//!   own node names. [`ControlPlane::start`]: one of a test's own, for tests that stop
+//!   components or need test-only settings (shorter grace periods).
+//! - State, certificates and logs live under `target/control-plane/<binary>-<pid>-<n>/`, kept
+//!   after the run for a failing test to be read; a later run removes those of processes
+//!   that are gone. The components stop when the test binary ends, however it ends (the
+//!   script watches its PID), or when a [`ControlPlane::start`]ed value is dropped.
+//! - Whether the components are built: [`built`] (`scripts/control-plane.sh build` builds
+//!   them; `scripts/test.sh` does).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{Context as _, bail};
+use serde::Deserialize;
+
+/// The repository's root (the tests crate is one of its members).
+pub fn repository() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_owned)
+        .unwrap_or_default()
+}
+
+fn script() -> PathBuf {
+    repository().join("scripts/control-plane.sh")
+}
+
+/// The directory of the built components (`scripts/control-plane.sh bin`), `None` when they
+/// are not built.
+pub fn built() -> Option<PathBuf> {
+    let out = Command::new(script()).arg("bin").output().ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// A running control plane (see the module docs).
+#[derive(Debug)]
+pub struct ControlPlane {
+    /// Its state, certificates (`pki/`), kubeconfigs and logs (`<component>.log`).
+    pub dir: PathBuf,
+    /// kube-apiserver's URL, `https://127.0.0.1:<port>`.
+    pub url: String,
+    /// The cluster CA (PEM file): kube-apiserver's serving certificate and every client
+    /// certificate chain to it; kube-controller-manager signs CSRs with it.
+    pub ca: PathBuf,
+    /// The audit log: one JSON event per answered request ([`AuditEvent`]).
+    pub audit_log: PathBuf,
+    /// The directory of the built components (kubectl among them).
+    pub bin: PathBuf,
+    /// A kubeconfig of a cluster admin (`system:masters`), for the tests' own setup.
+    pub admin_kubeconfig: PathBuf,
+    owned: bool,
+}
+
+static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+static STARTED: AtomicUsize = AtomicUsize::new(0);
+
+impl ControlPlane {
+    /// The test binary's control plane, started on first use with upstream settings.
+    ///
+    /// Errors: not built, or it did not start (the error holds its log's tail).
+    pub fn shared() -> anyhow::Result<&'static ControlPlane> {
+        SHARED
+            .get_or_init(|| Self::start_dir(&[], false).map_err(|e| format!("{e:#}")))
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// A control plane of the caller's, with `settings` (environment variables of
+    /// `scripts/control-plane/start.sh`, e.g. `EDGEBEAT_NODE_MONITOR_GRACE_PERIOD`); stopped
+    /// when dropped.
+    ///
+    /// Errors: as [`Self::shared`].
+    pub fn start(settings: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Self::start_dir(settings, true)
+    }
+
+    fn start_dir(settings: &[(&str, &str)], owned: bool) -> anyhow::Result<Self> {
+        let bin =
+            built().context("the control plane is not built: scripts/control-plane.sh build")?;
+        let runs = run_root()?;
+        remove_finished_runs(&runs);
+        let exe = std::env::current_exe()?;
+        let binary = exe
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("test")
+            .to_owned();
+        let n = STARTED.fetch_add(1, Ordering::Relaxed);
+        let dir = runs.join(format!("{binary}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let out = Command::new(script())
+            .arg("start")
+            .arg(&dir)
+            .env("EDGEBEAT_OWNER_PID", std::process::id().to_string())
+            .envs(settings.iter().copied())
+            .output()
+            .context("running scripts/control-plane.sh start")?;
+        if !out.status.success() {
+            bail!(
+                "scripts/control-plane.sh start {} failed:\n{}{}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let env = std::fs::read_to_string(dir.join("env"))?;
+        let var = |name: &str| {
+            env.lines()
+                .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+                .map(str::to_owned)
+                .with_context(|| format!("{name} not in {}/env", dir.display()))
+        };
+        Ok(Self {
+            url: var("EDGEBEAT_APISERVER_URL")?,
+            ca: var("EDGEBEAT_CLUSTER_CA")?.into(),
+            audit_log: var("EDGEBEAT_AUDIT_LOG")?.into(),
+            admin_kubeconfig: var("KUBECONFIG")?.into(),
+            bin,
+            dir,
+            owned,
+        })
+    }
+
+    /// Stops `component` (`kube-apiserver`, `kube-controller-manager` or `etcd`) by PID.
+    ///
+    /// Errors: the script failed.
+    pub fn stop_component(&self, component: &str) -> anyhow::Result<()> {
+        self.script(&["stop", component])
+    }
+
+    /// Starts `component` again as it ran (stopping it first if it runs) and waits until it
+    /// is ready.
+    ///
+    /// Errors: the script failed (it did not become ready within 120 s).
+    pub fn restart_component(&self, component: &str) -> anyhow::Result<()> {
+        self.script(&["restart", component])
+    }
+
+    fn script(&self, args: &[&str]) -> anyhow::Result<()> {
+        let (verb, rest) = args.split_first().context("no verb")?;
+        let out = Command::new(script())
+            .arg(verb)
+            .arg(&self.dir)
+            .args(rest)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "scripts/control-plane.sh {verb} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// The real kubectl of the release, as the cluster admin: its standard output.
+    ///
+    /// Errors: kubectl failed (the error holds its standard error).
+    pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.kubectl_as(&self.admin_kubeconfig, args)
+    }
+
+    /// The real kubectl with `kubeconfig`: its standard output.
+    ///
+    /// Errors: kubectl failed (the error holds its standard error).
+    pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(self.bin.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--request-timeout=20s")
+            .args(args)
+            .current_dir(repository())
+            .output()
+            .context("running kubectl")?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A kube-rs client of the cluster admin.
+    ///
+    /// Errors: the kubeconfig cannot be read or used.
+    pub async fn admin_client(&self) -> anyhow::Result<kube::Client> {
+        self.client(&self.admin_kubeconfig).await
+    }
+
+    /// A kube-rs client with `kubeconfig`.
+    ///
+    /// Errors: the kubeconfig cannot be read or used.
+    pub async fn client(&self, kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+        edgebeat_transports::tls::install_ring_provider();
+        let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// A kubeconfig (written into the control plane's directory) authenticating as the
+    /// service account `namespace/name` with a token from the TokenRequest API (`kubectl
+    /// create token`, 2 h), as a pod of that service account would: the identity of a
+    /// deployed component, never `system:masters`.
+    ///
+    /// Errors: the service account does not exist, or writing the file failed.
+    pub fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<PathBuf> {
+        let token = self.kubectl(&["-n", namespace, "create", "token", name, "--duration=2h"])?;
+        let file = self.dir.join(format!("{namespace}-{name}.kubeconfig"));
+        std::fs::write(
+            &file,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: {}, certificate-authority: {}}}\nusers:\n- name: {name}\n  user: {{token: {}}}\ncontexts:\n- name: {name}\n  context: {{cluster: test, user: {name}, namespace: {namespace}}}\ncurrent-context: {name}\n",
+                self.url,
+                self.ca.display(),
+                token.trim()
+            ),
+        )?;
+        Ok(file)
+    }
+
+    /// Every audit event so far.
+    ///
+    /// Errors: the log cannot be read; a line that is not an event is skipped (the last
+    /// one may be half written).
+    pub fn audit(&self) -> anyhow::Result<Vec<AuditEvent>> {
+        let text = std::fs::read_to_string(&self.audit_log)?;
+        Ok(text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect())
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = self.script(&["stop"]);
+        }
+    }
+}
+
+fn run_root() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<binary>: target/control-plane.
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .context("test binary outside a target directory")?;
+    let root = target.join("control-plane");
+    std::fs::create_dir_all(&root)?;
+    Ok(root)
+}
+
+/// Removes the directories of earlier runs whose test binary has ended.
+fn remove_finished_runs(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// One event of kube-apiserver's audit log (`audit.k8s.io/v1` `Event`, at Metadata level):
+/// who asked what, and the answer's code.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`...
+    pub verb: String,
+    /// The request's path and query.
+    #[serde(rename = "requestURI")]
+    pub request_uri: String,
+    /// Who was authenticated.
+    pub user: AuditUser,
+    /// Who the request was made as, with impersonation.
+    #[serde(default)]
+    pub impersonated_user: Option<AuditUser>,
+    /// What it was on.
+    #[serde(default)]
+    pub object_ref: Option<AuditObject>,
+    /// The answer.
+    #[serde(default)]
+    pub response_status: Option<AuditStatus>,
+    /// When the answer was complete (RFC 3339, microseconds).
+    pub stage_timestamp: String,
+    /// `ResponseComplete` or `ResponseStarted` (a watch).
+    pub stage: String,
+}
+
+/// A user of an [`AuditEvent`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct AuditUser {
+    /// e.g. `system:serviceaccount:edgebeat-system:edgebeat-gateway`.
+    pub username: String,
+}
+
+/// The object of an [`AuditEvent`].
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AuditObject {
+    /// e.g. `leases`.
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// e.g. `status`.
+    #[serde(default)]
+    pub subresource: Option<String>,
+    /// The namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The object's name.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// The answer of an [`AuditEvent`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct AuditStatus {
+    /// The HTTP status code.
+    #[serde(default)]
+    pub code: u16,
+}
+
+impl AuditEvent {
+    /// The answer's status code (0 when the event has none).
+    pub fn code(&self) -> u16 {
+        self.response_status.as_ref().map_or(0, |s| s.code)
+    }
+
+    /// `resource` or `resource/subresource`, `""` for a non-resource request.
+    pub fn resource(&self) -> String {
+        match &self.object_ref {
+            Some(AuditObject {
+                resource: Some(r),
+                subresource: Some(s),
+                ..
+            }) => format!("{r}/{s}"),
+            Some(AuditObject {
+                resource: Some(r), ..
+            }) => r.clone(),
+            _ => String::new(),
+        }
+    }
+
+    /// The object's name, `""` when none.
+    pub fn name(&self) -> &str {
+        self.object_ref
+            .as_ref()
+            .and_then(|o| o.name.as_deref())
+            .unwrap_or("")
+    }
+
+    /// When the answer was complete.
+    ///
+    /// Errors: the timestamp is not RFC 3339.
+    pub fn at(&self) -> anyhow::Result<jiff::Timestamp> {
+        Ok(self.stage_timestamp.parse()?)
+    }
+}
+
+/// The gateway as `deploy/` runs it, on this machine: `kustomizations` (e.g.
+/// `deploy/gateway`) applied to the control plane by the real kubectl, then the container
+/// arguments of the Deployment the apiserver holds, with what only a pod has replaced:
+/// `0.0.0.0:<port>` listeners by `127.0.0.1:0`, files under each volume's `mountPath` by the
+/// same names under the local directory `mounts` gives for that volume, `$(POD_NAME)` by
+/// `pod_name`; and `--kubeconfig` with a token of the Deployment's service account (what the
+/// pod's in-cluster configuration would carry).
+///
+/// Errors: kubectl failed, the Deployment or its gateway container is missing, or an
+/// argument names a volume `mounts` does not give.
+pub fn deployed_gateway_args(
+    control_plane: &ControlPlane,
+    kustomizations: &[&str],
+    mounts: &[(&str, &Path)],
+    pod_name: &str,
+) -> anyhow::Result<Vec<String>> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    for kustomization in kustomizations {
+        control_plane.kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-k",
+            kustomization,
+        ])?;
+    }
+    let json = control_plane.kubectl(&[
+        "-n",
+        "edgebeat-system",
+        "get",
+        "deployment",
+        "edgebeat-gateway",
+        "-o",
+        "json",
+    ])?;
+    let deployment: Deployment = serde_json::from_str(&json)?;
+    let pod = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .context("the Deployment has no pod spec")?;
+    let container = pod
+        .containers
+        .into_iter()
+        .find(|c| c.name == "gateway")
+        .context("no container named gateway")?;
+    let volume_mounts = container.volume_mounts.unwrap_or_default();
+    let mut args = Vec::new();
+    for arg in container.args.unwrap_or_default() {
+        let mut arg = arg.replace("$(POD_NAME)", pod_name);
+        if let Some((flag, value)) = arg.split_once('=')
+            && value.starts_with("0.0.0.0:")
+        {
+            arg = format!("{flag}=127.0.0.1:0");
+        }
+        for mount in &volume_mounts {
+            let prefix = format!("{}/", mount.mount_path.trim_end_matches('/'));
+            if arg.contains(&prefix) {
+                let local = mounts
+                    .iter()
+                    .find(|(name, _)| *name == mount.name)
+                    .with_context(|| {
+                        format!("{arg}: no local directory for volume {}", mount.name)
+                    })?
+                    .1;
+                arg = arg.replace(&prefix, &format!("{}/", local.display()));
+            }
+        }
+        args.push(arg);
+    }
+    let service_account = pod
+        .service_account_name
+        .context("the pod names no service account")?;
+    let kubeconfig =
+        control_plane.service_account_kubeconfig("edgebeat-system", &service_account)?;
+    args.push(format!("--kubeconfig={}", kubeconfig.display()));
+    Ok(args)
+}

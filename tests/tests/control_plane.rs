@@ -1,0 +1,672 @@
+//! edgebeat against the real control plane (`tests/src/control_plane.rs`): kube-apiserver,
+//! etcd and kube-controller-manager of the pinned release, the real `edgebeat-gateway`
+//! binary with the flags and RBAC of `deploy/` applied by the real kubectl, authenticated as
+//! its ServiceAccount, and real agents. What the apiserver did is read from its audit log.
+//!
+//! Needs the built control plane (`scripts/control-plane.sh build`; `scripts/test.sh` builds
+//! it and runs these).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgebeat_agent::config::{AgentConfig, ClientTls, TlsIdentity};
+use edgebeat_tests::control_plane::{AuditEvent, ControlPlane, deployed_gateway_args};
+use edgebeat_tests::harness::{
+    AgentHandle, fixture, grpc_transport, start_agent, test_agent_config,
+};
+use edgebeat_tests::pki::Ca;
+use edgebeat_tests::process::GatewayProcess;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+
+const GATEWAY_USER: &str = "system:serviceaccount:edgebeat-system:edgebeat-gateway";
+
+/// A gateway of `deploy/gateway` serving gRPC with mTLS: its serving certificate and the
+/// site CA from `site`, written where the Deployment mounts them.
+struct DeployedGateway {
+    process: GatewayProcess,
+    grpc: std::net::SocketAddr,
+    health: std::net::SocketAddr,
+    site: Ca,
+    _dir: tempfile::TempDir,
+}
+
+impl DeployedGateway {
+    async fn start(control_plane: &ControlPlane, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Ca::new("edgebeat-test-site");
+        let server = site.server();
+        let tls = dir.path().join("tls");
+        let site_ca = dir.path().join("site-ca");
+        std::fs::create_dir_all(&tls).unwrap();
+        std::fs::create_dir_all(&site_ca).unwrap();
+        std::fs::write(tls.join("tls.crt"), &server.cert_pem).unwrap();
+        std::fs::write(tls.join("tls.key"), &server.key_pem).unwrap();
+        std::fs::write(site_ca.join("ca.crt"), &site.cert_pem).unwrap();
+        let mut args = deployed_gateway_args(
+            control_plane,
+            &["deploy/gateway"],
+            &[("tls", &tls), ("site-ca", &site_ca)],
+            "edgebeat-gateway-test",
+        )
+        .unwrap();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let mut process = GatewayProcess::start(&args, &dir.path().join("gateway.log")).unwrap();
+        let health = process
+            .address("serving /healthz, /readyz and /metrics")
+            .await
+            .unwrap();
+        let grpc = process.address("gRPC listening").await.unwrap();
+        Self {
+            process,
+            grpc,
+            health,
+            site,
+            _dir: dir,
+        }
+    }
+
+    /// An agent configuration for `node` at kubelet's defaults (status every 10 s, reported
+    /// every 5 min unchanged, Lease of 40 s renewed every 10 s), over gRPC with mTLS.
+    fn agent_config(&self, node: &str) -> AgentConfig {
+        let leaf = self.site.node(node);
+        let mut transport = grpc_transport(&format!("https://{}", self.grpc));
+        transport
+            .set_tls(ClientTls {
+                ca_pem: self.site.cert_pem.clone().into_bytes(),
+                client_identity: Some(TlsIdentity {
+                    cert_pem: leaf.cert_pem.into_bytes(),
+                    key_pem: leaf.key_pem.into_bytes(),
+                }),
+            })
+            .unwrap();
+        let defaults = AgentConfig::default();
+        AgentConfig {
+            node_status_update_frequency: defaults.node_status_update_frequency,
+            node_status_report_frequency: defaults.node_status_report_frequency,
+            node_lease_duration_seconds: defaults.node_lease_duration_seconds,
+            ..test_agent_config(node, &fixture("rpi4-cgroup1"), transport)
+        }
+    }
+
+    fn agent(&self, node: &str) -> AgentHandle {
+        start_agent(self.agent_config(node), Arc::new(edgebeat_hw::SystemClock)).unwrap()
+    }
+}
+
+/// The Ready condition's status of `node` ("True", "False", "Unknown"), `None` without a
+/// Node or condition.
+async fn ready(nodes: &Api<Node>, node: &str) -> Option<String> {
+    let node = nodes.get_opt(node).await.ok()??;
+    node.status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status)
+}
+
+/// Waits until `condition` holds, asking every 200 ms, for at most `deadline`.
+async fn eventually<F, Fut>(what: &str, deadline: Duration, condition: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + deadline;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The gateway's requests in the audit log, answered at or after `from`.
+fn gateway_requests(control_plane: &ControlPlane, from: jiff::Timestamp) -> Vec<AuditEvent> {
+    control_plane
+        .audit()
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.user.username == GATEWAY_USER && e.at().is_ok_and(|at| at >= from))
+        .collect()
+}
+
+/// `(verb, resource)` → count, for the requests about `node`.
+fn calls_for(events: &[AuditEvent], node: &str) -> BTreeMap<(String, String), usize> {
+    let mut calls = BTreeMap::new();
+    for e in events.iter().filter(|e| e.name() == node) {
+        *calls.entry((e.verb.clone(), e.resource())).or_default() += 1;
+    }
+    calls
+}
+
+fn count(calls: &BTreeMap<(String, String), usize>, verb: &str, resource: &str) -> usize {
+    calls
+        .get(&(verb.to_owned(), resource.to_owned()))
+        .copied()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn kubelets_calls_at_kubelets_cadence_through_the_deployed_gateway() {
+    let control_plane = ControlPlane::shared().unwrap();
+    let started = jiff::Timestamp::now();
+    let gateway = DeployedGateway::start(control_plane, &[]).await;
+    let names = ["cadence-a", "cadence-b"];
+    let agents: Vec<_> = names.iter().map(|n| gateway.agent(n)).collect();
+    let admin = control_plane.admin_client().await.unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let leases: Api<Lease> = Api::namespaced(admin, "kube-node-lease");
+    eventually(
+        "both nodes Ready with a Lease",
+        Duration::from_secs(60),
+        || async {
+            for name in names {
+                if ready(&nodes, name).await.as_deref() != Some("True")
+                    || leases.get_opt(name).await.ok().flatten().is_none()
+                {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+
+    // One minute of kubelet's cadence, measured from the audit log (a window of time is
+    // what is measured here, not a wait for state).
+    let from = jiff::Timestamp::now();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let to = jiff::Timestamp::now();
+    let window: Vec<_> = gateway_requests(control_plane, from)
+        .into_iter()
+        .filter(|e| e.at().is_ok_and(|at| at < to))
+        .collect();
+    for name in names {
+        let calls = calls_for(&window, name);
+        eprintln!("{name} in one minute: {calls:?}");
+        let updates = count(&calls, "update", "leases");
+        assert!(
+            (5..=7).contains(&updates),
+            "{name}: {updates} Lease updates in a minute, kubelet makes 6: {calls:?}"
+        );
+        assert_eq!(
+            count(&calls, "get", "leases"),
+            0,
+            "no Lease GET without a 409: {calls:?}"
+        );
+        assert_eq!(
+            count(&calls, "create", "nodes"),
+            0,
+            "registered once: {calls:?}"
+        );
+        let other: usize = calls
+            .iter()
+            .filter(|((verb, resource), _)| {
+                !matches!(
+                    (verb.as_str(), resource.as_str()),
+                    ("update", "leases") | ("patch", "nodes/status")
+                )
+            })
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(other, 0, "only Lease updates and status patches: {calls:?}");
+    }
+
+    // The whole run: registration once, status as patches of nodes/status, and nothing the
+    // apiserver refused (no 403 from RBAC, no 422 from validation or admission).
+    let all = gateway_requests(control_plane, started);
+    for name in names {
+        let calls = calls_for(&all, name);
+        assert_eq!(count(&calls, "create", "nodes"), 1, "{name}: {calls:?}");
+        assert_eq!(count(&calls, "create", "leases"), 1, "{name}: {calls:?}");
+        assert!(
+            count(&calls, "patch", "nodes/status") >= 1,
+            "{name}: {calls:?}"
+        );
+        assert_eq!(count(&calls, "update", "nodes"), 0, "{name}: {calls:?}");
+        assert_eq!(count(&calls, "patch", "nodes"), 0, "{name}: {calls:?}");
+    }
+    let refused: Vec<_> = all
+        .iter()
+        .filter(|e| matches!(e.code(), 400..=403 | 405..=408 | 410..=499 | 500..))
+        .map(|e| (e.verb.as_str(), e.request_uri.as_str(), e.code()))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "requests the apiserver refused: {refused:?}"
+    );
+    let events = all.iter().filter(|e| e.resource() == "events").count();
+    assert!(events >= 1, "the node's Events accepted: {events}");
+    assert_eq!(
+        edgebeat_tests::harness::http_get(gateway.health, "/readyz")
+            .await
+            .unwrap(),
+        (200, "ok\n".to_owned())
+    );
+
+    // The real node lifecycle controller kept both nodes Ready all along.
+    for name in names {
+        assert_eq!(ready(&nodes, name).await.as_deref(), Some("True"), "{name}");
+    }
+    let controller_made_unknown = control_plane
+        .audit()
+        .unwrap()
+        .into_iter()
+        .filter(|e| {
+            e.user.username == "system:serviceaccount:kube-system:node-controller"
+                && e.resource() == "nodes/status"
+                && names.contains(&e.name())
+        })
+        .count();
+    assert_eq!(
+        controller_made_unknown, 0,
+        "the controller never wrote these nodes' status"
+    );
+    for agent in agents {
+        agent.stop().await.unwrap();
+    }
+    drop(gateway);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn a_second_writer_costs_one_get_then_renewals_as_before() {
+    let control_plane = ControlPlane::shared().unwrap();
+    let gateway = DeployedGateway::start(control_plane, &[]).await;
+    let name = "conflict-a";
+    let agent = gateway.agent(name);
+    let admin = control_plane.admin_client().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(admin, "kube-node-lease");
+    eventually(
+        "the Lease renewed once",
+        Duration::from_secs(60),
+        || async {
+            gateway_requests(control_plane, jiff::Timestamp::UNIX_EPOCH)
+                .iter()
+                .any(|e| e.verb == "update" && e.name() == name && e.code() == 200)
+        },
+    )
+    .await;
+
+    // A second writer takes the Lease out of the gateway's watch (removes the managed
+    // label, as a clean-up script might). The gateway's watch sees it leave, so the next
+    // renewal goes by the agent's echo of the last write: its resourceVersion is stale.
+    let written = jiff::Timestamp::now();
+    control_plane
+        .kubectl(&[
+            "-n",
+            "kube-node-lease",
+            "label",
+            "lease",
+            name,
+            "edgebeat.io/managed-by-",
+        ])
+        .unwrap();
+    eventually(
+        "two renewals after the other writer",
+        Duration::from_secs(60),
+        || async {
+            gateway_requests(control_plane, written)
+                .iter()
+                .filter(|e| e.verb == "update" && e.name() == name && e.code() == 200)
+                .count()
+                >= 2
+        },
+    )
+    .await;
+    let after: Vec<_> = gateway_requests(control_plane, written)
+        .into_iter()
+        .filter(|e| e.name() == name && e.resource() == "leases")
+        .map(|e| (e.verb.clone(), e.code()))
+        .collect();
+    // kubelet PUTs with its last write, meets the 409 and GETs once. The gateway's watch
+    // told it the Lease changed, so it may GET at once instead: one GET either way, then
+    // renewals as before.
+    let start: Vec<_> = after.iter().map(|(v, c)| (v.as_str(), *c)).collect();
+    let expected_409: &[(&str, u16)] = &[("update", 409), ("get", 200), ("update", 200)];
+    let expected_get: &[(&str, u16)] = &[("get", 200), ("update", 200)];
+    let rest = if start.starts_with(expected_409) {
+        &start[3..]
+    } else if start.starts_with(expected_get) {
+        &start[2..]
+    } else {
+        panic!("one GET after the other writer, then renewals: {start:?}");
+    };
+    assert!(!rest.is_empty(), "{start:?}");
+    assert!(
+        rest.iter().all(|c| *c == ("update", 200)),
+        "renewals as before, no more GETs: {start:?}"
+    );
+    let lease = leases.get(name).await.unwrap();
+    assert_eq!(
+        lease
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("edgebeat.io/managed-by")
+            .map(String::as_str),
+        Some("edgebeat-gateway"),
+        "the renewal after the GET labels it again"
+    );
+    agent.stop().await.unwrap();
+}
+
+/// The agent binary for `node` with kubelet's status cadence but a short Lease
+/// (`nodeLeaseDurationSeconds: 4`, renewed every second), over gRPC with mTLS to `gateway`.
+fn agent_process(
+    gateway: &DeployedGateway,
+    node: &str,
+    dir: &std::path::Path,
+) -> tokio::process::Child {
+    let leaf = gateway.site.node(node);
+    let pki = dir.join(node);
+    std::fs::create_dir_all(&pki).unwrap();
+    std::fs::write(pki.join("ca.crt"), &gateway.site.cert_pem).unwrap();
+    std::fs::write(pki.join("node.crt"), &leaf.cert_pem).unwrap();
+    std::fs::write(pki.join("node.key"), &leaf.key_pem).unwrap();
+    let config = pki.join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\nhostRoot: {}\nnodeLeaseDurationSeconds: 4\nclockSyncCondition: false\ntransport: {{kind: grpc, endpoint: \"https://{}\", caFile: {}, certFile: {}, keyFile: {}}}\n",
+            fixture("rpi4-cgroup1").display(),
+            gateway.grpc,
+            pki.join("ca.crt").display(),
+            pki.join("node.crt").display(),
+            pki.join("node.key").display(),
+        ),
+    )
+    .unwrap();
+    let mut command = tokio::process::Command::new(
+        edgebeat_tests::process::workspace_binary("edgebeat-agent").unwrap(),
+    );
+    command.kill_on_drop(true);
+    edgebeat_tests::link::spawn_agent(command, &config, &pki.join("agent.log")).unwrap()
+}
+
+fn taints(node: &Node) -> Vec<(String, String)> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| (t.key, t.effect))
+        .collect()
+}
+
+const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn the_real_node_lifecycle_controller_sees_a_killed_agent_and_its_return() {
+    // Test-only: a 10 s grace period checked every second (upstream: 50 s and 5 s), with
+    // agents renewing a 4 s Lease every second, so the test takes seconds, not minutes.
+    let control_plane = ControlPlane::start(&[
+        ("EDGEBEAT_NODE_MONITOR_GRACE_PERIOD", "10s"),
+        ("EDGEBEAT_NODE_MONITOR_PERIOD", "1s"),
+    ])
+    .unwrap();
+    let gateway = DeployedGateway::start(&control_plane, &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let name = "lifecycle-a";
+    let mut agent = agent_process(&gateway, name, dir.path());
+    // A second node that stays up: with every node of a zone unreachable the controller
+    // takes the zone for a full disruption and adds no NoExecute taints
+    // (pkg/controller/nodelifecycle: ComputeZoneState); one site going dark is exactly that.
+    let _witness = agent_process(&gateway, "lifecycle-witness", dir.path());
+    let admin = control_plane.admin_client().await.unwrap();
+    let nodes: Api<Node> = Api::all(admin);
+    eventually("Ready", Duration::from_secs(60), || async {
+        ready(&nodes, name).await.as_deref() == Some("True")
+    })
+    .await;
+    // Kept Ready by the controller across several grace periods.
+    let kept_from = jiff::Timestamp::now();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(ready(&nodes, name).await.as_deref(), Some("True"));
+
+    // SIGKILL: no goodbye, the Lease simply stops.
+    agent.start_kill().unwrap();
+    agent.wait().await.unwrap();
+    let killed = tokio::time::Instant::now();
+    eventually(
+        "Ready Unknown with the unreachable taints",
+        Duration::from_secs(60),
+        || async {
+            let Ok(node) = nodes.get(name).await else {
+                return false;
+            };
+            let unknown = ready(&nodes, name).await.as_deref() == Some("Unknown");
+            let taints = taints(&node);
+            unknown
+                && taints.contains(&(UNREACHABLE.to_owned(), "NoSchedule".to_owned()))
+                && taints.contains(&(UNREACHABLE.to_owned(), "NoExecute".to_owned()))
+        },
+    )
+    .await;
+    let after = killed.elapsed();
+    eprintln!("Unknown and tainted {after:?} after SIGKILL (grace period 10 s)");
+    assert!(
+        after >= Duration::from_secs(5),
+        "Unknown only after the grace period, not at once ({after:?})"
+    );
+
+    // The agent back: Ready again and the taints gone.
+    let mut agent = agent_process(&gateway, name, dir.path());
+    let back = jiff::Timestamp::now();
+    eventually(
+        "Ready again, untainted",
+        Duration::from_secs(60),
+        || async {
+            let Ok(node) = nodes.get(name).await else {
+                return false;
+            };
+            ready(&nodes, name).await.as_deref() == Some("True")
+                && !taints(&node).iter().any(|(key, _)| key == UNREACHABLE)
+        },
+    )
+    .await;
+    let recovered = jiff::Timestamp::now();
+    // Steady again: no flapping, and no more status than kubelet writes.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(ready(&nodes, name).await.as_deref(), Some("True"));
+    let events = control_plane.audit().unwrap();
+    let status_patches = |from: jiff::Timestamp, user: &str| {
+        events
+            .iter()
+            .filter(|e| {
+                e.user.username == user
+                    && e.name() == name
+                    && e.resource() == "nodes/status"
+                    && e.at().is_ok_and(|at| at >= from)
+            })
+            .count()
+    };
+    let controller = "system:serviceaccount:kube-system:node-controller";
+    assert_eq!(
+        status_patches(kept_from, controller),
+        1,
+        "the controller wrote Unknown once, nothing while the node was renewing"
+    );
+    assert_eq!(
+        status_patches(recovered, controller),
+        0,
+        "not Unknown again after the agent came back"
+    );
+    let by_gateway = status_patches(back, GATEWAY_USER);
+    assert!(
+        (1..=3).contains(&by_gateway),
+        "the gateway wrote the recovery's status once or twice (registration, Ready), not a stream: {by_gateway}"
+    );
+    agent.start_kill().unwrap();
+    drop(gateway);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn an_apiserver_outage_of_30_s_then_every_lease_fresh_without_a_backlog() {
+    let control_plane = ControlPlane::start(&[]).unwrap();
+    let gateway = DeployedGateway::start(&control_plane, &[]).await;
+    let names = ["outage-a", "outage-b", "outage-c"];
+    let agents: Vec<_> = names.iter().map(|n| gateway.agent(n)).collect();
+    let admin = control_plane.admin_client().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    let renewed_after = |at: jiff::Timestamp| {
+        let leases = leases.clone();
+        async move {
+            for name in names {
+                let Ok(Some(lease)) = leases.get_opt(name).await else {
+                    return false;
+                };
+                let renewed = lease
+                    .spec
+                    .and_then(|s| s.renew_time)
+                    .is_some_and(|t| t.0 > at);
+                if !renewed {
+                    return false;
+                }
+            }
+            true
+        }
+    };
+    let start = jiff::Timestamp::now();
+    eventually("every Lease renewed", Duration::from_secs(60), || {
+        renewed_after(start)
+    })
+    .await;
+
+    control_plane.stop_component("kube-apiserver").unwrap();
+    // The outage itself: 30 s without an apiserver.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    control_plane.restart_component("kube-apiserver").unwrap();
+    let up = jiff::Timestamp::now();
+    let up_at = tokio::time::Instant::now();
+    eventually(
+        "every Lease renewed after the outage",
+        Duration::from_secs(60),
+        || renewed_after(up),
+    )
+    .await;
+    let fresh_after = up_at.elapsed();
+    eprintln!("every Lease fresh {fresh_after:?} after kube-apiserver answered again");
+    assert!(
+        fresh_after < Duration::from_secs(40),
+        "within a Lease duration: {fresh_after:?}"
+    );
+    // No backlog written late: in the first renew interval after the outage, at most one
+    // successful update per node (a renewal held through the outage would be a second).
+    let first_interval: Vec<_> = gateway_requests(&control_plane, up)
+        .into_iter()
+        .filter(|e| {
+            e.at()
+                .is_ok_and(|at| at < up + jiff::SignedDuration::from_secs(10))
+        })
+        .collect();
+    for name in names {
+        let calls = calls_for(&first_interval, name);
+        assert!(count(&calls, "update", "leases") <= 2, "{name}: {calls:?}");
+    }
+    assert_eq!(
+        edgebeat_tests::harness::http_get(gateway.health, "/healthz")
+            .await
+            .unwrap()
+            .0,
+        200,
+        "alive through the outage"
+    );
+    for agent in agents {
+        agent.stop().await.unwrap();
+    }
+}
+
+/// TCP connections from process `pid` to `port` on loopback (`ss`).
+fn connections(pid: u32, port: u16) -> usize {
+    let out = std::process::Command::new("ss")
+        .args([
+            "-Htnp",
+            "state",
+            "established",
+            "dst",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("pid={pid},")))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn alpn_chooses_h2_and_three_connections_carry_a_replica() {
+    use edgebeat_gateway::apiserver::client::HttpVersion;
+    let control_plane = ControlPlane::shared().unwrap();
+    let gateway = DeployedGateway::start(control_plane, &[]).await;
+    let names: Vec<String> = (0..8).map(|i| format!("alpn-{i}")).collect();
+    let agents: Vec<_> = names.iter().map(|n| gateway.agent(n)).collect();
+    let admin = control_plane.admin_client().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(admin, "kube-node-lease");
+    eventually("every Lease made", Duration::from_secs(60), || async {
+        let mut all = true;
+        for name in &names {
+            all &= leases.get_opt(name).await.ok().flatten().is_some();
+        }
+        all
+    })
+    .await;
+    let port: u16 = control_plane
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pid = gateway.process.pid().unwrap();
+    // Leases, other writes, watches: one HTTP/2 connection each, whatever the fleet.
+    assert_eq!(
+        connections(pid, port),
+        3,
+        "the gateway's connections to kube-apiserver"
+    );
+
+    // The same client stack, in this process: a burst of 300 calls (three times
+    // kube-apiserver's 100 streams) rides one connection, as ALPN chose h2.
+    let kubeconfig = control_plane
+        .service_account_kubeconfig("edgebeat-system", "edgebeat-gateway")
+        .unwrap();
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    for (version, expected) in [(HttpVersion::Auto, 1..=1), (HttpVersion::Http1, 20..=300)] {
+        let client =
+            edgebeat_gateway::kube_client_with(config.clone(), 0, &Default::default(), version)
+                .unwrap();
+        let nodes: Api<Node> = Api::all(client);
+        // This process's other clients (the admin's) keep their own connections.
+        let before = connections(std::process::id(), port);
+        let calls = (0..300).map(|i| {
+            let nodes = nodes.clone();
+            async move { nodes.get_opt(&format!("alpn-{}", i % 8)).await }
+        });
+        let answers = futures_util::future::join_all(calls).await;
+        assert!(answers.iter().all(Result::is_ok), "{version:?}");
+        let opened = connections(std::process::id(), port).saturating_sub(before);
+        assert!(
+            expected.contains(&opened),
+            "{version:?}: {opened} connections for 300 concurrent calls"
+        );
+        drop(nodes);
+    }
+    for agent in agents {
+        agent.stop().await.unwrap();
+    }
+}
