@@ -670,3 +670,325 @@ async fn alpn_chooses_h2_and_three_connections_carry_a_replica() {
         agent.stop().await.unwrap();
     }
 }
+
+/// A gateway of `deploy/gateway` with enrollment as the README runs it (`kubectl apply -k
+/// deploy/gateway/enrollment`, `--enrollment`, the gRPC serving certificate from the site
+/// CA, so without --grpc-tls-cert and --grpc-client-ca), and a bootstrap token made by
+/// `edgebeat-gateway token create` as the gateway's ServiceAccount.
+struct EnrollingGateway {
+    process: GatewayProcess,
+    grpc: std::net::SocketAddr,
+    enroll: std::net::SocketAddr,
+    kubeconfig: std::path::PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl EnrollingGateway {
+    async fn start(control_plane: &ControlPlane, approval: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        // The serving certificate's volumes are dropped: the site CA issues it.
+        let mut args: Vec<String> = deployed_gateway_args(
+            control_plane,
+            &["deploy/gateway", "deploy/gateway/enrollment"],
+            &[("tls", dir.path()), ("site-ca", dir.path())],
+            "edgebeat-gateway-enrolling",
+        )
+        .unwrap()
+        .into_iter()
+        .filter(|a| !a.starts_with("--grpc-tls-") && !a.starts_with("--grpc-client-ca"))
+        .collect();
+        args.extend([
+            "--enrollment".to_owned(),
+            "--grpc-enrollment-listen=127.0.0.1:0".to_owned(),
+            format!("--csr-approval={approval}"),
+        ]);
+        let kubeconfig = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--kubeconfig="))
+            .unwrap()
+            .into();
+        let mut process = GatewayProcess::start(&args, &dir.path().join("gateway.log")).unwrap();
+        let enroll = process.address("gRPC enrollment listening").await.unwrap();
+        let grpc = process.address("gRPC listening").await.unwrap();
+        Self {
+            process,
+            grpc,
+            enroll,
+            kubeconfig,
+            dir,
+        }
+    }
+
+    /// `edgebeat-gateway token create --nodes <nodes> --uses <uses>` as the gateway's
+    /// ServiceAccount: the token it prints.
+    fn token(&self, nodes: &str, uses: u32) -> String {
+        let out = std::process::Command::new(
+            edgebeat_tests::process::workspace_binary("edgebeat-gateway").unwrap(),
+        )
+        .arg("--kubeconfig")
+        .arg(&self.kubeconfig)
+        .args(["token", "create", "--nodes", nodes, "--ttl", "1h"])
+        .arg(format!("--uses={uses}"))
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "token create: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// An agent for `node` with nothing but `token`: gRPC to the gateway, enrolling at its
+    /// enrollment listener, certificates kept under the test's directory.
+    fn agent(&self, node: &str, token: &str) -> AgentHandle {
+        let dir = self.dir.path().join(node);
+        std::fs::create_dir_all(&dir).unwrap();
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        let mut config = test_agent_config(
+            node,
+            &fixture("rpi4-cgroup1"),
+            grpc_transport(&format!("https://{}", self.grpc)),
+        );
+        config.certificates = Some(edgebeat_agent::config::ManagedCertificates {
+            bootstrap_token_file: token_file,
+            cert_dir: dir.join("pki"),
+            rotate_certificates: true,
+            enrollment_endpoint: Some(format!("http://{}", self.enroll)),
+        });
+        start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap()
+    }
+}
+
+/// The CSRs of `node` (`kubectl get csr -o json`, annotated `edgebeat.io/node`), as JSON
+/// values.
+fn csrs_of(control_plane: &ControlPlane, node: &str) -> Vec<serde_json::Value> {
+    let json = control_plane
+        .kubectl(&["get", "csr", "-o", "json"])
+        .unwrap();
+    let list: serde_json::Value = serde_json::from_str(&json).unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|csr| csr["metadata"]["annotations"]["edgebeat.io/node"] == node)
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn boards_enroll_through_the_real_csr_api_auto_and_by_kubectl_certificate_approve() {
+    let control_plane = ControlPlane::shared().unwrap();
+    let started = jiff::Timestamp::now();
+    let auto = EnrollingGateway::start(control_plane, "auto").await;
+    let token = auto.token("enroll-auto-*", 1);
+    let agent = auto.agent("enroll-auto-1", &token);
+    let admin = control_plane.admin_client().await.unwrap();
+    let nodes: Api<Node> = Api::all(admin);
+    eventually(
+        "the enrolled board Ready",
+        Duration::from_secs(60),
+        || async { ready(&nodes, "enroll-auto-1").await.as_deref() == Some("True") },
+    )
+    .await;
+    let csrs = csrs_of(control_plane, "enroll-auto-1");
+    assert_eq!(csrs.len(), 1, "{csrs:?}");
+    let csr = &csrs[0];
+    assert_eq!(csr["spec"]["signerName"], "edgebeat.io/node-client");
+    assert_eq!(
+        csr["spec"]["username"], GATEWAY_USER,
+        "requested by the gateway"
+    );
+    let conditions = csr["status"]["conditions"].as_array().unwrap();
+    assert!(
+        conditions.iter().any(|c| c["type"] == "Approved"),
+        "{conditions:?}"
+    );
+    assert!(
+        csr["status"]["certificate"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
+        "issued"
+    );
+    agent.stop().await.unwrap();
+
+    // Manual approval: the CSR waits for a person with the real kubectl.
+    let manual = EnrollingGateway::start(control_plane, "manual").await;
+    let token = manual.token("enroll-manual-*", 1);
+    let agent = manual.agent("enroll-manual-1", &token);
+    eventually("a pending CSR", Duration::from_secs(60), || async {
+        csrs_of(control_plane, "enroll-manual-1").len() == 1
+    })
+    .await;
+    let csr = &csrs_of(control_plane, "enroll-manual-1")[0];
+    assert!(csr["status"]["conditions"].is_null(), "pending: {csr}");
+    assert!(
+        nodes.get_opt("enroll-manual-1").await.unwrap().is_none(),
+        "no Node before approval"
+    );
+    let name = csr["metadata"]["name"].as_str().unwrap();
+    control_plane
+        .kubectl(&["certificate", "approve", name])
+        .unwrap();
+    eventually(
+        "the approved board Ready",
+        Duration::from_secs(120),
+        || async { ready(&nodes, "enroll-manual-1").await.as_deref() == Some("True") },
+    )
+    .await;
+    agent.stop().await.unwrap();
+
+    // Under deploy/'s RBAC: nothing the apiserver refused.
+    let refused: Vec<_> = gateway_requests(control_plane, started)
+        .into_iter()
+        .filter(|e| matches!(e.code(), 400..=403 | 405..=408 | 410..=499 | 500..))
+        .map(|e| (e.code(), e.verb, e.request_uri))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "requests the apiserver refused: {refused:?}"
+    );
+    let csr_calls: std::collections::BTreeSet<_> = gateway_requests(control_plane, started)
+        .into_iter()
+        .filter(|e| e.resource().starts_with("certificatesigningrequests"))
+        .map(|e| (e.resource(), e.verb))
+        .collect();
+    for call in [
+        ("create", "certificatesigningrequests"),
+        ("update", "certificatesigningrequests/approval"),
+        ("update", "certificatesigningrequests/status"),
+    ] {
+        assert!(
+            csr_calls.contains(&(call.1.to_owned(), call.0.to_owned())),
+            "{call:?} in {csr_calls:?}"
+        );
+    }
+    drop((auto.process, manual.process));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn impersonated_writes_pass_the_real_node_authorizer_and_node_restriction() {
+    let control_plane = ControlPlane::shared().unwrap();
+    // deploy/gateway/impersonation names these two nodes (its example per-site list).
+    let names = ["rpi4-edge-01", "jetson-07"];
+    control_plane
+        .kubectl(&["apply", "-k", "deploy/gateway/impersonation"])
+        .unwrap();
+    let started = jiff::Timestamp::now();
+    let gateway = DeployedGateway::start(control_plane, &["--impersonate-nodes"]).await;
+    let agents: Vec<_> = names.iter().map(|n| gateway.agent(n)).collect();
+    let admin = control_plane.admin_client().await.unwrap();
+    let nodes: Api<Node> = Api::all(admin);
+    eventually("both nodes Ready", Duration::from_secs(60), || async {
+        let mut all = true;
+        for name in names {
+            all &= ready(&nodes, name).await.as_deref() == Some("True");
+        }
+        all
+    })
+    .await;
+    eventually("a Lease renewal each", Duration::from_secs(60), || async {
+        let all = gateway_requests(control_plane, started);
+        names.iter().all(|n| {
+            all.iter()
+                .any(|e| e.verb == "update" && e.name() == *n && e.code() == 200)
+        })
+    })
+    .await;
+    let all = gateway_requests(control_plane, started);
+    for name in names {
+        let node_user = format!("system:node:{name}");
+        let writes: Vec<_> = all
+            .iter()
+            .filter(|e| e.name() == name && !matches!(e.verb.as_str(), "get" | "list" | "watch"))
+            .collect();
+        assert!(!writes.is_empty());
+        for write in &writes {
+            assert_eq!(
+                write
+                    .impersonated_user
+                    .as_ref()
+                    .map(|u| u.username.as_str()),
+                Some(node_user.as_str()),
+                "{} {} made as the node",
+                write.verb,
+                write.request_uri
+            );
+            assert!(
+                (200..300).contains(&write.code()),
+                "{} {} → {}",
+                write.verb,
+                write.request_uri,
+                write.code()
+            );
+        }
+        let resources: std::collections::BTreeSet<_> = writes
+            .iter()
+            .map(|e| (e.verb.clone(), e.resource()))
+            .collect();
+        for call in [
+            ("create", "nodes"),
+            ("patch", "nodes/status"),
+            ("create", "leases"),
+            ("update", "leases"),
+        ] {
+            assert!(
+                resources.contains(&(call.0.to_owned(), call.1.to_owned())),
+                "{name}: {call:?} in {resources:?}"
+            );
+        }
+    }
+
+    // The same identity cannot write another node's objects: the real Node authorizer and
+    // NodeRestriction refuse what the gateway's own checks would refuse first.
+    let kubeconfig = control_plane
+        .service_account_kubeconfig("edgebeat-system", "edgebeat-gateway")
+        .unwrap();
+    let as_node = ["--as=system:node:rpi4-edge-01", "--as-group=system:nodes"];
+    for args in [
+        vec![
+            "-n",
+            "kube-node-lease",
+            "annotate",
+            "lease",
+            "jetson-07",
+            "edgebeat.io/test=x",
+        ],
+        vec!["annotate", "node", "jetson-07", "edgebeat.io/test=x"],
+    ] {
+        let all: Vec<&str> = as_node
+            .iter()
+            .copied()
+            .chain(args.iter().copied())
+            .collect();
+        let error = control_plane
+            .kubectl_as(&kubeconfig, &all)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("Forbidden") || error.contains("forbidden"),
+            "{all:?}: {error}"
+        );
+    }
+    // And a node the impersonation RBAC does not name cannot be impersonated at all.
+    let error = control_plane
+        .kubectl_as(
+            &kubeconfig,
+            &[
+                "--as=system:node:not-listed",
+                "--as-group=system:nodes",
+                "get",
+                "node",
+                "jetson-07",
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("cannot impersonate"), "{error}");
+    for agent in agents {
+        agent.stop().await.unwrap();
+    }
+}
