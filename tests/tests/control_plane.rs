@@ -510,7 +510,10 @@ async fn the_real_node_lifecycle_controller_sees_a_killed_agent_and_its_return()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the built control plane (scripts/test.sh builds it)"]
 async fn an_apiserver_outage_of_30_s_then_every_lease_fresh_without_a_backlog() {
-    let control_plane = ControlPlane::start(&[]).unwrap();
+    // Test-only: etcd compacted every 10 s (upstream: 5 min), so the watches resume from a
+    // compacted history (410 Gone) after the restart.
+    let control_plane =
+        ControlPlane::start(&[("EDGEBEAT_ETCD_COMPACTION_INTERVAL", "10s")]).unwrap();
     let gateway = DeployedGateway::start(&control_plane, &[]).await;
     let names = ["outage-a", "outage-b", "outage-c"];
     let agents: Vec<_> = names.iter().map(|n| gateway.agent(n)).collect();
@@ -579,6 +582,31 @@ async fn an_apiserver_outage_of_30_s_then_every_lease_fresh_without_a_backlog() 
         200,
         "alive through the outage"
     );
+    // The watches came back with a list each, not a relist storm.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let lists: BTreeMap<String, usize> = gateway_requests(&control_plane, up)
+        .into_iter()
+        .filter(|e| e.verb == "list")
+        .fold(BTreeMap::new(), |mut m, e| {
+            *m.entry(e.resource()).or_default() += 1;
+            m
+        });
+    eprintln!("lists after the restart: {lists:?}");
+    for (resource, n) in &lists {
+        assert!(*n <= 3, "{resource}: {n} lists after the restart");
+    }
+    let failures: Vec<_> = gateway
+        .process
+        .lines()
+        .into_iter()
+        .filter(|l| {
+            l.get("message")
+                .and_then(|m| m.as_str())
+                .is_some_and(|m| m.starts_with("watch failed"))
+        })
+        .map(|l| l.get("error").cloned())
+        .collect();
+    eprintln!("watch failures logged: {failures:?}");
     for agent in agents {
         agent.stop().await.unwrap();
     }
@@ -990,5 +1018,155 @@ async fn impersonated_writes_pass_the_real_node_authorizer_and_node_restriction(
     assert!(error.contains("cannot impersonate"), "{error}");
     for agent in agents {
         agent.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn the_defaults_work_through_kubectl_proxy_in_front_of_the_real_apiserver() {
+    let control_plane = ControlPlane::shared().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The gateway's identity behind the proxy: the ServiceAccount of deploy/gateway.
+    control_plane
+        .kubectl(&["apply", "-k", "deploy/gateway"])
+        .unwrap();
+    let kubeconfig = control_plane
+        .service_account_kubeconfig("edgebeat-system", "edgebeat-gateway")
+        .unwrap();
+    let mut proxy = tokio::process::Command::new(control_plane.bin.join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["proxy", "--port=0", "--address=127.0.0.1"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let line = {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut lines = tokio::io::BufReader::new(proxy.stdout.take().unwrap()).lines();
+        tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    // "Starting to serve on 127.0.0.1:40123": HTTP/1.1 only, plain http://.
+    let proxy_addr = line.rsplit(' ').next().unwrap().to_owned();
+    let mut gateway = GatewayProcess::start(
+        [
+            "--server",
+            &format!("http://{proxy_addr}"),
+            "--grpc-listen=127.0.0.1:0",
+            "--allow-unidentified-agents",
+            "--metrics-listen=127.0.0.1:0",
+        ],
+        &dir.path().join("gateway.log"),
+    )
+    .unwrap();
+    let grpc = gateway.address("gRPC listening").await.unwrap();
+    let name = "through-proxy";
+    let agent = start_agent(
+        test_agent_config(
+            name,
+            &fixture("rpi4-cgroup1"),
+            grpc_transport(&format!("http://{grpc}")),
+        ),
+        Arc::new(edgebeat_hw::SystemClock),
+    )
+    .unwrap();
+    let admin = control_plane.admin_client().await.unwrap();
+    let nodes: Api<Node> = Api::all(admin);
+    eventually(
+        "Ready through kubectl proxy",
+        Duration::from_secs(60),
+        || async { ready(&nodes, name).await.as_deref() == Some("True") },
+    )
+    .await;
+    let errors: Vec<_> = gateway
+        .lines()
+        .into_iter()
+        .filter(|l| l.get("level").and_then(|v| v.as_str()) == Some("ERROR"))
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    agent.stop().await.unwrap();
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn watches_recover_from_410_gone_with_one_list_each() {
+    // Test-only: etcd compacted every 5 s (upstream: 5 min).
+    let control_plane =
+        ControlPlane::start(&[("EDGEBEAT_ETCD_COMPACTION_INTERVAL", "5s")]).unwrap();
+    let gateway = DeployedGateway::start(&control_plane, &[]).await;
+    let name = "gone-a";
+    let agent = gateway.agent(name);
+    let admin = control_plane.admin_client().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(admin, "kube-node-lease");
+    eventually("the Lease made", Duration::from_secs(60), || async {
+        leases.get_opt(name).await.ok().flatten().is_some()
+    })
+    .await;
+    agent.stop().await.unwrap();
+
+    // The gateway frozen while the managed objects change, etcd compacts past what it
+    // saw, and kube-apiserver restarts (its watch cache starts anew): its watches resume
+    // from a compacted resourceVersion.
+    let pid = gateway.process.pid().unwrap();
+    signal(pid, "STOP");
+    for i in 0..20 {
+        let patch = serde_json::json!({"spec": {"leaseDurationSeconds": 41 + i % 2}});
+        leases
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await
+            .unwrap();
+    }
+    // Two compaction intervals.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    control_plane.restart_component("kube-apiserver").unwrap();
+    let resumed = jiff::Timestamp::now();
+    signal(pid, "CONT");
+
+    let mut process = gateway.process;
+    let relisted = process
+        .wait_for(Duration::from_secs(60), |l| {
+            l.get("message").and_then(|m| m.as_str()) == Some("watch listed and following")
+                && l.get("kind").and_then(|k| k.as_str()) == Some("Lease")
+                && l.get("timestamp")
+                    .and_then(|t| t.as_str())
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                    .is_some_and(|t| t >= resumed)
+        })
+        .await;
+    relisted.unwrap();
+    // One list per watch to recover, not a storm.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let lists: BTreeMap<String, usize> = gateway_requests(&control_plane, resumed)
+        .into_iter()
+        .filter(|e| e.verb == "list")
+        .fold(BTreeMap::new(), |mut m, e| {
+            *m.entry(e.resource()).or_default() += 1;
+            m
+        });
+    eprintln!("lists after 410: {lists:?}");
+    // kube-runtime's watcher lists again only after 410 Gone (other errors resume the watch
+    // from its resourceVersion): a list of each kind is the 410 met and recovered from.
+    for kind in ["leases", "nodes"] {
+        assert!(
+            lists.get(kind).is_some_and(|n| (1..=2).contains(n)),
+            "{kind}: one list after 410 Gone, not a storm: {lists:?}"
+        );
     }
 }
