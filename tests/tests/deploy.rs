@@ -17,6 +17,7 @@ use edgebeat_tests::standin::RecordedRequest;
 use http::Method;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -134,6 +135,7 @@ enum Object {
     Deployment(Deployment),
     Service(Service),
     PodDisruptionBudget(PodDisruptionBudget),
+    NetworkPolicy(NetworkPolicy),
 }
 
 /// Deserializes `value` as `T` and serializes it back: any field k8s-openapi does not know
@@ -198,6 +200,7 @@ fn object(value: &Value, what: &str) -> Object {
         "Deployment" => Object::Deployment(typed(value, what)),
         "Service" => Object::Service(typed(value, what)),
         "PodDisruptionBudget" => Object::PodDisruptionBudget(typed(value, what)),
+        "NetworkPolicy" => Object::NetworkPolicy(typed(value, what)),
         other => panic!("{what}: unexpected kind {other:?} (add it to this test on purpose)"),
     }
 }
@@ -499,6 +502,7 @@ fn every_manifest_parses_into_its_kubernetes_type_without_dropping_fields() {
         ("Deployment", 1),
         ("Service", 1),
         ("PodDisruptionBudget", 1),
+        ("NetworkPolicy", 1),
     ]
     .into_iter()
     .map(|(k, n)| (k.to_owned(), n))
@@ -1097,6 +1101,51 @@ fn service_targets_the_grpc_port() {
         .find(|p| p.name.as_deref() == Some(target.as_str()))
         .unwrap_or_else(|| panic!("no container port named {target}"));
     assert_eq!(container_port.container_port, 7443);
+}
+
+#[test]
+fn network_policy_admits_grpc_from_anywhere_and_metrics_from_monitoring_only() {
+    let objects = gateway_objects();
+    let d = deployment(&objects);
+    let policy = the(&objects, |o| match o {
+        Object::NetworkPolicy(p) => Some(p),
+        _ => None,
+    });
+    let spec = policy.spec.unwrap();
+    assert!(selects(&match_labels(spec.pod_selector.as_ref().unwrap()), &pod_labels(&d)));
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_owned()]));
+    let rules = spec.ingress.unwrap();
+    let port_of = |rule: &k8s_openapi::api::networking::v1::NetworkPolicyIngressRule| {
+        let ports = rule.ports.clone().unwrap();
+        assert_eq!(ports.len(), 1);
+        match ports[0].port.clone().unwrap() {
+            IntOrString::String(name) => name,
+            IntOrString::Int(n) => panic!("name the port, not {n}"),
+        }
+    };
+    let grpc = rules.iter().find(|r| port_of(r) == "grpc").unwrap();
+    assert!(grpc.from.is_none(), "agents come from anywhere");
+    let metrics = rules.iter().find(|r| port_of(r) == "http-metrics").unwrap();
+    let from = metrics.from.clone().unwrap();
+    assert_eq!(from.len(), 1);
+    let namespaces = from[0].namespace_selector.clone().unwrap();
+    assert_eq!(
+        match_labels(&namespaces)
+            .get("kubernetes.io/metadata.name")
+            .map(String::as_str),
+        Some("monitoring")
+    );
+    assert!(from[0].pod_selector.is_none() && from[0].ip_block.is_none());
+    // The named ports exist on the gateway container.
+    let names: Vec<String> = gateway_container(&d)
+        .ports
+        .unwrap()
+        .into_iter()
+        .filter_map(|p| p.name)
+        .collect();
+    for rule in &rules {
+        assert!(names.contains(&port_of(rule)), "{names:?}");
+    }
 }
 
 #[test]

@@ -13,8 +13,13 @@
 //! `HEAD` is answered like `GET` without a body. Text bodies end with a newline. The server
 //! is hyper 1's HTTP/1 connection driver on tokio, with no router: three paths do not need
 //! one, and the agent's binary stays small. It is for a local scraper and kubelet-style
-//! probes, not the internet: at most [`MAX_CONNECTIONS`] connections at once (more are
-//! closed at accept) and [`HEADER_READ_TIMEOUT`] to send the request head.
+//! probes, and no client can hold the probes hostage ([`Slots`]): at most
+//! [`MAX_CONNECTIONS`] connections at once and [`MAX_CONNECTIONS_PER_ADDRESS`] from one
+//! address; a new connection is always taken, the oldest connection of the address that
+//! holds the most making room for it (so whoever holds many connections only displaces its
+//! own, and a prober's fresh connection is served); [`HEADER_READ_TIMEOUT`] to send a
+//! request head, [`IDLE_TIMEOUT`] between requests, and a connection closes after
+//! [`MAX_CONNECTION_AGE`] however busy (keep-alive is bounded).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -39,9 +44,19 @@ pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 /// Content type of the plain-text answers (`ok`, reasons, errors).
 const TEXT: &str = "text/plain; charset=utf-8";
 
-/// Most connections served at once; further ones are closed as soon as they are accepted.
-/// A scraper and a prober need two.
-pub const MAX_CONNECTIONS: usize = 16;
+/// Most connections served at once (a scraper and a prober need two); a further one makes
+/// room for itself ([`Slots`]).
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// Most connections from one IP address; a further one closes that address's oldest.
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 4;
+
+/// Time a connection may sit between requests before it is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Age after which a connection is closed once its request in progress is answered, however
+/// busy it keeps (a client asking every few seconds never goes idle).
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(60);
 
 /// Time a client has to send its request head before the connection is closed.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -103,15 +118,23 @@ pub async fn serve(
     let registry: Arc<dyn Exposition> = registry;
     let closing = CancellationToken::new();
     let mut connections = JoinSet::new();
+    let mut slots: Slots = Slots::default();
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
             () = &mut shutdown => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            Some(done) = connections.join_next_with_id(), if !connections.is_empty() => {
+                let id = match done {
+                    Ok((id, ())) => id,
+                    Err(error) => error.id(),
+                };
+                slots.remove(id);
+                continue;
+            }
             accepted = listener.accept() => accepted,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(error) if per_connection(&error) => {
                 tracing::debug!(%error, "observe server: accept failed");
                 continue;
@@ -122,17 +145,17 @@ pub async fn serve(
                 continue;
             }
         };
-        if connections.len() >= MAX_CONNECTIONS {
-            tracing::debug!("observe server: too many connections; closing a new one");
-            drop(stream);
-            continue;
+        for evicted in slots.make_room(peer.ip()) {
+            tracing::debug!(%peer, "observe server: closing an older connection to make room");
+            evicted.abort();
         }
-        connections.spawn(connection(
+        let handle = connections.spawn(connection(
             stream,
             registry.clone(),
             ready.clone(),
             closing.clone(),
         ));
+        slots.insert(peer.ip(), handle);
     }
     closing.cancel();
     let drained = async { while connections.join_next().await.is_some() {} };
@@ -162,7 +185,10 @@ async fn connection(
     closing: CancellationToken,
 ) {
     let _ = stream.set_nodelay(true);
+    let activity = Arc::new(tokio::sync::Notify::new());
+    let active = activity.clone();
     let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+        active.notify_one();
         let response = answer(
             request.method(),
             request.uri().path(),
@@ -176,17 +202,106 @@ async fn connection(
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
-    let result = tokio::select! {
-        result = conn.as_mut() => result,
-        () = closing.cancelled() => {
+    let too_old = tokio::time::sleep(MAX_CONNECTION_AGE);
+    tokio::pin!(too_old);
+    let result = loop {
+        let idle = tokio::time::sleep(IDLE_TIMEOUT);
+        tokio::select! {
+            result = conn.as_mut() => break result,
+            () = activity.notified() => continue,
             // Finish the request in progress, if any, then close (idle keep-alive
             // connections close at once).
-            conn.as_mut().graceful_shutdown();
-            conn.await
+            () = closing.cancelled() => {}
+            () = &mut too_old => {}
+            () = idle => {}
         }
+        conn.as_mut().graceful_shutdown();
+        break conn.await;
     };
     if let Err(error) = result {
         tracing::debug!(%error, "observe server: connection ended with an error");
+    }
+}
+
+/// The observe server's connections by peer address, and which to close for a new one: the
+/// oldest of the new one's own address when it holds [`MAX_CONNECTIONS_PER_ADDRESS`], else,
+/// when [`MAX_CONNECTIONS`] are open, the oldest of the address that holds the most. I/O
+/// free: `H` is what closes a connection (a task's `AbortHandle` in the server).
+#[derive(Debug)]
+pub struct Slots<H = tokio::task::AbortHandle> {
+    open: Vec<(std::net::IpAddr, H)>,
+}
+
+impl<H> Default for Slots<H> {
+    fn default() -> Self {
+        Self { open: Vec::new() }
+    }
+}
+
+/// A handle that names its connection ([`Slots::remove`]).
+pub trait SlotId {
+    /// What names a connection.
+    type Id: PartialEq;
+    /// The connection's identity.
+    fn slot_id(&self) -> Self::Id;
+}
+
+impl SlotId for tokio::task::AbortHandle {
+    type Id = tokio::task::Id;
+    fn slot_id(&self) -> tokio::task::Id {
+        self.id()
+    }
+}
+
+impl<H: SlotId> Slots<H> {
+    /// Removes and returns the connections to close before one from `ip` is taken (none,
+    /// or one).
+    pub fn make_room(&mut self, ip: std::net::IpAddr) -> Vec<H> {
+        let own = self.open.iter().filter(|(a, _)| *a == ip).count();
+        let victim = if own >= MAX_CONNECTIONS_PER_ADDRESS {
+            Some(ip)
+        } else if self.open.len() >= MAX_CONNECTIONS {
+            self.busiest()
+        } else {
+            None
+        };
+        // `open` is in the order connections came: the first of an address is its oldest.
+        victim
+            .and_then(|victim| self.open.iter().position(|(a, _)| *a == victim))
+            .map(|i| vec![self.open.remove(i).1])
+            .unwrap_or_default()
+    }
+
+    /// The address holding the most connections (of those, the one whose oldest came first).
+    fn busiest(&self) -> Option<std::net::IpAddr> {
+        let mut best: Option<(usize, std::net::IpAddr)> = None;
+        for (ip, _) in &self.open {
+            let n = self.open.iter().filter(|(a, _)| a == ip).count();
+            if best.is_none_or(|(most, _)| n > most) {
+                best = Some((n, *ip));
+            }
+        }
+        best.map(|(_, ip)| ip)
+    }
+
+    /// Records a connection from `ip`.
+    pub fn insert(&mut self, ip: std::net::IpAddr, handle: H) {
+        self.open.push((ip, handle));
+    }
+
+    /// Forgets the connection `id` (it ended).
+    pub fn remove(&mut self, id: H::Id) {
+        self.open.retain(|(_, h)| h.slot_id() != id);
+    }
+
+    /// Connections open.
+    pub fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Whether none is open.
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
     }
 }
 
@@ -595,6 +710,7 @@ mod tests {
             "{bad}"
         );
     }
+    use std::net::SocketAddr;
     use std::sync::atomic::{AtomicBool, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -696,6 +812,177 @@ mod tests {
             TcpStream::connect(addr).await.is_err(),
             "the listener is closed after shutdown"
         );
+    }
+
+    impl SlotId for u32 {
+        type Id = u32;
+        fn slot_id(&self) -> u32 {
+            *self
+        }
+    }
+
+    fn ip(last: u8) -> std::net::IpAddr {
+        std::net::IpAddr::from([127, 0, 0, last])
+    }
+
+    #[test]
+    fn a_new_connection_displaces_only_the_busiest_address() {
+        let mut slots: Slots<u32> = Slots::default();
+        let mut next = 0;
+        let mut open = |slots: &mut Slots<u32>, from: u8| {
+            let evicted = slots.make_room(ip(from));
+            slots.insert(ip(from), next);
+            next += 1;
+            evicted
+        };
+        // One address: its fifth connection closes its first.
+        for _ in 0..MAX_CONNECTIONS_PER_ADDRESS {
+            assert!(open(&mut slots, 1).is_empty());
+        }
+        assert_eq!(open(&mut slots, 1), vec![0]);
+        // Fill the server from seven more addresses, four each.
+        for from in 2..=8 {
+            for _ in 0..MAX_CONNECTIONS_PER_ADDRESS {
+                assert!(open(&mut slots, from).is_empty());
+            }
+        }
+        assert_eq!(slots.len(), MAX_CONNECTIONS);
+        // A prober's connection: the oldest of the first busiest address makes room.
+        assert_eq!(open(&mut slots, 9), vec![1]);
+        // Its next one too, from the next busiest (address 1 now holds three).
+        assert_eq!(open(&mut slots, 9), vec![5]);
+        assert_eq!(slots.len(), MAX_CONNECTIONS);
+        // A connection that ended frees its slot.
+        slots.remove(2);
+        assert_eq!(slots.len(), MAX_CONNECTIONS - 1);
+        assert!(open(&mut slots, 10).is_empty());
+    }
+
+    /// Opens connections from `from` to `addr` and asks `GET /metrics` on each every
+    /// 500 ms, opening another when one is closed, until `until`.
+    async fn hold(from: std::net::IpAddr, addr: SocketAddr, until: tokio::time::Instant) {
+        while tokio::time::Instant::now() < until {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(SocketAddr::new(from, 0)).unwrap();
+            let Ok(mut stream) = socket.connect(addr).await else {
+                continue;
+            };
+            let mut buf = vec![0; 64 * 1024];
+            while tokio::time::Instant::now() < until {
+                let asked = stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+                    .await;
+                if asked.is_err() || matches!(stream.read(&mut buf).await, Ok(0) | Err(_)) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `GET path` from `from` on a fresh connection, within 1 s: the status code.
+    async fn probe(from: std::net::IpAddr, addr: SocketAddr, path: &str) -> Option<u16> {
+        let asked = async {
+            let socket = tokio::net::TcpSocket::new_v4().ok()?;
+            socket.bind(SocketAddr::new(from, 0)).ok()?;
+            let mut stream = socket.connect(addr).await.ok()?;
+            let head = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+            stream.write_all(head.as_bytes()).await.ok()?;
+            let mut raw = Vec::new();
+            stream.read_to_end(&mut raw).await.ok()?;
+            std::str::from_utf8(&raw)
+                .ok()?
+                .split(' ')
+                .nth(1)?
+                .parse()
+                .ok()
+        };
+        tokio::time::timeout(Duration::from_secs(1), asked)
+            .await
+            .ok()?
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn probes_answer_while_many_clients_hold_connections() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            Arc::new(Registry::default()),
+            || Ok(()),
+            stop.clone().cancelled_owned(),
+        ));
+        // 64 connections from 127.0.0.1 and 16 from each of 127.0.0.2 to .9, for 4 s.
+        let until = tokio::time::Instant::now() + Duration::from_secs(4);
+        let mut holders = JoinSet::new();
+        for _ in 0..64 {
+            holders.spawn(hold(ip(1), addr, until));
+        }
+        for from in 2..=9 {
+            for _ in 0..16 {
+                holders.spawn(hold(ip(from), addr, until));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // kubelet's probes from the node's address, and the monitoring scrape from another.
+        let mut answered = Vec::new();
+        while tokio::time::Instant::now() + Duration::from_millis(200) < until {
+            answered.push(probe(ip(10), addr, "/healthz").await);
+            answered.push(probe(ip(10), addr, "/readyz").await);
+            answered.push(probe(ip(11), addr, "/metrics").await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(answered.len() >= 30, "{} probes", answered.len());
+        assert!(
+            answered.iter().all(|a| *a == Some(200)),
+            "every probe answered 200 within 1 s: {answered:?}"
+        );
+        while holders.join_next().await.is_some() {}
+        stop.cancel();
+        server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_and_old_connections_are_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            Arc::new(Registry::default()),
+            || Ok(()),
+            stop.clone().cancelled_owned(),
+        ));
+        let mut buf = vec![0; 4096];
+        // Idle: closed after IDLE_TIMEOUT without a request.
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(idle.read(&mut buf).await.unwrap() > 0);
+        tokio::time::sleep(IDLE_TIMEOUT + Duration::from_secs(1)).await;
+        assert_eq!(idle.read(&mut buf).await.unwrap(), 0, "closed when idle");
+        // Busy: a request every 5 s still ends at MAX_CONNECTION_AGE.
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        let opened = tokio::time::Instant::now();
+        let closed_after = loop {
+            let asked = busy
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+                .await;
+            if asked.is_err() || matches!(busy.read(&mut buf).await, Ok(0) | Err(_)) {
+                break opened.elapsed();
+            }
+            assert!(opened.elapsed() < MAX_CONNECTION_AGE * 2, "never closed");
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        };
+        assert!(
+            closed_after >= MAX_CONNECTION_AGE && closed_after < MAX_CONNECTION_AGE + IDLE_TIMEOUT,
+            "{closed_after:?}"
+        );
+        stop.cancel();
+        server.await.unwrap().unwrap();
     }
 
     #[tokio::test]
