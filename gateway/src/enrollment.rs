@@ -209,6 +209,8 @@ pub struct EnrollmentCounters {
     /// Names of CSRs answered pending and not issued since.
     pending: Mutex<HashSet<String>>,
     pending_gauge: Gauge,
+    /// Which refused requests are also logged (every one is counted).
+    refusal_log: edgebeat_transports::log_limit::LogLimiter,
 }
 
 impl EnrollmentCounters {
@@ -433,7 +435,15 @@ impl Enrollment {
             }
             Outcome::Refused(refused) => {
                 self.counters.count(proof_label, refused.reason);
-                tracing::warn!(node = %header.node_name, reason = refused.reason, detail = %refused.detail, transport = transport.as_str(), "certificate request refused");
+                if let edgebeat_transports::log_limit::LogLine::Write { suppressed, others } =
+                    self.counters.refusal_log.check(
+                        refused.reason,
+                        &header.node_name,
+                        tokio::time::Instant::now(),
+                    )
+                {
+                    tracing::warn!(node = %header.node_name, reason = refused.reason, detail = %refused.detail, transport = transport.as_str(), suppressed, other_sources = others, "certificate request refused");
+                }
                 ack(
                     &header,
                     Answer::Rejected {

@@ -14,6 +14,7 @@
 //! What the apiserver holds is not in the slot but in the shared view, kept by a watch
 //! ([`Gateway::watch`]) and by the answers to writes.
 
+use edgebeat_transports::log_limit::LogLine;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -863,7 +864,19 @@ impl Handler for Gateway {
             tracing::debug!(transport = peer.transport.as_str(), node = ?peer.identity, why = why.as_str(), detail, "heartbeat superseded or replayed");
             return;
         }
-        tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, node = ?peer.identity, why = why.as_str(), detail, "message refused by the transport");
+        // Per reason and source address (or node), one line per interval: a flood is
+        // counted in full and written in a few lines.
+        let source = match (&peer.remote, &peer.identity) {
+            (Some(remote), _) => remote.ip().to_string(),
+            (None, Some(node)) => node.to_string(),
+            (None, None) => String::new(),
+        };
+        let now = tokio::time::Instant::now();
+        if let LogLine::Write { suppressed, others } =
+            self.counters.refusal_log.check(why.as_str(), &source, now)
+        {
+            tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, node = ?peer.identity, why = why.as_str(), detail, suppressed, other_sources = others, "message refused by the transport");
+        }
     }
 }
 

@@ -15,11 +15,16 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context as _, bail};
+use edgebeat_agent::config::{AgentConfig, ClientTls, TlsIdentity};
 use serde::Deserialize;
+
+use crate::harness::{AgentHandle, fixture, grpc_transport, start_agent, test_agent_config};
+use crate::pki::Ca;
+use crate::process::GatewayProcess;
 
 /// The repository's root (the tests crate is one of its members).
 pub fn repository() -> PathBuf {
@@ -455,4 +460,90 @@ pub fn deployed_gateway_args(
         control_plane.service_account_kubeconfig("edgebeat-system", &service_account)?;
     args.push(format!("--kubeconfig={}", kubeconfig.display()));
     Ok(args)
+}
+
+/// A gateway of `deploy/gateway` serving gRPC with mTLS: its serving certificate and the
+/// site CA from `site`, written where the Deployment mounts them.
+pub struct DeployedGateway {
+    /// The running binary.
+    pub process: GatewayProcess,
+    /// Its gRPC listener (mTLS).
+    pub grpc: std::net::SocketAddr,
+    /// Its `/healthz`, `/readyz` and `/metrics`.
+    pub health: std::net::SocketAddr,
+    /// The site CA its serving certificate and the nodes' certificates come from.
+    pub site: Arc<Ca>,
+    _dir: tempfile::TempDir,
+}
+
+#[allow(clippy::unwrap_used)]
+impl DeployedGateway {
+    /// Starts it with `extra` arguments after deploy/'s.
+    ///
+    /// # Panics
+    /// When kubectl, the files or the binary fail (a test's setup).
+    pub async fn start(control_plane: &ControlPlane, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Arc::new(Ca::new("edgebeat-test-site"));
+        let server = site.server();
+        let tls = dir.path().join("tls");
+        let site_ca = dir.path().join("site-ca");
+        std::fs::create_dir_all(&tls).unwrap();
+        std::fs::create_dir_all(&site_ca).unwrap();
+        std::fs::write(tls.join("tls.crt"), &server.cert_pem).unwrap();
+        std::fs::write(tls.join("tls.key"), &server.key_pem).unwrap();
+        std::fs::write(site_ca.join("ca.crt"), &site.cert_pem).unwrap();
+        let mut args = deployed_gateway_args(
+            control_plane,
+            &["deploy/gateway"],
+            &[("tls", &tls), ("site-ca", &site_ca)],
+            "edgebeat-gateway-test",
+        )
+        .unwrap();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let mut process = GatewayProcess::start(&args, &dir.path().join("gateway.log")).unwrap();
+        let health = process
+            .address("serving /healthz, /readyz and /metrics")
+            .await
+            .unwrap();
+        let grpc = process.address("gRPC listening").await.unwrap();
+        Self {
+            process,
+            grpc,
+            health,
+            site,
+            _dir: dir,
+        }
+    }
+
+    /// An agent configuration for `node` at kubelet's defaults (status every 10 s, reported
+    /// every 5 min unchanged, Lease of 40 s renewed every 10 s), over gRPC with mTLS.
+    pub fn agent_config(&self, node: &str) -> AgentConfig {
+        let leaf = self.site.node(node);
+        let mut transport = grpc_transport(&format!("https://{}", self.grpc));
+        transport
+            .set_tls(ClientTls {
+                ca_pem: self.site.cert_pem.clone().into_bytes(),
+                client_identity: Some(TlsIdentity {
+                    cert_pem: leaf.cert_pem.into_bytes(),
+                    key_pem: leaf.key_pem.into_bytes(),
+                }),
+            })
+            .unwrap();
+        let defaults = AgentConfig::default();
+        AgentConfig {
+            node_status_update_frequency: defaults.node_status_update_frequency,
+            node_status_report_frequency: defaults.node_status_report_frequency,
+            node_lease_duration_seconds: defaults.node_lease_duration_seconds,
+            ..test_agent_config(node, &fixture("rpi4-cgroup1"), transport)
+        }
+    }
+
+    /// An in-process agent with [`Self::agent_config`].
+    ///
+    /// # Panics
+    /// When the agent cannot start.
+    pub fn agent(&self, node: &str) -> AgentHandle {
+        start_agent(self.agent_config(node), Arc::new(edgebeat_hw::SystemClock)).unwrap()
+    }
 }

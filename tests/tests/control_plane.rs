@@ -11,91 +11,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_agent::config::{AgentConfig, ClientTls, TlsIdentity};
-use edgebeat_tests::control_plane::{AuditEvent, ControlPlane, deployed_gateway_args};
+use edgebeat_tests::control_plane::{
+    AuditEvent, ControlPlane, DeployedGateway, deployed_gateway_args,
+};
 use edgebeat_tests::harness::{
     AgentHandle, fixture, grpc_transport, start_agent, test_agent_config,
 };
-use edgebeat_tests::pki::Ca;
 use edgebeat_tests::process::GatewayProcess;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
 const GATEWAY_USER: &str = "system:serviceaccount:edgebeat-system:edgebeat-gateway";
-
-/// A gateway of `deploy/gateway` serving gRPC with mTLS: its serving certificate and the
-/// site CA from `site`, written where the Deployment mounts them.
-struct DeployedGateway {
-    process: GatewayProcess,
-    grpc: std::net::SocketAddr,
-    health: std::net::SocketAddr,
-    site: Ca,
-    _dir: tempfile::TempDir,
-}
-
-impl DeployedGateway {
-    async fn start(control_plane: &ControlPlane, extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let site = Ca::new("edgebeat-test-site");
-        let server = site.server();
-        let tls = dir.path().join("tls");
-        let site_ca = dir.path().join("site-ca");
-        std::fs::create_dir_all(&tls).unwrap();
-        std::fs::create_dir_all(&site_ca).unwrap();
-        std::fs::write(tls.join("tls.crt"), &server.cert_pem).unwrap();
-        std::fs::write(tls.join("tls.key"), &server.key_pem).unwrap();
-        std::fs::write(site_ca.join("ca.crt"), &site.cert_pem).unwrap();
-        let mut args = deployed_gateway_args(
-            control_plane,
-            &["deploy/gateway"],
-            &[("tls", &tls), ("site-ca", &site_ca)],
-            "edgebeat-gateway-test",
-        )
-        .unwrap();
-        args.extend(extra.iter().map(|a| (*a).to_owned()));
-        let mut process = GatewayProcess::start(&args, &dir.path().join("gateway.log")).unwrap();
-        let health = process
-            .address("serving /healthz, /readyz and /metrics")
-            .await
-            .unwrap();
-        let grpc = process.address("gRPC listening").await.unwrap();
-        Self {
-            process,
-            grpc,
-            health,
-            site,
-            _dir: dir,
-        }
-    }
-
-    /// An agent configuration for `node` at kubelet's defaults (status every 10 s, reported
-    /// every 5 min unchanged, Lease of 40 s renewed every 10 s), over gRPC with mTLS.
-    fn agent_config(&self, node: &str) -> AgentConfig {
-        let leaf = self.site.node(node);
-        let mut transport = grpc_transport(&format!("https://{}", self.grpc));
-        transport
-            .set_tls(ClientTls {
-                ca_pem: self.site.cert_pem.clone().into_bytes(),
-                client_identity: Some(TlsIdentity {
-                    cert_pem: leaf.cert_pem.into_bytes(),
-                    key_pem: leaf.key_pem.into_bytes(),
-                }),
-            })
-            .unwrap();
-        let defaults = AgentConfig::default();
-        AgentConfig {
-            node_status_update_frequency: defaults.node_status_update_frequency,
-            node_status_report_frequency: defaults.node_status_report_frequency,
-            node_lease_duration_seconds: defaults.node_lease_duration_seconds,
-            ..test_agent_config(node, &fixture("rpi4-cgroup1"), transport)
-        }
-    }
-
-    fn agent(&self, node: &str) -> AgentHandle {
-        start_agent(self.agent_config(node), Arc::new(edgebeat_hw::SystemClock)).unwrap()
-    }
-}
 
 /// The Ready condition's status of `node` ("True", "False", "Unknown"), `None` without a
 /// Node or condition.

@@ -1112,7 +1112,10 @@ fn network_policy_admits_grpc_from_anywhere_and_metrics_from_monitoring_only() {
         _ => None,
     });
     let spec = policy.spec.unwrap();
-    assert!(selects(&match_labels(spec.pod_selector.as_ref().unwrap()), &pod_labels(&d)));
+    assert!(selects(
+        &match_labels(spec.pod_selector.as_ref().unwrap()),
+        &pod_labels(&d)
+    ));
     assert_eq!(spec.policy_types, Some(vec!["Ingress".to_owned()]));
     let rules = spec.ingress.unwrap();
     let port_of = |rule: &k8s_openapi::api::networking::v1::NetworkPolicyIngressRule| {

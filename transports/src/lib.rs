@@ -42,3 +42,6 @@ pub mod mqtt;
 
 #[cfg(feature = "observe")]
 pub mod observe;
+
+#[cfg(feature = "ingress")]
+pub mod log_limit;

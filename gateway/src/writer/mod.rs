@@ -258,7 +258,12 @@ impl Writer {
     /// Refuses a message: counted by reason, logged.
     pub(crate) fn reject(&self, why: RejectReason, reason: String) -> Answer {
         self.counters.count_rejection(why);
-        tracing::warn!(why = why.as_str(), %reason, "message refused");
+        let now = tokio::time::Instant::now();
+        if let edgebeat_transports::log_limit::LogLine::Write { suppressed, .. } =
+            self.counters.refusal_log.check(why.as_str(), "", now)
+        {
+            tracing::warn!(why = why.as_str(), %reason, suppressed, "message refused");
+        }
         rejected(reason)
     }
 

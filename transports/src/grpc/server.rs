@@ -105,9 +105,9 @@ impl<H: Handler> Heartbeat for Service<H> {
                 // Refused before any message is read: nothing from this stream reaches the
                 // handler, and the agent sees UNAUTHENTICATED (its own fault, not the link).
                 let reason = refused.to_string();
+                // Counted and logged (within bounds) by the handler.
                 self.handler
                     .rejected(&peer, RejectReason::Unauthenticated, &reason);
-                tracing::warn!(remote = ?peer.remote, %reason, "gRPC stream refused: unauthenticated");
                 return Err(Status::unauthenticated(reason));
             }
         }

@@ -99,7 +99,7 @@ impl<H: Handler> Workers<H> {
                     match signatures.learn(node, &publish.payload, recorded) {
                         Ok(()) => tracing::debug!(%node, "node certificate verified"),
                         Err(why) => {
-                            tracing::warn!(%node, %why, "node certificate refused");
+                            // Counted and logged (within bounds) by the handler.
                             self.handler
                                 .rejected(&nobody(), REJECT_CERTIFICATE.reason, &why);
                         }
