@@ -4,7 +4,8 @@
 #   kube-apiserver TLS serving certificate, x509 client-certificate authentication,
 #                 service-account keys and issuer, --authorization-mode=Node,RBAC,
 #                 NodeRestriction admission, an audit log recording every request at
-#                 Metadata level (DIR/audit.log, JSON lines), front-proxy (aggregation)
+#                 Metadata level (DIR/audit.log, JSON lines, never rotated: tests read it
+#                 whole), front-proxy (aggregation)
 #                 and kubelet-client certificates
 #   kube-controller-manager every default controller (node lifecycle, CSR signing,
 #                 approving and cleaning, garbage collector...) with the cluster CA as
@@ -141,6 +142,7 @@ exec "$bin/kube-apiserver" \
   --enable-admission-plugins NodeRestriction \
   --audit-policy-file "$dir/audit-policy.yaml" \
   --audit-log-path "$dir/audit.log" --audit-log-format json --audit-log-mode blocking \
+  --audit-log-maxsize 100000 \
   --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
   --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
   --kubelet-certificate-authority "$pki/ca.crt" \

@@ -262,11 +262,11 @@ impl Drop for ControlPlane {
 
 fn run_root() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    // target/<profile>/deps/<binary>: target/control-plane.
+    // target/<profile>/deps/<test binary> or target/<profile>/<binary>: target/control-plane.
     let target = exe
         .ancestors()
-        .nth(3)
-        .context("test binary outside a target directory")?;
+        .find(|dir| dir.file_name().is_some_and(|n| n == "target"))
+        .context("a binary outside a target directory")?;
     let root = target.join("control-plane");
     std::fs::create_dir_all(&root)?;
     Ok(root)

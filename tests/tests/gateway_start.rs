@@ -213,3 +213,37 @@ async fn http2_with_prior_knowledge_against_an_http1_apiserver_is_reported() {
     assert!(field(&error, "apiserver").starts_with(&url), "{error:?}");
     assert!(!field(&error, "error").is_empty(), "{error:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_enrollment_an_unreachable_apiserver_is_retried_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let url = format!("http://{closed}");
+    let mut args = gateway_args(&url);
+    args.extend(["--enrollment", "--grpc-enrollment-listen=127.0.0.1:0"].map(str::to_owned));
+    let mut gateway = GatewayProcess::start(args, &dir.path().join("gateway.log")).unwrap();
+    let health = gateway
+        .address("serving /healthz, /readyz and /metrics")
+        .await
+        .unwrap();
+    // The site CA cannot be read: said as an error and asked again (1 s later), alive
+    // all along.
+    let is_retry = |l: &LogLine| {
+        message(l).starts_with("--enrollment: cannot read the site CA") && field(l, "level") == "ERROR"
+    };
+    gateway.wait_for(REPORTED_WITHIN, is_retry).await.unwrap();
+    let deadline = tokio::time::Instant::now() + REPORTED_WITHIN;
+    while gateway.lines().iter().filter(|l| is_retry(l)).count() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "asked once only: {}", gateway.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(http_get(health, "/healthz").await.unwrap().0, 200);
+    let (code, body) = http_get(health, "/readyz").await.unwrap();
+    assert_eq!(code, 503);
+    assert!(body.contains("site CA"), "{body}");
+    let status = gateway.terminate().await.unwrap();
+    assert!(status.success(), "SIGTERM while retrying ends cleanly: {status}");
+}

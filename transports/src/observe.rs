@@ -903,8 +903,12 @@ mod tests {
             .ok()?
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn probes_answer_while_many_clients_hold_connections() {
+    /// A server of an empty registry, always ready, on a port of its own.
+    async fn ready_server() -> (
+        SocketAddr,
+        CancellationToken,
+        tokio::task::JoinHandle<io::Result<()>>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
@@ -914,6 +918,12 @@ mod tests {
             || Ok(()),
             stop.clone().cancelled_owned(),
         ));
+        (addr, stop, server)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn probes_answer_while_many_clients_hold_connections() {
+        let (addr, stop, server) = ready_server().await;
         // 64 connections from 127.0.0.1 and 16 from each of 127.0.0.2 to .9, for 4 s.
         let until = tokio::time::Instant::now() + Duration::from_secs(4);
         let mut holders = JoinSet::new();
@@ -946,15 +956,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn idle_and_old_connections_are_closed() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        let server = tokio::spawn(serve(
-            listener,
-            Arc::new(Registry::default()),
-            || Ok(()),
-            stop.clone().cancelled_owned(),
-        ));
+        let (addr, stop, server) = ready_server().await;
         let mut buf = vec![0; 4096];
         // Idle: closed after IDLE_TIMEOUT without a request.
         let mut idle = TcpStream::connect(addr).await.unwrap();

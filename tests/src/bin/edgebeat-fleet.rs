@@ -269,6 +269,14 @@ async fn serve_ack_only(spec: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--apiserver-http=2` unless `--gateway-arg` chose: the stand-in serves HTTP/2 without TLS
+/// (h2c), and the gateway's default over plain `http://` is HTTP/1.1, as client-go's; the
+/// benchmarks measure the gateway as it talks to a real apiserver over TLS, which is HTTP/2.
+fn apiserver_http(gateway_args: &[String]) -> Option<&'static str> {
+    (!gateway_args.iter().any(|a| a.starts_with("--apiserver-http")))
+        .then_some("--apiserver-http=2")
+}
+
 fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
@@ -424,6 +432,7 @@ async fn spawn_replica(
         .arg(endpoint_list(brokers, index))
         .arg(format!("--mqtt-client-id=edgebeat-fleet-gateway-{suffix}"))
         .arg("--allow-unidentified-agents")
+        .args(apiserver_http(&args.gateway_args))
         .args(&args.gateway_args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -608,6 +617,7 @@ async fn main() -> anyhow::Result<()> {
         .arg(standin.url())
         .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
         .arg("--log-level=warn")
+        .args(apiserver_http(&args.gateway_args))
         .stdout(std::process::Stdio::null())
         .stderr(match &args.gateway_log {
             Some(path) => std::process::Stdio::from(
