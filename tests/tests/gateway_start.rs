@@ -232,12 +232,17 @@ async fn with_enrollment_an_unreachable_apiserver_is_retried_not_fatal() {
     // The site CA cannot be read: said as an error and asked again (1 s later), alive
     // all along.
     let is_retry = |l: &LogLine| {
-        message(l).starts_with("--enrollment: cannot read the site CA") && field(l, "level") == "ERROR"
+        message(l).starts_with("--enrollment: cannot read the site CA")
+            && field(l, "level") == "ERROR"
     };
     gateway.wait_for(REPORTED_WITHIN, is_retry).await.unwrap();
     let deadline = tokio::time::Instant::now() + REPORTED_WITHIN;
     while gateway.lines().iter().filter(|l| is_retry(l)).count() < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "asked once only: {}", gateway.log_text());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "asked once only: {}",
+            gateway.log_text()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(http_get(health, "/healthz").await.unwrap().0, 200);
@@ -245,5 +250,8 @@ async fn with_enrollment_an_unreachable_apiserver_is_retried_not_fatal() {
     assert_eq!(code, 503);
     assert!(body.contains("site CA"), "{body}");
     let status = gateway.terminate().await.unwrap();
-    assert!(status.success(), "SIGTERM while retrying ends cleanly: {status}");
+    assert!(
+        status.success(),
+        "SIGTERM while retrying ends cleanly: {status}"
+    );
 }

@@ -273,8 +273,10 @@ async fn serve_ack_only(spec: &str) -> anyhow::Result<()> {
 /// (h2c), and the gateway's default over plain `http://` is HTTP/1.1, as client-go's; the
 /// benchmarks measure the gateway as it talks to a real apiserver over TLS, which is HTTP/2.
 fn apiserver_http(gateway_args: &[String]) -> Option<&'static str> {
-    (!gateway_args.iter().any(|a| a.starts_with("--apiserver-http")))
-        .then_some("--apiserver-http=2")
+    (!gateway_args
+        .iter()
+        .any(|a| a.starts_with("--apiserver-http")))
+    .then_some("--apiserver-http=2")
 }
 
 fn free_port() -> anyhow::Result<u16> {
