@@ -11,8 +11,8 @@ use std::process::Command;
 use log_lines::{Stream, check_both_formats};
 
 /// A gateway whose apiserver does not answer (a port nobody listens on), serving plain
-/// gRPC: it warns that unidentified agents are let in, then says at debug level why its
-/// watches fail (`kind=… error=…`).
+/// gRPC: it warns that unidentified agents are let in, then says as errors why it cannot
+/// reach the apiserver and why its watches fail (`kind=… error=…`).
 fn gateway(format: &str) -> Command {
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -35,5 +35,5 @@ fn gateway(format: &str) -> Command {
 #[test]
 fn log_lines_in_a_file_are_plain_text_or_json() {
     let dir = tempfile::tempdir().unwrap();
-    check_both_formats(gateway, Stream::Stdout, dir.path(), 3, "DEBUG", "error");
+    check_both_formats(gateway, Stream::Stdout, dir.path(), 3, "ERROR", "error");
 }
