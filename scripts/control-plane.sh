@@ -144,7 +144,7 @@ case "${1:-}" in
     dir="${2:?}"
     component="${3:?}"
     "$0" stop "$dir" "$component"
-    setsid "$dir/run-$component.sh" >> "$dir/$component.log" 2>&1 < /dev/null &
+    "$dir/run-$component.sh" >> "$dir/$component.log" 2>&1 < /dev/null &
     echo $! > "$dir/$component.pid"
     case "$component" in
       kube-apiserver|kube-controller-manager) "$0" wait "$dir" "$component" ;;

@@ -105,9 +105,10 @@ rules:
 EOF
 
 # Each component's command line is written to DIR/run-<component>.sh, so a test can stop one
-# and start it again as it was (`scripts/control-plane.sh restart DIR kube-apiserver`).
+# and start it again as it was (`scripts/control-plane.sh restart DIR kube-apiserver`). The
+# script execs the component, so $! is the component's PID, the one `stop` signals.
 launch() { # component
-  setsid "$dir/run-$1.sh" >> "$dir/$1.log" 2>&1 < /dev/null &
+  "$dir/run-$1.sh" >> "$dir/$1.log" 2>&1 < /dev/null &
   echo $! > "$dir/$1.pid"
 }
 
