@@ -517,6 +517,7 @@ async fn run() -> anyhow::Result<()> {
     registry.register_collector(Box::new(edgebeat_transports::observe::ProcessCollector));
     // Set once: the cell was empty until now.
     let _ = metrics.set(registry);
+    startup.phase("listing the managed Nodes and Leases (is the apiserver reachable? see the log)");
     // What the apiserver holds for the managed Nodes and Leases (see edgebeat_gateway::view).
     tokio::spawn(gateway.watch(watches));
     let listed = Arc::new(AtomicBool::new(false));
@@ -531,7 +532,6 @@ async fn run() -> anyhow::Result<()> {
     // broker's retained certificates) meet the cluster's record of every node: which
     // certificate each speaks with. A watch that cannot list (RBAC) delays the start by at
     // most VIEW_SYNC_TIMEOUT; /readyz waits for the list either way.
-    startup.phase("listing the managed Nodes and Leases (is the apiserver reachable? see the log)");
     let synced = tokio::time::timeout(VIEW_SYNC_TIMEOUT, gateway.view().synced());
     match stop.run_until_cancelled(synced).await {
         None => return stopped(observe_stop, observe).await,

@@ -46,15 +46,19 @@ fn gateway_args(server: &str) -> Vec<String> {
     .to_vec()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_apiserver_is_an_error_within_seconds_and_healthz_answers_from_the_start() {
-    let dir = tempfile::tempdir().unwrap();
-    // A port nothing listens on: bound by the kernel, then closed.
+/// `http://` and a port nothing listens on: bound by the kernel, then closed.
+fn closed_url() -> String {
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
-    let url = format!("http://{closed}");
+    format!("http://{closed}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_apiserver_is_an_error_within_seconds_and_healthz_answers_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = closed_url();
     let mut gateway =
         GatewayProcess::start(gateway_args(&url), &dir.path().join("gateway.log")).unwrap();
     let health = gateway
@@ -217,11 +221,7 @@ async fn http2_with_prior_knowledge_against_an_http1_apiserver_is_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_enrollment_an_unreachable_apiserver_is_retried_not_fatal() {
     let dir = tempfile::tempdir().unwrap();
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let url = format!("http://{closed}");
+    let url = closed_url();
     let mut args = gateway_args(&url);
     args.extend(["--enrollment", "--grpc-enrollment-listen=127.0.0.1:0"].map(str::to_owned));
     let mut gateway = GatewayProcess::start(args, &dir.path().join("gateway.log")).unwrap();
