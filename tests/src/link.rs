@@ -457,23 +457,11 @@ impl Measurement {
 }
 
 /// The agent binary built beside the running executable (`target/<profile>/edgebeat-agent`,
-/// also for test executables in `target/<profile>/deps`).
+/// also for test executables in `target/<profile>/deps`): [`crate::process::workspace_binary`].
 ///
 /// Errors: not built (`cargo build -p edgebeat-agent` first).
 pub fn agent_binary() -> anyhow::Result<std::path::PathBuf> {
-    let exe = std::env::current_exe()?;
-    let mut dir = exe.parent().context("executable without a directory")?;
-    if dir.ends_with("deps") {
-        dir = dir.parent().context("deps without a parent")?;
-    }
-    let agent = dir.join("edgebeat-agent");
-    if !agent.is_file() {
-        bail!(
-            "{} not found: build it first (cargo build -p edgebeat-agent, with the same profile)",
-            agent.display()
-        );
-    }
-    Ok(agent)
+    crate::process::workspace_binary("edgebeat-agent")
 }
 
 /// Starts the agent `command` (from [`Link::command`] or a plain `edgebeat-agent` command)
