@@ -63,6 +63,9 @@ pub const PREVIOUS_FILE: &str = "edgebeat-client-previous.pem";
 pub const PENDING_KEY_FILE: &str = "edgebeat-client-pending.key";
 /// The site CA (PEM) the enrollment brought.
 pub const CA_FILE: &str = "ca.crt";
+/// The answer CAs (PEM bundle) the last certificate answer named: the only issuers of the
+/// gateway's answer keys the agent trusts (absent while the gateway names none).
+pub const ANSWER_CAS_FILE: &str = "answer-ca.crt";
 
 /// Rotation happens at a uniformly random point in this fraction of the certificate's
 /// lifetime (client-go `certificate_manager.go: nextRotationDeadline`: 70–90 %).
@@ -119,6 +122,10 @@ pub struct NodeIdentity {
     key_pem: String,
     /// The site CA, PEM.
     pub ca_pem: String,
+    /// The answer CAs (DER) the gateway named with this certificate: the agent takes the
+    /// gateway's answers (and, over gRPC without `transport.caFile`, its server
+    /// certificate) only from keys they issued. Empty: from the site CA.
+    pub answer_cas: Vec<Vec<u8>>,
     /// notBefore, Unix seconds.
     pub not_before: i64,
     /// notAfter, Unix seconds.
@@ -160,21 +167,42 @@ impl NodeIdentity {
             cert_pem: enroll::pem("CERTIFICATE", leaf),
             key_pem: enroll::pem("PRIVATE KEY", key.secret_pkcs8_der()),
             ca_pem: ca_pem.to_owned(),
+            answer_cas: Vec::new(),
             not_before,
             not_after,
         })
     }
 
+    /// The same identity, trusting answers from `answer_cas` (DER) alone.
+    #[must_use]
+    pub fn with_answer_cas(mut self, answer_cas: Vec<Vec<u8>>) -> Self {
+        self.answer_cas = answer_cas;
+        self
+    }
+
+    /// The answer CAs as one PEM bundle.
+    fn answer_cas_pem(&self) -> String {
+        self.answer_cas
+            .iter()
+            .map(|der| enroll::pem("CERTIFICATE", der))
+            .collect()
+    }
+
     /// The identity the gateway issued for `key`: the chain's first certificate, the site
-    /// CA `ca` (DER).
+    /// CA `ca` (DER), the answer CAs `answer_cas` (DER) it named.
     ///
     /// Errors: as [`NodeIdentity::from_pem`].
-    fn issued(chain: &[Vec<u8>], ca: &[u8], key: &NodeKeyPair) -> Result<Self, CertificateError> {
+    fn issued(
+        chain: &[Vec<u8>],
+        ca: &[u8],
+        answer_cas: Vec<Vec<u8>>,
+        key: &NodeKeyPair,
+    ) -> Result<Self, CertificateError> {
         let leaf = chain
             .first()
             .ok_or_else(|| CertificateError::Unusable("an empty chain".into()))?;
         let pair = format!("{}{}", enroll::pem("CERTIFICATE", leaf), key.to_pem());
-        Self::from_pem(&pair, &enroll::pem("CERTIFICATE", ca))
+        Ok(Self::from_pem(&pair, &enroll::pem("CERTIFICATE", ca))?.with_answer_cas(answer_cas))
     }
 
     /// The certificate file's content: the certificate, then the key.
@@ -227,9 +255,18 @@ impl CertStore {
     }
 
     /// The identity in [`CURRENT_FILE`], else in [`PREVIOUS_FILE`] (a file that does not
-    /// parse is logged and passed over); `None` when neither holds one.
+    /// parse is logged and passed over), with the answer CAs of [`ANSWER_CAS_FILE`]; `None`
+    /// when neither holds one.
     pub fn load(&self) -> Option<NodeIdentity> {
         let ca = self.read(CA_FILE)?;
+        let answer_cas = self.read(ANSWER_CAS_FILE).map_or_else(Vec::new, |pem| {
+            tls::parse_certificates(pem.as_bytes())
+                .map(|certs| certs.iter().map(|c| c.to_vec()).collect())
+                .unwrap_or_else(|error| {
+                    tracing::warn!(file = %self.dir.join(ANSWER_CAS_FILE).display(), %error, "unusable answer CAs; trusting answers from the site CA until the next certificate");
+                    Vec::new()
+                })
+        });
         [CURRENT_FILE, PREVIOUS_FILE].into_iter().find_map(|name| {
             let pair = self.read(name)?;
             NodeIdentity::from_pem(&pair, &ca)
@@ -237,6 +274,7 @@ impl CertStore {
                     tracing::warn!(file = %self.dir.join(name).display(), %error, "unusable node certificate; passed over");
                 })
                 .ok()
+                .map(|identity| identity.with_answer_cas(answer_cas.clone()))
         })
     }
 
@@ -246,6 +284,16 @@ impl CertStore {
     /// Errors: the I/O error; the files are then as before, or with the new pair whole.
     pub fn save(&self, identity: &NodeIdentity) -> std::io::Result<()> {
         write_atomically(&self.dir, CA_FILE, identity.ca_pem.as_bytes(), 0o644)?;
+        if identity.answer_cas.is_empty() {
+            remove_if_present(&self.dir.join(ANSWER_CAS_FILE))?;
+        } else {
+            write_atomically(
+                &self.dir,
+                ANSWER_CAS_FILE,
+                identity.answer_cas_pem().as_bytes(),
+                0o644,
+            )?;
+        }
         let current = self.dir.join(CURRENT_FILE);
         if current.exists() {
             std::fs::rename(&current, self.dir.join(PREVIOUS_FILE))?;
@@ -398,9 +446,17 @@ impl Manager<'_> {
     /// Errors: [`AgentError::Certificates`] when the transport cannot use it.
     pub fn configure(&self, identity: &NodeIdentity) -> Result<TransportConfig, AgentError> {
         let mut transport = self.transport.clone();
+        #[cfg(feature = "grpc")]
+        let gateway_ca = match (&self.transport, identity.answer_cas.is_empty()) {
+            // The gateway's own gRPC certificate comes from an answer CA, like its answers.
+            (TransportConfig::Grpc(_), false) => identity.answer_cas_pem(),
+            _ => identity.ca_pem.clone(),
+        };
+        #[cfg(not(feature = "grpc"))]
+        let gateway_ca = identity.ca_pem.clone();
         let server_ca = self
             .ca_file()
-            .map_or_else(|| identity.ca_pem.clone().into_bytes(), <[u8]>::to_vec);
+            .map_or_else(|| gateway_ca.into_bytes(), <[u8]>::to_vec);
         let tls = ClientTls {
             ca_pem: server_ca,
             client_identity: Some(identity.tls_identity()),
@@ -421,8 +477,12 @@ impl Manager<'_> {
             #[cfg(feature = "mqtt")]
             TransportConfig::Mqtt(m) => {
                 #[cfg(feature = "mqtt-tls")]
-                m.set_gateway_ca(identity.ca_pem.as_bytes())
-                    .map_err(|e| AgentError::Certificates(e.to_string()))?;
+                if identity.answer_cas.is_empty() {
+                    m.set_gateway_ca(identity.ca_pem.as_bytes())
+                } else {
+                    m.set_answer_cas(&identity.answer_cas)
+                }
+                .map_err(|e| AgentError::Certificates(e.to_string()))?;
                 let _ = m;
             }
         }
@@ -520,16 +580,22 @@ impl Manager<'_> {
             .map_err(|e| CertificateError::Key(e.to_string()))?;
         let payload = enroll::certificate_request(&identity.signer()?, header.clone(), csr)
             .map_err(|e| CertificateError::Key(e.to_string()))?;
-        let trust = AnswerTrust::Ca(identity.ca_pem.as_bytes());
+        let trust = if identity.answer_cas.is_empty() {
+            AnswerTrust::Ca(identity.ca_pem.as_bytes())
+        } else {
+            AnswerTrust::AnswerCas(&identity.answer_cas)
+        };
         let answer = self.send(payload, &header, trust, Some(identity)).await?;
         self.attempt(answer, key)
     }
 
     fn attempt(&self, answer: Answered, key: &NodeKeyPair) -> Result<Attempt, CertificateError> {
         Ok(match answer {
-            Answered::Issued { chain, ca } => {
-                Attempt::Issued(NodeIdentity::issued(&chain, &ca, key)?)
-            }
+            Answered::Issued {
+                chain,
+                ca,
+                answer_cas,
+            } => Attempt::Issued(NodeIdentity::issued(&chain, &ca, answer_cas, key)?),
             Answered::Pending(why) => Attempt::Pending(why),
             Answered::Refused(why) => Attempt::Refused(why),
         })
@@ -557,7 +623,13 @@ impl Manager<'_> {
                     .unwrap_or_default(),
             )
         };
-        let read = |answer: &[u8]| enroll::read_answer(answer, trust, node, boot_tag, seq, now());
+        let read = |answer: &[u8]| {
+            enroll::read_answer(answer, trust, node, boot_tag, seq, now()).inspect_err(|error| {
+                if let enroll::ReadAnswerError::Unverified(refused) = error {
+                    self.metrics.answers_refused().count(refused);
+                }
+            })
+        };
         match self.transport {
             #[cfg(feature = "grpc")]
             TransportConfig::Grpc(_) => {
@@ -594,7 +666,7 @@ impl Manager<'_> {
                                 enroll::PinnedCaVerifier::client_config(pin)
                                     .map_err(CertificateError::Tls)?,
                             ),
-                            AnswerTrust::Ca(_) => None,
+                            AnswerTrust::Ca(_) | AnswerTrust::AnswerCas(_) => None,
                         },
                     };
                     let answer = edgebeat_transports::mqtt::enroll::request_certificate(

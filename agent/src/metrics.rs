@@ -11,6 +11,7 @@
 //! | `edgebeat_agent_node_not_found` | gauge | | 1 once the gateway said this agent's Node was deleted (`kubectl delete node`): the agent sends nothing more and registers again only when restarted; 0 otherwise |
 //! | `edgebeat_agent_last_lease_renewal_timestamp_seconds` | gauge | | wall-clock time of the last successful renewal, seconds since the epoch (0 before the first) |
 //! | `edgebeat_agent_certificate_requests_total` | counter | `kind="enrollment\|rotation"`, `result="issued\|pending\|refused\|failed"` | certificate requests of an agent with `bootstrapTokenFile` (see `crate::certificates`): `issued` and stored, `pending` (manual approval, the apiserver slow), `refused` by the gateway, `failed` (no answer, unusable answer, not stored) |
+//! | `edgebeat_agent_answers_refused_total` | counter | `reason="unsigned\|certificate\|signature\|malformed"` | answers on the ack topic (MQTT with signed messages) and to certificate requests that did not verify: not signed, a certificate no answer CA issued (else the site CA, for an agent that learnt none) or without serverAuth, a bad signature, signed bytes that do not decode (`edgebeat_transports::signing::AnswerVerifier`); nothing of them was acted on |
 //! | `edgebeat_agent_certificate_expiration_timestamp_seconds` | gauge | | notAfter of the node certificate in use, seconds since the epoch (0 without a managed one) |
 //! | `edgebeat_agent_info` | info | `node`, `transport`, `version` | always 1 |
 //! | `edgebeat_agent_node_condition` | gauge | `condition` | 1 while the condition the agent reports is True, 0 while False; a health condition the host has no signal for has no series |
@@ -94,6 +95,8 @@ pub struct AgentMetrics {
     certificate_requests: Family<[(&'static str, &'static str); 2], Counter>,
     certificate_expiration: Gauge,
     health: HealthMetrics,
+    #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
+    answers_refused: std::sync::Arc<edgebeat_transports::signing::AnswerRefusals>,
 }
 
 /// Why a certificate was asked for (`kind` of `edgebeat_agent_certificate_requests_total`).
@@ -131,6 +134,8 @@ impl AgentMetrics {
             certificate_requests: Family::default(),
             certificate_expiration: Gauge::default(),
             health: HealthMetrics::default(),
+            #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
+            answers_refused: std::sync::Arc::default(),
         };
         registry.register(
             "edgebeat_agent_lease_renewals",
@@ -240,7 +245,16 @@ impl AgentMetrics {
         // process_cpu_seconds_total, process_resident_memory_bytes…: the agent's own cost
         // on the board.
         registry.register_collector(Box::new(edgebeat_transports::observe::ProcessCollector));
+        #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
+        registry.register_collector(Box::new(RefusedAnswers(metrics.answers_refused.clone())));
         (metrics, registry)
+    }
+
+    /// The counts of answers refused (`edgebeat_agent_answers_refused_total`), for every
+    /// verifier of the gateway's answers the agent builds.
+    #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
+    pub fn answers_refused(&self) -> std::sync::Arc<edgebeat_transports::signing::AnswerRefusals> {
+        self.answers_refused.clone()
     }
 
     /// Records one Lease renewal tick; `ok` ones also set the last-renewal time to `now`.
@@ -397,6 +411,35 @@ impl AgentMetrics {
 
 /// The `kind` label of `messages_sent_bytes_total`: the proto's message kinds.
 pub use edgebeat_proto::MessageKind;
+
+/// Encodes `edgebeat_agent_answers_refused_total{reason}` from the shared counts at scrape
+/// time.
+#[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
+#[derive(Debug)]
+struct RefusedAnswers(std::sync::Arc<edgebeat_transports::signing::AnswerRefusals>);
+
+#[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
+impl prometheus_client::collector::Collector for RefusedAnswers {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use edgebeat_transports::signing::AnswerRefusals;
+        use prometheus_client::encoding::EncodeMetric as _;
+        use prometheus_client::metrics::TypedMetric as _;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let mut family = encoder.encode_descriptor(
+            "edgebeat_agent_answers_refused",
+            "Answers from the gateway's side that did not verify and were not acted on, by reason",
+            None,
+            ConstCounter::<u64>::TYPE,
+        )?;
+        for (reason, count) in AnswerRefusals::REASONS.iter().zip(self.0.counts()) {
+            ConstCounter::new(count).encode(family.encode_family(&[("reason", *reason)])?)?;
+        }
+        Ok(())
+    }
+}
 
 #[cfg(test)]
 mod tests {

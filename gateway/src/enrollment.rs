@@ -58,6 +58,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prost::Message as _;
 use rustls::pki_types::UnixTime;
 
+pub mod answer_ca;
 pub mod ca;
 pub mod gate;
 pub mod tokens;
@@ -263,6 +264,8 @@ pub struct Enrollment {
     ca_der: Vec<u8>,
     verifier: CertificateVerifier,
     answers: Arc<AnswerSigner>,
+    /// The answer CAs (DER) certificate answers name (`IssuedCertificate.answer_cas`).
+    answer_cas: Vec<Vec<u8>>,
     identity: ca::GatewayIdentity,
     clock: Arc<dyn Clock>,
     /// Latest `(boot ID, seq)` accepted per node, and when: replays are refused for
@@ -313,6 +316,7 @@ impl Enrollment {
             .map_err(EnrollmentError::CaTls)?,
         );
         let ca_der = ca.cert_der.clone();
+        let answer_cas = ca.answer_cas();
         let verifier = CertificateVerifier::from_pem(ca.cert_pem.as_bytes())
             .map_err(EnrollmentError::CaTls)?;
         Ok(Self {
@@ -322,6 +326,7 @@ impl Enrollment {
             ca_der,
             verifier,
             answers,
+            answer_cas,
             identity,
             clock,
             seen: Mutex::default(),
@@ -366,6 +371,12 @@ impl Enrollment {
             key_pem: self.identity.key_pem.clone().into_bytes(),
             client_ca_pem: Some(self.node_ca_pem(extra)),
         }
+    }
+
+    /// The answer CAs (DER) this replica names in its certificate answers, the one it signs
+    /// with first.
+    pub fn answer_cas(&self) -> &[Vec<u8>] {
+        &self.answer_cas
     }
 
     /// The options this replica enrolls with.
@@ -426,6 +437,7 @@ impl Enrollment {
                     node_name: header.node_name.clone(),
                     boot_tag: header.named_boot_tag(),
                     certificate_chain: chain,
+                    answer_cas: self.answer_cas.clone(),
                 })
             }
             Outcome::Pending(why) => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use edgebeat_gateway::enrollment::ca::SiteCa;
+use edgebeat_gateway::enrollment::ca::{AnswerCaRotation, SiteCa};
 use edgebeat_gateway::enrollment::gate::EnrollmentLimits;
 use edgebeat_gateway::enrollment::{Approval, Enrollment, EnrollmentError, EnrollmentOptions};
 use edgebeat_gateway::{
@@ -268,6 +268,19 @@ enum Command {
     /// Bootstrap tokens for enrolling boards (the gateway must run with --enrollment).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// The answer CAs, which issue the keys the gateway signs its answers with (README
+    /// "Rotating the answer CA").
+    #[command(subcommand)]
+    AnswerCa(AnswerCaCommand),
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum AnswerCaCommand {
+    /// One step of a rotation of the answer CA in the Secret edgebeat-site-ca of
+    /// --namespace: the first run adds a new answer CA that agents learn at their next
+    /// certificate; the second, once they have (a node certificate lifetime later),
+    /// retires the old one. Restart the gateway after each (`kubectl rollout restart`).
+    Rotate,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -379,6 +392,30 @@ async fn token_create(
     Ok(())
 }
 
+/// `answer-ca rotate`: one rotation step, said on stderr.
+async fn answer_ca_rotate(cluster: &ClusterArgs) -> anyhow::Result<()> {
+    let client = kube_client(
+        kube_config(cluster).await?,
+        0,
+        &edgebeat_gateway::apiserver::requests::RequestMetrics::default(),
+    )?;
+    let namespace = cluster.namespace();
+    let now = jiff::Timestamp::now().as_second();
+    let step = SiteCa::rotate_in_secret(client, &namespace, now)
+        .await
+        .context("rotating the answer CA")?;
+    eprintln!(
+        "{}",
+        match step {
+            AnswerCaRotation::Added =>
+                "added a new answer CA behind the current one: restart the gateway; agents learn it at their next certificate. Run this again, to retire the old one, once every agent has rotated (a node certificate lifetime).",
+            AnswerCaRotation::Retired =>
+                "retired the old answer CA: restart the gateway; it signs with the new one, and agents drop the old one at their next certificate.",
+        }
+    );
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -398,6 +435,9 @@ async fn run() -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("--log-level {:?}: {e}", args.log_level))?;
     // rustls on ring for every TLS user in the process (gRPC server, kube client).
     tls::install_ring_provider();
+    if let Some(Command::AnswerCa(AnswerCaCommand::Rotate)) = args.command {
+        return answer_ca_rotate(&args.cluster).await;
+    }
     if let Some(Command::Token(TokenCommand::Create { nodes, ttl, uses })) = args.command {
         return token_create(&args.cluster, nodes, ttl, uses).await;
     }

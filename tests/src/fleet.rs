@@ -647,7 +647,7 @@ async fn enroll(
             .ok()
         });
         match answer {
-            Some(Answered::Issued { chain, ca }) => {
+            Some(Answered::Issued { chain, ca, .. }) => {
                 stats.enrollment_event(false);
                 return Some(Enrolled {
                     cert_pem: enroll::pem("CERTIFICATE", chain.first()?),

@@ -989,6 +989,21 @@ impl Drop for Cluster {
     }
 }
 
+/// One sample of an agent's `/metrics` (its observe server), e.g.
+/// `edgebeat_agent_node_not_found` or `edgebeat_agent_answers_refused_total{reason="certificate"}`.
+/// Panics when the agent serves no such series (a test helper).
+pub async fn agent_sample(agent: &AgentHandle, series: &str) -> f64 {
+    #[allow(clippy::unwrap_used)]
+    let observe = agent.agent.observe_addr().unwrap();
+    #[allow(clippy::unwrap_used)]
+    let text = http_get(observe, "/metrics").await.unwrap().1;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{series}: {e}"))
+}
+
 /// `GET path` over HTTP/1.1 to `addr` (`Connection: close`): the status code and body.
 ///
 /// Errors: connecting, writing, reading, or an answer that is not HTTP.

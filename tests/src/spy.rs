@@ -32,7 +32,6 @@ impl Spy {
     /// Connects as `identity` and subscribes to `subscribe` (waiting for the SUBACK when
     /// there is any). Each spy has its own client ID.
     pub async fn connect(cluster: &Cluster, identity: &Leaf, subscribe: &[&str]) -> Self {
-        let broker = cluster.broker.as_ref().unwrap();
         let security = cluster.mqtt_security().unwrap();
         let tls = ClientTls {
             ca_pem: security.site_ca_pem.clone().into_bytes(),
@@ -41,6 +40,22 @@ impl Spy {
                 key_pem: identity.key_pem.clone().into_bytes(),
             }),
         };
+        Self::connect_with(cluster, tls, subscribe).await
+    }
+
+    /// Connects to the broker of an enrolling cluster ([`Cluster::start_enrolling`]) with
+    /// its broker CA and no client certificate, as anyone the broker lets in.
+    pub async fn connect_anonymous(cluster: &Cluster, subscribe: &[&str]) -> Self {
+        let site = cluster.enrolling.as_ref().unwrap();
+        let tls = ClientTls {
+            ca_pem: site.broker_ca_pem.clone().unwrap().into_bytes(),
+            client_identity: None,
+        };
+        Self::connect_with(cluster, tls, subscribe).await
+    }
+
+    async fn connect_with(cluster: &Cluster, tls: ClientTls, subscribe: &[&str]) -> Self {
+        let broker = cluster.broker.as_ref().unwrap();
         let mut options = MqttOptions::new(
             format!(
                 "spy-{}",

@@ -608,21 +608,6 @@ fn seq_of(payload: &[u8]) -> u64 {
         .seq
 }
 
-/// One sample of the agent's `/metrics` (its observe server), e.g.
-/// `edgebeat_agent_node_not_found`.
-async fn agent_sample(agent: &edgebeat_tests::harness::AgentHandle, series: &str) -> f64 {
-    let observe = agent.agent.observe_addr().unwrap();
-    let text = edgebeat_tests::harness::http_get(observe, "/metrics")
-        .await
-        .unwrap()
-        .1;
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
-        .parse()
-        .unwrap()
-}
-
 /// 7. Answers on `…/acks/<node>` used to be taken from anyone who could publish there:
 ///    one `node_not_found` answering a pending renewal's sequence number (readable in clear
 ///    on the lease topic) stopped the agent for good. Now the agent that signs takes only
@@ -697,7 +682,7 @@ async fn forged_answers_cannot_stop_a_node() {
         .await
         .unwrap();
     assert_eq!(
-        agent_sample(&agent, "edgebeat_agent_node_not_found").await,
+        edgebeat_tests::harness::agent_sample(&agent, "edgebeat_agent_node_not_found").await,
         0.0
     );
     let requests = cluster.standin.requests();
@@ -848,7 +833,7 @@ async fn replays_get_no_answer() {
         .collect();
     assert!(answered.is_empty(), "replays answered: {answered:?}");
     assert_eq!(
-        agent_sample(
+        edgebeat_tests::harness::agent_sample(
             &agent,
             "edgebeat_agent_lease_renewals_total{result=\"failed\"}"
         )

@@ -677,3 +677,168 @@ async fn two_replicas_enrolling_one_fleet_make_one_ca() {
         agent.stop().await.unwrap();
     }
 }
+
+/// A certificate the site CA issues with the gateway's name, and its key: what a CA that
+/// issued one by mistake, or a compromised issuer, would hand out. `usages` its extended
+/// key usages; a node's (`system:node:…`, clientAuth) when `node`.
+fn site_issued(
+    issuer: &rcgen::Issuer<'static, rcgen::KeyPair>,
+    usages: Vec<rcgen::ExtendedKeyUsagePurpose>,
+    node: bool,
+) -> (Vec<u8>, Box<dyn rustls::sign::Signer>) {
+    let mut params = rcgen::CertificateParams::new(vec![
+        edgebeat_transports::signing::ANSWER_SIGNER_NAME.to_owned(),
+    ])
+    .unwrap();
+    if node {
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "system:node:plant-7-99");
+    }
+    params.extended_key_usages = usages;
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, issuer).unwrap();
+    let der = edgebeat_transports::tls::parse_private_key(key.serialize_pem().as_bytes()).unwrap();
+    let signer = rustls::crypto::ring::sign::any_supported_type(&der)
+        .unwrap()
+        .choose_scheme(&[rustls::SignatureScheme::ECDSA_NISTP256_SHA256])
+        .unwrap();
+    (cert.der().to_vec(), signer)
+}
+
+/// An enrolled agent learns the answer CA the gateway names and takes answers from it
+/// alone: `node_not_found` answers for its pending renewals, signed by three certificates
+/// the site CA itself issued with the gateway's name (serverAuth; no extended key usage; a
+/// node's clientAuth certificate), are each refused and counted, and the node keeps
+/// renewing; the gateway's real answers are taken all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enrolled_agent_takes_answers_only_from_the_answer_ca_it_learnt() {
+    use edgebeat_tests::harness::agent_sample;
+    use prost::Message as _;
+    use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    const NODE: &str = "plant-7-01";
+    const ROUNDS: usize = 5;
+    let (cluster, token, host) = enrolling(
+        Transport::Mqtt,
+        EnrollmentOptions::default(),
+        &["plant-7-*"],
+        1,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = cluster
+        .enrolled_agent_config(NODE, host.path(), &token, dir.path())
+        .unwrap();
+    config.healthz_bind_address = Some("127.0.0.1:0".parse().unwrap());
+    let agent = cluster.start_agent(config).unwrap();
+    leased(&cluster, NODE).await;
+    cluster.wait_for_renewals(NODE, 2, DEADLINE).await.unwrap();
+    let stored = std::fs::read(
+        dir.path()
+            .join("pki")
+            .join(edgebeat_agent::certificates::ANSWER_CAS_FILE),
+    )
+    .unwrap();
+    let learnt: Vec<Vec<u8>> = edgebeat_transports::tls::parse_certificates(&stored)
+        .unwrap()
+        .iter()
+        .map(|c| c.to_vec())
+        .collect();
+    assert_eq!(
+        learnt,
+        cluster.enrollment().answer_cas(),
+        "the answer CA the gateway named"
+    );
+    let registered = agent_sample(&agent, "edgebeat_agent_registrations_total").await;
+    assert!(
+        registered >= 1.0,
+        "the gateway's own signed answer was taken"
+    );
+
+    // The site CA and its key, from the Secret the gateway keeps them in.
+    let operator = edgebeat_tests::harness::operator_client(&cluster.standin).unwrap();
+    let namespace = &cluster.enrolling.as_ref().unwrap().options.namespace;
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(operator, namespace)
+        .get(edgebeat_gateway::enrollment::ca::SITE_CA_SECRET)
+        .await
+        .unwrap();
+    let field =
+        |key: &str| String::from_utf8(secret.data.as_ref().unwrap()[key].0.clone()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(
+        &field("tls.crt"),
+        rcgen::KeyPair::from_pem(&field("tls.key")).unwrap(),
+    )
+    .unwrap();
+    let forgers = [
+        site_issued(&issuer, vec![ServerAuth], false),
+        site_issued(&issuer, vec![], false),
+        site_issued(&issuer, vec![ClientAuth], true),
+    ];
+    let prefix = edgebeat_transports::mqtt::DEFAULT_TOPIC_PREFIX;
+    let lease_topic = format!("{prefix}/nodes/{NODE}/lease");
+    let acks_topic = format!("{prefix}/acks/{NODE}");
+    let mut spy = edgebeat_tests::spy::Spy::connect_anonymous(&cluster, &[&lease_topic]).await;
+    let refused = r#"edgebeat_agent_answers_refused_total{reason="certificate"}"#;
+    let before = agent_sample(&agent, refused).await;
+    let requests_before = cluster.standin.requests().len();
+    for _ in 0..ROUNDS {
+        // What a signed answer binds is readable on the lease topic: node, boot, sequence.
+        let renewal = spy.next_on(&lease_topic).await;
+        let (signed, _) = edgebeat_transports::signing::unseal(&renewal).unwrap();
+        let header = edgebeat_proto::AgentMessage::decode(signed.as_slice())
+            .unwrap()
+            .header()
+            .cloned()
+            .unwrap();
+        let forged = edgebeat_proto::GatewayMessage {
+            kind: Some(edgebeat_proto::gateway_message::Kind::Ack(
+                edgebeat_proto::Ack {
+                    node_name: NODE.into(),
+                    boot_tag: header.named_boot_tag(),
+                    ..edgebeat_proto::Answer::NodeNotFound {
+                        reason: "forged".into(),
+                    }
+                    .into_ack(header.seq)
+                },
+            )),
+        };
+        let signed_message = forged.encode_to_vec();
+        let mut covered = edgebeat_transports::signing::ANSWER_CONTEXT.to_vec();
+        covered.extend_from_slice(&signed_message);
+        for (certificate, signer) in &forgers {
+            let answer = edgebeat_proto::SignedAnswer {
+                signed_message: signed_message.clone(),
+                signature: signer.sign(&covered).unwrap(),
+                certificate_chain: vec![certificate.clone()],
+            };
+            spy.publish(&acks_topic, answer.encode_to_vec(), false)
+                .await;
+        }
+    }
+    let expected = before + (ROUNDS * forgers.len()) as f64;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let now = agent_sample(&agent, refused).await;
+        if now >= expected {
+            assert_eq!(now, expected, "each forgery refused and counted once");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{now} of {expected} forgeries counted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.wait_for_renewals(NODE, 4, DEADLINE).await.unwrap();
+    assert_eq!(
+        agent_sample(&agent, "edgebeat_agent_node_not_found").await,
+        0.0
+    );
+    let requests = cluster.standin.requests();
+    let gap = longest_renewal_gap(&requests[requests_before..], NODE).unwrap();
+    assert!(gap < Duration::from_secs(12), "Lease unrenewed for {gap:?}");
+    agent.stop().await.unwrap();
+}

@@ -481,6 +481,11 @@ pub enum Answered {
         chain: Vec<Vec<u8>>,
         /// The site CA, DER.
         ca: Vec<u8>,
+        /// The answer CAs the gateway named (`IssuedCertificate.answer_cas`, DER), each
+        /// checked to have issued the answer key of this very answer or to come with it:
+        /// the only issuers of answers to trust from now on (see
+        /// [`crate::signing::AnswerVerifier::pinned`]). Empty from a gateway without them.
+        answer_cas: Vec<Vec<u8>>,
     },
     /// Not now (pending approval, the apiserver unreachable): ask again later.
     Pending(String),
@@ -497,8 +502,12 @@ pub enum AnswerTrust<'a> {
     /// verified against it. Anything else (pending, refused) cannot be verified yet and is
     /// taken as "ask again later".
     Pin([u8; 32]),
-    /// Rotation: the site CA the agent already trusts, whose PEM this is.
+    /// Rotation by an agent that has learnt no answer CA: the site CA it already trusts,
+    /// whose PEM this is.
     Ca(&'a [u8]),
+    /// Rotation: the answer CAs (DER) the agent learnt at enrollment or at its last
+    /// rotation; only an answer key they issued is taken.
+    AnswerCas(&'a [Vec<u8>]),
 }
 
 /// Why an answer to a certificate request was not taken (the agent ignores it and asks
@@ -545,6 +554,8 @@ pub fn read_answer(
     let verifier = match trust {
         AnswerTrust::Ca(pem) => crate::signing::AnswerVerifier::from_pem(pem)
             .map_err(|e| ReadAnswerError::Ca(e.to_string()))?,
+        AnswerTrust::AnswerCas(answer_cas) => crate::signing::AnswerVerifier::pinned(answer_cas)
+            .map_err(|e| ReadAnswerError::Ca(e.to_string()))?,
         AnswerTrust::Pin(pin) => {
             // The claim, unverified until its CA has the pin and its signature verifies.
             let signed = crate::signing::unseal_answer(payload)
@@ -581,9 +592,28 @@ pub fn read_answer(
                 .last()
                 .cloned()
                 .ok_or_else(|| malformed("an issued certificate without its CA"))?;
+            if !issued.answer_cas.is_empty() {
+                // The answer CAs named must include the issuer of this answer's key, and
+                // none may be the site CA: a certificate the site CA issued directly can
+                // then neither sign this answer nor name CAs of its own.
+                let site_key = crate::signing::public_key_info(&ca)
+                    .map_err(|e| ReadAnswerError::Malformed(format!("site CA: {e}")))?;
+                for answer_ca in &issued.answer_cas {
+                    if crate::signing::public_key_info(answer_ca)
+                        .map_err(|e| ReadAnswerError::Malformed(format!("answer CA: {e}")))?
+                        == site_key
+                    {
+                        return Err(malformed("the site CA named as an answer CA"));
+                    }
+                }
+                crate::signing::AnswerVerifier::pinned(&issued.answer_cas)
+                    .map_err(|e| ReadAnswerError::Malformed(format!("answer CAs: {e}")))?
+                    .verify(payload, now)?;
+            }
             Ok(Answered::Issued {
                 chain: issued.certificate_chain,
                 ca,
+                answer_cas: issued.answer_cas,
             })
         }
         Some(Kind::Ack(ack)) => {

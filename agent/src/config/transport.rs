@@ -483,9 +483,11 @@ fn mqtt(
     Some(TransportConfig::Mqtt(options))
 }
 
-/// `transport.gatewayCAFile`: the site CA that issued the gateway's answer key, when it is
-/// not `caFile` (the broker's CA). Only with a node key (`certFile`, `keyFile`), whose
-/// messages are signed and whose answers are verified.
+/// `transport.gatewayCAFile`: the CA that issued the gateway's answer key, when it is not
+/// `caFile` (the broker's CA): best an answer CA that issues the gateway's answer key alone
+/// (README "MQTT over TLS with signed messages"), so that nothing else the site CA issued
+/// can answer. Only with a node key (`certFile`, `keyFile`), whose messages are signed and
+/// whose answers are verified. An enrolled agent trusts the answer CAs it learnt instead.
 #[cfg(feature = "mqtt")]
 fn gateway_ca(
     p: &mut Problems,

@@ -403,6 +403,15 @@ impl Agent {
         driver: &mut UplinkDriver,
         sending: &CancellationToken,
     ) -> Result<(), AgentError> {
+        #[cfg(feature = "mqtt-tls")]
+        let transport = &{
+            let mut transport = transport.clone();
+            #[allow(irrefutable_let_patterns)] // an MQTT-only build has no other transport
+            if let TransportConfig::Mqtt(options) = &mut transport {
+                options.count_answer_refusals(self.metrics.answers_refused());
+            }
+            transport
+        };
         match self.config.certificates.as_ref() {
             #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
             Some(managed) => {

@@ -1,10 +1,11 @@
-//! The site CA the gateway signs node certificates with (under its own signer name), kept
-//! in a Secret so that every replica signs with the same one.
+//! The site CA the gateway signs node certificates with (under its own signer name), and
+//! the answer CAs it issues for the gateway's answer keys ([`super::answer_ca`]), kept in a
+//! Secret so that every replica signs with the same ones.
 
 use std::time::Duration;
 
 use edgebeat_transports::enroll;
-use edgebeat_transports::signing::{ANSWER_SIGNER_NAME, AnswerSigner};
+use edgebeat_transports::signing::AnswerSigner;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -15,22 +16,29 @@ use rcgen::{
 };
 
 use super::EnrollmentError;
+use super::answer_ca::{self, AnswerCa};
 
 /// Name of the Secret (type `kubernetes.io/tls`: `tls.crt`, `tls.key`) holding the site CA,
-/// in the gateway's namespace.
+/// in the gateway's namespace, with the answer CAs in [`ANSWER_CAS_KEY`] and
+/// [`ANSWER_CA_KEYS_KEY`].
 pub const SITE_CA_SECRET: &str = "edgebeat-site-ca";
+
+/// The Secret's key holding the answer CA certificates (PEM bundle, the one replicas sign
+/// with first).
+pub const ANSWER_CAS_KEY: &str = "answer-ca.crt";
+
+/// The Secret's key holding the answer CAs' private keys (PEM bundle, in the same order).
+pub const ANSWER_CA_KEYS_KEY: &str = "answer-ca.key";
 
 /// Validity of a site CA the gateway makes: 10 years.
 const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
-/// Validity of the answer key's certificate the gateway issues itself at start (its key
-/// lives in memory only and dies with the process): 5 years.
-const ANSWER_KEY_LIFETIME: Duration = Duration::from_secs(5 * 365 * 24 * 3600);
-
 /// The gateway's own certificate from the site CA, and its key (PEM both).
 #[derive(Clone)]
 pub struct GatewayIdentity {
-    /// The certificate (DNS name [`ANSWER_SIGNER_NAME`], serverAuth).
+    /// The certificate (DNS name
+    /// [`ANSWER_SIGNER_NAME`](edgebeat_transports::signing::ANSWER_SIGNER_NAME),
+    /// serverAuth), then the answer CA that issued it.
     pub cert_pem: String,
     /// Its private key, PKCS#8.
     pub key_pem: String,
@@ -42,7 +50,7 @@ impl std::fmt::Debug for GatewayIdentity {
     }
 }
 
-/// A site CA with its key: it signs node certificates and the gateway's own answer key.
+/// A site CA with its key: it signs node certificates and the answer CAs.
 pub struct SiteCa {
     /// The CA certificate, DER.
     pub cert_der: Vec<u8>,
@@ -50,6 +58,19 @@ pub struct SiteCa {
     pub cert_pem: String,
     key_pem: String,
     issuer: Issuer<'static, KeyPair>,
+    /// The answer CAs, the one replicas sign with first (see [`super::answer_ca`]).
+    answer_cas: Vec<AnswerCa>,
+}
+
+/// What [`SiteCa::rotate_answer_ca`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerCaRotation {
+    /// A new answer CA was added behind the one replicas sign with: agents learn it from now
+    /// on; run the rotation again once they have (after a node certificate lifetime).
+    Added,
+    /// The first answer CA was retired: replicas restarted from now on sign with the next
+    /// one and name it alone.
+    Retired,
 }
 
 impl std::fmt::Debug for SiteCa {
@@ -60,7 +81,7 @@ impl std::fmt::Debug for SiteCa {
 
 impl SiteCa {
     /// A new self-signed site CA: CN=`edgebeat site CA`, an ECDSA P-256 key, valid 10
-    /// years from `now` (Unix seconds).
+    /// years from `now` (Unix seconds), with one answer CA.
     ///
     /// Errors: [`EnrollmentError::Ca`] when rcgen cannot make it.
     pub fn generate(now: i64) -> Result<Self, EnrollmentError> {
@@ -80,10 +101,12 @@ impl SiteCa {
         params.not_before = not_before;
         params.not_after = not_after;
         let cert = params.self_signed(&key).map_err(ca_error)?;
-        Self::from_pem(&cert.pem(), &key.serialize_pem())
+        let mut ca = Self::from_pem(&cert.pem(), &key.serialize_pem())?;
+        ca.answer_cas.push(AnswerCa::generate(&ca.issuer, now)?);
+        Ok(ca)
     }
 
-    /// The site CA of a certificate and key, both PEM.
+    /// The site CA of a certificate and key, both PEM, with no answer CA yet.
     ///
     /// Errors: [`EnrollmentError::Ca`] when either does not parse or the certificate is not
     /// a CA's.
@@ -101,12 +124,15 @@ impl SiteCa {
             cert_pem: cert_pem.to_owned(),
             key_pem: key_pem.to_owned(),
             issuer,
+            answer_cas: Vec::new(),
         })
     }
 
     /// The site CA of `namespace`'s Secret [`SITE_CA_SECRET`], made and stored first if
     /// there is none. Replicas starting together never make two: the Secret is created only
-    /// if absent, and the one that loses the race reads the winner's.
+    /// if absent, and the one that loses the race reads the winner's. A Secret without
+    /// answer CAs (made by an older gateway, or by hand) gets one, written with the
+    /// Secret's resourceVersion, so that two replicas never add two.
     ///
     /// Errors: [`EnrollmentError::Apiserver`] for the Secret's reads and writes,
     /// [`EnrollmentError::Ca`] when the Secret holds no usable CA.
@@ -117,7 +143,26 @@ impl SiteCa {
     ) -> Result<Self, EnrollmentError> {
         let secrets: Api<Secret> = Api::namespaced(client, namespace);
         if let Some(secret) = secrets.get_opt(SITE_CA_SECRET).await? {
-            return Self::from_secret(&secret);
+            let mut ca = Self::from_secret(&secret)?;
+            if !ca.answer_cas.is_empty() {
+                return Ok(ca);
+            }
+            ca.answer_cas.push(AnswerCa::generate(&ca.issuer, now)?);
+            let mut updated = ca.to_secret();
+            updated.metadata = secret.metadata;
+            return match secrets
+                .replace(SITE_CA_SECRET, &PostParams::default(), &updated)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(secret = SITE_CA_SECRET, namespace, "made the answer CA");
+                    Ok(ca)
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    Self::from_secret(&secrets.get(SITE_CA_SECRET).await?)
+                }
+                Err(e) => Err(e.into()),
+            };
         }
         let made = Self::generate(now)?;
         match secrets
@@ -139,7 +184,10 @@ impl SiteCa {
         }
     }
 
-    fn from_secret(secret: &Secret) -> Result<Self, EnrollmentError> {
+    /// The site CA (and answer CAs, if any) of its Secret.
+    ///
+    /// Errors: [`EnrollmentError::Ca`] when a field is missing or unusable.
+    pub fn from_secret(secret: &Secret) -> Result<Self, EnrollmentError> {
         let field = |key: &str| {
             secret
                 .data
@@ -148,10 +196,85 @@ impl SiteCa {
                 .and_then(|v| String::from_utf8(v.0.clone()).ok())
                 .ok_or_else(|| EnrollmentError::Ca(format!("Secret {SITE_CA_SECRET} has no {key}")))
         };
-        Self::from_pem(&field("tls.crt")?, &field("tls.key")?)
+        let mut ca = Self::from_pem(&field("tls.crt")?, &field("tls.key")?)?;
+        if let (Ok(certs), Ok(keys)) = (field(ANSWER_CAS_KEY), field(ANSWER_CA_KEYS_KEY)) {
+            ca.answer_cas = answer_ca::from_bundles(&certs, &keys)?;
+        }
+        Ok(ca)
     }
 
-    fn to_secret(&self) -> Secret {
+    /// The Secret holding this site CA and its answer CAs (data only, no resourceVersion).
+    pub fn to_secret(&self) -> Secret {
+        let mut secret = self.tls_secret();
+        if !self.answer_cas.is_empty()
+            && let Some(data) = secret.data.as_mut()
+        {
+            let bundle = |pem: fn(&AnswerCa) -> &str| {
+                ByteString(
+                    self.answer_cas
+                        .iter()
+                        .map(pem)
+                        .collect::<String>()
+                        .into_bytes(),
+                )
+            };
+            data.insert(ANSWER_CAS_KEY.to_owned(), bundle(|a| &a.cert_pem));
+            data.insert(ANSWER_CA_KEYS_KEY.to_owned(), bundle(|a| &a.key_pem));
+        }
+        secret
+    }
+
+    /// One step of an answer CA rotation ([`SiteCa::rotate_answer_ca`]) on `namespace`'s
+    /// Secret [`SITE_CA_SECRET`] (made first if there is none), written with the
+    /// resourceVersion it was read at. Running replicas go on as they started: a restart
+    /// (`kubectl rollout restart`) makes them name or sign with what the Secret holds.
+    ///
+    /// Errors: [`EnrollmentError::Apiserver`] for the Secret's reads and writes (409 when
+    /// it changed meanwhile: run it again), [`EnrollmentError::Ca`] as
+    /// [`SiteCa::rotate_answer_ca`].
+    pub async fn rotate_in_secret(
+        client: kube::Client,
+        namespace: &str,
+        now: i64,
+    ) -> Result<AnswerCaRotation, EnrollmentError> {
+        Self::load_or_create(client.clone(), namespace, now).await?;
+        let secrets: Api<Secret> = Api::namespaced(client, namespace);
+        let secret = secrets.get(SITE_CA_SECRET).await?;
+        let mut ca = Self::from_secret(&secret)?;
+        let rotation = ca.rotate_answer_ca(now)?;
+        let mut updated = ca.to_secret();
+        updated.metadata = secret.metadata;
+        secrets
+            .replace(SITE_CA_SECRET, &PostParams::default(), &updated)
+            .await?;
+        Ok(rotation)
+    }
+
+    /// The answer CAs' certificates (DER), the one replicas sign with first: what
+    /// certificate answers name (`IssuedCertificate.answer_cas`).
+    pub fn answer_cas(&self) -> Vec<Vec<u8>> {
+        self.answer_cas.iter().map(|a| a.cert_der.clone()).collect()
+    }
+
+    /// One step of an answer CA rotation at `now` (see [`super::answer_ca`]): with one
+    /// answer CA, a new one is added behind it; with more, the first is retired.
+    ///
+    /// Errors: [`EnrollmentError::Ca`] when a new one cannot be made, or there is none.
+    pub fn rotate_answer_ca(&mut self, now: i64) -> Result<AnswerCaRotation, EnrollmentError> {
+        match self.answer_cas.len() {
+            0 => Err(EnrollmentError::Ca("no answer CA to rotate".into())),
+            1 => {
+                self.answer_cas.push(AnswerCa::generate(&self.issuer, now)?);
+                Ok(AnswerCaRotation::Added)
+            }
+            _ => {
+                self.answer_cas.remove(0);
+                Ok(AnswerCaRotation::Retired)
+            }
+        }
+    }
+
+    fn tls_secret(&self) -> Secret {
         Secret {
             metadata: ObjectMeta {
                 name: Some(SITE_CA_SECRET.to_owned()),
@@ -188,7 +311,8 @@ impl SiteCa {
         enroll::ca_pin(&self.cert_der).map_err(|e| EnrollmentError::Ca(e.to_string()))
     }
 
-    /// The gateway's answer key, issued now by this CA (see [`SiteCa::gateway_identity`]).
+    /// The gateway's answer key, issued now by the first answer CA (see
+    /// [`SiteCa::gateway_identity`]).
     ///
     /// Errors: [`EnrollmentError::Ca`] when it cannot be made.
     pub fn answer_signer(&self, now: i64) -> Result<AnswerSigner, EnrollmentError> {
@@ -201,31 +325,17 @@ impl SiteCa {
         .map_err(EnrollmentError::CaTls)
     }
 
-    /// A certificate for the gateway itself, issued now by this CA: a fresh P-256 key that
-    /// never leaves the process, a server certificate for the DNS name
-    /// [`ANSWER_SIGNER_NAME`]. It signs the gateway's answers and, without
-    /// `--grpc-tls-cert`, serves its gRPC listeners; enrolled agents verify both against
-    /// the site CA under that name.
+    /// A certificate for the gateway itself, issued now by the first answer CA
+    /// ([`AnswerCa::issue_answer_key`]). It signs the gateway's answers and, without
+    /// `--grpc-tls-cert`, serves its gRPC listeners; enrolled agents verify both against the
+    /// answer CAs they learnt (agents that learnt none, against the site CA).
     ///
-    /// Errors: [`EnrollmentError::Ca`] when it cannot be made.
+    /// Errors: [`EnrollmentError::Ca`] when it cannot be made, or there is no answer CA.
     pub fn gateway_identity(&self, now: i64) -> Result<GatewayIdentity, EnrollmentError> {
-        let key = KeyPair::generate().map_err(ca_error)?;
-        let mut params =
-            CertificateParams::new(vec![ANSWER_SIGNER_NAME.to_owned()]).map_err(ca_error)?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, ANSWER_SIGNER_NAME);
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.use_authority_key_identifier_extension = true;
-        let (not_before, not_after) = validity(now - 300, ANSWER_KEY_LIFETIME)?;
-        params.not_before = not_before;
-        params.not_after = not_after;
-        let cert = params.signed_by(&key, &self.issuer).map_err(ca_error)?;
-        Ok(GatewayIdentity {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        })
+        self.answer_cas
+            .first()
+            .ok_or_else(|| EnrollmentError::Ca("no answer CA".into()))?
+            .issue_answer_key(now)
     }
 
     /// A node client certificate (PEM) for `public_key` (from a verified request), subject
@@ -267,7 +377,7 @@ impl SiteCa {
 }
 
 /// `(notBefore, notAfter)` for `lifetime` from `from` (Unix seconds).
-fn validity(
+pub(super) fn validity(
     from: i64,
     lifetime: Duration,
 ) -> Result<(time::OffsetDateTime, time::OffsetDateTime), EnrollmentError> {
@@ -278,6 +388,6 @@ fn validity(
     Ok((start, end))
 }
 
-fn ca_error(e: rcgen::Error) -> EnrollmentError {
+pub(super) fn ca_error(e: rcgen::Error) -> EnrollmentError {
     EnrollmentError::Ca(e.to_string())
 }

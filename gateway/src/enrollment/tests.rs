@@ -114,5 +114,38 @@ fn the_site_ca_signs_node_certificates_and_its_answer_key() {
             .as_secs(),
     )
     .unwrap();
+    let mut ca = SiteCa::generate(real_now).unwrap();
     assert!(ca.answer_signer(real_now).is_ok());
+    // The answer key comes from the answer CA, which travels in its chain.
+    let identity = ca.gateway_identity(real_now).unwrap();
+    let chain = edgebeat_transports::tls::parse_certificates(identity.cert_pem.as_bytes()).unwrap();
+    assert_eq!(chain.len(), 2);
+    assert_eq!(vec![chain[1].to_vec()], ca.answer_cas());
+    assert_ne!(chain[1].to_vec(), ca.cert_der, "not the site CA");
+    // The Secret keeps the answer CAs; a rotation adds one behind, then retires the first.
+    let stored = SiteCa::from_secret(&ca.to_secret()).unwrap();
+    assert_eq!(stored.answer_cas(), ca.answer_cas());
+    let first = ca.answer_cas();
+    assert_eq!(
+        ca.rotate_answer_ca(real_now).unwrap(),
+        ca::AnswerCaRotation::Added
+    );
+    let both = ca.answer_cas();
+    assert_eq!((both.len(), &both[..1]), (2, &first[..]));
+    let stored = SiteCa::from_secret(&ca.to_secret()).unwrap();
+    assert_eq!(stored.answer_cas(), both);
+    assert_eq!(
+        ca.rotate_answer_ca(real_now).unwrap(),
+        ca::AnswerCaRotation::Retired
+    );
+    assert_eq!(ca.answer_cas(), both[1..].to_vec());
+    let chain = edgebeat_transports::tls::parse_certificates(
+        ca.gateway_identity(real_now).unwrap().cert_pem.as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(
+        chain[1].to_vec(),
+        both[1],
+        "replicas now sign with the new one"
+    );
 }

@@ -386,12 +386,14 @@ pub mod gateway_message {
 ///
 /// The signature covers ANSWER_CONTEXT || signed_message, where ANSWER_CONTEXT is the 25
 /// bytes "edgebeat.v1 signed answer" followed by one NUL byte (26 bytes in all), made with
-/// the private key of a certificate the site CA issued to the gateway for server
-/// authentication, valid for the DNS name "edgebeat-gateway" (a node's certificate is for
-/// client authentication, with no names, so a node can never sign an answer):
+/// the private key of a certificate an answer CA (IssuedCertificate.answer_cas) issued to
+/// the gateway replica, with the extended key usage serverAuth (required) and valid for the
+/// DNS name "edgebeat-gateway"; an agent that learnt no answer CA takes one the site CA
+/// issued with those:
 /// ECDSA P-256 key: ECDSA with SHA-256, ASN.1 DER signature (about 71 bytes);
 /// Ed25519 key:     Ed25519, 64 bytes.
-/// The agent verifies the chain against the site CA and the signature, then takes the Ack
+/// The agent verifies the chain against its answer CAs (else the site CA) and the
+/// signature, then takes the Ack
 /// only when its node_name and boot_tag are the agent's own and its seq answers a request
 /// the agent still waits for; it ignores anything else on its ack topic.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -402,8 +404,8 @@ pub struct SignedAnswer {
     /// The gateway's signature (see above).
     #[prost(bytes = "vec", tag = "9")]
     pub signature: ::prost::alloc::vec::Vec<u8>,
-    /// DER X.509 certificates of the answer key, leaf first, then any intermediates up to
-    /// the site CA.
+    /// DER X.509 certificates of the answer key, leaf first, then its answer CA (so that an
+    /// agent trusting the site CA verifies it too).
     #[prost(bytes = "vec", repeated, tag = "10")]
     pub certificate_chain: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
 }
@@ -462,6 +464,14 @@ pub struct IssuedCertificate {
     /// carries, and keeps it as the CA it trusts from then on.
     #[prost(bytes = "vec", repeated, tag = "4")]
     pub certificate_chain: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+    /// DER X.509 certificates of the answer CAs: CAs the site CA issued for the gateway's
+    /// answer keys alone (basic constraints CA, path length 0), the one the gateway signs with
+    /// now first, then any it will sign with after a rotation. The agent keeps them, in place
+    /// of the ones it had, as the only issuers of the answers it takes from then on (a
+    /// certificate the site CA issued directly never signs an answer). Empty from a gateway
+    /// without answer CAs: the agent then trusts answers from the site CA.
+    #[prost(bytes = "vec", repeated, tag = "5")]
+    pub answer_cas: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
 }
 /// One payload on the gRPC enrollment endpoint: the bytes MQTT carries on
 /// P/nodes/<node>/csr (a CertificateRequest, or a SignedMessage of one) going up, and on

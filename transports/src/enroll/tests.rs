@@ -155,6 +155,7 @@ fn issued(site: &Site, seq: u64) -> edgebeat_proto::GatewayMessage {
                 node_name: "plant-3-01".into(),
                 boot_tag: 9,
                 certificate_chain: vec![b"leaf".to_vec(), site.ca_der.clone()],
+                answer_cas: Vec::new(),
             },
         )),
     }
@@ -170,6 +171,7 @@ fn a_granted_answer_is_read_by_pin_or_by_ca_and_only_for_its_request() {
     let expected = Answered::Issued {
         chain: vec![b"leaf".to_vec(), site.ca_der.clone()],
         ca: site.ca_der.clone(),
+        answer_cas: Vec::new(),
     };
     let read = |trust, seq| read_answer(&payload, trust, "plant-3-01", 9, seq, now);
     assert_eq!(read(AnswerTrust::Pin(pin), 5), Ok(expected.clone()));
@@ -280,4 +282,269 @@ fn certificate_validity_is_read_from_the_der() {
         assert_eq!(na, params.not_after.unix_timestamp());
     }
     assert_eq!(certificate_validity(b"junk"), None);
+}
+
+/// An answer CA of `site`, as the gateway makes one (path length 0, the one name), its
+/// certificate (DER, PEM) and issuer.
+fn answer_ca(site: &Site) -> (Vec<u8>, String, Issuer<'static, KeyPair>) {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "edgebeat answer CA");
+    params.name_constraints = Some(rcgen::NameConstraints {
+        permitted_subtrees: vec![rcgen::GeneralSubtree::DnsName(
+            crate::signing::ANSWER_SIGNER_NAME.to_owned(),
+        )],
+        excluded_subtrees: Vec::new(),
+    });
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &site.issuer).unwrap();
+    (cert.der().to_vec(), cert.pem(), Issuer::new(params, key))
+}
+
+/// A signer of answers whose certificate `issuer` issues for `names` with `usages`, valid
+/// until the start of `until_year`; its chain is that certificate then `chain_tail` (PEM).
+/// Not checked as the gateway checks its own: forgeries are made with it too.
+fn signer_from(
+    issuer: &Issuer<'static, KeyPair>,
+    names: &[&str],
+    usages: Vec<ExtendedKeyUsagePurpose>,
+    until_year: i32,
+    chain_tail: &str,
+) -> crate::signing::AnswerSigner {
+    let mut params =
+        CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
+    params.extended_key_usages = usages;
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(until_year, 1, 1);
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, issuer).unwrap();
+    crate::signing::AnswerSigner::unchecked(
+        format!("{}{chain_tail}", cert.pem()).as_bytes(),
+        key.serialize_pem().as_bytes(),
+    )
+    .unwrap()
+}
+
+/// Unix time at the start of `year` (UTC).
+fn year(year: i32) -> rustls::pki_types::UnixTime {
+    let days = (1970..year)
+        .map(|y| {
+            if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 {
+                366
+            } else {
+                365
+            }
+        })
+        .sum::<u64>();
+    rustls::pki_types::UnixTime::since_unix_epoch(std::time::Duration::from_secs(days * 86_400))
+}
+
+fn ack_for(seq: u64) -> edgebeat_proto::GatewayMessage {
+    let mut ack = edgebeat_proto::Answer::NodeNotFound {
+        reason: "gone".into(),
+    }
+    .into_ack(seq);
+    ack.node_name = "plant-3-01".into();
+    ack.boot_tag = 9;
+    edgebeat_proto::GatewayMessage {
+        kind: Some(edgebeat_proto::gateway_message::Kind::Ack(ack)),
+    }
+}
+
+/// The three certificates the site CA might issue with the gateway's name, refused as
+/// answer keys by an agent that learnt its answer CAs, each counted; a key from the answer
+/// CA taken. Trusting the site CA alone (an agent that learnt none), serverAuth is now
+/// required: a certificate without extended key usage no longer signs an answer.
+#[test]
+fn only_a_key_from_an_answer_ca_signs_answers() {
+    use crate::signing::{ANSWER_SIGNER_NAME, AnswerError, AnswerRefusals, AnswerVerifier};
+    use ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    let site = site();
+    let (answer_ca_der, answer_ca_pem, answer_issuer) = answer_ca(&site);
+    let refusals = std::sync::Arc::new(AnswerRefusals::default());
+    let pinned = AnswerVerifier::pinned(std::slice::from_ref(&answer_ca_der))
+        .unwrap()
+        .counting(refusals.clone());
+    let by_site_ca = AnswerVerifier::from_pem(site.ca_pem.as_bytes()).unwrap();
+    let now = year(2026);
+    let message = ack_for(5);
+    let forged = [
+        ("serverAuth", vec![ServerAuth]),
+        ("no extended key usage", vec![]),
+        ("a node's clientAuth", vec![ClientAuth]),
+    ];
+    for (what, usages) in forged {
+        let signer = signer_from(
+            &site.issuer,
+            &[ANSWER_SIGNER_NAME],
+            usages.clone(),
+            2040,
+            "",
+        );
+        let payload = signer.seal(&message).unwrap();
+        let refused = pinned.verify(&payload, now);
+        assert!(
+            matches!(refused, Err(AnswerError::Certificate(_))),
+            "{what}: {refused:?}"
+        );
+        let legacy = by_site_ca.verify(&payload, now);
+        if usages == [ServerAuth] {
+            assert_eq!(
+                legacy,
+                Ok(message.clone()),
+                "the site CA's own serverAuth key"
+            );
+        } else {
+            assert!(
+                matches!(legacy, Err(AnswerError::Certificate(_))),
+                "{what}: {legacy:?}"
+            );
+        }
+    }
+    assert_eq!(
+        refusals.counts(),
+        [0, 3, 0, 0],
+        "each refusal counted as `certificate`"
+    );
+    // The real answer key: from the answer CA, with the CA in its chain, so that an agent
+    // trusting the site CA verifies it too.
+    let real = signer_from(
+        &answer_issuer,
+        &[ANSWER_SIGNER_NAME],
+        vec![ServerAuth],
+        2040,
+        &answer_ca_pem,
+    );
+    let payload = real.seal(&message).unwrap();
+    assert_eq!(pinned.verify(&payload, now), Ok(message.clone()));
+    assert_eq!(by_site_ca.verify(&payload, now), Ok(message.clone()));
+    // The answer CA issues for the gateway's name alone (its name constraint).
+    let elsewhere = signer_from(
+        &answer_issuer,
+        &["gateway.example"],
+        vec![ServerAuth],
+        2040,
+        "",
+    );
+    assert!(matches!(
+        pinned.verify(&elsewhere.seal(&message).unwrap(), now),
+        Err(AnswerError::Certificate(_))
+    ));
+    assert_eq!(refusals.counts(), [0, 4, 0, 0]);
+}
+
+/// A certificate answer names the answer CAs, and an agent keeps them: through a rotation
+/// (a second CA added, then the first retired) answers from both are taken during the
+/// overlap, and after it only the new one's. A certificate answer that names the site CA
+/// itself, or CAs that did not issue its own key, is refused.
+#[test]
+fn answer_cas_rotate_with_an_overlap() {
+    use crate::signing::{ANSWER_SIGNER_NAME, AnswerError, AnswerVerifier};
+    use ExtendedKeyUsagePurpose::ServerAuth;
+    let site = site();
+    let (a_der, a_pem, a_issuer) = answer_ca(&site);
+    let (b_der, b_pem, b_issuer) = answer_ca(&site);
+    let by_a = signer_from(
+        &a_issuer,
+        &[ANSWER_SIGNER_NAME],
+        vec![ServerAuth],
+        2040,
+        &a_pem,
+    );
+    let by_b = signer_from(
+        &b_issuer,
+        &[ANSWER_SIGNER_NAME],
+        vec![ServerAuth],
+        2040,
+        &b_pem,
+    );
+    let now = year(2026);
+    let naming = |seq, answer_cas: &[&Vec<u8>]| {
+        let mut message = issued(&site, seq);
+        if let Some(edgebeat_proto::gateway_message::Kind::Certificate(c)) = message.kind.as_mut() {
+            c.answer_cas = answer_cas.iter().map(|d| (*d).clone()).collect();
+        }
+        message
+    };
+    let learnt = |payload: &[u8], trust| match read_answer(payload, trust, "plant-3-01", 9, 5, now)
+    {
+        Ok(Answered::Issued { answer_cas, .. }) => Ok(answer_cas),
+        other => Err(other),
+    };
+    // Enrollment (the token's pin) by a replica signing with A, which names A alone.
+    let pin = ca_pin(&site.ca_der).unwrap();
+    let enrolled = by_a.seal(&naming(5, &[&a_der])).unwrap();
+    assert_eq!(
+        learnt(&enrolled, AnswerTrust::Pin(pin)),
+        Ok(vec![a_der.clone()])
+    );
+    // Rotation, step 1: B added behind A. A rotation answer signed with A names both.
+    let known = vec![a_der.clone()];
+    let both = by_a.seal(&naming(5, &[&a_der, &b_der])).unwrap();
+    let known = learnt(&both, AnswerTrust::AnswerCas(&known)).unwrap();
+    assert_eq!(known, vec![a_der.clone(), b_der.clone()]);
+    // The overlap: replicas still on A and replicas already on B are both taken.
+    let overlap = AnswerVerifier::pinned(&known).unwrap();
+    let ack = ack_for(6);
+    assert_eq!(
+        overlap.verify(&by_a.seal(&ack).unwrap(), now),
+        Ok(ack.clone())
+    );
+    assert_eq!(
+        overlap.verify(&by_b.seal(&ack).unwrap(), now),
+        Ok(ack.clone())
+    );
+    // Step 2: A retired. An answer signed with B names B alone; A is refused after it.
+    let retired = by_b.seal(&naming(5, &[&b_der])).unwrap();
+    let known = learnt(&retired, AnswerTrust::AnswerCas(&known)).unwrap();
+    assert_eq!(known, vec![b_der.clone()]);
+    let after = AnswerVerifier::pinned(&known).unwrap();
+    assert!(matches!(
+        after.verify(&by_a.seal(&ack).unwrap(), now),
+        Err(AnswerError::Certificate(_))
+    ));
+    assert_eq!(
+        after.verify(&by_b.seal(&ack).unwrap(), now),
+        Ok(ack.clone())
+    );
+    // A replica's own key rotates too (a new one at each start): the old one is taken
+    // until its certificate expires, and refused after.
+    let old_key = signer_from(
+        &b_issuer,
+        &[ANSWER_SIGNER_NAME],
+        vec![ServerAuth],
+        2027,
+        &b_pem,
+    );
+    let sealed = old_key.seal(&ack).unwrap();
+    assert_eq!(after.verify(&sealed, year(2026)), Ok(ack.clone()));
+    assert!(matches!(
+        after.verify(&sealed, year(2028)),
+        Err(AnswerError::Certificate(_))
+    ));
+    // A key the site CA issued directly cannot name answer CAs: not the site CA itself,
+    // nor one that did not issue it.
+    let direct = signer_from(
+        &site.issuer,
+        &[ANSWER_SIGNER_NAME],
+        vec![ServerAuth],
+        2040,
+        "",
+    );
+    for named in [&site.ca_der, &a_der] {
+        let forged = direct.seal(&naming(5, &[named])).unwrap();
+        let read = learnt(&forged, AnswerTrust::Pin(pin));
+        assert!(
+            matches!(
+                read,
+                Err(Err(
+                    ReadAnswerError::Malformed(_) | ReadAnswerError::Unverified(_)
+                ))
+            ),
+            "{read:?}"
+        );
+    }
 }

@@ -119,6 +119,11 @@ pub struct MqttUplinkOptions {
     /// topic.
     #[cfg(feature = "mqtt-tls")]
     pub answers: Option<std::sync::Arc<crate::signing::AnswerVerifier>>,
+    /// Where the answers [`MqttUplinkOptions::answers`] refuses are counted (shared by every
+    /// verifier these options build; set with
+    /// [`MqttUplinkOptions::count_answer_refusals`]).
+    #[cfg(feature = "mqtt-tls")]
+    pub answer_refusals: std::sync::Arc<crate::signing::AnswerRefusals>,
 }
 
 /// The MQTT client identifier of `node`'s agent when none is configured:
@@ -150,6 +155,8 @@ impl MqttUplinkOptions {
             signer: None,
             #[cfg(feature = "mqtt-tls")]
             answers: None,
+            #[cfg(feature = "mqtt-tls")]
+            answer_refusals: std::sync::Arc::default(),
         }
     }
 
@@ -173,7 +180,8 @@ impl MqttUplinkOptions {
                 )),
                 Some(std::sync::Arc::new(
                     crate::signing::AnswerVerifier::from_pem(&tls.ca_pem)
-                        .map_err(|e| MqttUplinkError::Tls(e.in_part("CA")))?,
+                        .map_err(|e| MqttUplinkError::Tls(e.in_part("CA")))?
+                        .counting(self.answer_refusals.clone()),
                 )),
             ),
             None => (None, None),
@@ -192,9 +200,40 @@ impl MqttUplinkOptions {
     #[cfg(feature = "mqtt-tls")]
     pub fn set_gateway_ca(&mut self, ca_pem: &[u8]) -> Result<(), MqttUplinkError> {
         let verifier = crate::signing::AnswerVerifier::from_pem(ca_pem)
-            .map_err(|e| MqttUplinkError::Tls(e.in_part("gateway CA")))?;
+            .map_err(|e| MqttUplinkError::Tls(e.in_part("gateway CA")))?
+            .counting(self.answer_refusals.clone());
         self.answers = Some(std::sync::Arc::new(verifier));
         Ok(())
+    }
+
+    /// Verifies the gateway's signed answers against the answer CAs `answer_cas` (DER)
+    /// alone, as an enrolled agent learnt them (see
+    /// [`crate::signing::AnswerVerifier::pinned`]). Call it after
+    /// [`MqttUplinkOptions::set_tls`].
+    ///
+    /// Errors: [`MqttUplinkError::Tls`] (part `answer CAs`) when one is unusable or there is
+    /// none.
+    #[cfg(feature = "mqtt-tls")]
+    pub fn set_answer_cas(&mut self, answer_cas: &[Vec<u8>]) -> Result<(), MqttUplinkError> {
+        let verifier = crate::signing::AnswerVerifier::pinned(answer_cas)
+            .map_err(|e| MqttUplinkError::Tls(e.in_part("answer CAs")))?
+            .counting(self.answer_refusals.clone());
+        self.answers = Some(std::sync::Arc::new(verifier));
+        Ok(())
+    }
+
+    /// Counts the answers refused from now on in `refusals`, by the verifier set now and
+    /// those set later.
+    #[cfg(feature = "mqtt-tls")]
+    pub fn count_answer_refusals(
+        &mut self,
+        refusals: std::sync::Arc<crate::signing::AnswerRefusals>,
+    ) {
+        self.answers = self
+            .answers
+            .take()
+            .map(|verifier| std::sync::Arc::new((*verifier).clone().counting(refusals.clone())));
+        self.answer_refusals = refusals;
     }
 
     /// The client identifier used for `node`: [`Self::client_id`] or

@@ -3,18 +3,20 @@
 //!
 //! An answer travels as a [`SignedAnswer`]: the encoded [`GatewayMessage`], the signature of
 //! the gateway's answer key over [`ANSWER_CONTEXT`] `||` those bytes, and the key's
-//! certificate chain. The agent verifies the chain against the site CA with rustls (a
-//! server certificate valid for [`ANSWER_SIGNER_NAME`], the check a TLS client makes of a
-//! server) and the signature with rustls-webpki, both already in its binary. A node's
-//! certificate (client authentication, no names) never passes: a node can sign its own
-//! messages but never an answer. Which node, boot and request an answer is for is inside the
-//! signed bytes (`Ack.node_name`, `Ack.boot_tag`, `Ack.seq`), for the agent to check.
+//! certificate chain. The agent verifies chain and signature with rustls-webpki, already in
+//! its binary: a certificate valid for [`ANSWER_SIGNER_NAME`] that carries the extended key
+//! usage serverAuth (required: a certificate without extended key usage is refused), issued
+//! by a trust anchor of the agent. An enrolled agent's anchors are the *answer CAs* it learnt
+//! at enrollment (`IssuedCertificate.answer_cas`): CAs the site CA issued for the gateway's
+//! answer keys alone, so that no certificate the site CA issued directly (a node's, one
+//! made by mistake with the gateway's name) can ever sign an answer, whatever it carries.
+//! Which node, boot and request an answer is for is inside the signed bytes
+//! (`Ack.node_name`, `Ack.boot_tag`, `Ack.seq`), for the agent to check.
 
 use std::sync::Arc;
 
 use edgebeat_proto::{GatewayMessage, SignedAnswer};
 use prost::Message as _;
-use rustls::client::danger::ServerCertVerifier as _;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::Signer;
 
@@ -68,6 +70,19 @@ impl AnswerSigner {
         Ok(signer)
     }
 
+    /// A signer of any certificate chain (`cert_pem`, leaf first) and key, unchecked: for
+    /// tests that forge answers.
+    ///
+    /// Errors: as [`AnswerSigner::from_pem`] for the PEMs.
+    #[cfg(test)]
+    pub(crate) fn unchecked(cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, TlsError> {
+        let (signer, chain) = load_key(cert_pem, key_pem)?;
+        Ok(Self {
+            signer,
+            chain: chain.iter().map(|c| c.as_ref().to_vec()).collect(),
+        })
+    }
+
     /// The encoded [`SignedAnswer`] of `message`: the message, about 71 (ECDSA P-256) or 64
     /// (Ed25519) bytes of signature, and the certificate chain.
     ///
@@ -88,6 +103,20 @@ impl AnswerSigner {
     }
 }
 
+/// The DER SubjectPublicKeyInfo of the certificate `der` (its key, whatever names it
+/// carries), as rustls-webpki reads it for a trust anchor.
+///
+/// Errors: [`TlsError::TrustAnchor`] when the certificate does not parse.
+pub fn public_key_info(der: &[u8]) -> Result<Vec<u8>, TlsError> {
+    let certificate = CertificateDer::from(der);
+    let anchor = webpki::anchor_from_trusted_cert(&certificate).map_err(|e| {
+        TlsError::TrustAnchor(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::Other(rustls::OtherError(Arc::new(e))),
+        ))
+    })?;
+    Ok(anchor.subject_public_key_info.to_vec())
+}
+
 /// Splits a payload into `(signed_message, signature, certificate_chain)` when it is a
 /// [`SignedAnswer`]; `None` when it is not one (a plain `GatewayMessage`, whose fields 8 to
 /// 10 are reserved, decodes here with all three empty) or does not decode at all.
@@ -102,8 +131,9 @@ pub enum AnswerError {
     /// The payload is not a [`SignedAnswer`] (a plain, unauthenticated `GatewayMessage`).
     #[error("not a signed answer")]
     Unsigned,
-    /// The certificate chain is not a gateway answer key's from the site CA (unknown CA,
-    /// expired, not for server authentication, not valid for [`ANSWER_SIGNER_NAME`]).
+    /// The certificate chain is not a gateway answer key's (issued by no trusted answer CA or
+    /// site CA, expired, without the extended key usage serverAuth, not valid for
+    /// [`ANSWER_SIGNER_NAME`]).
     #[error("answer certificate refused: {0}")]
     Certificate(String),
     /// The signature does not verify with the certificate's key.
@@ -114,55 +144,129 @@ pub enum AnswerError {
     Malformed(String),
 }
 
-/// Verifies the gateway's signed answers against the site CA (agent side).
+/// The object identifier of extended key usage `id-kp-serverAuth` (1.3.6.1.5.5.7.3.1,
+/// RFC 5280 section 4.2.1.12), DER content bytes: an answer certificate must carry it.
+/// rustls' server verifier takes a certificate with no extended key usage at all as fit for
+/// any use (`KeyUsage::server_auth` is "required if present"); answers require it.
+const EKU_SERVER_AUTH: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x03, 0x01];
+
+/// Verifies the gateway's signed answers (agent side), against its trust anchors: the answer
+/// CAs learnt at enrollment ([`AnswerVerifier::pinned`]), else the site CA.
 #[derive(Debug, Clone)]
 pub struct AnswerVerifier {
-    verifier: Arc<rustls::client::WebPkiServerVerifier>,
+    anchors: Arc<[rustls::pki_types::TrustAnchor<'static>]>,
+    refusals: Arc<AnswerRefusals>,
 }
 
 impl PartialEq for AnswerVerifier {
     /// Verifiers are compared by identity: two built from the same PEM are different values.
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.verifier, &other.verifier)
+        Arc::ptr_eq(&self.anchors, &other.anchors)
+    }
+}
+
+/// Answers an agent refused, by [`AnswerError`] (shared by every verifier an agent builds,
+/// so that a rotation's new verifier keeps counting; the agent serves them as
+/// `edgebeat_agent_answers_refused_total{reason}`).
+#[derive(Debug, Default)]
+pub struct AnswerRefusals {
+    counts: [std::sync::atomic::AtomicU64; 4],
+}
+
+/// Counts are not settings: any two compare equal, so that the options holding them (an
+/// agent's parsed configuration) compare by what was configured.
+impl PartialEq for AnswerRefusals {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl AnswerRefusals {
+    /// The `reason` label of each count, in the order of [`AnswerRefusals::counts`].
+    pub const REASONS: [&'static str; 4] = ["unsigned", "certificate", "signature", "malformed"];
+
+    /// Counts one refusal for `error`.
+    pub fn count(&self, error: &AnswerError) {
+        let index = match error {
+            AnswerError::Unsigned => 0,
+            AnswerError::Certificate(_) => 1,
+            AnswerError::BadSignature => 2,
+            AnswerError::Malformed(_) => 3,
+        };
+        self.counts[index].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The counts, in the order of [`AnswerRefusals::REASONS`].
+    pub fn counts(&self) -> [u64; 4] {
+        std::array::from_fn(|i| self.counts[i].load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
 impl AnswerVerifier {
-    /// A verifier trusting the CA certificate(s) in `ca_pem` (the site CA that issues the
-    /// gateway's answer key).
+    /// A verifier trusting the CA certificate(s) in `ca_pem`: the site CA, for an agent that
+    /// has learnt no answer CA (configured by hand, or enrolled by a gateway that names
+    /// none), or `transport.gatewayCAFile`.
     ///
     /// Errors: [`TlsError`] when the PEM holds no usable CA certificate.
     pub fn from_pem(ca_pem: &[u8]) -> Result<Self, TlsError> {
-        Self::from_roots(tls::root_store(ca_pem)?)
+        Ok(Self::from_anchors(tls::root_store(ca_pem)?.roots))
     }
 
     /// A verifier trusting the one CA certificate `ca_der` (DER).
     ///
     /// Errors: [`TlsError::TrustAnchor`] when it is not usable as a trust anchor.
     pub fn from_der(ca_der: &[u8]) -> Result<Self, TlsError> {
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(CertificateDer::from(ca_der.to_vec()))
-            .map_err(TlsError::TrustAnchor)?;
-        Self::from_roots(roots)
+        Self::pinned(std::slice::from_ref(&ca_der.to_vec()))
     }
 
-    fn from_roots(roots: rustls::RootCertStore) -> Result<Self, TlsError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()?;
-        Ok(Self { verifier })
+    /// A verifier trusting only the answer CAs `answer_cas` (DER), the CAs the site CA
+    /// issued for the gateway's answer keys, as an enrolled agent learnt them
+    /// (`IssuedCertificate.answer_cas`): a certificate the site CA issued directly, a node's
+    /// or any other, never signs an answer then, whatever names and key usages it carries.
+    ///
+    /// Errors: [`TlsError::TrustAnchor`] when one is not usable as a trust anchor,
+    /// [`TlsError::NoCertificate`] when there is none.
+    pub fn pinned(answer_cas: &[Vec<u8>]) -> Result<Self, TlsError> {
+        if answer_cas.is_empty() {
+            return Err(TlsError::NoCertificate);
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        for der in answer_cas {
+            roots
+                .add(CertificateDer::from(der.clone()))
+                .map_err(TlsError::TrustAnchor)?;
+        }
+        Ok(Self::from_anchors(roots.roots))
+    }
+
+    fn from_anchors(anchors: Vec<rustls::pki_types::TrustAnchor<'static>>) -> Self {
+        Self {
+            anchors: anchors.into(),
+            refusals: Arc::default(),
+        }
+    }
+
+    /// The same verifier, counting its refusals in `refusals`.
+    #[must_use]
+    pub fn counting(mut self, refusals: Arc<AnswerRefusals>) -> Self {
+        self.refusals = refusals;
+        self
     }
 
     /// The [`GatewayMessage`] of an encoded [`SignedAnswer`] `payload`, once its chain
-    /// leads to the site CA and is valid at `now` for [`ANSWER_SIGNER_NAME`] with
-    /// serverAuth, and its signature over [`ANSWER_CONTEXT`] `||` the message verifies
-    /// with the leaf's key. Whom it answers (`Ack.node_name`, `boot_tag`, `seq`) is the
-    /// caller's to check.
+    /// leads to one of the trust anchors and its leaf is valid at `now`, carries the extended
+    /// key usage serverAuth (required, not merely allowed) and is valid for
+    /// [`ANSWER_SIGNER_NAME`], and its signature over [`ANSWER_CONTEXT`] `||` the message
+    /// verifies with the leaf's key. Whom it answers (`Ack.node_name`, `boot_tag`, `seq`) is
+    /// the caller's to check. Each refusal is counted ([`AnswerVerifier::counting`]).
     ///
     /// Errors: [`AnswerError`] saying which check failed.
     pub fn verify(&self, payload: &[u8], now: UnixTime) -> Result<GatewayMessage, AnswerError> {
+        self.check(payload, now)
+            .inspect_err(|error| self.refusals.count(error))
+    }
+
+    fn check(&self, payload: &[u8], now: UnixTime) -> Result<GatewayMessage, AnswerError> {
         let signed = unseal_answer(payload).ok_or(AnswerError::Unsigned)?;
         let mut chain = signed
             .certificate_chain
@@ -172,13 +276,22 @@ impl AnswerVerifier {
             .next()
             .ok_or_else(|| AnswerError::Certificate("empty certificate chain".into()))?;
         let intermediates: Vec<_> = chain.collect();
+        let refused = |e: webpki::Error| AnswerError::Certificate(e.to_string());
+        let key = webpki::EndEntityCert::try_from(&leaf).map_err(refused)?;
+        key.verify_for_usage(
+            webpki::ALL_VERIFICATION_ALGS,
+            &self.anchors,
+            &intermediates,
+            now,
+            webpki::KeyUsage::required(EKU_SERVER_AUTH),
+            None,
+            None,
+        )
+        .map_err(refused)?;
         let name = ServerName::try_from(ANSWER_SIGNER_NAME)
             .map_err(|e| AnswerError::Certificate(e.to_string()))?;
-        self.verifier
-            .verify_server_cert(&leaf, &intermediates, &name, &[], now)
-            .map_err(|e| AnswerError::Certificate(e.to_string()))?;
-        let key = webpki::EndEntityCert::try_from(&leaf)
-            .map_err(|e| AnswerError::Certificate(e.to_string()))?;
+        key.verify_is_valid_for_subject_name(&name)
+            .map_err(refused)?;
         let message = super::with_context(ANSWER_CONTEXT, &signed.signed_message);
         let verified = [webpki::ring::ECDSA_P256_SHA256, webpki::ring::ED25519]
             .into_iter()
