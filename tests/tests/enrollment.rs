@@ -678,6 +678,43 @@ async fn two_replicas_enrolling_one_fleet_make_one_ca() {
     }
 }
 
+/// A field of the Secret holding the site CA and the answer CAs, as text.
+async fn site_ca_secret_field(cluster: &Cluster, key: &str) -> String {
+    let operator = edgebeat_tests::harness::operator_client(&cluster.standin).unwrap();
+    let namespace = &cluster.enrolling.as_ref().unwrap().options.namespace;
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(operator, namespace)
+        .get(edgebeat_gateway::enrollment::ca::SITE_CA_SECRET)
+        .await
+        .unwrap();
+    String::from_utf8(secret.data.as_ref().unwrap()[key].0.clone()).unwrap()
+}
+
+/// The site CA as an issuer, with its key from the Secret the gateway keeps it in.
+async fn site_ca_issuer(cluster: &Cluster) -> rcgen::Issuer<'static, rcgen::KeyPair> {
+    rcgen::Issuer::from_ca_cert_pem(
+        &site_ca_secret_field(cluster, "tls.crt").await,
+        rcgen::KeyPair::from_pem(&site_ca_secret_field(cluster, "tls.key").await).unwrap(),
+    )
+    .unwrap()
+}
+
+/// `message` signed as an answer by `signer` with the one certificate `certificate`.
+fn forge_answer(
+    message: &edgebeat_proto::GatewayMessage,
+    (certificate, signer): &(Vec<u8>, Box<dyn rustls::sign::Signer>),
+) -> Vec<u8> {
+    use prost::Message as _;
+    let signed_message = message.encode_to_vec();
+    let mut covered = edgebeat_transports::signing::ANSWER_CONTEXT.to_vec();
+    covered.extend_from_slice(&signed_message);
+    edgebeat_proto::SignedAnswer {
+        signed_message,
+        signature: signer.sign(&covered).unwrap(),
+        certificate_chain: vec![certificate.clone()],
+    }
+    .encode_to_vec()
+}
+
 /// A certificate the site CA issues with the gateway's name, and its key: what a CA that
 /// issued one by mistake, or a compromised issuer, would hand out. `usages` its extended
 /// key usages; a node's (`system:node:…`, clientAuth) when `node`.
@@ -758,20 +795,7 @@ async fn an_enrolled_agent_takes_answers_only_from_the_answer_ca_it_learnt() {
         "the gateway's own signed answer was taken"
     );
 
-    // The site CA and its key, from the Secret the gateway keeps them in.
-    let operator = edgebeat_tests::harness::operator_client(&cluster.standin).unwrap();
-    let namespace = &cluster.enrolling.as_ref().unwrap().options.namespace;
-    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(operator, namespace)
-        .get(edgebeat_gateway::enrollment::ca::SITE_CA_SECRET)
-        .await
-        .unwrap();
-    let field =
-        |key: &str| String::from_utf8(secret.data.as_ref().unwrap()[key].0.clone()).unwrap();
-    let issuer = rcgen::Issuer::from_ca_cert_pem(
-        &field("tls.crt"),
-        rcgen::KeyPair::from_pem(&field("tls.key")).unwrap(),
-    )
-    .unwrap();
+    let issuer = site_ca_issuer(&cluster).await;
     let forgers = [
         site_issued(&issuer, vec![ServerAuth], false),
         site_issued(&issuer, vec![], false),
@@ -805,16 +829,8 @@ async fn an_enrolled_agent_takes_answers_only_from_the_answer_ca_it_learnt() {
                 },
             )),
         };
-        let signed_message = forged.encode_to_vec();
-        let mut covered = edgebeat_transports::signing::ANSWER_CONTEXT.to_vec();
-        covered.extend_from_slice(&signed_message);
-        for (certificate, signer) in &forgers {
-            let answer = edgebeat_proto::SignedAnswer {
-                signed_message: signed_message.clone(),
-                signature: signer.sign(&covered).unwrap(),
-                certificate_chain: vec![certificate.clone()],
-            };
-            spy.publish(&acks_topic, answer.encode_to_vec(), false)
+        for forger in &forgers {
+            spy.publish(&acks_topic, forge_answer(&forged, forger), false)
                 .await;
         }
     }
@@ -840,5 +856,188 @@ async fn an_enrolled_agent_takes_answers_only_from_the_answer_ca_it_learnt() {
     let requests = cluster.standin.requests();
     let gap = longest_renewal_gap(&requests[requests_before..], NODE).unwrap();
     assert!(gap < Duration::from_secs(12), "Lease unrenewed for {gap:?}");
+    agent.stop().await.unwrap();
+}
+
+/// The answer CAs (DER) an agent keeps in `dir`'s `certDir`.
+fn learnt_answer_cas(dir: &std::path::Path) -> Vec<Vec<u8>> {
+    std::fs::read(
+        dir.join("pki")
+            .join(edgebeat_agent::certificates::ANSWER_CAS_FILE),
+    )
+    .ok()
+    .and_then(|pem| edgebeat_transports::tls::parse_certificates(&pem).ok())
+    .map(|certs| certs.iter().map(|c| c.to_vec()).collect())
+    .unwrap_or_default()
+}
+
+/// An answer to another node: verified or refused by an agent, and ignored as not its own
+/// either way.
+fn to_someone_else() -> edgebeat_proto::GatewayMessage {
+    edgebeat_proto::GatewayMessage {
+        kind: Some(edgebeat_proto::gateway_message::Kind::Ack(
+            edgebeat_proto::Ack {
+                node_name: "someone-else".into(),
+                ..edgebeat_proto::Answer::Retry {
+                    reason: "probe".into(),
+                }
+                .into_ack(1)
+            },
+        )),
+    }
+}
+
+/// [`to_someone_else`] signed with a fresh key from each answer CA of the Secret, in its
+/// order, as a gateway replica signs.
+async fn answers_from_each_answer_ca(cluster: &Cluster) -> Vec<Vec<u8>> {
+    use edgebeat_gateway::enrollment::ca::{ANSWER_CA_KEYS_KEY, ANSWER_CAS_KEY};
+    let now = jiff::Timestamp::now().as_second();
+    let site_ca = site_ca_secret_field(cluster, "tls.crt").await;
+    edgebeat_gateway::enrollment::answer_ca::from_bundles(
+        &site_ca_secret_field(cluster, ANSWER_CAS_KEY).await,
+        &site_ca_secret_field(cluster, ANSWER_CA_KEYS_KEY).await,
+    )
+    .unwrap()
+    .iter()
+    .map(|answer_ca| {
+        let key = answer_ca.issue_answer_key(now).unwrap();
+        edgebeat_transports::signing::AnswerSigner::from_pem(
+            key.cert_pem.as_bytes(),
+            key.key_pem.as_bytes(),
+            site_ca.as_bytes(),
+        )
+        .unwrap()
+        .seal(&to_someone_else())
+        .unwrap()
+    })
+    .collect()
+}
+
+/// Publishes `answers` on `topic`, then an unsigned control (refused as `unsigned`), and
+/// waits until the agent has counted the control: the broker keeps one publisher's order,
+/// so every answer before it was read by then. Returns how many of `answers` the agent
+/// refused for their certificate.
+async fn refusals_of(
+    agent: &edgebeat_tests::harness::AgentHandle,
+    spy: &edgebeat_tests::spy::Spy,
+    topic: &str,
+    answers: Vec<Vec<u8>>,
+) -> f64 {
+    use edgebeat_tests::harness::agent_sample;
+    use prost::Message as _;
+    let refused = r#"edgebeat_agent_answers_refused_total{reason="certificate"}"#;
+    let unsigned = r#"edgebeat_agent_answers_refused_total{reason="unsigned"}"#;
+    let (before, controls) = (
+        agent_sample(agent, refused).await,
+        agent_sample(agent, unsigned).await,
+    );
+    for answer in answers {
+        spy.publish(topic, answer, false).await;
+    }
+    spy.publish(topic, to_someone_else().encode_to_vec(), false)
+        .await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while agent_sample(agent, unsigned).await == controls {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the unsigned control was never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    agent_sample(agent, refused).await - before
+}
+
+/// `edgebeat-gateway answer-ca rotate`, end to end over MQTT: after the first step (and a
+/// gateway restart) boards learn the new answer CA at their next certificate and take
+/// answers from keys of both; after the second the gateway signs with the new one, boards
+/// keep it alone, and a key from the retired one is refused and counted. The node renews
+/// throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answer_ca_rotates_with_an_overlap_and_boards_follow() {
+    use edgebeat_gateway::enrollment::ca::{AnswerCaRotation, SiteCa};
+    use edgebeat_tests::harness::wait_for;
+    const NODE: &str = "edge-02";
+    // Agents rotate their certificate every 7 to 9 s.
+    let enrollment = EnrollmentOptions {
+        lifetime: Duration::from_secs(10),
+        ..EnrollmentOptions::default()
+    };
+    let (mut cluster, token, host) = enrolling(Transport::Mqtt, enrollment, &[NODE], 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = cluster
+        .enrolled_agent_config(NODE, host.path(), &token, dir.path())
+        .unwrap();
+    config.healthz_bind_address = Some("127.0.0.1:0".parse().unwrap());
+    let agent = cluster.start_agent(config).unwrap();
+    leased(&cluster, NODE).await;
+    let old = cluster.enrollment().answer_cas().to_vec();
+    assert_eq!(old.len(), 1);
+    assert_eq!(learnt_answer_cas(dir.path()), old);
+    let operator = edgebeat_tests::harness::operator_client(&cluster.standin).unwrap();
+    let namespace = cluster
+        .enrolling
+        .as_ref()
+        .unwrap()
+        .options
+        .namespace
+        .clone();
+    let rotate = || {
+        SiteCa::rotate_in_secret(
+            operator.clone(),
+            &namespace,
+            jiff::Timestamp::now().as_second(),
+        )
+    };
+    let acks_topic = format!(
+        "{}/acks/{NODE}",
+        edgebeat_transports::mqtt::DEFAULT_TOPIC_PREFIX
+    );
+    let spy = edgebeat_tests::spy::Spy::connect_anonymous(&cluster, &[]).await;
+
+    // Step 1: a second answer CA behind the first.
+    assert_eq!(rotate().await.unwrap(), AnswerCaRotation::Added);
+    cluster.restart_gateway(gateway_options()).await.unwrap();
+    let both = cluster.enrollment().answer_cas().to_vec();
+    assert_eq!(
+        (both.len(), &both[..1]),
+        (2, &old[..]),
+        "the old one first, still signing"
+    );
+    wait_for("the board learnt both", Duration::from_secs(30), || {
+        learnt_answer_cas(dir.path()) == both
+    })
+    .await;
+    // The overlap: keys of either are taken (verified, then ignored as another node's).
+    let overlap = answers_from_each_answer_ca(&cluster).await;
+    let retired_key = overlap[0].clone();
+    assert_eq!(
+        refusals_of(&agent, &spy, &acks_topic, overlap).await,
+        0.0,
+        "keys of both answer CAs taken in the overlap"
+    );
+
+    // Step 2: the first retired; the gateway signs with the new one and names it alone.
+    assert_eq!(rotate().await.unwrap(), AnswerCaRotation::Retired);
+    cluster.restart_gateway(gateway_options()).await.unwrap();
+    assert_eq!(cluster.enrollment().answer_cas(), &both[1..]);
+    wait_for(
+        "the board dropped the old one",
+        Duration::from_secs(30),
+        || learnt_answer_cas(dir.path()) == both[1..],
+    )
+    .await;
+    let mut after = vec![retired_key];
+    after.extend(answers_from_each_answer_ca(&cluster).await);
+    assert_eq!(
+        refusals_of(&agent, &spy, &acks_topic, after).await,
+        1.0,
+        "the retired answer CA's key refused, the new one's taken"
+    );
+    cluster.wait_for_renewals(NODE, 3, DEADLINE).await.unwrap();
+    let gap = longest_renewal_gap(&cluster.standin.requests(), NODE).unwrap();
+    assert!(
+        gap < Duration::from_secs(40),
+        "the Lease expired: {gap:?} without a renewal"
+    );
     agent.stop().await.unwrap();
 }
