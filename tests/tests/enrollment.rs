@@ -633,9 +633,51 @@ async fn two_replicas_enrolling_one_fleet_make_one_ca() {
             options.clone(),
             clock.clone()
         ),
+        edgebeat_gateway::enrollment::Enrollment::with_site_ca(
+            client.clone(),
+            options,
+            clock.clone()
+        ),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.ca_pem(), b.ca_pem(), "one CA");
+    assert_eq!(a.answer_cas(), b.answer_cas(), "one answer CA");
+    assert_eq!(a.answer_cas().len(), 1);
+
+    // A site CA an older gateway made (no answer CA): two replicas starting together add
+    // one answer CA to it, the same for both, and keep the site CA.
+    let options = EnrollmentOptions {
+        namespace: "edgebeat-upgrade".into(),
+        ..EnrollmentOptions::default()
+    };
+    cluster.standin.create_namespace(&options.namespace);
+    let old =
+        edgebeat_gateway::enrollment::ca::SiteCa::generate(jiff::Timestamp::now().as_second())
+            .unwrap();
+    let mut secret = old.to_secret();
+    let data = secret.data.as_mut().unwrap();
+    data.remove(edgebeat_gateway::enrollment::ca::ANSWER_CAS_KEY);
+    data.remove(edgebeat_gateway::enrollment::ca::ANSWER_CA_KEYS_KEY);
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &options.namespace)
+        .create(&Default::default(), &secret)
+        .await
+        .unwrap();
+    let (a, b) = tokio::join!(
+        edgebeat_gateway::enrollment::Enrollment::with_site_ca(
+            client.clone(),
+            options.clone(),
+            clock.clone()
+        ),
         edgebeat_gateway::enrollment::Enrollment::with_site_ca(client.clone(), options, clock),
     );
-    assert_eq!(a.unwrap().ca_pem(), b.unwrap().ca_pem(), "one CA");
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.ca_pem(), old.cert_pem, "the older gateway's site CA kept");
+    assert_eq!((a.answer_cas().len(), a.answer_cas()), (1, b.answer_cas()));
+    assert_ne!(
+        a.answer_cas(),
+        old.answer_cas(),
+        "a new answer CA, not the one dropped"
+    );
 
     cluster.start_replica(gateway_options()).await.unwrap();
     let cas: Vec<String> = cluster
