@@ -37,6 +37,8 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 [ -x /usr/local/go/bin/go ] && export PATH="$PATH:/usr/local/go/bin"
 command -v go >/dev/null || { echo "Go 1.26 is required to build the control plane" >&2; exit 1; }
 scripts/control-plane.sh build
+# Helm, built the same way from its module (scripts/helm.sh): about a minute the first time.
+scripts/helm.sh build
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -75,6 +77,9 @@ fi
 # The real control plane built above: edgebeat as deployed against kube-apiserver, etcd and
 # kube-controller-manager (tests/tests/control_plane.rs).
 cargo test --workspace --locked --test control_plane -- --ignored
+# The Helm chart, rendered and installed by the Helm built above into its own control plane
+# (tests/tests/helm.rs).
+cargo test --workspace --locked --test helm -- --ignored
 if command -v systemd-analyze >/dev/null; then
   cargo test --workspace --locked --test systemd -- --ignored
 else

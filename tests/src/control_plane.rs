@@ -400,7 +400,6 @@ pub fn deployed_gateway_args(
     mounts: &[(&str, &Path)],
     pod_name: &str,
 ) -> anyhow::Result<Vec<String>> {
-    use k8s_openapi::api::apps::v1::Deployment;
     for kustomization in kustomizations {
         control_plane.kubectl(&[
             "apply",
@@ -410,6 +409,20 @@ pub fn deployed_gateway_args(
             kustomization,
         ])?;
     }
+    installed_gateway_args(control_plane, mounts, pod_name)
+}
+
+/// The command line of the gateway container of the Deployment `edgebeat-system/edgebeat-gateway`
+/// as installed (by kustomize or Helm), for the real binary here: as
+/// [`deployed_gateway_args`] without applying anything.
+///
+/// Errors: as [`deployed_gateway_args`].
+pub fn installed_gateway_args(
+    control_plane: &ControlPlane,
+    mounts: &[(&str, &Path)],
+    pod_name: &str,
+) -> anyhow::Result<Vec<String>> {
+    use k8s_openapi::api::apps::v1::Deployment;
     let json = control_plane.kubectl(&[
         "-n",
         "edgebeat-system",
@@ -545,5 +558,115 @@ impl DeployedGateway {
     /// When the agent cannot start.
     pub fn agent(&self, node: &str) -> AgentHandle {
         start_agent(self.agent_config(node), Arc::new(edgebeat_hw::SystemClock)).unwrap()
+    }
+}
+
+/// A gateway with enrollment as deployed (`deploy/gateway-enrollment`, or the Helm chart
+/// with `enrollment.enabled`: `--enrollment`, the gRPC serving certificate from the site
+/// CA), and bootstrap tokens made by `edgebeat-gateway token create` as the gateway's
+/// ServiceAccount.
+pub struct EnrollingGateway {
+    /// The running binary.
+    pub process: GatewayProcess,
+    grpc: std::net::SocketAddr,
+    enroll: std::net::SocketAddr,
+    kubeconfig: std::path::PathBuf,
+    dir: tempfile::TempDir,
+}
+
+#[allow(clippy::unwrap_used)]
+impl EnrollingGateway {
+    /// The gateway of `deploy/gateway-enrollment` with `--csr-approval=<approval>`.
+    ///
+    /// # Panics
+    /// When kubectl, the files or the binary fail (a test's setup).
+    pub async fn start(control_plane: &ControlPlane, approval: &str) -> Self {
+        let args: Vec<String> = deployed_gateway_args(
+            control_plane,
+            &["deploy/gateway-enrollment"],
+            &[],
+            "edgebeat-gateway-enrolling",
+        )
+        .unwrap()
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--csr-approval=") {
+                format!("--csr-approval={approval}")
+            } else {
+                a
+            }
+        })
+        .collect();
+        Self::with_args(args).await
+    }
+
+    /// The gateway with `args` (an installed Deployment's, see [`installed_gateway_args`]).
+    ///
+    /// # Panics
+    /// When the binary does not start or announce its listeners.
+    pub async fn with_args(args: Vec<String>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--kubeconfig="))
+            .unwrap()
+            .into();
+        let mut process = GatewayProcess::start(&args, &dir.path().join("gateway.log")).unwrap();
+        let enroll = process.address("gRPC enrollment listening").await.unwrap();
+        let grpc = process.address("gRPC listening").await.unwrap();
+        Self {
+            process,
+            grpc,
+            enroll,
+            kubeconfig,
+            dir,
+        }
+    }
+
+    /// `edgebeat-gateway token create --nodes <nodes> --uses <uses>` as the gateway's
+    /// ServiceAccount: the token it prints.
+    ///
+    /// # Panics
+    /// When the command fails.
+    pub fn token(&self, nodes: &str, uses: u32) -> String {
+        let out = std::process::Command::new(
+            crate::process::workspace_binary("edgebeat-gateway").unwrap(),
+        )
+        .arg("--kubeconfig")
+        .arg(&self.kubeconfig)
+        .args(["token", "create", "--nodes", nodes, "--ttl", "1h"])
+        .arg(format!("--uses={uses}"))
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "token create: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// An agent for `node` with nothing but `token`: gRPC to the gateway, enrolling at its
+    /// enrollment listener, certificates kept under the test's directory.
+    ///
+    /// # Panics
+    /// When the agent does not start.
+    pub fn agent(&self, node: &str, token: &str) -> AgentHandle {
+        let dir = self.dir.path().join(node);
+        std::fs::create_dir_all(&dir).unwrap();
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        let mut config = test_agent_config(
+            node,
+            &fixture("rpi4-cgroup1"),
+            grpc_transport(&format!("https://{}", self.grpc)),
+        );
+        config.certificates = Some(edgebeat_agent::config::ManagedCertificates {
+            bootstrap_token_file: token_file,
+            cert_dir: dir.join("pki"),
+            rotate_certificates: true,
+            enrollment_endpoint: Some(format!("http://{}", self.enroll)),
+        });
+        start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap()
     }
 }

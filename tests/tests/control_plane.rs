@@ -11,12 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_tests::control_plane::{
-    AuditEvent, ControlPlane, DeployedGateway, deployed_gateway_args,
-};
-use edgebeat_tests::harness::{
-    AgentHandle, fixture, grpc_transport, start_agent, test_agent_config,
-};
+use edgebeat_tests::control_plane::{AuditEvent, ControlPlane, DeployedGateway, EnrollingGateway};
+use edgebeat_tests::harness::{fixture, grpc_transport, start_agent, test_agent_config};
 use edgebeat_tests::process::GatewayProcess;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -616,96 +612,6 @@ async fn alpn_chooses_h2_and_three_connections_carry_a_replica() {
     }
     for agent in agents {
         agent.stop().await.unwrap();
-    }
-}
-
-/// A gateway of `deploy/gateway` with enrollment as the README runs it (`kubectl apply -k
-/// deploy/gateway/enrollment`, `--enrollment`, the gRPC serving certificate from the site
-/// CA, so without --grpc-tls-cert and --grpc-client-ca), and a bootstrap token made by
-/// `edgebeat-gateway token create` as the gateway's ServiceAccount.
-struct EnrollingGateway {
-    process: GatewayProcess,
-    grpc: std::net::SocketAddr,
-    enroll: std::net::SocketAddr,
-    kubeconfig: std::path::PathBuf,
-    dir: tempfile::TempDir,
-}
-
-impl EnrollingGateway {
-    async fn start(control_plane: &ControlPlane, approval: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        // The serving certificate's volumes are dropped: the site CA issues it.
-        let mut args: Vec<String> = deployed_gateway_args(
-            control_plane,
-            &["deploy/gateway", "deploy/gateway/enrollment"],
-            &[("tls", dir.path()), ("site-ca", dir.path())],
-            "edgebeat-gateway-enrolling",
-        )
-        .unwrap()
-        .into_iter()
-        .filter(|a| !a.starts_with("--grpc-tls-") && !a.starts_with("--grpc-client-ca"))
-        .collect();
-        args.extend([
-            "--enrollment".to_owned(),
-            "--grpc-enrollment-listen=127.0.0.1:0".to_owned(),
-            format!("--csr-approval={approval}"),
-        ]);
-        let kubeconfig = args
-            .iter()
-            .find_map(|a| a.strip_prefix("--kubeconfig="))
-            .unwrap()
-            .into();
-        let mut process = GatewayProcess::start(&args, &dir.path().join("gateway.log")).unwrap();
-        let enroll = process.address("gRPC enrollment listening").await.unwrap();
-        let grpc = process.address("gRPC listening").await.unwrap();
-        Self {
-            process,
-            grpc,
-            enroll,
-            kubeconfig,
-            dir,
-        }
-    }
-
-    /// `edgebeat-gateway token create --nodes <nodes> --uses <uses>` as the gateway's
-    /// ServiceAccount: the token it prints.
-    fn token(&self, nodes: &str, uses: u32) -> String {
-        let out = std::process::Command::new(
-            edgebeat_tests::process::workspace_binary("edgebeat-gateway").unwrap(),
-        )
-        .arg("--kubeconfig")
-        .arg(&self.kubeconfig)
-        .args(["token", "create", "--nodes", nodes, "--ttl", "1h"])
-        .arg(format!("--uses={uses}"))
-        .output()
-        .unwrap();
-        assert!(
-            out.status.success(),
-            "token create: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    /// An agent for `node` with nothing but `token`: gRPC to the gateway, enrolling at its
-    /// enrollment listener, certificates kept under the test's directory.
-    fn agent(&self, node: &str, token: &str) -> AgentHandle {
-        let dir = self.dir.path().join(node);
-        std::fs::create_dir_all(&dir).unwrap();
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, format!("{token}\n")).unwrap();
-        let mut config = test_agent_config(
-            node,
-            &fixture("rpi4-cgroup1"),
-            grpc_transport(&format!("https://{}", self.grpc)),
-        );
-        config.certificates = Some(edgebeat_agent::config::ManagedCertificates {
-            bootstrap_token_file: token_file,
-            cert_dir: dir.join("pki"),
-            rotate_certificates: true,
-            enrollment_endpoint: Some(format!("http://{}", self.enroll)),
-        });
-        start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap()
     }
 }
 
