@@ -441,6 +441,37 @@ async fn helm_installs_a_least_privilege_gateway_that_enrolls_a_board() {
             .unwrap_or_else(|e| panic!("{}: {e:#}", file.display()));
     }
 
+    // A values file with a wrong type: `helm install` refuses it, naming the value, and
+    // installs nothing.
+    let wrong = control_plane.dir.join("wrong-values.yaml");
+    std::fs::write(&wrong, "grpc:\n  port: \"7443\"\n").unwrap();
+    let out = helm(&[
+        "install",
+        RELEASE,
+        CHART,
+        "--kubeconfig",
+        &kubeconfig,
+        "--namespace",
+        NAMESPACE,
+        "--values",
+        wrong.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("values don't meet the specifications of the schema")
+            && stderr.contains("/grpc/port"),
+        "{stderr}"
+    );
+    let releases = helm_ok(&[
+        "list",
+        "--kubeconfig",
+        &kubeconfig,
+        "--all-namespaces",
+        "--short",
+    ]);
+    assert!(releases.trim().is_empty(), "{releases}");
+
     let started = jiff::Timestamp::now();
     let enrollment = format!("{CHART}/examples/enrollment.yaml");
     helm_ok(&[
