@@ -614,11 +614,11 @@ async fn run() -> anyhow::Result<()> {
                 signatures = ?options.signatures.as_ref().map(|s| if s.required { "required" } else { "verified when present" }),
                 "taking heartbeats from MQTT"
             );
-            let gateway = gateway.clone();
-            let stop = stop.clone();
-            Some(tokio::spawn(async move {
-                mqtt_serve(options, gateway, stop.cancelled_owned()).await
-            }))
+            Some(mqtt_serve(
+                options,
+                gateway.clone(),
+                stop.clone().cancelled_owned(),
+            ))
         }
         None => None,
     };
@@ -628,66 +628,72 @@ async fn run() -> anyhow::Result<()> {
         mqtt_subscribed,
         listed,
     ));
-    let enrolling = enrollment_listener.map(|listener| {
+    // Every ingress is a task of one set: the first to end (an error, or the shutdown
+    // signal) stops the others, and every one is awaited to its end, so that each drains
+    // (the MQTT ingress sends its DISCONNECT) before the process exits.
+    let mut ingresses: tokio::task::JoinSet<(&'static str, anyhow::Result<()>)> =
+        tokio::task::JoinSet::new();
+    if let Some(mqtt) = mqtt {
+        ingresses.spawn(async move { ("MQTT", mqtt.await.map_err(anyhow::Error::from)) });
+    }
+    if let Some(listener) = enrollment_listener {
         let options = EnrollmentServerOptions {
-            tls: enrollment_tls(&args),
+            tls: enrollment_tls(&args)?,
         };
-        tokio::spawn(serve_enrollment(
+        let served = serve_enrollment(
             listener,
             gateway.clone(),
             options,
             stop.clone().cancelled_owned(),
-        ))
-    });
-    let grpc = grpc.map(|(listener, options)| {
+        );
+        ingresses
+            .spawn(async move { ("gRPC enrollment", served.await.map_err(anyhow::Error::from)) });
+    }
+    if let Some((listener, options)) = grpc {
         let serving = grpc_serving.clone();
         let served = serve(listener, gateway, options, stop.clone().cancelled_owned());
         // The listener is bound and tonic accepts from the moment it is polled.
-        tokio::spawn(async move {
+        ingresses.spawn(async move {
             serving.store(true, Ordering::Relaxed);
             let result = served.await;
             serving.store(false, Ordering::Relaxed);
-            result
-        })
-    });
-    // Either ingress failing stops the gateway (and the other one) instead of leaving half
-    // the fleet silently unserved.
-    let grpc_done = async {
-        match grpc {
-            Some(task) => task
-                .await
-                .context("gRPC task")?
-                .map_err(anyhow::Error::from),
-            None => std::future::pending().await,
+            ("gRPC", result.map_err(anyhow::Error::from))
+        });
+    }
+    let drained = drain(ingresses, &stop).await;
+    stopped(observe_stop, observe).await?;
+    drained
+}
+
+/// Waits for the first ingress of `ingresses` to end, cancels `stop` so that the others
+/// end too, and awaits every one of them (with none, waits for `stop`).
+///
+/// Errors: the first ingress error (or panic), named by its ingress; the others are logged.
+async fn drain(
+    mut ingresses: tokio::task::JoinSet<(&'static str, anyhow::Result<()>)>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    if ingresses.is_empty() {
+        stop.cancelled().await;
+    }
+    let mut first: Option<anyhow::Error> = None;
+    while let Some(ended) = ingresses.join_next().await {
+        stop.cancel();
+        let error = match ended {
+            Ok((_, Ok(()))) => continue,
+            Ok((ingress, Err(error))) => error.context(format!("{ingress} ingress")),
+            Err(panicked) => anyhow::Error::from(panicked).context("an ingress task"),
+        };
+        if first.is_some() {
+            tracing::error!(
+                error = format!("{error:#}"),
+                "ingress failed while stopping"
+            );
+        } else {
+            first = Some(error);
         }
-    };
-    let mqtt_done = async {
-        match mqtt {
-            Some(task) => task
-                .await
-                .context("MQTT task")?
-                .map_err(anyhow::Error::from),
-            None => std::future::pending().await,
-        }
-    };
-    let enrollment_done = async {
-        match enrolling {
-            Some(task) => task
-                .await
-                .context("gRPC enrollment task")?
-                .map_err(anyhow::Error::from),
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(grpc_done, mqtt_done, enrollment_done);
-    let result = tokio::select! {
-        result = &mut grpc_done => result,
-        result = &mut mqtt_done => result,
-        result = &mut enrollment_done => result,
-    };
-    stop.cancel();
-    result?;
-    stopped(observe_stop, observe).await
+    }
+    first.map_or(Ok(()), Err)
 }
 
 /// Longest wait at start for the Node and Lease watches to list before serving.
@@ -1023,17 +1029,25 @@ fn grpc_tls_updates(
     ))
 }
 
-/// The gRPC enrollment listener's TLS: --grpc-tls-cert and --grpc-tls-key when given
-/// (read again; they were checked at start), else none (plain HTTP/2).
-fn enrollment_tls(args: &Args) -> Option<GrpcServerTls> {
-    let (cert, key) = (args.grpc_tls_cert.as_ref()?, args.grpc_tls_key.as_ref()?);
-    let read =
-        |path: &PathBuf| edgebeat_hw::read_bounded(path, edgebeat_hw::MAX_PEM_FILE_BYTES).ok();
-    Some(GrpcServerTls {
-        cert_pem: read(cert)?,
-        key_pem: read(key)?,
+/// The gRPC enrollment listener's TLS: --grpc-tls-cert and --grpc-tls-key when given, else
+/// none (plain HTTP/2: the request is proved by the token or the node's key, and the
+/// answer is signed).
+///
+/// Errors: either file cannot be read (named by its flag). The listener never falls back
+/// to plain HTTP/2 when TLS was asked for.
+fn enrollment_tls(args: &Args) -> anyhow::Result<Option<GrpcServerTls>> {
+    let (Some(cert), Some(key)) = (&args.grpc_tls_cert, &args.grpc_tls_key) else {
+        return Ok(None);
+    };
+    let read = |flag: &str, path: &PathBuf| {
+        edgebeat_hw::read_bounded(path, edgebeat_hw::MAX_PEM_FILE_BYTES)
+            .with_context(|| format!("{flag} {}", path.display()))
+    };
+    Ok(Some(GrpcServerTls {
+        cert_pem: read("--grpc-tls-cert", cert)?,
+        key_pem: read("--grpc-tls-key", key)?,
         client_ca_pem: None,
-    })
+    }))
 }
 
 /// `/readyz`: not shutting down, the Node and Lease watches listed once (`listed`: the

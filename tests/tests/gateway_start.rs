@@ -255,3 +255,47 @@ async fn with_enrollment_an_unreachable_apiserver_is_retried_not_fatal() {
         "SIGTERM while retrying ends cleanly: {status}"
     );
 }
+
+/// SIGTERM drains every ingress before the process exits, whichever stops first: with gRPC
+/// and MQTT, the gRPC server ends at once, and the MQTT ingress still ends its broker
+/// session with a DISCONNECT (so the broker publishes no Last Will and drops the session
+/// cleanly) and the process exits 0. Main used to return when the first ingress ended and
+/// drop the others mid-drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_every_ingress_and_mqtt_ends_with_disconnect() {
+    let dir = tempfile::tempdir().unwrap();
+    let standin = StandIn::serve(
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
+    let broker = edgebeat_tests::broker::Broker::start().await.unwrap();
+    let mut args = gateway_args(&standin.url());
+    args.extend([
+        "--apiserver-http=2".to_owned(),
+        format!("--mqtt-endpoint=mqtt://{}:{}", broker.host(), broker.port()),
+        "--mqtt-client-id=gateway-draining".to_owned(),
+    ]);
+    let mut gateway = GatewayProcess::start(&args, &dir.path().join("gateway.log")).unwrap();
+    let health = gateway
+        .address("serving /healthz, /readyz and /metrics")
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while http_get(health, "/readyz").await.map(|r| r.0).unwrap_or(0) != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never ready: {}",
+            gateway.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = gateway.terminate().await.unwrap();
+    assert!(status.success(), "{status}: {}", gateway.log_text());
+    let log = broker.log();
+    assert!(
+        log.contains("Received DISCONNECT from gateway-draining"),
+        "the MQTT session was cut off without DISCONNECT:\n{log}"
+    );
+}

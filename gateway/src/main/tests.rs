@@ -297,3 +297,66 @@ fn token_create_parses_with_the_cluster_flags_anywhere() {
         "the enrollment listener needs --enrollment"
     );
 }
+
+/// The enrollment listener's TLS never turns into plain HTTP/2 behind the operator's back:
+/// a certificate that cannot be read is an error naming its flag (it used to be `None`,
+/// a plain listener), no certificate is plain on purpose, and a readable pair is TLS.
+#[test]
+fn enrollment_tls_that_cannot_be_read_is_an_error_not_plain_http2() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let flags = |cert: &std::path::Path, key: &std::path::Path| {
+        parse(&[
+            "--grpc-tls-cert",
+            cert.to_str().unwrap(),
+            "--grpc-tls-key",
+            key.to_str().unwrap(),
+        ])
+        .unwrap()
+    };
+    let err = format!("{:#}", enrollment_tls(&flags(&cert, &key)).unwrap_err());
+    assert!(
+        err.contains("--grpc-tls-cert") && err.contains("tls.crt"),
+        "{err}"
+    );
+    std::fs::write(&cert, "cert").unwrap();
+    let err = format!("{:#}", enrollment_tls(&flags(&cert, &key)).unwrap_err());
+    assert!(
+        err.contains("--grpc-tls-key") && err.contains("tls.key"),
+        "{err}"
+    );
+    std::fs::write(&key, "key").unwrap();
+    let tls = enrollment_tls(&flags(&cert, &key)).unwrap().unwrap();
+    assert_eq!(
+        (tls.cert_pem.as_slice(), tls.key_pem.as_slice()),
+        (&b"cert"[..], &b"key"[..])
+    );
+    assert!(enrollment_tls(&parse(&[]).unwrap()).unwrap().is_none());
+}
+
+/// Shutdown awaits every ingress: when one fails, the others are stopped and each is awaited
+/// to its end (an MQTT ingress still sending its DISCONNECT) before the error is returned,
+/// named by its ingress. Main used to return at the first ingress that ended, and on an
+/// error skipped the drain altogether.
+#[tokio::test(start_paused = true)]
+async fn the_first_ingress_to_fail_stops_the_others_and_every_one_drains() {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let drained = Arc::new(AtomicBool::new(false));
+    let mut ingresses = tokio::task::JoinSet::new();
+    ingresses.spawn(async { ("gRPC", Err(anyhow::anyhow!("listener closed"))) });
+    let (slow_stop, slow_drained) = (stop.clone(), drained.clone());
+    ingresses.spawn(async move {
+        slow_stop.cancelled().await;
+        // A DISCONNECT that takes its time to go out.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        slow_drained.store(true, Ordering::Relaxed);
+        ("MQTT", Ok(()))
+    });
+    let err = drain(ingresses, &stop).await.unwrap_err();
+    assert_eq!(format!("{err:#}"), "gRPC ingress: listener closed");
+    assert!(stop.is_cancelled(), "the others were told to stop");
+    assert!(
+        drained.load(Ordering::Relaxed),
+        "the MQTT ingress drained before the return"
+    );
+}
