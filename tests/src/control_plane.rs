@@ -572,6 +572,8 @@ pub struct EnrollingGateway {
     enroll: std::net::SocketAddr,
     kubeconfig: std::path::PathBuf,
     dir: tempfile::TempDir,
+    /// Files its flags name (the broker's TLS), kept while it runs.
+    files: Option<tempfile::TempDir>,
 }
 
 #[allow(clippy::unwrap_used)]
@@ -600,6 +602,49 @@ impl EnrollingGateway {
         Self::with_args(args).await
     }
 
+    /// The gateway of `deploy/gateway-enrollment` also taking heartbeats and certificate
+    /// requests through `broker` over TLS, with the flags `deploy/gateway-mqtt` adds (the
+    /// broker's CA and the gateway's client certificate for it, from `broker_ca`).
+    ///
+    /// # Panics
+    /// As [`EnrollingGateway::start`].
+    pub async fn start_with_mqtt(
+        control_plane: &ControlPlane,
+        broker: &crate::broker::Broker,
+        broker_ca: &Ca,
+    ) -> Self {
+        let files = tempfile::tempdir().unwrap();
+        let client = broker_ca.client("edgebeat-gateway", None);
+        for (name, pem) in [
+            ("ca.crt", &broker_ca.cert_pem),
+            ("tls.crt", &client.cert_pem),
+            ("tls.key", &client.key_pem),
+        ] {
+            std::fs::write(files.path().join(name), pem).unwrap();
+        }
+        let file = |name: &str| files.path().join(name).display().to_string();
+        let mut args: Vec<String> = deployed_gateway_args(
+            control_plane,
+            &["deploy/gateway-enrollment"],
+            &[],
+            "edgebeat-gateway-enrolling-mqtt",
+        )
+        .unwrap();
+        args.extend([
+            format!(
+                "--mqtt-endpoint=mqtts://{}:{}",
+                broker.host(),
+                broker.port()
+            ),
+            format!("--mqtt-ca-file={}", file("ca.crt")),
+            format!("--mqtt-cert-file={}", file("tls.crt")),
+            format!("--mqtt-key-file={}", file("tls.key")),
+        ]);
+        let mut gateway = Self::with_args(args).await;
+        gateway.files = Some(files);
+        gateway
+    }
+
     /// The gateway with `args` (an installed Deployment's, see [`installed_gateway_args`]).
     ///
     /// # Panics
@@ -620,6 +665,7 @@ impl EnrollingGateway {
             enroll,
             kubeconfig,
             dir,
+            files: None,
         }
     }
 
@@ -644,6 +690,45 @@ impl EnrollingGateway {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// An agent for `node` with nothing but `token` and the broker's CA (`caFile`), over
+    /// MQTT: it enrolls through `broker` (`…/nodes/<node>/csr`), then signs every message
+    /// with the key it got and takes only the answers the gateway signs.
+    ///
+    /// # Panics
+    /// When the agent does not start.
+    pub fn mqtt_agent(
+        &self,
+        node: &str,
+        token: &str,
+        broker: &crate::broker::Broker,
+        broker_ca: &Ca,
+    ) -> AgentHandle {
+        let dir = self.dir.path().join(node);
+        std::fs::create_dir_all(&dir).unwrap();
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        let mut options =
+            edgebeat_agent::config::MqttUplinkOptions::new(broker.host(), broker.port());
+        options
+            .set_tls(ClientTls {
+                ca_pem: broker_ca.cert_pem.clone().into_bytes(),
+                client_identity: None,
+            })
+            .unwrap();
+        let mut config = test_agent_config(
+            node,
+            &fixture("rpi4-cgroup1"),
+            edgebeat_agent::config::TransportConfig::Mqtt(options),
+        );
+        config.certificates = Some(edgebeat_agent::config::ManagedCertificates {
+            bootstrap_token_file: token_file,
+            cert_dir: dir.join("pki"),
+            rotate_certificates: true,
+            enrollment_endpoint: None,
+        });
+        start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap()
     }
 
     /// An agent for `node` with nothing but `token`: gRPC to the gateway, enrolling at its

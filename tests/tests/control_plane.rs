@@ -631,6 +631,70 @@ fn csrs_of(control_plane: &ControlPlane, node: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// A board with nothing but a token and the broker's CA enrolls over MQTT (its request
+/// through the broker, a CSR through the real CSR API) and heartbeats signed with the key
+/// it got: the real node lifecycle controller sees it Ready, its Lease is renewed, and the
+/// gateway (deploy/gateway-enrollment with deploy/gateway-mqtt's flags, as its
+/// ServiceAccount) is refused nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn a_board_enrolls_over_signed_mqtt_through_the_real_csr_api() {
+    let control_plane = ControlPlane::shared().unwrap();
+    let started = jiff::Timestamp::now();
+    let broker_ca = edgebeat_tests::pki::Ca::new("broker CA");
+    let server = broker_ca.server();
+    let broker = edgebeat_tests::broker::Broker::start_tls(edgebeat_tests::broker::BrokerTls {
+        require_certificate: false,
+        ca_pem: broker_ca.cert_pem.clone(),
+        cert_pem: server.cert_pem,
+        key_pem: server.key_pem,
+    })
+    .await
+    .unwrap();
+    let gateway = EnrollingGateway::start_with_mqtt(control_plane, &broker, &broker_ca).await;
+    let token = gateway.token("enroll-mqtt-*", 1);
+    let agent = gateway.mqtt_agent("enroll-mqtt-1", &token, &broker, &broker_ca);
+    let admin = control_plane.admin_client().await.unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    eventually(
+        "the board enrolled over MQTT Ready",
+        Duration::from_secs(90),
+        || async { ready(&nodes, "enroll-mqtt-1").await.as_deref() == Some("True") },
+    )
+    .await;
+    let csrs = csrs_of(control_plane, "enroll-mqtt-1");
+    assert_eq!(csrs.len(), 1, "{csrs:?}");
+    assert_eq!(csrs[0]["spec"]["signerName"], "edgebeat.io/node-client");
+    let leases: Api<Lease> = Api::namespaced(admin, "kube-node-lease");
+    let renewed = |lease: Lease| lease.spec.and_then(|s| s.renew_time).map(|t| t.0);
+    let first = renewed(leases.get("enroll-mqtt-1").await.unwrap());
+    eventually(
+        "the Lease renewed again",
+        Duration::from_secs(30),
+        || async { renewed(leases.get("enroll-mqtt-1").await.unwrap()) != first },
+    )
+    .await;
+    // The board speaks with the certificate it got: the gateway recorded it on the Node.
+    let node = nodes.get("enroll-mqtt-1").await.unwrap();
+    assert!(
+        node.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("edgebeat.io/node-certificate-sha256"),
+        "signed with the enrolled key"
+    );
+    agent.stop().await.unwrap();
+    let refused: Vec<_> = gateway_requests(control_plane, started)
+        .into_iter()
+        .filter(|e| matches!(e.code(), 400..=403 | 405..=408 | 410..=499 | 500..))
+        .map(|e| (e.code(), e.verb, e.request_uri))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "requests the apiserver refused: {refused:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the built control plane (scripts/test.sh builds it)"]
 async fn boards_enroll_through_the_real_csr_api_auto_and_by_kubectl_certificate_approve() {
