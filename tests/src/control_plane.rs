@@ -412,6 +412,61 @@ pub fn deployed_gateway_args(
     installed_gateway_args(control_plane, mounts, pod_name)
 }
 
+/// The gateway's ServiceAccount as the audit log names it.
+pub const GATEWAY_USER: &str = "system:serviceaccount:edgebeat-system:edgebeat-gateway";
+
+/// Waits until `condition` holds, asking every 200 ms, for at most `deadline`.
+///
+/// # Panics
+/// When `deadline` passes first, naming `what`.
+pub async fn eventually<F, Fut>(what: &str, deadline: std::time::Duration, condition: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + deadline;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// The gateway's requests (as [`GATEWAY_USER`]) in the audit log, answered at or after
+/// `from`.
+///
+/// # Panics
+/// When the audit log cannot be read.
+pub fn gateway_requests(control_plane: &ControlPlane, from: jiff::Timestamp) -> Vec<AuditEvent> {
+    #[allow(clippy::unwrap_used)]
+    control_plane
+        .audit()
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.user.username == GATEWAY_USER && e.at().is_ok_and(|at| at >= from))
+        .collect()
+}
+
+/// Asserts that the apiserver refused none of `requests` (no 4xx but a 404 or 409, which
+/// the gateway reads as answers, and no 5xx): no 403 from RBAC, no 422 from validation or
+/// admission.
+///
+/// # Panics
+/// When one was, listing them.
+pub fn assert_none_refused(requests: &[AuditEvent]) {
+    let refused: Vec<_> = requests
+        .iter()
+        .filter(|e| matches!(e.code(), 400..=403 | 405..=408 | 410..=499 | 500..))
+        .map(|e| (e.code(), e.verb.as_str(), e.request_uri.as_str()))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "requests the apiserver refused: {refused:?}"
+    );
+}
+
 /// The command line of the gateway container of the Deployment `edgebeat-system/edgebeat-gateway`
 /// as installed (by kustomize or Helm), for the real binary here: as
 /// [`deployed_gateway_args`] without applying anything.
@@ -422,7 +477,6 @@ pub fn installed_gateway_args(
     mounts: &[(&str, &Path)],
     pod_name: &str,
 ) -> anyhow::Result<Vec<String>> {
-    use k8s_openapi::api::apps::v1::Deployment;
     let json = control_plane.kubectl(&[
         "-n",
         "edgebeat-system",
@@ -432,7 +486,46 @@ pub fn installed_gateway_args(
         "-o",
         "json",
     ])?;
-    let deployment: Deployment = serde_json::from_str(&json)?;
+    gateway_args_of(
+        control_plane,
+        serde_json::from_str(&json)?,
+        mounts,
+        pod_name,
+    )
+}
+
+/// As [`installed_gateway_args`], for the Deployment `kubectl kustomize <kustomization>`
+/// renders (the release's kubectl), without installing it: for an overlay whose Deployment
+/// must not replace the one other tests share on the control plane.
+///
+/// Errors: as [`deployed_gateway_args`], and the kustomization renders no Deployment.
+pub fn rendered_gateway_args(
+    control_plane: &ControlPlane,
+    kustomization: &str,
+    mounts: &[(&str, &Path)],
+    pod_name: &str,
+) -> anyhow::Result<Vec<String>> {
+    let rendered = control_plane.kubectl(&["kustomize", kustomization])?;
+    let deployment = serde_saphyr::from_multiple::<serde_json::Value>(&rendered)?
+        .into_iter()
+        .find(|v| v["kind"] == "Deployment")
+        .with_context(|| format!("{kustomization} renders no Deployment"))?;
+    gateway_args_of(
+        control_plane,
+        serde_json::from_value(deployment)?,
+        mounts,
+        pod_name,
+    )
+}
+
+/// The gateway container's command line of `deployment`, for the real binary here (see
+/// [`deployed_gateway_args`]).
+fn gateway_args_of(
+    control_plane: &ControlPlane,
+    deployment: k8s_openapi::api::apps::v1::Deployment,
+    mounts: &[(&str, &Path)],
+    pod_name: &str,
+) -> anyhow::Result<Vec<String>> {
     let pod = deployment
         .spec
         .and_then(|s| s.template.spec)
@@ -561,6 +654,25 @@ impl DeployedGateway {
     }
 }
 
+/// The command line of `deploy/gateway-enrollment`'s gateway, its RBAC applied (`deploy/gateway`
+/// and `deploy/gateway/enrollment`) but its Deployment only rendered: the shared control
+/// plane's Deployment stays `deploy/gateway`'s, which other tests read meanwhile.
+#[allow(clippy::unwrap_used)]
+fn enrolling_args(control_plane: &ControlPlane, pod_name: &str) -> Vec<String> {
+    for kustomization in ["deploy/gateway", "deploy/gateway/enrollment"] {
+        control_plane
+            .kubectl(&[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-k",
+                kustomization,
+            ])
+            .unwrap();
+    }
+    rendered_gateway_args(control_plane, "deploy/gateway-enrollment", &[], pod_name).unwrap()
+}
+
 /// A gateway with enrollment as deployed (`deploy/gateway-enrollment`, or the Helm chart
 /// with `enrollment.enabled`: `--enrollment`, the gRPC serving certificate from the site
 /// CA), and bootstrap tokens made by `edgebeat-gateway token create` as the gateway's
@@ -583,22 +695,16 @@ impl EnrollingGateway {
     /// # Panics
     /// When kubectl, the files or the binary fail (a test's setup).
     pub async fn start(control_plane: &ControlPlane, approval: &str) -> Self {
-        let args: Vec<String> = deployed_gateway_args(
-            control_plane,
-            &["deploy/gateway-enrollment"],
-            &[],
-            "edgebeat-gateway-enrolling",
-        )
-        .unwrap()
-        .into_iter()
-        .map(|a| {
-            if a.starts_with("--csr-approval=") {
-                format!("--csr-approval={approval}")
-            } else {
-                a
-            }
-        })
-        .collect();
+        let args: Vec<String> = enrolling_args(control_plane, "edgebeat-gateway-enrolling")
+            .into_iter()
+            .map(|a| {
+                if a.starts_with("--csr-approval=") {
+                    format!("--csr-approval={approval}")
+                } else {
+                    a
+                }
+            })
+            .collect();
         Self::with_args(args).await
     }
 
@@ -623,13 +729,7 @@ impl EnrollingGateway {
             std::fs::write(files.path().join(name), pem).unwrap();
         }
         let file = |name: &str| files.path().join(name).display().to_string();
-        let mut args: Vec<String> = deployed_gateway_args(
-            control_plane,
-            &["deploy/gateway-enrollment"],
-            &[],
-            "edgebeat-gateway-enrolling-mqtt",
-        )
-        .unwrap();
+        let mut args = enrolling_args(control_plane, "edgebeat-gateway-enrolling-mqtt");
         args.extend([
             format!(
                 "--mqtt-endpoint=mqtts://{}:{}",

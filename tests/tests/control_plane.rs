@@ -11,14 +11,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_tests::control_plane::{AuditEvent, ControlPlane, DeployedGateway, EnrollingGateway};
+use edgebeat_tests::control_plane::{
+    AuditEvent, ControlPlane, DeployedGateway, EnrollingGateway, GATEWAY_USER, assert_none_refused,
+    eventually, gateway_requests,
+};
 use edgebeat_tests::harness::{fixture, grpc_transport, start_agent, test_agent_config};
 use edgebeat_tests::process::GatewayProcess;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-
-const GATEWAY_USER: &str = "system:serviceaccount:edgebeat-system:edgebeat-gateway";
 
 /// The Ready condition's status of `node` ("True", "False", "Unknown"), `None` without a
 /// Node or condition.
@@ -29,32 +30,6 @@ async fn ready(nodes: &Api<Node>, node: &str) -> Option<String> {
         .into_iter()
         .find(|c| c.type_ == "Ready")
         .map(|c| c.status)
-}
-
-/// Waits until `condition` holds, asking every 200 ms, for at most `deadline`.
-async fn eventually<F, Fut>(what: &str, deadline: Duration, condition: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = tokio::time::Instant::now() + deadline;
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The gateway's requests in the audit log, answered at or after `from`.
-fn gateway_requests(control_plane: &ControlPlane, from: jiff::Timestamp) -> Vec<AuditEvent> {
-    control_plane
-        .audit()
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.user.username == GATEWAY_USER && e.at().is_ok_and(|at| at >= from))
-        .collect()
 }
 
 /// `list` requests of the gateway since `from`, by resource.
@@ -165,15 +140,7 @@ async fn kubelets_calls_at_kubelets_cadence_through_the_deployed_gateway() {
         assert_eq!(count(&calls, "update", "nodes"), 0, "{name}: {calls:?}");
         assert_eq!(count(&calls, "patch", "nodes"), 0, "{name}: {calls:?}");
     }
-    let refused: Vec<_> = all
-        .iter()
-        .filter(|e| matches!(e.code(), 400..=403 | 405..=408 | 410..=499 | 500..))
-        .map(|e| (e.verb.as_str(), e.request_uri.as_str(), e.code()))
-        .collect();
-    assert!(
-        refused.is_empty(),
-        "requests the apiserver refused: {refused:?}"
-    );
+    assert_none_refused(&all);
     let events = all.iter().filter(|e| e.resource() == "events").count();
     assert!(events >= 1, "the node's Events accepted: {events}");
     assert_eq!(
@@ -684,15 +651,7 @@ async fn a_board_enrolls_over_signed_mqtt_through_the_real_csr_api() {
         "signed with the enrolled key"
     );
     agent.stop().await.unwrap();
-    let refused: Vec<_> = gateway_requests(control_plane, started)
-        .into_iter()
-        .filter(|e| matches!(e.code(), 400..=403 | 405..=408 | 410..=499 | 500..))
-        .map(|e| (e.code(), e.verb, e.request_uri))
-        .collect();
-    assert!(
-        refused.is_empty(),
-        "requests the apiserver refused: {refused:?}"
-    );
+    assert_none_refused(&gateway_requests(control_plane, started));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -759,15 +718,7 @@ async fn boards_enroll_through_the_real_csr_api_auto_and_by_kubectl_certificate_
     agent.stop().await.unwrap();
 
     // Under deploy/'s RBAC: nothing the apiserver refused.
-    let refused: Vec<_> = gateway_requests(control_plane, started)
-        .into_iter()
-        .filter(|e| matches!(e.code(), 400..=403 | 405..=408 | 410..=499 | 500..))
-        .map(|e| (e.code(), e.verb, e.request_uri))
-        .collect();
-    assert!(
-        refused.is_empty(),
-        "requests the apiserver refused: {refused:?}"
-    );
+    assert_none_refused(&gateway_requests(control_plane, started));
     let csr_calls: std::collections::BTreeSet<_> = gateway_requests(control_plane, started)
         .into_iter()
         .filter(|e| e.resource().starts_with("certificatesigningrequests"))

@@ -807,27 +807,10 @@ async fn an_enrolled_agent_takes_answers_only_from_the_answer_ca_it_learnt() {
         1,
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = cluster
-        .enrolled_agent_config(NODE, host.path(), &token, dir.path())
-        .unwrap();
-    config.healthz_bind_address = Some("127.0.0.1:0".parse().unwrap());
-    let agent = cluster.start_agent(config).unwrap();
-    leased(&cluster, NODE).await;
+    let (agent, dir) = observed_enrolled_agent(&cluster, NODE, host.path(), &token).await;
     cluster.wait_for_renewals(NODE, 2, DEADLINE).await.unwrap();
-    let stored = std::fs::read(
-        dir.path()
-            .join("pki")
-            .join(edgebeat_agent::certificates::ANSWER_CAS_FILE),
-    )
-    .unwrap();
-    let learnt: Vec<Vec<u8>> = edgebeat_transports::tls::parse_certificates(&stored)
-        .unwrap()
-        .iter()
-        .map(|c| c.to_vec())
-        .collect();
     assert_eq!(
-        learnt,
+        learnt_answer_cas(dir.path()),
         cluster.enrollment().answer_cas(),
         "the answer CA the gateway named"
     );
@@ -899,6 +882,24 @@ async fn an_enrolled_agent_takes_answers_only_from_the_answer_ca_it_learnt() {
     let gap = longest_renewal_gap(&requests[requests_before..], NODE).unwrap();
     assert!(gap < Duration::from_secs(12), "Lease unrenewed for {gap:?}");
     agent.stop().await.unwrap();
+}
+
+/// An agent of `node` with nothing but `token`, its `certDir` under the directory returned,
+/// serving its `/metrics` (for `agent_sample`), once its Lease exists.
+async fn observed_enrolled_agent(
+    cluster: &Cluster,
+    node: &str,
+    host: &std::path::Path,
+    token: &enroll::BootstrapToken,
+) -> (edgebeat_tests::harness::AgentHandle, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = cluster
+        .enrolled_agent_config(node, host, token, dir.path())
+        .unwrap();
+    config.healthz_bind_address = Some("127.0.0.1:0".parse().unwrap());
+    let agent = cluster.start_agent(config).unwrap();
+    leased(cluster, node).await;
+    (agent, dir)
 }
 
 /// The answer CAs (DER) an agent keeps in `dir`'s `certDir`.
@@ -1005,13 +1006,7 @@ async fn the_answer_ca_rotates_with_an_overlap_and_boards_follow() {
         ..EnrollmentOptions::default()
     };
     let (mut cluster, token, host) = enrolling(Transport::Mqtt, enrollment, &[NODE], 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = cluster
-        .enrolled_agent_config(NODE, host.path(), &token, dir.path())
-        .unwrap();
-    config.healthz_bind_address = Some("127.0.0.1:0".parse().unwrap());
-    let agent = cluster.start_agent(config).unwrap();
-    leased(&cluster, NODE).await;
+    let (agent, dir) = observed_enrolled_agent(&cluster, NODE, host.path(), &token).await;
     let old = cluster.enrollment().answer_cas().to_vec();
     assert_eq!(old.len(), 1);
     assert_eq!(learnt_answer_cas(dir.path()), old);

@@ -18,7 +18,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use edgebeat_tests::control_plane::{ControlPlane, EnrollingGateway, installed_gateway_args};
+use edgebeat_tests::control_plane::{
+    ControlPlane, EnrollingGateway, assert_none_refused, eventually, gateway_requests,
+    installed_gateway_args,
+};
 use serde_json::Value;
 
 const CHART: &str = "deploy/helm/edgebeat-gateway";
@@ -201,36 +204,25 @@ fn assert_same(
 #[test]
 #[ignore = "needs helm (scripts/helm.sh build) and the control plane's kubectl: scripts/test.sh runs it"]
 fn the_chart_renders_what_the_kustomize_bases_do() {
-    assert_same(
-        "defaults",
-        &rendered(&[], &[]),
-        &kustomized(&["deploy/gateway"]),
-        &[],
-    );
-    assert_same(
-        "examples/grpc.yaml",
-        &rendered(&["grpc.yaml"], &[]),
-        &kustomized(&["deploy/gateway"]),
-        &[],
-    );
-    assert_same(
-        "examples/grpc-mqtt.yaml",
-        &rendered(&["grpc-mqtt.yaml"], &[]),
-        &kustomized(&["deploy/gateway-mqtt"]),
-        &[],
-    );
-    assert_same(
-        "examples/enrollment.yaml",
-        &rendered(&["enrollment.yaml"], &[]),
-        &kustomized(&["deploy/gateway-enrollment"]),
-        &[],
-    );
-    assert_same(
-        "examples/monitoring.yaml",
-        &rendered(&["monitoring.yaml"], &[]),
-        &kustomized(&["deploy/gateway-monitoring"]),
-        &["ConfigMap/edgebeat-system/edgebeat-gateway-dashboard"],
-    );
+    let dashboard = "ConfigMap/edgebeat-system/edgebeat-gateway-dashboard";
+    for (values, kustomizations, chart_only) in [
+        (None, "deploy/gateway", None),
+        (Some("grpc.yaml"), "deploy/gateway", None),
+        (Some("grpc-mqtt.yaml"), "deploy/gateway-mqtt", None),
+        (Some("enrollment.yaml"), "deploy/gateway-enrollment", None),
+        (
+            Some("monitoring.yaml"),
+            "deploy/gateway-monitoring",
+            Some(dashboard),
+        ),
+    ] {
+        assert_same(
+            values.unwrap_or("defaults"),
+            &rendered(values.as_slice(), &[]),
+            &kustomized(&[kustomizations]),
+            chart_only.as_slice(),
+        );
+    }
     let mut impersonating = kustomized(&["deploy/gateway", "deploy/gateway/impersonation"]);
     let args = impersonating
         .get_mut("Deployment/edgebeat-system/edgebeat-gateway")
@@ -328,22 +320,6 @@ fn lint_passes_and_the_schema_names_a_wrong_value() {
                 && stderr.contains(named),
             "--set {set}: {stderr}"
         );
-    }
-}
-
-/// Waits until `condition` holds, polling every 200 ms, for at most `deadline`.
-async fn eventually<F, Fut>(what: &str, deadline: Duration, condition: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let until = tokio::time::Instant::now() + deadline;
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "{what}: not within {deadline:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -474,26 +450,21 @@ async fn helm_installs_a_least_privilege_gateway_that_enrolls_a_board() {
 
     let started = jiff::Timestamp::now();
     let enrollment = format!("{CHART}/examples/enrollment.yaml");
-    helm_ok(&[
+    // `helm <verb> <args>` on the release, in its namespace, as the cluster admin.
+    let release = |verb: &str, args: &[&str]| {
+        let mut all = vec![verb];
+        if verb != "get" {
+            all.push(RELEASE);
+        }
+        all.extend(args);
+        all.extend(["--kubeconfig", &kubeconfig, "--namespace", NAMESPACE]);
+        helm_ok(&all)
+    };
+    release(
         "install",
-        RELEASE,
-        CHART,
-        "--kubeconfig",
-        &kubeconfig,
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-        "--values",
-        &enrollment,
-    ]);
-    let notes = helm_ok(&[
-        "status",
-        RELEASE,
-        "--kubeconfig",
-        &kubeconfig,
-        "--namespace",
-        NAMESPACE,
-    ]);
+        &[CHART, "--create-namespace", "--values", &enrollment],
+    );
+    let notes = release("status", &[]);
     assert!(
         notes.contains("token create") && notes.contains("kubectl get csr"),
         "{notes}"
@@ -515,17 +486,10 @@ async fn helm_installs_a_least_privilege_gateway_that_enrolls_a_board() {
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
     })
     .await;
-    // A Node event is among the gateway's writes (the board registered).
     eventually("a Lease renewed twice", Duration::from_secs(60), || async {
-        control_plane
-            .audit()
-            .unwrap()
+        gateway_requests(&control_plane, started)
             .iter()
-            .filter(|e| {
-                e.user.username == "system:serviceaccount:edgebeat-system:edgebeat-gateway"
-                    && e.verb == "update"
-                    && e.resource() == "leases"
-            })
+            .filter(|e| e.verb == "update" && e.resource() == "leases")
             .count()
             >= 2
     })
@@ -535,19 +499,16 @@ async fn helm_installs_a_least_privilege_gateway_that_enrolls_a_board() {
 
     // Manual approval, by upgrading the release: the board's request waits, asked again
     // (the CSR read back) until a person approves it with kubectl.
-    helm_ok(&[
+    release(
         "upgrade",
-        RELEASE,
-        CHART,
-        "--kubeconfig",
-        &kubeconfig,
-        "--namespace",
-        NAMESPACE,
-        "--values",
-        &enrollment,
-        "--set",
-        "enrollment.approval=manual",
-    ]);
+        &[
+            CHART,
+            "--values",
+            &enrollment,
+            "--set",
+            "enrollment.approval=manual",
+        ],
+    );
     let args = installed_gateway_args(&control_plane, &[], "edgebeat-gateway-helm").unwrap();
     assert!(
         args.contains(&"--csr-approval=manual".to_owned()),
@@ -597,34 +558,13 @@ async fn helm_installs_a_least_privilege_gateway_that_enrolls_a_board() {
     .await;
     board.stop().await.unwrap();
 
-    let audit = control_plane.audit().unwrap();
-    let from_gateway: Vec<_> = audit
-        .iter()
-        .filter(|e| e.user.username == "system:serviceaccount:edgebeat-system:edgebeat-gateway")
-        .filter(|e| e.at().is_ok_and(|at| at >= started))
-        .collect();
-    let refused: Vec<_> = from_gateway
-        .iter()
-        .filter(|e| e.code() == 403)
-        .map(|e| (e.verb.clone(), e.request_uri.clone()))
-        .collect();
-    assert!(
-        refused.is_empty(),
-        "the chart's RBAC fell short: {refused:?}"
-    );
+    let from_gateway = gateway_requests(&control_plane, started);
+    assert_none_refused(&from_gateway);
     let used: std::collections::BTreeSet<(String, String)> = from_gateway
         .iter()
         .map(|e| (e.verb.clone(), e.resource()))
         .collect();
-    let installed = by_key(documents(&helm_ok(&[
-        "get",
-        "manifest",
-        RELEASE,
-        "--kubeconfig",
-        &kubeconfig,
-        "--namespace",
-        NAMESPACE,
-    ])));
+    let installed = by_key(documents(&release("get", &["manifest", RELEASE])));
     let unused: Vec<_> = granted(&installed)
         .into_iter()
         .filter(|(verb, resource)| {
@@ -641,19 +581,10 @@ async fn helm_installs_a_least_privilege_gateway_that_enrolls_a_board() {
     );
 
     // Upgrade: gRPC only, to gRPC and MQTT.
-    helm_ok(&[
+    release(
         "upgrade",
-        RELEASE,
-        CHART,
-        "--kubeconfig",
-        &kubeconfig,
-        "--namespace",
-        NAMESPACE,
-        "--values",
-        &enrollment,
-        "--set",
-        "mqtt.enabled=true",
-    ]);
+        &[CHART, "--values", &enrollment, "--set", "mqtt.enabled=true"],
+    );
     let broker_tls = tempfile::tempdir().unwrap();
     let upgraded = installed_gateway_args(
         &control_plane,
@@ -670,14 +601,7 @@ async fn helm_installs_a_least_privilege_gateway_that_enrolls_a_board() {
     );
 
     // Uninstall: nothing of the chart's is left; the gateway's site CA Secret stays.
-    helm_ok(&[
-        "uninstall",
-        RELEASE,
-        "--kubeconfig",
-        &kubeconfig,
-        "--namespace",
-        NAMESPACE,
-    ]);
+    release("uninstall", &[]);
     let left = control_plane
         .kubectl(&[
             "get",

@@ -26,7 +26,7 @@ use rcgen::{
 };
 
 use super::EnrollmentError;
-use super::ca::{GatewayIdentity, ca_error, validity};
+use super::ca::{GatewayIdentity, ca_error, issuer_of, validity};
 
 /// Validity of an answer CA: 10 years, as the site CA's.
 const ANSWER_CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
@@ -85,14 +85,7 @@ impl AnswerCa {
     /// Errors: [`EnrollmentError::Ca`] when either does not parse or the certificate is not
     /// a CA's.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, EnrollmentError> {
-        let key = KeyPair::from_pem(key_pem).map_err(ca_error)?;
-        let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(ca_error)?;
-        let cert_der = edgebeat_transports::tls::parse_certificates(cert_pem.as_bytes())
-            .map_err(EnrollmentError::CaTls)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| EnrollmentError::Ca("no answer CA certificate".into()))?
-            .to_vec();
+        let (issuer, cert_der) = issuer_of(cert_pem, key_pem)?;
         Ok(Self {
             cert_der,
             cert_pem: cert_pem.to_owned(),

@@ -111,14 +111,7 @@ impl SiteCa {
     /// Errors: [`EnrollmentError::Ca`] when either does not parse or the certificate is not
     /// a CA's.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, EnrollmentError> {
-        let key = KeyPair::from_pem(key_pem).map_err(ca_error)?;
-        let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(ca_error)?;
-        let cert_der = edgebeat_transports::tls::parse_certificates(cert_pem.as_bytes())
-            .map_err(EnrollmentError::CaTls)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| EnrollmentError::Ca("no certificate".into()))?
-            .to_vec();
+        let (issuer, cert_der) = issuer_of(cert_pem, key_pem)?;
         Ok(Self {
             cert_der,
             cert_pem: cert_pem.to_owned(),
@@ -374,6 +367,25 @@ impl SiteCa {
         let request = rcgen::CertificateSigningRequestParams { params, public_key };
         Ok(request.signed_by(&self.issuer).map_err(ca_error)?.pem())
     }
+}
+
+/// The issuer of a CA certificate and its key (both PEM), and the certificate's DER.
+///
+/// Errors: [`EnrollmentError::Ca`] when either does not parse or the certificate is not a
+/// CA's.
+pub(super) fn issuer_of(
+    cert_pem: &str,
+    key_pem: &str,
+) -> Result<(Issuer<'static, KeyPair>, Vec<u8>), EnrollmentError> {
+    let key = KeyPair::from_pem(key_pem).map_err(ca_error)?;
+    let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(ca_error)?;
+    let cert_der = edgebeat_transports::tls::parse_certificates(cert_pem.as_bytes())
+        .map_err(EnrollmentError::CaTls)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| EnrollmentError::Ca("no certificate".into()))?
+        .to_vec();
+    Ok((issuer, cert_der))
 }
 
 /// `(notBefore, notAfter)` for `lifetime` from `from` (Unix seconds).

@@ -199,8 +199,23 @@ impl MqttUplinkOptions {
     /// Errors: [`MqttUplinkError::Tls`] when the PEM holds no usable CA certificate.
     #[cfg(feature = "mqtt-tls")]
     pub fn set_gateway_ca(&mut self, ca_pem: &[u8]) -> Result<(), MqttUplinkError> {
-        let verifier = crate::signing::AnswerVerifier::from_pem(ca_pem)
-            .map_err(|e| MqttUplinkError::Tls(e.in_part("gateway CA")))?
+        self.set_answer_verifier(
+            crate::signing::AnswerVerifier::from_pem(ca_pem),
+            "gateway CA",
+        )
+    }
+
+    /// Takes answers verified by `verifier` (counting into [`Self::answer_refusals`]).
+    ///
+    /// Errors: [`MqttUplinkError::Tls`] in `part` when `verifier` is an error.
+    #[cfg(feature = "mqtt-tls")]
+    fn set_answer_verifier(
+        &mut self,
+        verifier: Result<crate::signing::AnswerVerifier, crate::tls::TlsError>,
+        part: &'static str,
+    ) -> Result<(), MqttUplinkError> {
+        let verifier = verifier
+            .map_err(|e| MqttUplinkError::Tls(e.in_part(part)))?
             .counting(self.answer_refusals.clone());
         self.answers = Some(std::sync::Arc::new(verifier));
         Ok(())
@@ -215,11 +230,10 @@ impl MqttUplinkOptions {
     /// none.
     #[cfg(feature = "mqtt-tls")]
     pub fn set_answer_cas(&mut self, answer_cas: &[Vec<u8>]) -> Result<(), MqttUplinkError> {
-        let verifier = crate::signing::AnswerVerifier::pinned(answer_cas)
-            .map_err(|e| MqttUplinkError::Tls(e.in_part("answer CAs")))?
-            .counting(self.answer_refusals.clone());
-        self.answers = Some(std::sync::Arc::new(verifier));
-        Ok(())
+        self.set_answer_verifier(
+            crate::signing::AnswerVerifier::pinned(answer_cas),
+            "answer CAs",
+        )
     }
 
     /// Counts the answers refused from now on in `refusals`, by the verifier set now and
