@@ -38,7 +38,8 @@
 //!   probes per second, not a request per node per retry, and a renewal goes through
 //!   within seconds of recovery, inside one renew interval.
 
-use std::sync::{Arc, LazyLock, Mutex};
+use parking_lot::Mutex;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
@@ -162,7 +163,7 @@ enum Ticket<'a> {
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         if let Ticket::Probe(gate) = self {
-            lock(gate).probing = false;
+            gate.lock().probing = false;
         }
     }
 }
@@ -178,21 +179,16 @@ struct Outcome<'a> {
 impl Outcome<'_> {
     fn record<T>(&mut self, result: &Result<T, kube::Error>) {
         self.recorded = true;
-        lock(self.gate).observe(trouble(result), self.probe);
+        self.gate.lock().observe(trouble(result), self.probe);
     }
 }
 
 impl Drop for Outcome<'_> {
     fn drop(&mut self) {
         if !self.recorded {
-            lock(self.gate).observe(Some(Duration::ZERO), self.probe);
+            self.gate.lock().observe(Some(Duration::ZERO), self.probe);
         }
     }
-}
-
-fn lock(gate: &Mutex<Gate>) -> std::sync::MutexGuard<'_, Gate> {
-    gate.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether a call's result says the apiserver is in trouble: `Some(Retry-After)` for 429,
@@ -249,7 +245,7 @@ impl Apiserver {
     /// Whether a backoff gate is closed (the apiserver answered 429, 5xx or nothing, and
     /// no call of that priority has succeeded since).
     pub fn backing_off(&self) -> bool {
-        self.gates.iter().any(|g| lock(g).failing)
+        self.gates.iter().any(|g| g.lock().failing)
     }
 
     fn gate(&self, priority: Priority) -> &Mutex<Gate> {
@@ -258,7 +254,7 @@ impl Apiserver {
 
     fn admit(&self, priority: Priority) -> Result<Ticket<'_>, BackingOff> {
         let gate = self.gate(priority);
-        let mut state = lock(gate);
+        let mut state = gate.lock();
         if !state.failing {
             return Ok(Ticket::Open);
         }

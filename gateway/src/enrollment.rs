@@ -32,8 +32,9 @@
 //! node, boot and sequence it answers; a granted one carries the chain with the site CA
 //! last, which an enrolling agent checks against its token's pin.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
@@ -232,10 +233,7 @@ impl EnrollmentCounters {
 
     /// CSRs this replica answered pending that it has not seen issued since.
     pub fn pending(&self) -> usize {
-        self.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.pending.lock().len()
     }
 
     /// Registers `edgebeat_gateway_certificate_requests_total{proof, outcome}` and
@@ -540,7 +538,7 @@ impl Enrollment {
         let now = self.now();
         let window = jiff::SignedDuration::try_from(self.options.max_clock_skew * 2)
             .unwrap_or(jiff::SignedDuration::MAX);
-        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut seen = self.seen.lock();
         // Entries past the window are dropped once a window, not scanned per request:
         // the map holds at most two windows' worth of nodes.
         if seen.swept.is_none_or(|t| now.duration_since(t) >= window) {
@@ -626,7 +624,6 @@ impl Enrollment {
         let unrecorded = self
             .unrecorded_uses
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .get(&token.id)
             .copied()
             .unwrap_or(0);
@@ -662,7 +659,6 @@ impl Enrollment {
         *self
             .unrecorded_uses
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .entry(id.to_owned())
             .or_default() += 1;
         self.flush_uses(id).await;
@@ -673,13 +669,7 @@ impl Enrollment {
     async fn flush_uses(&self, id: &str) {
         let _recording = self.recording_uses.lock().await;
         loop {
-            let pending = self
-                .unrecorded_uses
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(id)
-                .copied()
-                .unwrap_or(0);
+            let pending = self.unrecorded_uses.lock().get(id).copied().unwrap_or(0);
             if pending == 0 {
                 return;
             }
@@ -687,10 +677,7 @@ impl Enrollment {
                 .await
             {
                 Ok(_) => {
-                    let mut unrecorded = self
-                        .unrecorded_uses
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner);
+                    let mut unrecorded = self.unrecorded_uses.lock();
                     if let Some(n) = unrecorded.get_mut(id) {
                         *n = n.saturating_sub(pending);
                         if *n == 0 {
@@ -878,11 +865,7 @@ impl Enrollment {
     }
 
     fn pending(&self, name: &str, pending: bool) {
-        let mut set = self
-            .counters
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut set = self.counters.pending.lock();
         if pending {
             set.insert(name.to_owned());
         } else {

@@ -15,8 +15,9 @@
 //! ([`Gateway::watch`]) and by the answers to writes.
 
 use edgebeat_transports::log_limit::LogLine;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
@@ -169,15 +170,9 @@ struct Handling<'a> {
 impl Drop for Handling<'_> {
     fn drop(&mut self) {
         if self.armed {
-            lock(&self.cell.mailbox).stopped();
+            self.cell.mailbox.lock().stopped();
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[derive(Default)]
@@ -304,10 +299,7 @@ impl Gateway {
     /// `identified` message, after giving up the slot of a node never identified: made-up
     /// names that filled the replica must not keep a genuine node out); `None` otherwise.
     fn slot(&self, name: &str, identified: bool) -> Option<Arc<SlotCell>> {
-        let mut slots = match self.slots.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut slots = self.slots.lock();
         if self.messages.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             self.sweep(&mut slots);
         }
@@ -330,7 +322,7 @@ impl Gateway {
             .filter(|(_, cell)| {
                 !cell.identified.load(Ordering::Relaxed)
                     && Arc::strong_count(cell) == 1
-                    && !lock(&cell.mailbox).is_busy()
+                    && !cell.mailbox.lock().is_busy()
             })
             .filter_map(|(name, cell)| Some((name, cell.state.try_lock().ok()?.last_seen)))
             .min_by_key(|(_, last_seen)| *last_seen)
@@ -351,7 +343,7 @@ impl Gateway {
         slots.retain(|name, slot| {
             // A cell a message holds (between lookup and post) or with letters is in use.
             let keep = Arc::strong_count(slot) > 1
-                || lock(&slot.mailbox).is_busy()
+                || slot.mailbox.lock().is_busy()
                 || slot.state.try_lock().map_or(true, |s| {
                     s.last_seen
                         .is_some_and(|t| now.duration_since(t) < SLOT_IDLE)
@@ -401,10 +393,7 @@ impl Gateway {
 
     /// Number of nodes the gateway currently keeps state for.
     pub fn tracked_nodes(&self) -> usize {
-        match self.slots.lock() {
-            Ok(g) => g.len(),
-            Err(poisoned) => poisoned.into_inner().len(),
-        }
+        self.slots.lock().len()
     }
 
     fn reject(&self, why: RejectReason, reason: String) -> Answer {
@@ -495,7 +484,10 @@ impl Gateway {
             letter.reply.send_now(Some(answer));
             return None;
         };
-        let posted = lock(&cell.mailbox).post(letter, self.options.per_node_queue);
+        let posted = cell
+            .mailbox
+            .lock()
+            .post(letter, self.options.per_node_queue);
         match posted {
             Ok(posted) => {
                 for _ in 0..posted.dropped {
@@ -527,7 +519,7 @@ impl Gateway {
     async fn handle_letters(&self, cell: &SlotCell) {
         let mut handling = Handling { cell, armed: true };
         loop {
-            let Some(turn) = lock(&cell.mailbox).next_turn() else {
+            let Some(turn) = cell.mailbox.lock().next_turn() else {
                 // Idle under the lock: the next post starts handling again.
                 handling.armed = false;
                 return;
@@ -850,10 +842,7 @@ impl Handler for Gateway {
     /// Takes the bridge's word into the site tracker ([`SiteTracker::uplink`]) and wakes
     /// the site loop, which marks or clears the site's nodes at once.
     fn site_uplink(&self, site: &str, up: bool) {
-        self.sites
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .uplink(site, up);
+        self.sites.lock().uplink(site, up);
         self.sites_wake.notify_one();
     }
 

@@ -58,8 +58,9 @@
 //! the time in a recovery Event's message is each replica's own look (the first POST
 //! wins), and the `False` of a node found dead after its site returned.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_proto::{ConditionStatus, EventType};
@@ -495,10 +496,7 @@ pub async fn follow(
         }
         let now = now();
         let members = view.site_members();
-        let actions = tracker
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .look(&members, now);
+        let actions = tracker.lock().look(&members, now);
         for action in actions {
             // Events are about the first node of the site by name.
             let about = match &action {
@@ -650,7 +648,6 @@ async fn event(
 pub fn figures(tracker: &Mutex<SiteTracker>) -> Vec<(Box<str>, bool, usize, usize)> {
     tracker
         .lock()
-        .unwrap_or_else(PoisonError::into_inner)
         .sites()
         .iter()
         .map(|(site, s)| (site.clone(), s.partition.is_none(), s.live, s.silent))

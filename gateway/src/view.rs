@@ -27,9 +27,10 @@
 //! the write-through cache, and the gateway trusts it for `knowledge_ttl` after its last
 //! write before reading the Node again ([`ApiserverView::nodes_watched`]).
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures_util::StreamExt;
 use jiff::Timestamp;
@@ -247,7 +248,7 @@ impl<R> Default for Records<R> {
 
 impl<R> Records<R> {
     fn map(&self) -> MutexGuard<'_, HashMap<Box<str>, R>> {
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+        self.map.lock()
     }
 }
 

@@ -1,6 +1,7 @@
 //! [`Clock`]: wall clock and boot-time clock behind one tiny trait so tests replace it.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use nix::time::{ClockId, clock_gettime};
@@ -71,8 +72,8 @@ impl ManualClock {
         self.lock().0 = now;
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (SystemTime, Duration)> {
-        self.readings.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, (SystemTime, Duration)> {
+        self.readings.lock()
     }
 }
 

@@ -7,8 +7,8 @@
 //! three intervals' worth of lines per reason, not 20,000 lines. I/O free: the caller passes
 //! the time (tokio's, so tests pause it) and writes the line.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -73,10 +73,7 @@ impl LogLimiter {
 
     /// Whether to log a refusal for `reason` from `source` at `now`.
     pub fn check(&self, reason: &'static str, source: &str, now: Instant) -> LogLine {
-        let mut reasons = self
-            .reasons
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut reasons = self.reasons.lock();
         let entry = reasons.entry(reason).or_insert_with(|| Reason {
             since: now,
             sources: HashMap::new(),

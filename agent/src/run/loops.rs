@@ -55,11 +55,7 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
     let mut served_request = *requests.borrow_and_update();
     let mut watch_registration = true;
     let mut watch_requests = true;
-    let journal = || {
-        s.journal
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    };
+    let journal = || s.journal.lock();
     loop {
         let mut waited = Duration::ZERO;
         let (root, options) = (s.root.clone(), s.options.clone());
@@ -72,10 +68,7 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
                 s.send
                     .metrics
                     .observe_health(&facts, next.condition_states());
-                match s.latest.lock() {
-                    Ok(mut g) => *g = next,
-                    Err(poisoned) => *poisoned.into_inner() = next,
-                }
+                *s.latest.lock() = next;
             }
             Ok(Err(error)) => {
                 tracing::warn!(%error, "reading host facts failed; keeping the last status")
@@ -125,12 +118,9 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
     }
 }
 
-/// The status `latest` holds (a poisoned lock still holds the last one written).
+/// The status `latest` holds.
 pub(super) fn latest(latest: &Mutex<ComputedStatus>) -> ComputedStatus {
-    match latest.lock() {
-        Ok(g) => g.clone(),
-        Err(poisoned) => poisoned.into_inner().clone(),
-    }
+    latest.lock().clone()
 }
 
 /// Counts registrations and lost registrations (`registered` turning true / false) in

@@ -9,8 +9,9 @@
 //! transport and both loops stop for the rest of the process, as kubelet registers once per
 //! process; see [`NodeRegistration`].
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_hw::{Clock, HostFacts, HostRoot, ReadOptions, read_host_facts};
@@ -286,11 +287,7 @@ impl Agent {
         let header = self.headers.next();
         let now = self.clock.boottime();
         let status = self.latest().to_proto(now);
-        let journal = self
-            .journal
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .to_proto(now);
+        let journal = self.journal.lock().to_proto(now);
         pb::AgentMessage {
             kind: Some(Kind::Register(pb::Register {
                 header: Some(header),

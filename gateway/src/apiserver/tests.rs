@@ -23,7 +23,7 @@ fn answered(code: u16, retry_after_seconds: u32) -> Result<(), kube::Error> {
 }
 
 fn observe(api: &Apiserver, priority: Priority, result: Result<(), kube::Error>, probe: bool) {
-    lock(api.gate(priority)).observe(trouble(&result), probe);
+    api.gate(priority).lock().observe(trouble(&result), probe);
 }
 
 /// 5xx closes the gate; one probe at a time after the backoff; only the probe's

@@ -5,9 +5,9 @@
 //! calls, and the gate refuses (without an answer: the agent asks again with backoff) what
 //! goes over the limits before any of that.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Mutex, PoisonError};
 use tokio::time::Instant;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
@@ -84,7 +84,7 @@ impl EnrollmentGate {
         // The slot first, so a request refused for it uses up no tokens.
         let permit = self.in_flight.try_acquire().ok()?;
         {
-            let mut sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut sources = self.sources.lock();
             if sources.len() >= MAX_SOURCES && !sources.contains_key(&source) {
                 sources.clear();
             }
@@ -96,12 +96,7 @@ impl EnrollmentGate {
                 return None;
             }
         }
-        if !self
-            .total
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take(now, l.rate, l.burst)
-        {
+        if !self.total.lock().take(now, l.rate, l.burst) {
             return None;
         }
         Some(permit)

@@ -210,7 +210,7 @@ async fn a_superseded_replay_gets_no_answer() {
     assert_eq!(gateway.counters.rejections(RejectReason::Replayed), 1);
     // Its turn come, a superseded replay is refused as the replay it is; a superseded
     // genuine message is answered superseded.
-    let cell = gateway.slots.lock().unwrap().get("edge-1").unwrap().clone();
+    let cell = gateway.slots.lock().get("edge-1").unwrap().clone();
     assert_eq!(gateway.superseded(&cell, &lease(4)).await, None);
     assert_eq!(gateway.counters.rejections(RejectReason::Replayed), 2);
     assert_eq!(gateway.counters.rejections(RejectReason::Superseded), 0);
@@ -273,7 +273,7 @@ async fn a_flooding_node_waits_in_its_mailbox() {
         })),
     };
     gateway.handle(&peer, register("flood", 1)).await;
-    let cell = gateway.slots.lock().unwrap().get("flood").unwrap().clone();
+    let cell = gateway.slots.lock().get("flood").unwrap().clone();
     let held = cell.state.lock().await;
     let answered = Arc::new(tokio::sync::watch::channel(Vec::new()).0);
     let deliver = |seq| {
@@ -288,13 +288,13 @@ async fn a_flooding_node_waits_in_its_mailbox() {
     deliver(10);
     // The handling task took it and waits for the node's state.
     for _ in 0..1000 {
-        if lock(&cell.mailbox).is_empty() {
+        if cell.mailbox.lock().is_empty() {
             break;
         }
         tokio::task::yield_now().await;
     }
     assert!(
-        lock(&cell.mailbox).is_empty(),
+        cell.mailbox.lock().is_empty(),
         "the handling task never ran"
     );
     for seq in 11..20 {

@@ -389,7 +389,7 @@ pub async fn serve<H: Handler>(
         signatures: options.signatures.clone().map(|policy| {
             Arc::new(Signatures {
                 policy,
-                keys: std::sync::RwLock::default(),
+                keys: parking_lot::RwLock::default(),
             })
         }),
     };

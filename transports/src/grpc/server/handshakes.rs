@@ -10,9 +10,10 @@
 //! has to open connections faster than [`max`](Handshakes::new) per handshake time to push
 //! one out, and every socket it opens is dropped after the ClientHello deadline anyway.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
@@ -99,7 +100,7 @@ impl Handshakes {
     /// is full (see the module docs). Returns its ticket and how many handshakes were made
     /// to give way (their tickets' `evicted` fired).
     pub(super) fn admit(self: &Arc<Self>, ip: IpAddr) -> (Ticket, usize) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state.lock();
         let mut evicted = 0;
         let from_ip = state.by_address.get(&ip).map_or(0, BTreeSet::len);
         if from_ip >= self.per_address
@@ -143,7 +144,7 @@ impl Handshakes {
     /// Handshakes in progress: (all, waiting for a ClientHello).
     #[cfg(test)]
     fn counts(&self) -> (usize, usize) {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = self.state.lock();
         (state.entries.len(), state.hello.len())
     }
 }
@@ -152,11 +153,7 @@ impl Ticket {
     /// The whole ClientHello arrived: from now on this handshake gives way only after every
     /// one still waiting for theirs.
     pub(super) fn hello_received(&self) {
-        let mut state = self
-            .handshakes
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.handshakes.state.lock();
         state.hello.remove(&self.id);
         if let Some(entry) = state.entries.get_mut(&self.id) {
             entry.stage = Stage::Handshake;
@@ -166,11 +163,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.handshakes
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(self.id);
+        self.handshakes.state.lock().remove(self.id);
     }
 }
 

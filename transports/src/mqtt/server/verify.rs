@@ -149,15 +149,12 @@ pub(super) fn nobody() -> Peer {
 /// map is bounded by the site's fleet.
 pub(super) struct Signatures {
     pub(super) policy: SignaturePolicy,
-    pub(super) keys: std::sync::RwLock<HashMap<String, Arc<NodeKey>>>,
+    pub(super) keys: parking_lot::RwLock<HashMap<String, Arc<NodeKey>>>,
 }
 
 impl Signatures {
     pub(super) fn key(&self, node: &str) -> Option<Arc<NodeKey>> {
-        let keys = self
-            .keys
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let keys = self.keys.read();
         keys.get(node).cloned()
     }
 
@@ -184,10 +181,7 @@ impl Signatures {
                 "older than the certificate the cluster records for the node ({recorded:?})"
             ));
         }
-        let mut keys = self
-            .keys
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut keys = self.keys.write();
         if let Some(held) = keys.get(node)
             && held.not_before() > key.not_before()
         {
