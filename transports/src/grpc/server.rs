@@ -38,8 +38,9 @@ pub struct GrpcServerOptions {
     /// stream can have an identity, so turning it on refuses everything.
     pub require_node_identity: bool,
     /// TLS handshakes in progress at once, from everyone (default 1,024). A new connection
-    /// beyond it is still let in: the oldest incomplete handshake gives way (one still
-    /// waiting for its ClientHello first), is closed and counted, so peers that open
+    /// beyond it is still let in: an incomplete handshake gives way (one still waiting for
+    /// its ClientHello first, the oldest of the address holding the most), is closed and
+    /// counted, so peers that open
     /// sockets and stall can neither use up file descriptors nor keep genuine agents out.
     pub max_handshakes: usize,
     /// TLS handshakes in progress at once from one IP address (default 32); beyond it the
@@ -256,8 +257,9 @@ use handshakes::{Handshakes, Ticket};
 /// (the whole ClientHello within [`CLIENT_HELLO_TIMEOUT`], the whole handshake within
 /// [`super::TLS_HANDSHAKE_TIMEOUT`]), handing finished ones to tonic. At most
 /// `max_handshakes` are in progress at once, `max_handshakes_per_address` from one IP
-/// address; a new connection is never refused for room: the oldest incomplete handshake
-/// gives way instead, one still without a whole ClientHello first (see [`handshakes`]), so
+/// address; a new connection is never refused for room: an incomplete handshake gives way
+/// instead, one still without a whole ClientHello first, the oldest of the address holding
+/// the most (see [`handshakes`]), so
 /// sockets that open and stall cannot keep genuine agents out. A failed, timed-out or
 /// evicted handshake is counted through [`Handler::rejected`]
 /// ([`RejectReason::TlsHandshake`]) and its cause logged at debug level; tonic's own TLS
@@ -316,7 +318,7 @@ fn tls_incoming<H: Handler>(
             };
             let (ticket, evicted) = handshakes.admit(remote.ip());
             if evicted > 0 {
-                tracing::debug!(%remote, evicted, "TLS handshakes full; the oldest incomplete gave way");
+                tracing::debug!(%remote, evicted, "TLS handshakes full; an incomplete one gave way");
             }
             // Small acks (and the handshake's last flight) must not wait for a delayed ACK.
             let _ = stream.set_nodelay(true);
@@ -327,7 +329,7 @@ fn tls_incoming<H: Handler>(
                 let result = tokio::select! {
                     () = closing.cancelled() => return,
                     () = ticket.evicted.cancelled() => Err(std::io::Error::other(
-                        "evicted: the oldest incomplete handshake, to make room for a new connection",
+                        "evicted: an incomplete handshake, to make room for a new connection",
                     )),
                     result = handshake(stream, config, &ticket) => result,
                 };

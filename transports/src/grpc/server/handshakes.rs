@@ -4,11 +4,13 @@
 //! A full listener that refused new connections could be kept full by anyone who opens
 //! sockets and stalls (slowloris): 1,100 idle sockets from 40 addresses left genuine agents
 //! 0 handshakes in 20. So a new connection is always let in, and when the listener is full
-//! (or its address is) the oldest incomplete handshake gives way, a socket that has not yet
-//! sent a whole ClientHello before one that has. A genuine agent sends its ClientHello at
-//! once and finishes in a few round trips, so it is never the oldest for long; a staller
-//! has to open connections faster than [`max`](Handshakes::new) per handshake time to push
-//! one out, and every socket it opens is dropped after the ClientHello deadline anyway.
+//! (or its address is) an incomplete handshake gives way: one that has not yet sent a whole
+//! ClientHello before one that has, and among those the oldest of the address holding the
+//! most (the rule [`crate::observe`] uses for its connections). A genuine agent sends its
+//! ClientHello at once and finishes in a few round trips; a staller fills its own address
+//! first, so an agent alone on its address is pushed out only once no address holds two
+//! stalled handshakes, however fast the staller reopens its sockets. Every socket is
+//! dropped after the ClientHello deadline anyway.
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -17,20 +19,10 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-/// How far a handshake has come.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Stage {
-    /// Waiting for a whole ClientHello.
-    Hello,
-    /// ClientHello received, the rest of the handshake under way.
-    Handshake,
-}
-
 /// One handshake in progress: its address and how to make it give way.
 #[derive(Debug)]
 struct Entry {
     ip: IpAddr,
-    stage: Stage,
     evict: CancellationToken,
 }
 
@@ -39,33 +31,58 @@ struct State {
     next_id: u64,
     /// By id, which grows with every connection: in age order.
     entries: BTreeMap<u64, Entry>,
-    /// Ids still at [`Stage::Hello`], oldest first.
-    hello: BTreeSet<u64>,
     /// Ids by address, oldest first.
     by_address: HashMap<IpAddr, BTreeSet<u64>>,
+    /// Ids still waiting for their whole ClientHello by address, oldest first.
+    hello_by_address: HashMap<IpAddr, BTreeSet<u64>>,
+}
+
+/// Takes `id` out of `ip`'s set in `map`, dropping the set once empty.
+fn forget(map: &mut HashMap<IpAddr, BTreeSet<u64>>, ip: IpAddr, id: u64) {
+    if let Some(ids) = map.get_mut(&ip) {
+        ids.remove(&id);
+        if ids.is_empty() {
+            map.remove(&ip);
+        }
+    }
+}
+
+/// The oldest id of the address holding the most in `map` (of those, the one whose oldest
+/// came first).
+fn oldest_of_busiest(map: &HashMap<IpAddr, BTreeSet<u64>>) -> Option<u64> {
+    map.values()
+        .filter_map(|ids| Some((ids.len(), *ids.first()?)))
+        .max_by(|(len_a, first_a), (len_b, first_b)| len_a.cmp(len_b).then(first_b.cmp(first_a)))
+        .map(|(_, first)| first)
 }
 
 impl State {
     /// Removes `id`; returns its entry.
     fn remove(&mut self, id: u64) -> Option<Entry> {
         let entry = self.entries.remove(&id)?;
-        self.hello.remove(&id);
-        if let Some(ids) = self.by_address.get_mut(&entry.ip) {
-            ids.remove(&id);
-            if ids.is_empty() {
-                self.by_address.remove(&entry.ip);
-            }
-        }
+        forget(&mut self.by_address, entry.ip, id);
+        forget(&mut self.hello_by_address, entry.ip, id);
         Some(entry)
     }
 
-    /// The handshake to give way among `ids` (oldest first): the oldest still waiting for
-    /// its ClientHello, else the oldest.
-    fn victim<'a>(&self, mut ids: impl Iterator<Item = &'a u64> + Clone) -> Option<u64> {
-        ids.clone()
-            .find(|id| self.hello.contains(id))
-            .or_else(|| ids.next())
-            .copied()
+    /// The handshake of `ip` to give way: its oldest still waiting for its ClientHello,
+    /// else its oldest.
+    fn victim_of(&self, ip: IpAddr) -> Option<u64> {
+        let oldest = |map: &HashMap<IpAddr, BTreeSet<u64>>| map.get(&ip)?.first().copied();
+        oldest(&self.hello_by_address).or_else(|| oldest(&self.by_address))
+    }
+
+    /// The handshake to give way on a full listener: the oldest still waiting for its
+    /// ClientHello of the address holding the most such, else the oldest of the address
+    /// holding the most handshakes.
+    fn victim(&self) -> Option<u64> {
+        oldest_of_busiest(&self.hello_by_address).or_else(|| oldest_of_busiest(&self.by_address))
+    }
+
+    /// Handshakes still waiting for their ClientHello.
+    #[cfg(test)]
+    fn hello_count(&self) -> usize {
+        self.hello_by_address.values().map(BTreeSet::len).sum()
     }
 }
 
@@ -104,17 +121,14 @@ impl Handshakes {
         let mut evicted = 0;
         let from_ip = state.by_address.get(&ip).map_or(0, BTreeSet::len);
         if from_ip >= self.per_address
-            && let Some(id) = state
-                .by_address
-                .get(&ip)
-                .and_then(|ids| state.victim(ids.iter()))
+            && let Some(id) = state.victim_of(ip)
             && let Some(entry) = state.remove(id)
         {
             entry.evict.cancel();
             evicted += 1;
         }
         if state.entries.len() >= self.max
-            && let Some(id) = state.victim(state.entries.keys())
+            && let Some(id) = state.victim()
             && let Some(entry) = state.remove(id)
         {
             entry.evict.cancel();
@@ -127,12 +141,11 @@ impl Handshakes {
             id,
             Entry {
                 ip,
-                stage: Stage::Hello,
                 evict: evict.clone(),
             },
         );
-        state.hello.insert(id);
         state.by_address.entry(ip).or_default().insert(id);
+        state.hello_by_address.entry(ip).or_default().insert(id);
         let ticket = Ticket {
             handshakes: self.clone(),
             id,
@@ -145,7 +158,7 @@ impl Handshakes {
     #[cfg(test)]
     fn counts(&self) -> (usize, usize) {
         let state = self.state.lock();
-        (state.entries.len(), state.hello.len())
+        (state.entries.len(), state.hello_count())
     }
 }
 
@@ -154,10 +167,10 @@ impl Ticket {
     /// one still waiting for theirs.
     pub(super) fn hello_received(&self) {
         let mut state = self.handshakes.state.lock();
-        state.hello.remove(&self.id);
-        if let Some(entry) = state.entries.get_mut(&self.id) {
-            entry.stage = Stage::Handshake;
-        }
+        let Some(ip) = state.entries.get(&self.id).map(|entry| entry.ip) else {
+            return;
+        };
+        forget(&mut state.hello_by_address, ip, self.id);
     }
 }
 
@@ -201,6 +214,31 @@ mod tests {
         assert_eq!(handshakes.counts(), (3, 1));
         drop(stalled_b);
         assert_eq!(handshakes.counts(), (2, 1));
+    }
+
+    #[test]
+    fn an_agent_alone_on_its_address_outlasts_stallers_reopening_from_many() {
+        let handshakes = Handshakes::new(8, 8);
+        // Its ClientHello not read yet (its task not run): as stalled as the flood, for now.
+        let (genuine, _) = handshakes.admit(ip(1));
+        let mut flood = Vec::new();
+        let mut evictions = 0;
+        for n in 0..1_000u16 {
+            let (ticket, evicted) = handshakes.admit(ip(2 + (n % 3) as u8));
+            evictions += evicted;
+            flood.push(ticket);
+            flood.retain(|t| !t.evicted.is_cancelled());
+        }
+        assert_eq!(evictions, 1_000 - 7);
+        assert!(!genuine.evicted.is_cancelled());
+        assert_eq!(handshakes.counts(), (8, 8));
+        // Once no address holds two, the oldest stalled handshake gives way, wherever it is.
+        drop(flood.drain(1..));
+        let others: Vec<_> = (20..26).map(|last| handshakes.admit(ip(last))).collect();
+        assert!(others.iter().all(|(_, evicted)| *evicted == 0));
+        let (_, evicted) = handshakes.admit(ip(30));
+        assert_eq!(evicted, 1);
+        assert!(genuine.evicted.is_cancelled());
     }
 
     #[test]
