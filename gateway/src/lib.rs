@@ -17,9 +17,14 @@
 //! - [`patch`]: the Node, status patch, Lease and Event bodies.
 //! - [`metrics`]: the Prometheus metrics (`edgebeat_gateway_*`) served on `/metrics`.
 //! - [`sites`]: a site (zone) cut off told apart from its nodes dying.
+//! - [`server`]: the replica as the binary runs it ([`server::Server`]), from the command
+//!   line of [`cli`]; `settings` turns flags and files into its options; [`commands`]
+//!   holds the subcommands.
 
 pub mod admission;
 pub mod apiserver;
+pub mod cli;
+pub mod commands;
 pub mod enrollment;
 pub mod freshness;
 pub mod gateway;
@@ -27,6 +32,8 @@ pub mod metrics;
 pub mod patch;
 pub mod reload;
 pub mod restriction;
+pub mod server;
+mod settings;
 pub mod sites;
 pub mod view;
 mod writer;

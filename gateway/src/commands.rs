@@ -1,0 +1,81 @@
+//! The subcommands of `edgebeat-gateway`: one-shot actions on the site's Secrets, beside
+//! serving ([`crate::server::Server`]).
+
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::cli::ClusterArgs;
+use crate::enrollment::ca::{AnswerCaRotation, SiteCa};
+use crate::kube_client;
+
+/// `token create`: makes a bootstrap token for `uses` nodes matching `nodes`, valid for
+/// `ttl`, and prints it on stdout (and what it allows on stderr). Makes the site CA first
+/// when there is none (README "Enrolling boards").
+///
+/// # Errors
+/// No apiserver configuration, or the apiserver refused reading or writing the Secrets.
+pub async fn token_create(
+    cluster: &ClusterArgs,
+    nodes: Vec<String>,
+    ttl: Duration,
+    uses: u32,
+) -> anyhow::Result<()> {
+    let client = kube_client(
+        cluster.kube_config().await?,
+        0,
+        &crate::apiserver::requests::RequestMetrics::default(),
+    )?;
+    let namespace = cluster.namespace();
+    let now = jiff::Timestamp::now();
+    let ca = SiteCa::load_or_create(client.clone(), &namespace, now.as_second()).await?;
+    let token = crate::enrollment::tokens::create_token(
+        client,
+        &namespace,
+        nodes.clone(),
+        ttl,
+        uses,
+        ca.pin()?,
+        now,
+    )
+    .await?;
+    eprintln!(
+        "bootstrap token {} for {} node(s) matching {}, valid {}s (Secret {}/{}):",
+        token.id,
+        uses,
+        nodes.join(","),
+        ttl.as_secs(),
+        namespace,
+        crate::enrollment::tokens::token_secret_name(&token.id)
+    );
+    println!("{token}");
+    Ok(())
+}
+
+/// `answer-ca rotate`: one step of a rotation of the answer CA in the Secret
+/// edgebeat-site-ca of `--namespace`, said on stderr (README "Rotating the answer CA").
+///
+/// # Errors
+/// No apiserver configuration, no usable site CA, or the apiserver refused the write.
+pub async fn answer_ca_rotate(cluster: &ClusterArgs) -> anyhow::Result<()> {
+    let client = kube_client(
+        cluster.kube_config().await?,
+        0,
+        &crate::apiserver::requests::RequestMetrics::default(),
+    )?;
+    let namespace = cluster.namespace();
+    let now = jiff::Timestamp::now().as_second();
+    let step = SiteCa::rotate_in_secret(client, &namespace, now)
+        .await
+        .context("rotating the answer CA")?;
+    eprintln!(
+        "{}",
+        match step {
+            AnswerCaRotation::Added =>
+                "added a new answer CA behind the current one: restart the gateway; agents learn it at their next certificate. Run this again, to retire the old one, once every agent has rotated (a node certificate lifetime).",
+            AnswerCaRotation::Retired =>
+                "retired the old answer CA: restart the gateway; it signs with the new one, and agents drop the old one at their next certificate.",
+        }
+    );
+    Ok(())
+}
