@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 /// Receives edgebeat heartbeats and writes Node status and Leases to Kubernetes.
-#[derive(clap::Parser, Debug)]
+#[derive(clap::Parser, Debug, Clone)]
 #[command(version, about)]
 pub struct Args {
     /// What else to do instead of serving (`token create`).
@@ -228,7 +228,7 @@ pub struct Args {
 }
 
 /// Where the gateway's cluster is (both for serving and for `token create`).
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct ClusterArgs {
     /// kubeconfig file; without it: $KUBECONFIG, ~/.kube/config, then in-cluster config.
     #[arg(long, value_name = "FILE", global = true)]
@@ -280,7 +280,7 @@ impl ClusterArgs {
 }
 
 /// The subcommands: what the binary does instead of serving.
-#[derive(clap::Subcommand, Debug)]
+#[derive(clap::Subcommand, Debug, Clone)]
 pub enum Command {
     /// Bootstrap tokens for enrolling boards (the gateway must run with --enrollment).
     #[command(subcommand)]
@@ -292,7 +292,7 @@ pub enum Command {
 }
 
 /// `answer-ca`'s subcommands.
-#[derive(clap::Subcommand, Debug)]
+#[derive(clap::Subcommand, Debug, Clone)]
 pub enum AnswerCaCommand {
     /// One step of a rotation of the answer CA in the Secret edgebeat-site-ca of
     /// --namespace: the first run adds a new answer CA that agents learn at their next
@@ -302,7 +302,7 @@ pub enum AnswerCaCommand {
 }
 
 /// `token`'s subcommands.
-#[derive(clap::Subcommand, Debug)]
+#[derive(clap::Subcommand, Debug, Clone)]
 pub enum TokenCommand {
     /// Makes a bootstrap token and prints it (`<id>.<secret>.sha256:<site CA hash>`): put it
     /// in the agents' bootstrapTokenFile. Stored as the Secret edgebeat-token-<id> of

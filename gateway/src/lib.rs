@@ -33,7 +33,7 @@ pub mod patch;
 pub mod reload;
 pub mod restriction;
 pub mod server;
-mod settings;
+pub mod settings;
 pub mod sites;
 pub mod view;
 mod writer;

@@ -1,11 +1,12 @@
 //! `edgebeat-gateway`: see the crate docs of `edgebeat_gateway`. Parses the command line
-//! and hands it to [`Server`] (or to a subcommand); every piece of wiring lives in the
+//! into [`Settings`] and hands them to [`Server`] (or to a subcommand); every piece of wiring lives in the
 //! library, so the tests run the same server.
 
 use clap::Parser;
 use edgebeat_gateway::cli::{AnswerCaCommand, Args, Command, TokenCommand};
 use edgebeat_gateway::commands::{answer_ca_rotate, token_create};
 use edgebeat_gateway::server::Server;
+use edgebeat_gateway::settings::Settings;
 
 fn main() -> std::process::ExitCode {
     let result = tokio::runtime::Builder::new_multi_thread()
@@ -32,7 +33,7 @@ async fn run() -> anyhow::Result<()> {
             token_create(&args.cluster, nodes, ttl, uses).await
         }
         None => {
-            Server::bind(args)
+            Server::bind(Settings::from_args(&args).await?)
                 .await?
                 .run(edgebeat_transports::observe::shutdown_signal())
                 .await

@@ -1,7 +1,8 @@
-//! The gateway server as the binary runs it: `main` parses the command line
-//! ([`crate::cli::Args`]) and hands it, with a shutdown future, to [`Server`], which binds,
-//! reads the site CA, waits for the Node and Lease watches to list, serves every ingress
-//! and drains them all at shutdown (the shape of mini-redis's `server::run`).
+//! The gateway server as the binary runs it: `main` parses the command line into
+//! [`Settings`] and hands them, with a shutdown future, to [`Server`], which binds, reads
+//! the site CA, waits for the Node and Lease watches to list, serves every ingress and
+//! drains them all at shutdown (the shape of mini-redis's `server::run`). The end-to-end
+//! tests start their replicas through the same [`Server`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,92 +10,192 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use edgebeat_transports::grpc::enroll::{EnrollmentServerOptions, serve_enrollment};
+use edgebeat_transports::grpc::enroll::serve_enrollment;
 use edgebeat_transports::grpc::serve;
 use edgebeat_transports::mqtt::serve as mqtt_serve;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Args, CsrApproval};
-use crate::enrollment::{Approval, Enrollment, EnrollmentError, EnrollmentOptions};
-use crate::settings::{
-    check_no_grpc_flags, enrollment_tls, gateway_options, grpc_server_options, grpc_tls_updates,
-    mqtt_ingress_options, posture,
-};
+use crate::apiserver::requests::RequestMetrics;
+use crate::enrollment::{Enrollment, EnrollmentError, EnrollmentOptions};
+use crate::settings::{Settings, posture};
 use crate::{Gateway, Posture, kube_client_with, watch_client_with};
 
-/// One gateway replica: its command line checked and its health and metrics port bound
-/// ([`Server::bind`]), then run until shutdown ([`Server::run`]).
+/// One gateway replica: its settings checked and its listeners bound ([`Server::bind`]),
+/// then run until shutdown ([`Server::run`], or [`Server::start`] and [`Running::wait`]).
 #[derive(Debug)]
 pub struct Server {
-    args: Args,
-    observe_listener: tokio::net::TcpListener,
+    settings: Settings,
+    posture: Posture,
+    listeners: Listeners,
+}
+
+/// The sockets a [`Server`] serves on, bound before it starts.
+#[derive(Debug)]
+pub struct Listeners {
+    /// `/healthz`, `/readyz` and `/metrics`.
+    pub metrics: TcpListener,
+    /// The gRPC ingress (with [`Settings::grpc`]).
+    pub grpc: Option<TcpListener>,
+    /// The gRPC enrollment listener (with [`Settings::grpc_enrollment`]).
+    pub grpc_enrollment: Option<TcpListener>,
 }
 
 impl Server {
-    /// Checks the flags that need no file or apiserver and binds `--metrics-listen`, so
-    /// that `/healthz` answers from the first second of [`Server::run`], whatever the
-    /// apiserver does (a gateway restarted during an apiserver outage must not be killed
-    /// by its liveness probe while it waits).
+    /// Decides the security posture of `settings` and binds every listener they name, so
+    /// that a port in use stops the gateway at once and `/healthz` answers from the first
+    /// second of [`Server::run`], whatever the apiserver does (a gateway restarted during
+    /// an apiserver outage must not be killed by its liveness probe while it waits).
     ///
     /// # Errors
-    /// A flag that needs another (`--grpc-tls-cert` without `--grpc-listen`),
-    /// `--max-nodes 0`, or `--metrics-listen` cannot be bound; each names the flag.
-    pub async fn bind(args: Args) -> anyhow::Result<Self> {
-        if args.grpc_listen.is_none() {
-            check_no_grpc_flags(&args)?;
-        }
-        if args.max_nodes == 0 {
-            anyhow::bail!("--max-nodes must be at least 1");
-        }
-        let observe_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+    /// No ingress, an ingress that lets unidentified agents in without
+    /// `--allow-unidentified-agents`, or a listener that cannot be bound; each names the
+    /// flag that fixes it.
+    pub async fn bind(settings: Settings) -> anyhow::Result<Self> {
+        let metrics = TcpListener::bind(settings.metrics_listen)
             .await
-            .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
+            .with_context(|| format!("binding --metrics-listen {}", settings.metrics_listen))?;
+        let grpc = match &settings.grpc {
+            Some(grpc) => Some(
+                TcpListener::bind(grpc.listen)
+                    .await
+                    .with_context(|| format!("binding --grpc-listen {}", grpc.listen))?,
+            ),
+            None => None,
+        };
+        let grpc_enrollment = match &settings.grpc_enrollment {
+            Some((addr, _)) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding --grpc-enrollment-listen {addr}"))?,
+            ),
+            None => None,
+        };
+        Self::with_listeners(
+            settings,
+            Listeners {
+                metrics,
+                grpc,
+                grpc_enrollment,
+            },
+        )
+    }
+
+    /// As [`Server::bind`], on listeners bound already (a test's port 0, or a port kept
+    /// across a restart); the addresses in `settings` are not used.
+    ///
+    /// # Errors
+    /// As [`Server::bind`], or a listener missing for an ingress of `settings`.
+    pub fn with_listeners(settings: Settings, listeners: Listeners) -> anyhow::Result<Self> {
+        let posture = posture(
+            settings.allow_unidentified_agents,
+            settings.grpc.as_ref(),
+            settings.mqtt.as_ref(),
+        )?;
+        anyhow::ensure!(
+            settings.grpc.is_some() == listeners.grpc.is_some(),
+            "a gRPC listener without gRPC settings, or the other way round"
+        );
+        anyhow::ensure!(
+            settings.grpc_enrollment.is_some() == listeners.grpc_enrollment.is_some(),
+            "a gRPC enrollment listener without its settings, or the other way round"
+        );
+        if settings.gateway.impersonate_nodes && posture == Posture::AllowUnidentified {
+            // Impersonation says who a request is for; only authentication says who sent it.
+            tracing::warn!(
+                "--impersonate-nodes with --allow-unidentified-agents: unidentified agents are authorized by the apiserver as whichever node they claim"
+            );
+        }
         Ok(Self {
-            args,
-            observe_listener,
+            settings,
+            posture,
+            listeners,
         })
     }
 
-    /// The address `/healthz`, `/readyz` and `/metrics` are served on (`--metrics-listen`,
-    /// its port chosen by the kernel when it was 0).
+    /// The address `/healthz`, `/readyz` and `/metrics` are served on.
     ///
     /// # Errors
-    /// The socket's address cannot be read (as [`tokio::net::TcpListener::local_addr`]).
+    /// The socket's address cannot be read (as [`TcpListener::local_addr`]).
     pub fn metrics_addr(&self) -> std::io::Result<SocketAddr> {
-        self.observe_listener.local_addr()
+        self.listeners.metrics.local_addr()
     }
 
-    /// Serves until `shutdown` resolves or an ingress fails: `/healthz`, `/readyz` (which
-    /// says what the start waits for) and `/metrics` at once; then the apiserver clients,
-    /// the site CA under `--enrollment` (read again after apiserver errors), the Node and
-    /// Lease watches (serving starts once they listed, or after 30 s), and every ingress of
-    /// the command line. At shutdown every ingress drains (the MQTT ingress sends its
-    /// DISCONNECT) before the health server stops, so `/readyz` says "shutting down" while
-    /// they do.
+    /// The gRPC ingress's address, `None` without one.
     ///
     /// # Errors
-    /// A flag or file that cannot be used (named), a site CA that cannot be used, a
-    /// listener that cannot be bound, or the first ingress to fail (named by its ingress).
+    /// As [`Server::metrics_addr`].
+    pub fn grpc_addr(&self) -> std::io::Result<Option<SocketAddr>> {
+        self.listeners
+            .grpc
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()
+    }
+
+    /// The gRPC enrollment listener's address, `None` without one.
+    ///
+    /// # Errors
+    /// As [`Server::metrics_addr`].
+    pub fn grpc_enrollment_addr(&self) -> std::io::Result<Option<SocketAddr>> {
+        self.listeners
+            .grpc_enrollment
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()
+    }
+
+    /// Serves until `shutdown` resolves or an ingress fails: [`Server::start`], then
+    /// [`Running::wait`].
+    ///
+    /// # Errors
+    /// As [`Server::start`] and [`Running::wait`].
     pub async fn run(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        match self.start(shutdown).await? {
+            Some(running) => running.wait().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Starts serving: `/healthz`, `/readyz` (which says what the start waits for) and
+    /// `/metrics` at once; then the apiserver clients, the site CA under enrollment (read
+    /// again after apiserver errors), the Node and Lease watches (serving starts once they
+    /// listed, or after 30 s), and every ingress. Returns once the ingresses are spawned,
+    /// or `None` when `shutdown` came first (everything stopped).
+    ///
+    /// # Errors
+    /// Apiserver clients that cannot be built, a site CA that cannot be used, or settings
+    /// an ingress cannot use.
+    pub async fn start(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<Option<Running>> {
         let Self {
-            args,
-            observe_listener,
+            settings,
+            posture,
+            listeners,
         } = self;
-        tracing::info!(addr = %observe_listener.local_addr()?, "serving /healthz, /readyz and /metrics");
-        let stop = tokio_util::sync::CancellationToken::new();
-        let signal = stop.clone();
-        tokio::spawn(async move {
-            shutdown.await;
-            signal.cancel();
+        tracing::info!(addr = %listeners.metrics.local_addr()?, "serving /healthz, /readyz and /metrics");
+        let stop = CancellationToken::new();
+        // Every task of the replica: aborted with it when it is dropped.
+        let mut background = JoinSet::new();
+        background.spawn({
+            let signal = stop.clone();
+            async move {
+                shutdown.await;
+                signal.cancel();
+            }
         });
         let metrics = Arc::new(std::sync::OnceLock::new());
         let startup = Arc::new(Startup::new("reading the apiserver configuration"));
         // Stops after the ingresses, so /readyz answers "shutting down" while they drain.
-        let observe_stop = tokio_util::sync::CancellationToken::new();
+        let observe_stop = CancellationToken::new();
         let observe = tokio::spawn(edgebeat_transports::observe::serve(
-            observe_listener,
+            listeners.metrics,
             metrics.clone(),
             {
                 let startup = startup.clone();
@@ -102,64 +203,69 @@ impl Server {
             },
             observe_stop.clone().cancelled_owned(),
         ));
-        let config = args.cluster.kube_config().await?;
-        let apiserver_url = config.cluster_url.clone();
+        let observe = Observe {
+            stop: observe_stop,
+            task: observe,
+        };
+        let apiserver_url = settings.kube.cluster_url.clone();
         // Both clients' requests, in edgebeat_gateway_apiserver_request_duration_seconds.
-        let requests = crate::apiserver::requests::RequestMetrics::default();
-        let watches = watch_client_with(config.clone(), &requests, args.apiserver_http)?;
-        let client = kube_client_with(config, args.qps, &requests, args.apiserver_http)?;
-        tokio::spawn(crate::apiserver::reach::report_reachability(
+        let requests = RequestMetrics::default();
+        let watches = watch_client_with(settings.kube.clone(), &requests, settings.apiserver_http)?;
+        let client = kube_client_with(
+            settings.kube,
+            settings.qps,
+            &requests,
+            settings.apiserver_http,
+        )?;
+        let reachability = crate::apiserver::reach::report_reachability(
             client.clone(),
             apiserver_url,
             stop.clone(),
-        ));
+        );
+        background.spawn(async move {
+            reachability.await;
+        });
         let clock: Arc<dyn edgebeat_hw::Clock> = Arc::new(edgebeat_hw::SystemClock);
-        let enrollment = match args.enrollment {
-            true => {
-                let options = EnrollmentOptions {
-                    namespace: args.cluster.namespace(),
-                    approval: match args.csr_approval {
-                        CsrApproval::Auto => Approval::Auto,
-                        CsrApproval::Manual => Approval::Manual,
-                    },
-                    lifetime: args.certificate_lifetime,
-                    grace: args.certificate_grace,
-                    max_clock_skew: Duration::from_secs(args.mqtt_max_clock_skew_seconds),
-                    ..EnrollmentOptions::default()
-                };
+        let enrollment = match settings.enrollment {
+            Some(options) => {
+                let (namespace, approval, lifetime) = (
+                    options.namespace.clone(),
+                    options.approval,
+                    options.lifetime,
+                );
                 startup.phase("reading the site CA (Secret edgebeat-site-ca)");
                 let Some(enrollment) =
                     site_ca_enrollment(client.clone(), options, clock.clone(), &stop).await?
                 else {
-                    return stopped(observe_stop, observe).await;
+                    observe.stopped().await?;
+                    return Ok(None);
                 };
                 tracing::info!(
-                    namespace = %args.cluster.namespace(),
-                    approval = ?args.csr_approval,
-                    lifetime = ?args.certificate_lifetime,
+                    %namespace,
+                    ?approval,
+                    ?lifetime,
                     "enrolling and rotating node certificates"
                 );
                 Some(Arc::new(enrollment))
             }
-            false => None,
-        };
-        let mut grpc_options = match args.grpc_listen {
-            Some(_) => Some(grpc_server_options(&args, enrollment.as_deref())?),
             None => None,
         };
-        let mqtt_options = mqtt_ingress_options(&args, enrollment.as_deref())?;
-        let posture = posture(&args, grpc_options.as_ref(), mqtt_options.as_ref())?;
-        if let Some(options) = grpc_options.as_mut() {
-            options.tls_updates = grpc_tls_updates(&args, options.tls.clone(), enrollment.clone());
-        }
-        let options = gateway_options(&args, posture);
-        if args.impersonate_nodes && posture == Posture::AllowUnidentified {
-            // Impersonation says who a request is for; only authentication says who sent it.
-            tracing::warn!(
-                "--impersonate-nodes with --allow-unidentified-agents: unidentified agents are authorized by the apiserver as whichever node they claim"
-            );
-        }
-        let gateway = Arc::new(Gateway::new(client, clock, options));
+        let grpc_options = settings
+            .grpc
+            .as_ref()
+            .map(|grpc| grpc.server_options(enrollment.as_ref()));
+        let mqtt_options = match &settings.mqtt {
+            Some(mqtt) => Some(mqtt.ingress_options(enrollment.as_deref())?),
+            None => None,
+        };
+        let gateway = Arc::new(Gateway::new(
+            client,
+            clock,
+            crate::GatewayOptions {
+                posture,
+                ..settings.gateway
+            },
+        ));
         if let Some(enrollment) = &enrollment {
             gateway.enable_enrollment(enrollment.clone());
         }
@@ -173,9 +279,9 @@ impl Server {
             "listing the managed Nodes and Leases (is the apiserver reachable? see the log)",
         );
         // What the apiserver holds for the managed Nodes and Leases (see crate::view).
-        tokio::spawn(gateway.watch(watches));
+        background.spawn(gateway.watch(watches));
         let listed = Arc::new(AtomicBool::new(false));
-        tokio::spawn({
+        background.spawn({
             let (view, listed) = (gateway.view().clone(), listed.clone());
             async move {
                 view.synced().await;
@@ -184,76 +290,44 @@ impl Server {
         });
         // Serving starts once the watches have listed, so that the first messages (and the
         // broker's retained certificates) meet the cluster's record of every node: which
-        // certificate each speaks with. A watch that cannot list (RBAC) delays the start by at
-        // most VIEW_SYNC_TIMEOUT; /readyz waits for the list either way.
+        // certificate each speaks with. A watch that cannot list (RBAC) delays the start by
+        // at most VIEW_SYNC_TIMEOUT; /readyz waits for the list either way.
         let synced = tokio::time::timeout(VIEW_SYNC_TIMEOUT, gateway.view().synced());
         match stop.run_until_cancelled(synced).await {
-            None => return stopped(observe_stop, observe).await,
+            None => {
+                observe.stopped().await?;
+                return Ok(None);
+            }
             Some(Ok(())) => {}
             Some(Err(_)) => tracing::warn!(
                 timeout = ?VIEW_SYNC_TIMEOUT,
                 "the Node and Lease watches have not listed; serving without the cluster's record of node certificates until they do"
             ),
         }
-        let grpc = match (args.grpc_listen, grpc_options) {
-            (Some(addr), Some(options)) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding --grpc-listen {addr}"))?;
-                tracing::info!(addr = %listener.local_addr()?, "gRPC listening");
-                Some((listener, options))
-            }
-            _ => None,
-        };
-        let enrollment_listener = match args.grpc_enrollment_listen {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding --grpc-enrollment-listen {addr}"))?;
-                tracing::info!(addr = %listener.local_addr()?, "gRPC enrollment listening");
-                Some(listener)
-            }
-            None => None,
-        };
         let grpc_serving = Arc::new(AtomicBool::new(false));
+        let serves_grpc = grpc_options.is_some();
         let mut mqtt_subscribed = None;
-        let mqtt = match mqtt_options {
-            Some(mut options) => {
-                let (subscribed, watch) = tokio::sync::watch::channel(false);
-                options.subscribed = Some(Arc::new(subscribed));
-                mqtt_subscribed = Some(watch);
-                tracing::info!(
-                    broker = %options.host,
-                    tls = options.tls.is_some(),
-                    signatures = ?options.signatures.as_ref().map(|s| if s.required { "required" } else { "verified when present" }),
-                    "taking heartbeats from MQTT"
-                );
-                Some(mqtt_serve(
-                    options,
-                    gateway.clone(),
-                    stop.clone().cancelled_owned(),
-                ))
-            }
-            None => None,
-        };
-        startup.started(readiness(
-            stop.clone(),
-            grpc.is_some().then(|| grpc_serving.clone()),
-            mqtt_subscribed,
-            listed,
-        ));
         // Every ingress is a task of one set: the first to end (an error, or the shutdown
         // signal) stops the others, and every one is awaited to its end, so that each drains
         // (the MQTT ingress sends its DISCONNECT) before the process exits.
-        let mut ingresses: tokio::task::JoinSet<(&'static str, anyhow::Result<()>)> =
-            tokio::task::JoinSet::new();
-        if let Some(mqtt) = mqtt {
-            ingresses.spawn(async move { ("MQTT", mqtt.await.map_err(anyhow::Error::from)) });
+        let mut ingresses: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
+        if let Some(mut options) = mqtt_options {
+            let (subscribed, watch) = tokio::sync::watch::channel(false);
+            options.subscribed = Some(Arc::new(subscribed));
+            mqtt_subscribed = Some(watch);
+            tracing::info!(
+                broker = %options.host,
+                tls = options.tls.is_some(),
+                signatures = ?options.signatures.as_ref().map(|s| if s.required { "required" } else { "verified when present" }),
+                "taking heartbeats from MQTT"
+            );
+            let served = mqtt_serve(options, gateway.clone(), stop.clone().cancelled_owned());
+            ingresses.spawn(async move { ("MQTT", served.await.map_err(anyhow::Error::from)) });
         }
-        if let Some(listener) = enrollment_listener {
-            let options = EnrollmentServerOptions {
-                tls: enrollment_tls(&args)?,
-            };
+        if let (Some(listener), Some((_, options))) =
+            (listeners.grpc_enrollment, settings.grpc_enrollment)
+        {
+            tracing::info!(addr = %listener.local_addr()?, "gRPC enrollment listening");
             let served = serve_enrollment(
                 listener,
                 gateway.clone(),
@@ -264,9 +338,15 @@ impl Server {
                 ("gRPC enrollment", served.await.map_err(anyhow::Error::from))
             });
         }
-        if let Some((listener, options)) = grpc {
+        if let (Some(listener), Some(options)) = (listeners.grpc, grpc_options) {
+            tracing::info!(addr = %listener.local_addr()?, "gRPC listening");
             let serving = grpc_serving.clone();
-            let served = serve(listener, gateway, options, stop.clone().cancelled_owned());
+            let served = serve(
+                listener,
+                gateway.clone(),
+                options,
+                stop.clone().cancelled_owned(),
+            );
             // The listener is bound and tonic accepts from the moment it is polled.
             ingresses.spawn(async move {
                 serving.store(true, Ordering::Relaxed);
@@ -275,9 +355,98 @@ impl Server {
                 ("gRPC", result.map_err(anyhow::Error::from))
             });
         }
+        startup.started(readiness(
+            stop.clone(),
+            serves_grpc.then(|| grpc_serving.clone()),
+            mqtt_subscribed.clone(),
+            listed,
+        ));
+        Ok(Some(Running {
+            gateway,
+            enrollment,
+            requests,
+            mqtt_subscribed,
+            ingresses,
+            background,
+            stop,
+            observe,
+        }))
+    }
+}
+
+/// A started [`Server`]: its parts, for a test to look at, and [`Running::wait`].
+pub struct Running {
+    gateway: Arc<Gateway>,
+    enrollment: Option<Arc<Enrollment>>,
+    requests: RequestMetrics,
+    mqtt_subscribed: Option<tokio::sync::watch::Receiver<bool>>,
+    ingresses: JoinSet<(&'static str, anyhow::Result<()>)>,
+    background: JoinSet<()>,
+    stop: CancellationToken,
+    observe: Observe,
+}
+
+impl Running {
+    /// The per-message path, its counters and view.
+    pub fn gateway(&self) -> &Arc<Gateway> {
+        &self.gateway
+    }
+
+    /// The enrollment side, under enrollment.
+    pub fn enrollment(&self) -> Option<&Arc<Enrollment>> {
+        self.enrollment.as_ref()
+    }
+
+    /// The apiserver requests of both clients, as `/metrics` exports them.
+    pub fn requests(&self) -> &RequestMetrics {
+        &self.requests
+    }
+
+    /// Whether the broker has granted the shared subscription (with MQTT): `true` once it
+    /// has, `false` again while reconnecting.
+    pub fn mqtt_subscribed(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.mqtt_subscribed.clone()
+    }
+
+    /// Serves until shutdown or the first ingress to end, then stops the others and awaits
+    /// every one (each drains), and the health server last. Dropping a `Running` instead
+    /// aborts every task of the replica where it stands, as `kill -9` would.
+    ///
+    /// # Errors
+    /// The first ingress error (or panic), named by its ingress; the others are logged.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let Self {
+            ingresses,
+            background,
+            stop,
+            observe,
+            ..
+        } = self;
         let drained = drain(ingresses, &stop).await;
-        stopped(observe_stop, observe).await?;
+        observe.stopped().await?;
+        drop(background);
         drained
+    }
+}
+
+/// The health and metrics server's task and how to stop it.
+#[derive(Debug)]
+struct Observe {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Observe {
+    /// Stops the health and metrics server last (after the ingresses, so `/readyz`
+    /// answered "shutting down" while they drained) and waits for it.
+    ///
+    /// Errors: the server task panicked.
+    async fn stopped(self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        if let Err(error) = self.task.await.context("observe task")? {
+            tracing::warn!(%error, "observe server failed");
+        }
+        Ok(())
     }
 }
 
@@ -314,21 +483,6 @@ async fn drain(
 
 /// Longest wait at start for the Node and Lease watches to list before serving.
 const VIEW_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Stops the health and metrics server last (after the ingresses, so `/readyz` answered
-/// "shutting down" while they drained) and waits for it.
-///
-/// Errors: the server task panicked.
-async fn stopped(
-    observe_stop: tokio_util::sync::CancellationToken,
-    observe: tokio::task::JoinHandle<std::io::Result<()>>,
-) -> anyhow::Result<()> {
-    observe_stop.cancel();
-    if let Err(error) = observe.await.context("observe task")? {
-        tracing::warn!(%error, "observe server failed");
-    }
-    Ok(())
-}
 
 /// First and longest wait before reading the site CA again after an apiserver error.
 const SITE_CA_RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));

@@ -2,19 +2,21 @@
 //! checked now, so a bad flag or file stops the gateway at start with the flag named and
 //! the fix.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use edgebeat_transports::endpoint::MqttCluster;
+use edgebeat_transports::grpc::enroll::EnrollmentServerOptions;
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, tls};
 use edgebeat_transports::mqtt::{MqttIngressOptions, SignaturePolicy};
 use edgebeat_transports::signing::{AnswerSigner, CertificateVerifier};
 
-use crate::cli::Args;
-use crate::enrollment::Enrollment;
+use crate::cli::{Args, CsrApproval};
 use crate::enrollment::gate::EnrollmentLimits;
+use crate::enrollment::{Approval, Enrollment, EnrollmentOptions};
 use crate::{GatewayOptions, Posture};
 
 /// A PEM file of `flag`, at most [`edgebeat_hw::MAX_PEM_FILE_BYTES`].
@@ -25,235 +27,399 @@ fn read_pem(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
         .with_context(|| format!("{flag} {}", path.display()))
 }
 
+/// Everything a [`crate::server::Server`] runs with, checked: built from the command line
+/// by [`Settings::from_args`] (every file read once, here), or directly by a test.
+#[derive(Debug)]
+pub struct Settings {
+    /// Where the apiserver is and how to authenticate to it.
+    pub kube: kube::Config,
+    /// The HTTP version to the apiserver (`--apiserver-http`).
+    pub apiserver_http: crate::apiserver::client::HttpVersion,
+    /// Most requests per second to the apiserver, 0 for none (`--qps`).
+    pub qps: u64,
+    /// The per-message options; `posture` is decided by [`crate::server::Server::bind`]
+    /// from the ingresses and `allow_unidentified_agents`.
+    pub gateway: GatewayOptions,
+    /// `--allow-unidentified-agents`.
+    pub allow_unidentified_agents: bool,
+    /// Enrollment and certificate rotation (`--enrollment`), `None` without.
+    pub enrollment: Option<EnrollmentOptions>,
+    /// The gRPC listener, `None` without `--grpc-listen`.
+    pub grpc: Option<GrpcSettings>,
+    /// The gRPC enrollment listener (`--grpc-enrollment-listen`) and its TLS.
+    pub grpc_enrollment: Option<(SocketAddr, EnrollmentServerOptions)>,
+    /// The MQTT ingress, `None` without `--mqtt-endpoint`.
+    pub mqtt: Option<MqttSettings>,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served (`--metrics-listen`).
+    pub metrics_listen: SocketAddr,
+}
+
+impl Settings {
+    /// The settings of `args`: the apiserver configuration found, every file read and
+    /// checked.
+    ///
+    /// # Errors
+    /// A flag without the one it needs, a value out of range, or a file that cannot be
+    /// read or used; each names its flag and the fix.
+    pub async fn from_args(args: &Args) -> anyhow::Result<Self> {
+        if args.max_nodes == 0 {
+            anyhow::bail!("--max-nodes must be at least 1");
+        }
+        let grpc = GrpcSettings::from_args(args)?;
+        let mqtt = MqttSettings::from_args(args)?;
+        let grpc_enrollment = match args.grpc_enrollment_listen {
+            Some(addr) => Some((
+                addr,
+                EnrollmentServerOptions {
+                    tls: enrollment_tls(args)?,
+                },
+            )),
+            None => None,
+        };
+        let enrollment = args.enrollment.then(|| EnrollmentOptions {
+            namespace: args.cluster.namespace(),
+            approval: match args.csr_approval {
+                CsrApproval::Auto => Approval::Auto,
+                CsrApproval::Manual => Approval::Manual,
+            },
+            lifetime: args.certificate_lifetime,
+            grace: args.certificate_grace,
+            max_clock_skew: Duration::from_secs(args.mqtt_max_clock_skew_seconds),
+            ..EnrollmentOptions::default()
+        });
+        Ok(Self {
+            kube: args.cluster.kube_config().await?,
+            apiserver_http: args.apiserver_http,
+            qps: args.qps,
+            gateway: gateway_options(args),
+            allow_unidentified_agents: args.allow_unidentified_agents,
+            enrollment,
+            grpc,
+            grpc_enrollment,
+            mqtt,
+            metrics_listen: args.metrics_listen,
+        })
+    }
+}
+
+/// The gRPC listener's settings; the site CA's part is added at start
+/// ([`GrpcSettings::server_options`]).
+#[derive(Debug, Clone)]
+pub struct GrpcSettings {
+    /// Where to listen (`--grpc-listen`).
+    pub listen: SocketAddr,
+    /// The server's options: TLS from `--grpc-tls-cert`, `--grpc-tls-key` and
+    /// `--grpc-client-ca` when given, whether a node identity is required.
+    pub options: GrpcServerOptions,
+    /// `--grpc-client-ca`, also trusted beside the site CA under `--enrollment`.
+    pub client_ca_pem: Option<Vec<u8>>,
+    /// The files read again every [`crate::reload::RELOAD_PERIOD`]: certificate, key and
+    /// client CA (empty: none).
+    pub reload: Vec<std::path::PathBuf>,
+}
+
+/// The MQTT ingress's settings; the site CA's part is added at start
+/// ([`MqttSettings::ingress_options`]).
+#[derive(Debug, Clone)]
+pub struct MqttSettings {
+    /// The ingress's options: brokers, TLS, credentials, topics; the answer key of
+    /// `--mqtt-answer-cert-file` when given. Signatures are set at start.
+    pub options: MqttIngressOptions,
+    /// `--mqtt-node-ca`: the CA of node certificates that sign messages.
+    pub node_ca_pem: Option<Vec<u8>>,
+    /// Unsigned messages are refused (`--mqtt-require-signatures`).
+    pub require_signatures: bool,
+    /// Most a signed message's time may differ from the gateway's clock.
+    pub max_clock_skew: Duration,
+}
+
 /// The MQTT password from --mqtt-password-file ([`edgebeat_hw::read_password_file`], as
 /// the agent's `transport.passwordFile`), the flag named in the error.
-pub(crate) fn read_password_file(file: &std::path::Path) -> anyhow::Result<String> {
+fn read_password_file(file: &std::path::Path) -> anyhow::Result<String> {
     edgebeat_hw::read_password_file(file).context("--mqtt-password-file")
 }
 
-/// The MQTT ingress options from the `--mqtt-*` flags (`None` without --mqtt-endpoint):
-/// files read and checked now, so a bad file stops the gateway at start with the flag named.
-pub(crate) fn mqtt_ingress_options(
-    args: &Args,
-    enrollment: Option<&Enrollment>,
-) -> anyhow::Result<Option<MqttIngressOptions>> {
-    let Some(url) = args.mqtt_endpoint.first() else {
-        flags_need(
-            "--mqtt-endpoint",
-            &[
-                ("--mqtt-ca-file", args.mqtt_ca_file.is_some()),
-                ("--mqtt-cert-file", args.mqtt_cert_file.is_some()),
-                ("--mqtt-node-ca", args.mqtt_node_ca.is_some()),
-                (
-                    "--mqtt-require-signatures",
-                    args.mqtt_require_signatures.is_some(),
-                ),
-            ],
-        )?;
-        return Ok(None);
-    };
-    let MqttCluster {
-        mut brokers,
-        tls: secure,
-    } = MqttCluster::parse(&args.mqtt_endpoint).map_err(|problems| {
-        let all: Vec<String> = problems.into_iter().map(|(_, m)| m).collect();
-        anyhow::anyhow!("--mqtt-endpoint: {}", all.join("; "))
-    })?;
-    let (host, port) = brokers.remove(0);
-    let client_id = args
-        .mqtt_client_id
-        .clone()
-        .unwrap_or_else(|| format!("edgebeat-gateway-{}", std::process::id()));
-    let mut options = MqttIngressOptions::new(host, port, client_id);
-    options.failover = brokers;
-    options.topic_prefix = args.mqtt_topic_prefix.clone();
-    options.share_group = args.mqtt_share_group.clone();
-    options.site_uplinks = args.mqtt_site_uplinks;
-    if let (Some(user), Some(file)) = (&args.mqtt_username, &args.mqtt_password_file) {
-        let password = read_password_file(file)?;
-        options.credentials = Some((user.clone(), password));
+impl MqttSettings {
+    /// The MQTT ingress from the `--mqtt-*` flags (`None` without --mqtt-endpoint): files
+    /// read and checked now, so a bad file stops the gateway at start with the flag named.
+    ///
+    /// # Errors
+    /// A flag without the one it needs, an endpoint that is not `mqtt://` or `mqtts://`, a
+    /// file that cannot be read or used; each names its flag and the fix.
+    pub fn from_args(args: &Args) -> anyhow::Result<Option<Self>> {
+        let Some(url) = args.mqtt_endpoint.first() else {
+            flags_need(
+                "--mqtt-endpoint",
+                &[
+                    ("--mqtt-ca-file", args.mqtt_ca_file.is_some()),
+                    ("--mqtt-cert-file", args.mqtt_cert_file.is_some()),
+                    ("--mqtt-node-ca", args.mqtt_node_ca.is_some()),
+                    (
+                        "--mqtt-require-signatures",
+                        args.mqtt_require_signatures.is_some(),
+                    ),
+                ],
+            )?;
+            return Ok(None);
+        };
+        let MqttCluster {
+            mut brokers,
+            tls: secure,
+        } = MqttCluster::parse(&args.mqtt_endpoint).map_err(|problems| {
+            let all: Vec<String> = problems.into_iter().map(|(_, m)| m).collect();
+            anyhow::anyhow!("--mqtt-endpoint: {}", all.join("; "))
+        })?;
+        let (host, port) = brokers.remove(0);
+        let client_id = args
+            .mqtt_client_id
+            .clone()
+            .unwrap_or_else(|| format!("edgebeat-gateway-{}", std::process::id()));
+        let mut options = MqttIngressOptions::new(host, port, client_id);
+        options.failover = brokers;
+        options.topic_prefix = args.mqtt_topic_prefix.clone();
+        options.share_group = args.mqtt_share_group.clone();
+        options.site_uplinks = args.mqtt_site_uplinks;
+        if let (Some(user), Some(file)) = (&args.mqtt_username, &args.mqtt_password_file) {
+            let password = read_password_file(file)?;
+            options.credentials = Some((user.clone(), password));
+        }
+        options.tls = match (secure, &args.mqtt_ca_file) {
+            (true, Some(ca)) => {
+                let tls = tls::ClientTls {
+                    ca_pem: read_pem("--mqtt-ca-file", ca)?,
+                    client_identity: match (&args.mqtt_cert_file, &args.mqtt_key_file) {
+                        (Some(cert), Some(key)) => Some(tls::TlsIdentity {
+                            cert_pem: read_pem("--mqtt-cert-file", cert)?,
+                            key_pem: read_pem("--mqtt-key-file", key)?,
+                        }),
+                        _ => None,
+                    },
+                };
+                tls.rustls_config()
+                    .map_err(anyhow::Error::msg)
+                    .context("--mqtt-ca-file, --mqtt-cert-file, --mqtt-key-file")?;
+                Some(tls)
+            }
+            (true, None) => anyhow::bail!(
+                "--mqtt-endpoint {url:?} is mqtts:// and needs --mqtt-ca-file (the CA of the broker's certificate)"
+            ),
+            (false, _) if args.mqtt_ca_file.is_some() || args.mqtt_cert_file.is_some() => {
+                anyhow::bail!(
+                    "--mqtt-ca-file and --mqtt-cert-file need an mqtts:// --mqtt-endpoint, not {url:?}"
+                )
+            }
+            (false, _) => None,
+        };
+        let require_signatures = args
+            .mqtt_require_signatures
+            .unwrap_or(args.mqtt_node_ca.is_some() || args.enrollment);
+        let node_ca_pem = match &args.mqtt_node_ca {
+            Some(ca) => {
+                let ca_pem = read_pem("--mqtt-node-ca", ca)?;
+                CertificateVerifier::from_pem(&ca_pem)
+                    .map_err(anyhow::Error::msg)
+                    .with_context(|| format!("--mqtt-node-ca {}", ca.display()))?;
+                Some(ca_pem)
+            }
+            None => None,
+        };
+        if let (Some(cert), Some(key), Some(ca_pem)) = (
+            &args.mqtt_answer_cert_file,
+            &args.mqtt_answer_key_file,
+            &node_ca_pem,
+        ) {
+            options.answer_signer = Some(Arc::new(
+                AnswerSigner::from_pem(
+                    &read_pem("--mqtt-answer-cert-file", cert)?,
+                    &read_pem("--mqtt-answer-key-file", key)?,
+                    ca_pem,
+                )
+                .map_err(anyhow::Error::msg)
+                .context("--mqtt-answer-cert-file, --mqtt-answer-key-file")?,
+            ));
+        }
+        let settings = Self {
+            options,
+            node_ca_pem,
+            require_signatures,
+            max_clock_skew: Duration::from_secs(args.mqtt_max_clock_skew_seconds),
+        };
+        // The same checks as at serving, with the site CA standing in under --enrollment.
+        settings.check(args.enrollment)?;
+        Ok(Some(settings))
     }
-    options.tls = match (secure, &args.mqtt_ca_file) {
-        (true, Some(ca)) => {
-            let tls = tls::ClientTls {
-                ca_pem: read_pem("--mqtt-ca-file", ca)?,
-                client_identity: match (&args.mqtt_cert_file, &args.mqtt_key_file) {
-                    (Some(cert), Some(key)) => Some(tls::TlsIdentity {
-                        cert_pem: read_pem("--mqtt-cert-file", cert)?,
-                        key_pem: read_pem("--mqtt-key-file", key)?,
-                    }),
-                    _ => None,
-                },
-            };
-            tls.rustls_config()
-                .map_err(anyhow::Error::msg)
-                .context("--mqtt-ca-file, --mqtt-cert-file, --mqtt-key-file")?;
-            Some(tls)
+
+    /// Checks what [`MqttSettings::ingress_options`] needs, `enrolling` standing for the
+    /// site CA it will have.
+    fn check(&self, enrolling: bool) -> anyhow::Result<()> {
+        match (&self.node_ca_pem, enrolling) {
+            (Some(_), false) if self.options.answer_signer.is_none() => anyhow::bail!(
+                "--mqtt-node-ca needs --mqtt-answer-cert-file and --mqtt-answer-key-file (or --enrollment): agents that sign their messages take only answers the gateway signs; issue a server certificate for the DNS name {} from the site CA (README, \"MQTT over TLS with signed messages\")",
+                edgebeat_transports::signing::ANSWER_SIGNER_NAME
+            ),
+            (None, false) if self.require_signatures => anyhow::bail!(
+                "--mqtt-require-signatures needs --mqtt-node-ca (or --enrollment): signatures are verified against node certificates from the site CA"
+            ),
+            _ => Ok(()),
         }
-        (true, None) => anyhow::bail!(
-            "--mqtt-endpoint {url:?} is mqtts:// and needs --mqtt-ca-file (the CA of the broker's certificate)"
-        ),
-        (false, _) if args.mqtt_ca_file.is_some() || args.mqtt_cert_file.is_some() => {
-            anyhow::bail!(
-                "--mqtt-ca-file and --mqtt-cert-file need an mqtts:// --mqtt-endpoint, not {url:?}"
-            )
-        }
-        (false, _) => None,
-    };
-    let required = args
-        .mqtt_require_signatures
-        .unwrap_or(args.mqtt_node_ca.is_some() || enrollment.is_some());
-    let node_ca = match (&args.mqtt_node_ca, enrollment) {
-        (Some(ca), _) => {
-            let ca_pem = read_pem("--mqtt-node-ca", ca)?;
-            CertificateVerifier::from_pem(&ca_pem)
-                .map_err(anyhow::Error::msg)
-                .with_context(|| format!("--mqtt-node-ca {}", ca.display()))?;
-            // Hand-made node certificates and enrolled ones, during a move to enrollment.
-            Some(match enrollment {
-                Some(enrollment) => enrollment.node_ca_pem(Some(ca_pem)),
-                None => ca_pem,
-            })
-        }
-        (None, Some(enrollment)) => Some(enrollment.node_ca_pem(None)),
-        (None, None) => None,
-    };
-    options.signatures = match node_ca {
-        Some(ca_pem) => {
+    }
+
+    /// The ingress's options once the site CA is read (`enrollment`, under --enrollment):
+    /// signatures verified against `node_ca_pem` and the site CA together (hand-made node
+    /// certificates and enrolled ones, during a move to enrollment), answers signed with
+    /// the answer key of the files, else the gateway's own from the site CA.
+    ///
+    /// # Errors
+    /// Node CAs that cannot be used, or signed messages with no way to sign answers (as
+    /// [`MqttSettings::from_args`] checks).
+    pub fn ingress_options(
+        &self,
+        enrollment: Option<&Enrollment>,
+    ) -> anyhow::Result<MqttIngressOptions> {
+        self.check(enrollment.is_some())?;
+        let mut options = self.options.clone();
+        let node_ca = match enrollment {
+            Some(enrollment) => Some(enrollment.node_ca_pem(self.node_ca_pem.clone())),
+            None => self.node_ca_pem.clone(),
+        };
+        if let Some(ca_pem) = node_ca {
             let verifier = CertificateVerifier::from_pem(&ca_pem)
                 .map_err(anyhow::Error::msg)
                 .context("--mqtt-node-ca")?;
-            let mut policy = SignaturePolicy::new(verifier, required);
-            policy.max_clock_skew = Duration::from_secs(args.mqtt_max_clock_skew_seconds);
-            options.answer_signer = Some(
-                match (
-                    &args.mqtt_answer_cert_file,
-                    &args.mqtt_answer_key_file,
-                    enrollment,
-                ) {
-                    (Some(cert), Some(key), _) => Arc::new(
-                        AnswerSigner::from_pem(
-                            &read_pem("--mqtt-answer-cert-file", cert)?,
-                            &read_pem("--mqtt-answer-key-file", key)?,
-                            &ca_pem,
-                        )
-                        .map_err(anyhow::Error::msg)
-                        .context("--mqtt-answer-cert-file, --mqtt-answer-key-file")?,
-                    ),
-                    // The gateway's own certificate from the site CA.
-                    (_, _, Some(enrollment)) => enrollment.answer_signer(),
-                    _ => anyhow::bail!(
-                        "--mqtt-node-ca needs --mqtt-answer-cert-file and --mqtt-answer-key-file (or --enrollment): agents that sign their messages take only answers the gateway signs; issue a server certificate for the DNS name {} from the site CA (README, \"MQTT over TLS with signed messages\")",
-                        edgebeat_transports::signing::ANSWER_SIGNER_NAME
-                    ),
-                },
-            );
-            Some(policy)
+            let mut policy = SignaturePolicy::new(verifier, self.require_signatures);
+            policy.max_clock_skew = self.max_clock_skew;
+            options.signatures = Some(policy);
+            if options.answer_signer.is_none() {
+                options.answer_signer = enrollment.map(Enrollment::answer_signer);
+            }
         }
-        None if required => anyhow::bail!(
-            "--mqtt-require-signatures needs --mqtt-node-ca (or --enrollment): signatures are verified against node certificates from the site CA"
-        ),
-        None => None,
-    };
-    Ok(Some(options))
+        Ok(options)
+    }
 }
 
-/// The gRPC server's options from the TLS flags: files read and checked now, so a bad file
-/// stops the gateway at start with the flag named.
-pub(crate) fn grpc_server_options(
-    args: &Args,
-    enrollment: Option<&Enrollment>,
-) -> anyhow::Result<GrpcServerOptions> {
-    let require_node_identity = args
-        .require_node_identity
-        .unwrap_or(args.grpc_client_ca.is_some() || enrollment.is_some());
-    if require_node_identity && args.grpc_client_ca.is_none() && enrollment.is_none() {
-        anyhow::bail!(
-            "--require-node-identity needs --grpc-client-ca (or --enrollment): node identities come from client certificates"
-        );
-    }
-    let client_ca_pem = args
-        .grpc_client_ca
-        .as_ref()
-        .map(|ca| read_pem("--grpc-client-ca", ca))
-        .transpose()?;
-    let tls = match (&args.grpc_tls_cert, &args.grpc_tls_key, enrollment) {
-        (None, None, Some(enrollment)) => {
-            tracing::info!(
-                "gRPC over TLS with the gateway's certificate from the site CA (no --grpc-tls-cert)"
+impl GrpcSettings {
+    /// The gRPC listener from `--grpc-listen` and the TLS flags (`None` without
+    /// `--grpc-listen`): files read and checked now, so a bad file stops the gateway at
+    /// start with the flag named.
+    ///
+    /// # Errors
+    /// `--require-node-identity` with no client CA, a TLS file that cannot be read or
+    /// used, or a certificate and key that do not match; each names its flag.
+    pub fn from_args(args: &Args) -> anyhow::Result<Option<Self>> {
+        let Some(listen) = args.grpc_listen else {
+            check_no_grpc_flags(args)?;
+            return Ok(None);
+        };
+        let require_node_identity = args
+            .require_node_identity
+            .unwrap_or(args.grpc_client_ca.is_some() || args.enrollment);
+        if require_node_identity && args.grpc_client_ca.is_none() && !args.enrollment {
+            anyhow::bail!(
+                "--require-node-identity needs --grpc-client-ca (or --enrollment): node identities come from client certificates"
             );
-            Some(enrollment.grpc_server_tls(client_ca_pem))
         }
-        (Some(cert), Some(key), _) => {
-            let tls = GrpcServerTls {
-                cert_pem: read_pem("--grpc-tls-cert", cert)?,
-                key_pem: read_pem("--grpc-tls-key", key)?,
-                // Client certificates from --grpc-client-ca and the site CA.
-                client_ca_pem: match enrollment {
-                    Some(enrollment) => Some(enrollment.node_ca_pem(client_ca_pem)),
-                    None => client_ca_pem,
-                },
-            };
-            tls::parse_certificates(&tls.cert_pem)
-                .map_err(anyhow::Error::msg)
-                .with_context(|| format!("--grpc-tls-cert {}", cert.display()))?;
-            tls::parse_private_key(&tls.key_pem)
-                .map_err(anyhow::Error::msg)
-                .with_context(|| format!("--grpc-tls-key {}", key.display()))?;
-            tls.check()
-                .map_err(anyhow::Error::msg)
-                .context("--grpc-tls-cert, --grpc-tls-key, --grpc-client-ca")?;
+        let client_ca_pem = args
+            .grpc_client_ca
+            .as_ref()
+            .map(|ca| read_pem("--grpc-client-ca", ca))
+            .transpose()?;
+        let mut reload = Vec::new();
+        let tls = match (&args.grpc_tls_cert, &args.grpc_tls_key) {
+            (Some(cert), Some(key)) => {
+                let tls = GrpcServerTls {
+                    cert_pem: read_pem("--grpc-tls-cert", cert)?,
+                    key_pem: read_pem("--grpc-tls-key", key)?,
+                    client_ca_pem: client_ca_pem.clone(),
+                };
+                tls::parse_certificates(&tls.cert_pem)
+                    .map_err(anyhow::Error::msg)
+                    .with_context(|| format!("--grpc-tls-cert {}", cert.display()))?;
+                tls::parse_private_key(&tls.key_pem)
+                    .map_err(anyhow::Error::msg)
+                    .with_context(|| format!("--grpc-tls-key {}", key.display()))?;
+                tls.check()
+                    .map_err(anyhow::Error::msg)
+                    .context("--grpc-tls-cert, --grpc-tls-key, --grpc-client-ca")?;
+                reload = vec![cert.clone(), key.clone()];
+                reload.extend(args.grpc_client_ca.clone());
+                Some(tls)
+            }
+            _ => None,
+        };
+        Ok(Some(Self {
+            listen,
+            options: GrpcServerOptions {
+                tls,
+                require_node_identity,
+                ..GrpcServerOptions::default()
+            },
+            client_ca_pem,
+            reload,
+        }))
+    }
+
+    /// The server's options once the site CA is read (`enrollment`, under --enrollment):
+    /// client certificates from `client_ca_pem` and the site CA; without a certificate of
+    /// the files, the gateway's own from the site CA; and TLS material read again when the
+    /// files change ([`GrpcSettings::reload`]).
+    pub fn server_options(&self, enrollment: Option<&Arc<Enrollment>>) -> GrpcServerOptions {
+        let mut options = self.options.clone();
+        options.tls = match (options.tls.take(), enrollment) {
+            (None, Some(enrollment)) => {
+                tracing::info!(
+                    "gRPC over TLS with the gateway's certificate from the site CA (no --grpc-tls-cert)"
+                );
+                Some(enrollment.grpc_server_tls(self.client_ca_pem.clone()))
+            }
+            (Some(tls), Some(enrollment)) => Some(GrpcServerTls {
+                client_ca_pem: Some(enrollment.node_ca_pem(tls.client_ca_pem.clone())),
+                ..tls
+            }),
+            (tls, None) => tls,
+        };
+        if let Some(tls) = &options.tls {
             tracing::info!(
                 mtls = tls.client_ca_pem.is_some(),
-                require_node_identity,
+                require_node_identity = options.require_node_identity,
                 "gRPC over TLS"
             );
-            Some(tls)
         }
-        _ => None,
-    };
-    Ok(GrpcServerOptions {
-        tls,
-        require_node_identity,
-        ..GrpcServerOptions::default()
-    })
-}
+        options.tls_updates = self.tls_updates(options.tls.clone(), enrollment.cloned());
+        options
+    }
 
-/// New TLS material for the gRPC listener when --grpc-tls-cert, --grpc-tls-key or
-/// --grpc-client-ca change on disk ([`crate::reload`]), checked as at start and
-/// with the site CA added under --enrollment; `None` without those files.
-pub(crate) fn grpc_tls_updates(
-    args: &Args,
-    initial: Option<GrpcServerTls>,
-    enrollment: Option<Arc<Enrollment>>,
-) -> Option<tokio::sync::watch::Receiver<GrpcServerTls>> {
-    let (cert, key, initial) = (
-        args.grpc_tls_cert.clone()?,
-        args.grpc_tls_key.clone()?,
-        initial?,
-    );
-    let mut paths = vec![cert, key];
-    paths.extend(args.grpc_client_ca.clone());
-    Some(crate::reload::watch_files(
-        paths,
-        crate::reload::RELOAD_PERIOD,
-        initial,
-        move |mut files| {
-            let client_ca = (files.len() > 2).then(|| files.remove(2));
-            let key_pem = files.remove(1);
-            let cert_pem = files.remove(0);
-            let tls = GrpcServerTls {
-                cert_pem,
-                key_pem,
-                client_ca_pem: match &enrollment {
-                    Some(enrollment) => Some(enrollment.node_ca_pem(client_ca)),
-                    None => client_ca,
-                },
-            };
-            tls.check()?;
-            Ok::<_, edgebeat_transports::tls::TlsError>(tls)
-        },
-    ))
+    /// New TLS material for the listener when the files of [`GrpcSettings::reload`] change
+    /// on disk ([`crate::reload`]), checked as at start and with the site CA added under
+    /// --enrollment; `None` without those files.
+    fn tls_updates(
+        &self,
+        initial: Option<GrpcServerTls>,
+        enrollment: Option<Arc<Enrollment>>,
+    ) -> Option<tokio::sync::watch::Receiver<GrpcServerTls>> {
+        if self.reload.len() < 2 {
+            return None;
+        }
+        Some(crate::reload::watch_files(
+            self.reload.clone(),
+            crate::reload::RELOAD_PERIOD,
+            initial?,
+            move |mut files| {
+                let client_ca = (files.len() > 2).then(|| files.remove(2));
+                let key_pem = files.remove(1);
+                let cert_pem = files.remove(0);
+                let tls = GrpcServerTls {
+                    cert_pem,
+                    key_pem,
+                    client_ca_pem: match &enrollment {
+                        Some(enrollment) => Some(enrollment.node_ca_pem(client_ca)),
+                        None => client_ca,
+                    },
+                };
+                tls.check()?;
+                Ok::<_, edgebeat_transports::tls::TlsError>(tls)
+            },
+        ))
+    }
 }
 
 /// The gRPC enrollment listener's TLS: --grpc-tls-cert and --grpc-tls-key when given, else
@@ -262,7 +428,7 @@ pub(crate) fn grpc_tls_updates(
 ///
 /// Errors: either file cannot be read (named by its flag). The listener never falls back
 /// to plain HTTP/2 when TLS was asked for.
-pub(crate) fn enrollment_tls(args: &Args) -> anyhow::Result<Option<GrpcServerTls>> {
+fn enrollment_tls(args: &Args) -> anyhow::Result<Option<GrpcServerTls>> {
     let (Some(cert), Some(key)) = (&args.grpc_tls_cert, &args.grpc_tls_key) else {
         return Ok(None);
     };
@@ -273,15 +439,14 @@ pub(crate) fn enrollment_tls(args: &Args) -> anyhow::Result<Option<GrpcServerTls
     }))
 }
 
-/// The per-message options of [`crate::Gateway`] from the flags, with `posture` (from
-/// [`posture`]). The enrollment bursts are 5 s of `--enrollment-rate` and 4 s of
+/// The per-message options of [`crate::Gateway`] from the flags (the posture is decided
+/// at [`crate::server::Server::bind`]). The enrollment bursts are 5 s of `--enrollment-rate` and 4 s of
 /// `--enrollment-rate-per-source`, at least one request each; `--max-inflight` is taken as
 /// given ([`crate::apiserver::Apiserver::with_limits`] raises it to 2).
-pub(crate) fn gateway_options(args: &Args, posture: Posture) -> GatewayOptions {
+fn gateway_options(args: &Args) -> GatewayOptions {
     GatewayOptions {
         max_renewal_age: Duration::from_secs(args.max_renewal_age_seconds),
         impersonate_nodes: args.impersonate_nodes,
-        posture,
         max_nodes: args.max_nodes,
         per_node_metrics: args.per_node_metrics,
         write_limits: crate::apiserver::WriteLimits {
@@ -299,7 +464,7 @@ pub(crate) fn gateway_options(args: &Args, posture: Posture) -> GatewayOptions {
 }
 
 /// The gRPC flags that mean nothing without --grpc-listen are an error, not silently ignored.
-pub(crate) fn check_no_grpc_flags(args: &Args) -> anyhow::Result<()> {
+fn check_no_grpc_flags(args: &Args) -> anyhow::Result<()> {
     flags_need(
         "--grpc-listen",
         &[
@@ -315,7 +480,7 @@ pub(crate) fn check_no_grpc_flags(args: &Args) -> anyhow::Result<()> {
 
 /// Errors with "`flag` needs `parent`" for the first of `flags` that is set (`parent` is
 /// not).
-pub(crate) fn flags_need(parent: &str, flags: &[(&str, bool)]) -> anyhow::Result<()> {
+fn flags_need(parent: &str, flags: &[(&str, bool)]) -> anyhow::Result<()> {
     match flags.iter().find(|(_, set)| *set) {
         Some((flag, _)) => anyhow::bail!("{flag} needs {parent}"),
         None => Ok(()),
@@ -329,9 +494,9 @@ pub(crate) fn flags_need(parent: &str, flags: &[(&str, bool)]) -> anyhow::Result
 /// Errors: no ingress, or an ingress that lets unidentified agents in without the opt-in;
 /// the message names the flags that fix it.
 pub(crate) fn posture(
-    args: &Args,
-    grpc: Option<&GrpcServerOptions>,
-    mqtt: Option<&MqttIngressOptions>,
+    allow_unidentified_agents: bool,
+    grpc: Option<&GrpcSettings>,
+    mqtt: Option<&MqttSettings>,
 ) -> anyhow::Result<Posture> {
     if grpc.is_none() && mqtt.is_none() {
         anyhow::bail!(
@@ -339,17 +504,17 @@ pub(crate) fn posture(
         );
     }
     let mut unidentified = Vec::new();
-    if grpc.is_some_and(|g| !g.require_node_identity) {
+    if grpc.is_some_and(|g| !g.options.require_node_identity) {
         unidentified.push(
             "gRPC lets in agents without a node certificate (add --grpc-tls-cert, --grpc-tls-key and --grpc-client-ca, without --require-node-identity=false)",
         );
     }
-    if mqtt.is_some_and(|m| !m.signatures.as_ref().is_some_and(|s| s.required)) {
+    if mqtt.is_some_and(|m| !m.require_signatures) {
         unidentified.push(
             "MQTT lets in unsigned messages (add --mqtt-node-ca, without --mqtt-require-signatures=false)",
         );
     }
-    match (unidentified.is_empty(), args.allow_unidentified_agents) {
+    match (unidentified.is_empty(), allow_unidentified_agents) {
         (true, false) => Ok(Posture::Identified),
         (true, true) => {
             tracing::info!(

@@ -8,6 +8,28 @@ fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
     Args::try_parse_from(std::iter::once("edgebeat-gateway").chain(flags.iter().copied()))
 }
 
+/// The MQTT ingress's options of `args`, without a site CA.
+fn mqtt_ingress_options(
+    args: &Args,
+    enrollment: Option<&Enrollment>,
+) -> anyhow::Result<Option<MqttIngressOptions>> {
+    MqttSettings::from_args(args)?
+        .map(|mqtt| mqtt.ingress_options(enrollment))
+        .transpose()
+}
+
+/// The gRPC server's options of `args`, as with `--grpc-listen`, without a site CA.
+fn grpc_server_options(
+    args: &Args,
+    enrollment: Option<&Arc<Enrollment>>,
+) -> anyhow::Result<GrpcServerOptions> {
+    let mut args = args.clone();
+    args.grpc_listen
+        .get_or_insert(SocketAddr::from(([127, 0, 0, 1], 0)));
+    let grpc = GrpcSettings::from_args(&args)?.context("no gRPC settings")?;
+    Ok(grpc.server_options(enrollment))
+}
+
 #[test]
 fn mqtt_security_flags_are_checked_with_the_flag_named() {
     let err = |flags: &[&str]| match mqtt_ingress_options(&parse(flags).unwrap(), None) {
@@ -56,15 +78,10 @@ fn mqtt_security_flags_are_checked_with_the_flag_named() {
 
 fn posture_of(flags: &[&str]) -> Result<Posture, String> {
     let args = parse(flags).map_err(|e| e.to_string())?;
-    let grpc = match args.grpc_listen {
-        Some(_) => Some(grpc_server_options(&args, None).map_err(|e| format!("{e:#}"))?),
-        None => {
-            check_no_grpc_flags(&args).map_err(|e| format!("{e:#}"))?;
-            None
-        }
-    };
-    let mqtt = mqtt_ingress_options(&args, None).map_err(|e| format!("{e:#}"))?;
-    posture(&args, grpc.as_ref(), mqtt.as_ref()).map_err(|e| format!("{e:#}"))
+    let grpc = GrpcSettings::from_args(&args).map_err(|e| format!("{e:#}"))?;
+    let mqtt = MqttSettings::from_args(&args).map_err(|e| format!("{e:#}"))?;
+    posture(args.allow_unidentified_agents, grpc.as_ref(), mqtt.as_ref())
+        .map_err(|e| format!("{e:#}"))
 }
 
 /// One posture for the whole gateway: no gRPC listener unless asked for, and no ingress
