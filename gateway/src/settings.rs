@@ -361,7 +361,8 @@ impl GrpcSettings {
     /// The server's options once the site CA is read (`enrollment`, under --enrollment):
     /// client certificates from `client_ca_pem` and the site CA; without a certificate of
     /// the files, the gateway's own from the site CA; and TLS material read again when the
-    /// files change ([`GrpcSettings::reload`]).
+    /// files change ([`GrpcSettings::reload`]; without such files, the options' own
+    /// `tls_updates` stay).
     pub fn server_options(&self, enrollment: Option<&Arc<Enrollment>>) -> GrpcServerOptions {
         let mut options = self.options.clone();
         options.tls = match (options.tls.take(), enrollment) {
@@ -384,7 +385,9 @@ impl GrpcSettings {
                 "gRPC over TLS"
             );
         }
-        options.tls_updates = self.tls_updates(options.tls.clone(), enrollment.cloned());
+        if let Some(updates) = self.tls_updates(options.tls.clone(), enrollment.cloned()) {
+            options.tls_updates = Some(updates);
+        }
         options
     }
 

@@ -3,7 +3,10 @@
 //!
 //! Everything talks over real sockets: the agent's tonic client to the gateway's tonic
 //! server or rumqttc through Mosquitto, the gateway's kube-rs client to the stand-in over
-//! HTTP.
+//! HTTP. Each replica is the binary's own [`edgebeat_gateway::server::Server`], given
+//! [`edgebeat_gateway::settings::Settings`] built here instead of from flags (in-memory
+//! TLS material, test-sized limits), so every scenario runs the binary's wiring: its
+//! posture check, its wait for the watches, its ingresses and their drain.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -13,9 +16,9 @@ use std::time::Duration;
 use anyhow::Context;
 use edgebeat_agent::config::{GrpcUplinkOptions, MqttUplinkOptions, TransportConfig};
 use edgebeat_agent::{Agent, AgentConfig};
-use edgebeat_gateway::{Gateway, GatewayOptions, kube_client, watch_client};
+use edgebeat_gateway::{Gateway, GatewayOptions, kube_client};
 use edgebeat_hw::{Clock, SystemClock};
-use edgebeat_transports::grpc::{GrpcServerOptions, serve};
+use edgebeat_transports::grpc::GrpcServerOptions;
 use edgebeat_transports::mqtt::MqttIngressOptions;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -40,10 +43,12 @@ pub struct Replica {
     pub enrollment: Option<Arc<edgebeat_gateway::enrollment::Enrollment>>,
     /// Its kube clients' requests, as the gateway binary registers them on `/metrics`.
     pub requests: edgebeat_gateway::apiserver::requests::RequestMetrics,
+    /// Where it serves `/healthz`, `/readyz` and `/metrics`.
+    pub metrics_addr: SocketAddr,
     cancel: CancellationToken,
+    /// The replica's server ([`edgebeat_gateway::server::Running::wait`]): aborting it
+    /// aborts every task of the replica.
     task: JoinHandle<()>,
-    /// Its watch, gRPC and MQTT tasks, for [`Cluster::kill_replica`].
-    aborts: Vec<tokio::task::AbortHandle>,
 }
 
 /// A stand-in apiserver, gateway replicas and (for MQTT) a broker.
@@ -553,14 +558,15 @@ impl Cluster {
 
     async fn start_replica_on(
         &mut self,
-        mut options: GatewayOptions,
+        options: GatewayOptions,
         listener: Option<tokio::net::TcpListener>,
         mut brokers: Vec<(String, u16)>,
     ) -> anyhow::Result<usize> {
+        use edgebeat_gateway::server::{Listeners, Server};
+        use edgebeat_gateway::settings::{GrpcSettings, MqttSettings, Settings};
         // As the gateway binary: an ingress that lets unidentified agents in (plain gRPC or
         // unsigned MQTT, what most scenarios here run) needs the explicit opt-in
-        // (`--allow-unidentified-agents`); a cluster whose every ingress requires node
-        // identities keeps the options' posture (the default: identified).
+        // (`--allow-unidentified-agents`).
         let unidentified = match self.transport {
             Transport::Grpc => !self.grpc_options.require_node_identity,
             Transport::Mqtt => {
@@ -571,156 +577,143 @@ impl Cluster {
                         .is_some_and(|s| s.require_signatures)
             }
         };
-        if unidentified {
-            options.posture = edgebeat_gateway::Posture::AllowUnidentified;
-        }
-        let config = kube::Config::new(self.standin.url().parse()?);
-        let requests = edgebeat_gateway::apiserver::requests::RequestMetrics::default();
-        let watches = watch_client(config.clone(), &requests)?;
-        let client = kube_client(config, 1000, &requests)?;
-        let enrollment = match &self.enrolling {
-            Some(site) => Some(Arc::new(
-                edgebeat_gateway::enrollment::Enrollment::with_site_ca(
-                    client.clone(),
-                    site.options.clone(),
-                    Arc::new(SystemClock),
-                )
-                .await?,
-            )),
+        let index = self.replicas.len();
+        // gRPC only in a gRPC cluster, as the binary serves only the ingresses it is given.
+        let listener = listener.filter(|_| self.transport == Transport::Grpc);
+        let grpc = match &listener {
+            Some(listener) => Some(GrpcSettings {
+                listen: listener.local_addr()?,
+                // Under enrollment: TLS with the replica's certificate from the site CA.
+                options: self.grpc_options.clone(),
+                client_ca_pem: None,
+                reload: Vec::new(),
+            }),
             None => None,
         };
-        let gateway = Arc::new(Gateway::new(client, Arc::new(SystemClock), options));
-        if let Some(enrollment) = &enrollment {
-            gateway.enable_enrollment(enrollment.clone());
-        }
-        let cancel = CancellationToken::new();
-        let index = self.replicas.len();
-        let (subscribed_tx, mut subscribed) = tokio::sync::watch::channel(false);
-        let mut tasks = Vec::new();
-        // As the binary: the replica follows its Nodes and Leases, and starts serving once
-        // both watches have listed (so a scenario's first messages meet a known view).
-        let (watch, stop) = (gateway.watch(watches), cancel.clone());
-        tasks.push(tokio::spawn(async move {
-            tokio::select! {
-                () = watch => {}
-                () = stop.cancelled() => {}
-            }
-        }));
-        tokio::time::timeout(Duration::from_secs(10), gateway.view().synced())
-            .await
-            .context("the gateway's Node and Lease watches did not list within 10 s")?;
-        if let (Some(_), Some(site), Transport::Grpc) =
-            (&enrollment, self.enrolling.as_mut(), self.transport)
-        {
-            let enroll_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            site.enrollment_urls
-                .push(format!("http://{}", enroll_listener.local_addr()?));
-            let (handler, stop) = (gateway.clone(), cancel.clone());
-            tasks.push(tokio::spawn(async move {
-                if let Err(error) = edgebeat_transports::grpc::enroll::serve_enrollment(
-                    enroll_listener,
-                    handler,
-                    edgebeat_transports::grpc::enroll::EnrollmentServerOptions::default(),
-                    stop.cancelled_owned(),
-                )
-                .await
-                {
-                    tracing::error!(%error, "gRPC enrollment server failed");
-                }
-            }));
-        }
-        if let Some(listener) = listener {
-            let (handler, stop) = (gateway.clone(), cancel.clone());
-            let mut grpc_options = self.grpc_options.clone();
-            if let Some(enrollment) = &enrollment {
-                grpc_options.tls = Some(enrollment.grpc_server_tls(None));
-            }
-            tasks.push(tokio::spawn(async move {
-                if let Err(error) =
-                    serve(listener, handler, grpc_options, stop.cancelled_owned()).await
-                {
-                    tracing::error!(%error, "gRPC server failed");
-                }
-            }));
-        }
+        let enrollment_listener = match (&self.enrolling, self.transport) {
+            (Some(_), Transport::Grpc) => Some(tokio::net::TcpListener::bind("127.0.0.1:0").await?),
+            _ => None,
+        };
         if brokers.is_empty()
             && let Some(b) = &self.broker
         {
             brokers.push((b.host().to_owned(), b.port()));
         }
-        if !brokers.is_empty() {
-            let (host, port) = brokers.remove(0);
-            let mut options =
-                MqttIngressOptions::new(host, port, format!("edgebeat-gateway-{index}"));
-            options.failover = brokers;
-            options.subscribed = Some(Arc::new(subscribed_tx));
-            if let (Some(enrollment), Some(site)) = (&enrollment, &self.enrolling) {
-                options.tls =
-                    site.broker_ca_pem
-                        .as_ref()
-                        .map(|ca| edgebeat_transports::tls::ClientTls {
-                            ca_pem: ca.clone().into_bytes(),
-                            client_identity: None,
-                        });
-                options.signatures = Some(edgebeat_transports::mqtt::SignaturePolicy::new(
-                    edgebeat_transports::signing::CertificateVerifier::from_pem(
-                        &enrollment.node_ca_pem(None),
-                    )
-                    .map_err(anyhow::Error::msg)?,
-                    true,
-                ));
-                options.answer_signer = Some(enrollment.answer_signer());
-            }
-            if let Some(security) = &self.mqtt_security {
-                use edgebeat_transports::tls::{ClientTls, TlsIdentity};
-                options.tls = Some(ClientTls {
-                    ca_pem: security.site_ca_pem.clone().into_bytes(),
-                    client_identity: Some(TlsIdentity {
-                        cert_pem: security.gateway.cert_pem.clone().into_bytes(),
-                        key_pem: security.gateway.key_pem.clone().into_bytes(),
-                    }),
-                });
-                options.signatures = Some(edgebeat_transports::mqtt::SignaturePolicy::new(
-                    edgebeat_transports::signing::CertificateVerifier::from_pem(
-                        security.site_ca_pem.as_bytes(),
-                    )
-                    .map_err(anyhow::Error::msg)?,
-                    security.require_signatures,
-                ));
-                options.answer_signer = Some(Arc::new(
-                    edgebeat_transports::signing::AnswerSigner::from_pem(
-                        security.answers.cert_pem.as_bytes(),
-                        security.answers.key_pem.as_bytes(),
-                        security.site_ca_pem.as_bytes(),
-                    )
-                    .map_err(anyhow::Error::msg)?,
-                ));
-            }
-            let (handler, stop) = (gateway.clone(), cancel.clone());
-            tasks.push(tokio::spawn(async move {
-                if let Err(error) =
-                    edgebeat_transports::mqtt::serve(options, handler, stop.cancelled_owned()).await
-                {
-                    tracing::error!(%error, "MQTT ingress failed");
+        let mqtt = match brokers.is_empty() {
+            true => None,
+            false => {
+                let (host, port) = brokers.remove(0);
+                let mut options =
+                    MqttIngressOptions::new(host, port, format!("edgebeat-gateway-{index}"));
+                options.failover = brokers;
+                let mut mqtt = MqttSettings {
+                    options,
+                    node_ca_pem: None,
+                    require_signatures: false,
+                    max_clock_skew: edgebeat_transports::mqtt::DEFAULT_MAX_CLOCK_SKEW,
+                };
+                if let Some(site) = &self.enrolling {
+                    // Signatures from node certificates of the site CA, answers signed with
+                    // the replica's own key from it.
+                    mqtt.options.tls =
+                        site.broker_ca_pem
+                            .as_ref()
+                            .map(|ca| edgebeat_transports::tls::ClientTls {
+                                ca_pem: ca.clone().into_bytes(),
+                                client_identity: None,
+                            });
+                    mqtt.require_signatures = true;
                 }
-            }));
+                if let Some(security) = &self.mqtt_security {
+                    use edgebeat_transports::tls::{ClientTls, TlsIdentity};
+                    mqtt.options.tls = Some(ClientTls {
+                        ca_pem: security.site_ca_pem.clone().into_bytes(),
+                        client_identity: Some(TlsIdentity {
+                            cert_pem: security.gateway.cert_pem.clone().into_bytes(),
+                            key_pem: security.gateway.key_pem.clone().into_bytes(),
+                        }),
+                    });
+                    mqtt.options.answer_signer = Some(Arc::new(
+                        edgebeat_transports::signing::AnswerSigner::from_pem(
+                            security.answers.cert_pem.as_bytes(),
+                            security.answers.key_pem.as_bytes(),
+                            security.site_ca_pem.as_bytes(),
+                        )
+                        .map_err(anyhow::Error::msg)?,
+                    ));
+                    mqtt.node_ca_pem = Some(security.site_ca_pem.clone().into_bytes());
+                    mqtt.require_signatures = security.require_signatures;
+                }
+                Some(mqtt)
+            }
+        };
+        let settings = Settings {
+            kube: kube::Config::new(self.standin.url().parse()?),
+            // The stand-in speaks HTTP/2 over plain http:// (h2c).
+            apiserver_http: edgebeat_gateway::apiserver::client::HttpVersion::Http2,
+            qps: 1000,
+            gateway: options,
+            allow_unidentified_agents: unidentified,
+            enrollment: self.enrolling.as_ref().map(|site| site.options.clone()),
+            grpc,
+            grpc_enrollment: match &enrollment_listener {
+                Some(listener) => Some((listener.local_addr()?, Default::default())),
+                None => None,
+            },
+            mqtt,
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        if let (Some(site), Some(listener)) = (self.enrolling.as_mut(), &enrollment_listener) {
+            site.enrollment_urls
+                .push(format!("http://{}", listener.local_addr()?));
+        }
+        let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let server = Server::with_listeners(
+            settings,
+            Listeners {
+                metrics,
+                grpc: listener,
+                grpc_enrollment: enrollment_listener,
+            },
+        )?;
+        let metrics_addr = server.metrics_addr()?;
+        // The binary's own start: the replica follows its Nodes and Leases, and starts
+        // serving once both watches have listed (so a scenario's first messages meet a
+        // known view).
+        let cancel = CancellationToken::new();
+        let running = tokio::time::timeout(
+            Duration::from_secs(40),
+            server.start(cancel.clone().cancelled_owned()),
+        )
+        .await
+        .context("gateway replica did not start within 40 s")??
+        .context("gateway replica stopped while starting")?;
+        anyhow::ensure!(
+            running.gateway().view().nodes_watched() && running.gateway().view().leases_watched(),
+            "the gateway's Node and Lease watches did not list"
+        );
+        if let Some(mut subscribed) = running.mqtt_subscribed() {
             tokio::time::timeout(Duration::from_secs(10), subscribed.wait_for(|s| *s))
                 .await
                 .context("gateway replica did not subscribe within 10 s")??;
         }
-        let aborts = tasks.iter().map(JoinHandle::abort_handle).collect();
+        let (gateway, enrollment, requests) = (
+            running.gateway().clone(),
+            running.enrollment().cloned(),
+            running.requests().clone(),
+        );
         let task = tokio::spawn(async move {
-            for task in tasks {
-                let _ = task.await;
+            if let Err(error) = running.wait().await {
+                tracing::error!(error = format!("{error:#}"), "gateway replica failed");
             }
         });
         self.replicas.push(Some(Replica {
             gateway,
             enrollment,
             requests,
+            metrics_addr,
             cancel,
             task,
-            aborts,
         }));
         Ok(index)
     }
@@ -741,9 +734,7 @@ impl Cluster {
     /// a moment later would have.
     pub async fn kill_replica(&mut self, index: usize) {
         if let Some(replica) = self.replicas.get_mut(index).and_then(Option::take) {
-            for task in &replica.aborts {
-                task.abort();
-            }
+            replica.task.abort();
             let _ = replica.task.await;
         }
     }

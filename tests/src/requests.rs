@@ -69,3 +69,10 @@ pub fn longest_renewal_gap(requests: &[RecordedRequest], node: &str) -> Option<D
 pub fn is_collection_read(r: &RecordedRequest) -> bool {
     r.method == http::Method::GET && (r.path == "/api/v1/nodes" || r.path == LEASES)
 }
+
+/// A read the gateway makes for itself, not for one node: a list or watch of a collection
+/// ([`is_collection_read`]) or the `/version` it asks at start to report the apiserver
+/// reachable (`edgebeat_gateway::apiserver::reach`).
+pub fn is_gateway_own_read(r: &RecordedRequest) -> bool {
+    is_collection_read(r) || (r.method == http::Method::GET && r.path == "/version")
+}

@@ -241,8 +241,8 @@ async fn forbidden_labels_are_refused_at_registration() {
             .standin
             .requests()
             .iter()
-            .all(edgebeat_tests::requests::is_collection_read),
-        "refused before any apiserver call (the gateway's watches aside)"
+            .all(edgebeat_tests::requests::is_gateway_own_read),
+        "refused before any apiserver call (the gateway's watches and /version aside)"
     );
     // The same registration with a label a node may set is accepted.
     let mut message = register("rpi4-edge-01", 6_000_000);
