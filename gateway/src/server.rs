@@ -22,6 +22,9 @@ use crate::enrollment::{Enrollment, EnrollmentError, EnrollmentOptions};
 use crate::settings::{Settings, posture};
 use crate::{Gateway, Posture, kube_client_with, watch_client_with};
 
+mod startup;
+use startup::{Startup, readiness};
+
 /// One gateway replica: its settings checked and its listeners bound ([`Server::bind`]),
 /// then run until shutdown ([`Server::run`], or [`Server::start`] and [`Running::wait`]).
 #[derive(Debug)]
@@ -521,79 +524,6 @@ async fn site_ca_enrollment(
             return Ok(None);
         }
         wait = (wait * 2).min(SITE_CA_RETRY.1);
-    }
-}
-
-type Readiness = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
-
-/// `/readyz` from the first second: while the gateway starts, "starting: " and what it
-/// waits for; then [`readiness`].
-struct Startup {
-    phase: tokio::sync::watch::Sender<&'static str>,
-    started: std::sync::OnceLock<Readiness>,
-}
-
-impl Startup {
-    fn new(phase: &'static str) -> Self {
-        Self {
-            phase: tokio::sync::watch::Sender::new(phase),
-            started: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// What the start waits for now.
-    fn phase(&self, phase: &'static str) {
-        self.phase.send_replace(phase);
-    }
-
-    /// Started: from now on `/readyz` is `ready`.
-    fn started(&self, ready: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
-        // Set once: run() starts once.
-        let _ = self.started.set(Box::new(ready));
-    }
-
-    fn ready(&self) -> Result<(), String> {
-        match self.started.get() {
-            Some(ready) => ready(),
-            None => Err(format!("starting: {}", *self.phase.borrow())),
-        }
-    }
-}
-
-/// `/readyz`: not shutting down, the Node and Lease watches listed once (`listed`: the
-/// apiserver answered the gateway's credentials), (with gRPC) the gRPC server running, and
-/// (with MQTT) the shared subscription granted by the broker.
-fn readiness(
-    stop: tokio_util::sync::CancellationToken,
-    grpc_serving: Option<Arc<AtomicBool>>,
-    mqtt_subscribed: Option<tokio::sync::watch::Receiver<bool>>,
-    listed: Arc<AtomicBool>,
-) -> impl Fn() -> Result<(), String> + Send + Sync + 'static {
-    move || {
-        if stop.is_cancelled() {
-            return Err("shutting down".into());
-        }
-        if !listed.load(Ordering::Relaxed) {
-            return Err(
-                "the managed Nodes and Leases are not listed yet (is the apiserver reachable? see the log)"
-                    .into(),
-            );
-        }
-        if grpc_serving
-            .as_ref()
-            .is_some_and(|serving| !serving.load(Ordering::Relaxed))
-        {
-            return Err("gRPC server not serving".into());
-        }
-        if let Some(subscribed) = &mqtt_subscribed
-            && !*subscribed.borrow()
-        {
-            return Err(
-                "MQTT shared subscription not granted yet (connecting to the broker or subscribing)"
-                    .into(),
-            );
-        }
-        Ok(())
     }
 }
 
