@@ -1,7 +1,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use super::csr::check_csr;
 use super::*;
+use edgebeat_proto::NodeCertificate;
 use edgebeat_transports::enroll::NodeKeyPair;
+use prost::Message as _;
+use rustls::pki_types::UnixTime;
 
 #[test]
 fn a_node_request_passes_and_its_csr_name_is_the_keys() {
