@@ -330,28 +330,21 @@ pub enum CsrApproval {
     Manual,
 }
 
-/// A duration flag that is not a whole number with `s`, `m`, `h` or `d`, or is 0.
+/// A duration flag that is not a Go duration above 0.
 #[derive(Debug, thiserror::Error)]
-#[error("{0:?}: give a whole number above 0 with s, m, h or d, e.g. 24h")]
+#[error(
+    "{0:?}: give a duration above 0 in Go's grammar (as kubectl and KubeletConfiguration), e.g. 24h, 8760h or 1h30m"
+)]
 pub struct BadDuration(pub String);
 
-/// A duration flag: a whole number with a unit (`s`, `m`, `h`, `d`), e.g. `24h`.
+/// A duration flag in Go's grammar ([`edgebeat_hw::parse_duration`], as the agent's
+/// configuration file), e.g. `24h` or `1h30m`, above 0.
 ///
-/// Errors: [`BadDuration`], naming the text.
+/// # Errors
+/// [`BadDuration`], naming the text, for anything else (`0`, or `7d`: Go has no day unit).
 pub fn parse_duration(text: &str) -> Result<Duration, BadDuration> {
-    let bad = || BadDuration(text.to_owned());
-    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| bad())?;
-    let unit = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(bad()),
-    };
-    match number.checked_mul(unit) {
-        Some(seconds) if seconds > 0 => Ok(Duration::from_secs(seconds)),
-        _ => Err(bad()),
+    match edgebeat_hw::parse_duration(text) {
+        Ok(duration) if !duration.is_zero() => Ok(duration),
+        _ => Err(BadDuration(text.to_owned())),
     }
 }

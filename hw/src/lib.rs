@@ -7,7 +7,8 @@
 //! NodeStatus is the agent's job. The text formats are parsed by pure functions in
 //! [`parse`], table-tested without a host. [`Clock`] puts wall time and boot time behind a
 //! trait tests replace. [`read_bounded`] reads operator-named files (configuration, secrets,
-//! PEM) with a size limit, so a wrong path cannot hang or exhaust memory.
+//! PEM) with a size limit, so a wrong path cannot hang or exhaust memory; [`parse_duration`]
+//! reads durations in Go's grammar, the one both binaries take.
 //!
 //! The rules follow kubelet's status setters and eviction signals
 //! (`pkg/kubelet/nodestatus/setters.go`, `pkg/kubelet/eviction/helpers.go`) and cadvisor;
@@ -16,6 +17,7 @@
 mod arch;
 mod bounded;
 mod clock;
+mod duration;
 mod error;
 mod facts;
 mod ntp;
@@ -28,6 +30,7 @@ pub use bounded::{
     BoundedReadError, MAX_PASSWORD_FILE_BYTES, MAX_PEM_FILE_BYTES, read_bounded, read_password_file,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use duration::{DurationError, parse_duration};
 pub use error::{HwError, ParseError};
 pub use facts::{
     CgroupMode, ClockSync, CoolingDevice, FsStats, HostFacts, HugePages, MemoryFacts, Mount,

@@ -339,47 +339,12 @@ impl TryFrom<PathBuf> for AbsolutePath {
     }
 }
 
-/// Parses a Go duration (`metav1.Duration` as in KubeletConfiguration): a sequence of
-/// decimal numbers with units `ns`, `us`/`µs`, `ms`, `s`, `m`, `h`, e.g. `"10s"`, `"1m30s"`,
+/// Parses a Go duration (`metav1.Duration` as in KubeletConfiguration) with
+/// [`edgebeat_hw::parse_duration`], the grammar the gateway's flags take too: decimal
+/// numbers with units `ns`, `us`/`µs`, `ms`, `s`, `m`, `h`, e.g. `"10s"`, `"1m30s"`,
 /// `"1.5h"`, `"300ms"`; `"0"` alone is zero.
 ///
 /// Errors: [`ValueError::Duration`], with the rejected text.
 pub fn parse_duration(text: &str) -> Result<Duration, ValueError> {
-    let err = || ValueError::Duration {
-        text: text.to_owned(),
-    };
-    let t = text.trim();
-    if t == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if t.is_empty() {
-        return Err(err());
-    }
-    let mut rest = t;
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(err)?;
-        if num_end == 0 {
-            return Err(err());
-        }
-        let value: f64 = rest[..num_end].parse().map_err(|_| err())?;
-        rest = &rest[num_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(err()),
-        };
-        total += value * seconds;
-        rest = &rest[unit_end..];
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| err())
+    edgebeat_hw::parse_duration(text).map_err(|e| ValueError::Duration { text: e.text })
 }

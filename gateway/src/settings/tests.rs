@@ -298,9 +298,14 @@ fn token_create_parses_with_the_cluster_flags_anywhere() {
         assert_eq!(args.cluster.server.as_deref(), Some("http://127.0.0.1:1"));
     }
     assert!(parse(&["token", "create"]).is_err(), "--nodes is required");
+    // Go's grammar, as the agent's configuration file.
     assert!(parse_duration("30m").is_ok_and(|d| d == Duration::from_secs(1800)));
-    for bad in ["", "h", "10", "10y", "0s", "-1h"] {
-        assert!(parse_duration(bad).is_err(), "{bad:?}");
+    assert!(parse_duration("1h30m").is_ok_and(|d| d == Duration::from_secs(5400)));
+    for bad in ["", "h", "10", "10y", "7d", "0s", "0", "-1h"] {
+        assert!(
+            matches!(parse_duration(bad), Err(crate::cli::BadDuration(text)) if text == bad),
+            "{bad:?}"
+        );
     }
     let enrolling = parse(&[
         "--enrollment",
