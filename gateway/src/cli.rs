@@ -6,6 +6,7 @@
 #![allow(rustdoc::invalid_html_tags)]
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -34,8 +35,8 @@ pub struct Args {
     /// Most nodes one replica keeps state for; messages of further nodes are refused
     /// (reason fleet_full, logged) before anything is allocated for them. Size it to the
     /// fleet a replica serves and the memory limit it runs under.
-    #[arg(long, default_value_t = crate::gateway::DEFAULT_MAX_NODES)]
-    pub max_nodes: usize,
+    #[arg(long, default_value_t = DEFAULT_MAX_NODES)]
+    pub max_nodes: NonZeroUsize,
     /// Export the per-node series on /metrics (edgebeat_gateway_node_lease_age_seconds and
     /// edgebeat_gateway_node_clock_skew_seconds, two series per node). For large fleets,
     /// --per-node-metrics=false keeps /metrics to a fixed size; Lease ages then show in
@@ -46,7 +47,12 @@ pub struct Args {
     /// Read again every 10 s with its key and --grpc-client-ca: a renewed certificate or CA
     /// bundle (cert-manager, a mounted Secret) is used for new handshakes, open connections
     /// keep theirs. During a CA change, put the old and the new CA in the bundle.
-    #[arg(long, value_name = "FILE", requires = "grpc_tls_key")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "grpc_tls_key",
+        requires = "grpc_listen"
+    )]
     pub grpc_tls_cert: Option<PathBuf>,
     /// PEM private key of --grpc-tls-cert.
     #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
@@ -54,7 +60,12 @@ pub struct Args {
     /// PEM CA certificate(s) agents' client certificates must chain to (mTLS; needs
     /// --grpc-tls-cert). The node name is taken from the certificate (CN=system:node:<name>,
     /// O=system:nodes) and an agent may only speak for that node.
-    #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "grpc_tls_cert",
+        requires = "grpc_listen"
+    )]
     pub grpc_client_ca: Option<PathBuf>,
     /// Refuse gRPC streams without a node identity (UNAUTHENTICATED, counted as rejected).
     /// Default: true with --grpc-client-ca, false without. `--require-node-identity=false`
@@ -65,7 +76,8 @@ pub struct Args {
         value_name = "BOOL",
         num_args = 0..=1,
         require_equals = true,
-        default_missing_value = "true"
+        default_missing_value = "true",
+        requires = "grpc_listen"
     )]
     pub require_node_identity: Option<bool>,
     /// Address serving /healthz, /readyz (gRPC serving and, with --mqtt-endpoint, the MQTT
@@ -145,10 +157,15 @@ pub struct Args {
     #[arg(long, value_name = "URL", value_delimiter = ',')]
     pub mqtt_endpoint: Vec<String>,
     /// PEM CA certificate(s) the broker's certificate must chain to (`mqtts://`).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", requires = "mqtt_endpoint")]
     pub mqtt_ca_file: Option<PathBuf>,
     /// PEM client certificate presented to the broker (with --mqtt-key-file; `mqtts://`).
-    #[arg(long, value_name = "FILE", requires = "mqtt_key_file")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "mqtt_key_file",
+        requires = "mqtt_endpoint"
+    )]
     pub mqtt_cert_file: Option<PathBuf>,
     /// PEM private key of --mqtt-cert-file.
     #[arg(long, value_name = "FILE", requires = "mqtt_cert_file")]
@@ -158,7 +175,7 @@ pub struct Args {
     /// verified message speaks only for the node its certificate names. Needs
     /// --mqtt-answer-cert-file and --mqtt-answer-key-file: agents that sign take only
     /// signed answers.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", requires = "mqtt_endpoint")]
     pub mqtt_node_ca: Option<PathBuf>,
     /// PEM certificate chain of this gateway's answer key (with --mqtt-answer-key-file): a
     /// server certificate from the --mqtt-node-ca site CA, valid for the DNS name
@@ -177,7 +194,8 @@ pub struct Args {
         value_name = "BOOL",
         num_args = 0..=1,
         require_equals = true,
-        default_missing_value = "true"
+        default_missing_value = "true",
+        requires = "mqtt_endpoint"
     )]
     pub mqtt_require_signatures: Option<bool>,
     /// Largest difference, in seconds, between a signed MQTT message's wall time and this
@@ -226,6 +244,12 @@ pub struct Args {
     )]
     pub log_format: edgebeat_transports::observe::LogFormat,
 }
+
+/// `--max-nodes`' default, [`crate::gateway::DEFAULT_MAX_NODES`].
+const DEFAULT_MAX_NODES: NonZeroUsize = match NonZeroUsize::new(crate::gateway::DEFAULT_MAX_NODES) {
+    Some(n) => n,
+    None => panic!("DEFAULT_MAX_NODES is 0"),
+};
 
 /// Where the gateway's cluster is (both for serving and for `token create`).
 #[derive(clap::Args, Debug, Clone)]

@@ -62,9 +62,6 @@ impl Settings {
     /// A flag without the one it needs, a value out of range, or a file that cannot be
     /// read or used; each names its flag and the fix.
     pub async fn from_args(args: &Args) -> anyhow::Result<Self> {
-        if args.max_nodes == 0 {
-            anyhow::bail!("--max-nodes must be at least 1");
-        }
         let grpc = GrpcSettings::from_args(args)?;
         let mqtt = MqttSettings::from_args(args)?;
         let grpc_enrollment = match args.grpc_enrollment_listen {
@@ -148,18 +145,7 @@ impl MqttSettings {
     /// file that cannot be read or used; each names its flag and the fix.
     pub fn from_args(args: &Args) -> anyhow::Result<Option<Self>> {
         let Some(url) = args.mqtt_endpoint.first() else {
-            flags_need(
-                "--mqtt-endpoint",
-                &[
-                    ("--mqtt-ca-file", args.mqtt_ca_file.is_some()),
-                    ("--mqtt-cert-file", args.mqtt_cert_file.is_some()),
-                    ("--mqtt-node-ca", args.mqtt_node_ca.is_some()),
-                    (
-                        "--mqtt-require-signatures",
-                        args.mqtt_require_signatures.is_some(),
-                    ),
-                ],
-            )?;
+            // The flags that need --mqtt-endpoint say so to clap (`requires`).
             return Ok(None);
         };
         let MqttCluster {
@@ -306,8 +292,8 @@ impl GrpcSettings {
     /// `--require-node-identity` with no client CA, a TLS file that cannot be read or
     /// used, or a certificate and key that do not match; each names its flag.
     pub fn from_args(args: &Args) -> anyhow::Result<Option<Self>> {
+        // The flags that need --grpc-listen say so to clap (`requires`).
         let Some(listen) = args.grpc_listen else {
-            check_no_grpc_flags(args)?;
             return Ok(None);
         };
         let require_node_identity = args
@@ -450,7 +436,7 @@ fn gateway_options(args: &Args) -> GatewayOptions {
     GatewayOptions {
         max_renewal_age: Duration::from_secs(args.max_renewal_age_seconds),
         impersonate_nodes: args.impersonate_nodes,
-        max_nodes: args.max_nodes,
+        max_nodes: args.max_nodes.get(),
         per_node_metrics: args.per_node_metrics,
         write_limits: crate::apiserver::WriteLimits {
             max_inflight: args.max_inflight,
@@ -463,30 +449,6 @@ fn gateway_options(args: &Args) -> GatewayOptions {
             ..EnrollmentLimits::default()
         },
         ..Default::default()
-    }
-}
-
-/// The gRPC flags that mean nothing without --grpc-listen are an error, not silently ignored.
-fn check_no_grpc_flags(args: &Args) -> anyhow::Result<()> {
-    flags_need(
-        "--grpc-listen",
-        &[
-            ("--grpc-tls-cert", args.grpc_tls_cert.is_some()),
-            ("--grpc-client-ca", args.grpc_client_ca.is_some()),
-            (
-                "--require-node-identity",
-                args.require_node_identity.is_some(),
-            ),
-        ],
-    )
-}
-
-/// Errors with "`flag` needs `parent`" for the first of `flags` that is set (`parent` is
-/// not).
-fn flags_need(parent: &str, flags: &[(&str, bool)]) -> anyhow::Result<()> {
-    match flags.iter().find(|(_, set)| *set) {
-        Some((flag, _)) => anyhow::bail!("{flag} needs {parent}"),
-        None => Ok(()),
     }
 }
 

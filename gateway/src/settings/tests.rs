@@ -8,6 +8,13 @@ fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
     Args::try_parse_from(std::iter::once("edgebeat-gateway").chain(flags.iter().copied()))
 }
 
+/// `flags` with `--grpc-listen`, which the gRPC flags need.
+fn parse_grpc(flags: &[&str]) -> Result<Args, clap::Error> {
+    let mut with_listener = vec!["--grpc-listen=127.0.0.1:0"];
+    with_listener.extend_from_slice(flags);
+    parse(&with_listener)
+}
+
 /// The MQTT ingress's options of `args`, without a site CA.
 fn mqtt_ingress_options(
     args: &Args,
@@ -36,7 +43,20 @@ fn mqtt_security_flags_are_checked_with_the_flag_named() {
         Ok(_) => String::new(),
         Err(e) => format!("{e:#}"),
     };
-    assert!(err(&["--mqtt-node-ca", "ca.pem"]).contains("needs --mqtt-endpoint"));
+    // Flags that need --mqtt-endpoint are refused by the command line itself, naming it.
+    for flags in [
+        &["--mqtt-node-ca", "ca.pem"][..],
+        &["--mqtt-ca-file", "ca.pem"],
+        &["--mqtt-require-signatures"],
+    ] {
+        let refused = parse(flags).unwrap_err();
+        assert_eq!(
+            refused.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "{flags:?}"
+        );
+        assert!(refused.to_string().contains("--mqtt-endpoint"), "{refused}");
+    }
     assert!(err(&["--mqtt-endpoint", "mqtts://b"]).contains("needs --mqtt-ca-file"));
     assert!(
         err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-ca-file", "ca.pem"])
@@ -170,17 +190,35 @@ fn every_ingress_requires_identities_unless_explicitly_allowed() {
     allowed.push("--allow-unidentified-agents");
     assert_eq!(posture_of(&allowed), Ok(Posture::Identified));
     // gRPC flags without a listener are an error, not ignored.
-    let err = posture_of(&["--grpc-tls-cert", "c", "--grpc-tls-key", "k"]).unwrap_err();
-    assert!(err.contains("needs --grpc-listen"), "{err}");
+    for flags in [
+        &["--grpc-tls-cert", "c", "--grpc-tls-key", "k"][..],
+        &["--require-node-identity"],
+    ] {
+        let refused = parse(flags).unwrap_err();
+        assert_eq!(
+            refused.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+        assert!(refused.to_string().contains("--grpc-listen"), "{refused}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn tls_flags_go_together() {
-    assert!(parse(&["--grpc-tls-cert", "c.pem"]).is_err());
-    assert!(parse(&["--grpc-tls-key", "k.pem"]).is_err());
-    assert!(parse(&["--grpc-client-ca", "ca.pem"]).is_err());
-    let args = parse(&[
+    for (flags, missing) in [
+        (&["--grpc-tls-cert", "c.pem"][..], "--grpc-tls-key"),
+        (&["--grpc-tls-key", "k.pem"], "--grpc-tls-cert"),
+        (&["--grpc-client-ca", "ca.pem"], "--grpc-tls-cert"),
+    ] {
+        let refused = parse_grpc(flags).unwrap_err();
+        assert_eq!(
+            refused.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+        assert!(refused.to_string().contains(missing), "{refused}");
+    }
+    let args = parse_grpc(&[
         "--grpc-tls-cert",
         "c.pem",
         "--grpc-tls-key",
@@ -194,26 +232,26 @@ fn tls_flags_go_together() {
 
 #[test]
 fn node_identity_is_required_by_default_only_with_a_client_ca() {
-    let plain = grpc_server_options(&parse(&[]).unwrap(), None).unwrap();
+    let plain = grpc_server_options(&parse_grpc(&[]).unwrap(), None).unwrap();
     assert!(plain.tls.is_none() && !plain.require_node_identity);
     assert_eq!(
-        parse(&["--require-node-identity"])
+        parse_grpc(&["--require-node-identity"])
             .unwrap()
             .require_node_identity,
         Some(true)
     );
     assert_eq!(
-        parse(&["--require-node-identity=false"])
+        parse_grpc(&["--require-node-identity=false"])
             .unwrap()
             .require_node_identity,
         Some(false)
     );
-    let err = grpc_server_options(&parse(&["--require-node-identity"]).unwrap(), None)
+    let err = grpc_server_options(&parse_grpc(&["--require-node-identity"]).unwrap(), None)
         .unwrap_err()
         .to_string();
     assert!(err.contains("--grpc-client-ca"), "{err}");
     let err = grpc_server_options(
-        &parse(&[
+        &parse_grpc(&[
             "--grpc-tls-cert",
             "/nonexistent/c.pem",
             "--grpc-tls-key",
@@ -245,7 +283,7 @@ fn endless_files_are_refused_naming_the_flag() {
     let err = format!(
         "{:#}",
         grpc_server_options(
-            &parse(&[
+            &parse_grpc(&[
                 "--grpc-tls-cert",
                 "/dev/zero",
                 "--grpc-tls-key",
@@ -297,7 +335,13 @@ fn token_create_parses_with_the_cluster_flags_anywhere() {
         assert_eq!(uses, 5);
         assert_eq!(args.cluster.server.as_deref(), Some("http://127.0.0.1:1"));
     }
-    assert!(parse(&["token", "create"]).is_err(), "--nodes is required");
+    let refused = parse(&["token", "create"]).unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        clap::error::ErrorKind::MissingRequiredArgument,
+        "--nodes is required"
+    );
+    assert!(refused.to_string().contains("--nodes"), "{refused}");
     // Go's grammar, as the agent's configuration file.
     assert!(parse_duration("30m").is_ok_and(|d| d == Duration::from_secs(1800)));
     assert!(parse_duration("1h30m").is_ok_and(|d| d == Duration::from_secs(5400)));
@@ -316,10 +360,13 @@ fn token_create_parses_with_the_cluster_flags_anywhere() {
     ])
     .unwrap();
     assert!(enrolling.enrollment && enrolling.csr_approval == CsrApproval::Manual);
-    assert!(
-        parse(&["--grpc-enrollment-listen", "0.0.0.0:7444"]).is_err(),
+    let refused = parse(&["--grpc-enrollment-listen", "0.0.0.0:7444"]).unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        clap::error::ErrorKind::MissingRequiredArgument,
         "the enrollment listener needs --enrollment"
     );
+    assert!(refused.to_string().contains("--enrollment"), "{refused}");
 }
 
 /// The enrollment listener's TLS never turns into plain HTTP/2 behind the operator's back:
@@ -330,7 +377,7 @@ fn enrollment_tls_that_cannot_be_read_is_an_error_not_plain_http2() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     let flags = |cert: &std::path::Path, key: &std::path::Path| {
-        parse(&[
+        parse_grpc(&[
             "--grpc-tls-cert",
             cert.to_str().unwrap(),
             "--grpc-tls-key",
@@ -355,5 +402,5 @@ fn enrollment_tls_that_cannot_be_read_is_an_error_not_plain_http2() {
         (tls.cert_pem.as_slice(), tls.key_pem.as_slice()),
         (&b"cert"[..], &b"key"[..])
     );
-    assert!(enrollment_tls(&parse(&[]).unwrap()).unwrap().is_none());
+    assert!(enrollment_tls(&parse_grpc(&[]).unwrap()).unwrap().is_none());
 }
