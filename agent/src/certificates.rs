@@ -49,9 +49,9 @@ use rustls_pki_types::UnixTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ManagedCertificates, TransportConfig};
+use crate::error::AgentError;
 use crate::header::HeaderFactory;
 use crate::metrics::{AgentMetrics, CertificateRequestKind};
-use crate::run::AgentError;
 
 /// The node's certificate and its key, one PEM file in `certDir` (kubelet keeps
 /// `kubelet-client-current.pem` the same way).

@@ -19,7 +19,9 @@ compile_error!(
 
 #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
 pub mod certificates;
+pub mod condition;
 pub mod config;
+mod error;
 pub mod header;
 pub mod health;
 pub mod metrics;

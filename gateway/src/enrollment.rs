@@ -52,8 +52,10 @@ mod handle;
 mod lifecycle;
 mod metrics;
 mod proof;
+mod refusal;
 mod replay;
 mod uses;
+mod x509;
 
 use ca::SiteCa;
 use clock::clock_seconds;
@@ -91,6 +93,9 @@ pub enum EnrollmentError {
     /// The site CA's or the gateway's answer key's TLS material cannot be used.
     #[error("site CA: {0}")]
     CaTls(#[from] edgebeat_transports::tls::TlsError),
+    /// The gateway's answer key from the site CA cannot sign answers agents take.
+    #[error("site CA: the gateway's answer key: {0}")]
+    AnswerSigner(#[from] edgebeat_transports::signing::AnswerSignerError),
     /// A bootstrap token cannot be made or read.
     #[error("bootstrap token: {0}")]
     Token(String),
@@ -197,14 +202,11 @@ impl Enrollment {
         let now = clock_seconds(clock.as_ref());
         let ca = SiteCa::load_or_create(client.clone(), &options.namespace, now).await?;
         let identity = ca.gateway_identity(now)?;
-        let answers = Arc::new(
-            AnswerSigner::from_pem(
-                identity.cert_pem.as_bytes(),
-                identity.key_pem.as_bytes(),
-                ca.cert_pem.as_bytes(),
-            )
-            .map_err(EnrollmentError::CaTls)?,
-        );
+        let answers = Arc::new(AnswerSigner::from_pem(
+            identity.cert_pem.as_bytes(),
+            identity.key_pem.as_bytes(),
+            ca.cert_pem.as_bytes(),
+        )?);
         let ca_der = ca.cert_der.clone();
         let answer_cas = ca.answer_cas();
         let verifier = CertificateVerifier::from_pem(ca.cert_pem.as_bytes())

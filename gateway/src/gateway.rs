@@ -272,13 +272,13 @@ impl Gateway {
     /// timeout shorter than the watch's (kube-runtime asks the apiserver for 290 s), see
     /// [`watch_client`].
     ///
-    /// It also follows the fleet's sites ([`crate::sites::follow`]): every replica reads
+    /// It also follows the fleet's sites ([`crate::site_status::follow`]): every replica reads
     /// the same watched Leases, reaches the same verdict and writes the same bytes, so a
     /// cut-off site is recorded once.
     pub fn watch(&self, client: kube::Client) -> impl Future<Output = ()> + Send + 'static {
         let view = self.writer.view.clone();
         let clock = self.clock.clone();
-        let sites = crate::sites::follow(
+        let sites = crate::site_status::follow(
             view.clone(),
             self.writer.api.clone(),
             self.sites.clone(),

@@ -16,7 +16,8 @@
 //! - [`restriction`]: NodeRestriction's label rules, input limits and the per-node rate limit.
 //! - [`patch`]: the Node, status patch, Lease and Event bodies.
 //! - [`metrics`]: the Prometheus metrics (`edgebeat_gateway_*`) served on `/metrics`.
-//! - [`sites`]: a site (zone) cut off told apart from its nodes dying.
+//! - [`sites`]: a site (zone) cut off told apart from its nodes dying (the rule);
+//!   [`site_status`] writes what it decides.
 //! - [`server`]: the replica as the binary runs it ([`server::Server`]), from the command
 //!   line of [`cli`]; `settings` turns flags and files into its options; [`commands`]
 //!   holds the subcommands.
@@ -34,6 +35,7 @@ pub mod reload;
 pub mod restriction;
 pub mod server;
 pub mod settings;
+pub mod site_status;
 pub mod sites;
 pub mod view;
 mod writer;

@@ -6,10 +6,63 @@
 
 use std::time::Duration;
 
-use edgebeat_proto as pb;
+use edgebeat_proto::{self as pb, NodeConditionType};
 use tokio::time::Instant;
 
-use crate::writer::StatusError;
+/// Why a reported NodeStatus is refused ([`crate::gateway::validate_status`],
+/// [`validate_status_limits`]). `Display` is the reason the agent's `Rejected` answer and
+/// the gateway's log carry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StatusError {
+    /// A condition type no agent reports (not [`NodeConditionType`]).
+    #[error("malformed: condition type {type_:?} is not one kubelet or edgebeat reports")]
+    UnknownConditionType {
+        /// The type given.
+        type_: String,
+    },
+    /// A condition type given twice.
+    #[error("malformed: condition {type_} appears twice")]
+    DuplicateCondition {
+        /// The type given twice.
+        type_: NodeConditionType,
+    },
+    /// A condition status other than `True` or `False`.
+    #[error("malformed: condition {type_} has status {status:?}; only True or False")]
+    ConditionStatus {
+        /// The condition.
+        type_: NodeConditionType,
+        /// The status given.
+        status: String,
+    },
+    /// A condition without a reason.
+    #[error("malformed: condition {type_} has no reason")]
+    NoReason {
+        /// The condition.
+        type_: NodeConditionType,
+    },
+    /// More than [`crate::restriction::MAX_ENTRIES`] addresses, capacity or allocatable
+    /// entries.
+    #[error(
+        "status.{field} has {count} entries > {}",
+        crate::restriction::MAX_ENTRIES
+    )]
+    TooManyEntries {
+        /// `addresses`, `capacity` or `allocatable`.
+        field: &'static str,
+        /// How many there were.
+        count: usize,
+    },
+    /// A text field over [`crate::restriction::MAX_TEXT_BYTES`].
+    #[error(
+        "a status field is {bytes} bytes > {}",
+        crate::restriction::MAX_TEXT_BYTES
+    )]
+    TextTooLong {
+        /// Its length, bytes.
+        bytes: usize,
+    },
+}
 
 /// Longest free-text field in a status (condition message, nodeInfo fields), in bytes.
 pub const MAX_TEXT_BYTES: usize = 1024;
@@ -113,12 +166,23 @@ mod tests {
             message: "m".repeat(MAX_TEXT_BYTES + 1),
             ..Default::default()
         });
-        assert!(validate_status_limits(&s).is_err());
+        assert_eq!(
+            validate_status_limits(&s),
+            Err(StatusError::TextTooLong {
+                bytes: MAX_TEXT_BYTES + 1
+            })
+        );
         let s = pb::NodeStatus {
             addresses: vec![pb::NodeAddress::default(); MAX_ENTRIES + 1],
             ..Default::default()
         };
-        assert!(validate_status_limits(&s).is_err());
+        assert_eq!(
+            validate_status_limits(&s),
+            Err(StatusError::TooManyEntries {
+                field: "addresses",
+                count: MAX_ENTRIES + 1
+            })
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -85,8 +85,8 @@ fn load_key(
 
 mod answers;
 pub use answers::{
-    ANSWER_CONTEXT, ANSWER_SIGNER_NAME, AnswerError, AnswerRefusals, AnswerSigner, AnswerVerifier,
-    public_key_info, unseal_answer,
+    ANSWER_CONTEXT, ANSWER_SIGNER_NAME, AnswerError, AnswerRefusals, AnswerSigner,
+    AnswerSignerError, AnswerVerifier, public_key_info, unseal_answer,
 };
 
 /// Signs agent messages with the node's private key (agent side).

@@ -102,9 +102,6 @@ pub enum TlsError {
     /// The signing operation failed (ring reports no detail).
     #[error("signing failed: {0}")]
     Signing(#[source] rustls::Error),
-    /// The gateway's answer key signs what agents would refuse.
-    #[error("agents would refuse its answers: {0}")]
-    AnswersRefused(#[source] crate::signing::AnswerError),
     /// `source`, in the part of a configuration named `part`: `CA`, `client certificate`,
     /// `client key`, `certificate`, `key`, `client CA`, `site CA`…
     #[error("{part}: {source}")]

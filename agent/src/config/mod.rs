@@ -48,6 +48,7 @@
 
 mod error;
 mod eviction;
+pub(crate) mod health;
 mod transport;
 mod values;
 
@@ -59,8 +60,8 @@ use std::time::Duration;
 use edgebeat_proto::registration;
 use serde::Deserialize;
 
-use crate::health::HealthSettings;
 use crate::quantity::{Amount, parse_amount};
+use health::HealthSettings;
 
 pub use edgebeat_proto::registration::{CONTAINER_RUNTIME_LABEL, DEFAULT_LABEL_KEYS};
 
@@ -704,14 +705,14 @@ fn health(p: &mut Problems, raw: RawHealth) -> HealthSettings {
     ];
     for (field, value, slot) in thresholds {
         if let Some(v) = value {
-            match crate::health::check_threshold(v) {
+            match health::check_threshold(v) {
                 Ok(v) => *slot = v,
                 Err(m) => p.push(field, m.to_string()),
             }
         }
     }
     if let Some(v) = raw.thermal_limit_celsius {
-        match crate::health::check_thermal_limit(v) {
+        match health::check_thermal_limit(v) {
             Ok(v) => health.thermal_limit_celsius = Some(v),
             Err(m) => p.push("thermalLimitCelsius", m.to_string()),
         }

@@ -26,7 +26,7 @@ use rcgen::{
 };
 
 use super::EnrollmentError;
-use super::ca::{GatewayIdentity, ca_error, issuer_of, validity};
+use super::x509::{GatewayIdentity, ca_error, issuer_of, validity};
 
 /// Validity of an answer CA: 10 years, as the site CA's.
 const ANSWER_CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);

@@ -17,6 +17,8 @@ use rcgen::{
 
 use super::EnrollmentError;
 use super::answer_ca::{self, AnswerCa};
+pub use super::x509::GatewayIdentity;
+use super::x509::{ca_error, issuer_of, validity};
 
 /// Name of the Secret (type `kubernetes.io/tls`: `tls.crt`, `tls.key`) holding the site CA,
 /// in the gateway's namespace, with the answer CAs in [`ANSWER_CAS_KEY`] and
@@ -32,23 +34,6 @@ pub const ANSWER_CA_KEYS_KEY: &str = "answer-ca.key";
 
 /// Validity of a site CA the gateway makes: 10 years.
 const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
-
-/// The gateway's own certificate from the site CA, and its key (PEM both).
-#[derive(Clone)]
-pub struct GatewayIdentity {
-    /// The certificate (DNS name
-    /// [`ANSWER_SIGNER_NAME`](edgebeat_transports::signing::ANSWER_SIGNER_NAME),
-    /// serverAuth), then the answer CA that issued it.
-    pub cert_pem: String,
-    /// Its private key, PKCS#8.
-    pub key_pem: String,
-}
-
-impl std::fmt::Debug for GatewayIdentity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GatewayIdentity").finish_non_exhaustive()
-    }
-}
 
 /// A site CA with its key: it signs node certificates and the answer CAs.
 pub struct SiteCa {
@@ -315,7 +300,7 @@ impl SiteCa {
             identity.key_pem.as_bytes(),
             self.cert_pem.as_bytes(),
         )
-        .map_err(EnrollmentError::CaTls)
+        .map_err(EnrollmentError::AnswerSigner)
     }
 
     /// A certificate for the gateway itself, issued now by the first answer CA
@@ -367,39 +352,4 @@ impl SiteCa {
         let request = rcgen::CertificateSigningRequestParams { params, public_key };
         Ok(request.signed_by(&self.issuer).map_err(ca_error)?.pem())
     }
-}
-
-/// The issuer of a CA certificate and its key (both PEM), and the certificate's DER.
-///
-/// Errors: [`EnrollmentError::Ca`] when either does not parse or the certificate is not a
-/// CA's.
-pub(super) fn issuer_of(
-    cert_pem: &str,
-    key_pem: &str,
-) -> Result<(Issuer<'static, KeyPair>, Vec<u8>), EnrollmentError> {
-    let key = KeyPair::from_pem(key_pem).map_err(ca_error)?;
-    let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(ca_error)?;
-    let cert_der = edgebeat_transports::tls::parse_certificates(cert_pem.as_bytes())
-        .map_err(EnrollmentError::CaTls)?
-        .into_iter()
-        .next()
-        .ok_or_else(|| EnrollmentError::Ca("no certificate".into()))?
-        .to_vec();
-    Ok((issuer, cert_der))
-}
-
-/// `(notBefore, notAfter)` for `lifetime` from `from` (Unix seconds).
-pub(super) fn validity(
-    from: i64,
-    lifetime: Duration,
-) -> Result<(time::OffsetDateTime, time::OffsetDateTime), EnrollmentError> {
-    let start = time::OffsetDateTime::from_unix_timestamp(from)
-        .map_err(|e| EnrollmentError::Ca(e.to_string()))?;
-    let end = start
-        + time::Duration::try_from(lifetime).map_err(|e| EnrollmentError::Ca(e.to_string()))?;
-    Ok((start, end))
-}
-
-pub(super) fn ca_error(e: rcgen::Error) -> EnrollmentError {
-    EnrollmentError::Ca(e.to_string())
 }

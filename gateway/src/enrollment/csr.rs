@@ -3,7 +3,7 @@
 
 use edgebeat_transports::enroll;
 
-use super::handle::{Refused, refuse};
+use super::refusal::{Refused, refuse};
 
 /// The deterministic name of the CertificateSigningRequest of `csr_der` for `node`:
 /// `edgebeat-` and 32 hex digits of SHA-256 over the node name and the request's public

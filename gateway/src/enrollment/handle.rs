@@ -11,20 +11,7 @@ use prost::Message as _;
 use super::Enrollment;
 use super::csr::{check_csr, csr_name};
 use super::proof::Proof;
-
-/// A request refused: the metric label and why, for the log and the answer.
-#[derive(Debug)]
-pub(super) struct Refused {
-    pub(super) reason: &'static str,
-    pub(super) detail: String,
-}
-
-pub(super) fn refuse(reason: &'static str, detail: impl Into<String>) -> Refused {
-    Refused {
-        reason,
-        detail: detail.into(),
-    }
-}
+use super::refusal::Refused;
 
 /// What became of one request.
 enum Outcome {

@@ -16,8 +16,8 @@ use kube::api::{ObjectMeta, PostParams};
 
 use super::clock::clock_seconds;
 use super::csr::csr_name;
-use super::handle::{Refused, refuse};
 use super::proof::Proof;
+use super::refusal::{Refused, refuse};
 use super::{
     Approval, DEFAULT_SIGNER_NAME, Enrollment, MIN_EXPIRATION_SECONDS, NODE_ANNOTATION,
     PROOF_ANNOTATION, TOKEN_LABEL, TRANSPORT_ANNOTATION,

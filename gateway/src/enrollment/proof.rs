@@ -10,7 +10,7 @@ use prost::Message as _;
 use rustls::pki_types::UnixTime;
 
 use super::csr::csr_name;
-use super::handle::{Refused, refuse};
+use super::refusal::{Refused, refuse};
 use super::{Enrollment, EnrollmentError, tokens};
 
 /// How a request was proved.

@@ -27,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::time::Instant;
 
 use crate::apiserver::Apiserver;
-use crate::gateway::Counters;
+use crate::metrics::Counters;
 use crate::metrics::{NodeMetrics, NodeSeries, RejectReason};
 use crate::patch;
 use crate::patch::MANAGED_LABEL;
@@ -61,60 +61,7 @@ fn api_code(e: &kube::Error) -> Option<u16> {
     }
 }
 
-/// Why a reported NodeStatus is refused ([`validate_status`],
-/// [`crate::restriction::validate_status_limits`]). `Display` is the reason the agent's
-/// `Rejected` answer and the gateway's log carry.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum StatusError {
-    /// A condition type no agent reports (not [`NodeConditionType`]).
-    #[error("malformed: condition type {type_:?} is not one kubelet or edgebeat reports")]
-    UnknownConditionType {
-        /// The type given.
-        type_: String,
-    },
-    /// A condition type given twice.
-    #[error("malformed: condition {type_} appears twice")]
-    DuplicateCondition {
-        /// The type given twice.
-        type_: NodeConditionType,
-    },
-    /// A condition status other than `True` or `False`.
-    #[error("malformed: condition {type_} has status {status:?}; only True or False")]
-    ConditionStatus {
-        /// The condition.
-        type_: NodeConditionType,
-        /// The status given.
-        status: String,
-    },
-    /// A condition without a reason.
-    #[error("malformed: condition {type_} has no reason")]
-    NoReason {
-        /// The condition.
-        type_: NodeConditionType,
-    },
-    /// More than [`crate::restriction::MAX_ENTRIES`] addresses, capacity or allocatable
-    /// entries.
-    #[error(
-        "status.{field} has {count} entries > {}",
-        crate::restriction::MAX_ENTRIES
-    )]
-    TooManyEntries {
-        /// `addresses`, `capacity` or `allocatable`.
-        field: &'static str,
-        /// How many there were.
-        count: usize,
-    },
-    /// A text field over [`crate::restriction::MAX_TEXT_BYTES`].
-    #[error(
-        "a status field is {bytes} bytes > {}",
-        crate::restriction::MAX_TEXT_BYTES
-    )]
-    TextTooLong {
-        /// Its length, bytes.
-        bytes: usize,
-    },
-}
+pub use crate::restriction::StatusError;
 
 /// Checks a reported NodeStatus: only condition types an agent may report (kubelet's four
 /// and [`NodeConditionType::HEALTH`], [`NodeConditionType::from_name`]),
@@ -674,13 +621,31 @@ mod tests {
             )]))
             .is_ok()
         );
-        for bad in [
-            vec![cond("NetworkUnavailable", "False", "RouteCreated")],
-            vec![cond("Ready", "Unknown", "KubeletReady")],
-            vec![cond("Ready", "True", "")],
-            vec![cond("Ready", "True", "A"), cond("Ready", "False", "B")],
+        use NodeConditionType::Ready;
+        for (bad, err) in [
+            (
+                vec![cond("NetworkUnavailable", "False", "RouteCreated")],
+                StatusError::UnknownConditionType {
+                    type_: "NetworkUnavailable".into(),
+                },
+            ),
+            (
+                vec![cond("Ready", "Unknown", "KubeletReady")],
+                StatusError::ConditionStatus {
+                    type_: Ready,
+                    status: "Unknown".into(),
+                },
+            ),
+            (
+                vec![cond("Ready", "True", "")],
+                StatusError::NoReason { type_: Ready },
+            ),
+            (
+                vec![cond("Ready", "True", "A"), cond("Ready", "False", "B")],
+                StatusError::DuplicateCondition { type_: Ready },
+            ),
         ] {
-            assert!(validate_status(&status(bad.clone())).is_err(), "{bad:?}");
+            assert_eq!(validate_status(&status(bad.clone())), Err(err), "{bad:?}");
         }
     }
 }

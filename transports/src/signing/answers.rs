@@ -47,16 +47,34 @@ impl std::fmt::Debug for AnswerSigner {
     }
 }
 
+/// Why an [`AnswerSigner`] cannot be made ([`AnswerSigner::from_pem`]).
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerSignerError {
+    /// A PEM does not parse (in part `certificate`, `key` or `site CA`), or the key is
+    /// neither ECDSA P-256 nor Ed25519.
+    #[error(transparent)]
+    Material(#[from] TlsError),
+    /// The key signs what agents would refuse, naming why (not from the site CA, not
+    /// serverAuth, not valid for [`ANSWER_SIGNER_NAME`] or not valid now).
+    #[error("agents would refuse its answers: {0}")]
+    Refused(#[source] AnswerError),
+}
+
 impl AnswerSigner {
     /// A signer with the gateway's answer certificate chain (`cert_pem`, leaf first) and its
     /// private key (`key_pem`), checked against the CA(s) in `site_ca_pem` the way agents
     /// will check it: a serverAuth certificate chaining to the site CA, valid now for
     /// [`ANSWER_SIGNER_NAME`], whose key signs what [`AnswerVerifier`] verifies.
     ///
-    /// Errors: [`TlsError`] when a PEM does not parse (in part `certificate`, `key` or
-    /// `site CA`), the key is neither ECDSA P-256 nor Ed25519, or agents would refuse what
-    /// it signs ([`TlsError::AnswersRefused`], naming why).
-    pub fn from_pem(cert_pem: &[u8], key_pem: &[u8], site_ca_pem: &[u8]) -> Result<Self, TlsError> {
+    /// # Errors
+    /// [`AnswerSignerError::Material`] when a PEM does not parse (in part `certificate`,
+    /// `key` or `site CA`) or the key is neither ECDSA P-256 nor Ed25519;
+    /// [`AnswerSignerError::Refused`] when agents would refuse what it signs, naming why.
+    pub fn from_pem(
+        cert_pem: &[u8],
+        key_pem: &[u8],
+        site_ca_pem: &[u8],
+    ) -> Result<Self, AnswerSignerError> {
         let (signer, chain) = load_key(cert_pem, key_pem)?;
         let signer = Self {
             signer,
@@ -66,7 +84,7 @@ impl AnswerSigner {
         AnswerVerifier::from_pem(site_ca_pem)
             .map_err(TlsError::part("site CA"))?
             .verify(&probe, UnixTime::now())
-            .map_err(TlsError::AnswersRefused)?;
+            .map_err(AnswerSignerError::Refused)?;
         Ok(signer)
     }
 

@@ -1,0 +1,188 @@
+//! The loop of [`crate::sites`]: every [`TICK`], the site rule applied to the fleet the
+//! replica's watch holds, and what it decides written to the apiserver (the
+//! `SiteUnreachable` condition and the site's Events). The rule itself is I/O-free in
+//! [`crate::sites`].
+
+use parking_lot::Mutex;
+use std::sync::Arc;
+
+use edgebeat_proto::EventType;
+use jiff::Timestamp;
+
+use crate::apiserver::Apiserver;
+use crate::patch;
+use crate::sites::{
+    Action, Cause, REASON_REACHABLE, SiteTracker, TICK, condition_patch, event_name,
+};
+use crate::view::ApiserverView;
+
+/// Follows the sites of the managed fleet in `view` every [`TICK`], and at once when `wake`
+/// is notified (a bridge notification), writing through `api` (see the module docs); until
+/// dropped. `now` reads the gateway clock.
+pub async fn follow(
+    view: Arc<ApiserverView>,
+    api: Apiserver,
+    tracker: Arc<Mutex<SiteTracker>>,
+    wake: Arc<tokio::sync::Notify>,
+    now: impl Fn() -> Timestamp + Send + 'static,
+) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = wake.notified() => {}
+        }
+        if !(view.nodes_watched() && view.leases_watched()) {
+            // Without the fleet in view, silence cannot be told from not knowing.
+            continue;
+        }
+        let now = now();
+        let members = view.site_members();
+        let actions = tracker.lock().look(&members, now);
+        for action in actions {
+            // Events are about the first node of the site by name.
+            let about = match &action {
+                Action::Partitioned { site, .. } | Action::Returned { site, .. } => members
+                    .get(site)
+                    .and_then(|m| m.iter().map(|m| m.node.clone()).min()),
+                _ => None,
+            };
+            write(&api, &view, &action, about.as_deref(), now).await;
+        }
+    }
+}
+
+/// Records `action` (see the module docs); a patched Node's answer goes into `view`, so the
+/// next look sees the condition written and does not write it again.
+async fn write(
+    api: &Apiserver,
+    view: &ApiserverView,
+    action: &Action,
+    about: Option<&str>,
+    now: Timestamp,
+) {
+    let result = match action {
+        Action::Partitioned { site, partition } => {
+            let how = match partition.cause {
+                Cause::Silent => "nodes went silent together",
+                Cause::UplinkDown => "nodes behind a bridge that went down",
+            };
+            tracing::warn!(
+                site = &**site,
+                nodes = partition.nodes.len(),
+                since = %partition.since,
+                cause = partition.cause.reason(),
+                "site cut off"
+            );
+            let message = format!(
+                "Site {site} unreachable since {}: {} {how} ({})",
+                patch::whole_seconds(partition.since),
+                partition.nodes.len(),
+                partition.nodes.join(", ")
+            );
+            event(
+                api,
+                site,
+                partition.cause.event_word(),
+                partition.since,
+                EventType::Warning,
+                partition.cause.reason(),
+                message,
+                about,
+                now,
+            )
+            .await
+        }
+        Action::Returned {
+            site,
+            partition,
+            at,
+        } => {
+            let down = at.duration_since(partition.since);
+            tracing::info!(
+                site = &**site,
+                down_s = down.as_secs(),
+                "site reachable again"
+            );
+            let message = format!(
+                "Site {site} reachable again at {} after {}s unreachable",
+                patch::whole_seconds(*at),
+                down.as_secs()
+            );
+            event(
+                api,
+                site,
+                "reachable",
+                partition.since,
+                EventType::Normal,
+                REASON_REACHABLE,
+                message,
+                about,
+                now,
+            )
+            .await
+        }
+        Action::Unreachable {
+            node,
+            site,
+            since,
+            cause,
+        } => {
+            let why = match cause {
+                Cause::Silent => "the node's site went silent with it",
+                Cause::UplinkDown => "the site broker's bridge to the cluster is down",
+            };
+            let message = format!(
+                "Site {site} unreachable since {}: {why}",
+                patch::whole_seconds(*since)
+            );
+            api.patch_node_status(
+                node,
+                condition_patch(true, cause.reason(), &message, *since),
+            )
+            .await
+            .map(|written| view.observe_node(&written))
+        }
+        Action::Reachable { node, at } => api
+            .patch_node_status(
+                node,
+                condition_patch(false, REASON_REACHABLE, "The node's site is reachable", *at),
+            )
+            .await
+            .map(|written| view.observe_node(&written)),
+    };
+    if let Err(error) = result {
+        tracing::warn!(?action, %error, "could not record a site's state");
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn event(
+    api: &Apiserver,
+    site: &str,
+    what: &str,
+    since: Timestamp,
+    type_: EventType,
+    reason: &str,
+    message: String,
+    about: Option<&str>,
+    now: Timestamp,
+) -> Result<(), kube::Error> {
+    let Some(node) = about else {
+        return Ok(());
+    };
+    let mut event = patch::node_event(node, type_, reason, message, now, 0);
+    event.metadata.name = Some(event_name(site, what, since));
+    event.source = Some(k8s_openapi::api::core::v1::EventSource {
+        component: Some("edgebeat-gateway".into()),
+        host: None,
+    });
+    event.reporting_component = Some("edgebeat-gateway".into());
+    event.reporting_instance = None;
+    match api.create_event(node, &event).await {
+        // Another replica recorded it first.
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        other => other.map(drop),
+    }
+}
