@@ -169,9 +169,16 @@ mod tests {
         }
         assert_eq!(parse_amount("10%", true), Ok(Amount::Percentage(0.1)));
         for bad in ["", "10%", "-1", "1Q", "1.2.3", "Mi", "1e3"] {
-            assert!(parse_amount(bad, false).is_err(), "{bad}");
+            assert_eq!(
+                parse_amount(bad, false),
+                Err(QuantityError(bad.into())),
+                "{bad}"
+            );
         }
-        assert!(parse_amount("101%", true).is_err());
+        assert_eq!(
+            parse_amount("101%", true),
+            Err(QuantityError("101%".into()))
+        );
     }
 
     #[test]
@@ -198,6 +205,6 @@ mod tests {
         assert_eq!(parse_millicores("500m"), Ok(500));
         assert_eq!(parse_millicores("2"), Ok(2000));
         assert_eq!(parse_millicores("0.25"), Ok(250));
-        assert!(parse_millicores("x").is_err());
+        assert_eq!(parse_millicores("x"), Err(QuantityError("x".into())));
     }
 }

@@ -464,23 +464,29 @@ mod tests {
         ] {
             assert_eq!(check_key(good), Ok(()), "{good}");
         }
-        for bad in [
-            "",
-            "/edge",
-            "Example.com/edge",
-            "example.com/",
-            "-site",
-            "site-",
-            "a b",
-            &"k".repeat(64),
-        ] {
-            assert!(check_key(bad).is_err(), "{bad:?}");
+        for bad in ["/edge", "Example.com/edge"] {
+            assert_eq!(
+                check_key(bad),
+                Err(RegistrationError::KeyPrefix { key: bad.into() }),
+                "{bad:?}"
+            );
+        }
+        for bad in ["", "example.com/", "-site", "site-", "a b", &"k".repeat(64)] {
+            assert_eq!(
+                check_key(bad),
+                Err(RegistrationError::KeyName { key: bad.into() }),
+                "{bad:?}"
+            );
         }
         for good in ["", "true", "plant-3", "A_b.9", &"v".repeat(63)] {
             assert_eq!(check_value(good), Ok(()), "{good}");
         }
         for bad in ["-x", "x.", "two words", "é", &"v".repeat(64)] {
-            assert!(check_value(bad).is_err(), "{bad:?}");
+            assert_eq!(
+                check_value(bad),
+                Err(RegistrationError::Value { value: bad.into() }),
+                "{bad:?}"
+            );
         }
     }
 
@@ -555,7 +561,15 @@ mod tests {
         );
         let mut r = Register::default();
         r.labels.insert("example.com/l".into(), "v".repeat(64));
-        assert!(validate_register(&r).is_err());
+        assert_eq!(
+            validate_register(&r),
+            Err(RegistrationError::Label {
+                key: "example.com/l".into(),
+                source: Box::new(RegistrationError::Value {
+                    value: "v".repeat(64)
+                }),
+            })
+        );
         let r = Register {
             taints: vec![crate::Taint {
                 key: "k".into(),
@@ -564,7 +578,15 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert!(validate_register(&r).is_err());
+        assert_eq!(
+            validate_register(&r),
+            Err(RegistrationError::Taint {
+                key: "k".into(),
+                source: Box::new(RegistrationError::TaintEffect {
+                    effect: "Sometimes".into()
+                }),
+            })
+        );
     }
 
     #[test]
@@ -583,7 +605,13 @@ mod tests {
             e.contains("unknown effect") && e.contains("NoExecute"),
             "{e}"
         );
-        assert!(check_taint("", "", "NoSchedule").is_err());
+        assert_eq!(
+            check_taint("", "", "NoSchedule"),
+            Err(RegistrationError::Taint {
+                key: String::new(),
+                source: Box::new(RegistrationError::KeyName { key: String::new() }),
+            })
+        );
     }
 
     #[test]
@@ -596,14 +624,23 @@ mod tests {
             err.starts_with("\"Edge_01\" is not a valid node name"),
             "{err}"
         );
-        assert!(NodeName::try_from("a".repeat(254)).is_err());
+        assert_eq!(
+            NodeName::try_from("a".repeat(254)).unwrap_err(),
+            RegistrationError::NodeName {
+                name: "a".repeat(254)
+            }
+        );
         assert!(NodeName::try_from("a".repeat(253)).is_ok());
         // A DNS-1123 subdomain, as the apiserver's IsDNS1123Subdomain.
         for ok in ["a", "node.example.com", "0-edge"] {
             assert!(NodeName::new(ok).is_ok(), "{ok}");
         }
         for bad in ["", "Edge", "-a", "a-", "a_b", ".a", "a b"] {
-            assert!(NodeName::new(bad).is_err(), "{bad:?}");
+            assert_eq!(
+                NodeName::new(bad).unwrap_err(),
+                RegistrationError::NodeName { name: bad.into() },
+                "{bad:?}"
+            );
         }
     }
 
@@ -617,6 +654,11 @@ mod tests {
             Ok(TaintEffect::NoSchedule)
         );
         // Case-sensitive, as the apiserver's validation.
-        assert!("noschedule".parse::<TaintEffect>().is_err());
+        assert_eq!(
+            "noschedule".parse::<TaintEffect>(),
+            Err(RegistrationError::TaintEffect {
+                effect: "noschedule".into()
+            })
+        );
     }
 }

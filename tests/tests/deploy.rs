@@ -517,7 +517,13 @@ fn the_round_trip_check_catches_a_misplaced_field() {
     let yaml = "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: x\n  nmespace: y\n";
     let value = &documents_of(yaml, "inline")[0];
     let result = std::panic::catch_unwind(|| typed::<ServiceAccount>(value, "inline"));
-    assert!(result.is_err(), "a typo'd field must fail the check");
+    let panic = result.expect_err("a typo'd field must fail the check");
+    let message = panic.downcast_ref::<String>().expect("a formatted panic");
+    assert!(
+        message.contains("fields k8s-openapi does not read as written")
+            && message.contains(".metadata.nmespace: dropped"),
+        "{message}"
+    );
 }
 
 #[test]

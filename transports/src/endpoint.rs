@@ -326,16 +326,46 @@ mod tests {
         ] {
             assert_eq!(check_grpc_endpoint(good), Ok(()), "{good}");
         }
-        for bad in [
-            "http://",
-            "http://gw:x",
-            "http://gw gw:7443",
-            "gw:7443",
-            "mqtt://gw:1883",
-            "http://gw:7443/heartbeat",
-            "http://:7443",
+        use GrpcEndpointError as E;
+        for bad in ["http://", "http://gw gw:7443"] {
+            assert!(
+                matches!(check_grpc_endpoint(bad), Err(E::NotAUrl { url, .. }) if url == bad),
+                "{bad:?}"
+            );
+        }
+        for (bad, err) in [
+            (
+                "http://gw:x",
+                E::PortOrUserInfo {
+                    url: "http://gw:x".into(),
+                },
+            ),
+            (
+                "gw:7443",
+                E::Scheme {
+                    url: "gw:7443".into(),
+                },
+            ),
+            (
+                "mqtt://gw:1883",
+                E::Scheme {
+                    url: "mqtt://gw:1883".into(),
+                },
+            ),
+            (
+                "http://gw:7443/heartbeat",
+                E::PathOrQuery {
+                    url: "http://gw:7443/heartbeat".into(),
+                },
+            ),
+            (
+                "http://:7443",
+                E::NoHost {
+                    url: "http://:7443".into(),
+                },
+            ),
         ] {
-            assert!(check_grpc_endpoint(bad).is_err(), "{bad:?}");
+            assert_eq!(check_grpc_endpoint(bad), Err(err), "{bad:?}");
         }
     }
 

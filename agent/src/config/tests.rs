@@ -226,7 +226,10 @@ fn unknown_fields_and_wrong_kind_are_rejected() {
         .unwrap_err()
         .to_string();
     assert!(err.starts_with("kind: "), "{err}");
-    assert!(AgentConfig::from_yaml("{ not yaml").is_err());
+    assert!(matches!(
+        AgentConfig::from_yaml("{ not yaml"),
+        Err(ConfigError::Syntax(_))
+    ));
     let err = AgentConfig::from_yaml(&format!("{MINIMAL}maxPods: many\n"))
         .unwrap_err()
         .to_string();
@@ -803,7 +806,11 @@ fn go_durations() {
         );
     }
     for bad in ["", "10", "s", "10x", "-1s", "1m-1s"] {
-        assert!(parse_duration(bad).is_err(), "{bad}");
+        assert_eq!(
+            parse_duration(bad),
+            Err(ValueError::Duration { text: bad.into() }),
+            "{bad}"
+        );
     }
 }
 

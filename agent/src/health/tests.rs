@@ -287,8 +287,17 @@ fn an_unsynchronized_clock() {
 fn thresholds_are_fractions() {
     assert_eq!(check_threshold(0.0), Ok(0.0));
     assert_eq!(check_threshold(1.0), Ok(1.0));
-    assert!(check_threshold(10.0).is_err());
-    assert!(check_threshold(-0.1).is_err());
-    assert!(check_thermal_limit(0.0).is_err());
+    for bad in [10.0, -0.1] {
+        let e = check_threshold(bad).unwrap_err();
+        assert!(
+            e.value == bad && e.expected.starts_with("a fraction of time"),
+            "{e}"
+        );
+    }
+    let e = check_thermal_limit(0.0).unwrap_err();
+    assert!(
+        e.value == 0.0 && e.expected.starts_with("degrees Celsius"),
+        "{e}"
+    );
     assert_eq!(check_thermal_limit(80.0), Ok(80.0));
 }

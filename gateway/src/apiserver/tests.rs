@@ -35,20 +35,26 @@ async fn the_gate_backs_off_with_one_probe_and_reopens_on_success() {
     assert!(matches!(api.admit(lease), Ok(Ticket::Open)));
     observe(&api, lease, answered(503, 0), false);
     assert!(api.backing_off());
-    assert!(api.admit(lease).is_err(), "closed until the backoff passes");
+    assert!(
+        matches!(api.admit(lease), Err(BackingOff(_))),
+        "closed until the backoff passes"
+    );
     // Failures of calls already in flight say nothing new.
     observe(&api, lease, answered(503, 0), false);
     tokio::time::advance(GATE_BACKOFF_MIN).await;
     let probe = api.admit(lease);
     assert!(matches!(probe, Ok(Ticket::Probe(_))));
-    assert!(api.admit(lease).is_err(), "one probe at a time");
+    assert!(
+        matches!(api.admit(lease), Err(BackingOff(_))),
+        "one probe at a time"
+    );
     drop(probe);
     let probe = api.admit(lease).map_err(|_| ()).unwrap();
     // The probe fails too: the next wait doubles.
     observe(&api, lease, answered(500, 0), true);
     drop(probe);
     tokio::time::advance(GATE_BACKOFF_MIN).await;
-    assert!(api.admit(lease).is_err());
+    assert!(matches!(api.admit(lease), Err(BackingOff(_))));
     tokio::time::advance(GATE_BACKOFF_MIN).await;
     let probe = api.admit(lease).map_err(|_| ()).unwrap();
     observe(&api, lease, Ok(()), true);
@@ -65,7 +71,7 @@ async fn the_gate_backs_off_with_one_probe_and_reopens_on_success() {
 async fn each_priority_has_its_own_gate() {
     let api = api();
     observe(&api, Priority::Other, answered(500, 0), false);
-    assert!(api.admit(Priority::Other).is_err());
+    assert!(matches!(api.admit(Priority::Other), Err(BackingOff(_))));
     assert!(matches!(api.admit(Priority::Lease), Ok(Ticket::Open)));
 }
 
@@ -76,7 +82,7 @@ async fn a_429_waits_for_its_retry_after_up_to_the_cap() {
     let api = api();
     observe(&api, Priority::Lease, answered(429, 3), false);
     tokio::time::advance(Duration::from_millis(2_900)).await;
-    assert!(api.admit(Priority::Lease).is_err());
+    assert!(matches!(api.admit(Priority::Lease), Err(BackingOff(_))));
     tokio::time::advance(Duration::from_millis(100)).await;
     assert!(matches!(api.admit(Priority::Lease), Ok(Ticket::Probe(_))));
     let api = self::api();
@@ -106,7 +112,10 @@ async fn lease_calls_keep_half_the_slots() {
     let others: Vec<_> = (0..2)
         .map(|_| api.others.clone().try_acquire_owned().unwrap())
         .collect();
-    assert!(api.others.clone().try_acquire_owned().is_err());
+    assert!(matches!(
+        api.others.clone().try_acquire_owned(),
+        Err(tokio::sync::TryAcquireError::NoPermits)
+    ));
     assert_eq!(
         api.all.available_permits(),
         4,

@@ -132,7 +132,14 @@ mod tests {
             "21 1 179:2 / /",
             "21 1 179:2 / / rw shared:1 ext4 /dev/root rw",
         ] {
-            assert!(parse_mountinfo(bad).is_err(), "{bad}");
+            assert_eq!(
+                parse_mountinfo(bad),
+                Err(ParseError::Invalid {
+                    what: "mountinfo line",
+                    text: bad.into()
+                }),
+                "{bad}"
+            );
         }
         assert_eq!(parse_mountinfo("").unwrap(), vec![]);
     }

@@ -53,7 +53,13 @@ mod tests {
         assert_eq!(parse_millicelsius("48312\n"), Ok(48312));
         assert_eq!(parse_millicelsius("-4000"), Ok(-4000));
         assert_eq!(parse_millicelsius(" \n"), Err(ParseError::Empty));
-        assert!(parse_millicelsius("48.3").is_err());
+        assert_eq!(
+            parse_millicelsius("48.3"),
+            Err(ParseError::Invalid {
+                what: "millidegrees Celsius",
+                text: "48.3".into()
+            })
+        );
     }
 
     #[test]
@@ -75,7 +81,13 @@ mod tests {
         assert_eq!(parse_throttled("throttled=0x80008"), Ok(Throttled(0x80008)));
         assert!(parse_throttled("0x80008").unwrap().soft_temp_limit());
         assert_eq!(parse_throttled("0"), Ok(Throttled(0)));
-        assert!(parse_throttled("zz").is_err());
+        assert_eq!(
+            parse_throttled("zz"),
+            Err(ParseError::Invalid {
+                what: "throttled word",
+                text: "zz".into()
+            })
+        );
         assert_eq!(parse_throttled("0x"), Err(ParseError::Empty));
     }
 }

@@ -98,7 +98,7 @@ fn the_pin_is_the_hash_of_the_ca_public_key_info() {
     let site = site();
     let expected = ring::digest::digest(&ring::digest::SHA256, &site.ca_key_spki);
     assert_eq!(ca_pin(&site.ca_der).unwrap().as_slice(), expected.as_ref());
-    assert!(ca_pin(b"junk").is_err());
+    assert!(matches!(ca_pin(b"junk"), Err(EnrollError::Certificate(_))));
 }
 
 /// The request parses as PKCS#10 with kubelet's subject, this key, and a signature that
@@ -179,11 +179,24 @@ fn a_granted_answer_is_read_by_pin_or_by_ca_and_only_for_its_request() {
         read(AnswerTrust::Ca(site.ca_pem.as_bytes()), 5),
         Ok(expected)
     );
-    assert!(read(AnswerTrust::Pin([0; 32]), 5).is_err(), "another CA");
-    assert!(read(AnswerTrust::Pin(pin), 6).is_err(), "another request");
+    assert_eq!(
+        read(AnswerTrust::Pin([0; 32]), 5),
+        Err(ReadAnswerError::NotPinned),
+        "another CA"
+    );
+    assert_eq!(
+        read(AnswerTrust::Pin(pin), 6),
+        Err(ReadAnswerError::OtherRequest),
+        "another request"
+    );
     // Another site's gateway signing an answer that names this site's CA: refused.
     let forged = answer_signer(&other).seal(&issued(&site, 5)).unwrap();
-    assert!(read_answer(&forged, AnswerTrust::Pin(pin), "plant-3-01", 9, 5, now).is_err());
+    assert!(matches!(
+        read_answer(&forged, AnswerTrust::Pin(pin), "plant-3-01", 9, 5, now),
+        Err(ReadAnswerError::Unverified(
+            crate::signing::AnswerError::Certificate(_)
+        ))
+    ));
     // A refusal reads as such once the CA is known; before, it cannot be verified.
     let mut ack = edgebeat_proto::Answer::Rejected {
         reason: "token used up".into(),

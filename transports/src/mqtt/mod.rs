@@ -328,15 +328,33 @@ mod tests {
     #[test]
     fn prefixes_and_levels_are_checked() {
         assert!(check_prefix("edgebeat/v1").is_ok());
-        for bad in ["", "$SYS/x", "/a", "a/", "a/+/b", "a/#"] {
-            assert!(check_prefix(bad).is_err(), "{bad}");
+        for (bad, err) in [
+            ("", "must not be empty"),
+            ("$SYS/x", "must not start with '$' (reserved by MQTT)"),
+            ("/a", "must not start or end with '/'"),
+            ("a/", "must not start or end with '/'"),
+            ("a/+/b", "must not contain '+', '#' or NUL"),
+            ("a/#", "must not contain '+', '#' or NUL"),
+        ] {
+            assert_eq!(check_prefix(bad), Err(err), "{bad}");
         }
         assert!(check_level("edge-0001.site").is_ok());
-        for bad in ["", "a/b", "+", "#", "a\0"] {
-            assert!(check_level(bad).is_err(), "{bad:?}");
+        assert_eq!(check_level(""), Err("must not be empty"));
+        for bad in ["a/b", "+", "#", "a\0"] {
+            assert_eq!(
+                check_level(bad),
+                Err("must not contain '/', '+', '#' or NUL"),
+                "{bad:?}"
+            );
         }
-        assert!(check_keepalive(Duration::from_secs(4)).is_err());
+        assert_eq!(
+            check_keepalive(Duration::from_secs(4)),
+            Err("must be at least 5 s")
+        );
         assert!(check_keepalive(Duration::from_secs(30)).is_ok());
-        assert!(check_keepalive(Duration::from_secs(70_000)).is_err());
+        assert_eq!(
+            check_keepalive(Duration::from_secs(70_000)),
+            Err("must be at most 65535 s")
+        );
     }
 }

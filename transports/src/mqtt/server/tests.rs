@@ -150,7 +150,13 @@ fn options_are_checked_before_connecting() {
     ));
     let mut o = ok;
     o.max_packet_bytes = 0;
-    assert!(o.check().is_err());
+    assert!(matches!(
+        o.check(),
+        Err(MqttIngressError::InvalidOption {
+            option: "max_packet_bytes",
+            ..
+        })
+    ));
 }
 
 /// Signature policy: what is refused, with which reason and which answer.
