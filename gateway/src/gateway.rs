@@ -14,7 +14,6 @@
 //! What the apiserver holds is not in the slot but in the shared view, kept by a watch
 //! ([`Gateway::watch`]) and by the answers to writes.
 
-use edgebeat_transports::log_limit::LogLine;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -22,168 +21,24 @@ use std::time::Duration;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
-use edgebeat_transports::ingress::{
-    CertificateId, Handler, Letter, Mailbox, NodeMap, Peer, Refused, Turn,
-};
-use prometheus_client::registry::Registry;
+use edgebeat_transports::ingress::{CertificateId, Letter, NodeMap, Peer, Refused, Turn};
 use tokio::time::Instant;
 
-use crate::admission::{
-    AdmissionPolicy, NodeAdmission, Posture, Provenance, Verdict, check_identity,
-};
-use crate::apiserver::{Apiserver, WriteLimits};
+use crate::admission::{NodeAdmission, Provenance, Verdict, check_identity};
+use crate::apiserver::Apiserver;
 use crate::enrollment::Enrollment;
-use crate::enrollment::gate::{EnrollmentGate, EnrollmentLimits, Source};
-use crate::metrics::{RejectReason, ReplicaGauges, clock_skew_seconds};
+use crate::enrollment::gate::EnrollmentGate;
+use crate::metrics::{RejectReason, clock_skew_seconds};
 use crate::sites::{PartitionRule, SiteTracker};
 use crate::view::ApiserverView;
 pub use crate::writer::{LeaseState, StatusError, validate_status};
 use crate::writer::{NodeWrites, Writer, rejected, retry};
 
-/// Gateway behaviour settings.
-#[derive(Debug, Clone)]
-pub struct GatewayOptions {
-    /// Oldest heartbeat (Lease renewal or status report) still written, measured on the
-    /// agent's boot clock against the freshest message seen from that boot (default 5 s).
-    /// Older ones are dropped, never written late: a late heartbeat would hide a dead node
-    /// (the node lifecycle controller stamps a renewal with its own clock,
-    /// `pkg/controller/nodelifecycle/node_lifecycle_controller.go: tryUpdateNodeHealth`). A
-    /// renewal whose write cannot start within this budget is abandoned too.
-    pub max_renewal_age: Duration,
-    /// Clock-drift allowance for that measurement, in parts per million (default 1000).
-    pub drift_ppm: u64,
-    /// Without a working Node watch, how long this gateway trusts what it knows of a node
-    /// without writing to it (default 40 s, the node lifecycle controller's grace period
-    /// before it writes Unknown). Past that, the next message costs one Node GET. While the
-    /// watch follows, the view is current for the Nodes it selects (those carrying the
-    /// managed label) and this applies only to the others.
-    pub knowledge_ttl: Duration,
-    /// Messages per second one node may send on average (default 2; a kubelet-like node
-    /// sends about 0.1). Beyond it messages are rejected before any apiserver call.
-    pub per_node_rate: f64,
-    /// Burst of messages one node may send at once (default 20: a reconnect sends a
-    /// Register, a status report and a renewal, and retries up to 5 times each).
-    pub per_node_burst: f64,
-    /// Write as each node (`Impersonate-User: system:node:<name>`, `Impersonate-Group:
-    /// system:nodes`; default false), so the apiserver's Node authorizer and NodeRestriction
-    /// apply too. See [`crate::apiserver`].
-    pub impersonate_nodes: bool,
-    /// Whether messages without a node identity are let in (default
-    /// [`Posture::Identified`]: they are refused, whichever ingress carried them).
-    pub posture: Posture,
-    /// Most nodes this replica keeps state for (default 10,000). A message for a further
-    /// node is refused ([`RejectReason::FleetFull`], logged, counted) before anything is
-    /// allocated for it, so made-up node names cannot grow the gateway's memory without
-    /// bound; size it to the fleet a replica serves.
-    pub max_nodes: usize,
-    /// The longest a superseded boot ID's messages are refused (default 30 s); a boot is
-    /// remembered for one of its renew intervals when that is shorter (10 s by default).
-    /// See [`crate::admission`].
-    pub old_boot_memory: Duration,
-    /// Apiserver calls in flight at once, Lease calls first (see [`crate::apiserver`]).
-    pub write_limits: WriteLimits,
-    /// Limits of certificate requests, per source and in all (see
-    /// [`crate::enrollment::gate`]), when enrollment is on.
-    pub enrollment_limits: EnrollmentLimits,
-    /// Letters one node may have waiting in its mailbox behind the one being handled
-    /// (default 8): beyond it a node's messages are refused ([`RejectReason::QueueFull`],
-    /// unanswered), so one node's flood cannot grow the gateway's memory or starve the
-    /// others. See [`Mailbox`].
-    pub per_node_queue: usize,
-    /// Whether `/metrics` carries the per-node series (`edgebeat_gateway_node_lease_age_seconds`,
-    /// `edgebeat_gateway_node_clock_skew_seconds`: two series per node). Off for large
-    /// fleets, whose Lease ages then show only as `edgebeat_gateway_lease_age_seconds`'s
-    /// buckets (`--per-node-metrics=false`).
-    pub per_node_metrics: bool,
-}
-
-impl Default for GatewayOptions {
-    fn default() -> Self {
-        Self {
-            max_renewal_age: Duration::from_secs(5),
-            drift_ppm: 1000,
-            knowledge_ttl: Duration::from_secs(40),
-            per_node_rate: 2.0,
-            per_node_burst: 20.0,
-            impersonate_nodes: false,
-            posture: Posture::Identified,
-            max_nodes: DEFAULT_MAX_NODES,
-            old_boot_memory: Duration::from_secs(30),
-            write_limits: WriteLimits::default(),
-            enrollment_limits: EnrollmentLimits::default(),
-            per_node_queue: DEFAULT_PER_NODE_QUEUE,
-            per_node_metrics: true,
-        }
-    }
-}
-
-/// Default [`GatewayOptions::max_nodes`].
-pub const DEFAULT_MAX_NODES: usize = 10_000;
-
-/// Default [`GatewayOptions::per_node_queue`]: a reconnect's Register, status report and
-/// renewal with room for their retries.
-pub const DEFAULT_PER_NODE_QUEUE: usize = 8;
-
-impl GatewayOptions {
-    fn admission(&self) -> AdmissionPolicy {
-        AdmissionPolicy {
-            posture: self.posture,
-            max_age: self.max_renewal_age,
-            drift_ppm: self.drift_ppm,
-            rate: self.per_node_rate,
-            burst: self.per_node_burst,
-            old_boot_memory: self.old_boot_memory,
-        }
-    }
-}
+pub use options::{DEFAULT_MAX_NODES, DEFAULT_PER_NODE_QUEUE, GatewayOptions};
 
 pub use crate::metrics::Counters;
 
-/// A node silent this long loses its slot (what the gateway knows is re-read on its next
-/// message): keeps memory bounded by the nodes actually heard from.
-const SLOT_IDLE: Duration = Duration::from_secs(15 * 60);
-
-/// Idle slots are swept once per this many messages.
-const SWEEP_EVERY: u64 = 4096;
-
-/// A node's mailbox and the state its letters are handled with.
-#[derive(Default)]
-struct SlotCell {
-    /// The node's letters waiting, from every ingress ([`Mailbox`]).
-    mailbox: Mutex<Mailbox>,
-    /// An identified message of this node was admitted: the slot is never given up for
-    /// an unidentified node's (see [`Gateway::slot`]).
-    identified: std::sync::atomic::AtomicBool,
-    /// Locked by whoever handles the mailbox's letters (one at a time), and tried by
-    /// sweeps.
-    state: tokio::sync::Mutex<NodeSlot>,
-}
-
-/// Marks a node's mailbox as no longer handled when its handling stops abnormally (a
-/// panic, or a cancelled [`Handler::handle`] call that was handling it), so that the next
-/// letter starts handling again; the normal end disarms it.
-struct Handling<'a> {
-    cell: &'a SlotCell,
-    armed: bool,
-}
-
-impl Drop for Handling<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.cell.mailbox.lock().stopped();
-        }
-    }
-}
-
-#[derive(Default)]
-struct NodeSlot {
-    /// Last message for this node; idle slots are evicted after [`SLOT_IDLE`].
-    last_seen: Option<Instant>,
-    /// Boot, sequence, identity, rate limit and freshness ([`crate::admission`]).
-    admission: NodeAdmission,
-    /// The writer's per-node flags and metric series ([`crate::writer`]).
-    writes: NodeWrites,
-}
+use slots::{Handling, NodeSlot, SlotCell};
 
 /// The gateway: a [`Handler`] for every transport.
 pub struct Gateway {
@@ -292,108 +147,6 @@ impl Gateway {
                 sites
             );
         }
-    }
-
-    /// The slot of node `name`, made if there is room for it (fewer than
-    /// [`GatewayOptions::max_nodes`] slots, after dropping idle ones, or, for an
-    /// `identified` message, after giving up the slot of a node never identified: made-up
-    /// names that filled the replica must not keep a genuine node out); `None` otherwise.
-    fn slot(&self, name: &str, identified: bool) -> Option<Arc<SlotCell>> {
-        let mut slots = self.slots.lock();
-        if self.messages.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
-            self.sweep(&mut slots);
-        }
-        slots
-            .get_or_make(
-                name,
-                || (name.to_owned(), Arc::default()),
-                |slots| self.sweep(slots),
-                |slots| identified && self.evict_unidentified(slots),
-            )
-            .map(|slot| slot.clone())
-    }
-
-    /// Drops the slot, not in use, of the node never identified that was heard from
-    /// longest ago; returns whether there was one. Only for an identified message, so it
-    /// costs anyone without an identity nothing to trigger.
-    fn evict_unidentified(&self, slots: &mut NodeMap<String, Arc<SlotCell>>) -> bool {
-        let oldest = slots
-            .iter()
-            .filter(|(_, cell)| {
-                !cell.identified.load(Ordering::Relaxed)
-                    && Arc::strong_count(cell) == 1
-                    && !cell.mailbox.lock().is_busy()
-            })
-            .filter_map(|(name, cell)| Some((name, cell.state.try_lock().ok()?.last_seen)))
-            .min_by_key(|(_, last_seen)| *last_seen)
-            .map(|(name, _)| name.clone());
-        let Some(name) = oldest else {
-            return false;
-        };
-        slots.remove(&name);
-        self.writer.node_metrics.remove(&name);
-        tracing::debug!(node = %name, "gave an unidentified node's slot to an identified one");
-        true
-    }
-
-    /// Drops the slots of nodes silent for [`SLOT_IDLE`]. A slot in use (locked) is never
-    /// idle; try_lock skips it. An evicted node's metric series go with it.
-    fn sweep(&self, slots: &mut NodeMap<String, Arc<SlotCell>>) {
-        let now = Instant::now();
-        slots.retain(|name, slot| {
-            // A cell a message holds (between lookup and post) or with letters is in use.
-            let keep = Arc::strong_count(slot) > 1
-                || slot.mailbox.lock().is_busy()
-                || slot.state.try_lock().map_or(true, |s| {
-                    s.last_seen
-                        .is_some_and(|t| now.duration_since(t) < SLOT_IDLE)
-                });
-            if !keep {
-                self.writer.node_metrics.remove(name);
-            }
-            keep
-        });
-    }
-
-    /// Registers the gateway's metrics (see [`crate::metrics`]) in `registry`: the
-    /// [`Counters`], the gauges read at scrape time (`tracked_nodes` and the settings,
-    /// through a collector holding a weak reference: a dropped gateway reports nothing),
-    /// and the per-node families.
-    pub fn register_metrics(self: &Arc<Self>, registry: &mut Registry) {
-        let gateway = Arc::downgrade(self);
-        crate::metrics::register(
-            registry,
-            &self.counters,
-            self.options
-                .per_node_metrics
-                .then_some(&self.writer.node_metrics),
-            move || gateway.upgrade().map(|g| g.replica_gauges()),
-        );
-        if let Some(enrollment) = self.enrollment.get() {
-            enrollment.counters.register(registry);
-        }
-    }
-
-    /// What the scrape-time gauges read now.
-    fn replica_gauges(&self) -> ReplicaGauges {
-        ReplicaGauges {
-            tracked_nodes: self.tracked_nodes(),
-            max_nodes: self.options.max_nodes,
-            backing_off: self.writer.api.backing_off(),
-            unidentified_allowed: self.options.posture == Posture::AllowUnidentified,
-            per_node_metrics: self.options.per_node_metrics,
-            sites: crate::sites::figures(&self.sites),
-            certificate_lifetime: self.enrollment.get().map(|e| e.lifetime()),
-            fleet: self
-                .writer
-                .view
-                .fleet_summary(jiff::Timestamp::try_from(self.clock.now()).unwrap_or_default()),
-        }
-    }
-
-    /// Number of nodes the gateway currently keeps state for.
-    pub fn tracked_nodes(&self) -> usize {
-        self.slots.lock().len()
     }
 
     fn reject(&self, why: RejectReason, reason: String) -> Answer {
@@ -788,87 +541,6 @@ impl Gateway {
     }
 }
 
-impl Handler for Gateway {
-    /// Posts the message to its node's mailbox and waits for its answer; when nothing of
-    /// the node was being handled, handles the mailbox's letters itself meanwhile (its own
-    /// and those posted behind it). For direct callers (tests); the ingresses use
-    /// [`Handler::deliver`]. Cancelled while it handles letters, it leaves the waiting ones
-    /// to the node's next post.
-    async fn handle(&self, peer: &Peer, message: pb::AgentMessage) -> Option<Answer> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        if let Some(cell) = self.post(Letter::new(peer.clone(), message, reply)) {
-            self.handle_letters(&cell).await;
-        }
-        answer.await.ok().flatten()
-    }
-
-    /// Posts the letter to its node's mailbox; when nothing of the node was being handled,
-    /// a task handles the mailbox's letters until none is left.
-    fn deliver(self: Arc<Self>, letter: Letter) {
-        if let Some(cell) = self.post(letter) {
-            tokio::spawn(async move { self.handle_letters(&cell).await });
-        }
-    }
-
-    /// Through the [`EnrollmentGate`] (per source: the client's address over gRPC, the
-    /// node of the topic over MQTT), then [`Enrollment::handle`]; `None` without
-    /// enrollment or over a limit (counted as `rate_limited`).
-    async fn request_certificate(
-        &self,
-        peer: &Peer,
-        topic_node: Option<&str>,
-        payload: Vec<u8>,
-    ) -> Option<Vec<u8>> {
-        let enrollment = self.enrollment.get()?;
-        let source = match (peer.remote, topic_node) {
-            (Some(addr), _) => Source::Address(addr.ip()),
-            (None, Some(node)) => Source::Node(node.to_owned()),
-            (None, None) => Source::Unknown,
-        };
-        let Some(_permit) = self.enrollment_gate.admit(source, Instant::now()) else {
-            enrollment.counters.count("unknown", "rate_limited");
-            tracing::debug!(remote = ?peer.remote, node = ?topic_node, "certificate request over the limits; not answered");
-            return None;
-        };
-        enrollment
-            .handle(peer.transport, topic_node, &payload)
-            .await
-    }
-
-    fn recorded_certificate(&self, node: &str) -> Option<CertificateId> {
-        self.writer.view.certificate(node)
-    }
-
-    /// Takes the bridge's word into the site tracker ([`SiteTracker::uplink`]) and wakes
-    /// the site loop, which marks or clears the site's nodes at once.
-    fn site_uplink(&self, site: &str, up: bool) {
-        self.sites.lock().uplink(site, up);
-        self.sites_wake.notify_one();
-    }
-
-    fn rejected(&self, peer: &Peer, why: RejectReason, detail: &str) {
-        self.counters.count_rejection(why);
-        if matches!(why, RejectReason::Superseded | RejectReason::Replayed) {
-            // Expected under a backlog or a replay flood: one warning each would flood the log.
-            tracing::debug!(transport = peer.transport.as_str(), node = ?peer.identity, why = why.as_str(), detail, "heartbeat superseded or replayed");
-            return;
-        }
-        // Per reason and source address (or node), one line per interval: a flood is
-        // counted in full and written in a few lines.
-        let source = match (&peer.remote, &peer.identity) {
-            (Some(remote), _) => remote.ip().to_string(),
-            (None, Some(node)) => node.to_string(),
-            (None, None) => String::new(),
-        };
-        let now = tokio::time::Instant::now();
-        if let LogLine::Write { suppressed, others } =
-            self.counters.refusal_log.check(why.as_str(), &source, now)
-        {
-            tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, node = ?peer.identity, why = why.as_str(), detail, suppressed, other_sources = others, "message refused by the transport");
-        }
-    }
-}
-
 /// What the transport vouches for about a message from `peer` ([`Provenance`]).
 fn provenance(peer: &Peer) -> Provenance<'_> {
     Provenance {
@@ -878,6 +550,11 @@ fn provenance(peer: &Peer) -> Provenance<'_> {
 }
 
 pub use crate::apiserver::{kube_client, kube_client_with, watch_client, watch_client_with};
+
+mod gauges;
+mod handler;
+mod options;
+mod slots;
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,9 @@
+use super::slots::{SLOT_IDLE, SWEEP_EVERY};
 use super::*;
+use crate::admission::Posture;
 use edgebeat_proto::registration::NodeName;
-use edgebeat_transports::ingress::{Reply, Sending, TransportKind};
+use edgebeat_transports::ingress::{Handler, Reply, Sending, TransportKind};
+use prometheus_client::registry::Registry;
 
 struct FixedClock(std::time::SystemTime);
 impl Clock for FixedClock {

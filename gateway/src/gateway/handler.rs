@@ -1,0 +1,94 @@
+//! [`Handler`] for [`Gateway`]: how every ingress hands it messages, certificate
+//! requests and refusals.
+
+use std::sync::Arc;
+
+use edgebeat_proto::{self as pb, Answer};
+use edgebeat_transports::ingress::{CertificateId, Handler, Letter, Peer};
+use edgebeat_transports::log_limit::LogLine;
+use tokio::time::Instant;
+
+use super::Gateway;
+use crate::enrollment::gate::Source;
+use crate::metrics::RejectReason;
+
+impl Handler for Gateway {
+    /// Posts the message to its node's mailbox and waits for its answer; when nothing of
+    /// the node was being handled, handles the mailbox's letters itself meanwhile (its own
+    /// and those posted behind it). For direct callers (tests); the ingresses use
+    /// [`Handler::deliver`]. Cancelled while it handles letters, it leaves the waiting ones
+    /// to the node's next post.
+    async fn handle(&self, peer: &Peer, message: pb::AgentMessage) -> Option<Answer> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if let Some(cell) = self.post(Letter::new(peer.clone(), message, reply)) {
+            self.handle_letters(&cell).await;
+        }
+        answer.await.ok().flatten()
+    }
+
+    /// Posts the letter to its node's mailbox; when nothing of the node was being handled,
+    /// a task handles the mailbox's letters until none is left.
+    fn deliver(self: Arc<Self>, letter: Letter) {
+        if let Some(cell) = self.post(letter) {
+            tokio::spawn(async move { self.handle_letters(&cell).await });
+        }
+    }
+
+    /// Through the [`EnrollmentGate`] (per source: the client's address over gRPC, the
+    /// node of the topic over MQTT), then [`Enrollment::handle`]; `None` without
+    /// enrollment or over a limit (counted as `rate_limited`).
+    async fn request_certificate(
+        &self,
+        peer: &Peer,
+        topic_node: Option<&str>,
+        payload: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        let enrollment = self.enrollment.get()?;
+        let source = match (peer.remote, topic_node) {
+            (Some(addr), _) => Source::Address(addr.ip()),
+            (None, Some(node)) => Source::Node(node.to_owned()),
+            (None, None) => Source::Unknown,
+        };
+        let Some(_permit) = self.enrollment_gate.admit(source, Instant::now()) else {
+            enrollment.counters.count("unknown", "rate_limited");
+            tracing::debug!(remote = ?peer.remote, node = ?topic_node, "certificate request over the limits; not answered");
+            return None;
+        };
+        enrollment
+            .handle(peer.transport, topic_node, &payload)
+            .await
+    }
+
+    fn recorded_certificate(&self, node: &str) -> Option<CertificateId> {
+        self.writer.view.certificate(node)
+    }
+
+    /// Takes the bridge's word into the site tracker ([`SiteTracker::uplink`]) and wakes
+    /// the site loop, which marks or clears the site's nodes at once.
+    fn site_uplink(&self, site: &str, up: bool) {
+        self.sites.lock().uplink(site, up);
+        self.sites_wake.notify_one();
+    }
+
+    fn rejected(&self, peer: &Peer, why: RejectReason, detail: &str) {
+        self.counters.count_rejection(why);
+        if matches!(why, RejectReason::Superseded | RejectReason::Replayed) {
+            // Expected under a backlog or a replay flood: one warning each would flood the log.
+            tracing::debug!(transport = peer.transport.as_str(), node = ?peer.identity, why = why.as_str(), detail, "heartbeat superseded or replayed");
+            return;
+        }
+        // Per reason and source address (or node), one line per interval: a flood is
+        // counted in full and written in a few lines.
+        let source = match (&peer.remote, &peer.identity) {
+            (Some(remote), _) => remote.ip().to_string(),
+            (None, Some(node)) => node.to_string(),
+            (None, None) => String::new(),
+        };
+        let now = tokio::time::Instant::now();
+        if let LogLine::Write { suppressed, others } =
+            self.counters.refusal_log.check(why.as_str(), &source, now)
+        {
+            tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, node = ?peer.identity, why = why.as_str(), detail, suppressed, other_sources = others, "message refused by the transport");
+        }
+    }
+}
