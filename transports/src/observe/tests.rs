@@ -148,7 +148,9 @@ async fn serves_health_readiness_metrics_and_404() {
     stop.cancel();
     server.await.unwrap().unwrap();
     assert!(
-        TcpStream::connect(addr).await.is_err(),
+        TcpStream::connect(addr)
+            .await
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused),
         "the listener is closed after shutdown"
     );
 }
