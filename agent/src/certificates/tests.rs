@@ -1,4 +1,8 @@
 use std::os::unix::fs::PermissionsExt as _;
+use std::time::Duration;
+
+use edgebeat_transports::enroll::BootstrapToken;
+use tokio_util::sync::CancellationToken;
 
 use super::*;
 
