@@ -70,6 +70,18 @@ fn once_prints_the_jetson_fixture_status() {
         // The running kernel's clock, not the tree's: either status.
         .filter(|(t, _)| *t != "ClockUnsynchronized")
         .collect();
+    // DiskPressure reads the filesystem the checkout is on (statvfs of the tree's rootDir),
+    // not the tree: True on a host with less than imagefs.available's 15 % free. Either
+    // status, but it is there.
+    let disk = conditions.iter().position(|(t, _)| *t == "DiskPressure");
+    assert!(
+        disk.is_some_and(|i| matches!(conditions[i].1, "True" | "False")),
+        "{conditions:?}"
+    );
+    let conditions: Vec<_> = conditions
+        .into_iter()
+        .filter(|(t, _)| *t != "DiskPressure")
+        .collect();
     // The health conditions this tree has signals for (PSI, the mount table, thermal
     // zones; no power: not a Raspberry Pi), then kubelet's four, Ready last.
     assert_eq!(
@@ -80,7 +92,6 @@ fn once_prints_the_jetson_fixture_status() {
             ("ReadonlyFilesystem", "False"),
             ("ThermalPressure", "False"),
             ("MemoryPressure", "False"),
-            ("DiskPressure", "False"),
             ("PIDPressure", "False"),
             ("Ready", "True"),
         ]
