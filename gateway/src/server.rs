@@ -208,7 +208,7 @@ impl Server {
         ));
         let observe = Observe {
             stop: observe_stop,
-            task: observe,
+            task: tokio_util::task::AbortOnDropHandle::new(observe),
         };
         let apiserver_url = settings.kube.cluster_url.clone();
         // Both clients' requests, in edgebeat_gateway_apiserver_request_duration_seconds.
@@ -436,7 +436,9 @@ impl Running {
 #[derive(Debug)]
 struct Observe {
     stop: CancellationToken,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Aborted when dropped, as every other task of the replica: a dropped [`Running`]
+    /// (a killed replica) stops answering `/healthz` too.
+    task: tokio_util::task::AbortOnDropHandle<std::io::Result<()>>,
 }
 
 impl Observe {

@@ -173,7 +173,20 @@ async fn replicas_split_the_fleet_write_each_renewal_once_and_survive_a_loss() {
 
     // Replica 0 is killed, with no shutdown (no MQTT DISCONNECT, its watch and connection
     // cut where they stand); replica 1 carries every node.
+    let health = cluster.replicas[0].as_ref().unwrap().metrics_addr;
     cluster.kill_replica(0).await;
+    // Killed means all of it: its /healthz port closes too (the task is aborted, so the
+    // listener goes within moments).
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match tokio::net::TcpStream::connect(health).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            _ if tokio::time::Instant::now() > deadline => {
+                panic!("the killed replica still answers on {health}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
     let marks: Vec<usize> = nodes
         .iter()
         .map(|n| {
