@@ -125,30 +125,6 @@ impl Server {
         self.listeners.metrics.local_addr()
     }
 
-    /// The gRPC ingress's address, `None` without one.
-    ///
-    /// # Errors
-    /// As [`Server::metrics_addr`].
-    pub fn grpc_addr(&self) -> std::io::Result<Option<SocketAddr>> {
-        self.listeners
-            .grpc
-            .as_ref()
-            .map(TcpListener::local_addr)
-            .transpose()
-    }
-
-    /// The gRPC enrollment listener's address, `None` without one.
-    ///
-    /// # Errors
-    /// As [`Server::metrics_addr`].
-    pub fn grpc_enrollment_addr(&self) -> std::io::Result<Option<SocketAddr>> {
-        self.listeners
-            .grpc_enrollment
-            .as_ref()
-            .map(TcpListener::local_addr)
-            .transpose()
-    }
-
     /// Serves until `shutdown` resolves or an ingress fails: [`Server::start`], then
     /// [`Running::wait`].
     ///

@@ -78,27 +78,22 @@ fn dependencies(module: &str, path: &Path, all: &BTreeMap<String, PathBuf>) -> B
             {
                 continue;
             }
-            let segments: Vec<&str> = code[from..]
-                .split("::")
-                .map_while(|s| {
-                    let word: &str = s
-                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-                        .next()
-                        .unwrap_or("");
-                    (!word.is_empty()
-                        && word
-                            .chars()
-                            .all(|c| c.is_lowercase() || c == '_' || c.is_ascii_digit()))
-                    .then_some(word)
-                    .filter(|_| {
-                        s.len() == word.len()
-                            || s[word.len()..].starts_with([
-                                '{', ' ', ';', ',', ')', '>', '(', '\n', ':', '.', '}', '&', '*',
-                                '[', ']',
-                            ])
-                    })
-                })
-                .collect();
+            // The lowercase segments of the path (modules and functions; a type ends it).
+            let mut segments = Vec::new();
+            for s in code[from..].split("::") {
+                let word = s
+                    .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .next()
+                    .unwrap_or("");
+                if word.is_empty() || word.chars().any(|c| c.is_uppercase()) {
+                    break;
+                }
+                segments.push(word);
+                if word.len() != s.len() {
+                    // The path ends inside this segment.
+                    break;
+                }
+            }
             let mut full: Vec<&str> = match start {
                 "crate::" => Vec::new(),
                 _ => {
