@@ -137,102 +137,7 @@ impl AgentMetrics {
             #[cfg(any(feature = "grpc-tls", feature = "mqtt-tls"))]
             answers_refused: std::sync::Arc::default(),
         };
-        registry.register(
-            "edgebeat_agent_lease_renewals",
-            "Lease renewal ticks by result: ok when the gateway wrote the Lease, failed when every attempt of the tick failed",
-            renewals,
-        );
-        registry.register(
-            "edgebeat_agent_status_reports",
-            "Node status reports by result: ok when the gateway wrote the status, failed when every attempt failed",
-            reports,
-        );
-        registry.register(
-            "edgebeat_agent_registrations",
-            "Times the gateway acknowledged this agent's Register",
-            metrics.registrations.clone(),
-        );
-        registry.register(
-            "edgebeat_agent_transport_reconnects",
-            "Times the agent lost its registration with the gateway (gRPC connection lost, or its Node deleted); MQTT broker reconnects keep it and are not counted",
-            metrics.reconnects.clone(),
-        );
-        registry.register_with_unit(
-            "edgebeat_agent_messages_sent",
-            "Encoded protobuf AgentMessage bytes handed to the transport, by kind; transport framing excluded",
-            Unit::Bytes,
-            sent,
-        );
-        registry.register_with_unit(
-            "edgebeat_agent_last_lease_renewal_timestamp",
-            "Wall-clock time of the last successful Lease renewal, seconds since the epoch (0 before the first)",
-            Unit::Seconds,
-            metrics.last_renewal.clone(),
-        );
-        registry.register(
-            "edgebeat_agent_node_not_found",
-            "1 once the gateway said this agent's Node was deleted: nothing more is sent, and the agent registers again only when restarted",
-            metrics.node_not_found.clone(),
-        );
-        registry.register(
-            "edgebeat_agent_certificate_requests",
-            "Node certificate requests by kind (enrollment, rotation) and result (issued, pending, refused, failed)",
-            metrics.certificate_requests.clone(),
-        );
-        registry.register_with_unit(
-            "edgebeat_agent_certificate_expiration_timestamp",
-            "notAfter of the node certificate in use, seconds since the epoch (0 without a managed one)",
-            Unit::Seconds,
-            metrics.certificate_expiration.clone(),
-        );
-        let h = &metrics.health;
-        registry.register(
-            "edgebeat_agent_node_condition",
-            "1 while the node condition the agent reports is True, 0 while False",
-            h.condition.clone(),
-        );
-        registry.register(
-            "edgebeat_agent_pressure_stall_ratio",
-            "PSI averages of /proc/pressure as a fraction of wall time",
-            h.stall.clone(),
-        );
-        registry.register(
-            "edgebeat_agent_filesystem_readonly",
-            "1 while the filesystem holding rootDir (nodefs) or imageFsDir (imagefs) is read-only",
-            h.readonly.clone(),
-        );
-        registry.register_with_unit(
-            "edgebeat_agent_thermal_zone_temperature",
-            "Temperature of each thermal zone",
-            Unit::Celsius,
-            h.temperature.clone(),
-        );
-        registry.register(
-            "edgebeat_agent_cooling_device_state",
-            "cur_state of each cooling device (0 = not cooling)",
-            h.cooling.clone(),
-        );
-        registry.register(
-            "edgebeat_agent_rpi_throttled",
-            "The Raspberry Pi firmware's get_throttled word: bits 0-3 now, 16-19 since boot",
-            h.rpi_throttled.clone(),
-        );
-        registry.register(
-            "edgebeat_agent_under_voltage",
-            "1 while the board's power supply is under-voltage",
-            h.under_voltage.clone(),
-        );
-        registry.register(
-            "edgebeat_agent_clock_synchronized",
-            "1 while the kernel clock is NTP-synchronised",
-            h.clock_synchronized.clone(),
-        );
-        registry.register_with_unit(
-            "edgebeat_agent_clock_max_error",
-            "The kernel clock's maxerror estimate",
-            Unit::Seconds,
-            h.clock_max_error.clone(),
-        );
+        register_families(&mut registry, &metrics, [renewals, reports, sent]);
         registry.register(
             "edgebeat_agent",
             "The node this agent speaks for, its transport and version",
@@ -410,6 +315,37 @@ impl AgentMetrics {
 }
 
 /// The `kind` label of `messages_sent_bytes_total`: the proto's message kinds.
+/// Registers every family of the module docs' table but `edgebeat_agent_info` and the
+/// collectors: `renewals`, `reports` and `sent` are the labelled families `metrics`' counters
+/// were taken from. A table, one family a line.
+#[rustfmt::skip]
+fn register_families(
+    registry: &mut Registry,
+    metrics: &AgentMetrics,
+    [renewals, reports, sent]: [Family<Labels, Counter>; 3],
+) {
+    use edgebeat_transports::observe::register_family as family;
+    let h = &metrics.health;
+    family(registry, "edgebeat_agent_lease_renewals", "Lease renewal ticks by result: ok when the gateway wrote the Lease, failed when every attempt of the tick failed", None, renewals);
+    family(registry, "edgebeat_agent_status_reports", "Node status reports by result: ok when the gateway wrote the status, failed when every attempt failed", None, reports);
+    family(registry, "edgebeat_agent_registrations", "Times the gateway acknowledged this agent's Register", None, metrics.registrations.clone());
+    family(registry, "edgebeat_agent_transport_reconnects", "Times the agent lost its registration with the gateway (gRPC connection lost, or its Node deleted); MQTT broker reconnects keep it and are not counted", None, metrics.reconnects.clone());
+    family(registry, "edgebeat_agent_messages_sent", "Encoded protobuf AgentMessage bytes handed to the transport, by kind; transport framing excluded", Some(Unit::Bytes), sent);
+    family(registry, "edgebeat_agent_last_lease_renewal_timestamp", "Wall-clock time of the last successful Lease renewal, seconds since the epoch (0 before the first)", Some(Unit::Seconds), metrics.last_renewal.clone());
+    family(registry, "edgebeat_agent_node_not_found", "1 once the gateway said this agent's Node was deleted: nothing more is sent, and the agent registers again only when restarted", None, metrics.node_not_found.clone());
+    family(registry, "edgebeat_agent_certificate_requests", "Node certificate requests by kind (enrollment, rotation) and result (issued, pending, refused, failed)", None, metrics.certificate_requests.clone());
+    family(registry, "edgebeat_agent_certificate_expiration_timestamp", "notAfter of the node certificate in use, seconds since the epoch (0 without a managed one)", Some(Unit::Seconds), metrics.certificate_expiration.clone());
+    family(registry, "edgebeat_agent_node_condition", "1 while the node condition the agent reports is True, 0 while False", None, h.condition.clone());
+    family(registry, "edgebeat_agent_pressure_stall_ratio", "PSI averages of /proc/pressure as a fraction of wall time", None, h.stall.clone());
+    family(registry, "edgebeat_agent_filesystem_readonly", "1 while the filesystem holding rootDir (nodefs) or imageFsDir (imagefs) is read-only", None, h.readonly.clone());
+    family(registry, "edgebeat_agent_thermal_zone_temperature", "Temperature of each thermal zone", Some(Unit::Celsius), h.temperature.clone());
+    family(registry, "edgebeat_agent_cooling_device_state", "cur_state of each cooling device (0 = not cooling)", None, h.cooling.clone());
+    family(registry, "edgebeat_agent_rpi_throttled", "The Raspberry Pi firmware's get_throttled word: bits 0-3 now, 16-19 since boot", None, h.rpi_throttled.clone());
+    family(registry, "edgebeat_agent_under_voltage", "1 while the board's power supply is under-voltage", None, h.under_voltage.clone());
+    family(registry, "edgebeat_agent_clock_synchronized", "1 while the kernel clock is NTP-synchronised", None, h.clock_synchronized.clone());
+    family(registry, "edgebeat_agent_clock_max_error", "The kernel clock's maxerror estimate", Some(Unit::Seconds), h.clock_max_error.clone());
+}
+
 pub use edgebeat_proto::MessageKind;
 
 /// Encodes `edgebeat_agent_answers_refused_total{reason}` from the shared counts at scrape

@@ -58,6 +58,7 @@
 //! both per-node series (`Family::remove`), so series follow the live fleet; a node that dies
 //! shows a growing lease age until then.
 
+use edgebeat_transports::observe::register_family;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -203,9 +204,11 @@ impl Counters {
         ] {
             registry.register(name, help, counter.clone());
         }
-        registry.register(
+        register_family(
+            registry,
             "edgebeat_gateway_rejected_messages",
             "Messages rejected, by reason (see edgebeat_gateway::metrics::RejectReason)",
+            None,
             self.rejected_by_reason.clone(),
         );
     }
@@ -347,6 +350,7 @@ pub struct NodeSeries {
 /// Registers every gateway metric in `registry`: the [`Counters`], the per-node families of
 /// `node_metrics` (none when `None`: `--per-node-metrics=false`), and the gauges `gauges` reads at scrape time (through a collector; `None`
 /// once the gateway is gone, which then reports none).
+#[rustfmt::skip]
 pub fn register(
     registry: &mut Registry,
     counters: &Counters,
@@ -358,18 +362,8 @@ pub fn register(
     let Some(node_metrics) = node_metrics else {
         return;
     };
-    registry.register_with_unit(
-        "edgebeat_gateway_node_lease_age",
-        "Gateway wall clock minus the renewTime this replica last wrote for the node's Lease",
-        Unit::Seconds,
-        node_metrics.lease_age.clone(),
-    );
-    registry.register_with_unit(
-        "edgebeat_gateway_node_clock_skew",
-        "Gateway wall clock minus the agent's header wall time at receipt of its last accepted message; positive when the agent's clock is behind",
-        Unit::Seconds,
-        node_metrics.clock_skew.clone(),
-    );
+    register_family(registry, "edgebeat_gateway_node_lease_age", "Gateway wall clock minus the renewTime this replica last wrote for the node's Lease", Some(Unit::Seconds), node_metrics.lease_age.clone());
+    register_family(registry, "edgebeat_gateway_node_clock_skew", "Gateway wall clock minus the agent's header wall time at receipt of its last accepted message; positive when the agent's clock is behind", Some(Unit::Seconds), node_metrics.clock_skew.clone());
 }
 
 /// What a replica's scrape-time gauges show.

@@ -32,7 +32,7 @@ use http_body_util::Full;
 use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry, Unit};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +40,23 @@ use tokio_util::sync::CancellationToken;
 mod process;
 
 pub use process::{ProcessCollector, ProcessStats};
+
+/// Registers `metric` in `registry` as the family `name` with `help`, in `unit` when one is
+/// given (prometheus-client then appends `_<unit>` to the name, and `_total` to a counter's).
+/// One call for [`Registry::register`] and [`Registry::register_with_unit`], so that a
+/// binary's families read as a table, one a line.
+pub fn register_family(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    metric: impl Metric,
+) {
+    match unit {
+        Some(unit) => registry.register_with_unit(name, help, unit, metric),
+        None => registry.register(name, help, metric),
+    }
+}
 
 /// Content type of `/metrics`: prometheus-client writes the OpenMetrics 1.0 text format
 /// (which Prometheus asks for first and parses natively).

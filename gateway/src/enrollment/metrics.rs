@@ -1,5 +1,6 @@
 //! The enrollment metrics: requests by proof and outcome, and the CSRs answered pending.
 
+use edgebeat_transports::observe::register_family;
 use parking_lot::Mutex;
 use std::collections::HashSet;
 
@@ -47,17 +48,10 @@ impl EnrollmentCounters {
 
     /// Registers `edgebeat_gateway_certificate_requests_total{proof, outcome}` and
     /// `edgebeat_gateway_certificate_signing_requests_pending` in `registry`.
+    #[rustfmt::skip]
     pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
-        registry.register(
-            "edgebeat_gateway_certificate_requests",
-            "Node certificate requests (enrollments proved by a bootstrap token, rotations proved by a certificate) by outcome: issued, pending, rate_limited or the reason refused",
-            self.by_outcome.clone(),
-        );
-        registry.register(
-            "edgebeat_gateway_certificate_signing_requests_pending",
-            "CertificateSigningRequests this replica answered pending (waiting for kubectl certificate approve or their signer) and has not seen issued since",
-            self.pending_gauge.clone(),
-        );
+        register_family(registry, "edgebeat_gateway_certificate_requests", "Node certificate requests (enrollments proved by a bootstrap token, rotations proved by a certificate) by outcome: issued, pending, rate_limited or the reason refused", None, self.by_outcome.clone());
+        register_family(registry, "edgebeat_gateway_certificate_signing_requests_pending", "CertificateSigningRequests this replica answered pending (waiting for kubectl certificate approve or their signer) and has not seen issued since", None, self.pending_gauge.clone());
     }
 }
 
