@@ -13,6 +13,7 @@
 //! (`staging/src/k8s.io/component-base/metrics/prometheus/restclient/metrics.go`). The
 //! label sets are bounded: the gateway calls six resources with three subresources.
 
+use edgebeat_transports::observe::register_family;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
 
@@ -102,13 +103,9 @@ impl Default for RequestMetrics {
 
 impl RequestMetrics {
     /// Registers `edgebeat_gateway_apiserver_request_duration_seconds` in `registry`.
+    #[rustfmt::skip]
     pub fn register(&self, registry: &mut Registry) {
-        registry.register_with_unit(
-            "edgebeat_gateway_apiserver_request_duration",
-            "The gateway's requests to kube-apiserver, from the call until the answer's head (a WATCH: until it opens), by verb, resource, subresource and HTTP status (error: no answer)",
-            Unit::Seconds,
-            self.durations.clone(),
-        );
+        register_family(registry, "edgebeat_gateway_apiserver_request_duration", "The gateway's requests to kube-apiserver, from the call until the answer's head (a WATCH: until it opens), by verb, resource, subresource and HTTP status (error: no answer)", Some(Unit::Seconds), self.durations.clone());
     }
 
     /// Records one request of `labels` that took `seconds`.
@@ -226,59 +223,33 @@ mod tests {
     use super::*;
     use http::Method;
 
-    fn labels(method: Method, path: &str, query: Option<&str>) -> (&'static str, String, String) {
-        let l = classify(&method, path, query);
-        (l.verb, l.resource.to_owned(), l.subresource.to_owned())
-    }
-
     #[test]
     fn requests_are_labelled_as_kube_apiserver_labels_them() {
-        let t = |v: &'static str, r: &str, s: &str| (v, r.to_owned(), s.to_owned());
-        assert_eq!(
-            labels(Method::PATCH, "/api/v1/nodes/edge-01/status", None),
-            t("PATCH", "nodes", "status")
-        );
-        assert_eq!(
-            labels(
-                Method::PUT,
-                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/edge-01",
-                None
-            ),
-            t("PUT", "leases", "")
-        );
-        assert_eq!(
-            labels(
-                Method::GET,
-                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
-                Some("labelSelector=edgebeat.io%2Fmanaged%3Dtrue&watch=true&resourceVersion=5")
-            ),
-            t("WATCH", "leases", "")
-        );
-        assert_eq!(
-            labels(Method::GET, "/api/v1/nodes", Some("labelSelector=x")),
-            t("LIST", "nodes", "")
-        );
-        assert_eq!(
-            labels(Method::GET, "/api/v1/nodes/edge-01", None),
-            t("GET", "nodes", "")
-        );
-        assert_eq!(
-            labels(Method::POST, "/api/v1/namespaces/default/events", None),
-            t("POST", "events", "")
-        );
-        assert_eq!(
-            labels(
-                Method::PUT,
-                "/apis/certificates.k8s.io/v1/certificatesigningrequests/node-csr-1/approval",
-                None
-            ),
-            t("PUT", "certificatesigningrequests", "approval")
-        );
-        assert_eq!(labels(Method::GET, "/version", None), t("LIST", "", ""));
-        assert_eq!(
-            labels(Method::DELETE, "/api/v1/namespaces/x/pods/p/eviction", None),
-            t("DELETE", "other", "other")
-        );
+        const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+        const APPROVAL: &str =
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests/node-csr-1/approval";
+        let watch = Some("labelSelector=edgebeat.io%2Fmanaged%3Dtrue&watch=true&resourceVersion=5");
+        let lease = format!("{LEASE}/edge-01");
+        #[rustfmt::skip]
+        let cases = [
+            (Method::PATCH, "/api/v1/nodes/edge-01/status", None, ("PATCH", "nodes", "status")),
+            (Method::PUT, lease.as_str(), None, ("PUT", "leases", "")),
+            (Method::GET, LEASE, watch, ("WATCH", "leases", "")),
+            (Method::GET, "/api/v1/nodes", Some("labelSelector=x"), ("LIST", "nodes", "")),
+            (Method::GET, "/api/v1/nodes/edge-01", None, ("GET", "nodes", "")),
+            (Method::POST, "/api/v1/namespaces/default/events", None, ("POST", "events", "")),
+            (Method::PUT, APPROVAL, None, ("PUT", "certificatesigningrequests", "approval")),
+            (Method::GET, "/version", None, ("LIST", "", "")),
+            (Method::DELETE, "/api/v1/namespaces/x/pods/p/eviction", None, ("DELETE", "other", "other")),
+        ];
+        for (method, path, query, (verb, resource, subresource)) in cases {
+            let l = classify(&method, path, query);
+            assert_eq!(
+                (l.verb, l.resource, l.subresource),
+                (verb, resource, subresource),
+                "{method} {path}?{query:?}"
+            );
+        }
     }
 
     #[tokio::test]
@@ -302,14 +273,11 @@ mod tests {
             .layer(tower::service_fn(|_: http::Request<()>| async {
                 Err::<http::Response<()>, _>(std::io::Error::other("refused"))
             }));
-        assert!(
-            failing
-                .ready()
-                .await
-                .unwrap()
-                .call(request())
-                .await
-                .is_err()
+        let failed = failing.ready().await.unwrap().call(request()).await;
+        assert_eq!(
+            failed.map_err(|e| e.to_string()).err().as_deref(),
+            Some("refused"),
+            "the service's own error, passed through"
         );
         let mut registry = Registry::default();
         metrics.register(&mut registry);
