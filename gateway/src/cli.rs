@@ -15,6 +15,15 @@ use anyhow::Context;
 /// Receives edgebeat heartbeats and writes Node status and Leases to Kubernetes.
 #[derive(clap::Parser, Debug, Clone)]
 #[command(version, about)]
+// The gRPC and MQTT security flags mean nothing without their ingress: each group needs it.
+#[command(group(clap::ArgGroup::new("grpc_security")
+    .args(["grpc_tls_cert", "grpc_client_ca", "require_node_identity"])
+    .multiple(true)
+    .requires("grpc_listen")))]
+#[command(group(clap::ArgGroup::new("mqtt_security")
+    .args(["mqtt_ca_file", "mqtt_cert_file", "mqtt_node_ca", "mqtt_require_signatures"])
+    .multiple(true)
+    .requires("mqtt_endpoint")))]
 pub struct Args {
     /// What else to do instead of serving (`token create`).
     #[command(subcommand)]
@@ -47,12 +56,7 @@ pub struct Args {
     /// Read again every 10 s with its key and --grpc-client-ca: a renewed certificate or CA
     /// bundle (cert-manager, a mounted Secret) is used for new handshakes, open connections
     /// keep theirs. During a CA change, put the old and the new CA in the bundle.
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "grpc_tls_key",
-        requires = "grpc_listen"
-    )]
+    #[arg(long, value_name = "FILE", requires = "grpc_tls_key")]
     pub grpc_tls_cert: Option<PathBuf>,
     /// PEM private key of --grpc-tls-cert.
     #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
@@ -60,25 +64,13 @@ pub struct Args {
     /// PEM CA certificate(s) agents' client certificates must chain to (mTLS; needs
     /// --grpc-tls-cert). The node name is taken from the certificate (CN=system:node:<name>,
     /// O=system:nodes) and an agent may only speak for that node.
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "grpc_tls_cert",
-        requires = "grpc_listen"
-    )]
+    #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
     pub grpc_client_ca: Option<PathBuf>,
     /// Refuse gRPC streams without a node identity (UNAUTHENTICATED, counted as rejected).
     /// Default: true with --grpc-client-ca, false without. `--require-node-identity=false`
     /// with a client CA lets agents without a certificate in (unchecked), e.g. while a fleet
     /// moves to mTLS; a certificate that is presented must still be a node's.
-    #[arg(
-        long,
-        value_name = "BOOL",
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        requires = "grpc_listen"
-    )]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub require_node_identity: Option<bool>,
     /// Address serving /healthz, /readyz (gRPC serving and, with --mqtt-endpoint, the MQTT
     /// shared subscription granted) and Prometheus /metrics.
@@ -157,15 +149,10 @@ pub struct Args {
     #[arg(long, value_name = "URL", value_delimiter = ',')]
     pub mqtt_endpoint: Vec<String>,
     /// PEM CA certificate(s) the broker's certificate must chain to (`mqtts://`).
-    #[arg(long, value_name = "FILE", requires = "mqtt_endpoint")]
+    #[arg(long, value_name = "FILE")]
     pub mqtt_ca_file: Option<PathBuf>,
     /// PEM client certificate presented to the broker (with --mqtt-key-file; `mqtts://`).
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "mqtt_key_file",
-        requires = "mqtt_endpoint"
-    )]
+    #[arg(long, value_name = "FILE", requires = "mqtt_key_file")]
     pub mqtt_cert_file: Option<PathBuf>,
     /// PEM private key of --mqtt-cert-file.
     #[arg(long, value_name = "FILE", requires = "mqtt_cert_file")]
@@ -175,7 +162,7 @@ pub struct Args {
     /// verified message speaks only for the node its certificate names. Needs
     /// --mqtt-answer-cert-file and --mqtt-answer-key-file: agents that sign take only
     /// signed answers.
-    #[arg(long, value_name = "FILE", requires = "mqtt_endpoint")]
+    #[arg(long, value_name = "FILE")]
     pub mqtt_node_ca: Option<PathBuf>,
     /// PEM certificate chain of this gateway's answer key (with --mqtt-answer-key-file): a
     /// server certificate from the --mqtt-node-ca site CA, valid for the DNS name
@@ -189,14 +176,7 @@ pub struct Args {
     /// Refuse unsigned MQTT messages (counted as rejected, reason `unsigned`). Default: true
     /// with --mqtt-node-ca. `=false` accepts unsigned ones without an identity, while a fleet
     /// moves to signing; signed ones are still verified.
-    #[arg(
-        long,
-        value_name = "BOOL",
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        requires = "mqtt_endpoint"
-    )]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub mqtt_require_signatures: Option<bool>,
     /// Largest difference, in seconds, between a signed MQTT message's wall time and this
     /// gateway's clock (with --mqtt-node-ca). Bounds how late a recorded message can be
