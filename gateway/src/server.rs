@@ -301,21 +301,15 @@ impl Server {
                 "taking heartbeats from MQTT"
             );
             let served = mqtt_serve(options, gateway.clone(), stop.clone().cancelled_owned());
-            ingresses.spawn(async move { ("MQTT", served.await.map_err(anyhow::Error::from)) });
+            spawn_ingress(&mut ingresses, "MQTT", served);
         }
         if let (Some(listener), Some((_, options))) =
             (listeners.grpc_enrollment, settings.grpc_enrollment)
         {
             tracing::info!(addr = %listener.local_addr()?, "gRPC enrollment listening");
-            let served = serve_enrollment(
-                listener,
-                gateway.clone(),
-                options,
-                stop.clone().cancelled_owned(),
-            );
-            ingresses.spawn(async move {
-                ("gRPC enrollment", served.await.map_err(anyhow::Error::from))
-            });
+            let until = stop.clone().cancelled_owned();
+            let served = serve_enrollment(listener, gateway.clone(), options, until);
+            spawn_ingress(&mut ingresses, "gRPC enrollment", served);
         }
         if let (Some(listener), Some(options)) = (listeners.grpc, grpc_options) {
             tracing::info!(addr = %listener.local_addr()?, "gRPC listening");
@@ -327,11 +321,11 @@ impl Server {
                 stop.clone().cancelled_owned(),
             );
             // The listener is bound and tonic accepts from the moment it is polled.
-            ingresses.spawn(async move {
+            spawn_ingress(&mut ingresses, "gRPC", async move {
                 serving.store(true, Ordering::Relaxed);
                 let result = served.await;
                 serving.store(false, Ordering::Relaxed);
-                ("gRPC", result.map_err(anyhow::Error::from))
+                result
             });
         }
         startup.started(readiness(
@@ -503,6 +497,15 @@ async fn site_ca_enrollment(
         }
         wait = (wait * 2).min(SITE_CA_RETRY.1);
     }
+}
+
+/// Spawns the ingress `name` into `ingresses`: it ends, named, with what `served` returns.
+fn spawn_ingress<E: Into<anyhow::Error>>(
+    ingresses: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
+    name: &'static str,
+    served: impl Future<Output = Result<(), E>> + Send + 'static,
+) {
+    ingresses.spawn(async move { (name, served.await.map_err(Into::into)) });
 }
 
 #[cfg(test)]
