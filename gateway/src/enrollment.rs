@@ -84,6 +84,12 @@ pub const TRANSPORT_ANNOTATION: &str = "edgebeat.io/transport";
 /// Annotation on a CertificateSigningRequest: how it was proved (`token`, `certificate`).
 pub const PROOF_ANNOTATION: &str = "edgebeat.io/proof";
 
+/// The UTF-8 text under `key` in `secret`'s `data`; `None` when absent or not UTF-8.
+fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> Option<String> {
+    let bytes = secret.data.as_ref()?.get(key)?;
+    String::from_utf8(bytes.0.clone()).ok()
+}
+
 /// Why the enrollment side could not start or do something.
 #[derive(Debug, thiserror::Error)]
 pub enum EnrollmentError {
@@ -205,11 +211,11 @@ impl Enrollment {
         let answers = Arc::new(AnswerSigner::from_pem(
             identity.cert_pem.as_bytes(),
             identity.key_pem.as_bytes(),
-            ca.cert_pem.as_bytes(),
+            ca.ca.cert_pem.as_bytes(),
         )?);
-        let ca_der = ca.cert_der.clone();
+        let ca_der = ca.ca.cert_der.clone();
         let answer_cas = ca.answer_cas();
-        let verifier = CertificateVerifier::from_pem(ca.cert_pem.as_bytes())
+        let verifier = CertificateVerifier::from_pem(ca.ca.cert_pem.as_bytes())
             .map_err(EnrollmentError::CaTls)?;
         Ok(Self {
             client,

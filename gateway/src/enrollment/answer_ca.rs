@@ -26,7 +26,7 @@ use rcgen::{
 };
 
 use super::EnrollmentError;
-use super::x509::{GatewayIdentity, ca_error, issuer_of, validity};
+use super::x509::{GatewayIdentity, IssuingCa, ca_error, validity};
 
 /// Validity of an answer CA: 10 years, as the site CA's.
 const ANSWER_CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
@@ -36,19 +36,10 @@ const ANSWER_CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 const ANSWER_KEY_LIFETIME: Duration = Duration::from_secs(5 * 365 * 24 * 3600);
 
 /// One answer CA with its key.
+#[derive(Debug)]
 pub struct AnswerCa {
-    /// The CA certificate, DER.
-    pub cert_der: Vec<u8>,
-    /// The CA certificate, PEM.
-    pub cert_pem: String,
-    pub(super) key_pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl std::fmt::Debug for AnswerCa {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnswerCa").finish_non_exhaustive()
-    }
+    /// Its certificate and key.
+    pub ca: IssuingCa,
 }
 
 impl AnswerCa {
@@ -85,12 +76,8 @@ impl AnswerCa {
     /// Errors: [`EnrollmentError::Ca`] when either does not parse or the certificate is not
     /// a CA's.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, EnrollmentError> {
-        let (issuer, cert_der) = issuer_of(cert_pem, key_pem)?;
         Ok(Self {
-            cert_der,
-            cert_pem: cert_pem.to_owned(),
-            key_pem: key_pem.to_owned(),
-            issuer,
+            ca: IssuingCa::from_pem(cert_pem, key_pem)?,
         })
     }
 
@@ -113,9 +100,9 @@ impl AnswerCa {
         let (not_before, not_after) = validity(now - 300, ANSWER_KEY_LIFETIME)?;
         params.not_before = not_before;
         params.not_after = not_after;
-        let cert = params.signed_by(&key, &self.issuer).map_err(ca_error)?;
+        let cert = params.signed_by(&key, &self.ca.issuer).map_err(ca_error)?;
         Ok(GatewayIdentity {
-            cert_pem: format!("{}{}", cert.pem(), self.cert_pem),
+            cert_pem: format!("{}{}", cert.pem(), self.ca.cert_pem),
             key_pem: key.serialize_pem(),
         })
     }

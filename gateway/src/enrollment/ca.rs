@@ -11,14 +11,14 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
 };
 
 use super::EnrollmentError;
 use super::answer_ca::{self, AnswerCa};
 pub use super::x509::GatewayIdentity;
-use super::x509::{ca_error, issuer_of, validity};
+use super::x509::{IssuingCa, ca_error, validity};
 
 /// Name of the Secret (type `kubernetes.io/tls`: `tls.crt`, `tls.key`) holding the site CA,
 /// in the gateway's namespace, with the answer CAs in [`ANSWER_CAS_KEY`] and
@@ -37,12 +37,8 @@ const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// A site CA with its key: it signs node certificates and the answer CAs.
 pub struct SiteCa {
-    /// The CA certificate, DER.
-    pub cert_der: Vec<u8>,
-    /// The CA certificate, PEM.
-    pub cert_pem: String,
-    key_pem: String,
-    issuer: Issuer<'static, KeyPair>,
+    /// Its certificate and key.
+    pub ca: IssuingCa,
     /// The answer CAs, the one replicas sign with first (see [`super::answer_ca`]).
     answer_cas: Vec<AnswerCa>,
 }
@@ -87,7 +83,7 @@ impl SiteCa {
         params.not_after = not_after;
         let cert = params.self_signed(&key).map_err(ca_error)?;
         let mut ca = Self::from_pem(&cert.pem(), &key.serialize_pem())?;
-        ca.answer_cas.push(AnswerCa::generate(&ca.issuer, now)?);
+        ca.answer_cas.push(AnswerCa::generate(&ca.ca.issuer, now)?);
         Ok(ca)
     }
 
@@ -96,12 +92,8 @@ impl SiteCa {
     /// Errors: [`EnrollmentError::Ca`] when either does not parse or the certificate is not
     /// a CA's.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, EnrollmentError> {
-        let (issuer, cert_der) = issuer_of(cert_pem, key_pem)?;
         Ok(Self {
-            cert_der,
-            cert_pem: cert_pem.to_owned(),
-            key_pem: key_pem.to_owned(),
-            issuer,
+            ca: IssuingCa::from_pem(cert_pem, key_pem)?,
             answer_cas: Vec::new(),
         })
     }
@@ -125,7 +117,7 @@ impl SiteCa {
             if !ca.answer_cas.is_empty() {
                 return Ok(ca);
             }
-            ca.answer_cas.push(AnswerCa::generate(&ca.issuer, now)?);
+            ca.answer_cas.push(AnswerCa::generate(&ca.ca.issuer, now)?);
             let mut updated = ca.to_secret();
             updated.metadata = secret.metadata;
             return match secrets
@@ -167,11 +159,7 @@ impl SiteCa {
     /// Errors: [`EnrollmentError::Ca`] when a field is missing or unusable.
     pub fn from_secret(secret: &Secret) -> Result<Self, EnrollmentError> {
         let field = |key: &str| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            super::secret_text(secret, key)
                 .ok_or_else(|| EnrollmentError::Ca(format!("Secret {SITE_CA_SECRET} has no {key}")))
         };
         let mut ca = Self::from_pem(&field("tls.crt")?, &field("tls.key")?)?;
@@ -196,8 +184,8 @@ impl SiteCa {
                         .into_bytes(),
                 )
             };
-            data.insert(ANSWER_CAS_KEY.to_owned(), bundle(|a| &a.cert_pem));
-            data.insert(ANSWER_CA_KEYS_KEY.to_owned(), bundle(|a| &a.key_pem));
+            data.insert(ANSWER_CAS_KEY.to_owned(), bundle(|a| &a.ca.cert_pem));
+            data.insert(ANSWER_CA_KEYS_KEY.to_owned(), bundle(|a| &a.ca.key_pem));
         }
         secret
     }
@@ -231,7 +219,10 @@ impl SiteCa {
     /// The answer CAs' certificates (DER), the one replicas sign with first: what
     /// certificate answers name (`IssuedCertificate.answer_cas`).
     pub fn answer_cas(&self) -> Vec<Vec<u8>> {
-        self.answer_cas.iter().map(|a| a.cert_der.clone()).collect()
+        self.answer_cas
+            .iter()
+            .map(|a| a.ca.cert_der.clone())
+            .collect()
     }
 
     /// One step of an answer CA rotation at `now` (see [`super::answer_ca`]): with one
@@ -242,7 +233,8 @@ impl SiteCa {
         match self.answer_cas.len() {
             0 => Err(EnrollmentError::Ca("no answer CA to rotate".into())),
             1 => {
-                self.answer_cas.push(AnswerCa::generate(&self.issuer, now)?);
+                self.answer_cas
+                    .push(AnswerCa::generate(&self.ca.issuer, now)?);
                 Ok(AnswerCaRotation::Added)
             }
             _ => {
@@ -263,11 +255,11 @@ impl SiteCa {
                 [
                     (
                         "tls.crt".to_owned(),
-                        ByteString(self.cert_pem.clone().into_bytes()),
+                        ByteString(self.ca.cert_pem.clone().into_bytes()),
                     ),
                     (
                         "tls.key".to_owned(),
-                        ByteString(self.key_pem.clone().into_bytes()),
+                        ByteString(self.ca.key_pem.clone().into_bytes()),
                     ),
                 ]
                 .into(),
@@ -279,14 +271,14 @@ impl SiteCa {
     /// The CA key (PEM), for tests that read a CA back.
     #[cfg(test)]
     pub(crate) fn key_pem_for_tests(&self) -> String {
-        self.key_pem.clone()
+        self.ca.key_pem.clone()
     }
 
     /// The pin bootstrap tokens carry ([`enroll::ca_pin`]).
     ///
     /// Errors: [`EnrollmentError::Ca`] (cannot happen for a CA that loaded).
     pub fn pin(&self) -> Result<[u8; 32], EnrollmentError> {
-        enroll::ca_pin(&self.cert_der).map_err(|e| EnrollmentError::Ca(e.to_string()))
+        enroll::ca_pin(&self.ca.cert_der).map_err(|e| EnrollmentError::Ca(e.to_string()))
     }
 
     /// The gateway's answer key, issued now by the first answer CA (see
@@ -298,7 +290,7 @@ impl SiteCa {
         AnswerSigner::from_pem(
             identity.cert_pem.as_bytes(),
             identity.key_pem.as_bytes(),
-            self.cert_pem.as_bytes(),
+            self.ca.cert_pem.as_bytes(),
         )
         .map_err(EnrollmentError::AnswerSigner)
     }
@@ -350,6 +342,6 @@ impl SiteCa {
         params.not_before = not_before;
         params.not_after = not_after;
         let request = rcgen::CertificateSigningRequestParams { params, public_key };
-        Ok(request.signed_by(&self.issuer).map_err(ca_error)?.pem())
+        Ok(request.signed_by(&self.ca.issuer).map_err(ca_error)?.pem())
     }
 }

@@ -94,8 +94,8 @@ fn requests_asking_for_more_are_refused() {
 fn the_site_ca_signs_node_certificates_and_its_answer_key() {
     let now = 1_800_000_000;
     let ca = SiteCa::generate(now).unwrap();
-    let again = SiteCa::from_pem(&ca.cert_pem, &ca.key_pem_for_tests()).unwrap();
-    assert_eq!(again.cert_der, ca.cert_der);
+    let again = SiteCa::from_pem(&ca.ca.cert_pem, &ca.key_pem_for_tests()).unwrap();
+    assert_eq!(again.ca.cert_der, ca.ca.cert_der);
     let key = NodeKeyPair::generate().unwrap();
     let csr = key.certificate_request("plant-3-01").unwrap();
     let public_key = check_csr(&csr, "plant-3-01").unwrap();
@@ -103,7 +103,7 @@ fn the_site_ca_signs_node_certificates_and_its_answer_key() {
         .sign_node("plant-3-01", public_key, now, Duration::from_secs(3600))
         .unwrap();
     let chain = edgebeat_transports::tls::parse_certificates(pem.as_bytes()).unwrap();
-    let verifier = CertificateVerifier::from_pem(ca.cert_pem.as_bytes()).unwrap();
+    let verifier = CertificateVerifier::from_pem(ca.ca.cert_pem.as_bytes()).unwrap();
     let published = NodeCertificate {
         certificate_chain: vec![chain[0].to_vec()],
     }
@@ -135,7 +135,7 @@ fn the_site_ca_signs_node_certificates_and_its_answer_key() {
     let chain = edgebeat_transports::tls::parse_certificates(identity.cert_pem.as_bytes()).unwrap();
     assert_eq!(chain.len(), 2);
     assert_eq!(vec![chain[1].to_vec()], ca.answer_cas());
-    assert_ne!(chain[1].to_vec(), ca.cert_der, "not the site CA");
+    assert_ne!(chain[1].to_vec(), ca.ca.cert_der, "not the site CA");
     // The Secret keeps the answer CAs; a rotation adds one behind, then retires the first.
     let stored = SiteCa::from_secret(&ca.to_secret()).unwrap();
     assert_eq!(stored.answer_cas(), ca.answer_cas());

@@ -69,11 +69,7 @@ impl TokenSpec {
             )));
         }
         let field = |key: &str| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            super::secret_text(secret, key)
                 .ok_or_else(|| EnrollmentError::Token(format!("no {key}")))
         };
         let bad = |key: &str| EnrollmentError::Token(format!("malformed {key}"));

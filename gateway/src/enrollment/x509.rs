@@ -24,23 +24,46 @@ impl std::fmt::Debug for GatewayIdentity {
     }
 }
 
-/// The issuer of a CA certificate and its key (both PEM), and the certificate's DER.
-///
-/// Errors: [`EnrollmentError::Ca`] when either does not parse or the certificate is not a
-/// CA's.
-pub(super) fn issuer_of(
-    cert_pem: &str,
-    key_pem: &str,
-) -> Result<(Issuer<'static, KeyPair>, Vec<u8>), EnrollmentError> {
-    let key = KeyPair::from_pem(key_pem).map_err(ca_error)?;
-    let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(ca_error)?;
-    let cert_der = edgebeat_transports::tls::parse_certificates(cert_pem.as_bytes())
-        .map_err(EnrollmentError::CaTls)?
-        .into_iter()
-        .next()
-        .ok_or_else(|| EnrollmentError::Ca("no certificate".into()))?
-        .to_vec();
-    Ok((issuer, cert_der))
+/// A CA certificate with its key, able to issue: the site CA's ([`super::ca::SiteCa`]) and
+/// each answer CA's ([`super::answer_ca::AnswerCa`]).
+pub struct IssuingCa {
+    /// The CA certificate, DER.
+    pub cert_der: Vec<u8>,
+    /// The CA certificate, PEM.
+    pub cert_pem: String,
+    /// Its private key, PEM (kept to write it back into the site CA's Secret).
+    pub(super) key_pem: String,
+    /// rcgen's issuer of the two.
+    pub(super) issuer: Issuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for IssuingCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuingCa").finish_non_exhaustive()
+    }
+}
+
+impl IssuingCa {
+    /// The CA of a certificate and its key, both PEM.
+    ///
+    /// Errors: [`EnrollmentError::Ca`] when either does not parse or the certificate is not
+    /// a CA's; [`EnrollmentError::CaTls`] when the certificate's PEM does not parse.
+    pub(super) fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, EnrollmentError> {
+        let key = KeyPair::from_pem(key_pem).map_err(ca_error)?;
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(ca_error)?;
+        let cert_der = edgebeat_transports::tls::parse_certificates(cert_pem.as_bytes())
+            .map_err(EnrollmentError::CaTls)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| EnrollmentError::Ca("no certificate".into()))?
+            .to_vec();
+        Ok(Self {
+            cert_der,
+            cert_pem: cert_pem.to_owned(),
+            key_pem: key_pem.to_owned(),
+            issuer,
+        })
+    }
 }
 
 /// `(notBefore, notAfter)` for `lifetime` from `from` (Unix seconds).
