@@ -151,19 +151,23 @@ impl NodeConditionType {
     ];
 
     /// Every type: [`NodeConditionType::KUBELET`], then [`NodeConditionType::HEALTH`],
-    /// in declaration order, so `type_ as usize` is a type's place in it.
-    pub const ALL: [Self; 10] = [
-        Self::MemoryPressure,
-        Self::DiskPressure,
-        Self::PidPressure,
-        Self::Ready,
-        Self::SystemMemoryContentionPressure,
-        Self::SystemDiskContentionPressure,
-        Self::ReadonlyFilesystem,
-        Self::ThermalPressure,
-        Self::UnderVoltage,
-        Self::ClockUnsynchronized,
-    ];
+    /// in declaration order, so `type_ as usize` is a type's place in it (both checked as
+    /// it is built).
+    pub const ALL: [Self; 10] = {
+        let mut all = [Self::Ready; 10];
+        assert!(Self::KUBELET.len() + Self::HEALTH.len() == all.len());
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = if i < Self::KUBELET.len() {
+                Self::KUBELET[i]
+            } else {
+                Self::HEALTH[i - Self::KUBELET.len()]
+            };
+            assert!(all[i] as usize == i);
+            i += 1;
+        }
+        all
+    };
 
     /// The API's spelling, e.g. `PIDPressure`.
     pub const fn as_str(self) -> &'static str {

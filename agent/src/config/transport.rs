@@ -99,6 +99,8 @@ impl TransportConfig {
 /// `transport` as written: `kind` and the fields of either kind, read flat and split by
 /// [`RawTransport::split`] (serde's internally tagged enums buffer the whole mapping
 /// through a generic content type, about 50 KB of an aarch64 agent, for the same result).
+/// The MQTT kind uses every field but `kind` and `enrollmentEndpoint`, so it is checked
+/// from this struct itself; gRPC's few are split into [`RawGrpc`].
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct RawTransport {
@@ -119,10 +121,11 @@ pub(super) struct RawTransport {
     gateway_ca_file: Option<PathBuf>,
 }
 
-/// `transport` of one kind.
+/// `transport` of one kind: gRPC's fields, or for MQTT the whole [`RawTransport`] (the MQTT
+/// kind uses every field but `kind` and `enrollmentEndpoint`, which `split` checked unset).
 enum Kinded {
     Grpc(RawGrpc),
-    Mqtt(RawMqtt),
+    Mqtt(RawTransport),
 }
 
 impl RawTransport {
@@ -167,19 +170,7 @@ impl RawTransport {
                     self.enrollment_endpoint.is_some(),
                     "only valid with kind: grpc (over MQTT, certificate requests go through the broker); remove it",
                 );
-                Some(Kinded::Mqtt(RawMqtt {
-                    endpoint: self.endpoint,
-                    endpoints: self.endpoints,
-                    keepalive: self.keepalive,
-                    client_id: self.client_id,
-                    username: self.username,
-                    password_file: self.password_file,
-                    topic_prefix: self.topic_prefix,
-                    ca_file: self.ca_file,
-                    cert_file: self.cert_file,
-                    key_file: self.key_file,
-                    gateway_ca_file: self.gateway_ca_file,
-                }))
+                Some(Kinded::Mqtt(self))
             }
             None => {
                 p.push("transport.kind", "required; use grpc or mqtt");
@@ -206,22 +197,6 @@ struct RawGrpc {
     ca_file: Option<PathBuf>,
     cert_file: Option<PathBuf>,
     key_file: Option<PathBuf>,
-}
-
-/// `transport` fields of `kind: mqtt` (split in any build, as [`RawGrpc`]).
-#[cfg_attr(not(feature = "mqtt"), allow(dead_code))]
-struct RawMqtt {
-    endpoint: Option<Text>,
-    endpoints: Option<Vec<Text>>,
-    keepalive: Option<Period>,
-    client_id: Option<Text>,
-    username: Option<Text>,
-    password_file: Option<PathBuf>,
-    topic_prefix: Option<Text>,
-    ca_file: Option<PathBuf>,
-    cert_file: Option<PathBuf>,
-    key_file: Option<PathBuf>,
-    gateway_ca_file: Option<PathBuf>,
 }
 
 /// The `transport` mapping of a file that did not deserialize as a whole, field by field, so

@@ -80,6 +80,8 @@ impl AgentConfig {
         let mut p = Problems::default();
         let mut c = AgentConfig::default();
         check_type_meta(&mut p, raw.api_version.as_deref(), raw.kind.as_deref());
+        // Before any field is moved out of `raw`: `health` reads its own (Copy) fields.
+        c.health = health(&mut p, &raw);
         c.node_name = raw.node_name.and_then(|n| n.0);
         if let Some(Period(d)) = raw.node_status_update_frequency {
             c.node_status_update_frequency = d;
@@ -107,18 +109,6 @@ impl AgentConfig {
         if let Some(HoldPeriod(d)) = raw.eviction_pressure_transition_period {
             c.eviction_pressure_transition_period = d;
         }
-        c.health = health(
-            &mut p,
-            RawHealth {
-                system_memory_contention_threshold: raw.system_memory_contention_threshold,
-                system_disk_contention_threshold: raw.system_disk_contention_threshold,
-                readonly_filesystem_condition: raw.readonly_filesystem_condition,
-                thermal_condition: raw.thermal_condition,
-                thermal_limit_celsius: raw.thermal_limit_celsius,
-                under_voltage_condition: raw.under_voltage_condition,
-                clock_sync_condition: raw.clock_sync_condition,
-            },
-        );
         c.system_reserved = parse_reserved(&mut p, "systemReserved", raw.system_reserved);
         c.kube_reserved = parse_reserved(&mut p, "kubeReserved", raw.kube_reserved);
         if let Some(MaxPods(v)) = raw.max_pods {
@@ -266,20 +256,11 @@ fn eviction_hard(
     out
 }
 
-/// The health conditions' fields as written ([`HealthSettings`]).
-struct RawHealth {
-    system_memory_contention_threshold: Option<f64>,
-    system_disk_contention_threshold: Option<f64>,
-    readonly_filesystem_condition: Option<bool>,
-    thermal_condition: Option<bool>,
-    thermal_limit_celsius: Option<f64>,
-    under_voltage_condition: Option<bool>,
-    clock_sync_condition: Option<bool>,
-}
-
-/// The health conditions' settings over their defaults; the floats are checked here (see
+/// The health conditions' settings ([`HealthSettings`]) over their defaults, from their
+/// fields of `raw` (`systemMemoryContentionThreshold`, `systemDiskContentionThreshold`,
+/// `thermalLimitCelsius` and the `*Condition` switches); the floats are checked here (see
 /// `RawConfig`).
-fn health(p: &mut Problems, raw: RawHealth) -> HealthSettings {
+fn health(p: &mut Problems, raw: &RawConfig) -> HealthSettings {
     let mut health = HealthSettings::default();
     let thresholds = [
         (

@@ -14,10 +14,15 @@ use crate::config::values::{Period, Text};
 use super::MqttUplinkOptions;
 #[cfg(feature = "mqtt")]
 use super::tls::{read_certificates, validate_tls};
-use super::{RawMqtt, TransportConfig};
+use super::{RawTransport, TransportConfig};
 
 #[cfg(not(feature = "mqtt"))]
-pub(super) fn mqtt(p: &mut Problems, _: RawMqtt, _: Duration, _: bool) -> Option<TransportConfig> {
+pub(super) fn mqtt(
+    p: &mut Problems,
+    _: RawTransport,
+    _: Duration,
+    _: bool,
+) -> Option<TransportConfig> {
     p.push(
         "transport.kind",
         "this agent was built without MQTT (cargo feature mqtt); use kind: grpc or an agent built with it",
@@ -25,14 +30,15 @@ pub(super) fn mqtt(p: &mut Problems, _: RawMqtt, _: Duration, _: bool) -> Option
     None
 }
 
-/// `kind: mqtt`: the broker(s), credentials, topic prefix, keepalive and TLS, whose client
-/// certificate's key also signs every message. Renewals expire at the broker after the
-/// renew interval (whole seconds, at least 1), so a broker never hands a gateway a backlog of
-/// stale renewals.
+/// `kind: mqtt`, from every field of `transport` but `kind` and `enrollmentEndpoint`
+/// (which [`RawTransport::split`] checked): the broker(s), credentials, topic prefix,
+/// keepalive and TLS, whose client certificate's key also signs every message. Renewals
+/// expire at the broker after the renew interval (whole seconds, at least 1), so a broker
+/// never hands a gateway a backlog of stale renewals.
 #[cfg(feature = "mqtt")]
 pub(super) fn mqtt(
     p: &mut Problems,
-    m: RawMqtt,
+    m: RawTransport,
     renew_interval: Duration,
     enrolled: bool,
 ) -> Option<TransportConfig> {
