@@ -45,6 +45,7 @@
 use std::time::Duration;
 
 use edgebeat_proto as pb;
+use edgebeat_transports::ingress::Rejection;
 use tokio::time::Instant;
 
 use crate::freshness::Freshness;
@@ -106,24 +107,6 @@ pub struct AdmissionPolicy {
 /// `nodeLeaseDurationSeconds` 40 × 0.25.
 const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Why a message was not admitted: the metric label and a text for logs and the ack.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// The metric label.
-    pub reason: RejectReason,
-    /// What exactly was wrong.
-    pub detail: String,
-}
-
-impl Refusal {
-    fn new(reason: RejectReason, detail: impl Into<String>) -> Self {
-        Self {
-            reason,
-            detail: detail.into(),
-        }
-    }
-}
-
 /// What an admitted message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admitted {
@@ -142,32 +125,32 @@ pub enum Verdict {
     Admit(Admitted),
     /// A heartbeat older than [`AdmissionPolicy::max_age`]: drop it.
     Stale(Duration),
-    /// Refused.
-    Reject(Refusal),
+    /// Rejected: the metric label and a text for logs and the ack.
+    Reject(Rejection),
 }
 
 /// The stateless checks (rule 1 of the module docs), run before any per-node state is
 /// looked up or made: the header's node name is a valid Node name, an identified message
 /// speaks for its own node, and under [`Posture::Identified`] it has an identity.
 ///
-/// Errors: the [`Refusal`] (`Malformed`, `Foreign` or `Unauthenticated`).
+/// Errors: the [`Rejection`] (`Malformed`, `Foreign` or `Unauthenticated`).
 pub fn check_identity(
     posture: Posture,
     node: &str,
     provenance: Provenance<'_>,
-) -> Result<(), Refusal> {
+) -> Result<(), Rejection> {
     if !edgebeat_transports::tls::is_node_name(node) {
-        return Err(Refusal::new(
+        return Err(Rejection::new(
             RejectReason::Malformed,
             format!("malformed: {node:?} is not a valid node name"),
         ));
     }
     match provenance.identity {
-        Some(identity) if identity != node => Err(Refusal::new(
+        Some(identity) if identity != node => Err(Rejection::new(
             RejectReason::Foreign,
             format!("node {identity:?} may not speak for node {node:?}"),
         )),
-        None if posture == Posture::Identified => Err(Refusal::new(
+        None if posture == Posture::Identified => Err(Rejection::new(
             RejectReason::Unauthenticated,
             format!(
                 "unidentified message for node {node:?}: this gateway requires node identities"
@@ -219,9 +202,9 @@ impl NodeAdmission {
 
     /// Whether `header` names this node's current boot (by ID or by tag) with a sequence
     /// number at or below the last admitted one: a copy of a message already admitted (or
-    /// one overtaken by it), which [`NodeAdmission::admit`] refuses as
+    /// one overtaken by it), which [`NodeAdmission::admit`] rejects as
     /// [`RejectReason::Replayed`]. Checked before admission only to decide whether a
-    /// refusal may be answered: a replay is never answered.
+    /// rejection may be answered: a replay is never answered.
     pub fn is_replay(&self, header: &pb::Header) -> bool {
         self.holds_boot_tag(header.named_boot_tag())
             && (header.boot_id.is_empty() || header.boot_id == self.boot_id)
@@ -243,7 +226,7 @@ impl NodeAdmission {
     ) -> Verdict {
         let seq = header.seq;
         if self.identified && provenance.identity.is_none() {
-            return Verdict::Reject(Refusal::new(
+            return Verdict::Reject(Rejection::new(
                 RejectReason::Unauthenticated,
                 "unidentified message for a node that speaks with its identity",
             ));
@@ -258,7 +241,7 @@ impl NodeAdmission {
         }
         self.old_boots.retain(|(_, until)| now < *until);
         if header.boot_id.is_empty() && !self.holds_boot_tag(header.boot_tag) {
-            return Verdict::Reject(Refusal::new(
+            return Verdict::Reject(Rejection::new(
                 RejectReason::UnknownBoot,
                 "this replica does not hold the boot of this boot tag: send the boot ID",
             ));
@@ -270,13 +253,13 @@ impl NodeAdmission {
                 && !self.boot_id.is_empty()
                 && header.wall_time_ms < self.last_wall_ms
             {
-                return Verdict::Reject(Refusal::new(
+                return Verdict::Reject(Rejection::new(
                     RejectReason::Replayed,
                     "replayed: a message of an earlier boot (older than the current boot's last)",
                 ));
             }
             if self.old_boots.iter().any(|(b, _)| *b == header.boot_id) {
-                return Verdict::Reject(Refusal::new(
+                return Verdict::Reject(Rejection::new(
                     RejectReason::Replayed,
                     "replayed: a message of an earlier boot",
                 ));
@@ -294,7 +277,7 @@ impl NodeAdmission {
             }
             self.freshness = None;
         } else if seq <= self.last_seq {
-            return Verdict::Reject(Refusal::new(
+            return Verdict::Reject(Rejection::new(
                 RejectReason::Replayed,
                 format!(
                     "replayed or reordered: seq {seq} ≤ last accepted {}",
@@ -310,7 +293,7 @@ impl NodeAdmission {
             // `seq` is the agent's boot clock: a message from further in the future than
             // the age limit is not the agent's (accepted, it would make every genuine
             // message look replayed, then stale).
-            return Verdict::Reject(Refusal::new(
+            return Verdict::Reject(Rejection::new(
                 RejectReason::Invalid,
                 format!("seq is {ahead:?} ahead of this boot's clock"),
             ));
@@ -324,7 +307,7 @@ impl NodeAdmission {
             self.identified = true;
         }
         if !self.bucket.take(now, policy.rate, policy.burst) {
-            return Verdict::Reject(Refusal::new(
+            return Verdict::Reject(Rejection::new(
                 RejectReason::RateLimited,
                 format!(
                     "rate limited: node {:?} sends more than {}/s",

@@ -52,7 +52,7 @@ mod handle;
 mod lifecycle;
 mod metrics;
 mod proof;
-mod refusal;
+mod rejection;
 mod replay;
 mod uses;
 mod x509;
@@ -63,6 +63,7 @@ use replay::Seen;
 
 pub use csr::csr_name;
 pub use metrics::EnrollmentCounters;
+pub use rejection::RejectReason;
 
 /// The signer name of the certificates the gateway signs itself:
 /// `edgebeat.io/node-client`.
@@ -169,8 +170,8 @@ pub struct Enrollment {
     answer_cas: Vec<Vec<u8>>,
     identity: ca::GatewayIdentity,
     clock: Arc<dyn Clock>,
-    /// Latest `(boot ID, seq)` accepted per node, and when: replays are refused for
-    /// twice the clock window, after which the window refuses them.
+    /// Latest `(boot ID, seq)` accepted per node, and when: replays are rejected for
+    /// twice the clock window, after which the window rejects them.
     seen: Mutex<Seen>,
     /// Uses of each bootstrap token this replica made and has not yet added to the token's
     /// Secret, by token id (see [`Enrollment::flush_uses`]).

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
-use edgebeat_transports::ingress::{CertificateId, Letter, NodeMap, Peer, Refused, Turn};
+use edgebeat_transports::ingress::{CertificateId, Letter, NodeMap, Peer, Turn};
 use tokio::time::Instant;
 
 use crate::admission::{NodeAdmission, Provenance, Verdict, check_identity};
@@ -200,8 +200,8 @@ impl Gateway {
             return Err(self.no_header());
         };
         let name = header.node_name.as_str();
-        if let Err(refusal) = check_identity(self.options.posture, name, provenance(peer)) {
-            return Err(self.reject(refusal.reason, refusal.detail));
+        if let Err(rejection) = check_identity(self.options.posture, name, provenance(peer)) {
+            return Err(self.reject(rejection.reason, rejection.detail.into_owned()));
         }
         if peer.identity.is_none() && self.writer.view.certificate(name).is_some() {
             // The cluster records that the node speaks with a certificate: whoever sends
@@ -250,17 +250,13 @@ impl Gateway {
                 }
                 posted.start.then_some(cell)
             }
-            Err((refused, letter)) => {
-                let why = match refused {
-                    Refused::Copy => RejectReason::Replayed,
-                    Refused::Full => RejectReason::QueueFull,
-                };
+            Err((why, letter)) => {
                 self.counters.count_rejection(why);
                 tracing::debug!(
                     transport = letter.peer.transport.as_str(),
                     node = ?letter.peer.identity,
                     why = why.as_str(),
-                    "message refused unanswered: a copy of one already posted, or the node's mailbox is full"
+                    "message rejected unanswered: a copy of one already posted, or the node's mailbox is full"
                 );
                 None
             }
@@ -387,7 +383,7 @@ impl Gateway {
                 }
                 admitted.age
             }
-            Verdict::Reject(refusal) if refusal.reason == RejectReason::UnknownBoot => {
+            Verdict::Reject(rejection) if rejection.reason == RejectReason::UnknownBoot => {
                 // Not a fault: this replica has not seen the boot yet. The answer asks for
                 // the boot ID, which the agent's retry carries.
                 self.counters.count_rejection(RejectReason::UnknownBoot);
@@ -396,19 +392,21 @@ impl Gateway {
                     "boot tag of a boot this replica does not hold; asking for the boot ID"
                 );
                 return Err(Some(Answer::SendBootId {
-                    reason: refusal.detail,
+                    reason: rejection.detail.into_owned(),
                 }));
             }
-            Verdict::Reject(refusal) if refusal.reason == RejectReason::Replayed => {
+            Verdict::Reject(rejection) if rejection.reason == RejectReason::Replayed => {
                 // No answer: the genuine sender had its answer, and a replay must not make
                 // the gateway speak on the node's link (nor fail a request it still waits
                 // for).
                 self.counters.count_rejection(RejectReason::Replayed);
-                tracing::debug!(node = name, detail = %refusal.detail, "replay refused without an answer");
+                tracing::debug!(node = name, detail = %rejection.detail, "replay rejected without an answer");
                 return Err(None);
             }
-            Verdict::Reject(refusal) => {
-                return Err(Some(self.reject(refusal.reason, refusal.detail)));
+            Verdict::Reject(rejection) => {
+                return Err(Some(
+                    self.reject(rejection.reason, rejection.detail.into_owned()),
+                ));
             }
             Verdict::Stale(age) => {
                 slot.last_seen = Some(received);

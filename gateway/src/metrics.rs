@@ -112,9 +112,9 @@ pub struct Counters {
     /// Certificates recorded on their Node's annotations (see
     /// [`crate::patch::CERTIFICATE_SHA256_ANNOTATION`]).
     pub certificates_recorded: Counter,
-    /// Which refusals are also logged: every one is counted, a flood is not written
+    /// Which rejections are also logged: every one is counted, a flood is not written
     /// line by line ([`LogLimiter`](edgebeat_transports::log_limit::LogLimiter)).
-    pub refusal_log: edgebeat_transports::log_limit::LogLimiter,
+    pub rejection_log: edgebeat_transports::log_limit::LogLimiter,
 }
 
 impl Default for Counters {
@@ -125,7 +125,7 @@ impl Default for Counters {
             stale_renewals: Counter::default(),
             status_reports: Counter::default(),
             rejected_by_reason: Family::default(),
-            refusal_log: Default::default(),
+            rejection_log: Default::default(),
             registrations: Counter::default(),
             nodes_not_found: Counter::default(),
             certificates_recorded: Counter::default(),

@@ -655,7 +655,7 @@ async fn enroll(
                     ca_pem: enroll::pem("CERTIFICATE", &ca),
                 });
             }
-            Some(Answered::Refused(why)) => {
+            Some(Answered::Rejected(why)) => {
                 tracing::error!(node = %host.name, %why, "enrollment refused");
                 return None;
             }

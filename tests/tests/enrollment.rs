@@ -375,14 +375,14 @@ async fn refused_requests_are_counted_and_write_nothing() {
     let h = header("plant-4-01", 1);
     let csr = key.certificate_request("plant-4-01").unwrap();
     let answer = ask(&cluster, enroll::token_request(&token, h.clone(), csr)).await;
-    assert!(matches!(refused_with(answer, &h), Answered::Refused(_)));
+    assert!(matches!(refused_with(answer, &h), Answered::Rejected(_)));
     assert_eq!(enrollment.counters.get("token", "token_node"), 1);
 
     // A CSR naming another node than the request.
     let h = header("plant-3-01", 2);
     let csr = key.certificate_request("plant-3-99").unwrap();
     let answer = ask(&cluster, enroll::token_request(&token, h.clone(), csr)).await;
-    assert!(matches!(refused_with(answer, &h), Answered::Refused(_)));
+    assert!(matches!(refused_with(answer, &h), Answered::Rejected(_)));
     // A CSR with a subject alternative name and server auth.
     let h = header("plant-3-01", 3);
     let mut params = rcgen::CertificateParams::new(vec!["gateway.example".to_owned()]).unwrap();
@@ -397,7 +397,7 @@ async fn refused_requests_are_counted_and_write_nothing() {
     let rogue = rcgen::KeyPair::generate().unwrap();
     let csr = params.serialize_request(&rogue).unwrap().der().to_vec();
     let answer = ask(&cluster, enroll::token_request(&token, h.clone(), csr)).await;
-    assert!(matches!(refused_with(answer, &h), Answered::Refused(_)));
+    assert!(matches!(refused_with(answer, &h), Answered::Rejected(_)));
     assert_eq!(enrollment.counters.get("token", "csr_subject"), 1);
     assert_eq!(enrollment.counters.get("token", "csr_names"), 1);
 
@@ -410,7 +410,7 @@ async fn refused_requests_are_counted_and_write_nothing() {
     let h = header("plant-3-01", 4);
     let csr = key.certificate_request("plant-3-01").unwrap();
     let answer = ask(&cluster, enroll::token_request(&expired, h.clone(), csr)).await;
-    assert!(matches!(refused_with(answer, &h), Answered::Refused(_)));
+    assert!(matches!(refused_with(answer, &h), Answered::Rejected(_)));
     assert_eq!(enrollment.counters.get("token", "token_expired"), 1);
 
     // A genuine request, then the same bytes again: the replay gets no answer.
@@ -444,7 +444,7 @@ async fn refused_requests_are_counted_and_write_nothing() {
     let csr = other.certificate_request("plant-3-02").unwrap();
     let payload = enroll::certificate_request(&signer, h.clone(), csr).unwrap();
     let answer = ask(&cluster, payload).await;
-    assert!(matches!(refused_with(answer, &h), Answered::Refused(_)));
+    assert!(matches!(refused_with(answer, &h), Answered::Rejected(_)));
     assert_eq!(enrollment.counters.get("certificate", "certificate"), 1);
     assert_eq!(csrs(&cluster).await.len(), 1, "refusals write nothing");
 }
@@ -678,7 +678,7 @@ async fn two_replicas_enrolling_one_fleet_make_one_ca() {
         edgebeat_gateway::enrollment::Enrollment::with_site_ca(client.clone(), options, clock),
     );
     let (a, b) = (a.unwrap(), b.unwrap());
-    assert_eq!(a.ca_pem(), old.cert_pem, "the older gateway's site CA kept");
+    assert_eq!(a.ca_pem(), old.ca.cert_pem, "the older gateway's site CA kept");
     assert_eq!((a.answer_cas().len(), a.answer_cas()), (1, b.answer_cas()));
     assert_ne!(
         a.answer_cas(),

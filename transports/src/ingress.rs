@@ -1,6 +1,7 @@
 //! The gateway's side of every transport: where a message came from, and the handler that
 //! answers it.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{AgentMessage, Answer, GatewayMessage, HeaderForm, gateway_message};
 
 mod mailbox;
-pub use mailbox::{Letter, Mailbox, Posted, Refused, Reply, Sending, Turn};
+pub use mailbox::{Letter, Mailbox, Posted, Reply, Sending, Turn};
 
 /// Which transport carried a message (a metric label and log field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,7 +122,7 @@ impl Peer {
 pub trait Handler: Send + Sync + 'static {
     /// Handles one decoded message from `peer` and returns the [`Answer`] to send back (the
     /// transport encodes it as the `Ack` of the message's `Header.seq`, see [`Asked`]), or
-    /// `None` for a message refused without an answer (a replay). Messages of one
+    /// `None` for a message rejected without an answer (a replay). Messages of one
     /// connection are handled in order, one at a time.
     fn handle(
         &self,
@@ -150,7 +151,7 @@ pub trait Handler: Send + Sync + 'static {
         });
     }
 
-    /// Called when the transport refused something from `peer` before the handler could see
+    /// Called when the transport rejected something from `peer` before the handler could see
     /// a message (undecodable, oversized, unauthenticated, a failed TLS handshake, a bad
     /// signature); the transport drops it and keeps serving. `reason` is the metric label,
     /// `detail` a short text for logs.
@@ -191,13 +192,28 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
-/// A transport's refusal: its [`RejectReason`] and a fixed text for logs and acks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A message rejected, by a transport or by the gateway: its [`RejectReason`] (the metric
+/// label) and a detail for logs and, when the rejection is answered, for the answer
+/// (`Answer::Rejected`'s reason). Transports name theirs as constants with a fixed detail
+/// (e.g. the MQTT ingress's `REJECT_MALFORMED`); where the detail names the case (a node
+/// name, a sequence number, by how much a clock is off) it is an owned text.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     /// The metric label.
     pub reason: RejectReason,
-    /// What exactly was wrong, e.g. `unknown topic`.
-    pub detail: &'static str,
+    /// What exactly was wrong, for logs and answers: a fixed text (`unknown topic`,
+    /// borrowed) or one naming the case (`seq 7 ≤ last accepted 9`, owned).
+    pub detail: Cow<'static, str>,
+}
+
+impl Rejection {
+    /// A rejection for `reason` with `detail` (a `&'static str` or a `String`).
+    pub fn new(reason: RejectReason, detail: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            reason,
+            detail: detail.into(),
+        }
+    }
 }
 
 /// Why a message was rejected, by a transport or by the gateway: the `reason` label of the
@@ -210,7 +226,7 @@ pub enum RejectReason {
     Malformed,
     /// Larger than the decode limit (64 KiB).
     TooLarge,
-    /// Decodes but is refused by validation, NodeRestriction or the apiserver (422).
+    /// Decodes but is rejected by validation, NodeRestriction or the apiserver (422).
     Invalid,
     /// Speaks for another node than its authenticated identity, or its MQTT topic names
     /// another node than its header.
@@ -241,7 +257,7 @@ pub enum RejectReason {
     /// signed under a certificate that has expired since.
     Certificate,
     /// A message for a node this replica has no room for: it already keeps state for its
-    /// configured fleet size (`--max-nodes`), so a new node name is refused before anything
+    /// configured fleet size (`--max-nodes`), so a new node name is rejected before anything
     /// is allocated for it.
     FleetFull,
     /// A Lease renewal or status report not written because a newer one of the same kind
@@ -372,7 +388,7 @@ impl<K: std::hash::Hash + Eq + std::borrow::Borrow<str>, V> NodeMap<K, V> {
     /// [`FULL_SWEEP_INTERVAL`] ago; then `make_room` may free one entry (say, give an
     /// identified node the slot of an unidentified one; `|_| false` for none).
     ///
-    /// Errors: `None` when the map stays full: the caller refuses the message
+    /// Errors: `None` when the map stays full: the caller rejects the message
     /// (`FleetFull`), and nothing is kept for the node.
     pub fn get_or_make(
         &mut self,

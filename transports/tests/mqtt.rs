@@ -618,7 +618,7 @@ async fn bad_publishes_are_rejected_and_good_nodes_keep_going() {
     let mut reasons = handler.rejected();
     let mut expected: Vec<_> = bad
         .iter()
-        .map(|(_, _, r)| (r.reason, r.detail.to_owned()))
+        .map(|(_, _, r)| (r.reason, r.detail.to_string()))
         .collect();
     reasons.sort();
     expected.sort();

@@ -144,7 +144,7 @@ impl Manager<'_> {
                 answer_cas,
             } => Attempt::Issued(NodeIdentity::issued(&chain, &ca, answer_cas, key)?),
             Answered::Pending(why) => Attempt::Pending(why),
-            Answered::Refused(why) => Attempt::Refused(why),
+            Answered::Rejected(why) => Attempt::Refused(why),
         })
     }
 

@@ -3,7 +3,7 @@
 
 use edgebeat_transports::enroll;
 
-use super::refusal::{Refused, refuse};
+use super::rejection::{RejectReason, Rejection, reject};
 
 /// The deterministic name of the CertificateSigningRequest of `csr_der` for `node`:
 /// `edgebeat-` and 32 hex digits of SHA-256 over the node name and the request's public
@@ -23,11 +23,11 @@ pub fn csr_name(csr_der: &[u8], node: &str) -> String {
 
 /// Checks a PKCS#10 request for `node` (see the module docs, step 2) and returns its
 /// public key.
-pub(super) fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, Refused> {
+pub(super) fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, Rejection> {
     use x509_parser::prelude::FromDer as _;
     let (_, parsed) =
         x509_parser::certification_request::X509CertificationRequest::from_der(csr_der)
-            .map_err(|e| refuse("csr", format!("the CSR does not parse: {e}")))?;
+            .map_err(|e| reject(RejectReason::Csr, format!("the CSR does not parse: {e}")))?;
     let subject: Vec<(String, String)> = parsed
         .certification_request_info
         .subject
@@ -54,18 +54,18 @@ pub(super) fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, 
     let mut expected = wanted.to_vec();
     expected.sort();
     if sorted != expected {
-        return Err(refuse(
-            "csr_subject",
+        return Err(reject(
+            RejectReason::CsrSubject,
             format!(
                 "the CSR's subject must be exactly O=system:nodes, CN=system:node:{node}, not {subject:?}"
             ),
         ));
     }
     let request = rcgen::CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())
-        .map_err(|e| refuse("csr", format!("the CSR does not verify: {e}")))?;
+        .map_err(|e| reject(RejectReason::Csr, format!("the CSR does not verify: {e}")))?;
     if !request.params.subject_alt_names.is_empty() {
-        return Err(refuse(
-            "csr_names",
+        return Err(reject(
+            RejectReason::CsrNames,
             "the CSR asks for subject alternative names",
         ));
     }
@@ -80,15 +80,15 @@ pub(super) fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, 
             .iter()
             .all(|u| *u == rcgen::ExtendedKeyUsagePurpose::ClientAuth);
     if !usages_ok || request.params.is_ca != rcgen::IsCa::NoCa {
-        return Err(refuse(
-            "csr_usages",
+        return Err(reject(
+            RejectReason::CsrUsages,
             "the CSR asks for usages beyond digital signature and client auth",
         ));
     }
     let alg = request.public_key.algorithm();
     if alg != &rcgen::PKCS_ECDSA_P256_SHA256 && alg != &rcgen::PKCS_ED25519 {
-        return Err(refuse(
-            "csr_key",
+        return Err(reject(
+            RejectReason::CsrKey,
             "the CSR's key is neither ECDSA P-256 nor Ed25519",
         ));
     }

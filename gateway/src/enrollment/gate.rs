@@ -2,7 +2,7 @@
 //! (a gRPC client's IP address, an MQTT topic's node name) and one for all, and a bound on
 //! requests in flight. The enrollment listener needs no client certificate, so anyone who
 //! reaches it can send requests; each costs a signature check and up to a few apiserver
-//! calls, and the gate refuses (without an answer: the agent asks again with backoff) what
+//! calls, and the gate rejects (without an answer: the agent asks again with backoff) what
 //! goes over the limits before any of that.
 
 use parking_lot::Mutex;
@@ -26,7 +26,7 @@ pub struct EnrollmentLimits {
     pub rate: f64,
     /// Requests at once for all sources together (default 500).
     pub burst: f64,
-    /// Requests handled at once (default 64); more wait for none, they are refused.
+    /// Requests handled at once (default 64); more wait for none, they are rejected.
     pub max_in_flight: usize,
 }
 
@@ -78,10 +78,10 @@ impl EnrollmentGate {
     }
 
     /// Lets one request from `source` through at `now`: a permit held while it is
-    /// handled, or `None` when a limit refuses it.
+    /// handled, or `None` when a limit rejects it.
     pub fn admit(&self, source: Source, now: Instant) -> Option<SemaphorePermit<'_>> {
         let l = self.limits;
-        // The slot first, so a request refused for it uses up no tokens.
+        // The slot first, so a request rejected for it uses up no tokens.
         let permit = self.in_flight.try_acquire().ok()?;
         {
             let mut sources = self.sources.lock();
@@ -108,7 +108,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_source_over_its_burst_is_refused_and_others_go_on() {
+    fn one_source_over_its_burst_is_rejected_and_others_go_on() {
         let gate = EnrollmentGate::new(EnrollmentLimits {
             per_source_burst: 3.0,
             ..EnrollmentLimits::default()

@@ -11,15 +11,27 @@ use prost::Message as _;
 use super::Enrollment;
 use super::csr::{check_csr, csr_name};
 use super::proof::Proof;
-use super::refusal::Refused;
+use super::rejection::{RejectReason, Rejection, Unissued};
 
 /// What became of one request.
 enum Outcome {
+    /// Issued: the certificate chain, DER, the leaf first.
     Issued(Vec<Vec<u8>>),
+    /// Pending, answered `Answer::Retry` with the text.
     Pending(String),
-    Refused(Refused),
-    /// A replay, or something that names no request: no answer.
-    Silent(&'static str),
+    /// Rejected, answered `Answer::Rejected` with the detail.
+    Rejected(Rejection),
+    /// Rejected without an answer: a replay, or something that names no request.
+    Unanswered(RejectReason),
+}
+
+impl From<Unissued> for Outcome {
+    fn from(unissued: Unissued) -> Self {
+        match unissued {
+            Unissued::Rejected(rejection) => Self::Rejected(rejection),
+            Unissued::Pending(why) => Self::Pending(why),
+        }
+    }
 }
 
 /// A request's signed bytes and signature, when it came as a SignedMessage.
@@ -39,8 +51,9 @@ impl Enrollment {
         let (request, signed) = match open(payload) {
             Ok(opened) => opened,
             Err(why) => {
-                self.counters.count("unknown", "malformed");
-                tracing::debug!(%why, transport = transport.as_str(), "certificate request refused");
+                self.counters
+                    .count("unknown", RejectReason::Malformed.as_str());
+                tracing::debug!(%why, transport = transport.as_str(), "certificate request rejected");
                 return None;
             }
         };
@@ -54,9 +67,9 @@ impl Enrollment {
             .decide(transport, topic_node, &request, &header, signed)
             .await;
         let answer = match outcome {
-            Outcome::Silent(why) => {
-                self.counters.count(proof_label, why);
-                tracing::debug!(node = %header.node_name, why, "certificate request not answered");
+            Outcome::Unanswered(reason) => {
+                self.counters.count(proof_label, reason.as_str());
+                tracing::debug!(node = %header.node_name, reason = reason.as_str(), "certificate request not answered");
                 return None;
             }
             Outcome::Issued(chain) => {
@@ -75,21 +88,20 @@ impl Enrollment {
                 tracing::info!(node = %header.node_name, %why, "certificate request pending");
                 ack(&header, Answer::Retry { reason: why })
             }
-            Outcome::Refused(refused) => {
-                self.counters.count(proof_label, refused.reason);
-                if let edgebeat_transports::log_limit::LogLine::Write { suppressed, others } =
-                    self.counters.refusal_log.check(
-                        refused.reason,
-                        &header.node_name,
-                        tokio::time::Instant::now(),
-                    )
+            Outcome::Rejected(rejected) => {
+                let reason = rejected.reason.as_str();
+                self.counters.count(proof_label, reason);
+                if let edgebeat_transports::log_limit::LogLine::Write { suppressed, others } = self
+                    .counters
+                    .rejection_log
+                    .check(reason, &header.node_name, tokio::time::Instant::now())
                 {
-                    tracing::warn!(node = %header.node_name, reason = refused.reason, detail = %refused.detail, transport = transport.as_str(), suppressed, other_sources = others, "certificate request refused");
+                    tracing::warn!(node = %header.node_name, reason, detail = %rejected.detail, transport = transport.as_str(), suppressed, other_sources = others, "certificate request rejected");
                 }
                 ack(
                     &header,
                     Answer::Rejected {
-                        reason: refused.detail,
+                        reason: rejected.detail,
                     },
                 )
             }
@@ -114,7 +126,7 @@ impl Enrollment {
     ) -> Outcome {
         let node = header.node_name.as_str();
         if !edgebeat_transports::tls::is_node_name(node) || topic_node.is_some_and(|t| t != node) {
-            return Outcome::Silent("foreign");
+            return Outcome::Unanswered(RejectReason::Foreign);
         }
         let now = self.clock.now();
         let now_ms = i64::try_from(
@@ -125,10 +137,10 @@ impl Enrollment {
         .unwrap_or(i64::MAX);
         let skew = i64::try_from(self.options.max_clock_skew.as_millis()).unwrap_or(i64::MAX);
         if (header.wall_time_ms - now_ms).abs() > skew {
-            return Outcome::Silent("clock_skew");
+            return Outcome::Unanswered(RejectReason::ClockSkew);
         }
         if !self.first_time(header) {
-            return Outcome::Silent("replayed");
+            return Outcome::Unanswered(RejectReason::Replayed);
         }
         let proof = match &signed {
             Some((signed_bytes, signature)) => {
@@ -137,18 +149,17 @@ impl Enrollment {
                     .await
                 {
                     Ok(()) => Proof::Certificate,
-                    Err(refused) => return Outcome::Refused(refused),
+                    Err(rejected) => return Outcome::Rejected(rejected),
                 }
             }
             None => match self.prove_by_token(request, header).await {
                 Ok(id) => Proof::Token(id),
-                Err(Err(pending)) => return Outcome::Pending(pending),
-                Err(Ok(refused)) => return Outcome::Refused(refused),
+                Err(unissued) => return unissued.into(),
             },
         };
         let public_key = match check_csr(&request.csr, node) {
             Ok(key) => key,
-            Err(refused) => return Outcome::Refused(refused),
+            Err(rejected) => return Outcome::Rejected(rejected),
         };
         match self
             .through_kubernetes(transport, node, &request.csr, public_key, &proof)
@@ -159,8 +170,7 @@ impl Enrollment {
                 "pending: the CertificateSigningRequest {} waits for approval (kubectl certificate approve) or its signer",
                 csr_name(&request.csr, node)
             )),
-            Err(Ok(refused)) => Outcome::Refused(refused),
-            Err(Err(pending)) => Outcome::Pending(pending),
+            Err(unissued) => unissued.into(),
         }
     }
 }

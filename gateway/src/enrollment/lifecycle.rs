@@ -17,7 +17,7 @@ use kube::api::{ObjectMeta, PostParams};
 use super::clock::clock_seconds;
 use super::csr::csr_name;
 use super::proof::Proof;
-use super::refusal::{Refused, refuse};
+use super::rejection::{RejectReason, Unissued, reject};
 use super::{
     Approval, DEFAULT_SIGNER_NAME, Enrollment, MIN_EXPIRATION_SECONDS, NODE_ANNOTATION,
     PROOF_ANNOTATION, TOKEN_LABEL, TRANSPORT_ANNOTATION,
@@ -25,7 +25,7 @@ use super::{
 
 impl Enrollment {
     /// Whether CSR `name` exists (a token's use already counted, when a request is asked
-    /// again). An apiserver error counts as "no": the request is then refused as over its
+    /// again). An apiserver error counts as "no": the request is then rejected as over its
     /// limit, and asked again later.
     pub(super) async fn csr_exists(&self, name: &str) -> bool {
         let csrs: Api<CertificateSigningRequest> = Api::all(self.client.clone());
@@ -34,7 +34,8 @@ impl Enrollment {
 
     /// The CertificateSigningRequest's life: create (or find), approve, sign (or wait).
     /// `Ok(Some(chain))` once issued, `Ok(None)` while waiting for approval or the signer;
-    /// `Err(Ok(_))` refuses (denied, failed), `Err(Err(_))` asks again (the apiserver).
+    /// [`Unissued::Rejected`] when denied, failed or not signable, [`Unissued::Pending`] to ask again
+    /// (the apiserver).
     pub(super) async fn through_kubernetes(
         &self,
         transport: TransportKind,
@@ -42,10 +43,11 @@ impl Enrollment {
         csr_der: &[u8],
         public_key: rcgen::PublicKey,
         proof: &Proof,
-    ) -> Result<Option<Vec<Vec<u8>>>, Result<Refused, String>> {
+    ) -> Result<Option<Vec<Vec<u8>>>, Unissued> {
         let api: Api<CertificateSigningRequest> = Api::all(self.client.clone());
         let name = csr_name(csr_der, node);
-        let apiserver = |what: &str, e: kube::Error| Err(format!("{what} {name}: {e}"));
+        let apiserver =
+            |what: &str, e: kube::Error| Unissued::Pending(format!("{what} {name}: {e}"));
         // Created first (a new request is the common case: one call), read when it exists
         // (a retry while pending, or after a lost answer).
         let wanted = self.new_csr(&name, transport, node, csr_der, proof);
@@ -71,10 +73,11 @@ impl Enrollment {
                 })
         };
         if conditions(&csr, "Denied") || conditions(&csr, "Failed") {
-            return Err(Ok(refuse(
-                "denied",
+            return Err(reject(
+                RejectReason::Denied,
                 format!("the CertificateSigningRequest {name} was denied or failed"),
-            )));
+            )
+            .into());
         }
         if !conditions(&csr, "Approved") {
             let approve = self.options.approval == Approval::Auto || *proof == Proof::Certificate;
@@ -107,7 +110,7 @@ impl Enrollment {
                     .min(self.options.lifetime);
                 let pem = ca
                     .sign_node(node, public_key, now, lifetime)
-                    .map_err(|e| Ok(refuse("signing", e.to_string())))?;
+                    .map_err(|e| Unissued::from(reject(RejectReason::Signing, e.to_string())))?;
                 csr.status.get_or_insert_default().certificate =
                     Some(ByteString(pem.clone().into_bytes()));
                 api.replace_status(&name, &PostParams::default(), &csr)
@@ -122,7 +125,12 @@ impl Enrollment {
         };
         self.pending(&name, false);
         let mut chain: Vec<Vec<u8>> = edgebeat_transports::tls::parse_certificates(&pem)
-            .map_err(|e| Ok(refuse("signing", format!("status.certificate: {e}"))))?
+            .map_err(|e| {
+                Unissued::from(reject(
+                    RejectReason::Signing,
+                    format!("status.certificate: {e}"),
+                ))
+            })?
             .into_iter()
             .map(|c| c.to_vec())
             .collect();

@@ -21,13 +21,13 @@ pub struct EnrollmentCounters {
     /// Names of CSRs answered pending and not issued since.
     pending: Mutex<HashSet<String>>,
     pending_gauge: Gauge,
-    /// Which refused requests are also logged (every one is counted).
-    pub(super) refusal_log: edgebeat_transports::log_limit::LogLimiter,
+    /// Which rejected requests are also logged (every one is counted).
+    pub(super) rejection_log: edgebeat_transports::log_limit::LogLimiter,
 }
 
 impl EnrollmentCounters {
     /// Counts one request proved by `proof` (`token`, `certificate`, `unknown`) that came
-    /// to `outcome` (`issued`, `pending`, a refusal reason, `rate_limited`).
+    /// to `outcome` (`issued`, `pending`, or a [`RejectReason`](super::RejectReason)'s label).
     pub fn count(&self, proof: &'static str, outcome: &'static str) {
         self.by_outcome
             .get_or_create(&[("proof", proof), ("outcome", outcome)])
@@ -50,7 +50,7 @@ impl EnrollmentCounters {
     /// `edgebeat_gateway_certificate_signing_requests_pending` in `registry`.
     #[rustfmt::skip]
     pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
-        register_family(registry, "edgebeat_gateway_certificate_requests", "Node certificate requests (enrollments proved by a bootstrap token, rotations proved by a certificate) by outcome: issued, pending, rate_limited or the reason refused", None, self.by_outcome.clone());
+        register_family(registry, "edgebeat_gateway_certificate_requests", "Node certificate requests (enrollments proved by a bootstrap token, rotations proved by a certificate) by outcome: issued, pending or the reason rejected", None, self.by_outcome.clone());
         register_family(registry, "edgebeat_gateway_certificate_signing_requests_pending", "CertificateSigningRequests this replica answered pending (waiting for kubectl certificate approve or their signer) and has not seen issued since", None, self.pending_gauge.clone());
     }
 }

@@ -10,7 +10,7 @@ use prost::Message as _;
 use rustls::pki_types::UnixTime;
 
 use super::csr::csr_name;
-use super::refusal::{Refused, refuse};
+use super::rejection::{RejectReason, Rejection, Unissued, reject};
 use super::{Enrollment, EnrollmentError, tokens};
 
 /// How a request was proved.
@@ -32,19 +32,20 @@ impl Proof {
 }
 
 impl Enrollment {
-    /// The token proof: the token's id when it holds. `Err(Ok(_))` refuses,
-    /// `Err(Err(_))` says to ask again (the apiserver unreachable).
+    /// The token proof: the token's id when it holds. [`Unissued::Rejected`] rejects,
+    /// [`Unissued::Pending`] says to ask again (the apiserver unreachable).
     pub(super) async fn prove_by_token(
         &self,
         request: &CertificateRequest,
         header: &Header,
-    ) -> Result<String, Result<Refused, String>> {
+    ) -> Result<String, Unissued> {
         let node = header.node_name.as_str();
         if request.token_id.is_empty() {
-            return Err(Ok(refuse(
-                "unproved",
+            return Err(reject(
+                RejectReason::Unproved,
                 "neither a bootstrap token nor a node certificate proves the request",
-            )));
+            )
+            .into());
         }
         let token = match tokens::read_token(
             self.client.clone(),
@@ -54,33 +55,40 @@ impl Enrollment {
         .await
         {
             Ok(Some(token)) => token,
-            Ok(None) => return Err(Ok(refuse("token_unknown", "unknown bootstrap token"))),
-            Err(EnrollmentError::Apiserver(e)) => {
-                return Err(Err(format!("reading the bootstrap token: {e}")));
+            Ok(None) => {
+                return Err(reject(RejectReason::TokenUnknown, "unknown bootstrap token").into());
             }
-            Err(e) => return Err(Ok(refuse("token_unknown", e.to_string()))),
+            Err(EnrollmentError::Apiserver(e)) => {
+                return Err(Unissued::Pending(format!(
+                    "reading the bootstrap token: {e}"
+                )));
+            }
+            Err(e) => return Err(reject(RejectReason::TokenUnknown, e.to_string()).into()),
         };
         if !enroll::verify_token_proof(token.secret(), header, &request.csr, &request.token_proof) {
-            return Err(Ok(refuse(
-                "bad_proof",
+            return Err(reject(
+                RejectReason::BadProof,
                 "the token proof does not verify (another secret, or a request altered)",
-            )));
+            )
+            .into());
         }
         if token.expires <= self.now() {
-            return Err(Ok(refuse(
-                "token_expired",
+            return Err(reject(
+                RejectReason::TokenExpired,
                 format!("bootstrap token {} expired at {}", token.id, token.expires),
-            )));
+            )
+            .into());
         }
         if !token.allows(node) {
-            return Err(Ok(refuse(
-                "token_node",
+            return Err(reject(
+                RejectReason::TokenNode,
                 format!(
                     "bootstrap token {} does not cover node {node:?} (it covers {})",
                     token.id,
                     token.nodes.join(", ")
                 ),
-            )));
+            )
+            .into());
         }
         // Uses: those its Secret records, and those this replica made since. A retry of a
         // request whose CSR exists already (pending approval) is not a new use.
@@ -93,13 +101,14 @@ impl Enrollment {
         let used = token.used.saturating_add(unrecorded);
         let own = csr_name(&request.csr, node);
         if used >= token.usage_limit && !self.csr_exists(&own).await {
-            return Err(Ok(refuse(
-                "token_used_up",
+            return Err(reject(
+                RejectReason::TokenUsedUp,
                 format!(
                     "bootstrap token {} has enrolled its {} nodes",
                     token.id, token.usage_limit
                 ),
-            )));
+            )
+            .into());
         }
         Ok(token.id)
     }
@@ -113,16 +122,18 @@ impl Enrollment {
         signed: &[u8],
         signature: &[u8],
         now: std::time::SystemTime,
-    ) -> Result<(), Refused> {
+    ) -> Result<(), Rejection> {
         use x509_parser::prelude::FromDer as _;
 
-        let leaf = request
-            .certificate_chain
-            .first()
-            .ok_or_else(|| refuse("unproved", "a signed request without its certificate"))?;
+        let leaf = request.certificate_chain.first().ok_or_else(|| {
+            reject(
+                RejectReason::Unproved,
+                "a signed request without its certificate",
+            )
+        })?;
         let (_, cert) = x509_parser::certificate::X509Certificate::from_der(leaf).map_err(|e| {
-            refuse(
-                "certificate",
+            reject(
+                RejectReason::Certificate,
                 format!("the certificate does not parse: {e}"),
             )
         })?;
@@ -136,8 +147,8 @@ impl Enrollment {
         let grace = i64::try_from(self.options.grace.as_secs()).unwrap_or(i64::MAX);
         let expired = now_s > not_after;
         if expired && now_s - not_after > grace {
-            return Err(refuse(
-                "certificate_expired",
+            return Err(reject(
+                RejectReason::CertificateExpired,
                 format!(
                     "the node's certificate expired more than {} days ago; enroll it again with a bootstrap token",
                     self.options.grace.as_secs() / 86_400
@@ -154,22 +165,27 @@ impl Enrollment {
         let key = self
             .verifier
             .verify(node, &published, at)
-            .map_err(|e| refuse("certificate", e.to_string()))?;
+            .map_err(|e| reject(RejectReason::Certificate, e.to_string()))?;
         key.verify(signed, signature, at)
-            .map_err(|e| refuse("bad_signature", e.to_string()))?;
+            .map_err(|e| reject(RejectReason::BadSignature, e.to_string()))?;
         if expired {
             let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
             match nodes.get_opt(node).await {
                 Ok(Some(_)) => {}
                 Ok(None) => {
-                    return Err(refuse(
-                        "certificate_expired",
+                    return Err(reject(
+                        RejectReason::CertificateExpired,
                         format!(
                             "the certificate expired and Node {node} no longer exists; enroll it again with a bootstrap token"
                         ),
                     ));
                 }
-                Err(e) => return Err(refuse("apiserver", format!("reading Node {node}: {e}"))),
+                Err(e) => {
+                    return Err(reject(
+                        RejectReason::Apiserver,
+                        format!("reading Node {node}: {e}"),
+                    ));
+                }
             }
         }
         Ok(())

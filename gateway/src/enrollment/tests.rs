@@ -29,24 +29,25 @@ fn a_node_request_passes_and_its_csr_name_is_the_keys() {
 }
 
 /// A request for another node, other names, other usages, or with a broken signature is
-/// refused, naming why.
+/// rejected, naming why.
 #[test]
-fn requests_asking_for_more_are_refused() {
+fn requests_asking_for_more_are_rejected() {
     let key = NodeKeyPair::generate().unwrap();
     let csr = key.certificate_request("plant-3-01").unwrap();
     assert_eq!(
         check_csr(&csr, "plant-4-01").unwrap_err().reason,
-        "csr_subject"
+        RejectReason::CsrSubject
     );
     let mut broken = csr.clone();
     let last = broken.len() - 1;
     broken[last] ^= 1;
-    let refused = check_csr(&broken, "plant-3-01").unwrap_err();
+    let rejected = check_csr(&broken, "plant-3-01").unwrap_err();
     assert!(
-        refused.reason == "csr" && refused.detail.starts_with("the CSR does not verify"),
-        "{}: {}",
-        refused.reason,
-        refused.detail
+        rejected.reason == RejectReason::Csr
+            && rejected.detail.starts_with("the CSR does not verify"),
+        "{:?}: {}",
+        rejected.reason,
+        rejected.detail
     );
     // rcgen's requests, with what a node may not ask for.
     let rcgen_key = rcgen::KeyPair::generate().unwrap();
@@ -70,13 +71,13 @@ fn requests_asking_for_more_are_refused() {
     });
     assert_eq!(
         check_csr(&names, "plant-3-01").unwrap_err().reason,
-        "csr_names"
+        RejectReason::CsrNames
     );
     let usages =
         request(&|p| p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth]);
     assert_eq!(
         check_csr(&usages, "plant-3-01").unwrap_err().reason,
-        "csr_usages"
+        RejectReason::CsrUsages
     );
     let masters = request(&|p| {
         p.distinguished_name
@@ -84,7 +85,7 @@ fn requests_asking_for_more_are_refused() {
     });
     assert_eq!(
         check_csr(&masters, "plant-3-01").unwrap_err().reason,
-        "csr_subject"
+        RejectReason::CsrSubject
     );
 }
 

@@ -1,5 +1,5 @@
 //! [`Handler`] for [`Gateway`]: how every ingress hands it messages, certificate
-//! requests and refusals.
+//! requests and rejections.
 
 use std::sync::Arc;
 
@@ -50,7 +50,10 @@ impl Handler for Gateway {
             (None, None) => Source::Unknown,
         };
         let Some(_permit) = self.enrollment_gate.admit(source, Instant::now()) else {
-            enrollment.counters.count("unknown", "rate_limited");
+            enrollment.counters.count(
+                "unknown",
+                crate::enrollment::RejectReason::RateLimited.as_str(),
+            );
             tracing::debug!(remote = ?peer.remote, node = ?topic_node, "certificate request over the limits; not answered");
             return None;
         };
@@ -86,9 +89,11 @@ impl Handler for Gateway {
         };
         let now = tokio::time::Instant::now();
         if let LogLine::Write { suppressed, others } =
-            self.counters.refusal_log.check(why.as_str(), &source, now)
+            self.counters
+                .rejection_log
+                .check(why.as_str(), &source, now)
         {
-            tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, node = ?peer.identity, why = why.as_str(), detail, suppressed, other_sources = others, "message refused by the transport");
+            tracing::warn!(transport = peer.transport.as_str(), remote = ?peer.remote, node = ?peer.identity, why = why.as_str(), detail, suppressed, other_sources = others, "message rejected by the transport");
         }
     }
 }

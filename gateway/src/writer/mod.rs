@@ -202,14 +202,14 @@ impl Writer {
         Timestamp::try_from(self.clock.now()).unwrap_or(Timestamp::UNIX_EPOCH)
     }
 
-    /// Refuses a message: counted by reason, logged.
+    /// Rejects a message: counted by reason, logged.
     pub(crate) fn reject(&self, why: RejectReason, reason: String) -> Answer {
         self.counters.count_rejection(why);
         let now = tokio::time::Instant::now();
         if let edgebeat_transports::log_limit::LogLine::Write { suppressed, .. } =
-            self.counters.refusal_log.check(why.as_str(), "", now)
+            self.counters.rejection_log.check(why.as_str(), "", now)
         {
-            tracing::warn!(why = why.as_str(), %reason, suppressed, "message refused");
+            tracing::warn!(why = why.as_str(), %reason, suppressed, "message rejected");
         }
         rejected(reason)
     }

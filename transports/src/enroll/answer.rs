@@ -23,9 +23,10 @@ pub enum Answered {
     },
     /// Not now (pending approval, the apiserver unreachable): ask again later.
     Pending(String),
-    /// Refused for good as it stands (a token that does not cover the node, used up,
-    /// expired; a CSR the gateway will not sign): a new token, or a fix, is needed.
-    Refused(String),
+    /// Rejected for good as it stands (`Answer::Rejected`: a token that does not cover the
+    /// node, used up, expired; a CSR the gateway will not sign): a new token, or a fix, is
+    /// needed.
+    Rejected(String),
 }
 
 /// How an agent trusts the gateway's answer to its certificate request.
@@ -155,7 +156,7 @@ pub fn read_answer(
                 return Err(ReadAnswerError::OtherRequest);
             }
             match Answer::try_from(ack).map_err(|e| ReadAnswerError::Malformed(e.to_string()))? {
-                Answer::Rejected { reason } => Ok(Answered::Refused(reason)),
+                Answer::Rejected { reason } => Ok(Answered::Rejected(reason)),
                 other => Ok(Answered::Pending(other.reason().to_owned())),
             }
         }

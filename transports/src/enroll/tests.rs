@@ -218,7 +218,7 @@ fn a_granted_answer_is_read_by_pin_or_by_ca_and_only_for_its_request() {
             5,
             now
         ),
-        Ok(Answered::Refused("token used up".into()))
+        Ok(Answered::Rejected("token used up".into()))
     );
     assert!(matches!(
         read_answer(&refused, AnswerTrust::Pin(pin), "plant-3-01", 9, 5, now),

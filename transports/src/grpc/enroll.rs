@@ -45,7 +45,7 @@ mod server {
             let payload = request.into_inner().payload;
             match self.handler.request_certificate(&peer, None, payload).await {
                 Some(answer) => Ok(Response::new(EnrollmentPayload { payload: answer })),
-                // Refused without an answer (a replay, the rate limit): the caller asks
+                // Rejected without an answer (a replay, the rate limit): the caller asks
                 // again later, with backoff.
                 None => Err(Status::unavailable("not answered; ask again later")),
             }

@@ -103,7 +103,7 @@ impl<H: Handler> Heartbeat for Service<H> {
                 }
             }
             Err(refused) => {
-                // Refused before any message is read: nothing from this stream reaches the
+                // Rejected before any message is read: nothing from this stream reaches the
                 // handler, and the agent sees UNAUTHENTICATED (its own fault, not the link).
                 let reason = refused.to_string();
                 // Counted and logged (within bounds) by the handler.

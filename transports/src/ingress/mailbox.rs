@@ -12,7 +12,7 @@ use std::pin::Pin;
 use edgebeat_proto::{AgentMessage, Answer, BootSeq, MessageKind};
 use tokio::time::Instant;
 
-use super::Peer;
+use super::{Peer, RejectReason};
 
 /// One message on its way to the gateway: who sent it, what, when the ingress took it,
 /// and where its answer goes.
@@ -91,21 +91,6 @@ impl Reply for tokio::sync::oneshot::Sender<Option<Answer>> {
     }
 }
 
-/// Why a mailbox refused a letter. Neither is answered: a copy's sender, if genuine, had
-/// or will have its answer; a full mailbox's sender is flooding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
-    /// An identified letter of the boot of the newest identified one posted, which it does
-    /// not supersede ([`BootSeq::supersedes`]): the agent never sends a sequence number
-    /// twice in a boot, so it is a copy (a replay, or an MQTT QoS 1 redelivery), refused
-    /// before it takes a place. The gateway counts it as `replayed`.
-    Copy,
-    /// The mailbox holds its capacity already (letters waiting plus the one being
-    /// handled): one node's flood cannot grow the gateway's memory or starve other
-    /// nodes. Counted as `queue_full`.
-    Full,
-}
-
 /// What posting a letter did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Posted {
@@ -155,8 +140,9 @@ pub struct Mailbox {
     draining: bool,
     /// A letter was handed out by [`Mailbox::next_turn`] and its handler has not come back.
     handling: bool,
-    /// Where the newest identified letter posted stands (waiting, handled, or refused as
-    /// [`Refused::Full`]): what [`Refused::Copy`] compares with.
+    /// Where the newest identified letter posted stands (waiting, handled, or rejected as
+    /// [`RejectReason::QueueFull`]): what a copy ([`RejectReason::Replayed`], see
+    /// [`Mailbox::post`]) compares with.
     newest: Option<BootSeq>,
 }
 
@@ -165,20 +151,31 @@ impl Mailbox {
     /// (the one being handled not counted), plus at most `capacity` superseded ones waiting
     /// for their answer: a node has at most 2 × `capacity` + 1 letters in the gateway.
     ///
-    /// Errors: [`Refused`] with the letter given back (boxed: refusals are rare, posts are
-    /// not), not answered, when it is a copy or
-    /// the mailbox is full (a letter refused as full still counts as the newest posted:
-    /// the agent never sends its sequence number again).
+    /// # Errors
+    ///
+    /// Why the letter is rejected, with the letter given back (boxed: rejections are rare,
+    /// posts are not):
+    /// - [`RejectReason::Replayed`]: an identified letter of the boot of the newest
+    ///   identified one posted, which it does not supersede ([`BootSeq::supersedes`]): the
+    ///   agent never sends a sequence number twice in a boot, so it is a copy (a replay, or
+    ///   an MQTT QoS 1 redelivery), rejected before it takes a place.
+    /// - [`RejectReason::QueueFull`]: the mailbox holds its capacity already (letters
+    ///   waiting plus the one being handled): one node's flood cannot grow the gateway's
+    ///   memory or starve other nodes. A letter rejected as full still counts as the newest
+    ///   posted: the agent never sends its sequence number again.
+    ///
+    /// Neither is answered: a copy's sender, if genuine, had or will have its answer; a full
+    /// mailbox's sender is flooding.
     pub fn post(
         &mut self,
         letter: Letter,
         capacity: usize,
-    ) -> Result<Posted, (Refused, Box<Letter>)> {
+    ) -> Result<Posted, (RejectReason, Box<Letter>)> {
         let identified = letter.identified_at();
         if let Some((_, at)) = identified {
             match self.newest {
                 Some(newest) if newest.boot_tag == at.boot_tag && !at.supersedes(newest) => {
-                    return Err((Refused::Copy, Box::new(letter)));
+                    return Err((RejectReason::Replayed, Box::new(letter)));
                 }
                 _ => self.newest = Some(at),
             }
@@ -195,11 +192,11 @@ impl Mailbox {
         };
         // Only letters still to be handled count against the capacity, the ones this one
         // supersedes no longer: a newer heartbeat always has room, so after a backlog it is
-        // the newest that is written. Nothing is marked for a letter refused.
+        // the newest that is written. Nothing is marked for a letter rejected.
         let live = self.letters.iter().filter(|w| !w.superseded).count();
         let superseded = self.letters.iter().filter(|w| supersedes(w)).count();
         if live - superseded + usize::from(self.handling) > capacity {
-            return Err((Refused::Full, Box::new(letter)));
+            return Err((RejectReason::QueueFull, Box::new(letter)));
         }
         for waiting in self.letters.iter_mut() {
             if supersedes(waiting) {

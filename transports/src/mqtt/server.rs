@@ -1,6 +1,7 @@
 //! The gateway's MQTT ingress: one shared subscription; each message classified, verified
 //! and decoded in the event loop, then delivered to the handler's per-node mailbox.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -36,73 +37,73 @@ mod workers;
 use verify::{Signatures, nobody, open, peer};
 use workers::Workers;
 
-/// Refusal: the payload is larger than `max_packet_bytes`.
+/// Rejection: the payload is larger than `max_packet_bytes`.
 pub const REJECT_TOO_LARGE: Rejection = Rejection {
     reason: RejectReason::TooLarge,
-    detail: "message too large",
+    detail: Cow::Borrowed("message too large"),
 };
-/// Refusal: the payload is not a protobuf `AgentMessage`.
+/// Rejection: the payload is not a protobuf `AgentMessage`.
 pub const REJECT_MALFORMED: Rejection = Rejection {
     reason: RejectReason::Malformed,
-    detail: "malformed message",
+    detail: Cow::Borrowed("malformed message"),
 };
-/// Refusal: the topic's node or kind disagrees with the message (its
+/// Rejection: the topic's node or kind disagrees with the message (its
 /// header's node name, its kind); counts as a foreign message.
 pub const REJECT_MISMATCH: Rejection = Rejection {
     reason: RejectReason::Foreign,
-    detail: "topic/node mismatch",
+    detail: Cow::Borrowed("topic/node mismatch"),
 };
-/// Refusal: a topic under the subscription that is not
+/// Rejection: a topic under the subscription that is not
 /// `P/nodes/{node}/{register|status|lease|will}`.
 pub const REJECT_UNKNOWN_TOPIC: Rejection = Rejection {
     reason: RejectReason::Malformed,
-    detail: "unknown topic",
+    detail: Cow::Borrowed("unknown topic"),
 };
-/// Refusal: signatures are required, or the node signs, and the payload is
+/// Rejection: signatures are required, or the node signs, and the payload is
 /// a bare `AgentMessage` (not answered).
 pub const REJECT_UNSIGNED: Rejection = Rejection {
     reason: RejectReason::Unsigned,
-    detail: "unsigned message",
+    detail: Cow::Borrowed("unsigned message"),
 };
-/// Refusal: the signature does not verify with the node's certificate
+/// Rejection: the signature does not verify with the node's certificate
 /// (tampered, or signed by someone else; not answered).
 pub const REJECT_BAD_SIGNATURE: Rejection = Rejection {
     reason: RejectReason::BadSignature,
-    detail: "bad signature",
+    detail: Cow::Borrowed("bad signature"),
 };
-/// Refusal: no verified certificate is held for the node (not answered: a
+/// Rejection: no verified certificate is held for the node (not answered: a
 /// genuine agent publishes its certificate again when a request goes unanswered).
 pub const REJECT_UNKNOWN_SIGNER: Rejection = Rejection {
     reason: RejectReason::UnknownSigner,
-    detail: "no certificate for the signer",
+    detail: Cow::Borrowed("no certificate for the signer"),
 };
-/// Refusal: the certificate that verified the node's messages has
+/// Rejection: the certificate that verified the node's messages has
 /// expired (not answered).
 pub const REJECT_CERTIFICATE_EXPIRED: Rejection = Rejection {
     reason: RejectReason::Certificate,
-    detail: "node certificate expired",
+    detail: Cow::Borrowed("node certificate expired"),
 };
-/// Refusal: a verified message's `wall_time_ms` is further than
+/// Rejection: a verified message's `wall_time_ms` is further than
 /// [`SignaturePolicy::max_clock_skew`] from the gateway's clock: a recorded message replayed
 /// later, or an agent whose clock is wrong (not answered: a replay must not make the gateway
 /// speak on the node's link; the log says by how much the clock is off).
 pub const REJECT_CLOCK: Rejection = Rejection {
     reason: RejectReason::ClockSkew,
-    detail: "signed time outside the clock window",
+    detail: Cow::Borrowed("signed time outside the clock window"),
 };
-/// Refusal: a certificate published on `P/certificates/{node}` was
+/// Rejection: a certificate published on `P/certificates/{node}` was
 /// refused (not from the site CA, expired, not `node`'s identity, older than the one held).
 pub const REJECT_CERTIFICATE: Rejection = Rejection {
     reason: RejectReason::Certificate,
-    detail: "node certificate refused",
+    detail: Cow::Borrowed("node certificate refused"),
 };
 
-/// Refusal: a payload on `P/sites/{site}/uplink` other than
+/// Rejection: a payload on `P/sites/{site}/uplink` other than
 /// Mosquitto's bridge notifications `1` and `0`, or a site that is not a zone or
 /// `region/zone` of label values.
 pub const REJECT_UPLINK: Rejection = Rejection {
     reason: RejectReason::Malformed,
-    detail: "site uplink notification: not 0 or 1, or not a zone",
+    detail: Cow::Borrowed("site uplink notification: not 0 or 1, or not a zone"),
 };
 
 /// Headroom above `max_packet_bytes` for the PUBLISH header (topic, properties) in the

@@ -42,7 +42,7 @@ fn seq(letter: &Letter) -> u64 {
     letter.message.header().map_or(0, |h| h.seq)
 }
 
-fn post(mailbox: &mut Mailbox, letter: Letter) -> Result<Posted, Refused> {
+fn post(mailbox: &mut Mailbox, letter: Letter) -> Result<Posted, RejectReason> {
     mailbox.post(letter, 8).map_err(|(why, _)| why)
 }
 
@@ -72,11 +72,11 @@ fn only_a_newer_heartbeat_of_the_same_boot_supersedes() {
     // A copy (the same or a lower sequence number of the boot) is refused.
     assert_eq!(
         post(&mut mailbox, letter(Lease, 1, 10, true)).unwrap_err(),
-        Refused::Copy
+        RejectReason::Replayed
     );
     assert_eq!(
         post(&mut mailbox, letter(Lease, 1, 5, true)).unwrap_err(),
-        Refused::Copy
+        RejectReason::Replayed
     );
     // A backlog of three: the first two are superseded by the newest as it arrives.
     let a = post(&mut mailbox, letter(Lease, 1, 20, true)).unwrap();
@@ -189,7 +189,7 @@ fn a_full_mailbox_refuses_and_a_stopped_one_starts_again() {
         );
     }
     let (why, refused) = mailbox.post(letter(Register, 1, 4, false), 2).unwrap_err();
-    assert_eq!(why, Refused::Full);
+    assert_eq!(why, RejectReason::QueueFull);
     assert_eq!(seq(&refused), 4, "the refused letter is given back");
     assert_eq!(mailbox.len(), 2);
     // The handler panicked: the next post starts handling again, waiting letters first.
@@ -216,7 +216,7 @@ fn a_newer_heartbeat_has_room_in_a_full_mailbox() {
     post_to(&mut mailbox, letter(Lease, 1, 2, true));
     post_to(&mut mailbox, letter(Status, 1, 3, true));
     let full = mailbox.post(letter(Register, 1, 4, true), 2).unwrap_err().0;
-    assert_eq!(full, Refused::Full);
+    assert_eq!(full, RejectReason::QueueFull);
     let newer = post_to(&mut mailbox, letter(Lease, 1, 5, true));
     assert_eq!((newer.superseded, newer.dropped), (1, 0));
     // Each newer renewal supersedes the last; two superseded ones wait at most.
@@ -227,7 +227,7 @@ fn a_newer_heartbeat_has_room_in_a_full_mailbox() {
     }
     assert_eq!(
         mailbox.post(letter(Status, 1, 9, false), 2).unwrap_err().0,
-        Refused::Full,
+        RejectReason::QueueFull,
         "an unidentified status report supersedes nothing"
     );
     assert_eq!(drain(&mut mailbox), [3, -6, -7, 8]);

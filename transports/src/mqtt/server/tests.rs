@@ -1,4 +1,4 @@
-use super::verify::Refusal;
+use super::verify::OpenError;
 use super::*;
 use edgebeat_proto::{LeaseRenewal, StatusReport, agent_message::Kind};
 
@@ -96,7 +96,7 @@ fn rejections_name_their_reason() {
     for (node, kind, payload, reason) in cases {
         assert_eq!(
             open(node, kind, payload, None, None, UnixTime::now()),
-            Err(Refusal::silent(reason)),
+            Err(OpenError::silent(reason)),
             "{node}/{kind:?}"
         );
     }
@@ -205,16 +205,16 @@ fn signed_messages_are_verified_before_decoding() {
     // the gateway speak on the node's ack topic.
     assert_eq!(
         open_with(&plain, &required, None),
-        Err(Refusal::silent(REJECT_UNSIGNED))
+        Err(OpenError::silent(REJECT_UNSIGNED))
     );
     assert_eq!(
         open_with(&plain, &required, Some(&key)),
-        Err(Refusal::silent(REJECT_UNSIGNED))
+        Err(OpenError::silent(REJECT_UNSIGNED))
     );
     // No key held: what the (unverified) message asked comes along, so that a node the
     // cluster knows can be asked for its certificate.
     let unknown = open_with(&sealed, &required, None).unwrap_err();
-    assert_eq!(unknown.reason, REJECT_UNKNOWN_SIGNER);
+    assert_eq!(unknown.rejection, REJECT_UNKNOWN_SIGNER);
     assert_eq!(unknown.unverified, Some(Asked::of(&lease("n1"))));
     // Tampering: flip a bit of the signed message inside the envelope.
     let mut tampered = edgebeat_proto::SignedMessage::decode(sealed.as_slice()).unwrap();
@@ -222,7 +222,7 @@ fn signed_messages_are_verified_before_decoding() {
     tampered.signed_message[last] ^= 1;
     assert_eq!(
         open_with(&tampered.encode_to_vec(), &required, Some(&key)),
-        Err(Refusal::silent(REJECT_BAD_SIGNATURE))
+        Err(OpenError::silent(REJECT_BAD_SIGNATURE))
     );
     // Random bytes where the signature goes (the forged-ack reflection attack).
     let forged = edgebeat_proto::SignedMessage {
@@ -231,7 +231,7 @@ fn signed_messages_are_verified_before_decoding() {
     };
     assert_eq!(
         open_with(&forged.encode_to_vec(), &required, Some(&key)),
-        Err(Refusal::silent(REJECT_BAD_SIGNATURE))
+        Err(OpenError::silent(REJECT_BAD_SIGNATURE))
     );
     // A genuine signature on a message recorded 31 s ago (by the gateway's clock): a
     // replay, or a node with a wrong clock. Not answered either; the log says by how much.
@@ -245,9 +245,12 @@ fn signed_messages_are_verified_before_decoding() {
         later,
     )
     .unwrap_err();
-    assert_eq!((stale.reason, stale.unverified), (REJECT_CLOCK, None));
     assert_eq!(
-        stale.detail(),
+        (stale.rejection.reason, stale.unverified),
+        (REJECT_CLOCK.reason, None)
+    );
+    assert_eq!(
+        stale.rejection.detail,
         "signed wall time is 31.0 s behind the gateway's clock, outside its ±30 s window: set this node's clock (NTP, or an RTC)"
     );
     let within = UnixTime::since_unix_epoch(Duration::from_secs(29));
@@ -270,7 +273,7 @@ fn signed_messages_are_verified_before_decoding() {
     assert_eq!(open_with(&plain, &optional, None), Ok((lease("n1"), None)));
     assert_eq!(
         open_with(&plain, &optional, Some(&key)),
-        Err(Refusal::silent(REJECT_UNSIGNED)),
+        Err(OpenError::silent(REJECT_UNSIGNED)),
         "not for a node that signs"
     );
     assert_eq!(

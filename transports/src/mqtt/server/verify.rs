@@ -1,32 +1,30 @@
 //! What a PUBLISH must pass before it is handled: its signature and certificate (signed
-//! MQTT), the signed clock window, and which refusals are answered.
+//! MQTT), the signed clock window, and which rejections are answered.
 
 use super::*;
 
-/// A message refused by [`open`]: the reason for [`Handler::rejected`] and its detail for
-/// the log. Nothing that fails verification is answered here (see [`open`]).
+/// Why [`open`] did not take a message: its [`Rejection`] (the reason for
+/// [`Handler::rejected`], and its detail for the log) and, for a signed message whose
+/// signer is unknown, what it asked. Nothing that fails verification is answered here (see
+/// [`open`]).
 #[derive(Debug, PartialEq)]
-pub(super) struct Refusal {
-    pub(super) reason: Rejection,
-    /// What exactly was wrong, when more than `reason.detail` says.
-    pub(super) detail: Option<String>,
+pub(super) struct OpenError {
+    /// The reason and its detail: a transport's fixed one (`REJECT_*`), or with a detail
+    /// of its own where that says more (by how much a clock is off).
+    pub(super) rejection: Rejection,
     /// A signed message for a node whose key this replica does not hold: what the message
     /// (unverified) asked, so that the caller may ask the node for its certificate.
     pub(super) unverified: Option<Asked>,
 }
 
-impl Refusal {
-    pub(super) fn silent(reason: Rejection) -> Self {
+impl OpenError {
+    /// An error of `rejection` alone, which leads to nothing sent to the node (no
+    /// [`OpenError::unverified`]).
+    pub(super) fn silent(rejection: Rejection) -> Self {
         Self {
-            reason,
-            detail: None,
+            rejection,
             unverified: None,
         }
-    }
-
-    /// The detail for the log.
-    pub(super) fn detail(&self) -> &str {
-        self.detail.as_deref().unwrap_or(self.reason.detail)
     }
 }
 
@@ -37,14 +35,14 @@ impl Refusal {
 /// `now`. Returns the message and, when its signature verified, the certificate it verified
 /// with (its identity is then `node`).
 ///
-/// Nothing refused here is answered: an answer on the node's ack topic is something the
+/// Nothing rejected here is answered: an answer on the node's ack topic is something the
 /// genuine agent reads, so a forger must not be able to cause one (no key held, a signature
 /// that does not verify, an expired certificate, an unsigned message where signatures are
 /// required or the node is known to sign), nor a replay (a signed message outside the clock
 /// window is a recording, or a node whose clock is wrong: its agent learns that from its
 /// own clock check, `ClockUnsynchronized`, and from the unanswered requests). The one
 /// exception is the caller's: a signed message for a node whose key this replica does not
-/// hold carries what it asked ([`Refusal::unverified`]), so that the node can be asked,
+/// hold carries what it asked ([`OpenError::unverified`]), so that the node can be asked,
 /// in a signed answer, for its certificate.
 pub(super) fn open(
     node: &str,
@@ -53,16 +51,16 @@ pub(super) fn open(
     policy: Option<&SignaturePolicy>,
     key: Option<&NodeKey>,
     now: UnixTime,
-) -> Result<(AgentMessage, Option<CertificateId>), Refusal> {
+) -> Result<(AgentMessage, Option<CertificateId>), OpenError> {
     let decode = |bytes: &[u8]| {
         let mut message =
-            AgentMessage::decode(bytes).map_err(|_| Refusal::silent(REJECT_MALFORMED))?;
+            AgentMessage::decode(bytes).map_err(|_| OpenError::silent(REJECT_MALFORMED))?;
         // A quiet message may leave its node name to the topic (`HeaderForm::Compact`); a
         // signed one is still bound to the node, by the key of the topic's node.
         message.complete_node_name(node);
         let header_node = message.header().map(|h| h.node_name.as_str());
         if header_node != Some(node) || message.message_kind() != Some(kind) {
-            return Err(Refusal::silent(REJECT_MISMATCH));
+            return Err(OpenError::silent(REJECT_MISMATCH));
         }
         Ok(message)
     };
@@ -76,17 +74,18 @@ pub(super) fn open(
         .map(|m| (m, None));
     };
     let Some((signed, signature)) = signing::unseal(payload) else {
-        // Unsigned: refused where signatures are required, and for a node that signs (an
+        // Unsigned: rejected where signatures are required, and for a node that signs (an
         // unsigned message in its name is someone else's).
         if policy.required || key.is_some() {
-            return Err(Refusal::silent(REJECT_UNSIGNED));
+            return Err(OpenError::silent(REJECT_UNSIGNED));
         }
         return decode(payload).map(|m| (m, None));
     };
     let Some(key) = key else {
-        let mut refusal = Refusal::silent(REJECT_UNKNOWN_SIGNER);
-        refusal.unverified = decode(&signed).ok().map(|m| Asked::of(&m));
-        return Err(refusal);
+        return Err(OpenError {
+            rejection: REJECT_UNKNOWN_SIGNER,
+            unverified: decode(&signed).ok().map(|m| Asked::of(&m)),
+        });
     };
     match key.verify(&signed, &signature, now) {
         Ok(()) => {
@@ -98,21 +97,22 @@ pub(super) fn open(
             let skew_ms = i64::try_from(policy.max_clock_skew.as_millis()).unwrap_or(i64::MAX);
             let ahead_ms = sent_ms.saturating_sub(now_ms);
             if ahead_ms.saturating_abs() > skew_ms {
-                let mut refusal = Refusal::silent(REJECT_CLOCK);
-                refusal.detail = Some(clock_skew_reason(ahead_ms, policy.max_clock_skew));
-                return Err(refusal);
+                return Err(OpenError::silent(Rejection {
+                    detail: clock_skew_reason(ahead_ms, policy.max_clock_skew).into(),
+                    ..REJECT_CLOCK
+                }));
             }
             Ok((message, Some(key.certificate_id())))
         }
-        Err(SignatureError::Expired) => Err(Refusal::silent(REJECT_CERTIFICATE_EXPIRED)),
+        Err(SignatureError::Expired) => Err(OpenError::silent(REJECT_CERTIFICATE_EXPIRED)),
         Err(SignatureError::BadSignature | SignatureError::Certificate(_)) => {
-            Err(Refusal::silent(REJECT_BAD_SIGNATURE))
+            Err(OpenError::silent(REJECT_BAD_SIGNATURE))
         }
     }
 }
 
 /// Why a signed message whose wall time is `ahead_ms` ahead of the gateway's clock (behind
-/// when negative), outside the window `max`, was refused, for the gateway's log: by how much
+/// when negative), outside the window `max`, was rejected, for the gateway's log: by how much
 /// and what to fix, e.g. "signed wall time is 3600.0 s ahead of the gateway's clock, outside
 /// its ±30 s window: set this node's clock (NTP, or an RTC)".
 pub(super) fn clock_skew_reason(ahead_ms: i64, max: Duration) -> String {

@@ -81,7 +81,7 @@ const CERTIFICATE_ASK_INTERVAL: Duration = Duration::from_secs(30);
 
 impl<H: Handler> Workers<H> {
     /// Classifies, verifies and decodes one PUBLISH in the event-loop task, then delivers
-    /// it ([`Handler::deliver`]). Everything the transport can refuse is refused here,
+    /// it ([`Handler::deliver`]). Everything the transport can reject is rejected here,
     /// before the handler sees anything of the message. Certificates are verified here
     /// too, in arrival order, so a node's messages after its certificate are verified with
     /// it.
@@ -130,10 +130,10 @@ impl<H: Handler> Workers<H> {
                 );
                 return;
             }
-            Err(refused) => {
-                tracing::debug!(topic = ?publish.topic, detail = refused.detail, "MQTT message rejected");
+            Err(rejection) => {
+                tracing::debug!(topic = ?publish.topic, detail = &*rejection.detail, "MQTT message rejected");
                 self.handler
-                    .rejected(&nobody(), refused.reason, refused.detail);
+                    .rejected(&nobody(), rejection.reason, &rejection.detail);
                 return;
             }
         };
@@ -148,11 +148,12 @@ impl<H: Handler> Workers<H> {
             UnixTime::now(),
         ) {
             Ok(opened) => opened,
-            Err(refusal) => {
-                tracing::debug!(%node, detail = refusal.detail(), "MQTT message refused");
+            Err(error) => {
+                let rejection = &error.rejection;
+                tracing::debug!(%node, detail = &*rejection.detail, "MQTT message rejected");
                 self.handler
-                    .rejected(&nobody(), refusal.reason.reason, refusal.detail());
-                if let Some(asked) = refusal.unverified {
+                    .rejected(&nobody(), rejection.reason, &rejection.detail);
+                if let Some(asked) = error.unverified {
                     self.ask_certificate(&node, asked);
                 }
                 return;
