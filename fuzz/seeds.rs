@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use edgebeat_gateway::gateway::LeaseState;
+use edgebeat_gateway::message_path::LeaseState;
 use edgebeat_proto::{self as pb, AgentMessage, agent_message::Kind};
 use jiff::Timestamp;
 use prost::Message;

@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use edgebeat_gateway::freshness::Freshness;
-use edgebeat_gateway::gateway::{LeaseState, validate_status};
+use edgebeat_gateway::message_path::{LeaseState, validate_status};
 use edgebeat_gateway::metrics::clock_skew_seconds;
 use edgebeat_gateway::patch::{self, HeldStatus, KnownCondition, KnownConditions};
 use edgebeat_proto::registration::NodeName;

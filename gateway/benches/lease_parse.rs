@@ -4,7 +4,7 @@
 //! gateway's Update; and, for the decision issue 29 asks for, the same Lease in kubelet's
 //! default wire format, protobuf (`application/vnd.kubernetes.protobuf`), decoded and
 //! encoded; and a plain Lease's PUT body built and serialized by k8s-openapi against
-//! [`patch::plain_lease_json`]. Prints nanoseconds per call, the best of 25 rounds of
+//! [`bodies::plain_lease_json`]. Prints nanoseconds per call, the best of 25 rounds of
 //! 20,000: this VM's timings are noisy, and the best round is the figure that repeats.
 //!
 //! ```text
@@ -14,7 +14,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use edgebeat_gateway::patch;
+use edgebeat_gateway::bodies;
 use edgebeat_gateway::view::{LeaseRecord, PartialLease};
 use k8s_openapi::api::coordination::v1::Lease;
 
@@ -298,14 +298,14 @@ fn main() {
     let Ok(renew) = "2026-11-26T21:12:34.567890Z".parse::<jiff::Timestamp>() else {
         panic!("the renewTime parses");
     };
-    let body = patch::plain_lease_json(name, uid, 40, rv, renew);
+    let body = bodies::plain_lease_json(name, uid, 40, rv, renew);
     let whole = per_parse(N, || {
-        let mut lease = patch::new_lease(black_box(name), uid, 40, renew);
+        let mut lease = bodies::new_lease(black_box(name), uid, 40, renew);
         lease.metadata.resource_version = Some(rv.to_owned());
         serde_json::to_vec(&lease).is_ok_and(|v| v.len() == body.len())
     });
     let lean = per_parse(N, || {
-        patch::plain_lease_json(black_box(name), uid, 40, rv, renew).len() == body.len()
+        bodies::plain_lease_json(black_box(name), uid, 40, rv, renew).len() == body.len()
     });
     println!(
         "{:<32} {:>6} {whole:>19.0} {lean:>17.0}",

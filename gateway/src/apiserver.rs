@@ -52,7 +52,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::patch::{EVENT_NAMESPACE, LEASE_NAMESPACE};
+use crate::bodies::{EVENT_NAMESPACE, LEASE_NAMESPACE};
 use crate::view::PartialLease;
 
 /// `Impersonate-User` (kube-apiserver impersonation headers).
@@ -168,22 +168,22 @@ impl Drop for Ticket<'_> {
     }
 }
 
-/// Records a call's outcome in its gate; a call dropped before its answer (its caller's
+/// A call being recorded: records its outcome in its gate; a call dropped before its answer (its caller's
 /// deadline passed) counts as "no answer".
-struct Outcome<'a> {
+struct Recording<'a> {
     gate: &'a Mutex<Gate>,
     probe: bool,
     recorded: bool,
 }
 
-impl Outcome<'_> {
+impl Recording<'_> {
     fn record<T>(&mut self, result: &Result<T, kube::Error>) {
         self.recorded = true;
         self.gate.lock().observe(trouble(result), self.probe);
     }
 }
 
-impl Drop for Outcome<'_> {
+impl Drop for Recording<'_> {
     fn drop(&mut self) {
         if !self.recorded {
             self.gate.lock().observe(Some(Duration::ZERO), self.probe);
@@ -287,7 +287,7 @@ impl Apiserver {
         let ticket = self
             .admit(priority)
             .map_err(|backing_off| kube::Error::Service(Box::new(backing_off)))?;
-        let mut outcome = Outcome {
+        let mut outcome = Recording {
             gate: self.gate(priority),
             probe: matches!(ticket, Ticket::Probe(_)),
             recorded: false,
@@ -402,7 +402,7 @@ impl Apiserver {
 
     /// `PUT` of Lease `kube-node-lease/{name}` (optimistic concurrency on its
     /// resourceVersion), as node `name`, with `body` the Lease's JSON (a plain Lease's from
-    /// [`crate::patch::plain_lease_json`], any other serialized by k8s-openapi). The answer
+    /// [`crate::bodies::plain_lease_json`], any other serialized by k8s-openapi). The answer
     /// is parsed in part: what the view keeps of it ([`PartialLease`]).
     ///
     /// Errors: kube's (409 on a stale resourceVersion).

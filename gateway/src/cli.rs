@@ -225,11 +225,12 @@ pub struct Args {
     pub log_format: edgebeat_transports::observe::LogFormat,
 }
 
-/// `--max-nodes`' default, [`crate::gateway::DEFAULT_MAX_NODES`].
-const DEFAULT_MAX_NODES: NonZeroUsize = match NonZeroUsize::new(crate::gateway::DEFAULT_MAX_NODES) {
-    Some(n) => n,
-    None => panic!("DEFAULT_MAX_NODES is 0"),
-};
+/// `--max-nodes`' default, [`crate::message_path::DEFAULT_MAX_NODES`].
+const DEFAULT_MAX_NODES: NonZeroUsize =
+    match NonZeroUsize::new(crate::message_path::DEFAULT_MAX_NODES) {
+        Some(n) => n,
+        None => panic!("DEFAULT_MAX_NODES is 0"),
+    };
 
 /// Where the gateway's cluster is (both for serving and for `token create`).
 #[derive(clap::Args, Debug, Clone)]

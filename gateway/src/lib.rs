@@ -6,7 +6,7 @@
 //!
 //! - [`admission`]: the per-node admission state machine (identity, boot and sequence,
 //!   rate limit, freshness), with no I/O.
-//! - [`gateway`]: the per-message path ([`Gateway`]): admission, then the writer.
+//! - [`message_path`]: the per-message path ([`Gateway`]): admission, then the writer.
 //! - `writer`: kubelet's apiserver calls for one admitted message (register, status
 //!   PATCH, Lease PUT, events).
 //! - [`view`]: what the apiserver holds for the managed Nodes and Leases, kept by a watch
@@ -14,7 +14,7 @@
 //! - [`apiserver`]: the kube-rs calls, optionally impersonating each node.
 //! - [`freshness`]: message age from the agent's boot clock, for dropping stale renewals.
 //! - [`restriction`]: NodeRestriction's label rules, input limits and the per-node rate limit.
-//! - [`patch`]: the Node, status patch, Lease and Event bodies.
+//! - [`bodies`]: the Node, status patch, Lease and Event bodies.
 //! - [`metrics`]: the Prometheus metrics (`edgebeat_gateway_*`) served on `/metrics`.
 //! - [`sites`]: a site (zone) cut off told apart from its nodes dying (the rule);
 //!   [`site_status`] writes what it decides.
@@ -24,13 +24,13 @@
 
 pub mod admission;
 pub mod apiserver;
+pub mod bodies;
 pub mod cli;
 pub mod commands;
 pub mod enrollment;
 pub mod freshness;
-pub mod gateway;
+pub mod message_path;
 pub mod metrics;
-pub mod patch;
 pub mod reload;
 pub mod restriction;
 pub mod server;
@@ -41,6 +41,6 @@ pub mod view;
 mod writer;
 
 pub use admission::Posture;
-pub use gateway::{
+pub use message_path::{
     Gateway, GatewayOptions, kube_client, kube_client_with, watch_client, watch_client_with,
 };

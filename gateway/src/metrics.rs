@@ -110,7 +110,7 @@ pub struct Counters {
     /// stops until restarted.
     pub nodes_not_found: Counter,
     /// Certificates recorded on their Node's annotations (see
-    /// [`crate::patch::CERTIFICATE_SHA256_ANNOTATION`]).
+    /// [`crate::bodies::CERTIFICATE_SHA256_ANNOTATION`]).
     pub certificates_recorded: Counter,
     /// Which rejections are also logged: every one is counted, a flood is not written
     /// line by line ([`LogLimiter`](edgebeat_transports::log_limit::LogLimiter)).

@@ -9,7 +9,7 @@ use std::time::Duration;
 use edgebeat_proto::{self as pb, NodeConditionType};
 use tokio::time::Instant;
 
-/// Why a reported NodeStatus is refused ([`crate::gateway::validate_status`],
+/// Why a reported NodeStatus is refused ([`crate::message_path::validate_status`],
 /// [`validate_status_limits`]). `Display` is the reason the agent's `Rejected` answer and
 /// the gateway's log carry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -10,7 +10,7 @@ use edgebeat_proto::EventType;
 use jiff::Timestamp;
 
 use crate::apiserver::Apiserver;
-use crate::patch;
+use crate::bodies;
 use crate::sites::{
     Action, Cause, REASON_REACHABLE, SiteTracker, TICK, condition_patch, event_name,
 };
@@ -77,7 +77,7 @@ async fn write(
             );
             let message = format!(
                 "Site {site} unreachable since {}: {} {how} ({})",
-                patch::whole_seconds(partition.since),
+                bodies::whole_seconds(partition.since),
                 partition.nodes.len(),
                 partition.nodes.join(", ")
             );
@@ -107,7 +107,7 @@ async fn write(
             );
             let message = format!(
                 "Site {site} reachable again at {} after {}s unreachable",
-                patch::whole_seconds(*at),
+                bodies::whole_seconds(*at),
                 down.as_secs()
             );
             event(
@@ -135,7 +135,7 @@ async fn write(
             };
             let message = format!(
                 "Site {site} unreachable since {}: {why}",
-                patch::whole_seconds(*since)
+                bodies::whole_seconds(*since)
             );
             api.patch_node_status(
                 node,
@@ -172,7 +172,7 @@ async fn event(
     let Some(node) = about else {
         return Ok(());
     };
-    let mut event = patch::node_event(node, type_, reason, message, now, 0);
+    let mut event = bodies::node_event(node, type_, reason, message, now, 0);
     event.metadata.name = Some(event_name(site, what, since));
     event.source = Some(k8s_openapi::api::core::v1::EventSource {
         component: Some("edgebeat-gateway".into()),

@@ -66,7 +66,7 @@ use edgebeat_proto::ConditionStatus;
 use jiff::{SignedDuration, Timestamp};
 use serde_json::json;
 
-use crate::patch;
+use crate::bodies;
 
 /// The zone label (`topology.kubernetes.io/zone`).
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
@@ -459,7 +459,7 @@ pub fn condition_patch(
     message: &str,
     at: Timestamp,
 ) -> serde_json::Value {
-    let at = patch::whole_seconds(at).to_string();
+    let at = bodies::whole_seconds(at).to_string();
     json!({"status": {"conditions": [{
         "type": SITE_CONDITION,
         "status": ConditionStatus::from_bool(status).as_str(),

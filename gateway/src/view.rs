@@ -42,7 +42,7 @@ use kube::{Api, ResourceExt};
 use edgebeat_proto::{ConditionStatus, NodeConditionType};
 use edgebeat_transports::ingress::CertificateId;
 
-use crate::patch::{
+use crate::bodies::{
     CERTIFICATE_NOT_BEFORE_ANNOTATION, CERTIFICATE_SHA256_ANNOTATION, KnownCondition,
     KnownConditions, LEASE_NAMESPACE, MANAGED_LABEL,
 };

@@ -308,7 +308,7 @@ fn ns(name: &str) -> Scope {
     Scope::Namespace(name.into())
 }
 
-/// What the gateway's calls in gateway/src/gateway.rs need, and nothing else.
+/// What the gateway's calls in gateway/src/message_path.rs need, and nothing else.
 fn expected_permissions() -> BTreeSet<Permission> {
     BTreeSet::from([
         // Api<Node>::create

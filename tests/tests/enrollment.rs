@@ -678,7 +678,11 @@ async fn two_replicas_enrolling_one_fleet_make_one_ca() {
         edgebeat_gateway::enrollment::Enrollment::with_site_ca(client.clone(), options, clock),
     );
     let (a, b) = (a.unwrap(), b.unwrap());
-    assert_eq!(a.ca_pem(), old.ca.cert_pem, "the older gateway's site CA kept");
+    assert_eq!(
+        a.ca_pem(),
+        old.ca.cert_pem,
+        "the older gateway's site CA kept"
+    );
     assert_eq!((a.answer_cas().len(), a.answer_cas()), (1, b.answer_cas()));
     assert_ne!(
         a.answer_cas(),

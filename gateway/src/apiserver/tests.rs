@@ -95,7 +95,7 @@ async fn a_429_waits_for_its_retry_after_up_to_the_cap() {
 #[tokio::test(start_paused = true)]
 async fn a_call_dropped_unanswered_closes_the_gate() {
     let api = api();
-    drop(Outcome {
+    drop(Recording {
         gate: api.gate(Priority::Lease),
         probe: false,
         recorded: false,

@@ -30,7 +30,7 @@ fn node(rv: &str, ready: &str, boot: &str) -> Node {
 
 fn lease(rv: &str, renew_s: i64) -> Lease {
     let mut lease =
-        crate::patch::new_lease("n1", "u1", 40, Timestamp::from_second(renew_s).unwrap());
+        crate::bodies::new_lease("n1", "u1", 40, Timestamp::from_second(renew_s).unwrap());
     lease.metadata.resource_version = Some(rv.into());
     lease
 }

@@ -13,7 +13,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::patch;
+use crate::bodies;
 
 /// A report later than this after its transition says so in the transition's event: the
 /// node's link was down or failing (a report goes out at the computation that saw the
@@ -98,7 +98,7 @@ pub fn usable(journal: &[pb::ConditionTransition]) -> (Vec<&pb::ConditionTransit
 pub(super) fn timed<'a>(
     journal: &[&'a pb::ConditionTransition],
     now: Timestamp,
-    held: &patch::KnownConditions,
+    held: &bodies::KnownConditions,
     node: &str,
     boot_id: &str,
 ) -> Vec<Timed<'a>> {
@@ -146,7 +146,7 @@ fn event_name(node: &str, boot_id: &str, entry: &pb::ConditionTransition) -> Str
 pub(super) fn transitions(
     conditions: &mut [NodeCondition],
     journal: &[Timed<'_>],
-    held: &patch::KnownConditions,
+    held: &bodies::KnownConditions,
 ) {
     for c in conditions {
         let Some(type_) = NodeConditionType::from_name(&c.type_) else {
@@ -157,10 +157,10 @@ pub(super) fn transitions(
             continue;
         };
         let after_unknown = held.get(type_).is_some_and(|k| {
-            k.status == ConditionStatus::Unknown && patch::whole_seconds(t.at) < k.last_transition
+            k.status == ConditionStatus::Unknown && bodies::whole_seconds(t.at) < k.last_transition
         });
         if !after_unknown {
-            c.last_transition_time = Some(Time(patch::whole_seconds(t.at)));
+            c.last_transition_time = Some(Time(bodies::whole_seconds(t.at)));
         }
     }
 }
@@ -216,7 +216,7 @@ mod tests {
         let later = now + SignedDuration::from_secs(7);
         let first = entry("MemoryPressure", "True", 60_000, 123_456);
         let resent = entry("MemoryPressure", "True", 67_000, 123_456);
-        let held = patch::KnownConditions::default();
+        let held = bodies::KnownConditions::default();
         let a = timed(&[&first], now, &held, "n1", "boot-a");
         let b = timed(&[&resent], later, &held, "n1", "boot-a");
         assert_eq!(a[0].name, b[0].name);

@@ -138,14 +138,14 @@ impl Writer {
                 Some((uid, resource_version)) => {
                     let renew = self.renew_time(w);
                     let body =
-                        patch::plain_lease_json(name, uid, duration, &resource_version, renew);
+                        bodies::plain_lease_json(name, uid, duration, &resource_version, renew);
                     (body, renew)
                 }
                 None => match self.read_lease(w, name, budget).await {
                     Read::Lease(base) => {
                         let renew = self.renew_time(w);
                         let lease =
-                            patch::renewed_lease(*base, name, uid.as_deref(), duration, renew);
+                            bodies::renewed_lease(*base, name, uid.as_deref(), duration, renew);
                         match serde_json::to_vec(&lease) {
                             Ok(body) => (body, renew),
                             Err(e) => {
@@ -255,7 +255,7 @@ impl Writer {
         let renew = self.renew_time(w);
         match self
             .api
-            .create_lease(&patch::new_lease(name, &uid, duration, renew))
+            .create_lease(&bodies::new_lease(name, &uid, duration, renew))
             .await
         {
             Ok(created) => self.renewed(w, name, &created, renew),

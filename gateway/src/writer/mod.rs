@@ -27,10 +27,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::time::Instant;
 
 use crate::apiserver::Apiserver;
+use crate::bodies;
+use crate::bodies::MANAGED_LABEL;
 use crate::metrics::Counters;
 use crate::metrics::{NodeMetrics, NodeSeries, RejectReason};
-use crate::patch;
-use crate::patch::MANAGED_LABEL;
 use crate::view::{ApiserverView, NodeRecord, PartialLease};
 
 mod journal;
@@ -313,12 +313,12 @@ impl Writer {
                     .map(|n| n.at.duration_since(t.at));
                 message.push_str(&format!(
                     " (at {}{}; reported {} later, after the node's link was down)",
-                    patch::whole_seconds(t.at),
+                    bodies::whole_seconds(t.at),
                     lasted.map_or(String::new(), |d| format!(", for {}", journal::human(d))),
                     journal::human(late),
                 ));
             }
-            let mut event = patch::node_event(name, kind, &reason, message, t.at, 0);
+            let mut event = bodies::node_event(name, kind, &reason, message, t.at, 0);
             event.metadata.name = Some(t.name.clone());
             match self.api.create_event(name, &event).await {
                 Ok(_) => {}
@@ -402,7 +402,7 @@ impl Writer {
                 reason: "the apiserver's status differs: send it whole".into(),
             };
         }
-        let now = patch::whole_seconds(self.now());
+        let now = bodies::whole_seconds(self.now());
         let conditions: Vec<serde_json::Value> = NodeConditionType::KUBELET
             .iter()
             .chain(NodeConditionType::HEALTH.iter().filter(|t| reported(t)))
@@ -434,7 +434,7 @@ impl Writer {
         reboot: Reboot,
         journal: &[Timed<'_>],
     ) -> Answer {
-        let mut conditions = patch::conditions(status, now, &held.conditions);
+        let mut conditions = bodies::conditions(status, now, &held.conditions);
         journal::transitions(&mut conditions, journal, &held.conditions);
         // A health condition the agent no longer reports (turned off, or its signal gone
         // from the host) is deleted rather than left to look current.
@@ -445,8 +445,8 @@ impl Writer {
                     && !status.conditions.iter().any(|c| *t == c.r#type.as_str())
             })
             .map(NodeConditionType::as_str);
-        let body = match patch::status_patch(&patch::node_status(status, conditions), None)
-            .map(|body| patch::delete_conditions(body, dropped))
+        let body = match bodies::status_patch(&bodies::node_status(status, conditions), None)
+            .map(|body| bodies::delete_conditions(body, dropped))
         {
             Ok(b) => b,
             Err(e) => {
@@ -538,7 +538,7 @@ impl Writer {
         now: Timestamp,
     ) {
         let unique = self.event_seq.fetch_add(1, Ordering::Relaxed);
-        let event = patch::node_event(name, type_, reason, message, now, unique);
+        let event = bodies::node_event(name, type_, reason, message, now, unique);
         if let Err(error) = self.api.create_event(name, &event).await {
             tracing::warn!(node = name, reason, %error, "could not record event");
         }

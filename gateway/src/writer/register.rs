@@ -71,12 +71,13 @@ impl Writer {
             }
         } else {
             let before = known.map(|k| k.conditions).unwrap_or_default();
-            let mut conditions = patch::conditions(status, now, &before);
+            let mut conditions = bodies::conditions(status, now, &before);
             // Transitions made before the Node ever existed (its link was down from the
             // start) keep their times too.
             let journal = journal::timed(&usable, now, &before, name, new_boot);
             journal::transitions(&mut conditions, &journal, &before);
-            let node = patch::initial_node(name, register, patch::node_status(status, conditions));
+            let node =
+                bodies::initial_node(name, register, bodies::node_status(status, conditions));
             match self.api.create_node(&node).await {
                 Ok(created) => {
                     self.view.observe_node(&created);
@@ -231,7 +232,7 @@ impl Writer {
     /// values, plus [`MANAGED_LABEL`] (the selector of
     /// the gateway's watch); patch only when something differs.
     /// Records on Node `name` that it speaks with certificate `id`
-    /// ([`patch::CERTIFICATE_SHA256_ANNOTATION`], [`patch::CERTIFICATE_NOT_BEFORE_ANNOTATION`]),
+    /// ([`bodies::CERTIFICATE_SHA256_ANNOTATION`], [`bodies::CERTIFICATE_NOT_BEFORE_ANNOTATION`]),
     /// in a patch of `nodes/{name}/status` whose metadata the apiserver keeps (as
     /// `reconcile_labels`), and takes the answer into the view. Called when an identified
     /// node's certificate is newer than (or missing from) the Node's record: at its first
@@ -247,8 +248,8 @@ impl Writer {
             .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
             .unwrap_or_default();
         let body = serde_json::json!({ "metadata": { "annotations": {
-            patch::CERTIFICATE_SHA256_ANNOTATION: id.sha256_hex(),
-            patch::CERTIFICATE_NOT_BEFORE_ANNOTATION: not_before,
+            bodies::CERTIFICATE_SHA256_ANNOTATION: id.sha256_hex(),
+            bodies::CERTIFICATE_NOT_BEFORE_ANNOTATION: not_before,
         } } });
         let node = self.api.patch_node_status(name, body).await?;
         self.view.observe_node(&node);

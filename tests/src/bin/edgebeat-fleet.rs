@@ -297,10 +297,10 @@ async fn standin_ceiling(
         &Default::default(),
     )?;
     let api: kube::Api<Lease> =
-        kube::Api::namespaced(client, edgebeat_gateway::patch::LEASE_NAMESPACE);
+        kube::Api::namespaced(client, edgebeat_gateway::bodies::LEASE_NAMESPACE);
     let mut leases = Vec::with_capacity(args.nodes);
     for i in 0..args.nodes {
-        let lease = edgebeat_gateway::patch::new_lease(
+        let lease = edgebeat_gateway::bodies::new_lease(
             &format!("ceiling-{i:05}"),
             "00000000-0000-0000-0000-000000000000",
             40,

@@ -474,5 +474,5 @@ pub fn node_event(
 }
 
 #[cfg(test)]
-#[path = "patch/tests.rs"]
+#[path = "bodies/tests.rs"]
 mod tests;
