@@ -57,7 +57,7 @@ fn run() -> anyhow::Result<()> {
         edgebeat_transports::observe::LogTo::Stderr,
         args.log_format,
     )
-    .map_err(|e| anyhow::anyhow!("--log-level {:?}: {e}", args.log_level))?;
+    .with_context(|| format!("--log-level {:?}", args.log_level))?;
 
     let mut config = match &args.config {
         Some(path) => AgentConfig::load(path)?,

@@ -2,6 +2,7 @@
 //! into [`Settings`] and hands them to [`Server`] (or to a subcommand); every piece of wiring lives in the
 //! library, so the tests run the same server.
 
+use anyhow::Context as _;
 use clap::Parser;
 use edgebeat_gateway::cli::{AnswerCaCommand, Args, Command, TokenCommand};
 use edgebeat_gateway::commands::{answer_ca_rotate, token_create};
@@ -24,7 +25,7 @@ async fn run() -> anyhow::Result<()> {
         edgebeat_transports::observe::LogTo::Stdout,
         args.log_format,
     )
-    .map_err(|e| anyhow::anyhow!("--log-level {:?}: {e}", args.log_level))?;
+    .with_context(|| format!("--log-level {:?}", args.log_level))?;
     // rustls on ring for every TLS user in the process (gRPC server, kube client).
     edgebeat_transports::grpc::tls::install_ring_provider();
     match args.command {

@@ -64,15 +64,10 @@ impl Settings {
     pub async fn from_args(args: &Args) -> anyhow::Result<Self> {
         let grpc = GrpcSettings::from_args(args)?;
         let mqtt = MqttSettings::from_args(args)?;
-        let grpc_enrollment = match args.grpc_enrollment_listen {
-            Some(addr) => Some((
-                addr,
-                EnrollmentServerOptions {
-                    tls: enrollment_tls(args)?,
-                },
-            )),
-            None => None,
-        };
+        let grpc_enrollment = args.grpc_enrollment_listen.map(|addr| {
+            let tls = enrollment_tls(grpc.as_ref());
+            (addr, EnrollmentServerOptions { tls })
+        });
         let enrollment = args.enrollment.then(|| EnrollmentOptions {
             namespace: args.cluster.namespace(),
             approval: match args.csr_approval {
@@ -182,7 +177,6 @@ impl MqttSettings {
                     },
                 };
                 tls.rustls_config()
-                    .map_err(anyhow::Error::msg)
                     .context("--mqtt-ca-file, --mqtt-cert-file, --mqtt-key-file")?;
                 Some(tls)
             }
@@ -203,7 +197,6 @@ impl MqttSettings {
             Some(ca) => {
                 let ca_pem = read_pem("--mqtt-node-ca", ca)?;
                 CertificateVerifier::from_pem(&ca_pem)
-                    .map_err(anyhow::Error::msg)
                     .with_context(|| format!("--mqtt-node-ca {}", ca.display()))?;
                 Some(ca_pem)
             }
@@ -220,7 +213,6 @@ impl MqttSettings {
                     &read_pem("--mqtt-answer-key-file", key)?,
                     ca_pem,
                 )
-                .map_err(anyhow::Error::msg)
                 .context("--mqtt-answer-cert-file, --mqtt-answer-key-file")?,
             ));
         }
@@ -269,9 +261,7 @@ impl MqttSettings {
             None => self.node_ca_pem.clone(),
         };
         if let Some(ca_pem) = node_ca {
-            let verifier = CertificateVerifier::from_pem(&ca_pem)
-                .map_err(anyhow::Error::msg)
-                .context("--mqtt-node-ca")?;
+            let verifier = CertificateVerifier::from_pem(&ca_pem).context("--mqtt-node-ca")?;
             let mut policy = SignaturePolicy::new(verifier, self.require_signatures);
             policy.max_clock_skew = self.max_clock_skew;
             options.signatures = Some(policy);
@@ -318,13 +308,10 @@ impl GrpcSettings {
                     client_ca_pem: client_ca_pem.clone(),
                 };
                 tls::parse_certificates(&tls.cert_pem)
-                    .map_err(anyhow::Error::msg)
                     .with_context(|| format!("--grpc-tls-cert {}", cert.display()))?;
                 tls::parse_private_key(&tls.key_pem)
-                    .map_err(anyhow::Error::msg)
                     .with_context(|| format!("--grpc-tls-key {}", key.display()))?;
                 tls.check()
-                    .map_err(anyhow::Error::msg)
                     .context("--grpc-tls-cert, --grpc-tls-key, --grpc-client-ca")?;
                 reload = vec![cert.clone(), key.clone()];
                 reload.extend(args.grpc_client_ca.clone());
@@ -411,21 +398,18 @@ impl GrpcSettings {
     }
 }
 
-/// The gRPC enrollment listener's TLS: --grpc-tls-cert and --grpc-tls-key when given, else
-/// none (plain HTTP/2: the request is proved by the token or the node's key, and the
-/// answer is signed).
-///
-/// Errors: either file cannot be read (named by its flag). The listener never falls back
-/// to plain HTTP/2 when TLS was asked for.
-fn enrollment_tls(args: &Args) -> anyhow::Result<Option<GrpcServerTls>> {
-    let (Some(cert), Some(key)) = (&args.grpc_tls_cert, &args.grpc_tls_key) else {
-        return Ok(None);
-    };
-    Ok(Some(GrpcServerTls {
-        cert_pem: read_pem("--grpc-tls-cert", cert)?,
-        key_pem: read_pem("--grpc-tls-key", key)?,
+/// The gRPC enrollment listener's TLS: the gRPC listener's certificate and key (read and
+/// checked once, by [`GrpcSettings::from_args`], so a file that cannot be read stops the
+/// gateway there: the listener never falls back to plain HTTP/2 when TLS was asked for),
+/// without a client CA (boards enroll before they have a certificate). `None` without
+/// `--grpc-tls-cert`: plain HTTP/2, the request being proved by the token or the node's
+/// key, and the answer signed.
+fn enrollment_tls(grpc: Option<&GrpcSettings>) -> Option<GrpcServerTls> {
+    let tls = grpc?.options.tls.as_ref()?;
+    Some(GrpcServerTls {
         client_ca_pem: None,
-    }))
+        ..tls.clone()
+    })
 }
 
 /// The per-message options of [`crate::Gateway`] from the flags (the posture is decided

@@ -371,7 +371,8 @@ fn token_create_parses_with_the_cluster_flags_anywhere() {
 
 /// The enrollment listener's TLS never turns into plain HTTP/2 behind the operator's back:
 /// a certificate that cannot be read is an error naming its flag (it used to be `None`,
-/// a plain listener), no certificate is plain on purpose, and a readable pair is TLS.
+/// a plain listener), no certificate is plain on purpose, and a readable pair is TLS: the
+/// gRPC listener's own, read once, without its client CA.
 #[test]
 fn enrollment_tls_that_cannot_be_read_is_an_error_not_plain_http2() {
     let dir = tempfile::tempdir().unwrap();
@@ -385,22 +386,39 @@ fn enrollment_tls_that_cannot_be_read_is_an_error_not_plain_http2() {
         ])
         .unwrap()
     };
-    let err = format!("{:#}", enrollment_tls(&flags(&cert, &key)).unwrap_err());
+    let err = format!(
+        "{:#}",
+        GrpcSettings::from_args(&flags(&cert, &key)).unwrap_err()
+    );
     assert!(
         err.contains("--grpc-tls-cert") && err.contains("tls.crt"),
         "{err}"
     );
-    std::fs::write(&cert, "cert").unwrap();
-    let err = format!("{:#}", enrollment_tls(&flags(&cert, &key)).unwrap_err());
+    let pair = rcgen::generate_simple_self_signed(vec!["edgebeat-gateway".to_owned()]).unwrap();
+    std::fs::write(&cert, pair.cert.pem()).unwrap();
+    let err = format!(
+        "{:#}",
+        GrpcSettings::from_args(&flags(&cert, &key)).unwrap_err()
+    );
     assert!(
         err.contains("--grpc-tls-key") && err.contains("tls.key"),
         "{err}"
     );
-    std::fs::write(&key, "key").unwrap();
-    let tls = enrollment_tls(&flags(&cert, &key)).unwrap().unwrap();
+    std::fs::write(&key, pair.signing_key.serialize_pem()).unwrap();
+    let grpc = GrpcSettings::from_args(&flags(&cert, &key)).unwrap();
+    let tls = enrollment_tls(grpc.as_ref()).expect("TLS, as the gRPC listener's");
     assert_eq!(
-        (tls.cert_pem.as_slice(), tls.key_pem.as_slice()),
-        (&b"cert"[..], &b"key"[..])
+        (tls.cert_pem, tls.key_pem, tls.client_ca_pem),
+        (
+            pair.cert.pem().into_bytes(),
+            pair.signing_key.serialize_pem().into_bytes(),
+            None
+        )
     );
-    assert!(enrollment_tls(&parse_grpc(&[]).unwrap()).unwrap().is_none());
+    let plain = GrpcSettings::from_args(&parse_grpc(&[]).unwrap()).unwrap();
+    assert!(
+        plain.is_some(),
+        "--grpc-listen alone is a plain gRPC listener"
+    );
+    assert!(enrollment_tls(plain.as_ref()).is_none());
 }
