@@ -108,6 +108,21 @@ pub struct MemoryFacts {
     pub available_bytes: Option<u64>,
 }
 
+/// The node's resource usage now, as kubelet's `/metrics/resource` reports it for the node
+/// (`pkg/kubelet/metrics/collectors/resource_metrics.go`: `node_cpu_usage_seconds_total`,
+/// `node_memory_working_set_bytes`, from cadvisor's root container), read by
+/// [`read_resource_usage`](crate::read_resource_usage). `None` where the host does not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResourceUsage {
+    /// Cumulative CPU time of every task on the node, milliseconds: the root cgroup's
+    /// `cpuacct/cpuacct.usage` (nanoseconds) on cgroup v1 and hybrid hosts, its `cpu.stat`
+    /// `usage_usec` on v2, else the busy time of `/proc/stat`.
+    pub cpu_usage_ms: Option<u64>,
+    /// The root cgroup's working set, bytes ([`MemoryFacts::working_set_bytes`], the figure
+    /// `memory.available` subtracts).
+    pub memory_working_set_bytes: Option<u64>,
+}
+
 /// How the cgroup hierarchy is mounted under `/sys/fs/cgroup` (runc
 /// `libcontainer/cgroups/utils.go: IsCgroup2UnifiedMode`, `IsCgroup2HybridMode`; detected
 /// from files rather than statfs magic so fixture trees can express it).

@@ -34,7 +34,8 @@ pub use duration::{DurationError, parse_duration};
 pub use error::{HwError, ParseError};
 pub use facts::{
     CgroupMode, ClockSync, CoolingDevice, FsStats, HostFacts, HugePages, MemoryFacts, Mount,
-    PidStats, PowerFacts, Psi, PsiLine, PsiResource, ThermalZone, Throttled, TripKind, TripPoint,
+    PidStats, PowerFacts, Psi, PsiLine, PsiResource, ResourceUsage, ThermalZone, Throttled,
+    TripKind, TripPoint,
 };
-pub use read::{ReadOptions, fs_stats, read_host_facts};
+pub use read::{ReadOptions, fs_stats, read_host_facts, read_resource_usage};
 pub use root::HostRoot;

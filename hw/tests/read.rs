@@ -8,7 +8,7 @@ use std::path::Path;
 
 use edgebeat_hw::{
     CgroupMode, HostRoot, HugePages, HwError, ParseError, PidStats, Psi, PsiLine, PsiResource,
-    ReadOptions, read_host_facts,
+    ReadOptions, ResourceUsage, read_host_facts, read_resource_usage,
 };
 use tempfile::TempDir;
 
@@ -341,4 +341,32 @@ fn missing_root_dir_stats_the_nearest_ancestor() {
 /// statvfs fields are 32-bit on armv7 and 64-bit elsewhere.
 fn widen<T: Into<u64>>(value: T) -> u64 {
     value.into()
+}
+
+/// The node's CPU time comes from the v1 `cpuacct` controller first (hybrid hosts account
+/// there), then v2's root `cpu.stat`, then `/proc/stat`; the working set as the status's.
+#[test]
+fn resource_usage_follows_the_cgroup_that_accounts_the_root() {
+    let tree = Tree::empty();
+    let root = HostRoot::new(tree.0.path());
+    assert_eq!(read_resource_usage(&root), ResourceUsage::default());
+    tree.write("/proc/stat", "cpu  100 0 50 900 0 0 10 0 0 0\n");
+    assert_eq!(read_resource_usage(&root).cpu_usage_ms, Some(1_600));
+    tree.write(
+        "/sys/fs/cgroup/cpu.stat",
+        "usage_usec 2500999\nuser_usec 1\n",
+    );
+    tree.write(
+        "/sys/fs/cgroup/memory.stat",
+        "anon 3000\nfile 5000\ninactive_file 2000\n",
+    );
+    assert_eq!(
+        read_resource_usage(&root),
+        ResourceUsage {
+            cpu_usage_ms: Some(2_500),
+            memory_working_set_bytes: Some(6_000),
+        }
+    );
+    tree.write("/sys/fs/cgroup/cpuacct/cpuacct.usage", "7000000001\n");
+    assert_eq!(read_resource_usage(&root).cpu_usage_ms, Some(7_000));
 }

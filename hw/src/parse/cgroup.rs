@@ -32,9 +32,33 @@ pub fn working_set_bytes(usage_bytes: u64, inactive_file_bytes: u64) -> u64 {
     usage_bytes.saturating_sub(inactive_file_bytes)
 }
 
+/// `usage_usec` of a cgroup v2 `cpu.stat` (flat keyed: `key value` lines; kernel
+/// `Documentation/admin-guide/cgroup-v2.rst`, "cpu.stat"): the CPU time of every task in the
+/// cgroup, microseconds.
+pub fn parse_cpu_stat_usage_usec(text: &str) -> Result<u64, ParseError> {
+    text.lines()
+        .find_map(|line| line.strip_prefix("usage_usec "))
+        .ok_or(ParseError::Empty)
+        .and_then(|value| super::parse_u64(value, "cpu.stat usage_usec"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_stat_usage() {
+        let stat = "usage_usec 26074783096\nuser_usec 21042396874\nsystem_usec 5032386221\n";
+        assert_eq!(parse_cpu_stat_usage_usec(stat), Ok(26_074_783_096));
+        assert_eq!(
+            parse_cpu_stat_usage_usec("user_usec 1\n"),
+            Err(ParseError::Empty)
+        );
+        assert_eq!(
+            parse_cpu_stat_usage_usec("usage_usec x\n"),
+            Err(ParseError::invalid("cpu.stat usage_usec", "x"))
+        );
+    }
 
     #[test]
     fn memory_stat_table() {

@@ -18,6 +18,30 @@ pub fn parse_u64(text: &str, what: &'static str) -> Result<u64, ParseError> {
         .map_err(|_| ParseError::invalid(what, trimmed))
 }
 
+/// Busy CPU time of the whole host from `/proc/stat`'s first (`cpu`) line, milliseconds:
+/// user + nice + system + irq + softirq + steal, in USER_HZ ticks (100 a second on every
+/// Linux architecture, `USER_HZ` in the kernel's `include/asm-generic/param.h`; the fields:
+/// `Documentation/filesystems/proc.rst`, "1.8 Miscellaneous kernel statistics"). Guest time
+/// is already counted in user and nice. The fallback where no cgroup accounts the root.
+pub fn parse_proc_stat_busy_ms(text: &str) -> Result<u64, ParseError> {
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix("cpu "))
+        .ok_or(ParseError::Empty)?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .map(|f| parse_u64(f, "/proc/stat cpu field"))
+        .collect::<Result<_, _>>()?;
+    // user nice system idle iowait irq softirq steal
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = fields[..] else {
+        return Err(ParseError::invalid("/proc/stat cpu line", line.trim()));
+    };
+    let ticks = [user, nice, system, irq, softirq, steal]
+        .iter()
+        .fold(0u64, |sum, t| sum.saturating_add(*t));
+    Ok(ticks.saturating_mul(10))
+}
+
 /// An identifier file (`boot_id`, `machine-id`, `product_uuid`, device-tree `system-id`…):
 /// surrounding whitespace and NULs stripped (device-tree strings end in NUL). `None` when
 /// nothing is left.
@@ -58,6 +82,24 @@ pub fn parse_hugepages_dir(name: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_stat_busy_time() {
+        let stat =
+            "cpu  2104239 0 485702 4250027 32610 0 17536 6054 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n";
+        assert_eq!(
+            parse_proc_stat_busy_ms(stat),
+            Ok((2_104_239 + 485_702 + 17_536 + 6_054) * 10)
+        );
+        assert_eq!(
+            parse_proc_stat_busy_ms("intr 1 2\n"),
+            Err(ParseError::Empty)
+        );
+        assert_eq!(
+            parse_proc_stat_busy_ms("cpu  1 2 3\n"),
+            Err(ParseError::invalid("/proc/stat cpu line", "1 2 3"))
+        );
+    }
 
     #[test]
     fn u64_table() {

@@ -240,6 +240,24 @@ pub struct LeaseRenewal {
     /// gateway then knows the Lease from its own writes and its watch, not from lease_state.
     #[prost(bool, tag = "4")]
     pub quiet: bool,
+    /// The node's resource usage at send time (Header.seq is the sample's time), on every
+    /// second renewal: what the gateway serves as kubelet's /metrics/resource for the node, so
+    /// that metrics-server and `kubectl top node` see it. Absent when not due or not readable.
+    #[prost(message, optional, tag = "5")]
+    pub usage: ::core::option::Option<ResourceUsage>,
+}
+/// A node's resource usage as kubelet's /metrics/resource reports it for the node
+/// (pkg/kubelet/metrics/collectors/resource_metrics.go), in units that keep it small.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ResourceUsage {
+    /// node_cpu_usage_seconds_total × 1000: cumulative CPU time of every task on the node,
+    /// milliseconds (the root cgroup's, as cadvisor's root container). 0: not readable.
+    #[prost(uint64, tag = "1")]
+    pub cpu_usage_ms: u64,
+    /// node_memory_working_set_bytes ÷ 1024, rounded down: the root cgroup's working set (the
+    /// figure memory.available subtracts), KiB. 0: not readable.
+    #[prost(uint64, tag = "2")]
+    pub memory_working_set_kib: u64,
 }
 /// Everything an agent sends.
 #[derive(Clone, PartialEq, ::prost::Message)]

@@ -62,6 +62,7 @@ fn renewal_with(header: &Header, quiet: bool) -> AgentMessage {
             lease_duration_seconds: 40,
             lease_state: Vec::new(),
             quiet,
+            usage: None,
         })),
     }
 }
@@ -153,6 +154,7 @@ fn lease_renewal_is_tens_of_bytes() {
             lease_duration_seconds: 40,
             lease_state: Vec::new(),
             quiet: true,
+            usage: None,
         })),
     };
     let len = msg.encoded_len();
@@ -288,4 +290,21 @@ fn only_a_newer_message_of_the_same_boot_supersedes() {
             .reason()
             .contains("a newer status")
     );
+}
+
+/// What the resource usage adds to a renewal that carries it, for a board up 30 days on 4
+/// cores at 50 % with 1 GiB in its working set: 12 bytes, so at every second renewal of
+/// kubelet's 10 s (4,320 a day) 51,840 B a node-day, within the 0.1 MB budget.
+#[test]
+fn resource_usage_adds_12_bytes_to_a_renewal() {
+    let header = full_header();
+    let plain = renewal_with(&header, true);
+    let mut with_usage = plain.clone();
+    if let Some(agent_message::Kind::Lease(renewal)) = &mut with_usage.kind {
+        renewal.usage = Some(ResourceUsage {
+            cpu_usage_ms: 30 * 86_400 * 2 * 1_000,
+            memory_working_set_kib: 1024 * 1024,
+        });
+    }
+    assert_eq!(with_usage.encoded_len() - plain.encoded_len(), 12);
 }
