@@ -143,6 +143,7 @@ fn main() -> std::io::Result<()> {
                 lease_duration_seconds: 40,
                 lease_state,
                 quiet: true,
+                usage: None,
             })),
         ),
         (
@@ -157,6 +158,7 @@ fn main() -> std::io::Result<()> {
                 lease_duration_seconds: 40,
                 lease_state: Vec::new(),
                 quiet: false,
+                usage: None,
             })),
         ),
         // Field 99 (varint): a newer agent's message kind.

@@ -897,6 +897,7 @@ async fn renew(
             lease_state: lease_state.clone(),
             // Answered every time: the simulator measures ack latency.
             quiet: false,
+            usage: None,
         })),
     };
     stats.renewals_sent.fetch_add(1, Ordering::Relaxed);

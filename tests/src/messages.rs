@@ -51,6 +51,7 @@ pub fn renewal(node: &str, seq: u64) -> pb::AgentMessage {
             lease_duration_seconds: 40,
             lease_state: Vec::new(),
             quiet: false,
+            usage: None,
         })),
     }
 }

@@ -74,6 +74,7 @@ impl Node {
                 lease_duration_seconds: 40,
                 lease_state: Vec::new(),
                 quiet: false,
+                usage: None,
             })),
         }
     }

@@ -34,6 +34,8 @@ pub(super) struct StatusLoop<'a> {
 /// it reports to the systemd watchdog.
 pub(super) struct LeaseLoop<'a> {
     pub(super) lease_duration_seconds: u32,
+    /// The host whose resource usage rides on every second renewal.
+    pub(super) root: &'a HostRoot,
     pub(super) renew_interval: Duration,
     pub(super) clock: &'a dyn Clock,
     pub(super) liveness: &'a Liveness,
@@ -259,6 +261,7 @@ pub(super) async fn lease_loop(l: LeaseLoop<'_>, cancel: CancellationToken) {
     let mut connections = uplink.connections();
     let mut backoff = None;
     let mut lease_state = Vec::new();
+    let mut ticks: u64 = 0;
     loop {
         // Lease only after the Node exists (its ownerReference needs the Node).
         if !*registered.borrow_and_update() {
@@ -272,7 +275,10 @@ pub(super) async fn lease_loop(l: LeaseLoop<'_>, cancel: CancellationToken) {
             l.liveness.waiting(false);
         }
         connections.borrow_and_update();
-        let delay = if let Some(waited) = renew(&l, &mut lease_state).await {
+        // The resource usage on every second tick, the first included.
+        let with_usage = ticks.is_multiple_of(USAGE_EVERY_NTH_RENEWAL);
+        ticks = ticks.wrapping_add(1);
+        let delay = if let Some(waited) = renew(&l, &mut lease_state, with_usage).await {
             backoff = None;
             // A quiet renewal's silence was already the wait.
             if waited {
@@ -297,13 +303,36 @@ pub(super) async fn lease_loop(l: LeaseLoop<'_>, cancel: CancellationToken) {
     }
 }
 
+/// Renewals that carry the node's resource usage: one in this many (every 20 s at kubelet's
+/// 10 s renew interval). metrics-server's rate needs two samples of different times, and at
+/// 9 B or so a sample, every second renewal keeps a node-day under 40 KB (BENCHMARKS.md
+/// "Link bytes").
+const USAGE_EVERY_NTH_RENEWAL: u64 = 2;
+
+/// The node's resource usage now, for a renewal; `None` when the host says nothing.
+fn resource_usage(root: &HostRoot) -> Option<pb::ResourceUsage> {
+    let usage = edgebeat_hw::read_resource_usage(root);
+    if usage == edgebeat_hw::ResourceUsage::default() {
+        return None;
+    }
+    Some(pb::ResourceUsage {
+        cpu_usage_ms: usage.cpu_usage_ms.unwrap_or(0),
+        memory_working_set_kib: usage.memory_working_set_bytes.unwrap_or(0) / 1024,
+    })
+}
+
 /// One renewal tick: `Some(waited)` when written — `waited` when that was learnt from the
 /// gateway's silence until the next renewal was due — `None` when every attempt failed.
 /// `lease_state` is the gateway's opaque Lease state from the last answered renewal (only
 /// an older gateway answers written quiet renewals), echoed so any gateway replica can PUT
 /// without a GET.
-pub(super) async fn renew(l: &LeaseLoop<'_>, lease_state: &mut Vec<u8>) -> Option<bool> {
-    let written = try_renew(l, lease_state).await;
+/// With `with_usage`, each attempt carries the node's resource usage read as it is sent.
+pub(super) async fn renew(
+    l: &LeaseLoop<'_>,
+    lease_state: &mut Vec<u8>,
+    with_usage: bool,
+) -> Option<bool> {
+    let written = try_renew(l, lease_state, with_usage).await;
     l.liveness.progress();
     l.send
         .metrics
@@ -311,7 +340,7 @@ pub(super) async fn renew(l: &LeaseLoop<'_>, lease_state: &mut Vec<u8>) -> Optio
     written
 }
 
-async fn try_renew(l: &LeaseLoop<'_>, lease_state: &mut Vec<u8>) -> Option<bool> {
+async fn try_renew(l: &LeaseLoop<'_>, lease_state: &mut Vec<u8>, with_usage: bool) -> Option<bool> {
     // Each attempt echoes the newest Lease state, which an answer may have replaced.
     let message = |state: &Vec<u8>| {
         let renewal = pb::AgentMessage {
@@ -320,6 +349,7 @@ async fn try_renew(l: &LeaseLoop<'_>, lease_state: &mut Vec<u8>) -> Option<bool>
                 lease_duration_seconds: i32::try_from(l.lease_duration_seconds).unwrap_or(i32::MAX),
                 lease_state: state.clone(),
                 quiet: true,
+                usage: with_usage.then(|| resource_usage(l.root)).flatten(),
             })),
         };
         // Silence until the next renewal is due means written.

@@ -237,6 +237,7 @@ impl Agent {
     fn lease_inputs<'a>(&'a self, uplink: &'a Uplink) -> loops::LeaseLoop<'a> {
         loops::LeaseLoop {
             lease_duration_seconds: self.config.node_lease_duration_seconds,
+            root: &self.root,
             renew_interval: self.config.lease_renew_interval(),
             clock: self.clock.as_ref(),
             liveness: &self.liveness,

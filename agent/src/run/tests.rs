@@ -86,7 +86,7 @@ async fn a_report_and_a_renewal_show_in_the_metrics() {
         .await
     );
     assert_eq!(
-        loops::renew(&agent.lease_inputs(&uplink), &mut Vec::new()).await,
+        loops::renew(&agent.lease_inputs(&uplink), &mut Vec::new(), false).await,
         Some(false),
         "answered at once (an older gateway): written, the loop still waits its period"
     );
@@ -175,7 +175,7 @@ async fn silence_means_written_and_news_is_acted_on() {
     });
     let started = tokio::time::Instant::now();
     assert_eq!(
-        loops::renew(&agent.lease_inputs(&uplink), &mut Vec::new()).await,
+        loops::renew(&agent.lease_inputs(&uplink), &mut Vec::new(), false).await,
         Some(true)
     );
     let waited = started.elapsed();
@@ -287,7 +287,7 @@ async fn refused_messages_count_no_bytes_and_fail_the_tick() {
         }
     });
     assert_eq!(
-        loops::renew(&agent.lease_inputs(&uplink), &mut Vec::new()).await,
+        loops::renew(&agent.lease_inputs(&uplink), &mut Vec::new(), false).await,
         None
     );
     drop(uplink);
@@ -311,4 +311,39 @@ async fn refused_messages_count_no_bytes_and_fail_the_tick() {
         sample(&text, "edgebeat_agent_last_lease_renewal_timestamp_seconds"),
         0.0
     );
+}
+
+/// A renewal with the node's resource usage carries the host's CPU time (the root
+/// `cpuacct.usage`, ns → ms) and working set (bytes → KiB), read as it is sent; one without
+/// carries none.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_with_usage_carries_the_hosts_cpu_time_and_working_set() {
+    let agent = fixture_agent();
+    let (uplink, mut driver) = edgebeat_transports::uplink::channel(4);
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let gateway = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some(request) = driver.requests.recv().await {
+            let _ = seen_tx.send(request.message.clone());
+            held.push(request);
+        }
+    });
+    let facts = read_facts(&agent.config).unwrap();
+    let working_set = facts.memory.working_set_bytes.unwrap();
+    for with_usage in [true, false] {
+        assert_eq!(
+            loops::renew(&agent.lease_inputs(&uplink), &mut Vec::new(), with_usage).await,
+            Some(true)
+        );
+        let Some(Kind::Lease(renewal)) = seen.try_recv().unwrap().kind else {
+            panic!("not a renewal")
+        };
+        let expected = with_usage.then_some(pb::ResourceUsage {
+            cpu_usage_ms: 123_456_789,
+            memory_working_set_kib: working_set / 1024,
+        });
+        assert_eq!(renewal.usage, expected, "with_usage {with_usage}");
+    }
+    drop(uplink);
+    gateway.abort();
 }

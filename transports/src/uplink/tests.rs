@@ -11,6 +11,7 @@ fn renewal(seq: u64) -> AgentMessage {
             lease_duration_seconds: 40,
             lease_state: Vec::new(),
             quiet: false,
+            usage: None,
         })),
     }
 }

@@ -13,6 +13,7 @@ fn lease(node: &str) -> AgentMessage {
             lease_duration_seconds: 40,
             lease_state: Vec::new(),
             quiet: false,
+            usage: None,
         })),
     }
 }
