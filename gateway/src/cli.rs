@@ -76,6 +76,41 @@ pub struct Args {
     /// shared subscription granted) and Prometheus /metrics.
     #[arg(long, default_value = "0.0.0.0:9102")]
     pub metrics_listen: SocketAddr,
+    /// Address serving kubelet's resource metrics (`/metrics/resource`) for the nodes this
+    /// replica holds, over HTTPS, e.g. `0.0.0.0:10250`: what metrics-server and `kubectl top
+    /// node` read. Callers are authenticated as kubelet does (a client certificate from
+    /// --resource-metrics-client-ca, or a bearer token by TokenReview) and authorized by a
+    /// SubjectAccessReview for `get nodes/metrics`. Needs --resource-metrics-address,
+    /// --resource-metrics-tls-cert and --resource-metrics-tls-key; README "kubectl top node".
+    #[arg(
+        long,
+        value_name = "ADDR",
+        requires_all = ["resource_metrics_address", "resource_metrics_tls_cert"]
+    )]
+    pub resource_metrics_listen: Option<SocketAddr>,
+    /// This replica's IP as the cluster reaches it (its pod IP: `$(POD_IP)` from the downward
+    /// API), written as the address of type EdgebeatGateway of every node it writes, beside
+    /// the board's own addresses.
+    #[arg(long, value_name = "IP", requires = "resource_metrics_listen")]
+    pub resource_metrics_address: Option<std::net::IpAddr>,
+    /// PEM serving certificate of --resource-metrics-listen (with
+    /// --resource-metrics-tls-key), valid for --resource-metrics-address: metrics-server
+    /// checks it against the cluster CA unless told otherwise
+    /// (`--kubelet-certificate-authority`, `--kubelet-insecure-tls`).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires_all = ["resource_metrics_tls_key", "resource_metrics_listen"]
+    )]
+    pub resource_metrics_tls_cert: Option<PathBuf>,
+    /// PEM private key of --resource-metrics-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "resource_metrics_tls_cert")]
+    pub resource_metrics_tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) of client certificates taken as identities on
+    /// --resource-metrics-listen (kubelet's --client-ca-file: the CA of kube-apiserver's
+    /// --kubelet-client-certificate). Without it only bearer tokens authenticate.
+    #[arg(long, value_name = "FILE", requires = "resource_metrics_listen")]
+    pub resource_metrics_client_ca: Option<PathBuf>,
     /// Where the cluster is: `--kubeconfig`, `--server`, `--namespace`.
     #[command(flatten)]
     pub cluster: ClusterArgs,

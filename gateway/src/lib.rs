@@ -32,6 +32,7 @@ pub mod freshness;
 pub mod message_path;
 pub mod metrics;
 pub mod reload;
+pub mod resource_metrics;
 pub mod restriction;
 pub mod server;
 pub mod settings;

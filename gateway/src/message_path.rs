@@ -17,7 +17,7 @@
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
@@ -29,6 +29,7 @@ use crate::apiserver::Apiserver;
 use crate::enrollment::Enrollment;
 use crate::enrollment::gate::EnrollmentGate;
 use crate::metrics::{RejectReason, clock_skew_seconds};
+use crate::resource_metrics::{Sample, Samples};
 use crate::sites::{PartitionRule, SiteTracker};
 use crate::view::ApiserverView;
 pub use crate::writer::{LeaseState, StatusError, validate_status};
@@ -62,6 +63,8 @@ pub struct Gateway {
     sites: Arc<Mutex<SiteTracker>>,
     /// Wakes the site loop when a bridge notification arrives.
     sites_wake: Arc<tokio::sync::Notify>,
+    /// The latest resource usage of each node held ([`crate::resource_metrics`]).
+    resource_samples: Arc<Samples>,
 }
 
 impl Gateway {
@@ -69,13 +72,15 @@ impl Gateway {
     /// times from `clock`.
     pub fn new(client: kube::Client, clock: Arc<dyn Clock>, options: GatewayOptions) -> Self {
         let counters = Arc::new(Counters::default());
+        let mut writer = Writer::new(
+            Apiserver::with_limits(client, options.impersonate_nodes, options.write_limits),
+            clock.clone(),
+            counters.clone(),
+            options.knowledge_ttl,
+        );
+        writer.resource_metrics = options.resource_metrics;
         Self {
-            writer: Writer::new(
-                Apiserver::with_limits(client, options.impersonate_nodes, options.write_limits),
-                clock.clone(),
-                counters.clone(),
-                options.knowledge_ttl,
-            ),
+            writer,
             clock,
             enrollment_gate: EnrollmentGate::new(options.enrollment_limits),
             slots: Mutex::new(NodeMap::new(options.max_nodes)),
@@ -87,7 +92,15 @@ impl Gateway {
             counters,
             sites: Arc::new(Mutex::new(SiteTracker::new(PartitionRule::default()))),
             sites_wake: Arc::new(tokio::sync::Notify::new()),
+            resource_samples: Arc::default(),
         }
+    }
+
+    /// The latest resource usage of each node this replica holds, from the agents' Lease
+    /// renewals: what the resource metrics server serves
+    /// ([`crate::resource_metrics::serve`]).
+    pub fn resource_samples(&self) -> Arc<Samples> {
+        self.resource_samples.clone()
     }
 
     /// Turns on enrollment and rotation of node certificates through `enrollment`
@@ -110,7 +123,7 @@ impl Gateway {
         let now = self
             .clock
             .now()
-            .duration_since(std::time::UNIX_EPOCH)
+            .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
         #[allow(clippy::cast_precision_loss)]
         let age = now - certificate.not_before as f64;
@@ -420,15 +433,20 @@ impl Gateway {
                 return Err(Some(rejected(format!("stale: {age:?} old"))));
             }
         };
-        if let Some(Kind::Lease(renewal)) = &message.kind {
-            slot.admission
-                .lease_duration_seconds(renewal.lease_duration_seconds);
-        }
         // Only messages that passed the replay and staleness checks: an old one would read
         // as skew.
         // The gateway's wall clock when the message arrived, not after its wait.
         let now = self.clock.now();
         let received_wall = now.checked_sub(received.elapsed()).unwrap_or(now);
+        if let Some(Kind::Lease(renewal)) = &message.kind {
+            slot.admission
+                .lease_duration_seconds(renewal.lease_duration_seconds);
+            if let Some(usage) = &renewal.usage {
+                // Sampled as it was sent: its age before the receipt.
+                let sampled = received_wall.checked_sub(age).unwrap_or(received_wall);
+                self.record_usage(name, usage, sampled);
+            }
+        }
         if let Some(skew) = clock_skew_seconds(received_wall, header.wall_time_ms) {
             slot.writes
                 .series
@@ -437,6 +455,25 @@ impl Gateway {
                 .set(skew);
         }
         Ok(age)
+    }
+
+    /// Records `usage`, sampled at `sampled`, as `name`'s latest; a usage the host could not
+    /// read (a 0) is not a sample (metrics-server drops a node whose CPU or memory is 0).
+    fn record_usage(&self, name: &str, usage: &pb::ResourceUsage, sampled: SystemTime) {
+        if usage.cpu_usage_ms == 0 || usage.memory_working_set_kib == 0 {
+            return;
+        }
+        let timestamp_ms = sampled
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.resource_samples.record(
+            name,
+            Sample {
+                cpu_usage_ms: usage.cpu_usage_ms,
+                memory_working_set_bytes: usage.memory_working_set_kib.saturating_mul(1024),
+                timestamp_ms,
+            },
+        );
     }
 
     /// The apiserver calls of an admitted message ([`Writer`]): kubelet's registration,

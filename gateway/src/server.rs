@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::apiserver::requests::RequestMetrics;
 use crate::enrollment::{Enrollment, EnrollmentError, EnrollmentOptions};
+use crate::resource_metrics::{self, ResourceMetricsCounters};
 use crate::settings::{Settings, posture};
 use crate::{Gateway, Posture, kube_client_with, watch_client_with};
 
@@ -43,6 +44,8 @@ pub struct Listeners {
     pub grpc: Option<TcpListener>,
     /// The gRPC enrollment listener (with [`Settings::grpc_enrollment`]).
     pub grpc_enrollment: Option<TcpListener>,
+    /// The resource metrics server (with [`Settings::resource_metrics`]).
+    pub resource_metrics: Option<TcpListener>,
 }
 
 impl Server {
@@ -75,12 +78,21 @@ impl Server {
             ),
             None => None,
         };
+        let resource_metrics = match &settings.resource_metrics {
+            Some(served) => {
+                Some(TcpListener::bind(served.listen).await.with_context(|| {
+                    format!("binding --resource-metrics-listen {}", served.listen)
+                })?)
+            }
+            None => None,
+        };
         Self::with_listeners(
             settings,
             Listeners {
                 metrics,
                 grpc,
                 grpc_enrollment,
+                resource_metrics,
             },
         )
     }
@@ -103,6 +115,10 @@ impl Server {
         anyhow::ensure!(
             settings.grpc_enrollment.is_some() == listeners.grpc_enrollment.is_some(),
             "a gRPC enrollment listener without its settings, or the other way round"
+        );
+        anyhow::ensure!(
+            settings.resource_metrics.is_some() == listeners.resource_metrics.is_some(),
+            "a resource metrics listener without its settings, or the other way round"
         );
         if settings.gateway.impersonate_nodes && posture == Posture::AllowUnidentified {
             // Impersonation says who a request is for; only authentication says who sent it.
@@ -237,20 +253,27 @@ impl Server {
             Some(mqtt) => Some(mqtt.ingress_options(enrollment.as_deref())?),
             None => None,
         };
-        let gateway = Arc::new(Gateway::new(
-            client,
-            clock,
-            crate::GatewayOptions {
-                posture,
-                ..settings.gateway
-            },
-        ));
+        let mut options = crate::GatewayOptions {
+            posture,
+            ..settings.gateway
+        };
+        // The port nodes name is the one bound (a test's port 0 included).
+        if let (Some(endpoint), Some(listener)) =
+            (&mut options.resource_metrics, &listeners.resource_metrics)
+        {
+            endpoint.port = listener.local_addr()?.port();
+        }
+        let gateway = Arc::new(Gateway::new(client.clone(), clock, options));
         if let Some(enrollment) = &enrollment {
             gateway.enable_enrollment(enrollment.clone());
         }
         let mut registry = prometheus_client::registry::Registry::default();
         gateway.register_metrics(&mut registry);
         requests.register(&mut registry);
+        let resource_metrics_counters = Arc::new(ResourceMetricsCounters::default());
+        if settings.resource_metrics.is_some() {
+            resource_metrics_counters.register(&mut registry);
+        }
         registry.register_collector(Box::new(edgebeat_transports::observe::ProcessCollector));
         // Set once: the cell was empty until now.
         let _ = metrics.set(registry);
@@ -327,6 +350,20 @@ impl Server {
                 serving.store(false, Ordering::Relaxed);
                 result
             });
+        }
+        if let (Some(listener), Some(served)) =
+            (listeners.resource_metrics, settings.resource_metrics)
+        {
+            tracing::info!(addr = %listener.local_addr()?, "serving resource metrics");
+            let served = resource_metrics::serve(
+                listener,
+                served.options,
+                gateway.resource_samples(),
+                client.clone(),
+                resource_metrics_counters,
+                stop.clone().cancelled_owned(),
+            );
+            spawn_ingress(&mut ingresses, "resource metrics", served);
         }
         startup.started(readiness(
             stop.clone(),

@@ -17,6 +17,7 @@ use edgebeat_transports::signing::{AnswerSigner, CertificateVerifier};
 use crate::cli::{Args, CsrApproval};
 use crate::enrollment::gate::EnrollmentLimits;
 use crate::enrollment::{Approval, Enrollment, EnrollmentOptions};
+use crate::resource_metrics::ResourceMetricsOptions;
 use crate::{GatewayOptions, Posture};
 
 /// A PEM file of `flag`, at most [`edgebeat_hw::MAX_PEM_FILE_BYTES`].
@@ -52,6 +53,47 @@ pub struct Settings {
     pub mqtt: Option<MqttSettings>,
     /// Where `/healthz`, `/readyz` and `/metrics` are served (`--metrics-listen`).
     pub metrics_listen: SocketAddr,
+    /// The resource metrics server (`--resource-metrics-listen`), `None` without.
+    pub resource_metrics: Option<ResourceMetricsSettings>,
+}
+
+/// The resource metrics server's settings ([`crate::resource_metrics`]).
+#[derive(Debug, Clone)]
+pub struct ResourceMetricsSettings {
+    /// Where to listen (`--resource-metrics-listen`).
+    pub listen: SocketAddr,
+    /// Its TLS material, read and checked.
+    pub options: ResourceMetricsOptions,
+}
+
+impl ResourceMetricsSettings {
+    /// The settings of `args` (`None` without `--resource-metrics-listen`): files read and
+    /// checked now, so a bad one stops the gateway at start with its flag named.
+    ///
+    /// # Errors
+    /// A TLS file that cannot be read or used, named by its flag.
+    pub fn from_args(args: &Args) -> anyhow::Result<Option<Self>> {
+        let (Some(listen), Some(cert), Some(key)) = (
+            args.resource_metrics_listen,
+            &args.resource_metrics_tls_cert,
+            &args.resource_metrics_tls_key,
+        ) else {
+            return Ok(None);
+        };
+        let options = ResourceMetricsOptions {
+            cert_pem: read_pem("--resource-metrics-tls-cert", cert)?,
+            key_pem: read_pem("--resource-metrics-tls-key", key)?,
+            client_ca_pem: args
+                .resource_metrics_client_ca
+                .as_ref()
+                .map(|ca| read_pem("--resource-metrics-client-ca", ca))
+                .transpose()?,
+        };
+        options.check().context(
+            "--resource-metrics-tls-cert, --resource-metrics-tls-key, --resource-metrics-client-ca",
+        )?;
+        Ok(Some(Self { listen, options }))
+    }
 }
 
 impl Settings {
@@ -90,6 +132,7 @@ impl Settings {
             grpc_enrollment,
             mqtt,
             metrics_listen: args.metrics_listen,
+            resource_metrics: ResourceMetricsSettings::from_args(args)?,
         })
     }
 }
@@ -418,6 +461,13 @@ fn enrollment_tls(grpc: Option<&GrpcSettings>) -> Option<GrpcServerTls> {
 /// given ([`crate::apiserver::Apiserver::with_limits`] raises it to 2).
 fn gateway_options(args: &Args) -> GatewayOptions {
     GatewayOptions {
+        resource_metrics: match (args.resource_metrics_address, args.resource_metrics_listen) {
+            (Some(address), Some(listen)) => Some(crate::resource_metrics::Endpoint {
+                address,
+                port: listen.port(),
+            }),
+            _ => None,
+        },
         max_renewal_age: Duration::from_secs(args.max_renewal_age_seconds),
         impersonate_nodes: args.impersonate_nodes,
         max_nodes: args.max_nodes.get(),

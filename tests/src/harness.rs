@@ -662,6 +662,7 @@ impl Cluster {
             },
             mqtt,
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            resource_metrics: None,
         };
         if let (Some(site), Some(listener)) = (self.enrolling.as_mut(), &enrollment_listener) {
             site.enrollment_urls
@@ -674,6 +675,7 @@ impl Cluster {
                 metrics,
                 grpc: listener,
                 grpc_enrollment: enrollment_listener,
+                resource_metrics: None,
             },
         )?;
         let metrics_addr = server.metrics_addr()?;

@@ -494,9 +494,10 @@ fn every_manifest_parses_into_its_kubernetes_type_without_dropping_fields() {
         ("Namespace", 1),
         ("ServiceAccount", 1),
         // The gateway's, (deploy/gateway/impersonation) the impersonation one and
-        // (deploy/gateway/enrollment) the enrollment ones.
+        // (deploy/gateway/enrollment) the enrollment ones; (deploy/gateway/resource-metrics)
+        // a binding of the built-in system:auth-delegator.
         ("ClusterRole", 3),
-        ("ClusterRoleBinding", 3),
+        ("ClusterRoleBinding", 4),
         ("Role", 3),
         ("RoleBinding", 3),
         ("Deployment", 1),

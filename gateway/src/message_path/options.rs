@@ -61,6 +61,10 @@ pub struct GatewayOptions {
     /// fleets, whose Lease ages then show only as `edgebeat_gateway_lease_age_seconds`'s
     /// buckets (`--per-node-metrics=false`).
     pub per_node_metrics: bool,
+    /// Where this replica serves kubelet's resource metrics for its nodes
+    /// ([`crate::resource_metrics`]): named in every node status it writes, with the
+    /// metrics-server path annotation on every Node it registers. `None`: served nowhere.
+    pub resource_metrics: Option<crate::resource_metrics::Endpoint>,
 }
 
 impl Default for GatewayOptions {
@@ -79,6 +83,7 @@ impl Default for GatewayOptions {
             enrollment_limits: EnrollmentLimits::default(),
             per_node_queue: DEFAULT_PER_NODE_QUEUE,
             per_node_metrics: true,
+            resource_metrics: None,
         }
     }
 }

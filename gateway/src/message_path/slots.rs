@@ -98,6 +98,7 @@ impl Gateway {
         };
         slots.remove(&name);
         self.writer.node_metrics.remove(&name);
+        self.resource_samples.remove(&name);
         tracing::debug!(node = %name, "gave an unidentified node's slot to an identified one");
         true
     }
@@ -116,6 +117,7 @@ impl Gateway {
                 });
             if !keep {
                 self.writer.node_metrics.remove(name);
+                self.resource_samples.remove(name);
             }
             keep
         });

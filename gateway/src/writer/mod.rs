@@ -31,6 +31,7 @@ use crate::bodies;
 use crate::bodies::MANAGED_LABEL;
 use crate::metrics::Counters;
 use crate::metrics::{NodeMetrics, NodeSeries, RejectReason};
+use crate::resource_metrics::Endpoint;
 use crate::view::{ApiserverView, NodeRecord, PartialLease};
 
 mod journal;
@@ -178,6 +179,9 @@ pub(crate) struct Writer {
     pub(crate) node_metrics: NodeMetrics,
     knowledge_ttl: Duration,
     event_seq: AtomicU64,
+    /// Where this replica serves resource metrics, named in every status it writes
+    /// ([`crate::resource_metrics::Endpoint`]); `None` when it serves none.
+    pub(crate) resource_metrics: Option<Endpoint>,
 }
 
 impl Writer {
@@ -195,7 +199,22 @@ impl Writer {
             counters,
             knowledge_ttl,
             event_seq: AtomicU64::new(0),
+            resource_metrics: None,
         }
+    }
+
+    /// The NodeStatus to write for a reported `status`: the agent's, naming this replica
+    /// when it serves resource metrics ([`Endpoint::apply`]).
+    pub(crate) fn node_status(
+        &self,
+        status: &pb::NodeStatus,
+        conditions: Vec<k8s_openapi::api::core::v1::NodeCondition>,
+    ) -> k8s_openapi::api::core::v1::NodeStatus {
+        let mut node_status = bodies::node_status(status, conditions);
+        if let Some(endpoint) = &self.resource_metrics {
+            endpoint.apply(&mut node_status);
+        }
+        node_status
     }
 
     pub(crate) fn now(&self) -> Timestamp {
@@ -445,7 +464,7 @@ impl Writer {
                     && !status.conditions.iter().any(|c| *t == c.r#type.as_str())
             })
             .map(NodeConditionType::as_str);
-        let body = match bodies::status_patch(&bodies::node_status(status, conditions), None)
+        let body = match bodies::status_patch(&self.node_status(status, conditions), None)
             .map(|body| bodies::delete_conditions(body, dropped))
         {
             Ok(b) => b,

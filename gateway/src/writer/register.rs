@@ -76,8 +76,11 @@ impl Writer {
             // start) keep their times too.
             let journal = journal::timed(&usable, now, &before, name, new_boot);
             journal::transitions(&mut conditions, &journal, &before);
-            let node =
-                bodies::initial_node(name, register, bodies::node_status(status, conditions));
+            let mut node =
+                bodies::initial_node(name, register, self.node_status(status, conditions));
+            if self.resource_metrics.is_some() {
+                node.metadata.annotations = Some(resource_metrics_annotation(name));
+            }
             match self.api.create_node(&node).await {
                 Ok(created) => {
                     self.view.observe_node(&created);
@@ -276,12 +279,31 @@ impl Writer {
             .chain([(MANAGED_LABEL.0.to_owned(), MANAGED_LABEL.1.to_owned())])
             .filter(|(k, v)| current.get(k) != Some(v))
             .collect();
-        if wanted.is_empty() {
+        let annotations = existing.metadata.annotations.clone().unwrap_or_default();
+        let wanted_annotations: BTreeMap<String, String> = self
+            .resource_metrics
+            .map(|_| resource_metrics_annotation(name))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, v)| annotations.get(k) != Some(v))
+            .collect();
+        if wanted.is_empty() && wanted_annotations.is_empty() {
             return Ok(());
         }
-        let body = serde_json::json!({ "metadata": { "labels": wanted } });
+        let body = serde_json::json!({
+            "metadata": { "labels": wanted, "annotations": wanted_annotations }
+        });
         let node = self.api.patch_node_status(name, body).await?;
         self.view.observe_node(&node);
         Ok(())
     }
+}
+
+/// The annotation telling metrics-server where on a replica `name`'s resource metrics are
+/// ([`crate::resource_metrics::PATH_ANNOTATION`]).
+fn resource_metrics_annotation(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(
+        crate::resource_metrics::PATH_ANNOTATION.to_owned(),
+        crate::resource_metrics::node_path(name),
+    )])
 }

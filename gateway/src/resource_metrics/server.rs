@@ -1,0 +1,591 @@
+//! The HTTPS server of kubelet's `/metrics/resource` for the nodes a replica holds.
+//!
+//! | request                                          | node                        |
+//! |--------------------------------------------------|-----------------------------|
+//! | `GET /nodes/<node>/metrics/resource`             | from the path ([`super::node_path`]; metrics-server with [`super::PATH_ANNOTATION`]) |
+//! | `GET /metrics/resource` with `X-Forwarded-Uri: /api/v1/nodes/<node>/proxy/metrics/resource` | from the header, which the apiserver's node proxy sets (`k8s.io/apimachinery` `pkg/util/proxy/transport.go`; `<node>` may carry the proxy's `[scheme:]name[:port]` form) |
+//!
+//! `HEAD` is answered as `GET`, without a body. Every request is decided in this order,
+//! each step answering with a one-line text when it refuses:
+//!
+//! 1. route: another path `404`; another method `405` (with `Allow: GET, HEAD`);
+//!    `/metrics/resource` without `X-Forwarded-Uri` naming a node `404` ("which node?");
+//!    a name that is not a valid Node name `400`;
+//! 2. authentication ([`super::auth`]): none `401 Unauthorized`;
+//! 3. authorization of `get nodes/metrics` on that node: refused `403 Forbidden (user=<u>,
+//!    verb=get, resource=nodes, subresource=metrics)` (kubelet's text,
+//!    `pkg/kubelet/server/server.go: InstallAuthFilter`); an apiserver error in 2 or 3 `500`;
+//! 4. a node this replica holds no sample of: `404 node <n> is not held by this replica`;
+//! 5. `200`, the node's [`exposition`](super::exposition()).
+//!
+//! Connections are TLS (rustls on ring, ALPN `h2` then `http/1.1`), then hyper's HTTP/2 or
+//! HTTP/1.1: Go clients (metrics-server, kube-apiserver) speak HTTP/2, so one connection
+//! carries the scrapes of every node of a cycle, [`MAX_STREAMS`] at once. Bounded like the
+//! observe server (`edgebeat_transports::observe`): at most [`MAX_CONNECTIONS`] at once (a
+//! further one is closed at once), [`TLS_HANDSHAKE_TIMEOUT`] for the handshake,
+//! [`HEADER_READ_TIMEOUT`] for an HTTP/1.1 request head, [`IDLE_TIMEOUT`] between requests,
+//! and a connection closes after [`MAX_CONNECTION_AGE`] however busy.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgebeat_transports::observe::register_family;
+use edgebeat_transports::tls::{GrpcServerTls, TlsError, is_node_name};
+use http::header::{ALLOW, CONTENT_TYPE, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::Samples;
+use super::auth::{Auth, RESOURCE, Reviews, SUBRESOURCE, User, VERB, bearer_token};
+use super::exposition::{EXPOSITION_CONTENT_TYPE, exposition};
+
+/// Most connections served at once; a further one is closed as soon as it is accepted.
+/// Enough for HTTP/1.1 clients that scrape a replica's nodes in parallel without HTTP/2.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Most requests in flight on one HTTP/2 connection (Go's client queues the others).
+pub const MAX_STREAMS: u32 = 256;
+
+/// Time a client has to complete its TLS handshake.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Time a client has to send a request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Time a connection may sit between requests before it is closed: longer than
+/// metrics-server's default resolution (15 s), so its connections carry every scrape.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Age after which a connection is closed once its request in progress is answered, however
+/// busy it keeps (keep-alive is bounded; a client certificate's user is read once per
+/// connection).
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(300);
+
+/// How long shutdown waits for requests in progress to finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Pause after an accept error that is not about one connection (e.g. out of file
+/// descriptors), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// Largest request head read (hyper's read buffer): a service account token is a few KiB.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// The header in which the apiserver's node proxy names the path it was asked for.
+const X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
+
+/// The path kubelet serves its resource metrics on.
+const RESOURCE_PATH: &str = "/metrics/resource";
+
+/// Content type of the one-line text answers.
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// The TLS material of the resource metrics server: as kubelet's `--tls-cert-file`,
+/// `--tls-private-key-file` and `--client-ca-file`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ResourceMetricsOptions {
+    /// PEM server certificate chain, leaf first. metrics-server and the apiserver check it
+    /// against the cluster's kubelet serving CA unless told not to
+    /// (`--kubelet-insecure-tls`, `--kubelet-certificate-authority`), for the address they
+    /// connect to (the replica's [`super::ADDRESS_TYPE`] address): it should name that IP.
+    pub cert_pem: Vec<u8>,
+    /// PEM private key of the server certificate (PKCS#8, PKCS#1 or SEC1).
+    pub key_pem: Vec<u8>,
+    /// PEM CA certificate(s) client certificates must chain to (kubelet's
+    /// `--client-ca-file`, usually the cluster CA: the apiserver's kubelet client
+    /// certificate chains to it). With it, a client may present a certificate and is then
+    /// authenticated by it (optional: bearer tokens work alongside); without it, no client
+    /// certificate is asked for and only bearer tokens authenticate.
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for ResourceMetricsOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResourceMetricsOptions")
+            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
+            .field("key_pem", &format_args!("<redacted>"))
+            .field(
+                "client_ca_pem",
+                &self
+                    .client_ca_pem
+                    .as_ref()
+                    .map(|pem| format!("{} bytes", pem.len())),
+            )
+            .finish()
+    }
+}
+
+impl ResourceMetricsOptions {
+    /// Checks the material before serving, so a bad file fails at start-up with a precise
+    /// message: every PEM parses, the key belongs to the certificate, and the client CA
+    /// (when set) holds at least one usable certificate.
+    ///
+    /// # Errors
+    ///
+    /// [`TlsError::In`] naming the part (`certificate`, `key`, `certificate and key`,
+    /// `client CA`).
+    pub fn check(&self) -> Result<(), TlsError> {
+        self.rustls_config().map(|_| ())
+    }
+
+    /// The rustls server configuration on the ring provider, offering ALPN `http/1.1`; with
+    /// a client CA, client certificates that chain to it are verified and optional.
+    ///
+    /// # Errors
+    ///
+    /// As [`ResourceMetricsOptions::check`].
+    pub fn rustls_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        // The gRPC listener's rules for the same material (ring, TLS 1.2 and 1.3, the
+        // client CA's verifier), with client certificates optional, and this server's ALPN.
+        let material = GrpcServerTls {
+            cert_pem: self.cert_pem.clone(),
+            key_pem: self.key_pem.clone(),
+            client_ca_pem: self.client_ca_pem.clone(),
+        };
+        let mut config = material.rustls_config(false)?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(config)
+    }
+}
+
+/// Label of `edgebeat_gateway_resource_metrics_requests_total`: `code`.
+type CodeLabel = [(&'static str, &'static str); 1];
+
+/// Requests to the resource metrics server by HTTP status, for `/metrics` (see
+/// [`ResourceMetricsCounters::register`]).
+#[derive(Debug, Default)]
+pub struct ResourceMetricsCounters {
+    by_code: Family<CodeLabel, Counter>,
+}
+
+impl ResourceMetricsCounters {
+    /// Counts one request answered `status`.
+    pub fn count(&self, status: StatusCode) {
+        self.by_code.get_or_create(&[("code", code(status))]).inc();
+    }
+
+    /// Requests counted with `code` (`"200"`, `"400"`, `"401"`, `"403"`, `"404"`, `"405"`,
+    /// `"500"`, or `"other"`).
+    pub fn get(&self, code: &'static str) -> u64 {
+        self.by_code.get_or_create(&[("code", code)]).get()
+    }
+
+    /// Registers `edgebeat_gateway_resource_metrics_requests_total{code}` in `registry`.
+    #[rustfmt::skip]
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        register_family(registry, "edgebeat_gateway_resource_metrics_requests", "Requests for kubelet's /metrics/resource of the nodes this replica holds, by HTTP status code (401 unauthenticated, 403 not authorized, 404 node not held or no such path, 500 the apiserver's TokenReview or SubjectAccessReview failed)", None, self.by_code.clone());
+    }
+}
+
+/// The `code` label of `status`.
+fn code(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        200 => "200",
+        400 => "400",
+        401 => "401",
+        403 => "403",
+        404 => "404",
+        405 => "405",
+        500 => "500",
+        _ => "other",
+    }
+}
+
+/// Serves kubelet's `/metrics/resource` for the nodes in `samples` (see the module docs) on
+/// `listener` over TLS with `options`, authenticating and authorizing every request through
+/// `reviews` (kubelet's rules: see [`Reviews`](super::Reviews)) and counting it in `counters`, until
+/// `shutdown` resolves; then stops accepting, lets requests in progress finish (up to 2 s)
+/// and returns `Ok(())`.
+///
+/// Takes a bound listener (not an address) so callers report bind errors themselves and
+/// tests bind port 0.
+///
+/// # Errors
+///
+/// [`io::ErrorKind::InvalidInput`] with the [`TlsError`] when `options` is unusable (check
+/// it first with [`ResourceMetricsOptions::check`]); the listener's error when it has no
+/// local address. Errors of one connection (accept, handshake, HTTP) are logged at debug
+/// level and never end the server.
+pub async fn serve<R: Reviews + 'static>(
+    listener: TcpListener,
+    options: ResourceMetricsOptions,
+    samples: Arc<Samples>,
+    reviews: R,
+    counters: Arc<ResourceMetricsCounters>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> io::Result<()> {
+    let config = options
+        .rustls_config()
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let local = listener.local_addr()?;
+    tracing::debug!(addr = %local, "resource metrics server listening");
+    let handler = Arc::new(Handler::new(samples, Auth::new(reviews), counters));
+    let closing = CancellationToken::new();
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, remote) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) if per_connection(&error) => {
+                tracing::debug!(%error, "resource metrics server: accept failed");
+                continue;
+            }
+            Err(error) => {
+                tracing::warn!(%error, addr = %local, "resource metrics server: accept failed; pausing");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        if connections.len() >= MAX_CONNECTIONS {
+            tracing::debug!(%remote, "resource metrics server: {MAX_CONNECTIONS} connections open; closing a new one");
+            drop(stream);
+            continue;
+        }
+        connections.spawn(connection(
+            stream,
+            remote,
+            acceptor.clone(),
+            handler.clone(),
+            closing.clone(),
+        ));
+    }
+    closing.cancel();
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
+        tracing::debug!("resource metrics server: closing connections still busy at shutdown");
+    }
+    // Dropping the JoinSet aborts whatever is left.
+    Ok(())
+}
+
+/// Accept errors that concern only the connection being accepted.
+fn per_connection(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+            | io::ErrorKind::TimedOut
+    )
+}
+
+/// One connection: its TLS handshake, the user of its client certificate, then HTTP/1.1
+/// until it idles, ages or the server closes.
+async fn connection<R: Reviews + 'static>(
+    stream: TcpStream,
+    remote: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+    handler: Arc<Handler<R>>,
+    closing: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+    let tls = tokio::select! {
+        () = closing.cancelled() => return,
+        handshake = handshake => match handshake {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(error)) => {
+                tracing::debug!(%remote, %error, "resource metrics server: TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%remote, "resource metrics server: TLS handshake timed out");
+                return;
+            }
+        },
+    };
+    let certificate_user = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|leaf| match super::auth::certificate_user(leaf) {
+            Ok(user) => user,
+            Err(error) => {
+                tracing::debug!(%remote, %error, "resource metrics server: client certificate names no user");
+                None
+            }
+        });
+    let peer = Arc::new(Peer {
+        remote,
+        certificate_user,
+    });
+    let activity = Arc::new(tokio::sync::Notify::new());
+    let active = activity.clone();
+    let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+        active.notify_one();
+        let (handler, peer) = (handler.clone(), peer.clone());
+        async move {
+            let (parts, _) = request.into_parts();
+            Ok::<_, Infallible>(handler.handle(&parts, &peer).await)
+        }
+    });
+    // HTTP/2 when the client offers it (metrics-server and kube-apiserver do, through Go's
+    // transport): every node's scrape of a cycle then shares one connection instead of
+    // opening one (and a TLS handshake) each.
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS)
+        .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX));
+    let conn = builder.serve_connection(TokioIo::new(tls), service);
+    tokio::pin!(conn);
+    let too_old = tokio::time::sleep(MAX_CONNECTION_AGE);
+    tokio::pin!(too_old);
+    let result = loop {
+        let idle = tokio::time::sleep(IDLE_TIMEOUT);
+        tokio::select! {
+            result = conn.as_mut() => break result,
+            () = activity.notified() => continue,
+            // Finish the request in progress, if any, then close (idle keep-alive
+            // connections close at once).
+            () = closing.cancelled() => {}
+            () = &mut too_old => {}
+            () = idle => {}
+        }
+        conn.as_mut().graceful_shutdown();
+        break conn.await;
+    };
+    if let Err(error) = result {
+        tracing::debug!(%remote, %error, "resource metrics server: connection ended with an error");
+    }
+}
+
+/// What a connection's TLS handshake established: the client's address and the user its
+/// verified client certificate authenticates, if any.
+#[derive(Debug, Clone)]
+pub(super) struct Peer {
+    pub(super) remote: SocketAddr,
+    pub(super) certificate_user: Option<User>,
+}
+
+/// The answer to every request (see the module docs), with no I/O of its own but the
+/// reviews: what the server's connections call, and the tests without sockets.
+pub(super) struct Handler<R> {
+    samples: Arc<Samples>,
+    auth: Auth<R>,
+    counters: Arc<ResourceMetricsCounters>,
+}
+
+impl<R: Reviews> Handler<R> {
+    pub(super) fn new(
+        samples: Arc<Samples>,
+        auth: Auth<R>,
+        counters: Arc<ResourceMetricsCounters>,
+    ) -> Self {
+        Self {
+            samples,
+            auth,
+            counters,
+        }
+    }
+
+    /// The answer to `request` from `peer`, counted.
+    pub(super) async fn handle(&self, request: &Parts, peer: &Peer) -> Response<Full<Bytes>> {
+        let response = self.answer(request, peer).await;
+        self.counters.count(response.status());
+        response
+    }
+
+    async fn answer(&self, request: &Parts, peer: &Peer) -> Response<Full<Bytes>> {
+        let node = match route(&request.method, request.uri.path(), &request.headers) {
+            Ok(node) => node,
+            Err(refusal) => return refusal.response(),
+        };
+        let user = match &peer.certificate_user {
+            Some(user) => user.clone(),
+            None => {
+                let token = bearer_token(&request.headers);
+                let user = match token {
+                    Some(token) => match self.auth.authenticate_token(token).await {
+                        Ok(user) => user,
+                        Err(_) => {
+                            return text(
+                                StatusCode::INTERNAL_SERVER_ERROR,
+                                "Authentication error: the apiserver's TokenReview failed",
+                            );
+                        }
+                    },
+                    None => None,
+                };
+                let Some(user) = user else {
+                    tracing::debug!(
+                        remote = %peer.remote,
+                        bearer_token = token.is_some(),
+                        node,
+                        "resource metrics: unauthenticated request"
+                    );
+                    return text(StatusCode::UNAUTHORIZED, "Unauthorized");
+                };
+                user
+            }
+        };
+        let attributes = format!(
+            "(user={}, verb={VERB}, resource={RESOURCE}, subresource={SUBRESOURCE})",
+            user.name
+        );
+        match self.auth.authorize(&user, node).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!(
+                    remote = %peer.remote,
+                    user = %user.name,
+                    node,
+                    "resource metrics: forbidden"
+                );
+                return text(StatusCode::FORBIDDEN, &format!("Forbidden {attributes}"));
+            }
+            Err(_) => {
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("Authorization error {attributes}"),
+                );
+            }
+        }
+        match self.samples.get(node) {
+            Some(sample) => respond(
+                StatusCode::OK,
+                EXPOSITION_CONTENT_TYPE,
+                exposition(Some(&sample)),
+            ),
+            None => text(
+                StatusCode::NOT_FOUND,
+                &format!("node {node} is not held by this replica"),
+            ),
+        }
+    }
+}
+
+/// Why [`route`] names no node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// Another path: `404`.
+    NotFound,
+    /// Another method than `GET` or `HEAD`: `405`.
+    MethodNotAllowed,
+    /// `/metrics/resource` without an `X-Forwarded-Uri` that names a node: `404`.
+    WhichNode,
+    /// Not a valid Node name: `400`.
+    InvalidNode(String),
+}
+
+impl Refusal {
+    /// The answer: its status and one line of text.
+    pub(super) fn response(&self) -> Response<Full<Bytes>> {
+        match self {
+            Self::NotFound => text(
+                StatusCode::NOT_FOUND,
+                "not found: try /nodes/<node>/metrics/resource",
+            ),
+            Self::MethodNotAllowed => {
+                let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+                response
+                    .headers_mut()
+                    .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+                response
+            }
+            Self::WhichNode => text(
+                StatusCode::NOT_FOUND,
+                "which node? /metrics/resource answers only through the apiserver's node proxy \
+                 (X-Forwarded-Uri: /api/v1/nodes/<node>/proxy/metrics/resource); \
+                 ask for /nodes/<node>/metrics/resource",
+            ),
+            Self::InvalidNode(node) => text(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid node name {node:?}"),
+            ),
+        }
+    }
+}
+
+/// The node a request asks for (see the module docs), or why it names none: another path
+/// first, then another method, then a `/metrics/resource` that names no node, then an
+/// invalid name.
+///
+/// # Errors
+///
+/// The [`Refusal`].
+pub(super) fn route<'a>(
+    method: &Method,
+    path: &'a str,
+    headers: &'a http::HeaderMap,
+) -> Result<&'a str, Refusal> {
+    let direct = path
+        .strip_prefix("/nodes/")
+        .and_then(|rest| rest.strip_suffix(RESOURCE_PATH))
+        .filter(|node| !node.contains('/'));
+    if direct.is_none() && path != RESOURCE_PATH {
+        return Err(Refusal::NotFound);
+    }
+    if method != Method::GET && method != Method::HEAD {
+        return Err(Refusal::MethodNotAllowed);
+    }
+    let node = match direct {
+        Some(node) => node,
+        None => forwarded_node(headers).ok_or(Refusal::WhichNode)?,
+    };
+    if !is_node_name(node) {
+        return Err(Refusal::InvalidNode(node.to_owned()));
+    }
+    Ok(node)
+}
+
+/// The node named by the apiserver's node proxy in `X-Forwarded-Uri`:
+/// `/api/v1/nodes/<id>/proxy/metrics/resource`, with `<id>` in the proxy's
+/// `[scheme:]name[:port]` form (`k8s.io/apimachinery` `pkg/util/net/http.go:
+/// SplitSchemeNamePort`).
+fn forwarded_node(headers: &http::HeaderMap) -> Option<&str> {
+    let uri = headers.get(X_FORWARDED_URI)?.to_str().ok()?;
+    let id = uri
+        .strip_prefix("/api/v1/nodes/")?
+        .strip_suffix("/proxy/metrics/resource")?;
+    if id.contains('/') {
+        return None;
+    }
+    let parts: Vec<&str> = id.split(':').collect();
+    match parts.as_slice() {
+        [name] | [name, _] => Some(name),
+        [scheme, name, _] if matches!(*scheme, "" | "http" | "https") => Some(name),
+        _ => None,
+    }
+}
+
+/// A one-line text answer (a newline is added).
+fn text(status: StatusCode, line: &str) -> Response<Full<Bytes>> {
+    respond(status, TEXT, format!("{line}\n"))
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
