@@ -554,6 +554,15 @@ impl Gateway {
         {
             return answer.and_resend_status();
         }
+        // A node this replica took from another (a reconnect after a replica's death, a
+        // rebalanced subscription) while serving resource metrics: its whole status, asked
+        // for at once, names this replica, where metrics-server then finds its samples.
+        if self.writer.resource_metrics.is_some()
+            && !writes.status_written
+            && matches!(message.kind, Some(Kind::Lease(_)))
+        {
+            return answer.and_resend_status();
+        }
         answer
     }
 

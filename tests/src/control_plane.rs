@@ -591,8 +591,25 @@ impl DeployedGateway {
     /// # Panics
     /// When kubectl, the files or the binary fail (a test's setup).
     pub async fn start(control_plane: &ControlPlane, extra: &[&str]) -> Self {
+        Self::start_with_site(
+            control_plane,
+            extra,
+            Arc::new(Ca::new("edgebeat-test-site")),
+        )
+        .await
+    }
+
+    /// As [`Self::start`], with the site CA of another replica (so that its agents'
+    /// certificates are taken here too).
+    ///
+    /// # Panics
+    /// As [`Self::start`].
+    pub async fn start_with_site(
+        control_plane: &ControlPlane,
+        extra: &[&str],
+        site: Arc<Ca>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let site = Arc::new(Ca::new("edgebeat-test-site"));
         let server = site.server();
         let tls = dir.path().join("tls");
         let site_ca = dir.path().join("site-ca");
@@ -627,8 +644,14 @@ impl DeployedGateway {
     /// An agent configuration for `node` at kubelet's defaults (status every 10 s, reported
     /// every 5 min unchanged, Lease of 40 s renewed every 10 s), over gRPC with mTLS.
     pub fn agent_config(&self, node: &str) -> AgentConfig {
+        self.agent_config_via(node, self.grpc)
+    }
+
+    /// As [`Self::agent_config`], reaching the gateway at `endpoint` (something in front of
+    /// it, as a Service is).
+    pub fn agent_config_via(&self, node: &str, endpoint: std::net::SocketAddr) -> AgentConfig {
         let leaf = self.site.node(node);
-        let mut transport = grpc_transport(&format!("https://{}", self.grpc));
+        let mut transport = grpc_transport(&format!("https://{endpoint}"));
         transport
             .set_tls(ClientTls {
                 ca_pem: self.site.cert_pem.clone().into_bytes(),

@@ -189,4 +189,13 @@ impl GatewayProcess {
             }
         }
     }
+
+    /// Kills it (SIGKILL: no goodbye, as a node or a container runtime kills it) and waits
+    /// for it.
+    ///
+    /// Errors: the process could not be killed or waited for.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
 }

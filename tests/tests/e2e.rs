@@ -608,12 +608,15 @@ async fn node_set_unknown_during_an_outage_is_ready_again_within_seconds(transpo
     let mut config = cluster.agent_config("rpi4-edge-01", &fixture("rpi4-cgroup1"));
     config.node_status_report_frequency = Duration::from_secs(3600);
     let agent = cluster.start_agent(config).unwrap();
+    // Both heartbeats once (the Lease's creation reads the Node for its ownerReference: a
+    // GET that must come before the outage is marked).
     cluster
         .standin
-        .wait_until(DEADLINE, "first status", |v| {
+        .wait_until(DEADLINE, "first status and Lease", |v| {
             v.requests()
                 .iter()
                 .any(|r| is_status_patch(r, "rpi4-edge-01"))
+                && v.lease("kube-node-lease", "rpi4-edge-01").is_some()
         })
         .await
         .unwrap();

@@ -241,9 +241,115 @@ fn node_series(body: &str) -> Option<((f64, i64), (f64, i64))> {
     ))
 }
 
+/// A stand-in for the gateway's Service, which needs kube-proxy (not here): forwards each
+/// TCP connection to the replica `target` names when it arrives.
+struct Forwarder {
+    addr: std::net::SocketAddr,
+    target: Arc<std::sync::Mutex<std::net::SocketAddr>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarder {
+    async fn start(target: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let target = Arc::new(std::sync::Mutex::new(target));
+        let current = target.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let to = *current.lock().unwrap();
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Self { addr, target, task }
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Whether `node` names the replica serving on `served`: its EdgebeatGateway address and
+/// kubelet endpoint port, and metrics-server's path annotation.
+async fn names_replica(nodes: &Api<Node>, node: &str, served: std::net::SocketAddr) -> bool {
+    let Ok(Some(n)) = nodes.get_opt(node).await else {
+        return false;
+    };
+    let status = n.status.unwrap_or_default();
+    let named = status
+        .addresses
+        .unwrap_or_default()
+        .iter()
+        .any(|a| a.type_ == "EdgebeatGateway" && a.address == served.ip().to_string());
+    let port = status
+        .daemon_endpoints
+        .and_then(|d| d.kubelet_endpoint)
+        .map(|e| e.port);
+    let path = n
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get("metrics.k8s.io/resource-metrics-path")
+        .cloned();
+    named
+        && port == Some(i32::from(served.port()))
+        && path == Some(format!("/nodes/{node}/metrics/resource"))
+}
+
+/// `kubectl top node <node>` once it lists the node (NAME CPU(cores) CPU(%) MEMORY(bytes)
+/// MEMORY(%)), asked every 500 ms for at most 120 s.
+///
+/// # Panics
+/// When it never does, with metrics-server's log.
+async fn top_node(control_plane: &ControlPlane, node: &str, log: &Path) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        match control_plane.kubectl(&["top", "node", node, "--no-headers"]) {
+            Ok(text) if text.starts_with(node) => return text,
+            other => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "kubectl top node never showed the edge node: {other:?}\nmetrics-server's log:\n{}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+/// The body of `kubectl get --raw /api/v1/nodes/<node>/proxy/metrics/resource` once it holds
+/// a sample newer than `after` (ms), asked every 200 ms for at most 60 s.
+///
+/// # Panics
+/// When it never does, with the last answer.
+async fn through_node_proxy(control_plane: &ControlPlane, node: &str, after: i64) -> String {
+    let raw = format!("/api/v1/nodes/{node}/proxy/metrics/resource");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = control_plane.kubectl(&["get", "--raw", &raw]);
+        if let Ok(text) = &out
+            && node_series(text).is_some_and(|((_, at), _)| at > after)
+        {
+            return text.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no sample newer than {after} through the node proxy: {out:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the built control plane and root for a veth address (scripts/test.sh)"]
-async fn the_apiserver_node_proxy_reads_an_edge_nodes_resource_metrics_from_its_replica() {
+async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_replica_dies() {
     let veth = VethAddress::create();
     let control_plane = ControlPlane::start(&[("EDGEBEAT_APISERVER_FLAGS", PREFERRED)]).unwrap();
     // kubeadm's binding for kube-apiserver's kubelet client certificate (its group), which
@@ -271,6 +377,8 @@ async fn the_apiserver_node_proxy_reads_an_edge_nodes_resource_metrics_from_its_
     ];
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut gateway = DeployedGateway::start(&control_plane, &flags).await;
+    let mut second =
+        DeployedGateway::start_with_site(&control_plane, &flags, gateway.site.clone()).await;
     control_plane
         .kubectl(&[
             "apply",
@@ -285,10 +393,17 @@ async fn the_apiserver_node_proxy_reads_an_edge_nodes_resource_metrics_from_its_
         .await
         .unwrap();
     assert_eq!(served.ip(), std::net::IpAddr::V4(veth.address));
+    let served_second = second
+        .process
+        .address("serving resource metrics")
+        .await
+        .unwrap();
 
-    // An agent on this host's real facts, so its figures are the host's.
+    // An agent on this host's real facts, so its figures are the host's, reaching the first
+    // replica through what stands for the gateway's Service.
     let node = "resource-metrics-1";
-    let mut config = gateway.agent_config(node);
+    let service = Forwarder::start(gateway.grpc).await;
+    let mut config = gateway.agent_config_via(node, service.addr);
     config.host_root = PathBuf::from("/");
     let agent = start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap();
 
@@ -296,57 +411,12 @@ async fn the_apiserver_node_proxy_reads_an_edge_nodes_resource_metrics_from_its_
     eventually(
         "the node naming its replica: address, port and path annotation",
         Duration::from_secs(60),
-        || async {
-            let Ok(Some(n)) = nodes.get_opt(node).await else {
-                return false;
-            };
-            let status = n.status.unwrap_or_default();
-            let named = status
-                .addresses
-                .unwrap_or_default()
-                .iter()
-                .any(|a| a.type_ == "EdgebeatGateway" && a.address == veth.address.to_string());
-            let port = status
-                .daemon_endpoints
-                .and_then(|d| d.kubelet_endpoint)
-                .map(|e| e.port);
-            let path = n
-                .metadata
-                .annotations
-                .unwrap_or_default()
-                .get("metrics.k8s.io/resource-metrics-path")
-                .cloned();
-            named
-                && port == Some(i32::from(served.port()))
-                && path.as_deref() == Some("/nodes/resource-metrics-1/metrics/resource")
-        },
+        || names_replica(&nodes, node, served),
     )
     .await;
 
     // Through the real apiserver's node proxy, as `kubectl get --raw` reads it.
-    let raw = format!("/api/v1/nodes/{node}/proxy/metrics/resource");
-    let last = std::sync::Mutex::new(String::new());
-    eventually(
-        "the node's resource metrics through the node proxy",
-        Duration::from_secs(60),
-        || {
-            let out = control_plane.kubectl(&["get", "--raw", &raw]);
-            let ok = match out {
-                Ok(text) => {
-                    let ok = node_series(&text).is_some();
-                    *last.lock().unwrap() = text;
-                    ok
-                }
-                Err(e) => {
-                    *last.lock().unwrap() = e.to_string();
-                    false
-                }
-            };
-            async move { ok }
-        },
-    )
-    .await;
-    let body = last.into_inner().unwrap();
+    let body = through_node_proxy(&control_plane, node, 0).await;
     let ((cpu_seconds, cpu_at), (memory_bytes, memory_at)) = node_series(&body).unwrap();
     assert_eq!(cpu_at, memory_at, "one sample: {body}");
     let now = read_resource_usage(&HostRoot::new("/"));
@@ -415,25 +485,10 @@ async fn the_apiserver_node_proxy_reads_an_edge_nodes_resource_metrics_from_its_
     // `kubectl top node` through the real metrics-server: the node's CPU and memory, within
     // two of its resolutions once it scrapes.
     let _metrics_server = MetricsServer::start(&control_plane, veth.address, dir.path());
-    let registered = tokio::time::Instant::now();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let top = loop {
-        let out = control_plane.kubectl(&["top", "node", node, "--no-headers"]);
-        match out {
-            Ok(text) if text.starts_with(node) => break text,
-            other => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "kubectl top node never showed the edge node: {other:?}\nmetrics-server's log:\n{}",
-                    std::fs::read_to_string(dir.path().join("metrics-server.log"))
-                        .unwrap_or_default()
-                );
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    };
-    eprintln!("kubectl top node after {:?}: {top}", registered.elapsed());
-    // NAME CPU(cores) CPU(%) MEMORY(bytes) MEMORY(%)
+    let started = tokio::time::Instant::now();
+    let log = dir.path().join("metrics-server.log");
+    let top = top_node(&control_plane, node, &log).await;
+    eprintln!("kubectl top node after {:?}: {top}", started.elapsed());
     let fields: Vec<&str> = top.split_whitespace().collect();
     assert_eq!(fields.len(), 5, "{top}");
     assert!(
@@ -441,7 +496,59 @@ async fn the_apiserver_node_proxy_reads_an_edge_nodes_resource_metrics_from_its_
         "{top}"
     );
 
+    // The first replica dies; the agent's next connection lands on the second, which names
+    // itself in the node's status at once (it asks for the whole status), and serves the
+    // node's newer samples there: the node proxy and kubectl top node see it again.
+    gateway.process.kill().await.unwrap();
+    *service.target.lock().unwrap() = second.grpc;
+    let killed = tokio::time::Instant::now();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !names_replica(&nodes, node, served_second).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the node never named the second replica; its log:\n{}\nthe agent's metrics:\n{}",
+            second.process.log_text(),
+            {
+                let mut text = String::new();
+                prometheus_client::encoding::text::encode(&mut text, &agent.agent.registry())
+                    .unwrap();
+                text
+            }
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let renamed = killed.elapsed();
+    let body = through_node_proxy(&control_plane, node, cpu_at).await;
+    assert!(body.contains("resource_scrape_error 0\n"), "{body}");
+    // metrics-server's next scrape reaches the second replica (its answers go up with no
+    // other caller), and kubectl top node lists the node from there.
+    let served_ok = || async {
+        let metrics = edgebeat_tests::harness::http_get(second.health, "/metrics")
+            .await
+            .unwrap()
+            .1;
+        metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("edgebeat_gateway_resource_metrics_requests_total{code=\"200\"} ")
+            })
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let by_proxy = served_ok().await;
+    eventually(
+        "metrics-server scraping the second replica",
+        Duration::from_secs(60),
+        || async { served_ok().await > by_proxy },
+    )
+    .await;
+    let top = top_node(&control_plane, node, &log).await;
+    eprintln!(
+        "after the first replica's death: named the second in {renamed:?}, scraped there and in kubectl top node after {:?}: {top}",
+        killed.elapsed()
+    );
+
     agent.stop().await.unwrap();
-    drop(gateway);
+    drop((gateway, second, service));
     drop(veth);
 }

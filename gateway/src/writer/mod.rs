@@ -168,6 +168,9 @@ pub(crate) struct NodeWrites {
     last_renew: Option<Timestamp>,
     /// This node's per-node metric series (removed with the slot).
     pub(crate) series: NodeSeries,
+    /// This replica wrote the node's whole status (or created the Node) since it took the
+    /// node: the status names it where it serves resource metrics.
+    pub(crate) status_written: bool,
 }
 
 /// The writer (see the module docs), shared by every message handler.
@@ -479,6 +482,7 @@ impl Writer {
             Ok(node) => {
                 self.remember(held, &node, now, name, reboot, journal).await;
                 self.counters.status_reports.inc();
+                w.status_written = true;
                 Answer::WRITTEN
             }
             Err(e) => match api_code(&e) {

@@ -85,6 +85,7 @@ impl Writer {
                 Ok(created) => {
                     self.view.observe_node(&created);
                     w.registered = true;
+                    w.status_written = true;
                     self.counters.registrations.inc();
                     tracing::info!(node = name, "registered node");
                     self.start_events(name, status, &usable, now).await;
