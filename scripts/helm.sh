@@ -13,46 +13,36 @@
 # Go's own caches (GOCACHE, GOMODCACHE) are shared with every other Go build on the machine.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+name=helm
 module="$here/tools/helm"
-cache_root="${EDGEBEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgebeat}"
-export CGO_ENABLED=0 GOFLAGS=-mod=readonly GOTOOLCHAIN=local
+main_module=helm.sh/helm/v3
+package=helm.sh/helm/v3/cmd/helm
+# Bumped whenever how helm is built changes (flags, ldflags).
+recipe=2
+# shellcheck source=scripts/go-tool.sh
+. "$here/scripts/go-tool.sh"
 
 # The Prometheus Operator release whose CRDs the tests install (its module holds them in
 # example/prometheus-operator-crd).
 prometheus_operator=v0.85.0
 
-# Bumped whenever how helm is built changes (flags, ldflags).
-recipe=2
-
-version() { (cd "$module" && go list -m -f '{{.Version}}' helm.sh/helm/v3); }
-binary() { echo "$cache_root/helm/helm-$(version)-$(go env GOARCH)-r$recipe/helm"; }
+# As Helm's own Makefile sets them: what `helm version` reports, and the Kubernetes version
+# `helm template` and `helm lint` assume without a cluster (client-go's v0.N.P is Kubernetes
+# 1.N), else v1.20 and every kubeVersion constraint fails.
+ldflags() {
+  local k8s minor ld
+  k8s=$(cd "$module" && go list -m -f '{{.Version}}' k8s.io/client-go)
+  minor=$(echo "$k8s" | cut -d. -f2)
+  ld="-s -w -X helm.sh/helm/v3/internal/version.version=$1 -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    ld="$ld -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
+  done
+  echo "$ld"
+}
 
 case "${1:-}" in
-  bin)
-    b=$(binary)
-    [ -x "$b" ] || exit 1
-    echo "$b"
-    ;;
-  build)
-    b=$(binary)
-    if [ ! -x "$b" ]; then
-      v=$(version)
-      mkdir -p "$(dirname "$b")"
-      echo "building helm $v" >&2
-      # As Helm's own Makefile sets them: what `helm version` reports, and the Kubernetes
-      # version `helm template` and `helm lint` assume without a cluster (client-go's
-      # v0.N.P is Kubernetes 1.N), else v1.20 and every kubeVersion constraint fails.
-      k8s=$(cd "$module" && go list -m -f '{{.Version}}' k8s.io/client-go)
-      minor=$(echo "$k8s" | cut -d. -f2)
-      ld="-s -w -X helm.sh/helm/v3/internal/version.version=$v -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
-      for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
-        ld="$ld -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
-      done
-      (cd "$module" && go build -trimpath -ldflags "$ld" -o "$b.part" helm.sh/helm/v3/cmd/helm)
-      mv "$b.part" "$b"
-    fi
-    echo "$b"
-    ;;
+  bin) go_tool_bin ;;
+  build) go_tool_build ;;
   crds)
     dir=$(GOFLAGS= go mod download -json "github.com/prometheus-operator/prometheus-operator@$prometheus_operator" \
       | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')

@@ -7,41 +7,25 @@
 #
 #   scripts/metrics-server.sh build   build it if missing; prints the path of the binary
 #   scripts/metrics-server.sh bin     print that path (exit 1 when not built)
-#
-# Go's own caches (GOCACHE, GOMODCACHE) are shared with every other Go build on the machine.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+name=metrics-server
 module="$here/tools/metrics-server"
-cache_root="${EDGEBEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgebeat}"
-export CGO_ENABLED=0 GOFLAGS=-mod=readonly GOTOOLCHAIN=local
-
+main_module=sigs.k8s.io/metrics-server
+package=sigs.k8s.io/metrics-server/cmd/metrics-server
 # Bumped whenever how metrics-server is built changes (flags, ldflags).
 recipe=1
+# shellcheck source=scripts/go-tool.sh
+. "$here/scripts/go-tool.sh"
 
-version() { (cd "$module" && go list -m -f '{{.Version}}' sigs.k8s.io/metrics-server); }
-binary() { echo "$cache_root/metrics-server/metrics-server-$(version)-$(go env GOARCH)-r$recipe/metrics-server"; }
+# As metrics-server's own Makefile: the version its /version reports.
+ldflags() { echo "-s -w -X k8s.io/client-go/pkg/version.gitVersion=$1"; }
 
 case "${1:-}" in
-  bin)
-    b=$(binary)
-    [ -x "$b" ] || exit 1
-    echo "$b"
-    ;;
-  build)
-    b=$(binary)
-    if [ ! -x "$b" ]; then
-      v=$(version)
-      mkdir -p "$(dirname "$b")"
-      echo "building metrics-server $v" >&2
-      # As metrics-server's own Makefile: -trimpath, and the version its /version reports.
-      ld="-s -w -X k8s.io/client-go/pkg/version.gitVersion=$v"
-      (cd "$module" && go build -trimpath -ldflags "$ld" -o "$b.part" sigs.k8s.io/metrics-server/cmd/metrics-server)
-      mv "$b.part" "$b"
-    fi
-    echo "$b"
-    ;;
+  bin) go_tool_bin ;;
+  build) go_tool_build ;;
   *)
-    echo "usage: $0 build|bin" >&2
+    sed -n '2,10p' "$0" >&2
     exit 2
     ;;
 esac

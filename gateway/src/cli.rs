@@ -20,6 +20,10 @@ use anyhow::Context;
     .args(["grpc_tls_cert", "grpc_client_ca", "require_node_identity"])
     .multiple(true)
     .requires("grpc_listen")))]
+#[command(group(clap::ArgGroup::new("resource_metrics")
+    .args(["resource_metrics_address", "resource_metrics_tls_cert", "resource_metrics_client_ca"])
+    .multiple(true)
+    .requires("resource_metrics_listen")))]
 #[command(group(clap::ArgGroup::new("mqtt_security")
     .args(["mqtt_ca_file", "mqtt_cert_file", "mqtt_node_ca", "mqtt_require_signatures"])
     .multiple(true)
@@ -91,17 +95,13 @@ pub struct Args {
     /// This replica's IP as the cluster reaches it (its pod IP: `$(POD_IP)` from the downward
     /// API), written as the address of type EdgebeatGateway of every node it writes, beside
     /// the board's own addresses.
-    #[arg(long, value_name = "IP", requires = "resource_metrics_listen")]
+    #[arg(long, value_name = "IP")]
     pub resource_metrics_address: Option<std::net::IpAddr>,
     /// PEM serving certificate of --resource-metrics-listen (with
     /// --resource-metrics-tls-key), valid for --resource-metrics-address: metrics-server
     /// checks it against the cluster CA unless told otherwise
     /// (`--kubelet-certificate-authority`, `--kubelet-insecure-tls`).
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires_all = ["resource_metrics_tls_key", "resource_metrics_listen"]
-    )]
+    #[arg(long, value_name = "FILE", requires = "resource_metrics_tls_key")]
     pub resource_metrics_tls_cert: Option<PathBuf>,
     /// PEM private key of --resource-metrics-tls-cert.
     #[arg(long, value_name = "FILE", requires = "resource_metrics_tls_cert")]
@@ -109,7 +109,7 @@ pub struct Args {
     /// PEM CA certificate(s) of client certificates taken as identities on
     /// --resource-metrics-listen (kubelet's --client-ca-file: the CA of kube-apiserver's
     /// --kubelet-client-certificate). Without it only bearer tokens authenticate.
-    #[arg(long, value_name = "FILE", requires = "resource_metrics_listen")]
+    #[arg(long, value_name = "FILE")]
     pub resource_metrics_client_ca: Option<PathBuf>,
     /// Where the cluster is: `--kubeconfig`, `--server`, `--namespace`.
     #[command(flatten)]

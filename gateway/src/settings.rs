@@ -81,13 +81,15 @@ impl ResourceMetricsSettings {
             return Ok(None);
         };
         let options = ResourceMetricsOptions {
-            cert_pem: read_pem("--resource-metrics-tls-cert", cert)?,
-            key_pem: read_pem("--resource-metrics-tls-key", key)?,
-            client_ca_pem: args
-                .resource_metrics_client_ca
-                .as_ref()
-                .map(|ca| read_pem("--resource-metrics-client-ca", ca))
-                .transpose()?,
+            tls: GrpcServerTls {
+                cert_pem: read_pem("--resource-metrics-tls-cert", cert)?,
+                key_pem: read_pem("--resource-metrics-tls-key", key)?,
+                client_ca_pem: args
+                    .resource_metrics_client_ca
+                    .as_ref()
+                    .map(|ca| read_pem("--resource-metrics-client-ca", ca))
+                    .transpose()?,
+            },
         };
         options.check().context(
             "--resource-metrics-tls-cert, --resource-metrics-tls-key, --resource-metrics-client-ca",

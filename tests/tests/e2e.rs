@@ -1023,6 +1023,44 @@ async fn a_health_condition_flips_with_one_status_report(transport: Transport) {
         .unwrap();
 }
 
+/// The node's resource usage rides its Lease renewals over either transport into the
+/// replica's samples (what `/metrics/resource` serves): the fixture's root `cpuacct.usage`
+/// (ns → ms) and working set (bytes, through KiB), stamped within the run.
+async fn the_nodes_resource_usage_reaches_its_replica(transport: Transport) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let root = fixture("rpi4-cgroup1");
+    let expected = edgebeat_hw::read_resource_usage(&edgebeat_hw::HostRoot::new(&root));
+    let agent = cluster
+        .start_agent(cluster.agent_config("rpi4-edge-01", &root))
+        .unwrap();
+    let started = jiff::Timestamp::now().as_millisecond();
+    let samples = cluster.gateway().resource_samples();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let sample = loop {
+        if let Some(sample) = samples.get("rpi4-edge-01") {
+            break sample;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no sample within {DEADLINE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    agent.stop().await.unwrap();
+    assert_eq!(
+        (sample.cpu_usage_ms, sample.memory_working_set_bytes),
+        (
+            expected.cpu_usage_ms.unwrap(),
+            expected.memory_working_set_bytes.unwrap() / 1024 * 1024
+        )
+    );
+    assert!(
+        sample.timestamp_ms >= started - 1_000
+            && sample.timestamp_ms <= jiff::Timestamp::now().as_millisecond(),
+        "sampled during the run: {sample:?} (started {started})"
+    );
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod grpc {
@@ -1057,4 +1095,5 @@ scenarios!(
     a_deleted_node_is_registered_again_only_by_a_restart,
     a_vanished_hugepage_size_is_removed_when_the_agent_starts,
     a_health_condition_flips_with_one_status_report,
+    the_nodes_resource_usage_reaches_its_replica,
 );

@@ -179,16 +179,24 @@ pub async fn serve(
         slots.insert(peer.ip(), handle);
     }
     closing.cancel();
-    let drained = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
-        tracing::debug!("observe server: closing connections still busy at shutdown");
-    }
-    // Dropping the JoinSet aborts whatever is left.
+    drain(connections, "observe server").await;
     Ok(())
 }
 
-/// Accept errors that concern only the connection being accepted.
-fn per_connection(error: &io::Error) -> bool {
+/// Waits up to 2 s for the connections of a server that stopped accepting to finish their
+/// requests in progress (after its closing signal), then aborts what is left (named `what`
+/// in the debug log).
+pub async fn drain<T: 'static>(mut connections: JoinSet<T>, what: &str) {
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
+        tracing::debug!("{what}: closing connections still busy at shutdown");
+    }
+    // Dropping the JoinSet aborts whatever is left.
+}
+
+/// Whether an accept error concerns only the connection being accepted (the server goes on
+/// at once), rather than the listener (out of file descriptors: the server pauses).
+pub fn per_connection(error: &io::Error) -> bool {
     matches!(
         error.kind(),
         io::ErrorKind::ConnectionAborted
@@ -222,25 +230,53 @@ async fn connection(
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .serve_connection(TokioIo::new(stream), service);
+    let result = drive_connection(
+        conn,
+        |conn| conn.graceful_shutdown(),
+        &activity,
+        &closing,
+        IDLE_TIMEOUT,
+        MAX_CONNECTION_AGE,
+    )
+    .await;
+    if let Err(error) = result {
+        tracing::debug!(%error, "observe server: connection ended with an error");
+    }
+}
+
+/// Drives one HTTP connection `conn` (a hyper connection future) to its end, with its
+/// lifetime bounded: when `closing` fires, after `idle` without a request (`activity` is
+/// notified at each), or at `max_age` however busy, `graceful_shutdown` asks it to answer
+/// the request in progress, if any, and close (an idle keep-alive connection closes at
+/// once).
+///
+/// # Errors
+/// The connection's own, as it ends.
+pub async fn drive_connection<C, E>(
+    conn: C,
+    graceful_shutdown: impl FnOnce(std::pin::Pin<&mut C>),
+    activity: &tokio::sync::Notify,
+    closing: &CancellationToken,
+    idle: Duration,
+    max_age: Duration,
+) -> Result<(), E>
+where
+    C: Future<Output = Result<(), E>>,
+{
     tokio::pin!(conn);
-    let too_old = tokio::time::sleep(MAX_CONNECTION_AGE);
+    let too_old = tokio::time::sleep(max_age);
     tokio::pin!(too_old);
-    let result = loop {
-        let idle = tokio::time::sleep(IDLE_TIMEOUT);
+    loop {
+        let idle = tokio::time::sleep(idle);
         tokio::select! {
-            result = conn.as_mut() => break result,
+            result = conn.as_mut() => return result,
             () = activity.notified() => continue,
-            // Finish the request in progress, if any, then close (idle keep-alive
-            // connections close at once).
             () = closing.cancelled() => {}
             () = &mut too_old => {}
             () = idle => {}
         }
-        conn.as_mut().graceful_shutdown();
-        break conn.await;
-    };
-    if let Err(error) = result {
-        tracing::debug!(%error, "observe server: connection ended with an error");
+        graceful_shutdown(conn.as_mut());
+        return conn.await;
     }
 }
 

@@ -27,14 +27,13 @@
 //! and a connection closes after [`MAX_CONNECTION_AGE`] however busy.
 
 use std::convert::Infallible;
-use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_transports::observe::register_family;
+use edgebeat_transports::observe::{drain, drive_connection, per_connection, register_family};
 use edgebeat_transports::tls::{GrpcServerTls, TlsError, is_node_name};
 use http::header::{ALLOW, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::request::Parts;
@@ -74,9 +73,6 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// connection).
 pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(300);
 
-/// How long shutdown waits for requests in progress to finish.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// Pause after an accept error that is not about one connection (e.g. out of file
 /// descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -94,38 +90,19 @@ const RESOURCE_PATH: &str = "/metrics/resource";
 const TEXT: &str = "text/plain; charset=utf-8";
 
 /// The TLS material of the resource metrics server: as kubelet's `--tls-cert-file`,
-/// `--tls-private-key-file` and `--client-ca-file`.
-#[derive(Clone, PartialEq, Eq)]
+/// `--tls-private-key-file` and `--client-ca-file`, in the shape the gRPC listener's takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResourceMetricsOptions {
-    /// PEM server certificate chain, leaf first. metrics-server and the apiserver check it
-    /// against the cluster's kubelet serving CA unless told not to
-    /// (`--kubelet-insecure-tls`, `--kubelet-certificate-authority`), for the address they
-    /// connect to (the replica's [`super::ADDRESS_TYPE`] address): it should name that IP.
-    pub cert_pem: Vec<u8>,
-    /// PEM private key of the server certificate (PKCS#8, PKCS#1 or SEC1).
-    pub key_pem: Vec<u8>,
-    /// PEM CA certificate(s) client certificates must chain to (kubelet's
-    /// `--client-ca-file`, usually the cluster CA: the apiserver's kubelet client
-    /// certificate chains to it). With it, a client may present a certificate and is then
-    /// authenticated by it (optional: bearer tokens work alongside); without it, no client
-    /// certificate is asked for and only bearer tokens authenticate.
-    pub client_ca_pem: Option<Vec<u8>>,
-}
-
-impl fmt::Debug for ResourceMetricsOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResourceMetricsOptions")
-            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
-            .field("key_pem", &format_args!("<redacted>"))
-            .field(
-                "client_ca_pem",
-                &self
-                    .client_ca_pem
-                    .as_ref()
-                    .map(|pem| format!("{} bytes", pem.len())),
-            )
-            .finish()
-    }
+    /// The server certificate chain (leaf first), its key, and the client CA.
+    /// metrics-server and the apiserver check the certificate against the cluster's kubelet
+    /// serving CA unless told not to (`--kubelet-insecure-tls`,
+    /// `--kubelet-certificate-authority`), for the address they connect to (the replica's
+    /// [`super::ADDRESS_TYPE`] address): it should name that IP. With a client CA (usually
+    /// the cluster CA: the apiserver's kubelet client certificate chains to it), a client
+    /// may present a certificate and is then authenticated by it (bearer tokens work
+    /// alongside); without one, no client certificate is asked for and only bearer tokens
+    /// authenticate.
+    pub tls: GrpcServerTls,
 }
 
 impl ResourceMetricsOptions {
@@ -141,7 +118,7 @@ impl ResourceMetricsOptions {
         self.rustls_config().map(|_| ())
     }
 
-    /// The rustls server configuration on the ring provider, offering ALPN `http/1.1`; with
+    /// The rustls server configuration on the ring provider, offering ALPN `h2` and `http/1.1`; with
     /// a client CA, client certificates that chain to it are verified and optional.
     ///
     /// # Errors
@@ -150,12 +127,7 @@ impl ResourceMetricsOptions {
     pub fn rustls_config(&self) -> Result<rustls::ServerConfig, TlsError> {
         // The gRPC listener's rules for the same material (ring, TLS 1.2 and 1.3, the
         // client CA's verifier), with client certificates optional, and this server's ALPN.
-        let material = GrpcServerTls {
-            cert_pem: self.cert_pem.clone(),
-            key_pem: self.key_pem.clone(),
-            client_ca_pem: self.client_ca_pem.clone(),
-        };
-        let mut config = material.rustls_config(false)?;
+        let mut config = self.tls.rustls_config(false)?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(config)
     }
@@ -269,24 +241,8 @@ pub async fn serve<R: Reviews + 'static>(
         ));
     }
     closing.cancel();
-    let drained = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
-        tracing::debug!("resource metrics server: closing connections still busy at shutdown");
-    }
-    // Dropping the JoinSet aborts whatever is left.
+    drain(connections, "resource metrics server").await;
     Ok(())
-}
-
-/// Accept errors that concern only the connection being accepted.
-fn per_connection(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::Interrupted
-            | io::ErrorKind::WouldBlock
-            | io::ErrorKind::TimedOut
-    )
 }
 
 /// One connection: its TLS handshake, the user of its client certificate, then HTTP/1.1
@@ -354,24 +310,15 @@ async fn connection<R: Reviews + 'static>(
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS)
         .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX));
-    let conn = builder.serve_connection(TokioIo::new(tls), service);
-    tokio::pin!(conn);
-    let too_old = tokio::time::sleep(MAX_CONNECTION_AGE);
-    tokio::pin!(too_old);
-    let result = loop {
-        let idle = tokio::time::sleep(IDLE_TIMEOUT);
-        tokio::select! {
-            result = conn.as_mut() => break result,
-            () = activity.notified() => continue,
-            // Finish the request in progress, if any, then close (idle keep-alive
-            // connections close at once).
-            () = closing.cancelled() => {}
-            () = &mut too_old => {}
-            () = idle => {}
-        }
-        conn.as_mut().graceful_shutdown();
-        break conn.await;
-    };
+    let result = drive_connection(
+        builder.serve_connection(TokioIo::new(tls), service),
+        |conn| conn.graceful_shutdown(),
+        &activity,
+        &closing,
+        IDLE_TIMEOUT,
+        MAX_CONNECTION_AGE,
+    )
+    .await;
     if let Err(error) = result {
         tracing::debug!(%remote, %error, "resource metrics server: connection ended with an error");
     }

@@ -21,6 +21,7 @@ use super::auth::{Auth, ReviewCache, User, access_review, bearer_token, certific
 use super::exposition::cpu_seconds;
 use super::server::{Handler, Peer, Refusal, route};
 use super::*;
+use edgebeat_transports::tls::GrpcServerTls;
 
 const NODE: &str = "edge-01";
 
@@ -921,9 +922,11 @@ async fn exchange(
 async fn a_client_certificate_is_authenticated_over_tls() {
     let (ca_pem, server_pem, server_key, client_pem, client_key) = pki();
     let options = ResourceMetricsOptions {
-        cert_pem: server_pem.into_bytes(),
-        key_pem: server_key.into_bytes(),
-        client_ca_pem: Some(ca_pem.clone().into_bytes()),
+        tls: GrpcServerTls {
+            cert_pem: server_pem.into_bytes(),
+            key_pem: server_key.into_bytes(),
+            client_ca_pem: Some(ca_pem.clone().into_bytes()),
+        },
     };
     options.check().unwrap();
     let fake = Arc::new(Fake::default());
@@ -983,9 +986,11 @@ async fn a_client_certificate_is_authenticated_over_tls() {
 fn unusable_tls_material_is_refused_before_serving() {
     let (ca_pem, server_pem, server_key, _, _) = pki();
     let good = ResourceMetricsOptions {
-        cert_pem: server_pem.into_bytes(),
-        key_pem: server_key.into_bytes(),
-        client_ca_pem: Some(ca_pem.into_bytes()),
+        tls: GrpcServerTls {
+            cert_pem: server_pem.into_bytes(),
+            key_pem: server_key.into_bytes(),
+            client_ca_pem: Some(ca_pem.into_bytes()),
+        },
     };
     good.check().unwrap();
     assert_eq!(
@@ -995,15 +1000,19 @@ fn unusable_tls_material_is_refused_before_serving() {
     let cases = [
         (
             ResourceMetricsOptions {
-                key_pem: b"junk".to_vec(),
-                ..good.clone()
+                tls: GrpcServerTls {
+                    key_pem: b"junk".to_vec(),
+                    ..good.tls.clone()
+                },
             },
             "key: ",
         ),
         (
             ResourceMetricsOptions {
-                client_ca_pem: Some(b"junk".to_vec()),
-                ..good.clone()
+                tls: GrpcServerTls {
+                    client_ca_pem: Some(b"junk".to_vec()),
+                    ..good.tls.clone()
+                },
             },
             "client CA: ",
         ),
