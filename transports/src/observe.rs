@@ -154,17 +154,9 @@ pub async fn serve(
             }
             accepted = listener.accept() => accepted,
         };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) if per_connection(&error) => {
-                tracing::debug!(%error, "observe server: accept failed");
-                continue;
-            }
-            Err(error) => {
-                tracing::warn!(%error, addr = %local, "observe server: accept failed; pausing");
-                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
-            }
+        let Some((stream, peer)) = accepted_or_pause(accepted, local, "observe server").await
+        else {
+            continue;
         };
         for evicted in slots.make_room(peer.ip()) {
             tracing::debug!(%peer, "observe server: closing an older connection to make room");
@@ -192,6 +184,29 @@ pub async fn drain<T: 'static>(mut connections: JoinSet<T>, what: &str) {
         tracing::debug!("{what}: closing connections still busy at shutdown");
     }
     // Dropping the JoinSet aborts whatever is left.
+}
+
+/// The connection of an accept `result` of the listener on `local`; `None` after an error,
+/// logged as `what`'s: at once when it concerns that connection only ([`per_connection`]),
+/// after a pause when it concerns the listener (out of file descriptors), so that the
+/// accept loop does not spin.
+pub async fn accepted_or_pause(
+    result: io::Result<(TcpStream, std::net::SocketAddr)>,
+    local: std::net::SocketAddr,
+    what: &str,
+) -> Option<(TcpStream, std::net::SocketAddr)> {
+    match result {
+        Ok(accepted) => Some(accepted),
+        Err(error) if per_connection(&error) => {
+            tracing::debug!(%error, "{what}: accept failed");
+            None
+        }
+        Err(error) => {
+            tracing::warn!(%error, addr = %local, "{what}: accept failed; pausing");
+            tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            None
+        }
+    }
 }
 
 /// Whether an accept error concerns only the connection being accepted (the server goes on

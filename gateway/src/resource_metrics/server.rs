@@ -33,7 +33,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_transports::observe::{drain, drive_connection, per_connection, register_family};
+use edgebeat_transports::observe::{accepted_or_pause, drain, drive_connection, register_family};
 use edgebeat_transports::tls::{GrpcServerTls, TlsError, is_node_name};
 use http::header::{ALLOW, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::request::Parts;
@@ -72,10 +72,6 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// busy it keeps (keep-alive is bounded; a client certificate's user is read once per
 /// connection).
 pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(300);
-
-/// Pause after an accept error that is not about one connection (e.g. out of file
-/// descriptors), so the loop does not spin.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// Largest request head read (hyper's read buffer): a service account token is a few KiB.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -215,17 +211,10 @@ pub async fn serve<R: Reviews + 'static>(
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => accepted,
         };
-        let (stream, remote) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) if per_connection(&error) => {
-                tracing::debug!(%error, "resource metrics server: accept failed");
-                continue;
-            }
-            Err(error) => {
-                tracing::warn!(%error, addr = %local, "resource metrics server: accept failed; pausing");
-                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
-            }
+        let Some((stream, remote)) =
+            accepted_or_pause(accepted, local, "resource metrics server").await
+        else {
+            continue;
         };
         if connections.len() >= MAX_CONNECTIONS {
             tracing::debug!(%remote, "resource metrics server: {MAX_CONNECTIONS} connections open; closing a new one");
