@@ -17,7 +17,7 @@
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
@@ -29,7 +29,7 @@ use crate::apiserver::Apiserver;
 use crate::enrollment::Enrollment;
 use crate::enrollment::gate::EnrollmentGate;
 use crate::metrics::{RejectReason, clock_skew_seconds};
-use crate::resource_metrics::{Sample, Samples};
+use crate::resource_metrics::Samples;
 use crate::sites::{PartitionRule, SiteTracker};
 use crate::view::ApiserverView;
 pub use crate::writer::{LeaseState, StatusError, validate_status};
@@ -444,7 +444,7 @@ impl Gateway {
             if let Some(usage) = &renewal.usage {
                 // Sampled as it was sent: its age before the receipt.
                 let sampled = received_wall.checked_sub(age).unwrap_or(received_wall);
-                self.record_usage(name, usage, sampled);
+                self.resource_samples.record_usage(name, usage, sampled);
             }
         }
         if let Some(skew) = clock_skew_seconds(received_wall, header.wall_time_ms) {
@@ -455,25 +455,6 @@ impl Gateway {
                 .set(skew);
         }
         Ok(age)
-    }
-
-    /// Records `usage`, sampled at `sampled`, as `name`'s latest; a usage the host could not
-    /// read (a 0) is not a sample (metrics-server drops a node whose CPU or memory is 0).
-    fn record_usage(&self, name: &str, usage: &pb::ResourceUsage, sampled: SystemTime) {
-        if usage.cpu_usage_ms == 0 || usage.memory_working_set_kib == 0 {
-            return;
-        }
-        let timestamp_ms = sampled
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        self.resource_samples.record(
-            name,
-            Sample {
-                cpu_usage_ms: usage.cpu_usage_ms,
-                memory_working_set_bytes: usage.memory_working_set_kib.saturating_mul(1024),
-                timestamp_ms,
-            },
-        );
     }
 
     /// The apiserver calls of an admitted message ([`Writer`]): kubelet's registration,

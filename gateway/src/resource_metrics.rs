@@ -73,6 +73,31 @@ impl Samples {
         }
     }
 
+    /// Records a node's usage as its agent sent it (`LeaseRenewal.usage`), sampled at
+    /// `sampled` on this replica's clock; a usage the host could not read (a 0) is not a
+    /// sample (metrics-server drops a node whose CPU or memory is 0).
+    pub fn record_usage(
+        &self,
+        node: &str,
+        usage: &edgebeat_proto::ResourceUsage,
+        sampled: std::time::SystemTime,
+    ) {
+        if usage.cpu_usage_ms == 0 || usage.memory_working_set_kib == 0 {
+            return;
+        }
+        let timestamp_ms = sampled
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.record(
+            node,
+            Sample {
+                cpu_usage_ms: usage.cpu_usage_ms,
+                memory_working_set_bytes: usage.memory_working_set_kib.saturating_mul(1024),
+                timestamp_ms,
+            },
+        );
+    }
+
     /// Forgets `node` (its slot was swept, or it moved to another replica).
     pub fn remove(&self, node: &str) {
         self.latest.write().remove(node);
@@ -124,13 +149,14 @@ impl Endpoint {
 }
 
 mod auth;
+mod cache;
 mod exposition;
 mod server;
 
 pub use auth::{
-    ALLOWED_TTL, CACHE_ENTRIES, DENIED_TTL, REVIEW_TIMEOUT, ReviewError, Reviews,
-    TOKEN_FAILURE_TTL, TOKEN_TTL,
+    ALLOWED_TTL, CACHE_ENTRIES, DENIED_TTL, REVIEW_TIMEOUT, Reviews, TOKEN_FAILURE_TTL, TOKEN_TTL,
 };
+pub use cache::ReviewError;
 pub use exposition::{EXPOSITION_CONTENT_TYPE, exposition};
 pub use server::{
     HEADER_READ_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTION_AGE, MAX_CONNECTIONS,

@@ -17,7 +17,8 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewStatus, UserI
 use k8s_openapi::api::authorization::v1::{SubjectAccessReview, SubjectAccessReviewStatus};
 use parking_lot::Mutex;
 
-use super::auth::{Auth, ReviewCache, User, access_review, bearer_token, certificate_user};
+use super::auth::{Auth, User, access_review, bearer_token, certificate_user};
+use super::cache::ReviewCache;
 use super::exposition::cpu_seconds;
 use super::server::{Handler, Peer, Refusal, route};
 use super::*;
@@ -1026,4 +1027,28 @@ fn unusable_tls_material_is_refused_before_serving() {
         debug.contains("<redacted>") && !debug.contains("PRIVATE"),
         "{debug}"
     );
+}
+
+/// A renewal's usage becomes the node's sample (KiB → bytes, stamped when sampled); one the
+/// host could not read (a 0) is none; an older one does not replace a newer.
+#[test]
+fn a_renewals_usage_is_the_nodes_sample_unless_unreadable_or_older() {
+    let samples = Samples::default();
+    let at = |ms: u64| std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    let usage = |cpu_usage_ms, memory_working_set_kib| edgebeat_proto::ResourceUsage {
+        cpu_usage_ms,
+        memory_working_set_kib,
+    };
+    samples.record_usage(NODE, &usage(0, 10), at(1_000));
+    samples.record_usage(NODE, &usage(10, 0), at(1_000));
+    assert_eq!(samples.get(NODE), None, "a 0 is no sample");
+    samples.record_usage(NODE, &usage(1_500, 4), at(2_000));
+    let newest = Sample {
+        cpu_usage_ms: 1_500,
+        memory_working_set_bytes: 4_096,
+        timestamp_ms: 2_000,
+    };
+    assert_eq!(samples.get(NODE), Some(newest));
+    samples.record_usage(NODE, &usage(1_400, 4), at(1_900));
+    assert_eq!(samples.get(NODE), Some(newest), "a late retry replaces nothing");
 }
