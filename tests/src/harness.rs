@@ -897,6 +897,14 @@ pub fn test_agent_config(
             clock_sync: false,
             ..Default::default()
         },
+        // So does DiskPressure: a fixture tree's filesystems are this host's (statvfs of its
+        // rootDir), and under kubelet's disk thresholds a host with less than 10 % free (a
+        // CI clone's) turns it True. Memory's threshold alone (as kubelet, setting any key
+        // drops the other defaults).
+        eviction_hard: std::collections::BTreeMap::from([(
+            edgebeat_agent::config::EvictionSignal::MemoryAvailable,
+            edgebeat_agent::quantity::Amount::Absolute(100 * 1024 * 1024),
+        )]),
         ..AgentConfig::default()
     }
 }

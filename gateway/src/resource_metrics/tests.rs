@@ -1050,5 +1050,9 @@ fn a_renewals_usage_is_the_nodes_sample_unless_unreadable_or_older() {
     };
     assert_eq!(samples.get(NODE), Some(newest));
     samples.record_usage(NODE, &usage(1_400, 4), at(1_900));
-    assert_eq!(samples.get(NODE), Some(newest), "a late retry replaces nothing");
+    assert_eq!(
+        samples.get(NODE),
+        Some(newest),
+        "a late retry replaces nothing"
+    );
 }
