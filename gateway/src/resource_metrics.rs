@@ -107,16 +107,6 @@ impl Samples {
     pub fn get(&self, node: &str) -> Option<Sample> {
         self.latest.read().get(node).copied()
     }
-
-    /// How many nodes have a sample.
-    pub fn len(&self) -> usize {
-        self.latest.read().len()
-    }
-
-    /// Whether no node has a sample.
-    pub fn is_empty(&self) -> bool {
-        self.latest.read().is_empty()
-    }
 }
 
 /// Where this replica serves resource metrics, as written into the status of the nodes it

@@ -211,7 +211,7 @@ pub async fn accepted_or_pause(
 
 /// Whether an accept error concerns only the connection being accepted (the server goes on
 /// at once), rather than the listener (out of file descriptors: the server pauses).
-pub fn per_connection(error: &io::Error) -> bool {
+fn per_connection(error: &io::Error) -> bool {
     matches!(
         error.kind(),
         io::ErrorKind::ConnectionAborted

@@ -305,8 +305,8 @@ pub(super) async fn lease_loop(l: LeaseLoop<'_>, cancel: CancellationToken) {
 
 /// Renewals that carry the node's resource usage: one in this many (every 20 s at kubelet's
 /// 10 s renew interval). metrics-server's rate needs two samples of different times, and at
-/// 9 B or so a sample, every second renewal keeps a node-day under 40 KB (BENCHMARKS.md
-/// "Link bytes").
+/// 12 B a sample, every second renewal costs about 52 KB a node-day (BENCHMARKS.md
+/// "kubectl top node").
 const USAGE_EVERY_NTH_RENEWAL: u64 = 2;
 
 /// The node's resource usage now, for a renewal; `None` when the host says nothing.

@@ -41,6 +41,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
+use edgebeat_transports::enroll::hex;
 use edgebeat_transports::log_limit::{LogLimiter, LogLine};
 
 use super::cache::{ReviewCache, ReviewError};
@@ -194,6 +195,24 @@ impl User {
     }
 }
 
+/// Why a verified client certificate authenticates no one, as
+/// `k8s.io/apiserver` `pkg/authentication/request/x509/x509.go` refuses it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum CertificateUserError {
+    /// The certificate does not parse as X.509 (x509-parser's message).
+    #[error("the client certificate does not parse: {0}")]
+    Parse(String),
+    /// Its uid attribute (`1.3.6.1.4.1.57683.2`) is not a string.
+    #[error("unable to parse UID into a string")]
+    UidNotString,
+    /// Its uid attribute is empty.
+    #[error("UID cannot be an empty string")]
+    EmptyUid,
+    /// It has this many uid attributes, where at most one is allowed.
+    #[error("expected 1 UID, but found {0}")]
+    MultipleUids(usize),
+}
+
 /// The user a verified client certificate (the leaf, DER) authenticates
 /// (`k8s.io/apiserver` `pkg/authentication/request/x509/x509.go:
 /// CommonNameUserConversion`): the subject's CN (the last, as Go's `pkix.Name` keeps it) as
@@ -204,12 +223,12 @@ impl User {
 ///
 /// # Errors
 ///
-/// Why the certificate authenticates no one: it does not parse, or its uid attribute is
-/// not a string, is empty or is there more than once (as x509.go refuses them).
-pub(super) fn certificate_user(leaf_der: &[u8]) -> Result<Option<User>, String> {
+/// [`CertificateUserError`]: why the certificate authenticates no one.
+pub(super) fn certificate_user(leaf_der: &[u8]) -> Result<Option<User>, CertificateUserError> {
     use x509_parser::prelude::{FromDer as _, X509Certificate};
 
-    let (_, cert) = X509Certificate::from_der(leaf_der).map_err(|e| e.to_string())?;
+    let (_, cert) = X509Certificate::from_der(leaf_der)
+        .map_err(|e| CertificateUserError::Parse(e.to_string()))?;
     let subject = cert.subject();
     // Go keeps only string values (and the last CN).
     let Some(name) = subject
@@ -230,20 +249,19 @@ pub(super) fn certificate_user(leaf_der: &[u8]) -> Result<Option<User>, String> 
         .filter(|attr| attr.attr_type().to_id_string() == UID_OID)
         .map(|attr| {
             attr.as_str()
-                .map_err(|_| "unable to parse UID into a string".to_owned())
+                .map_err(|_| CertificateUserError::UidNotString)
         })
         .collect::<Result<Vec<_>, _>>()?;
     let uid = match uids.as_slice() {
         [] => String::new(),
-        [""] => return Err("UID cannot be an empty string".to_owned()),
+        [""] => return Err(CertificateUserError::EmptyUid),
         [uid] => (*uid).to_owned(),
-        more => return Err(format!("expected 1 UID, but found multiple: {more:?}")),
+        more => return Err(CertificateUserError::MultipleUids(more.len())),
     };
     let digest = ring::digest::digest(&ring::digest::SHA256, leaf_der);
-    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     let extra = BTreeMap::from([(
         CREDENTIAL_ID_KEY.to_owned(),
-        vec![format!("X509SHA256={hex}")],
+        vec![format!("X509SHA256={}", hex(digest.as_ref()))],
     )]);
     Ok(Some(User::authenticated(
         name.to_owned(),

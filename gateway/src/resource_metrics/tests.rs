@@ -17,7 +17,9 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewStatus, UserI
 use k8s_openapi::api::authorization::v1::{SubjectAccessReview, SubjectAccessReviewStatus};
 use parking_lot::Mutex;
 
-use super::auth::{Auth, User, access_review, bearer_token, certificate_user};
+use super::auth::{
+    Auth, CertificateUserError, User, access_review, bearer_token, certificate_user,
+};
 use super::cache::ReviewCache;
 use super::exposition::cpu_seconds;
 use super::server::{Handler, Peer, Refusal, route};
@@ -792,12 +794,20 @@ fn a_certificate_names_its_user_as_kubelets_x509_authenticator() {
         (sibling_type, "2"),
     ]);
     let two_uids = patched(&two_uids, OID_UID_SIBLING_TAIL, OID_UID_TAIL);
-    let error = certificate_user(&two_uids).unwrap_err();
-    assert!(error.contains("multiple"), "{error}");
+    assert_eq!(
+        certificate_user(&two_uids),
+        Err(CertificateUserError::MultipleUids(2))
+    );
     // No CN: no one (a token may still authenticate the request).
     let no_cn = certificate_der(&[(DnType::OrganizationName, "system:masters")]);
     assert_eq!(certificate_user(&no_cn), Ok(None));
-    assert!(certificate_user(b"not DER").is_err());
+    assert!(
+        matches!(
+            certificate_user(b"not DER"),
+            Err(CertificateUserError::Parse(_))
+        ),
+        "not DER is a parse error"
+    );
 }
 
 #[test]
