@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use edgebeat_proto::registration::NodeName;
-use edgebeat_proto::{AgentMessage, Answer, GatewayMessage, HeaderForm, gateway_message};
+use edgebeat_proto::{
+    AgentMessage, Answer, GatewayMessage, HeaderForm, SharedUsage, gateway_message,
+};
 
 mod mailbox;
 pub use mailbox::{Letter, Mailbox, Posted, Reply, Sending, Turn};
@@ -190,7 +192,22 @@ pub trait Handler: Send + Sync + 'static {
     fn site_uplink(&self, site: &str, up: bool) {
         let _ = (site, up);
     }
+
+    /// A usage sample of `node` another replica admitted and shared (MQTT:
+    /// `P/usage/{node}`, see [`crate::mqtt::usage_topic`]), taken on the broker's word that
+    /// only gateways publish there. Called in arrival order in the ingress's event loop;
+    /// must not block. The default ignores it.
+    fn shared_usage(&self, node: &str, usage: SharedUsage) {
+        let _ = (node, usage);
+    }
 }
+
+/// Where a replica puts the usage samples it admits for the other replicas: a broadcast
+/// channel of `(node, sample)` that the MQTT ingress publishes from
+/// ([`crate::mqtt::MqttIngressOptions::usage_sharing`]). Lossy by design: a sample that
+/// finds the channel full or the broker away is dropped, and the next, 20 s later, takes
+/// its place.
+pub type UsageOutbox = tokio::sync::broadcast::Sender<(String, SharedUsage)>;
 
 /// A message rejected, by a transport or by the gateway: its [`RejectReason`] (the metric
 /// label) and a detail for logs and, when the rejection is answered, for the answer

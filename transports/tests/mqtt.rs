@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use edgebeat_proto::{
-    AgentMessage, Answer, Header, HeaderForm, LeaseRenewal, Register, StatusReport,
-    agent_message::Kind,
+    AgentMessage, Answer, Header, HeaderForm, LeaseRenewal, Register, ResourceUsage, SharedUsage,
+    StatusReport, agent_message::Kind,
 };
 use edgebeat_transports::ingress::{Handler, Peer, RejectReason, Rejection, TransportKind};
 use edgebeat_transports::mqtt::{
@@ -114,6 +114,8 @@ struct Seen {
 struct Recorder {
     seen: Mutex<Vec<Seen>>,
     rejected: Mutex<Vec<(RejectReason, String)>>,
+    /// Other replicas' usage samples ([`Handler::shared_usage`]).
+    shared: Mutex<Vec<(String, SharedUsage)>>,
     changes: watch::Sender<u64>,
     /// Messages of this node wait for a permit before they are handled.
     hold: Option<(String, Arc<tokio::sync::Semaphore>)>,
@@ -129,6 +131,7 @@ impl Recorder {
         Arc::new(Self {
             seen: Mutex::new(Vec::new()),
             rejected: Mutex::new(Vec::new()),
+            shared: Mutex::new(Vec::new()),
             changes,
             hold: None,
         })
@@ -140,6 +143,7 @@ impl Recorder {
         let recorder = Arc::new(Self {
             seen: Mutex::new(Vec::new()),
             rejected: Mutex::new(Vec::new()),
+            shared: Mutex::new(Vec::new()),
             changes: watch::channel(0).0,
             hold: Some((node.to_owned(), gate.clone())),
         });
@@ -219,6 +223,11 @@ impl Handler for Recorder {
             .lock()
             .unwrap()
             .push((reason, detail.to_owned()));
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    fn shared_usage(&self, node: &str, usage: SharedUsage) {
+        self.shared.lock().unwrap().push((node.to_owned(), usage));
         self.changes.send_modify(|n| *n += 1);
     }
 }
@@ -553,6 +562,95 @@ async fn shared_subscription_splits_messages_between_replicas() {
         from_b.len()
     );
     assert!(a.rejected().is_empty() && b.rejected().is_empty());
+    gw_a.stop().await;
+    gw_b.stop().await;
+}
+
+/// Replicas sharing usage: a sample one replica puts in its outbox reaches the other
+/// through the broker (`P/usage/{node}`), never itself (No Local); a payload there that
+/// does not decode is rejected as malformed, and sharing goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_usage_samples_with_each_other_not_themselves() {
+    let broker = Mosquitto::start().await;
+    let changes = watch::channel(0).0;
+    let (a, b) = (
+        Recorder::sharing(changes.clone()),
+        Recorder::sharing(changes),
+    );
+    let outbox_a = tokio::sync::broadcast::channel(16).0;
+    let outbox_b = tokio::sync::broadcast::channel(16).0;
+    let replica = |id: &str, outbox: &edgebeat_transports::ingress::UsageOutbox| {
+        let mut options = MqttIngressOptions::new(broker.host(), broker.port(), id);
+        options.usage_sharing = Some(outbox.clone());
+        options
+    };
+    let gw_a = start_gateway(replica("gw-a", &outbox_a), &a);
+    let gw_b = start_gateway(replica("gw-b", &outbox_b), &b);
+    let sample = |cpu_usage_ms: u64| SharedUsage {
+        usage: Some(ResourceUsage {
+            cpu_usage_ms,
+            memory_working_set_kib: 2048,
+        }),
+        sampled_ms: 1_790_000_000_000,
+    };
+    let shared = |r: &Recorder| r.shared.lock().unwrap().clone();
+    // Until both replicas are subscribed, samples are not shared (QoS 0, only while
+    // subscribed): each sends one again when the other has none within 100 ms.
+    let both = |a: &Recorder, b: &Recorder| !shared(a).is_empty() && !shared(b).is_empty();
+    let mut changes = a.changes.subscribe();
+    for _ in 0..200 {
+        if both(&a, &b) {
+            break;
+        }
+        let _ = outbox_a.send(("edge-a".to_owned(), sample(1)));
+        let _ = outbox_b.send(("edge-b".to_owned(), sample(2)));
+        let _ = tokio::time::timeout(
+            Duration::from_millis(100),
+            changes.wait_for(|_| both(&a, &b)),
+        )
+        .await;
+    }
+    assert!(
+        shared(&b)
+            .iter()
+            .all(|s| *s == ("edge-a".to_owned(), sample(1)))
+            && !shared(&b).is_empty(),
+        "b holds a's samples only: {:?}\n{}",
+        shared(&b),
+        broker.log()
+    );
+    assert!(
+        shared(&a)
+            .iter()
+            .all(|s| *s == ("edge-b".to_owned(), sample(2)))
+            && !shared(&a).is_empty(),
+        "a holds b's samples only: {:?}",
+        shared(&a)
+    );
+
+    let (publisher, _) = raw_client(&broker, "intruder", None).await;
+    publisher
+        .publish(
+            mqtt::usage_topic(PREFIX, "edge-a"),
+            QoS::AtLeastOnce,
+            false,
+            vec![0xff, 0xff, 0xff],
+        )
+        .await
+        .unwrap();
+    b.until("the garbled sample rejected", &broker, |b| {
+        b.rejected()
+            .iter()
+            .any(|(reason, _)| *reason == RejectReason::Malformed)
+    })
+    .await;
+    let before = shared(&b).len();
+    let _ = outbox_a.send(("edge-a".to_owned(), sample(3)));
+    b.until("a's next sample after it", &broker, |b| {
+        b.shared.lock().unwrap().len() > before
+    })
+    .await;
+    assert_eq!(shared(&b).last(), Some(&("edge-a".to_owned(), sample(3))));
     gw_a.stop().await;
     gw_b.stop().await;
 }

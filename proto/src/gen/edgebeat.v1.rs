@@ -259,6 +259,19 @@ pub struct ResourceUsage {
     #[prost(uint64, tag = "2")]
     pub memory_working_set_kib: u64,
 }
+/// A node's usage as one gateway replica took it from a verified, admitted renewal, shared
+/// with every other replica over MQTT (P/usage/{node}, gateway to gateways, QoS 0), so that
+/// each replica can serve every node's resource metrics while a shared subscription splits
+/// the node's messages between them. The node is the topic's.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SharedUsage {
+    #[prost(message, optional, tag = "1")]
+    pub usage: ::core::option::Option<ResourceUsage>,
+    /// When the agent sampled it: milliseconds since the Unix epoch on the sharing replica's
+    /// clock (the renewal's receipt minus its age).
+    #[prost(int64, tag = "2")]
+    pub sampled_ms: i64,
+}
 /// Everything an agent sends.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct AgentMessage {

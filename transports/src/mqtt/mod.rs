@@ -10,6 +10,7 @@
 //! | `P/nodes/{node}/will`        | broker → gateway | protobuf `Header` (Last Will)    | QoS 1 |
 //! | `P/acks/{node}`              | gateway → agent  | protobuf `GatewayMessage`        | QoS 1 |
 //! | `P/certificates/{node}`      | agent → gateways | protobuf `NodeCertificate`       | QoS 1, retained; only with signing |
+//! | `P/usage/{node}`             | gateway → gateways | protobuf `SharedUsage`         | QoS 0, No Local; only when sharing usage |
 //!
 //! With signing (agent: a node key; gateway: a site CA, see [`crate::signing`]) every
 //! agent payload is a `SignedMessage` instead of a bare `AgentMessage`, and the agent
@@ -21,7 +22,12 @@
 //! whole `AgentMessage` oneof is the payload on every agent topic, so the gateway has one
 //! decoder; the topic only routes, and the gateway checks that it agrees with the message.
 //! Gateways subscribe with the shared subscription `$share/{group}/P/nodes/+/+`, so replicas
-//! split the fleet (see [`gateway_filter`]).
+//! split the fleet (see [`gateway_filter`]). A node's usage samples
+//! (`LeaseRenewal.usage`), which every replica serves as kubelet's resource metrics, are
+//! what replicas tell each other: each publishes the samples it admitted on `P/usage/{node}`
+//! and subscribes to [`usage_filter`] without a share group and with No Local (MQTT 5
+//! §3.8.3.1), so each holds every node's latest sample. Only gateways may publish there
+//! (the broker's ACL): the topic is trusted as a gateway's word.
 //!
 //! Both sides own one rumqttc `EventLoop` in one task and keep its `poll()` future alive
 //! across `select!` iterations (see `next_event`), so an unrelated branch winning never
@@ -108,6 +114,24 @@ pub fn certificates_filter(prefix: &str) -> String {
 /// The node of `{prefix}/certificates/{node}`; `None` for any other topic.
 pub fn parse_certificate_topic<'t>(prefix: &str, topic: &'t str) -> Option<&'t str> {
     let node = topic.strip_prefix(prefix)?.strip_prefix("/certificates/")?;
+    (!node.is_empty() && !node.contains('/')).then_some(node)
+}
+
+/// Topic a gateway replica shares a node's usage sample on (`SharedUsage`):
+/// `{prefix}/usage/{node}`.
+pub fn usage_topic(prefix: &str, node: &str) -> String {
+    [prefix, "/usage/", node].concat()
+}
+
+/// Filter every gateway replica that shares usage subscribes to (no share group, No
+/// Local): `{prefix}/usage/+`.
+pub fn usage_filter(prefix: &str) -> String {
+    format!("{prefix}/usage/+")
+}
+
+/// The node of `{prefix}/usage/{node}`; `None` for any other topic.
+pub fn parse_usage_topic<'t>(prefix: &str, topic: &'t str) -> Option<&'t str> {
+    let node = topic.strip_prefix(prefix)?.strip_prefix("/usage/")?;
     (!node.is_empty() && !node.contains('/')).then_some(node)
 }
 
@@ -295,6 +319,12 @@ mod tests {
             assert_eq!(parse_certificate_topic("edgebeat/v1", bad), None, "{bad}");
         }
         assert_eq!(certificates_filter("p"), "p/certificates/+");
+        assert_eq!(usage_topic("p", "edge-1"), "p/usage/edge-1");
+        assert_eq!(usage_filter("p"), "p/usage/+");
+        assert_eq!(parse_usage_topic("p", "p/usage/edge-1"), Some("edge-1"));
+        for bad in ["p/usage/", "p/usage/a/b", "q/usage/a", "p/certificates/a"] {
+            assert_eq!(parse_usage_topic("p", bad), None, "{bad}");
+        }
         assert_eq!(
             gateway_filter("edgebeat/v1", "edgebeat-gateway"),
             "$share/edgebeat-gateway/edgebeat/v1/nodes/+/+"

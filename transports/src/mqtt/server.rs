@@ -27,13 +27,15 @@ use super::{
 };
 use crate::ingress::{
     Asked, CertificateId, Handler, Letter, Peer, RejectReason, Rejection, Reply, Sending,
-    TransportKind,
+    TransportKind, UsageOutbox,
 };
 use crate::signing::{self, AnswerSigner, CertificateVerifier, NodeKey, SignatureError};
 use crate::tls::ClientTls;
 
+mod classify;
 mod verify;
 mod workers;
+use classify::{Inbound, classify};
 use verify::{Signatures, nobody, open, peer};
 use workers::Workers;
 
@@ -165,6 +167,12 @@ pub struct MqttIngressOptions {
     /// see [`crate::signing::AnswerSigner`]): the answer then binds the node and boot it
     /// answers (`Ack.node_name`, `Ack.boot_tag`). Answers to unsigned messages stay plain.
     pub answer_signer: Option<Arc<AnswerSigner>>,
+    /// Shares usage samples with the other replicas (default off): publishes each sample
+    /// sent into this outbox on `P/usage/{node}` ([`super::usage_topic`], QoS 0, while
+    /// subscribed), and subscribes, without a share group and with No Local, to
+    /// `P/usage/+`, handing the other replicas' samples to [`Handler::shared_usage`]. The
+    /// broker's ACL must let only gateways publish there.
+    pub usage_sharing: Option<UsageOutbox>,
 }
 
 /// How the ingress treats signed messages ([`crate::signing`]).
@@ -221,6 +229,7 @@ impl MqttIngressOptions {
             signatures: None,
             answer_signer: None,
             site_uplinks: true,
+            usage_sharing: None,
         }
     }
 
@@ -333,6 +342,12 @@ pub enum MqttIngressError {
 /// (`P/sites/{site}/uplink`, `1` or `0`, retained) goes to [`Handler::site_uplink`]; any
 /// other payload or topic there is refused ([`REJECT_UPLINK`]).
 ///
+/// With [`MqttIngressOptions::usage_sharing`] the ingress publishes the outbox's samples
+/// on `P/usage/{node}` while subscribed and subscribes, without a share group and with No
+/// Local, to `P/usage/+`: each other replica's `SharedUsage` goes to
+/// [`Handler::shared_usage`]; one larger than 64 bytes ([`REJECT_TOO_LARGE`]), one that
+/// does not decode or names no valid node ([`REJECT_MALFORMED`]) is refused.
+///
 /// Last Wills (`P/nodes/{node}/will`) are logged at info level and otherwise ignored: the
 /// broker publishes them when a connection dies, which says nothing about the node itself,
 /// so the gateway never writes `Unknown` or `NotReady` because of one (the node's Lease
@@ -373,6 +388,13 @@ pub async fn serve<H: Handler>(
             QoS::AtLeastOnce,
         ));
     }
+    let mut outbox = options.usage_sharing.as_ref().map(|outbox| {
+        filters.push(Filter {
+            nolocal: true,
+            ..Filter::new(super::usage_filter(&options.topic_prefix), QoS::AtMostOnce)
+        });
+        outbox.subscribe()
+    });
     crate::tls::install_ring_provider();
     let brokers = options.brokers();
     let mut broker = 0;
@@ -406,6 +428,11 @@ pub async fn serve<H: Handler>(
     loop {
         tokio::select! {
             () = &mut shutdown => break,
+            shared = shared_sample(&mut outbox) => {
+                if subscribed {
+                    share(&client, &options.topic_prefix, shared);
+                }
+            }
             (mut eventloop, result) = &mut next => {
                 let lost = match result {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
@@ -512,88 +539,38 @@ fn subscribe(client: &AsyncClient, filters: &[Filter]) {
     }
 }
 
+/// The next sample of the outbox, skipping what it dropped while the event loop was busy
+/// (lossy by design); never, without an outbox or once it is closed.
+async fn shared_sample(
+    outbox: &mut Option<tokio::sync::broadcast::Receiver<(String, edgebeat_proto::SharedUsage)>>,
+) -> (String, edgebeat_proto::SharedUsage) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let Some(receiver) = outbox else {
+            return std::future::pending().await;
+        };
+        match receiver.recv().await {
+            Ok(sample) => return sample,
+            Err(RecvError::Lagged(dropped)) => {
+                tracing::debug!(dropped, "usage samples not shared: the outbox overflowed");
+            }
+            Err(RecvError::Closed) => *outbox = None,
+        }
+    }
+}
+
+/// Publishes one usage sample on `P/usage/{node}` (QoS 0) without waiting: a full request
+/// queue drops it (the node's next sample follows in 20 s).
+fn share(client: &AsyncClient, prefix: &str, (node, usage): (String, edgebeat_proto::SharedUsage)) {
+    let topic = super::usage_topic(prefix, &node);
+    if let Err(error) = client.try_publish(topic, QoS::AtMostOnce, false, usage.encode_to_vec()) {
+        tracing::debug!(%error, node, "usage sample not shared: request queue full");
+    }
+}
+
 fn reconnect_backoff() -> impl Iterator<Item = Duration> {
     // Reconnect delays to the broker: 200 ms doubling with jitter to 7 s.
     crate::backoff::reconnect_backoff(crate::backoff::RETRY_MIN, crate::backoff::RETRY_MAX)
-}
-
-/// What one PUBLISH under the subscriptions is.
-#[derive(Debug, PartialEq)]
-enum Inbound<'t> {
-    /// A message for `node` of `kind` (its topic level): not decoded yet, that (and the
-    /// signature check) come next, in the event loop.
-    Message { node: NodeName, kind: MessageKind },
-    /// A Last Will: the broker lost `node`'s connection.
-    Will {
-        node: &'t str,
-        header: Option<Header>,
-    },
-    /// `node`'s certificate chain (`P/certificates/{node}`).
-    Certificate { node: &'t str },
-    /// A site bridge's notification (`P/sites/{site}/uplink`): `Some(up)`, or `None` for
-    /// an empty payload (a retained state cleared: taken as up).
-    Uplink { site: &'t str, up: Option<bool> },
-    /// A certificate request of `node` (`P/nodes/{node}/csr`), for the handler's
-    /// enrollment ([`Handler::request_certificate`]).
-    CertificateRequest { node: &'t str },
-}
-
-/// Classifies one PUBLISH by topic and size: a message, a Last Will, a certificate, or the
-/// rejection reason.
-fn classify<'t>(
-    prefix: &str,
-    topic: &'t [u8],
-    payload: &[u8],
-    max_bytes: usize,
-) -> Result<Inbound<'t>, Rejection> {
-    let topic = std::str::from_utf8(topic).map_err(|_| REJECT_UNKNOWN_TOPIC)?;
-    // A node name the apiserver would refuse never gets a queue or a certificate check.
-    let valid = |node: &'t str| {
-        if crate::tls::is_node_name(node) {
-            Ok(node)
-        } else {
-            Err(REJECT_MALFORMED)
-        }
-    };
-    if topic
-        .strip_prefix(prefix)
-        .is_some_and(|t| t.starts_with("/sites/"))
-    {
-        let site = super::parse_uplink_topic(prefix, topic).ok_or(REJECT_UPLINK)?;
-        let up = match payload {
-            b"1" => Some(true),
-            b"0" => Some(false),
-            b"" => None,
-            _ => return Err(REJECT_UPLINK),
-        };
-        return Ok(Inbound::Uplink { site, up });
-    }
-    if let Some(node) = parse_certificate_topic(prefix, topic) {
-        let node = valid(node)?;
-        if payload.len() > max_bytes {
-            return Err(REJECT_TOO_LARGE);
-        }
-        return Ok(Inbound::Certificate { node });
-    }
-    let (node, kind) = parse_node_topic(prefix, topic).ok_or(REJECT_UNKNOWN_TOPIC)?;
-    if kind == WILL_KIND {
-        let node = valid(node)?;
-        let header = Header::decode(payload).ok();
-        return Ok(Inbound::Will { node, header });
-    }
-    if kind == crate::enroll::CSR_KIND {
-        let node = valid(node)?;
-        if payload.len() > max_bytes {
-            return Err(REJECT_TOO_LARGE);
-        }
-        return Ok(Inbound::CertificateRequest { node });
-    }
-    let node = NodeName::new(node).map_err(|_| REJECT_MALFORMED)?;
-    let kind = MessageKind::from_name(kind).ok_or(REJECT_UNKNOWN_TOPIC)?;
-    if payload.len() > max_bytes {
-        return Err(REJECT_TOO_LARGE);
-    }
-    Ok(Inbound::Message { node, kind })
 }
 
 #[cfg(test)]

@@ -103,6 +103,42 @@ fn rejections_name_their_reason() {
     }
 }
 
+/// Another replica's sample decodes on its topic; one too large, undecodable or for a node
+/// name the apiserver would refuse is rejected with its reason.
+#[test]
+fn shared_usage_is_taken_from_its_topic_only_when_it_decodes() {
+    let largest = edgebeat_proto::SharedUsage {
+        usage: Some(edgebeat_proto::ResourceUsage {
+            cpu_usage_ms: u64::MAX,
+            memory_working_set_kib: u64::MAX,
+        }),
+        sampled_ms: i64::MIN,
+    };
+    let bytes = largest.encode_to_vec();
+    assert_eq!(bytes.len(), 35, "the largest encoding");
+    assert!(bytes.len() <= classify::MAX_SHARED_USAGE_BYTES);
+    assert_eq!(
+        classify("p", b"p/usage/n1", &bytes, 1024),
+        Ok(Inbound::Usage {
+            node: "n1",
+            usage: largest
+        })
+    );
+    let cases: [(&[u8], &[u8], Rejection); 3] = [
+        (b"p/usage/n1", &[0u8; 65], REJECT_TOO_LARGE),
+        (b"p/usage/n1", &[0xff, 0xff, 0xff], REJECT_MALFORMED),
+        (b"p/usage/Edge_1", &bytes, REJECT_MALFORMED),
+    ];
+    for (topic, payload, reason) in cases {
+        assert_eq!(
+            classify("p", topic, payload, 1024),
+            Err(reason),
+            "{}",
+            String::from_utf8_lossy(topic)
+        );
+    }
+}
+
 #[test]
 fn wills_are_recognised_even_when_garbled() {
     let header = Header {

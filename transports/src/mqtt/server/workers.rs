@@ -115,6 +115,10 @@ impl<H: Handler> Workers<H> {
                 self.handler.site_uplink(site, up);
                 return;
             }
+            Ok(Inbound::Usage { node, usage }) => {
+                self.handler.shared_usage(node, usage);
+                return;
+            }
             Ok(Inbound::CertificateRequest { node }) => {
                 self.request_certificate(node, publish.payload.to_vec());
                 return;
