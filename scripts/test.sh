@@ -83,7 +83,7 @@ cargo test --workspace --locked --test control_plane -- --ignored
 # kubelet's resource metrics of edge nodes through the real apiserver's node proxy, which
 # refuses loopback: the gateway listens on a veth address of the test's own (root).
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then
-  cargo test --workspace --locked --test resource_metrics -- --ignored
+  cargo test --workspace --locked --test resource_metrics -- --ignored --test-threads=1
 else
   not_run+=("tests/tests/resource_metrics.rs: needs root for a veth address")
 fi

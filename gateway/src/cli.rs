@@ -92,11 +92,14 @@ pub struct Args {
         requires_all = ["resource_metrics_address", "resource_metrics_tls_cert"]
     )]
     pub resource_metrics_listen: Option<SocketAddr>,
-    /// This replica's IP as the cluster reaches it (its pod IP: `$(POD_IP)` from the downward
-    /// API), written as the address of type EdgebeatGateway of every node it writes, beside
-    /// the board's own addresses.
-    #[arg(long, value_name = "IP")]
-    pub resource_metrics_address: Option<std::net::IpAddr>,
+    /// Where the cluster reaches this replica's resource metrics, `IP` or `IP:PORT`,
+    /// written as the address of type EdgebeatGateway (and the kubelet endpoint's port) of
+    /// every node it writes, beside the board's own addresses. Over gRPC, the pod IP
+    /// (`$(POD_IP)` from the downward API; the port is then the one bound): a node's stream
+    /// is on one replica. Over MQTT with several replicas, which share every sample, the
+    /// gateway Service's `CLUSTER-IP:PORT`, so that a replica's death changes nothing.
+    #[arg(long, value_name = "IP[:PORT]", value_parser = parse_resource_metrics_address)]
+    pub resource_metrics_address: Option<(std::net::IpAddr, Option<u16>)>,
     /// PEM serving certificate of --resource-metrics-listen (with
     /// --resource-metrics-tls-key), valid for --resource-metrics-address: metrics-server
     /// checks it against the cluster CA unless told otherwise
@@ -387,4 +390,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, BadDuration> {
         Ok(duration) if !duration.is_zero() => Ok(duration),
         _ => Err(BadDuration(text.to_owned())),
     }
+}
+
+/// `--resource-metrics-address`: `IP`, or `IP:PORT` (`[IPv6]:PORT`).
+///
+/// # Errors
+/// Neither form, naming both.
+fn parse_resource_metrics_address(text: &str) -> Result<(std::net::IpAddr, Option<u16>), String> {
+    if let Ok(address) = text.parse::<SocketAddr>() {
+        return Ok((address.ip(), Some(address.port())));
+    }
+    text.parse::<std::net::IpAddr>()
+        .map(|ip| (ip, None))
+        .map_err(|_| {
+            format!("`{text}` is neither an IP nor IP:PORT (e.g. 10.0.0.7 or 10.96.0.20:10250)")
+        })
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
-use edgebeat_transports::ingress::{CertificateId, Letter, NodeMap, Peer, Turn};
+use edgebeat_transports::ingress::{CertificateId, Letter, NodeMap, Peer, Turn, UsageOutbox};
 use tokio::time::Instant;
 
 use crate::admission::{NodeAdmission, Provenance, Verdict, check_identity};
@@ -65,7 +65,14 @@ pub struct Gateway {
     sites_wake: Arc<tokio::sync::Notify>,
     /// The latest resource usage of each node held ([`crate::resource_metrics`]).
     resource_samples: Arc<Samples>,
+    /// Where admitted samples go for the other replicas, once
+    /// [`Gateway::share_usage`] made it.
+    usage_outbox: OnceLock<UsageOutbox>,
 }
+
+/// Usage samples waiting in the outbox for the MQTT ingress to share ([`UsageOutbox`]):
+/// 1,024, five seconds of a 10,000-node fleet's samples (one per node every 20 s).
+const USAGE_OUTBOX: usize = 1024;
 
 impl Gateway {
     /// A gateway writing through `client` (whose rate limit bounds apiserver QPS), stamping
@@ -79,6 +86,7 @@ impl Gateway {
             options.knowledge_ttl,
         );
         writer.resource_metrics = options.resource_metrics;
+        let max_nodes = options.max_nodes;
         Self {
             writer,
             clock,
@@ -92,7 +100,8 @@ impl Gateway {
             counters,
             sites: Arc::new(Mutex::new(SiteTracker::new(PartitionRule::default()))),
             sites_wake: Arc::new(tokio::sync::Notify::new()),
-            resource_samples: Arc::default(),
+            resource_samples: Arc::new(Samples::new(max_nodes)),
+            usage_outbox: OnceLock::new(),
         }
     }
 
@@ -101,6 +110,17 @@ impl Gateway {
     /// ([`crate::resource_metrics::serve`]).
     pub fn resource_samples(&self) -> Arc<Samples> {
         self.resource_samples.clone()
+    }
+
+    /// The outbox of the usage samples this replica admits, for the other replicas (the
+    /// MQTT ingress's [`MqttIngressOptions::usage_sharing`]): made on the first call, after
+    /// which every sample recorded from a renewal goes there too. Call it before serving.
+    ///
+    /// [`MqttIngressOptions::usage_sharing`]: edgebeat_transports::mqtt::MqttIngressOptions::usage_sharing
+    pub fn share_usage(&self) -> UsageOutbox {
+        self.usage_outbox
+            .get_or_init(|| tokio::sync::broadcast::channel(USAGE_OUTBOX).0)
+            .clone()
     }
 
     /// Turns on enrollment and rotation of node certificates through `enrollment`
@@ -444,7 +464,12 @@ impl Gateway {
             if let Some(usage) = &renewal.usage {
                 // Sampled as it was sent: its age before the receipt.
                 let sampled = received_wall.checked_sub(age).unwrap_or(received_wall);
-                self.resource_samples.record_usage(name, usage, sampled);
+                if let Some(shared) = self.resource_samples.record_usage(name, usage, sampled)
+                    && let Some(outbox) = self.usage_outbox.get()
+                {
+                    // No receiver (the broker away) is no error: samples are lossy.
+                    let _ = outbox.send((name.to_owned(), shared));
+                }
             }
         }
         if let Some(skew) = clock_skew_seconds(received_wall, header.wall_time_ms) {

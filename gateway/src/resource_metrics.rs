@@ -4,15 +4,22 @@
 //! metrics-server, `kubectl top node` and the apiserver's node proxy see edge nodes.
 //!
 //! How the cluster finds a node's replica: the replica that writes a node's status adds an
-//! address of type [`ADDRESS_TYPE`] (its own IP, `--resource-metrics-address`) beside the
-//! board's own addresses, sets `daemonEndpoints.kubeletEndpoint.Port` to its
-//! `--resource-metrics-listen` port, and the Node carries the annotation
-//! [`PATH_ANNOTATION`] naming the node's path on the replica ([`node_path`]): metrics-server
-//! (`--kubelet-preferred-address-types=EdgebeatGateway,…`, `--kubelet-use-node-status-port`)
-//! scrapes that path at that address. The apiserver's node proxy
-//! (`/api/v1/nodes/<node>/proxy/metrics/resource`, with the same address type first in its
-//! `--kubelet-preferred-address-types`) sends `/metrics/resource` with the original path in
-//! `X-Forwarded-Uri`, which names the node.
+//! address of type [`ADDRESS_TYPE`] (`--resource-metrics-address`: its own IP, or a
+//! Service's) beside the board's own addresses, sets `daemonEndpoints.kubeletEndpoint.Port`
+//! to its `--resource-metrics-listen` port (or the Service's), and the Node carries the
+//! annotation [`PATH_ANNOTATION`] naming the node's path on the replica ([`node_path`]):
+//! metrics-server (`--kubelet-preferred-address-types=EdgebeatGateway,…`,
+//! `--kubelet-use-node-status-port`) scrapes that path at that address. The apiserver's node
+//! proxy (`/api/v1/nodes/<node>/proxy/metrics/resource`, with the same address type first in
+//! its `--kubelet-preferred-address-types`) sends `/metrics/resource` with the original path
+//! in `X-Forwarded-Uri`, which names the node.
+//!
+//! Over gRPC a node's samples reach the replica holding its stream, which names itself
+//! (its pod IP); a node that reconnects elsewhere is named again at once (the new replica
+//! asks for its status). Over MQTT a shared subscription splits a node's renewals between
+//! replicas, so replicas share what they admit ([`Samples::record_shared`], the MQTT
+//! ingress's `usage_sharing`): each holds every node's latest sample, and the address can
+//! be the gateway Service's, which a replica's death does not change.
 //!
 //! The replica serves them over HTTPS ([`serve`], with [`ResourceMetricsOptions`]),
 //! authenticated and authorized as kubelet does it (`cmd/kubelet/app/auth.go`): a client
@@ -53,54 +60,110 @@ pub struct Sample {
     pub timestamp_ms: i64,
 }
 
-/// The latest [`Sample`] of each node this replica holds.
-#[derive(Debug, Default)]
+impl Sample {
+    /// The sample a `SharedUsage` holds; `None` without usage, with a 0 (not readable on
+    /// the host: metrics-server drops a node whose CPU or memory is 0) or without a time.
+    fn of(shared: &edgebeat_proto::SharedUsage) -> Option<Self> {
+        let usage = shared.usage?;
+        (usage.cpu_usage_ms != 0 && usage.memory_working_set_kib != 0 && shared.sampled_ms > 0)
+            .then(|| Self {
+                cpu_usage_ms: usage.cpu_usage_ms,
+                memory_working_set_bytes: usage.memory_working_set_kib.saturating_mul(1024),
+                timestamp_ms: shared.sampled_ms,
+            })
+    }
+}
+
+/// The latest [`Sample`] of each node this replica holds, or that another replica shared
+/// (MQTT, [`Samples::record_shared`]).
+#[derive(Debug)]
 pub struct Samples {
     latest: RwLock<HashMap<String, Sample>>,
+    /// Most nodes a shared sample may add (the replica's `--max-nodes`): what other
+    /// replicas say cannot grow the map past the fleet.
+    shared_limit: usize,
+}
+
+impl Default for Samples {
+    /// No limit on shared samples' nodes.
+    fn default() -> Self {
+        Self::new(usize::MAX)
+    }
 }
 
 impl Samples {
+    /// Empty, taking shared samples of at most `shared_limit` nodes in all.
+    pub fn new(shared_limit: usize) -> Self {
+        Self {
+            latest: RwLock::default(),
+            shared_limit,
+        }
+    }
+
     /// Records `sample` as `node`'s latest, unless an already recorded one is newer (a late
-    /// retry).
-    pub fn record(&self, node: &str, sample: Sample) {
+    /// retry, or a replica's shared sample that came first). Returns whether it was
+    /// recorded.
+    pub fn record(&self, node: &str, sample: Sample) -> bool {
+        self.insert(node, sample, false)
+    }
+
+    /// [`Samples::record`], and for a `shared` sample not past the limit of nodes.
+    fn insert(&self, node: &str, sample: Sample, shared: bool) -> bool {
         let mut latest = self.latest.write();
+        let full = shared && latest.len() >= self.shared_limit;
         match latest.get_mut(node) {
-            Some(held) if held.timestamp_ms >= sample.timestamp_ms => {}
-            Some(held) => *held = sample,
+            Some(held) if held.timestamp_ms >= sample.timestamp_ms => false,
+            Some(held) => {
+                *held = sample;
+                true
+            }
+            None if full => false,
             None => {
                 latest.insert(node.to_owned(), sample);
+                true
             }
         }
     }
 
     /// Records a node's usage as its agent sent it (`LeaseRenewal.usage`), sampled at
     /// `sampled` on this replica's clock; a usage the host could not read (a 0) is not a
-    /// sample (metrics-server drops a node whose CPU or memory is 0).
+    /// sample (metrics-server drops a node whose CPU or memory is 0). Returns the sample as
+    /// the other replicas take it ([`Samples::record_shared`]) when it was recorded.
     pub fn record_usage(
         &self,
         node: &str,
         usage: &edgebeat_proto::ResourceUsage,
         sampled: std::time::SystemTime,
-    ) {
-        if usage.cpu_usage_ms == 0 || usage.memory_working_set_kib == 0 {
-            return;
-        }
+    ) -> Option<edgebeat_proto::SharedUsage> {
         let timestamp_ms = sampled
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        self.record(
-            node,
-            Sample {
-                cpu_usage_ms: usage.cpu_usage_ms,
-                memory_working_set_bytes: usage.memory_working_set_kib.saturating_mul(1024),
-                timestamp_ms,
-            },
-        );
+        let shared = edgebeat_proto::SharedUsage {
+            usage: Some(*usage),
+            sampled_ms: timestamp_ms,
+        };
+        let sample = Sample::of(&shared)?;
+        self.record(node, sample).then_some(shared)
+    }
+
+    /// Records a sample another replica admitted and shared (MQTT `P/usage/{node}`),
+    /// unless it is not one (no usage, a 0, no time), a newer one is held, or it would add
+    /// a node past the limit ([`Samples::new`]). Returns whether it was recorded.
+    pub fn record_shared(&self, node: &str, shared: &edgebeat_proto::SharedUsage) -> bool {
+        Sample::of(shared).is_some_and(|sample| self.insert(node, sample, true))
     }
 
     /// Forgets `node` (its slot was swept, or it moved to another replica).
     pub fn remove(&self, node: &str) {
         self.latest.write().remove(node);
+    }
+
+    /// Forgets every sample taken before `cutoff_ms` (ms since the Unix epoch): nodes no
+    /// replica has heard from since, including those only other replicas held.
+    pub fn forget_before(&self, cutoff_ms: i64) {
+        self.latest
+            .write()
+            .retain(|_, s| s.timestamp_ms >= cutoff_ms);
     }
 
     /// `node`'s latest sample.
@@ -109,14 +172,17 @@ impl Samples {
     }
 }
 
-/// Where this replica serves resource metrics, as written into the status of the nodes it
-/// writes (`--resource-metrics-address`, the port of `--resource-metrics-listen`).
+/// Where the cluster reaches this replica's resource metrics, as written into the status of
+/// the nodes it writes (`--resource-metrics-address`: the pod IP and the port of
+/// `--resource-metrics-listen`, or a Service's IP and port in front of replicas that share
+/// their samples).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
-    /// This replica's IP as the cluster reaches it (a pod IP): the node address of type
-    /// [`ADDRESS_TYPE`].
+    /// The IP the cluster reaches this replica at (its pod IP, or a Service's in front of
+    /// replicas sharing samples): the node address of type [`ADDRESS_TYPE`].
     pub address: std::net::IpAddr,
-    /// The port: `daemonEndpoints.kubeletEndpoint.Port`.
+    /// The port: `daemonEndpoints.kubeletEndpoint.Port` (0 until the gateway binds: the
+    /// port bound).
     pub port: u16,
 }
 

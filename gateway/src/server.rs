@@ -257,9 +257,11 @@ impl Server {
             posture,
             ..settings.gateway
         };
-        // The port nodes name is the one bound (a test's port 0 included).
+        // Unless --resource-metrics-address names a port (a Service's), the port nodes name
+        // is the one bound (a test's port 0 included).
         if let (Some(endpoint), Some(listener)) =
             (&mut options.resource_metrics, &listeners.resource_metrics)
+            && endpoint.port == 0
         {
             endpoint.port = listener.local_addr()?.port();
         }
@@ -317,10 +319,16 @@ impl Server {
             let (subscribed, watch) = tokio::sync::watch::channel(false);
             options.subscribed = Some(Arc::new(subscribed));
             mqtt_subscribed = Some(watch);
+            // Replicas tell each other the samples they admit, so that each serves every
+            // node's resource metrics (a shared subscription splits a node's renewals).
+            if settings.resource_metrics.is_some() {
+                options.usage_sharing = Some(gateway.share_usage());
+            }
             tracing::info!(
                 broker = %options.host,
                 tls = options.tls.is_some(),
                 signatures = ?options.signatures.as_ref().map(|s| if s.required { "required" } else { "verified when present" }),
+                usage_sharing = options.usage_sharing.is_some(),
                 "taking heartbeats from MQTT"
             );
             let served = mqtt_serve(options, gateway.clone(), stop.clone().cancelled_owned());

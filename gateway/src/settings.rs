@@ -464,9 +464,10 @@ fn enrollment_tls(grpc: Option<&GrpcSettings>) -> Option<GrpcServerTls> {
 fn gateway_options(args: &Args) -> GatewayOptions {
     GatewayOptions {
         resource_metrics: match (args.resource_metrics_address, args.resource_metrics_listen) {
-            (Some(address), Some(listen)) => Some(crate::resource_metrics::Endpoint {
+            // Without a port, the one bound ([`crate::server::Server::bind`] sets it).
+            (Some((address, port)), Some(_)) => Some(crate::resource_metrics::Endpoint {
                 address,
-                port: listen.port(),
+                port: port.unwrap_or(0),
             }),
             _ => None,
         },

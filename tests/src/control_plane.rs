@@ -609,6 +609,20 @@ impl DeployedGateway {
         extra: &[&str],
         site: Arc<Ca>,
     ) -> Self {
+        Self::start_as(control_plane, extra, site, "edgebeat-gateway-test").await
+    }
+
+    /// As [`Self::start_with_site`], as the pod `pod_name` (`$(POD_NAME)`, so the MQTT
+    /// client ID: replicas sharing a broker need their own).
+    ///
+    /// # Panics
+    /// As [`Self::start`].
+    pub async fn start_as(
+        control_plane: &ControlPlane,
+        extra: &[&str],
+        site: Arc<Ca>,
+        pod_name: &str,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let server = site.server();
         let tls = dir.path().join("tls");
@@ -622,7 +636,7 @@ impl DeployedGateway {
             control_plane,
             &["deploy/gateway"],
             &[("tls", &tls), ("site-ca", &site_ca)],
-            "edgebeat-gateway-test",
+            pod_name,
         )
         .unwrap();
         args.extend(extra.iter().map(|a| (*a).to_owned()));

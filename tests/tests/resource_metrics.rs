@@ -31,17 +31,17 @@ use kube::Api;
 const PREFERRED: &str = "--kubelet-preferred-address-types=EdgebeatGateway,Hostname,InternalDNS,InternalIP,ExternalDNS,ExternalIP";
 
 /// A veth pair of this test process whose host end holds `address` (a /30 of
-/// 10.213.0.0/16 picked from the PID): an address that is not loopback, reachable only on
-/// this host. Removed when dropped.
+/// 10.213.0.0/16 picked from the PID and the test's `tag`): an address that is not
+/// loopback, reachable only on this host. Removed when dropped.
 struct VethAddress {
     name: String,
     address: std::net::Ipv4Addr,
 }
 
 impl VethAddress {
-    fn create() -> Self {
-        let id = std::process::id();
-        let name = format!("ebrm{}", id % 100_000);
+    fn create(tag: u32) -> Self {
+        let id = std::process::id().wrapping_mul(2).wrapping_add(tag);
+        let name = format!("ebrm{}", id % 1_000_000);
         let address =
             std::net::Ipv4Addr::new(10, 213, ((id >> 6) % 256) as u8, ((id % 64) * 4 + 1) as u8);
         let ip = |args: &[&str]| {
@@ -241,8 +241,9 @@ fn node_series(body: &str) -> Option<((f64, i64), (f64, i64))> {
     ))
 }
 
-/// A stand-in for the gateway's Service, which needs kube-proxy (not here): forwards each
-/// TCP connection to the replica `target` names when it arrives.
+/// A stand-in for the gateway's Service, which needs kube-proxy (not here): listens on
+/// `address` and forwards each TCP connection to the replica `target` names when it
+/// arrives.
 struct Forwarder {
     addr: std::net::SocketAddr,
     target: Arc<std::sync::Mutex<std::net::SocketAddr>>,
@@ -250,8 +251,8 @@ struct Forwarder {
 }
 
 impl Forwarder {
-    async fn start(target: std::net::SocketAddr) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    async fn start(address: std::net::IpAddr, target: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind((address, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let target = Arc::new(std::sync::Mutex::new(target));
         let current = target.clone();
@@ -347,13 +348,11 @@ async fn through_node_proxy(control_plane: &ControlPlane, node: &str, after: i64
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the built control plane and root for a veth address (scripts/test.sh)"]
-async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_replica_dies() {
-    let veth = VethAddress::create();
+/// A control plane of this test's own, the apiserver's address types with the gateway's
+/// first, and kubeadm's binding for kube-apiserver's kubelet client certificate (its group),
+/// which kubelets authorize like any caller.
+fn control_plane() -> ControlPlane {
     let control_plane = ControlPlane::start(&[("EDGEBEAT_APISERVER_FLAGS", PREFERRED)]).unwrap();
-    // kubeadm's binding for kube-apiserver's kubelet client certificate (its group), which
-    // kubelets authorize like any caller.
     control_plane
         .kubectl(&[
             "create",
@@ -363,6 +362,14 @@ async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_
             "--group=kubeadm:cluster-admins",
         ])
         .unwrap();
+    control_plane
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane and root for a veth address (scripts/test.sh)"]
+async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_replica_dies() {
+    let veth = VethAddress::create(0);
+    let control_plane = control_plane();
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = serving_certificate(&control_plane, veth.address, dir.path());
     let flags = [
@@ -402,7 +409,7 @@ async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_
     // An agent on this host's real facts, so its figures are the host's, reaching the first
     // replica through what stands for the gateway's Service.
     let node = "resource-metrics-1";
-    let service = Forwarder::start(gateway.grpc).await;
+    let service = Forwarder::start(std::net::Ipv4Addr::LOCALHOST.into(), gateway.grpc).await;
     let mut config = gateway.agent_config_via(node, service.addr);
     config.host_root = PathBuf::from("/");
     let agent = start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap();
@@ -550,5 +557,257 @@ async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_
 
     agent.stop().await.unwrap();
     drop((gateway, second, service));
+    drop(veth);
+}
+
+/// The body of `/nodes/<node>/metrics/resource` straight from the replica at `served`, as
+/// a caller with `token` (kubectl, trusting the cluster CA).
+fn scrape(
+    control_plane: &ControlPlane,
+    dir: &Path,
+    served: std::net::SocketAddr,
+    token: &str,
+    node: &str,
+) -> anyhow::Result<String> {
+    let kubeconfig = dir.join(format!("scrape-{}.kubeconfig", served.port()));
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: replica\n  cluster:\n    server: https://{served}\n    certificate-authority: {}\nusers:\n- name: caller\n  user: {{token: {token}}}\ncontexts:\n- name: caller\n  context: {{cluster: replica, user: caller}}\ncurrent-context: caller\n",
+            control_plane.ca.display()
+        ),
+    )?;
+    control_plane.kubectl_as(
+        &kubeconfig,
+        &["get", "--raw", &format!("/nodes/{node}/metrics/resource")],
+    )
+}
+
+/// Over signed MQTT with two replicas, whose shared subscription splits the node's renewals
+/// between them: the replicas share the samples they admit (`P/usage/<node>`), so both
+/// serve the node's latest sample; the node names the gateway's Service (a Service's
+/// `IP:PORT` in `--resource-metrics-address`), through which metrics-server scrapes either,
+/// so `kubectl top node` lists it, and again after one replica is killed, with no status
+/// rewritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane and root for a veth address (scripts/test.sh)"]
+async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_one_dies() {
+    let veth = VethAddress::create(1);
+    let control_plane = control_plane();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = serving_certificate(&control_plane, veth.address, dir.path());
+    let site = Arc::new(edgebeat_tests::pki::Ca::new("edgebeat-test-site"));
+    let broker_certificate = site.server();
+    let broker = edgebeat_tests::broker::Broker::start_tls(edgebeat_tests::broker::BrokerTls {
+        require_certificate: false,
+        ca_pem: site.cert_pem.clone(),
+        cert_pem: broker_certificate.cert_pem,
+        key_pem: broker_certificate.key_pem,
+    })
+    .await
+    .unwrap();
+    let answers = site.answers();
+    for (name, pem) in [
+        ("site-ca.crt", &site.cert_pem),
+        ("answers.crt", &answers.cert_pem),
+        ("answers.key", &answers.key_pem),
+    ] {
+        std::fs::write(dir.path().join(name), pem).unwrap();
+    }
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    // What stands for the gateway's Service, on the veth address; first to the replica
+    // that starts first.
+    let placeholder = std::net::SocketAddr::from((veth.address, 9));
+    let service = Forwarder::start(std::net::IpAddr::V4(veth.address), placeholder).await;
+    // deploy/gateway-mqtt's flags (signatures checked against the site CA, answers signed)
+    // and deploy/gateway-resource-metrics', the address being the Service's.
+    let flags = [
+        format!(
+            "--mqtt-endpoint=mqtts://{}:{}",
+            broker.host(),
+            broker.port()
+        ),
+        format!("--mqtt-ca-file={}", file("site-ca.crt")),
+        format!("--mqtt-node-ca={}", file("site-ca.crt")),
+        format!("--mqtt-answer-cert-file={}", file("answers.crt")),
+        format!("--mqtt-answer-key-file={}", file("answers.key")),
+        format!("--resource-metrics-listen={}:0", veth.address),
+        format!("--resource-metrics-address={}", service.addr),
+        format!("--resource-metrics-tls-cert={}", cert.display()),
+        format!("--resource-metrics-tls-key={}", key.display()),
+        format!(
+            "--resource-metrics-client-ca={}",
+            control_plane.ca.display()
+        ),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut first =
+        DeployedGateway::start_as(&control_plane, &flags, site.clone(), "edgebeat-gateway-a").await;
+    let mut second =
+        DeployedGateway::start_as(&control_plane, &flags, site.clone(), "edgebeat-gateway-b").await;
+    control_plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "-k",
+            "deploy/gateway/resource-metrics",
+        ])
+        .unwrap();
+    let served_first = first
+        .process
+        .address("serving resource metrics")
+        .await
+        .unwrap();
+    let served_second = second
+        .process
+        .address("serving resource metrics")
+        .await
+        .unwrap();
+    *service.target.lock().unwrap() = served_first;
+
+    // A signing agent on this host's real facts, over MQTT over TLS.
+    let node = "resource-metrics-mqtt-1";
+    let leaf = site.node(node);
+    let mut options = edgebeat_agent::config::MqttUplinkOptions::new(broker.host(), broker.port());
+    options
+        .set_tls(edgebeat_agent::config::ClientTls {
+            ca_pem: site.cert_pem.clone().into_bytes(),
+            client_identity: Some(edgebeat_agent::config::TlsIdentity {
+                cert_pem: leaf.cert_pem.into_bytes(),
+                key_pem: leaf.key_pem.into_bytes(),
+            }),
+        })
+        .unwrap();
+    let mut config = first.agent_config(node);
+    config.transport = Some(edgebeat_agent::config::TransportConfig::Mqtt(options));
+    config.host_root = PathBuf::from("/");
+    let agent = start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap();
+
+    let nodes: Api<Node> = Api::all(control_plane.admin_client().await.unwrap());
+    eventually(
+        "the node naming the Service: address, port and path annotation",
+        Duration::from_secs(60),
+        || names_replica(&nodes, node, service.addr),
+    )
+    .await;
+
+    // Both replicas serve the same latest sample, though each got only some renewals.
+    control_plane
+        .kubectl(&["create", "serviceaccount", "scraper", "-n", "default"])
+        .unwrap();
+    control_plane
+        .kubectl(&[
+            "create",
+            "clusterrole",
+            "node-metrics-reader",
+            "--verb=get",
+            "--resource=nodes/metrics",
+        ])
+        .unwrap();
+    control_plane
+        .kubectl(&[
+            "create",
+            "clusterrolebinding",
+            "scraper",
+            "--clusterrole=node-metrics-reader",
+            "--serviceaccount=default:scraper",
+        ])
+        .unwrap();
+    let token = control_plane
+        .kubectl(&["create", "token", "scraper", "-n", "default"])
+        .unwrap();
+    let token = token.trim();
+    let latest = |served| {
+        scrape(&control_plane, dir.path(), served, token, node)
+            .ok()
+            .and_then(|body| node_series(&body))
+    };
+    let mut agreed = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    // Two samples in a row, each the same at both replicas: each came to one replica, and
+    // the other took it from the broker.
+    while agreed.len() < 2 {
+        let (a, b) = (latest(served_first), latest(served_second));
+        if let (Some(a), Some(b)) = (a, b)
+            && a == b
+            && agreed.last() != Some(&a)
+        {
+            agreed.push(a);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replicas never served the same latest sample twice: {a:?} and {b:?}, agreed on {agreed:?}\nfirst's log:\n{}\nsecond's log:\n{}",
+            first.process.log_text(),
+            second.process.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let rejected = |health| async move {
+        let metrics = edgebeat_tests::harness::http_get(health, "/metrics")
+            .await
+            .unwrap()
+            .1;
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("edgebeat_gateway_rejected_messages_total") && !l.ends_with(" 0")
+            })
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(rejected(first.health).await, Vec::<String>::new());
+    assert_eq!(rejected(second.health).await, Vec::<String>::new());
+
+    let _metrics_server = MetricsServer::start(&control_plane, veth.address, dir.path());
+    let log = dir.path().join("metrics-server.log");
+    let started = tokio::time::Instant::now();
+    let top = top_node(&control_plane, node, &log).await;
+    eprintln!(
+        "MQTT: kubectl top node after {:?}: {top}",
+        started.elapsed()
+    );
+
+    // The first replica dies: the Service sends new connections to the second, the broker
+    // sends it every renewal, and the node's status keeps naming the Service.
+    let status_before = nodes.get(node).await.unwrap().status;
+    first.process.kill().await.unwrap();
+    *service.target.lock().unwrap() = served_second;
+    let killed = tokio::time::Instant::now();
+    let served_ok = || async {
+        let metrics = edgebeat_tests::harness::http_get(second.health, "/metrics")
+            .await
+            .unwrap()
+            .1;
+        metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("edgebeat_gateway_resource_metrics_requests_total{code=\"200\"} ")
+            })
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = served_ok().await;
+    eventually(
+        "metrics-server scraping the second replica",
+        Duration::from_secs(60),
+        || async { served_ok().await > before },
+    )
+    .await;
+    let top = top_node(&control_plane, node, &log).await;
+    eprintln!(
+        "MQTT: after the first replica's death, scraped at the second and in kubectl top node after {:?}: {top}",
+        killed.elapsed()
+    );
+    assert!(names_replica(&nodes, node, service.addr).await);
+    let addresses = |status: Option<k8s_openapi::api::core::v1::NodeStatus>| {
+        status.and_then(|s| s.addresses).unwrap_or_default()
+    };
+    assert_eq!(
+        addresses(nodes.get(node).await.unwrap().status),
+        addresses(status_before),
+        "no address rewritten"
+    );
+    agent.stop().await.unwrap();
+    drop((second, service, broker));
     drop(veth);
 }

@@ -73,6 +73,14 @@ impl Handler for Gateway {
         self.sites_wake.notify_one();
     }
 
+    /// Records another replica's sample ([`Samples::record_shared`]), so that this replica
+    /// serves the node's resource metrics too.
+    ///
+    /// [`Samples::record_shared`]: crate::resource_metrics::Samples::record_shared
+    fn shared_usage(&self, node: &str, usage: pb::SharedUsage) {
+        self.resource_samples.record_shared(node, &usage);
+    }
+
     fn rejected(&self, peer: &Peer, why: RejectReason, detail: &str) {
         self.counters.count_rejection(why);
         if matches!(why, RejectReason::Superseded | RejectReason::Replayed) {

@@ -1066,3 +1066,62 @@ fn a_renewals_usage_is_the_nodes_sample_unless_unreadable_or_older() {
         "a late retry replaces nothing"
     );
 }
+
+/// Another replica's sample is recorded as an own one would be (and what a renewal records
+/// is what this replica shares); one that is not a sample, older than the one held, or of a
+/// node past the limit is not; samples older than a cutoff are forgotten.
+#[test]
+fn shared_samples_are_recorded_within_the_limit_and_forgotten_when_old() {
+    let samples = Samples::new(2);
+    let shared = |cpu_usage_ms, sampled_ms| edgebeat_proto::SharedUsage {
+        usage: Some(edgebeat_proto::ResourceUsage {
+            cpu_usage_ms,
+            memory_working_set_kib: 4,
+        }),
+        sampled_ms,
+    };
+    let own = samples.record_usage(
+        "own",
+        &shared(7, 0).usage.unwrap(),
+        std::time::UNIX_EPOCH + Duration::from_millis(3_000),
+    );
+    assert_eq!(own, Some(shared(7, 3_000)), "shared as recorded");
+    assert!(samples.record_shared(NODE, &shared(1_500, 2_000)));
+    assert_eq!(
+        samples.get(NODE),
+        Some(Sample {
+            cpu_usage_ms: 1_500,
+            memory_working_set_bytes: 4_096,
+            timestamp_ms: 2_000,
+        })
+    );
+    let not_samples = [
+        edgebeat_proto::SharedUsage {
+            usage: None,
+            sampled_ms: 5_000,
+        },
+        shared(0, 5_000),
+        shared(1_600, 0),
+        shared(1_400, 1_900),
+    ];
+    for bad in not_samples {
+        assert!(!samples.record_shared(NODE, &bad), "{bad:?}");
+    }
+    assert_eq!(samples.get(NODE).map(|s| s.timestamp_ms), Some(2_000));
+    assert!(
+        !samples.record_shared("third", &shared(1, 2_500)),
+        "past the limit of 2 nodes"
+    );
+    assert_eq!(
+        samples.record_usage(
+            "third",
+            &shared(1, 0).usage.unwrap(),
+            std::time::UNIX_EPOCH + Duration::from_millis(2_500)
+        ),
+        Some(shared(1, 2_500)),
+        "the limit is on shared samples only"
+    );
+    samples.forget_before(2_500);
+    assert_eq!(samples.get(NODE), None, "older than the cutoff");
+    assert!(samples.get("own").is_some() && samples.get("third").is_some());
+}

@@ -422,3 +422,39 @@ fn enrollment_tls_that_cannot_be_read_is_an_error_not_plain_http2() {
     );
     assert!(enrollment_tls(plain.as_ref()).is_none());
 }
+
+/// `--resource-metrics-address` takes an IP (the port then is the one bound: 0 until
+/// bound) or a Service's `IP:PORT`; anything else is refused naming the flag and both forms.
+#[test]
+fn the_resource_metrics_address_is_an_ip_or_a_services_ip_and_port() {
+    let endpoint = |address: &str| {
+        let flags = [
+            "--resource-metrics-listen=0.0.0.0:10250".to_owned(),
+            format!("--resource-metrics-address={address}"),
+            "--resource-metrics-tls-cert=c.pem".to_owned(),
+            "--resource-metrics-tls-key=k.pem".to_owned(),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        parse(&flags).map(|args| gateway_options(&args).resource_metrics)
+    };
+    let ip = |text: &str| text.parse::<std::net::IpAddr>().unwrap();
+    for (address, expected) in [
+        ("10.0.0.7", (ip("10.0.0.7"), 0)),
+        ("10.96.0.20:443", (ip("10.96.0.20"), 443)),
+        ("fd00::7", (ip("fd00::7"), 0)),
+        ("[fd00::20]:10250", (ip("fd00::20"), 10250)),
+    ] {
+        let got = endpoint(address).unwrap().unwrap();
+        assert_eq!((got.address, got.port), expected, "{address}");
+    }
+    for bad in ["gateway.edgebeat.svc", "10.0.0.7:http", "10.0.0.300"] {
+        let refused = endpoint(bad).unwrap_err();
+        assert_eq!(refused.kind(), clap::error::ErrorKind::ValueValidation);
+        let text = refused.to_string();
+        assert!(
+            text.contains("--resource-metrics-address")
+                && text.contains("neither an IP nor IP:PORT"),
+            "{text}"
+        );
+    }
+}
