@@ -475,7 +475,11 @@ fn granted_permissions(objects: &[Object]) -> Vec<Permission> {
 #[test]
 fn every_manifest_parses_into_its_kubernetes_type_without_dropping_fields() {
     let mut kinds = BTreeMap::<String, usize>::new();
-    for dir in [gateway_dir(), deploy_dir().join("gateway-mqtt")] {
+    for dir in [
+        gateway_dir(),
+        deploy_dir().join("gateway-mqtt"),
+        deploy_dir().join("gateway-resource-metrics"),
+    ] {
         for path in yaml_files(&dir) {
             if is_kustomization(&path) {
                 read_kustomization(path.parent().unwrap());
@@ -501,7 +505,8 @@ fn every_manifest_parses_into_its_kubernetes_type_without_dropping_fields() {
         ("Role", 3),
         ("RoleBinding", 3),
         ("Deployment", 1),
-        ("Service", 1),
+        // The gRPC one; (deploy/gateway-resource-metrics) the resource metrics one.
+        ("Service", 2),
         ("PodDisruptionBudget", 1),
         ("NetworkPolicy", 1),
     ]
