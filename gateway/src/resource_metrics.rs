@@ -48,6 +48,12 @@ pub fn node_path(node: &str) -> String {
     format!("/nodes/{node}/metrics/resource")
 }
 
+/// Oldest sample served, 60 s: three of the agent's sampling periods (every second
+/// renewal of kubelet's 10 s). A node that stopped sending (dead, or cut off) drops out of
+/// `kubectl top node` as a dead kubelet's does (metrics-server's scrape fails), instead of
+/// showing its last figures as if it were alive.
+pub const MAX_SAMPLE_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// One node's resource usage as its agent sampled it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
@@ -169,6 +175,16 @@ impl Samples {
     /// `node`'s latest sample.
     pub fn get(&self, node: &str) -> Option<Sample> {
         self.latest.read().get(node).copied()
+    }
+
+    /// `node`'s latest sample if it was taken at most [`MAX_SAMPLE_AGE`] before `now`.
+    pub fn fresh(&self, node: &str, now: std::time::SystemTime) -> Option<Sample> {
+        let now_ms = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let oldest =
+            now_ms.saturating_sub(i64::try_from(MAX_SAMPLE_AGE.as_millis()).unwrap_or(i64::MAX));
+        self.get(node).filter(|s| s.timestamp_ms >= oldest)
     }
 }
 

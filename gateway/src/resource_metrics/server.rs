@@ -15,7 +15,8 @@
 //! 3. authorization of `get nodes/metrics` on that node: refused `403 Forbidden (user=<u>,
 //!    verb=get, resource=nodes, subresource=metrics)` (kubelet's text,
 //!    `pkg/kubelet/server/server.go: InstallAuthFilter`); an apiserver error in 2 or 3 `500`;
-//! 4. a node this replica holds no sample of: `404 node <n> is not held by this replica`;
+//! 4. a node this replica holds no sample of, or none of the last [`super::MAX_SAMPLE_AGE`]:
+//!    `404 node <n> has no sample of the last 60s at this replica`;
 //! 5. `200`, the node's [`exposition`](super::exposition()).
 //!
 //! Connections are TLS (rustls on ring, ALPN `h2` then `http/1.1`), then hyper's HTTP/2 or
@@ -404,7 +405,7 @@ impl<R: Reviews> Handler<R> {
                 );
             }
         }
-        match self.samples.get(node) {
+        match self.samples.fresh(node, std::time::SystemTime::now()) {
             Some(sample) => respond(
                 StatusCode::OK,
                 EXPOSITION_CONTENT_TYPE,
@@ -412,7 +413,10 @@ impl<R: Reviews> Handler<R> {
             ),
             None => text(
                 StatusCode::NOT_FOUND,
-                &format!("node {node} is not held by this replica"),
+                &format!(
+                    "node {node} has no sample of the last {}s at this replica",
+                    super::MAX_SAMPLE_AGE.as_secs()
+                ),
             ),
         }
     }

@@ -36,6 +36,16 @@ fn sample() -> Sample {
     }
 }
 
+/// [`sample`] taken at the start of the test binary: fresh enough to be served.
+fn served_sample() -> Sample {
+    static NOW: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let now = *NOW.get_or_init(|| jiff::Timestamp::now().as_millisecond());
+    Sample {
+        timestamp_ms: now,
+        ..sample()
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Exposition
 
@@ -327,7 +337,7 @@ impl Bench {
     fn new(fake: Fake) -> Self {
         let fake = Arc::new(fake);
         let samples = Arc::new(Samples::default());
-        samples.record(NODE, sample());
+        samples.record(NODE, served_sample());
         let counters = Arc::new(ResourceMetricsCounters::default());
         let handler = Handler::new(samples.clone(), Auth::new(fake.clone()), counters.clone());
         Self {
@@ -460,7 +470,7 @@ async fn an_allowed_token_is_served_and_its_answers_reused_for_their_ttls() {
     bench.fake.allow("alice", NODE);
     let (status, body, headers) = bench.call(Method::GET, PATH, &[ALICE]).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body, exposition(Some(&sample())));
+    assert_eq!(body, exposition(Some(&served_sample())));
     assert_eq!(headers[CONTENT_TYPE], EXPOSITION_CONTENT_TYPE);
     assert_eq!(bench.fake.calls(), (1, 1));
     // Within both TTLs: no new review.
@@ -533,7 +543,7 @@ async fn a_node_not_held_is_404_after_authorization() {
         (status, body.as_str()),
         (
             StatusCode::NOT_FOUND,
-            "node edge-02 is not held by this replica\n"
+            "node edge-02 has no sample of the last 60s at this replica\n"
         )
     );
     // A node that moved away is no longer served.
@@ -541,6 +551,35 @@ async fn a_node_not_held_is_404_after_authorization() {
     bench.samples.remove(NODE);
     let (status, _, _) = bench.call(Method::GET, PATH, &[ALICE]).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    // A node whose samples stopped (dead, or cut off) drops out once its latest is older
+    // than MAX_SAMPLE_AGE, as a dead kubelet's scrape fails.
+    let now = jiff::Timestamp::now().as_millisecond();
+    let age = i64::try_from(MAX_SAMPLE_AGE.as_millis()).unwrap();
+    bench.samples.record(
+        NODE,
+        Sample {
+            timestamp_ms: now - age + 5_000,
+            ..sample()
+        },
+    );
+    let (status, _, _) = bench.call(Method::GET, PATH, &[ALICE]).await;
+    assert_eq!(status, StatusCode::OK, "within the age");
+    bench.samples.remove(NODE);
+    bench.samples.record(
+        NODE,
+        Sample {
+            timestamp_ms: now - age - 1_000,
+            ..sample()
+        },
+    );
+    let (status, body, _) = bench.call(Method::GET, PATH, &[ALICE]).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (
+            StatusCode::NOT_FOUND,
+            "node edge-01 has no sample of the last 60s at this replica\n"
+        )
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -566,7 +605,7 @@ async fn the_apiserver_proxy_names_the_node_in_x_forwarded_uri() {
         )
         .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body, exposition(Some(&sample())));
+    assert_eq!(body, exposition(Some(&served_sample())));
     // The client certificate authenticated it: no TokenReview; the node authorized is the
     // header's.
     assert_eq!(bench.fake.calls(), (0, 1));
@@ -943,7 +982,7 @@ async fn a_client_certificate_is_authenticated_over_tls() {
     let fake = Arc::new(Fake::default());
     fake.allow("kubernetes-admin", NODE);
     let samples = Arc::new(Samples::default());
-    samples.record(NODE, sample());
+    samples.record(NODE, served_sample());
     let counters = Arc::new(ResourceMetricsCounters::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -966,7 +1005,10 @@ async fn a_client_certificate_is_authenticated_over_tls() {
         answer.contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
         "{answer}"
     );
-    assert!(answer.ends_with(&exposition(Some(&sample()))), "{answer}");
+    assert!(
+        answer.ends_with(&exposition(Some(&served_sample()))),
+        "{answer}"
+    );
     assert_eq!(fake.calls(), (0, 1));
     let spec = fake.last_access_review.lock().clone().unwrap().spec;
     assert_eq!(spec.user.as_deref(), Some("kubernetes-admin"));
