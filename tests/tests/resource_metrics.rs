@@ -348,6 +348,115 @@ async fn through_node_proxy(control_plane: &ControlPlane, node: &str, after: i64
     }
 }
 
+/// The node's figures in the metrics API (`/apis/metrics.k8s.io/v1beta1/nodes/<node>`,
+/// metrics-server's rate between its last two samples): the window's end (ms since the
+/// epoch, the latest sample's time), its length (s) and CPU cores.
+fn metrics_api(control_plane: &ControlPlane, node: &str) -> Option<(i64, f64, f64)> {
+    let raw = control_plane
+        .kubectl(&[
+            "get",
+            "--raw",
+            &format!("/apis/metrics.k8s.io/v1beta1/nodes/{node}"),
+        ])
+        .ok()?;
+    let json: serde_json::Value = serde_json::from_str(&raw).ok()?;
+    let end = json["timestamp"]
+        .as_str()?
+        .parse::<jiff::Timestamp>()
+        .ok()?
+        .as_millisecond();
+    // A Go duration: "20.013s", or "1m0.5s" after a missed scrape.
+    let window = json["window"].as_str()?;
+    let (minutes, seconds) = match window.split_once('m') {
+        Some((m, s)) => (m.parse::<f64>().ok()?, s),
+        None => (0.0, window),
+    };
+    let window = minutes * 60.0 + seconds.strip_suffix('s')?.parse::<f64>().ok()?;
+    // A Kubernetes quantity: nanocores ("1234567n"), else micro- or millicores.
+    let cpu = json["usage"]["cpu"].as_str()?;
+    let (digits, scale) = match cpu.chars().last()? {
+        'n' => (&cpu[..cpu.len() - 1], 1e-9),
+        'u' => (&cpu[..cpu.len() - 1], 1e-6),
+        'm' => (&cpu[..cpu.len() - 1], 1e-3),
+        _ => (cpu, 1.0),
+    };
+    Some((end, window, digits.parse::<f64>().ok()? * scale))
+}
+
+/// Runs a busy loop on one core while the test reads the host's CPU time every 100 ms with
+/// the agent's own reader, until the metrics API reports a window that started after the
+/// loop did: `(cores before, cores during, the host's cores over that same window)`.
+///
+/// # Panics
+/// When no such window is reported within 120 s.
+async fn busy_loop_figures(control_plane: &ControlPlane, node: &str) -> (f64, f64, f64) {
+    let (_, _, idle) = metrics_api(control_plane, node).expect("the node in the metrics API");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let mut x = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        }
+    });
+    let started = jiff::Timestamp::now().as_millisecond();
+    // (ms since the epoch, cumulative CPU ms) of the host, as the agent reads it.
+    let readings = Arc::new(std::sync::Mutex::new(Vec::<(i64, f64)>::new()));
+    let reader = tokio::spawn({
+        let readings = readings.clone();
+        async move {
+            let root = HostRoot::new("/");
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                let at = jiff::Timestamp::now().as_millisecond();
+                if let Some(ms) = read_resource_usage(&root).cpu_usage_ms {
+                    readings.lock().unwrap().push((at, ms as f64));
+                }
+            }
+        }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let (end, window, cores) = loop {
+        if let Some((end, window, cores)) = metrics_api(control_plane, node)
+            && (end as f64 - window * 1000.0) > started as f64 + 1_000.0
+            && readings
+                .lock()
+                .unwrap()
+                .last()
+                .is_some_and(|(at, _)| *at > end)
+        {
+            break (end, window, cores);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no metrics API window inside the busy loop: {:?}",
+            metrics_api(control_plane, node)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.join().unwrap();
+    reader.abort();
+    let readings = readings.lock().unwrap().clone();
+    // The host's CPU ms at `t`, interpolated between the readings around it.
+    let at = |t: f64| {
+        let after = readings.iter().position(|(at, _)| *at as f64 >= t).unwrap();
+        let (t1, v1) = readings[after];
+        let (t0, v0) = readings[after.saturating_sub(1)];
+        if t1 == t0 {
+            v1
+        } else {
+            v0 + (v1 - v0) * (t - t0 as f64) / (t1 - t0) as f64
+        }
+    };
+    let begin = end as f64 - window * 1000.0;
+    let host = (at(end as f64) - at(begin)) / (window * 1000.0);
+    (idle, cores, host)
+}
+
 /// A control plane of this test's own, the apiserver's address types with the gateway's
 /// first, and kubeadm's binding for kube-apiserver's kubelet client certificate (its group),
 /// which kubelets authorize like any caller.
@@ -501,6 +610,21 @@ async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_
     assert!(
         fields[1].ends_with('m') && fields[3].ends_with("Mi"),
         "{top}"
+    );
+
+    // A busy loop on the host raises the node's CPU figure in the metrics API, which matches
+    // the host's own reading (the agent's reader) over the same window within 5 %.
+    let (idle, busy, host) = busy_loop_figures(&control_plane, node).await;
+    eprintln!(
+        "metrics API CPU: {idle:.3} cores before the busy loop, {busy:.4} during it; the host's own reading over the same window {host:.4}"
+    );
+    assert!(
+        busy > idle + 0.5,
+        "the busy loop raised the figure: {idle:.3} → {busy:.3} cores"
+    );
+    assert!(
+        (busy - host).abs() <= 0.05 * host,
+        "the metrics API's {busy:.3} cores within 5 % of the host's own {host:.3}"
     );
 
     // The first replica dies; the agent's next connection lands on the second, which names
