@@ -23,11 +23,19 @@
 //!
 //! **Authorization**: a `SubjectAccessReview` for the user and `get` on the `metrics`
 //! subresource of the node (`pkg/kubelet/server/auth.go: GetRequestAttributes`;
-//! `plugin/pkg/authorizer/webhook`): allowed serves, anything else is `403`.
+//! `plugin/pkg/authorizer/webhook`): allowed serves, anything else is `403`. One replica
+//! answers for thousands of nodes where kubelet answers for one, so it asks first whether
+//! the user may get the `metrics` of every node (the same review without a name): RBAC
+//! matches a review without a name only by a rule without `resourceNames`, which allows
+//! every name (`pkg/apis/rbac/v1/evaluation_helpers.go: ResourceNameMatches`), so "allowed"
+//! there means allowed on each node. metrics-server's and Prometheus's ClusterRoles are
+//! such rules: their scrapes of a whole fleet cost one review per user per [`ALLOWED_TTL`],
+//! not one per node. A user allowed on some nodes only is then reviewed per node.
 //!
 //! **Caches**, as kubelet's defaults (`pkg/kubelet/apis/config/v1beta1/defaults.go`):
 //! TokenReview answers by the token's SHA-256, [`TOKEN_TTL`] when authenticated and
-//! [`TOKEN_FAILURE_TTL`] when not; SubjectAccessReview answers by user and node,
+//! [`TOKEN_FAILURE_TTL`] when not; SubjectAccessReview answers by user and node (or every
+//! node),
 //! [`ALLOWED_TTL`] when allowed and [`DENIED_TTL`] when not. Each cache holds at most
 //! [`CACHE_ENTRIES`] answers (expired ones, then the oldest, make room). Identical reviews in
 //! flight at once are made once and shared, as kubelet's token cache does
@@ -292,7 +300,8 @@ pub(super) fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct AccessKey {
     user: User,
-    node: String,
+    /// `None`: every node.
+    node: Option<String>,
 }
 
 /// Kubelet's delegated authentication (of bearer tokens) and authorization, with their
@@ -364,8 +373,9 @@ impl<R: Reviews> Auth<R> {
         result
     }
 
-    /// Whether `user` may `get` the `metrics` subresource of `node`, from the cache or a
-    /// SubjectAccessReview: `true` only when the answer is allowed (and not denied).
+    /// Whether `user` may `get` the `metrics` subresource of `node`: of every node (one
+    /// review per user, see the module docs), else of `node`, each from the cache or a
+    /// SubjectAccessReview: `true` only when an answer is allowed (and not denied).
     ///
     /// # Errors
     ///
@@ -373,9 +383,18 @@ impl<R: Reviews> Auth<R> {
     /// [`REVIEW_TIMEOUT`] or answered both allowed and denied (logged here, at most once per
     /// 10 s).
     pub(super) async fn authorize(&self, user: &User, node: &str) -> Result<bool, ReviewError> {
+        if self.decide(user, None).await? {
+            return Ok(true);
+        }
+        self.decide(user, Some(node)).await
+    }
+
+    /// The answer of [`access_review`] for `user` on `node` (`None`: every node), from the
+    /// cache or the apiserver.
+    async fn decide(&self, user: &User, node: Option<&str>) -> Result<bool, ReviewError> {
         let key = AccessKey {
             user: user.clone(),
-            node: node.to_owned(),
+            node: node.map(str::to_owned),
         };
         let result = self
             .decisions
@@ -390,7 +409,7 @@ impl<R: Reviews> Auth<R> {
                 if !status.allowed {
                     tracing::debug!(
                         user = %user.name,
-                        node,
+                        node = node.unwrap_or("(every node)"),
                         reason = status.reason.as_deref().unwrap_or(""),
                         "resource metrics: SubjectAccessReview not allowed"
                     );
@@ -460,10 +479,10 @@ fn token_user(answer: TokenReview) -> Option<User> {
 
 /// The SubjectAccessReview kubelet's webhook authorizer sends for `user` reading `node`'s
 /// resource metrics (`pkg/kubelet/server/auth.go`, `plugin/pkg/authorizer/webhook`):
-/// verb `get`, resource `nodes`, subresource `metrics`, name `node`, version `v1`, the core
-/// group (`""`, left out as Go's `omitempty` does, like the empty namespace, uid, groups and
-/// extra).
-pub(super) fn access_review(user: &User, node: &str) -> SubjectAccessReview {
+/// verb `get`, resource `nodes`, subresource `metrics`, name `node` (none for every node),
+/// version `v1`, the core group (`""`, left out as Go's `omitempty` does, like the empty
+/// namespace, uid, groups and extra).
+pub(super) fn access_review(user: &User, node: Option<&str>) -> SubjectAccessReview {
     let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
     SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
@@ -477,7 +496,7 @@ pub(super) fn access_review(user: &User, node: &str) -> SubjectAccessReview {
                 version: Some("v1".to_owned()),
                 resource: Some(RESOURCE.to_owned()),
                 subresource: Some(SUBRESOURCE.to_owned()),
-                name: Some(node.to_owned()),
+                name: node.map(str::to_owned),
                 ..ResourceAttributes::default()
             }),
             non_resource_attributes: None,

@@ -239,7 +239,10 @@ struct Fake {
     /// How long each call takes.
     delay: Mutex<Duration>,
     token_reviews: AtomicUsize,
+    /// Reviews of one node.
     access_reviews: AtomicUsize,
+    /// Reviews of every node (no name).
+    every_node_reviews: AtomicUsize,
     last_access_review: Mutex<Option<SubjectAccessReview>>,
 }
 
@@ -304,7 +307,16 @@ impl Reviews for Fake {
         &self,
         review: SubjectAccessReview,
     ) -> Result<SubjectAccessReview, ReviewError> {
-        self.access_reviews.fetch_add(1, Ordering::SeqCst);
+        let every_node = review
+            .spec
+            .resource_attributes
+            .as_ref()
+            .is_some_and(|a| a.name.is_none());
+        if every_node {
+            self.every_node_reviews.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.access_reviews.fetch_add(1, Ordering::SeqCst);
+        }
         self.answer_after_delay().await?;
         let user = review.spec.user.clone().unwrap_or_default();
         let node = review
@@ -314,7 +326,9 @@ impl Reviews for Fake {
             .and_then(|a| a.name.clone())
             .unwrap_or_default();
         let allowed = self.allowed.lock().contains(&(user, node));
-        *self.last_access_review.lock() = Some(review.clone());
+        if !every_node {
+            *self.last_access_review.lock() = Some(review.clone());
+        }
         Ok(SubjectAccessReview {
             status: Some(SubjectAccessReviewStatus {
                 allowed,
@@ -659,7 +673,7 @@ async fn the_access_review_asks_kubelets_attributes() {
     assert!(spec.non_resource_attributes.is_none());
     // As sent on the wire: the core group and empty fields left out.
     let user = User::authenticated("u".to_owned(), String::new(), vec![], Default::default());
-    let json = serde_json::to_value(access_review(&user, NODE).spec).unwrap();
+    let json = serde_json::to_value(access_review(&user, Some(NODE)).spec).unwrap();
     assert_eq!(
         json,
         serde_json::json!({
@@ -696,12 +710,16 @@ async fn an_apiserver_error_is_500_never_a_pass_and_is_not_cached() {
             "Authorization error (user=alice, verb=get, resource=nodes, subresource=metrics)\n"
         )
     );
-    assert_eq!(bench.fake.calls(), (1, 1));
-    // The apiserver is back: asked again at once (errors are not cached).
+    // The every-node review failed: no per-node review after it.
+    assert_eq!(bench.fake.calls(), (1, 0));
+    assert_eq!(bench.fake.every_node_reviews.load(Ordering::SeqCst), 1);
+    // The apiserver is back: asked again at once (errors are not cached): every node (no),
+    // then the node (yes).
     bench.fake.fail.store(false, Ordering::SeqCst);
     let (status, _, _) = bench.call(Method::GET, PATH, &[ALICE]).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(bench.fake.calls(), (2, 2));
+    assert_eq!(bench.fake.calls(), (2, 1));
+    assert_eq!(bench.fake.every_node_reviews.load(Ordering::SeqCst), 2);
     assert_eq!(bench.counters.get("500"), 2);
 }
 
@@ -1166,4 +1184,48 @@ fn shared_samples_are_recorded_within_the_limit_and_forgotten_when_old() {
     samples.forget_before(2_500);
     assert_eq!(samples.get(NODE), None, "older than the cutoff");
     assert!(samples.get("own").is_some() && samples.get("third").is_some());
+}
+
+/// A user allowed on every node (metrics-server's ClusterRole) is reviewed once for a
+/// whole fleet (the review without a name), never per node; a user allowed on one node only
+/// is reviewed per node after the every-node review says no, and refused elsewhere.
+#[tokio::test(start_paused = true)]
+async fn a_user_allowed_on_every_node_is_reviewed_once_not_per_node() {
+    let bench = Bench::new(
+        Fake::default()
+            .with_token("alice-token", "alice")
+            .with_token("bob-token", "bob"),
+    );
+    bench.fake.allow("alice", "");
+    for i in 0..50 {
+        let node = format!("edge-{i:02}");
+        bench.samples.record(&node, served_sample());
+        let (status, _, _) = bench
+            .call(
+                Method::GET,
+                &format!("/nodes/{node}/metrics/resource"),
+                &[ALICE],
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{node}");
+    }
+    assert_eq!(bench.fake.every_node_reviews.load(Ordering::SeqCst), 1);
+    assert_eq!(bench.fake.calls(), (1, 0), "no review per node");
+
+    bench.fake.allow("bob", "edge-01");
+    let bob = ("authorization", "Bearer bob-token");
+    let (status, _, _) = bench
+        .call(Method::GET, "/nodes/edge-01/metrics/resource", &[bob])
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = bench
+        .call(Method::GET, "/nodes/edge-02/metrics/resource", &[bob])
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        bench.fake.every_node_reviews.load(Ordering::SeqCst),
+        2,
+        "bob's every-node answer (no) is cached"
+    );
+    assert_eq!(bench.fake.calls(), (2, 2), "then one review per node");
 }
