@@ -254,11 +254,14 @@ pub fn delete_conditions<'a>(
 /// kubelet's shape: conditions merge by `type` with a `$setElementOrder/conditions`
 /// directive keeping Ready last; addresses are replaced whole with `{"$patch":"replace"}`
 /// (kubelet `fixupPatchForNodeStatusAddresses`); capacity and allocatable merge per key.
+/// `annotations`, when given, merge into `metadata.annotations` in the same PATCH (the
+/// status subresource keeps metadata changes: `pkg/registry/core/node/strategy.go`
+/// `nodeStatusStrategy.PrepareForUpdate` resets only the spec).
 ///
 /// Errors: serialization failure (not expected for these types).
 pub fn status_patch(
     status: &NodeStatus,
-    labels: Option<&BTreeMap<String, String>>,
+    annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<serde_json::Value, serde_json::Error> {
     let mut body = serde_json::to_value(status)?;
     if let serde_json::Value::Object(map) = &mut body {
@@ -286,8 +289,8 @@ pub fn status_patch(
     }
     let mut root = serde_json::Map::new();
     root.insert("status".to_owned(), body);
-    if let Some(labels) = labels {
-        let meta = serde_json::json!({ "labels": labels });
+    if let Some(annotations) = annotations {
+        let meta = serde_json::json!({ "annotations": annotations });
         root.insert("metadata".to_owned(), meta);
     }
     Ok(serde_json::Value::Object(root))

@@ -75,6 +75,9 @@ pub struct NodeRecord {
     pub site: Option<Box<str>>,
     /// Whether it holds [`crate::sites::SITE_CONDITION`] `True`.
     pub site_unreachable: bool,
+    /// Whether it carries metrics-server's path annotation naming its own path
+    /// ([`crate::resource_metrics::PATH_ANNOTATION`], [`crate::resource_metrics::node_path`]).
+    pub resource_metrics_path: bool,
 }
 
 impl NodeRecord {
@@ -129,6 +132,13 @@ impl NodeRecord {
                     c.type_ == crate::sites::SITE_CONDITION
                         && ConditionStatus::from_api(&c.status).is_true()
                 }),
+            resource_metrics_path: node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::resource_metrics::PATH_ANNOTATION))
+                .zip(node.metadata.name.as_deref())
+                .is_some_and(|(path, name)| *path == crate::resource_metrics::node_path(name)),
         }
     }
 

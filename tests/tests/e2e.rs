@@ -1061,6 +1061,58 @@ async fn the_nodes_resource_usage_reaches_its_replica(transport: Transport) {
     );
 }
 
+/// A node registered before its replica served resource metrics gets metrics-server's path
+/// annotation and the replica's address with the whole status the replica asks for at its
+/// first renewal: over MQTT too, whose agent never registers again while it runs.
+async fn a_node_registered_before_resource_metrics_gets_its_path(transport: Transport) {
+    let mut cluster = Cluster::start(transport).await.unwrap();
+    let root = fixture("rpi4-cgroup1");
+    let agent = cluster
+        .start_agent(cluster.agent_config("rpi4-edge-01", &root))
+        .unwrap();
+    cluster
+        .wait_for_renewals("rpi4-edge-01", 1, DEADLINE)
+        .await
+        .unwrap();
+    let annotation = |node: &k8s_openapi::api::core::v1::Node| {
+        node.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("metrics.k8s.io/resource-metrics-path").cloned())
+    };
+    assert_eq!(
+        annotation(&cluster.standin.node("rpi4-edge-01").unwrap()),
+        None
+    );
+    let mut options = edgebeat_tests::harness::gateway_options();
+    options.resource_metrics = Some(edgebeat_gateway::resource_metrics::Endpoint {
+        address: std::net::Ipv4Addr::LOCALHOST.into(),
+        port: 10250,
+    });
+    cluster.restart_gateway(options).await.unwrap();
+    let named = |node: &k8s_openapi::api::core::v1::Node| {
+        annotation(node).as_deref() == Some("/nodes/rpi4-edge-01/metrics/resource")
+            && node
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .is_some_and(|a| {
+                    a.iter()
+                        .any(|a| a.type_ == "EdgebeatGateway" && a.address == "127.0.0.1")
+                })
+    };
+    cluster
+        .standin
+        .wait_until(
+            DEADLINE,
+            "the path annotation and the replica's address",
+            |v| v.node("rpi4-edge-01").is_some_and(|n| named(&n)),
+        )
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod grpc {
@@ -1096,4 +1148,5 @@ scenarios!(
     a_vanished_hugepage_size_is_removed_when_the_agent_starts,
     a_health_condition_flips_with_one_status_report,
     the_nodes_resource_usage_reaches_its_replica,
+    a_node_registered_before_resource_metrics_gets_its_path,
 );

@@ -467,7 +467,16 @@ impl Writer {
                     && !status.conditions.iter().any(|c| *t == c.r#type.as_str())
             })
             .map(NodeConditionType::as_str);
-        let body = match bodies::status_patch(&self.node_status(status, conditions), None)
+        // A Node registered before this replica served resource metrics (or whose
+        // annotation was removed) gets metrics-server's path with the status that names the
+        // replica: no request of its own, and no Register needed (an MQTT agent never
+        // registers again while it runs).
+        let annotation = (self.resource_metrics.is_some() && !held.resource_metrics_path)
+            .then(|| register::resource_metrics_annotation(name));
+        let body = match bodies::status_patch(
+            &self.node_status(status, conditions),
+            annotation.as_ref(),
+        )
             .map(|body| bodies::delete_conditions(body, dropped))
         {
             Ok(b) => b,

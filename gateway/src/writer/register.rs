@@ -302,7 +302,7 @@ impl Writer {
 
 /// The annotation telling metrics-server where on a replica `name`'s resource metrics are
 /// ([`crate::resource_metrics::PATH_ANNOTATION`]).
-fn resource_metrics_annotation(name: &str) -> BTreeMap<String, String> {
+pub(super) fn resource_metrics_annotation(name: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(
         crate::resource_metrics::PATH_ANNOTATION.to_owned(),
         crate::resource_metrics::node_path(name),
