@@ -133,13 +133,41 @@ pub async fn serve(
     ready: impl Fn() -> Result<(), String> + Send + Sync + 'static,
     shutdown: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
-    let local = listener.local_addr()?;
-    tracing::debug!(addr = %local, "observe server listening");
     let ready: Readiness = Arc::new(ready);
     let registry: Arc<dyn Exposition> = registry;
+    accept_connections(
+        listener,
+        Slots::default(),
+        "observe server",
+        shutdown,
+        |stream, _, closing| connection(stream, registry.clone(), ready.clone(), closing),
+    )
+    .await
+}
+
+/// The accept loop of a server on `listener` (named `what` in logs) until `shutdown`
+/// resolves: each connection is taken ([`accepted_or_pause`]), room made for it by closing
+/// what `slots` names ([`Slots::make_room`]), and served by `connection(stream, peer,
+/// closing)` in a task of its own; then the closing signal goes out and the connections
+/// drain ([`drain`]).
+///
+/// # Errors
+/// The listener's error when it has no local address.
+pub async fn accept_connections<F, C>(
+    listener: TcpListener,
+    mut slots: Slots,
+    what: &str,
+    shutdown: impl Future<Output = ()> + Send,
+    mut connection: F,
+) -> io::Result<()>
+where
+    F: FnMut(TcpStream, std::net::SocketAddr, CancellationToken) -> C,
+    C: Future<Output = ()> + Send + 'static,
+{
+    let local = listener.local_addr()?;
+    tracing::debug!(addr = %local, "{what} listening");
     let closing = CancellationToken::new();
     let mut connections = JoinSet::new();
-    let mut slots: Slots = Slots::default();
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -154,31 +182,25 @@ pub async fn serve(
             }
             accepted = listener.accept() => accepted,
         };
-        let Some((stream, peer)) = accepted_or_pause(accepted, local, "observe server").await
-        else {
+        let Some((stream, peer)) = accepted_or_pause(accepted, local, what).await else {
             continue;
         };
         for evicted in slots.make_room(peer.ip()) {
-            tracing::debug!(%peer, "observe server: closing an older connection to make room");
+            tracing::debug!(%peer, "{what}: closing an older connection to make room");
             evicted.abort();
         }
-        let handle = connections.spawn(connection(
-            stream,
-            registry.clone(),
-            ready.clone(),
-            closing.clone(),
-        ));
+        let handle = connections.spawn(connection(stream, peer, closing.clone()));
         slots.insert(peer.ip(), handle);
     }
     closing.cancel();
-    drain(connections, "observe server").await;
+    drain(connections, what).await;
     Ok(())
 }
 
 /// Waits up to 2 s for the connections of a server that stopped accepting to finish their
 /// requests in progress (after its closing signal), then aborts what is left (named `what`
 /// in the debug log).
-pub async fn drain<T: 'static>(mut connections: JoinSet<T>, what: &str) {
+async fn drain<T: 'static>(mut connections: JoinSet<T>, what: &str) {
     let drained = async { while connections.join_next().await.is_some() {} };
     if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
         tracing::debug!("{what}: closing connections still busy at shutdown");
@@ -190,7 +212,7 @@ pub async fn drain<T: 'static>(mut connections: JoinSet<T>, what: &str) {
 /// logged as `what`'s: at once when it concerns that connection only ([`per_connection`]),
 /// after a pause when it concerns the listener (out of file descriptors), so that the
 /// accept loop does not spin.
-pub async fn accepted_or_pause(
+async fn accepted_or_pause(
     result: io::Result<(TcpStream, std::net::SocketAddr)>,
     local: std::net::SocketAddr,
     what: &str,
@@ -295,18 +317,36 @@ where
     }
 }
 
-/// The observe server's connections by peer address, and which to close for a new one: the
-/// oldest of the new one's own address when it holds [`MAX_CONNECTIONS_PER_ADDRESS`], else,
-/// when [`MAX_CONNECTIONS`] are open, the oldest of the address that holds the most. I/O
-/// free: `H` is what closes a connection (a task's `AbortHandle` in the server).
+/// A server's connections by peer address, and which to close for a new one: the oldest
+/// of the new one's own address when it holds `per_address` ([`MAX_CONNECTIONS_PER_ADDRESS`]
+/// for the observe server), else, when `max` ([`MAX_CONNECTIONS`]) are open, the oldest of
+/// the address that holds the most. So one address flooding a server closes its own
+/// connections, never everyone else's (a limit that refused new connections would let it
+/// keep the others out). I/O free: `H` is what closes a connection (a task's `AbortHandle`
+/// in a server).
 #[derive(Debug)]
 pub struct Slots<H = tokio::task::AbortHandle> {
     open: Vec<(std::net::IpAddr, H)>,
+    max: usize,
+    per_address: usize,
 }
 
 impl<H> Default for Slots<H> {
+    /// The observe server's limits.
     fn default() -> Self {
-        Self { open: Vec::new() }
+        Self::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS)
+    }
+}
+
+impl<H> Slots<H> {
+    /// None open, at most `max` at once and `per_address` from one address (each at least
+    /// 1).
+    pub fn new(max: usize, per_address: usize) -> Self {
+        Self {
+            open: Vec::new(),
+            max: max.max(1),
+            per_address: per_address.max(1),
+        }
     }
 }
 
@@ -330,9 +370,9 @@ impl<H: SlotId> Slots<H> {
     /// or one).
     pub fn make_room(&mut self, ip: std::net::IpAddr) -> Vec<H> {
         let own = self.open.iter().filter(|(a, _)| *a == ip).count();
-        let victim = if own >= MAX_CONNECTIONS_PER_ADDRESS {
+        let victim = if own >= self.per_address {
             Some(ip)
-        } else if self.open.len() >= MAX_CONNECTIONS {
+        } else if self.open.len() >= self.max {
             self.busiest()
         } else {
             None

@@ -22,8 +22,9 @@
 //! Connections are TLS (rustls on ring, ALPN `h2` then `http/1.1`), then hyper's HTTP/2 or
 //! HTTP/1.1: Go clients (metrics-server, kube-apiserver) speak HTTP/2, so one connection
 //! carries the scrapes of every node of a cycle, [`MAX_STREAMS`] at once. Bounded like the
-//! observe server (`edgebeat_transports::observe`): at most [`MAX_CONNECTIONS`] at once (a
-//! further one is closed at once), [`TLS_HANDSHAKE_TIMEOUT`] for the handshake,
+//! observe server (`edgebeat_transports::observe`): at most [`MAX_CONNECTIONS`] at once and
+//! [`MAX_CONNECTIONS_PER_ADDRESS`] from one address (a further one closes the oldest of its
+//! own address, or of the address holding the most), [`TLS_HANDSHAKE_TIMEOUT`] for the handshake,
 //! [`HEADER_READ_TIMEOUT`] for an HTTP/1.1 request head, [`IDLE_TIMEOUT`] between requests,
 //! and a connection closes after [`MAX_CONNECTION_AGE`] however busy.
 
@@ -34,7 +35,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_transports::observe::{accepted_or_pause, drain, drive_connection, register_family};
+use edgebeat_transports::observe::{Slots, accept_connections, drive_connection, register_family};
 use edgebeat_transports::tls::{GrpcServerTls, TlsError, is_node_name};
 use http::header::{ALLOW, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::request::Parts;
@@ -45,16 +46,22 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::Samples;
 use super::auth::{Auth, RESOURCE, Reviews, SUBRESOURCE, User, VERB, bearer_token};
 use super::exposition::{EXPOSITION_CONTENT_TYPE, exposition};
 
-/// Most connections served at once; a further one is closed as soon as it is accepted.
-/// Enough for HTTP/1.1 clients that scrape a replica's nodes in parallel without HTTP/2.
+/// Most connections served at once: enough for HTTP/1.1 clients that scrape a replica's
+/// nodes in parallel without HTTP/2. A further one closes the oldest of the address that
+/// holds the most ([`Slots`]).
 pub const MAX_CONNECTIONS: usize = 256;
+
+/// Most connections from one address: a new one beyond it closes that address's oldest.
+/// metrics-server and kube-apiserver each multiplex a cycle's scrapes on one HTTP/2
+/// connection (a few across restarts); one address holding more is a client gone wrong, or
+/// a flood, which must not keep them out.
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
 
 /// Most requests in flight on one HTTP/2 connection (Go's client queues the others).
 pub const MAX_STREAMS: u32 = 256;
@@ -200,39 +207,18 @@ pub async fn serve<R: Reviews + 'static>(
         .rustls_config()
         .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let local = listener.local_addr()?;
-    tracing::debug!(addr = %local, "resource metrics server listening");
     let handler = Arc::new(Handler::new(samples, Auth::new(reviews), counters));
-    let closing = CancellationToken::new();
-    let mut connections = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        let accepted = tokio::select! {
-            () = &mut shutdown => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-            accepted = listener.accept() => accepted,
-        };
-        let Some((stream, remote)) =
-            accepted_or_pause(accepted, local, "resource metrics server").await
-        else {
-            continue;
-        };
-        if connections.len() >= MAX_CONNECTIONS {
-            tracing::debug!(%remote, "resource metrics server: {MAX_CONNECTIONS} connections open; closing a new one");
-            drop(stream);
-            continue;
-        }
-        connections.spawn(connection(
-            stream,
-            remote,
-            acceptor.clone(),
-            handler.clone(),
-            closing.clone(),
-        ));
-    }
-    closing.cancel();
-    drain(connections, "resource metrics server").await;
-    Ok(())
+    let slots = Slots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS);
+    accept_connections(
+        listener,
+        slots,
+        "resource metrics server",
+        shutdown,
+        |stream, remote, closing| {
+            connection(stream, remote, acceptor.clone(), handler.clone(), closing)
+        },
+    )
+    .await
 }
 
 /// One connection: its TLS handshake, the user of its client certificate, then HTTP/1.1

@@ -199,6 +199,22 @@ fn a_new_connection_displaces_only_the_busiest_address() {
     assert!(open(&mut slots, 10).is_empty());
 }
 
+/// Another server's limits (the gateway's resource metrics server): one address beyond
+/// its share closes its own oldest; a full server closes the busiest address's oldest.
+#[test]
+fn slots_keep_the_limits_they_are_given() {
+    let mut slots: Slots<u32> = Slots::new(3, 2);
+    for (id, from) in [(0, 1), (1, 1)] {
+        assert!(slots.make_room(ip(from)).is_empty());
+        slots.insert(ip(from), id);
+    }
+    assert_eq!(slots.make_room(ip(1)), vec![0], "address 1 holds its 2");
+    slots.insert(ip(1), 2);
+    assert!(slots.make_room(ip(2)).is_empty());
+    slots.insert(ip(2), 3);
+    assert_eq!(slots.make_room(ip(3)), vec![1], "full: address 1 holds the most");
+}
+
 /// Opens connections from `from` to `addr` and asks `GET /metrics` on each every
 /// 500 ms, opening another when one is closed, until `until`.
 async fn hold(from: std::net::IpAddr, addr: SocketAddr, until: tokio::time::Instant) {
