@@ -473,20 +473,18 @@ impl Writer {
         // registers again while it runs).
         let annotation = (self.resource_metrics.is_some() && !held.resource_metrics_path)
             .then(|| register::resource_metrics_annotation(name));
-        let body = match bodies::status_patch(
-            &self.node_status(status, conditions),
-            annotation.as_ref(),
-        )
-            .map(|body| bodies::delete_conditions(body, dropped))
-        {
-            Ok(b) => b,
-            Err(e) => {
-                return self.reject(
-                    RejectReason::Malformed,
-                    format!("cannot encode status: {e}"),
-                );
-            }
-        };
+        let body =
+            match bodies::status_patch(&self.node_status(status, conditions), annotation.as_ref())
+                .map(|body| bodies::delete_conditions(body, dropped))
+            {
+                Ok(b) => b,
+                Err(e) => {
+                    return self.reject(
+                        RejectReason::Malformed,
+                        format!("cannot encode status: {e}"),
+                    );
+                }
+            };
         match self.api.patch_node_status(name, body).await {
             Ok(node) => {
                 self.remember(held, &node, now, name, reboot, journal).await;
