@@ -26,6 +26,9 @@ use edgebeat_tests::harness::start_agent;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
+#[path = "resource_metrics/prometheus.rs"]
+mod prometheus;
+
 /// The apiserver's address types with the gateway's first, as README "kubectl top node"
 /// tells operators to set it.
 const PREFERRED: &str = "--kubelet-preferred-address-types=EdgebeatGateway,Hostname,InternalDNS,InternalIP,ExternalDNS,ExternalIP";
@@ -549,6 +552,14 @@ async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_
         "the host's working set: {memory_bytes} B served"
     );
     assert!(body.contains("resource_scrape_error 0\n"), "{body}");
+
+    // The real Prometheus with deploy/monitoring's edge-node job, through the node proxy:
+    // the dashboard's edge-node panels have the node's figures.
+    let (cores, bytes) =
+        prometheus::scrapes_edge_node_through_the_node_proxy(&control_plane, node, dir.path())
+            .await;
+    eprintln!("Prometheus through the node proxy: {cores:.3} cores, {bytes} B working set");
+    assert!(cores >= 0.0 && bytes > 0.0, "{cores} cores, {bytes} B");
 
     // Straight to the replica, as metrics-server scrapes it: a token the apiserver does not
     // know is 401, one without `get nodes/metrics` is 403, both counted.
