@@ -734,7 +734,16 @@ impl EnrollingGateway {
     /// # Panics
     /// When kubectl, the files or the binary fail (a test's setup).
     pub async fn start(control_plane: &ControlPlane, approval: &str) -> Self {
-        let args: Vec<String> = enrolling_args(control_plane, "edgebeat-gateway-enrolling")
+        Self::start_with(control_plane, approval, &[]).await
+    }
+
+    /// As [`EnrollingGateway::start`], with `extra` arguments (`--flag=value`) in place of
+    /// the Deployment's of the same flags, or after them.
+    ///
+    /// # Panics
+    /// As [`EnrollingGateway::start`].
+    pub async fn start_with(control_plane: &ControlPlane, approval: &str, extra: &[&str]) -> Self {
+        let mut args: Vec<String> = enrolling_args(control_plane, "edgebeat-gateway-enrolling")
             .into_iter()
             .map(|a| {
                 if a.starts_with("--csr-approval=") {
@@ -744,6 +753,10 @@ impl EnrollingGateway {
                 }
             })
             .collect();
+        let flag = |a: &str| a.split('=').next().unwrap_or(a).to_owned();
+        let replaced: Vec<String> = extra.iter().map(|a| flag(a)).collect();
+        args.retain(|a| !replaced.contains(&flag(a)));
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         Self::with_args(args).await
     }
 

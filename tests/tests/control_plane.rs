@@ -737,6 +737,158 @@ async fn boards_enroll_through_the_real_csr_api_auto_and_by_kubectl_certificate_
     drop((auto.process, manual.process));
 }
 
+/// `usage-count` of the bootstrap token `token` (`<id>.<secret>`), as its Secret in the
+/// gateway's namespace records it.
+fn token_uses(control_plane: &ControlPlane, token: &str) -> u32 {
+    let id = token.split('.').next().unwrap();
+    let json = control_plane
+        .kubectl(&[
+            "get",
+            "secret",
+            "-n",
+            "edgebeat-system",
+            &format!("edgebeat-token-{id}"),
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    let secret: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let encoded = secret["data"]["usage-count"].as_str().unwrap_or("");
+    String::from_utf8(piped(&["base64", "-d"], encoded.as_bytes()))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+/// The notAfter of the certificate a CSR's `status.certificate` holds (base64 of PEM), by
+/// OpenSSL.
+fn not_after(certificate: &str) -> jiff::Timestamp {
+    let pem = piped(&["base64", "-d"], certificate.as_bytes());
+    let text = piped(
+        &[
+            "openssl", "x509", "-noout", "-enddate", "-dateopt", "iso_8601",
+        ],
+        &pem,
+    );
+    // "notAfter=2026-11-29 14:32:07Z"
+    String::from_utf8(text)
+        .unwrap()
+        .trim()
+        .strip_prefix("notAfter=")
+        .unwrap()
+        .replace(' ', "T")
+        .parse()
+        .unwrap()
+}
+
+/// The output of `args` (a program and its arguments) given `input`.
+///
+/// # Panics
+/// When it cannot run or fails.
+fn piped(args: &[&str], input: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{args:?}");
+    out.stdout
+}
+
+/// What kube-controller-manager's CSR cleaner does to a board's CSRs
+/// (`pkg/controller/certificates/cleaner`: an issued CSR whose certificate has expired, or
+/// approved over an hour ago, is deleted) changes no bootstrap token's use count: the first
+/// CSR is deleted once its certificate expired, and the token's count stays the 1 its
+/// enrollment recorded, while the board, which rotates with its certificate (not the
+/// token), stays Ready and rotates on.
+///
+/// The deletion is the cleaner's own call (`DELETE` as its identity,
+/// `system:serviceaccount:kube-system:certificate-controller`, so its RBAC is the real one)
+/// made by the test, a stand-in for the cleaner's timing only: the real cleaner passes once
+/// an hour (`pollingInterval`), and its pass at kube-controller-manager's start comes before
+/// its informer has listed anything (`cleaner.go` `Run`: no cache sync), so no restart
+/// makes it act within a test. Certificates of 40 s (`--certificate-lifetime`, test-only:
+/// the gateway's signer applies it below the API's 600 s minimum).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn csrs_deleted_as_the_cleaner_deletes_them_change_no_tokens_use_count() {
+    let control_plane = ControlPlane::shared().unwrap();
+    let gateway =
+        EnrollingGateway::start_with(control_plane, "auto", &["--certificate-lifetime=40s"]).await;
+    let token = gateway.token("enroll-clean-*", 1);
+    let agent = gateway.agent("enroll-clean-1", &token);
+    let nodes: Api<Node> = Api::all(control_plane.admin_client().await.unwrap());
+    eventually(
+        "the enrolled board Ready",
+        Duration::from_secs(60),
+        || async { ready(&nodes, "enroll-clean-1").await.as_deref() == Some("True") },
+    )
+    .await;
+    let first = csrs_of(control_plane, "enroll-clean-1");
+    assert_eq!(first.len(), 1, "{first:?}");
+    let not_after = not_after(first[0]["status"]["certificate"].as_str().unwrap());
+    let first = first[0]["metadata"]["name"].as_str().unwrap().to_owned();
+    assert_eq!(token_uses(control_plane, &token), 1);
+    // The first certificate expires; meanwhile the board rotates (at 70-90 % of 40 s).
+    eventually(
+        "a rotation's CSR beside the first",
+        Duration::from_secs(60),
+        || async { csrs_of(control_plane, "enroll-clean-1").len() >= 2 },
+    )
+    .await;
+    eventually(
+        "the first certificate expired",
+        Duration::from_secs(60),
+        || async { jiff::Timestamp::now() > not_after },
+    )
+    .await;
+    control_plane
+        .kubectl(&[
+            "delete",
+            "csr",
+            &first,
+            "--as=system:serviceaccount:kube-system:certificate-controller",
+        ])
+        .unwrap();
+    assert!(
+        !csrs_of(control_plane, "enroll-clean-1")
+            .iter()
+            .any(|c| c["metadata"]["name"] == first.as_str())
+    );
+    assert_eq!(
+        token_uses(control_plane, &token),
+        1,
+        "the deletion changed no use count"
+    );
+    assert_eq!(
+        ready(&nodes, "enroll-clean-1").await.as_deref(),
+        Some("True")
+    );
+    // The board rotates on after the cleaner: a newer CSR, still under the one use.
+    let before: Vec<String> = csrs_of(control_plane, "enroll-clean-1")
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    eventually(
+        "a rotation after the cleaner",
+        Duration::from_secs(60),
+        || async {
+            csrs_of(control_plane, "enroll-clean-1")
+                .iter()
+                .any(|c| !before.iter().any(|b| c["metadata"]["name"] == b.as_str()))
+        },
+    )
+    .await;
+    assert_eq!(token_uses(control_plane, &token), 1);
+    agent.stop().await.unwrap();
+    drop(gateway);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the built control plane (scripts/test.sh builds it)"]
 async fn impersonated_writes_pass_the_real_node_authorizer_and_node_restriction() {
