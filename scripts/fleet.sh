@@ -7,6 +7,14 @@
 #   TRANSPORTS=mqtt scripts/fleet.sh # one transport
 #
 # Extra arguments after the first two go to edgebeat-fleet (e.g. --apiserver-latency-ms 20).
+#
+#   scripts/fleet.sh 10000 150 --scrape-every 15
+#       # also plays metrics-server: every 15 s, every node's /nodes/<node>/metrics/resource
+#       # at the gateway (one HTTP/2 connection over mutual TLS, 256 requests in flight);
+#       # prints scrape_* figures, and the gateway CPU/RSS figures include the scrapes.
+#
+# Simulated nodes send their resource usage on every second renewal, as real agents do
+# (--no-usage: none, renewals as before the gateway served resource metrics).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

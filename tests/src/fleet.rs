@@ -10,6 +10,8 @@
 //! status every `status_interval` and reports it when a condition flipped or every
 //! `status_report_interval`, and answers the gateway's `resend_status`. Each message's
 //! `Header.seq` is the node's simulated boot clock in µs, as the agent's CLOCK_BOOTTIME.
+//! As the agent, every second renewal attempt (the first included) carries the node's
+//! resource usage ([`FleetOptions::usage`], on by default), with simulated figures.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -89,6 +91,13 @@ pub struct FleetOptions {
     /// [`Silences::site_name`]`(i % sites)`, and sends nothing while [`Silences`] says it is
     /// silent (its site cut off, or the node itself down). `None`: no sites.
     pub silences: Option<Arc<Silences>>,
+    /// Every second renewal attempt of each node (the first included) carries its resource
+    /// usage (`LeaseRenewal.usage`), as the agent's do (`USAGE_EVERY_NTH_RENEWAL`): a
+    /// cumulative CPU time that grows with the node's simulated uptime at 1–2 % of one CPU
+    /// (about 200–400 ms per 20 s), and a working set of 120–360 MiB by node plus a little
+    /// noise per sample. Those renewals are about 12 bytes larger. On by default; `false`
+    /// sends none, as before the gateway served resource metrics.
+    pub usage: bool,
 }
 
 /// Which simulated nodes are silent now: a site's uplink cut, or one node down (churn).
@@ -196,6 +205,7 @@ impl FleetOptions {
             health_conditions: false,
             enroll: None,
             silences: None,
+            usage: true,
         }
     }
 
@@ -526,6 +536,22 @@ impl Host {
     }
 }
 
+impl Host {
+    /// The node's resource usage at `uptime` of its simulated boot: cumulative CPU time at
+    /// 1–2 % of one CPU (by node; it restarts from 0 at a reboot, as a host's), and a working
+    /// set of 120–360 MiB by node (at most half its memory) plus up to 16 MiB of noise per
+    /// sample. Never 0 (the gateway ignores a sample with a 0): uptime starts at 30 s.
+    fn usage(&self, uptime: Duration) -> pb::ResourceUsage {
+        let per_mille = 10 + (self.index as u64 % 11);
+        let uptime_ms = u64::try_from(uptime.as_millis()).unwrap_or(u64::MAX);
+        let base_kib = (120 * 1024 + (self.index as u64 % 13) * 20 * 1024).min(self.memory_kib / 2);
+        pb::ResourceUsage {
+            cpu_usage_ms: (uptime_ms / 1000 * per_mille).max(1),
+            memory_working_set_kib: (base_kib + fastrand::u64(0..16 * 1024)).max(1),
+        }
+    }
+}
+
 fn fastrand_bytes() -> [u8; 16] {
     let mut out = [0u8; 16];
     out[..8].copy_from_slice(&fastrand::u64(..).to_le_bytes());
@@ -551,8 +577,13 @@ struct Headers {
 }
 
 impl Headers {
+    /// The node's simulated uptime now.
+    fn uptime(&self) -> Duration {
+        self.uptime_at_start + self.booted.elapsed()
+    }
+
     fn next(&self) -> pb::Header {
-        let now = self.uptime_at_start + self.booted.elapsed();
+        let now = self.uptime();
         let mut seq = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
         // Strictly increasing, as the agent's: two messages in one microsecond differ.
         let last = self.last.fetch_max(seq, Ordering::Relaxed);
@@ -819,6 +850,8 @@ async fn heartbeat_loops(
         Instant::now() + Duration::from_secs_f64(wait.min(1e9))
     });
     let mut lease_state = Vec::new();
+    // Renewal attempts of this boot: those with an even count carry the usage.
+    let mut ticks: u64 = 0;
     let mut next_renew = Instant::now();
     let mut next_status = Instant::now() + jittered(options.status_interval);
     let mut last_report = Instant::now();
@@ -837,6 +870,9 @@ async fn heartbeat_loops(
                     next_renew = Instant::now() + jittered(options.renew_interval);
                     continue;
                 }
+                let usage = (options.usage && ticks.is_multiple_of(2))
+                    .then(|| host.usage(headers.uptime()));
+                ticks = ticks.wrapping_add(1);
                 let ok = renew(
                     options,
                     stats,
@@ -844,6 +880,7 @@ async fn heartbeat_loops(
                     headers,
                     &host.name,
                     &mut lease_state,
+                    usage,
                     cancel,
                 )
                 .await;
@@ -881,6 +918,7 @@ async fn heartbeat_loops(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn renew(
     options: &FleetOptions,
     stats: &FleetStats,
@@ -888,6 +926,7 @@ async fn renew(
     headers: &Headers,
     node: &str,
     lease_state: &mut Vec<u8>,
+    usage: Option<pb::ResourceUsage>,
     cancel: &CancellationToken,
 ) -> bool {
     let message = pb::AgentMessage {
@@ -897,7 +936,7 @@ async fn renew(
             lease_state: lease_state.clone(),
             // Answered every time: the simulator measures ack latency.
             quiet: false,
-            usage: None,
+            usage,
         })),
     };
     stats.renewals_sent.fetch_add(1, Ordering::Relaxed);

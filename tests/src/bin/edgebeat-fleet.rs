@@ -42,7 +42,32 @@
 //!   `--churn-per-minute` single-node silences), `site_partition_events`, and
 //!   `site_cut_to_condition_s_median` / `_max` (cut to the gateway's Event, whole seconds);
 //! - `metrics_series`, `metrics_scrape_bytes`, `metrics_scrape_ms_median`: a scrape of the
-//!   first replica's `/metrics` at the end (not with `--ack-only`).
+//!   first replica's `/metrics` at the end (not with `--ack-only`);
+//! - `renewal_usage_every`: 2 when every second renewal carries the node's resource usage
+//!   (the default, as real agents: those renewals are about 12 bytes larger than before
+//!   the gateway served resource metrics, so message sizes and the broker's and gateway's
+//!   work per renewal are slightly up on figures measured before), 0 with `--no-usage`;
+//! - with `--scrape-every`: `scrape_cycles`, `scrape_ok` (answered 200), `scrape_not_ok`
+//!   (any other status, and errors), `scrape_errors` (no answer: connection, TLS, HTTP/2,
+//!   timeout), `scrape_status_<code>` for each other status seen, `scrape_cycle_ms_median`
+//!   and `scrape_cycle_ms_max` (a cycle: every node scraped once), `scrape_body_bytes_mean`
+//!   (of a 200), `scrape_connections` (TLS connections opened: 1 unless the gateway closed
+//!   one, e.g. at its maximum connection age of 5 minutes), and the apiserver's
+//!   `apiserver_post_subjectaccessreviews_201_per_node_hour`. The gateway CPU and RSS
+//!   figures then include the scrapes' cost.
+//!
+//! With `--scrape-every SECONDS` it also plays metrics-server: the gateway (each replica)
+//! serves kubelet's resource metrics (`--resource-metrics-listen` on a port of its
+//! choosing, found in its log, with a serving certificate and a client CA made for the run)
+//! and, from 25 s after the ramp (when every node has sent a first sample), every SECONDS
+//! every node's `/nodes/<node>/metrics/resource` is fetched over one TLS connection with a
+//! client certificate (CN=`system:serviceaccount:kube-system:metrics-server`) and ALPN
+//! `h2`, at most 256 requests in flight on it (the gateway's HTTP/2 stream limit). All
+//! nodes are scraped at the first replica: over gRPC (one replica) it holds every node, and
+//! over MQTT replicas share their samples, so the first holds every node's; the other
+//! replicas serve too but are not scraped. The stand-in apiserver allows every
+//! SubjectAccessReview (it is not an authorizer), so the gateway asks one per
+//! 5 minutes for the scraper's user, as it would of a cluster that allows it.
 //!
 //! With `--ack-only` the gateway is replaced by a subscriber that only acknowledges: this
 //! binary again, as a child process serving the real gRPC or MQTT ingress code with a
@@ -133,7 +158,8 @@ struct Args {
     /// How long a site cut lasts, seconds.
     #[arg(long, default_value_t = 60)]
     site_cut_for: u64,
-    /// Where the gateway's log goes (warnings and errors); discarded without it.
+    /// Where the first replica's log goes (its stdout and stderr: warnings and errors, and
+    /// with --scrape-every its server start lines); discarded without it.
     #[arg(long, value_name = "FILE")]
     gateway_log: Option<PathBuf>,
     /// Seconds between progress lines.
@@ -198,6 +224,20 @@ struct Args {
         conflicts_with = "kill_replica_after"
     )]
     kill_broker_after: Option<u64>,
+    /// Play metrics-server every this many seconds (metrics-server's default resolution is
+    /// 15): scrape every node's resource metrics at the first gateway replica (see the
+    /// module docs). Off without it.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        conflicts_with_all = ["ack_only", "standin_ceiling", "no_usage"]
+    )]
+    scrape_every: Option<u64>,
+    /// Simulated nodes send no resource usage on their renewals (by default every second
+    /// renewal carries it, as real agents' do): renewals as before the gateway served
+    /// resource metrics, for comparisons with figures measured then.
+    #[arg(long)]
+    no_usage: bool,
     /// Internal: be that subscriber, on `grpc:<port>` or `mqtt:<host>:<port>`.
     #[arg(long, hide = true)]
     serve_ack_only: Option<String>,
@@ -420,6 +460,7 @@ async fn spawn_replica(
     brokers: &[(String, u16)],
     index: usize,
     suffix: &str,
+    resource_metrics: &[String],
 ) -> anyhow::Result<tokio::process::Child> {
     anyhow::ensure!(
         !brokers.is_empty(),
@@ -435,6 +476,7 @@ async fn spawn_replica(
         .arg(format!("--mqtt-client-id=edgebeat-fleet-gateway-{suffix}"))
         .arg("--allow-unidentified-agents")
         .args(apiserver_http(&args.gateway_args))
+        .args(resource_metrics)
         .args(&args.gateway_args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -558,6 +600,355 @@ async fn scrape_metrics(port: u16) -> anyhow::Result<String> {
     Ok(body.to_owned())
 }
 
+/// Seconds after the ramp before the first `--scrape-every` cycle.
+const SCRAPE_AFTER_RAMP_S: u64 = 25;
+
+/// Most resource metrics requests in flight at once: the gateway's HTTP/2 stream limit
+/// (`edgebeat_gateway::resource_metrics` `MAX_STREAMS`).
+const SCRAPE_IN_FLIGHT: usize = 256;
+
+/// How long one resource metrics request (or a connection's TCP, TLS and HTTP/2 set-up) may
+/// take (metrics-server's `--kubelet-request-timeout` default, 10 s).
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The user the scraper's client certificate names (metrics-server's service account).
+const SCRAPER_USER: &str = "system:serviceaccount:kube-system:metrics-server";
+
+/// `--scrape-every`'s PKI, made for the run: a CA that signs the gateway's serving
+/// certificate (valid for 127.0.0.1) and the scraper's client certificate, and is the
+/// gateway's `--resource-metrics-client-ca`; files in the run's temporary directory.
+struct ScrapePki {
+    ca_pem: String,
+    client: edgebeat_tests::pki::Leaf,
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: PathBuf,
+}
+
+impl ScrapePki {
+    /// Makes the PKI and writes the gateway's files into `dir`.
+    fn write(dir: &std::path::Path) -> anyhow::Result<Self> {
+        let ca = edgebeat_tests::pki::Ca::new("edgebeat-fleet-resource-metrics-ca");
+        let server = ca.server();
+        let pki = Self {
+            ca_pem: ca.cert_pem.clone(),
+            client: ca.client(SCRAPER_USER, None),
+            cert: dir.join("resource-metrics.crt"),
+            key: dir.join("resource-metrics.key"),
+            client_ca: dir.join("resource-metrics-client-ca.crt"),
+        };
+        std::fs::write(&pki.cert, &server.cert_pem)?;
+        std::fs::write(&pki.key, &server.key_pem)?;
+        std::fs::write(&pki.client_ca, &ca.cert_pem)?;
+        Ok(pki)
+    }
+
+    /// The flags of a replica serving resource metrics on a port of its choosing.
+    fn gateway_args(&self) -> Vec<String> {
+        vec![
+            "--resource-metrics-listen=127.0.0.1:0".to_owned(),
+            "--resource-metrics-address=127.0.0.1".to_owned(),
+            format!("--resource-metrics-tls-cert={}", self.cert.display()),
+            format!("--resource-metrics-tls-key={}", self.key.display()),
+            format!("--resource-metrics-client-ca={}", self.client_ca.display()),
+        ]
+    }
+}
+
+/// Reads the gateway's log (its stdout) line by line until it ends, copying each line to
+/// `log` when given (`--gateway-log`); the receiver gets the address of its "serving
+/// resource metrics" line (`addr=…` in the text format).
+fn follow_gateway_log(
+    stdout: tokio::process::ChildStdout,
+    mut log: Option<std::fs::File>,
+) -> tokio::sync::oneshot::Receiver<std::net::SocketAddr> {
+    let (found, addr) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut found = Some(found);
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(file) = log.as_mut() {
+                use std::io::Write as _;
+                let _ = writeln!(file, "{line}");
+            }
+            if line.contains("serving resource metrics")
+                && let Some(addr) = line
+                    .split_whitespace()
+                    .find_map(|word| word.strip_prefix("addr="))
+                    .and_then(|a| a.trim_matches('"').parse().ok())
+                && let Some(found) = found.take()
+            {
+                let _ = found.send(addr);
+            }
+        }
+    });
+    addr
+}
+
+/// One `--scrape-every` cycle: every node's resource metrics asked once.
+#[derive(Debug, Default, Clone)]
+struct ScrapeCycle {
+    /// Answered 200.
+    ok: u64,
+    /// Answered otherwise, by status code.
+    by_code: BTreeMap<u16, u64>,
+    /// Not answered (connection, TLS, HTTP/2, timeout).
+    errors: u64,
+    /// Body bytes of the 200 answers.
+    ok_bytes: u64,
+    duration: Duration,
+}
+
+/// The HTTP/2 connection of the scraper.
+type Http2Sender = hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>;
+
+/// metrics-server's side of `--scrape-every` (see the module docs): one TLS connection with
+/// ALPN `h2` and a client certificate, every node's `/nodes/<node>/metrics/resource` on it
+/// each cycle, at most [`SCRAPE_IN_FLIGHT`] at once; a closed connection is opened anew
+/// (and a request it did not send, sent again once), as Go's HTTP/2 transport does.
+struct ResourceScraper {
+    addr: std::net::SocketAddr,
+    tls: tokio_rustls::TlsConnector,
+    paths: Vec<String>,
+    connection: tokio::sync::Mutex<Option<Http2Sender>>,
+    connections: std::sync::atomic::AtomicU64,
+    cycles: std::sync::Mutex<Vec<ScrapeCycle>>,
+    error_kinds: std::sync::Mutex<BTreeMap<String, u64>>,
+}
+
+impl ResourceScraper {
+    /// A scraper of `nodes` at `addr` with `pki`'s CA and client certificate.
+    fn new(addr: std::net::SocketAddr, pki: &ScrapePki, nodes: &[String]) -> anyhow::Result<Self> {
+        let mut config = edgebeat_transports::tls::ClientTls {
+            ca_pem: pki.ca_pem.clone().into_bytes(),
+            client_identity: Some(edgebeat_transports::tls::TlsIdentity {
+                cert_pem: pki.client.cert_pem.clone().into_bytes(),
+                key_pem: pki.client.key_pem.clone().into_bytes(),
+            }),
+        }
+        .rustls_config()
+        .context("the scraper's TLS")?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Self {
+            addr,
+            tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            paths: nodes
+                .iter()
+                .map(|node| format!("https://{addr}/nodes/{node}/metrics/resource"))
+                .collect(),
+            connection: tokio::sync::Mutex::new(None),
+            connections: std::sync::atomic::AtomicU64::new(0),
+            cycles: std::sync::Mutex::new(Vec::new()),
+            error_kinds: std::sync::Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// A new connection: TCP, TLS (the server must pick `h2`), the HTTP/2 handshake.
+    async fn connect(&self) -> anyhow::Result<Http2Sender> {
+        let tcp = tokio::net::TcpStream::connect(self.addr).await?;
+        tcp.set_nodelay(true)?;
+        let tls = self
+            .tls
+            .connect(rustls::pki_types::ServerName::from(self.addr.ip()), tcp)
+            .await
+            .context("TLS")?;
+        anyhow::ensure!(
+            tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice()),
+            "the server did not pick ALPN h2"
+        );
+        let (sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tls),
+        )
+        .await
+        .context("HTTP/2 handshake")?;
+        tokio::spawn(connection);
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        Ok(sender)
+    }
+
+    /// The open connection, or a new one when there is none or it closed.
+    async fn sender(&self) -> anyhow::Result<Http2Sender> {
+        let mut held = self.connection.lock().await;
+        if let Some(sender) = held.as_ref()
+            && !sender.is_closed()
+        {
+            return Ok(sender.clone());
+        }
+        *held = None;
+        let sender = tokio::time::timeout(SCRAPE_TIMEOUT, self.connect())
+            .await
+            .context("connecting: timed out")??;
+        *held = Some(sender.clone());
+        Ok(sender)
+    }
+
+    /// GETs `uri`: its status and body size.
+    async fn get(&self, uri: &str) -> anyhow::Result<(u16, usize)> {
+        use http_body_util::BodyExt as _;
+        let mut retried = false;
+        loop {
+            let mut sender = self.sender().await?;
+            let request = http::Request::get(uri).body(http_body_util::Empty::new())?;
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let body = response.into_body().collect().await?.to_bytes();
+                    return Ok((status, body.len()));
+                }
+                // Not sent, or its connection closed under it (the server's GOAWAY at its
+                // maximum connection age): once more, on a new connection.
+                Err(error) if !retried && (error.message().is_some() || sender.is_closed()) => {
+                    retried = true;
+                }
+                Err(error) => return Err(error.into_error().into()),
+            }
+        }
+    }
+
+    /// One cycle: every node once, at most [`SCRAPE_IN_FLIGHT`] at once.
+    async fn cycle(self: &Arc<Self>) -> ScrapeCycle {
+        use futures_util::StreamExt as _;
+        let started = tokio::time::Instant::now();
+        let answers: Vec<anyhow::Result<(u16, usize)>> =
+            futures_util::stream::iter(0..self.paths.len())
+                .map(|i| {
+                    let this = self.clone();
+                    async move {
+                        tokio::time::timeout(SCRAPE_TIMEOUT, this.get(&this.paths[i]))
+                            .await
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("timed out")))
+                    }
+                })
+                .buffer_unordered(SCRAPE_IN_FLIGHT)
+                .collect()
+                .await;
+        let mut cycle = ScrapeCycle {
+            duration: started.elapsed(),
+            ..ScrapeCycle::default()
+        };
+        let mut kinds = self
+            .error_kinds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for answer in answers {
+            match answer {
+                Ok((200, bytes)) => {
+                    cycle.ok += 1;
+                    cycle.ok_bytes += bytes as u64;
+                }
+                Ok((code, _)) => *cycle.by_code.entry(code).or_default() += 1,
+                Err(error) => {
+                    cycle.errors += 1;
+                    *kinds.entry(format!("{error:#}")).or_default() += 1;
+                }
+            }
+        }
+        cycle
+    }
+
+    /// Runs a cycle at `first`, then every `every` (right after the last one when it took
+    /// longer), until `stop`; a cycle cut off by `stop` is not recorded.
+    async fn run(
+        self: Arc<Self>,
+        first: tokio::time::Instant,
+        every: Duration,
+        stop: CancellationToken,
+    ) {
+        let mut ticks = tokio::time::interval_at(first, every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let cycle = tokio::select! {
+                () = stop.cancelled() => return,
+                _ = ticks.tick() => tokio::select! {
+                    () = stop.cancelled() => return,
+                    cycle = self.cycle() => cycle,
+                },
+            };
+            self.cycles
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(cycle);
+        }
+    }
+
+    /// The cycles recorded so far.
+    fn cycles(&self) -> Vec<ScrapeCycle> {
+        self.cycles
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Requests not answered, by why.
+    fn error_kinds(&self) -> BTreeMap<String, u64> {
+        self.error_kinds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The progress line's figure: cycles, and the last one's 200s of its requests and
+    /// duration.
+    fn progress(&self) -> String {
+        let cycles = self.cycles();
+        match cycles.last() {
+            None => " scrape_cycles=0".to_owned(),
+            Some(last) => {
+                let asked = last.ok + last.by_code.values().sum::<u64>() + last.errors;
+                format!(
+                    " scrape_cycles={} last_scrape={}/{} in {:.0}ms",
+                    cycles.len(),
+                    last.ok,
+                    asked,
+                    last.duration.as_secs_f64() * 1e3
+                )
+            }
+        }
+    }
+
+    /// The summary's `scrape_*` figures.
+    fn figures(&self, put: &mut impl FnMut(&str, String)) {
+        let cycles = self.cycles();
+        let ok: u64 = cycles.iter().map(|c| c.ok).sum();
+        let errors: u64 = cycles.iter().map(|c| c.errors).sum();
+        let mut by_code: BTreeMap<u16, u64> = BTreeMap::new();
+        for cycle in &cycles {
+            for (code, n) in &cycle.by_code {
+                *by_code.entry(*code).or_default() += n;
+            }
+        }
+        let mut durations: Vec<f64> = cycles
+            .iter()
+            .map(|c| c.duration.as_secs_f64() * 1e3)
+            .collect();
+        durations.sort_by(f64::total_cmp);
+        put("scrape_cycles", cycles.len().to_string());
+        put("scrape_ok", ok.to_string());
+        put(
+            "scrape_not_ok",
+            (by_code.values().sum::<u64>() + errors).to_string(),
+        );
+        put("scrape_errors", errors.to_string());
+        for (code, n) in by_code {
+            put(&format!("scrape_status_{code}"), n.to_string());
+        }
+        if let (Some(median), Some(max)) = (durations.get(durations.len() / 2), durations.last()) {
+            put("scrape_cycle_ms_median", format!("{median:.0}"));
+            put("scrape_cycle_ms_max", format!("{max:.0}"));
+        }
+        let bytes: u64 = cycles.iter().map(|c| c.ok_bytes).sum();
+        put(
+            "scrape_body_bytes_mean",
+            format!("{:.0}", bytes as f64 / ok.max(1) as f64),
+        );
+        put(
+            "scrape_connections",
+            self.connections.load(Ordering::Relaxed).to_string(),
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -612,22 +1003,54 @@ async fn main() -> anyhow::Result<()> {
     let site_ca = args
         .mtls
         .then(|| Arc::new(edgebeat_tests::pki::Ca::new("edgebeat-fleet-site-ca")));
+    anyhow::ensure!(
+        args.scrape_every != Some(0),
+        "--scrape-every must be at least 1 second"
+    );
+    // --scrape-every: the TLS material of every replica's resource metrics server and of
+    // the scraper, and the flags that serve it.
+    let scrape_pki = args
+        .scrape_every
+        .map(|_| ScrapePki::write(pki_dir.path()))
+        .transpose()?;
+    let resource_metrics_args = scrape_pki
+        .as_ref()
+        .map(ScrapePki::gateway_args)
+        .unwrap_or_default();
     let metrics_port = free_port()?;
+    // The gateway logs to stdout; with --gateway-log both streams go to the file.
+    let gateway_log = args
+        .gateway_log
+        .as_ref()
+        .map(|path| {
+            std::fs::File::create(path).with_context(|| format!("--gateway-log {}", path.display()))
+        })
+        .transpose()?;
+    let stdio_log = |log: Option<&std::fs::File>| -> anyhow::Result<std::process::Stdio> {
+        Ok(match log {
+            Some(file) => std::process::Stdio::from(file.try_clone()?),
+            None => std::process::Stdio::null(),
+        })
+    };
     let mut command = tokio::process::Command::new(&args.gateway_bin);
     command
         .arg("--server")
         .arg(standin.url())
         .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
-        .arg("--log-level=warn")
-        .args(apiserver_http(&args.gateway_args))
-        .stdout(std::process::Stdio::null())
-        .stderr(match &args.gateway_log {
-            Some(path) => std::process::Stdio::from(
-                std::fs::File::create(path)
-                    .with_context(|| format!("--gateway-log {}", path.display()))?,
-            ),
-            None => std::process::Stdio::null(),
+        // With --scrape-every, the line naming the resource metrics server's address too.
+        .arg(if scrape_pki.is_some() {
+            "--log-level=warn,edgebeat_gateway::server=info"
+        } else {
+            "--log-level=warn"
         })
+        .args(apiserver_http(&args.gateway_args))
+        .env("NO_COLOR", "1")
+        .stdout(if scrape_pki.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            stdio_log(gateway_log.as_ref())?
+        })
+        .stderr(stdio_log(gateway_log.as_ref())?)
         .kill_on_drop(true);
     anyhow::ensure!(
         !args.enroll || args.transport == Transport::Grpc,
@@ -679,7 +1102,10 @@ async fn main() -> anyhow::Result<()> {
     if site_ca.is_none() && !args.enroll {
         command.arg("--allow-unidentified-agents");
     }
+    command.args(&resource_metrics_args);
     command.args(&args.gateway_args);
+    // The first replica's resource metrics server (--scrape-every).
+    let mut scrape_addr: Option<std::net::SocketAddr> = None;
     let mut gateway = if args.ack_only {
         let spec = match &transport {
             FleetTransport::Grpc(url) => {
@@ -705,10 +1131,23 @@ async fn main() -> anyhow::Result<()> {
         );
         child
     } else {
-        let child = command
+        let mut child = command
             .spawn()
             .with_context(|| format!("starting {}", args.gateway_bin.display()))?;
+        let resource_metrics_addr = child
+            .stdout
+            .take()
+            .map(|stdout| follow_gateway_log(stdout, gateway_log));
         wait_ready(metrics_port).await?;
+        if let Some(addr) = resource_metrics_addr {
+            scrape_addr = Some(
+                tokio::time::timeout(Duration::from_secs(30), addr)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .context("the gateway logged no \"serving resource metrics\" address")?,
+            );
+        }
         child
     };
     let mut pids = vec![gateway.id().context("gateway pid")?];
@@ -723,7 +1162,15 @@ async fn main() -> anyhow::Result<()> {
     );
     let mut replicas = Vec::new();
     for index in 1..args.replicas {
-        let child = spawn_replica(&args, &standin, &brokers, index, &index.to_string()).await?;
+        let child = spawn_replica(
+            &args,
+            &standin,
+            &brokers,
+            index,
+            &index.to_string(),
+            &resource_metrics_args,
+        )
+        .await?;
         pids.push(child.id().context("gateway pid")?);
         replicas.push(child);
     }
@@ -735,6 +1182,7 @@ async fn main() -> anyhow::Result<()> {
     options.reboots_per_minute = args.reboots_per_minute;
     options.flip_probability = args.flip_probability;
     options.health_conditions = args.health_conditions;
+    options.usage = !args.no_usage;
     let silences = (args.sites > 0).then(|| Arc::new(Silences::new(args.nodes, args.sites)));
     options.silences = silences.clone();
     // Site cuts made: (site, start, end), by the wall clock the gateway also stamps with.
@@ -750,11 +1198,28 @@ async fn main() -> anyhow::Result<()> {
         });
     }
     let lease_duration = f64::from(options.lease_duration_seconds);
+    let node_names: Vec<String> = (0..args.nodes).map(|i| options.node_name(i)).collect();
     let stats = Arc::new(FleetStats::default());
     let cancel = CancellationToken::new();
     let fleet = tokio::spawn(run_fleet(options, stats.clone(), cancel.clone()));
 
     let started = tokio::time::Instant::now();
+    // --scrape-every: metrics-server's cycles, from 25 s after the ramp (every node has
+    // sent its first sample by then: the first renewal after registering carries one).
+    let scraping = match (&scrape_pki, scrape_addr, args.scrape_every) {
+        (Some(pki), Some(addr), Some(every)) => {
+            let scraper = Arc::new(ResourceScraper::new(addr, pki, &node_names)?);
+            let first = started + Duration::from_secs(args.ramp + SCRAPE_AFTER_RAMP_S);
+            let stop = cancel.child_token();
+            let task = tokio::spawn(scraper.clone().run(
+                first,
+                Duration::from_secs(every),
+                stop.clone(),
+            ));
+            Some((scraper, stop, task))
+        }
+        _ => None,
+    };
     let warm_up = Duration::from_secs(args.ramp) + Duration::from_secs_f64(lease_duration);
     let end = started + Duration::from_secs(args.ramp + args.duration);
     let mut sample = tokio::time::interval(Duration::from_secs(1));
@@ -876,7 +1341,15 @@ async fn main() -> anyhow::Result<()> {
             && restart_at.is_some_and(|t| tokio::time::Instant::now() >= t)
         {
             let index = args.replicas - 1;
-            let child = spawn_replica(&args, &standin, &brokers, index, "restarted").await?;
+            let child = spawn_replica(
+                &args,
+                &standin,
+                &brokers,
+                index,
+                "restarted",
+                &resource_metrics_args,
+            )
+            .await?;
             pids.push(child.id().context("gateway pid")?);
             replicas.push(child);
             println!(
@@ -917,8 +1390,12 @@ async fn main() -> anyhow::Result<()> {
                     stats.identified.load(Ordering::Relaxed),
                 );
             }
+            let scrape_note = scraping
+                .as_ref()
+                .map(|(scraper, _, _)| scraper.progress())
+                .unwrap_or_default();
             println!(
-                "t={:>4.0}s msgs/s={:>7.1} renewals_ok={} failed={} ack_p50={:.1}ms p99={:.1}ms max={:.1}ms leases={} expired_samples={} gateway_rss={:.1}MiB cpu={:.1}s gateway_fds={} apiserver_conns={}",
+                "t={:>4.0}s msgs/s={:>7.1} renewals_ok={} failed={} ack_p50={:.1}ms p99={:.1}ms max={:.1}ms leases={} expired_samples={} gateway_rss={:.1}MiB cpu={:.1}s gateway_fds={} apiserver_conns={}{scrape_note}",
                 started.elapsed().as_secs_f64(),
                 (messages - last_messages) as f64 / dt,
                 stats.renewals_ok.load(Ordering::Relaxed),
@@ -955,6 +1432,15 @@ async fn main() -> anyhow::Result<()> {
             last_report = tokio::time::Instant::now();
         }
     }
+    // A cycle in progress at the end is dropped, uncounted.
+    let scraped = match scraping {
+        Some((scraper, stop, task)) => {
+            stop.cancel();
+            let _ = task.await;
+            Some(scraper)
+        }
+        None => None,
+    };
     all_latencies.extend(stats.take_latencies());
     all_latencies.sort_unstable();
     ages.sort_unstable();
@@ -973,6 +1459,14 @@ async fn main() -> anyhow::Result<()> {
         summary.insert(k.to_owned(), v);
     };
     put("nodes", args.nodes.to_string());
+    put(
+        "renewal_usage_every",
+        if args.no_usage { "0" } else { "2" }.to_owned(),
+    );
+    if let (Some(scraper), Some(every)) = (&scraped, args.scrape_every) {
+        put("scrape_every_s", every.to_string());
+        scraper.figures(&mut put);
+    }
     put("apiserver_connections_max", apiserver_conns_max.to_string());
     put(
         "apiserver_connections_accepted",
@@ -1204,6 +1698,11 @@ async fn main() -> anyhow::Result<()> {
     }
     for (why, count) in stats.failures() {
         println!("renewal_failure {count} × {why}");
+    }
+    if let Some(scraper) = &scraped {
+        for (why, count) in scraper.error_kinds() {
+            println!("scrape_error {count} × {why}");
+        }
     }
     for child in std::iter::once(&mut gateway).chain(replicas.iter_mut()) {
         let _ = child.start_kill();

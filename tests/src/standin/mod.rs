@@ -44,7 +44,12 @@
 //!   of X.509 certificates) and never changes it once set. As in the real server, a
 //!   certificate can be written through `/status` before the request is approved: the
 //!   signer is trusted to wait (only the `CertificateSigning` admission plugin's RBAC
-//!   `sign` check stands in the way, and there is no RBAC here).
+//!   `sign` check stands in the way, and there is no RBAC here);
+//! - `subjectaccessreviews.authorization.k8s.io`: create (`POST`) only, answered 201 with
+//!   the review echoed back and `status.allowed: true` after the real server's validation
+//!   of its spec. The stand-in is **not an authorizer**: it allows every review, so the
+//!   gateway's resource metrics server (kubelet's webhook authorization) serves whoever
+//!   authenticates. The group is not listed in discovery.
 //!
 //! Patches: strategic merge patch (the Node/Lease/Event subset of the algorithm, see
 //! [`smp`]), JSON merge patch and JSON patch. Server-side apply is answered 415.
@@ -503,7 +508,7 @@ impl StandInHandle {
 
     /// Requests answered so far, by `"METHOD resource status"`, e.g. `"PUT leases 200"`
     /// (resource: `leases`, `nodes/status`, `nodes`, `events`, `secrets`,
-    /// `certificatesigningrequests[/status|/approval]` or `other`).
+    /// `certificatesigningrequests[/status|/approval]`, `subjectaccessreviews` or `other`).
     pub fn request_counts(&self) -> std::collections::BTreeMap<String, u64> {
         self.shared.lock().request_counts.clone()
     }

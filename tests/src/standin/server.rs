@@ -327,6 +327,8 @@ enum Route {
     /// `/apis/<group>/v1` of a served group.
     GroupResources(&'static str),
     Resource(ResourcePath),
+    /// `/apis/authorization.k8s.io/v1/subjectaccessreviews` ([`subject_access_review`]).
+    SubjectAccessReviews,
     NotFound,
 }
 
@@ -346,6 +348,9 @@ fn route(path: &str) -> Route {
         ["api"] => Route::ApiVersions,
         ["api", "v1"] => Route::CoreResources,
         ["apis"] => Route::ApiGroups,
+        ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"] => {
+            Route::SubjectAccessReviews
+        }
         ["apis", group] => served(group).map_or(Route::NotFound, Route::Group),
         ["apis", group, "v1"] => served(group).map_or(Route::NotFound, Route::GroupResources),
         ["api", "v1", rest @ ..] => resource_route("", rest),
@@ -474,6 +479,10 @@ fn dispatch(
         Route::Group(group) => get_only(discovery::group(group)),
         Route::GroupResources(group) => get_only(discovery::group_resources(group)),
         Route::NotFound => error_response(&ApiError::path_not_found()),
+        Route::SubjectAccessReviews if method == Method::POST => {
+            subject_access_review(headers, body).unwrap_or_else(|e| error_response(&e))
+        }
+        Route::SubjectAccessReviews => error_response(&ApiError::method_not_allowed()),
         Route::Resource(rp) => {
             let q = Query::parse(uri.query());
             if let Some(node) = node {
@@ -493,6 +502,85 @@ fn dispatch(
                 .unwrap_or_else(|e| error_response(&e))
         }
     }
+}
+
+/// `POST /apis/authorization.k8s.io/v1/subjectaccessreviews`, what a kubelet (or the
+/// gateway's resource metrics server) asks with `--authorization-mode=Webhook`: the review
+/// echoed back with `status: {allowed: true}`, 201 Created. The stand-in is **not an
+/// authorizer**: it allows every review (any user, verb, resource or path). It does check
+/// the spec as the real server does before deciding (`pkg/apis/authorization/validation:
+/// ValidateSubjectAccessReview`, 422 `SubjectAccessReview.authorization.k8s.io "" is
+/// invalid`): exactly one of `resourceAttributes` and `nonResourceAttributes`, a user or a
+/// group, and an empty `metadata`. JSON bodies only; the group is not listed in discovery.
+fn subject_access_review(headers: &HeaderMap, body: &[u8]) -> Result<Response<Body>, ApiError> {
+    if mime(headers) != "application/json" {
+        return Err(ApiError::unsupported_media_type(
+            "the body of the request was in an unknown format - accepted media types include: application/json",
+        ));
+    }
+    let mut review: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+    })?;
+    let Some(object) = review.as_object_mut() else {
+        return Err(ApiError::bad_request(
+            "couldn't get version/kind; json parse error: the body is not a JSON object",
+        ));
+    };
+    let spec = object.get("spec").cloned().unwrap_or(Value::Null);
+    let present = |key: &str| spec.get(key).is_some_and(|v| !v.is_null());
+    let text = |key: &str| spec.get(key).and_then(Value::as_str).unwrap_or_default();
+    let mut errs = Vec::new();
+    match (
+        present("resourceAttributes"),
+        present("nonResourceAttributes"),
+    ) {
+        (true, true) => errs.push(FieldError::invalid(
+            "spec.nonResourceAttributes",
+            spec["nonResourceAttributes"].to_string(),
+            "cannot be specified in combination with resourceAttributes",
+        )),
+        (false, false) => errs.push(FieldError::invalid(
+            "spec.resourceAttributes",
+            "null",
+            "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+        )),
+        _ => {}
+    }
+    let no_groups = spec
+        .get("groups")
+        .and_then(Value::as_array)
+        .is_none_or(Vec::is_empty);
+    if text("user").is_empty() && no_groups {
+        errs.push(FieldError::invalid(
+            "spec.user",
+            quote(text("user")),
+            "at least one of user or group must be specified",
+        ));
+    }
+    if object
+        .get("metadata")
+        .and_then(Value::as_object)
+        .is_some_and(|m| m.values().any(|v| !v.is_null()))
+    {
+        errs.push(FieldError::invalid("metadata", "{}", "must be empty"));
+    }
+    if !errs.is_empty() {
+        return Err(ApiError::invalid(
+            "SubjectAccessReview.authorization.k8s.io",
+            "authorization.k8s.io",
+            "SubjectAccessReview",
+            "",
+            &errs,
+        ));
+    }
+    object.insert("apiVersion".into(), "authorization.k8s.io/v1".into());
+    object.insert("kind".into(), "SubjectAccessReview".into());
+    object.insert("metadata".into(), json!({}));
+    object.insert(
+        "status".into(),
+        json!({"allowed": true, "reason": "the stand-in apiserver allows every review"}),
+    );
+    Ok(json_response(201, &review, &[]))
 }
 
 /// `fieldValidation`: Warn is the server default.
@@ -1081,4 +1169,68 @@ fn watch_line(event: &str, object: &Value) -> Bytes {
     .unwrap_or_default();
     line.push(b'\n');
     Bytes::from(line)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    use kube::api::{Api, PostParams};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn subject_access_reviews_are_allowed_after_validation() {
+        let standin = crate::standin::StandIn::start().await.unwrap();
+        let client =
+            kube::Client::try_from(kube::Config::new(standin.url().parse().unwrap())).unwrap();
+        let reviews: Api<SubjectAccessReview> = Api::all(client);
+        let asked = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some("system:serviceaccount:kube-system:metrics-server".into()),
+                groups: Some(vec!["system:authenticated".into()]),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some("get".into()),
+                    resource: Some("nodes".into()),
+                    subresource: Some("metrics".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = reviews
+            .create(&PostParams::default(), &asked)
+            .await
+            .unwrap();
+        assert_eq!(answer.spec, asked.spec);
+        assert!(answer.status.unwrap().allowed);
+
+        // Neither attributes nor a user: 422, as the real server's validation.
+        let invalid = SubjectAccessReview::default();
+        match reviews.create(&PostParams::default(), &invalid).await {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{status:?}");
+                assert!(
+                    status
+                        .message
+                        .contains("exactly one of nonResourceAttributes or resourceAttributes"),
+                    "{status:?}"
+                );
+            }
+            other => panic!("expected 422, got {other:?}"),
+        }
+        let counts = standin.request_counts();
+        assert_eq!(
+            counts.get("POST subjectaccessreviews 201"),
+            Some(&1),
+            "{counts:?}"
+        );
+        assert_eq!(
+            counts.get("POST subjectaccessreviews 422"),
+            Some(&1),
+            "{counts:?}"
+        );
+        standin.shutdown();
+    }
 }

@@ -122,6 +122,8 @@ pub(crate) fn resource_of(path: &str) -> &'static str {
         } else {
             "certificatesigningrequests"
         }
+    } else if path.ends_with("/subjectaccessreviews") {
+        "subjectaccessreviews"
     } else if path.contains("/secrets") {
         "secrets"
     } else if path.contains("/leases") {
