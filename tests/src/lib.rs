@@ -24,6 +24,7 @@ pub mod messages;
 pub mod pki;
 pub mod process;
 pub mod procfs;
+pub mod prometheus;
 pub mod requests;
 pub mod spy;
 pub mod standin;

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use edgebeat_gateway::enrollment::EnrollmentOptions;
 use edgebeat_tests::harness::{Cluster, Transport, fixture_copy, gateway_options};
+use edgebeat_tests::prometheus::{get_json, query};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -251,57 +251,6 @@ fn dashboard_queries() -> Vec<(String, String)> {
     out
 }
 
-/// `s` percent-encoded for a query string (RFC 3986 unreserved characters kept).
-fn percent_encoded(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A GET of `path` over HTTP/1.0 (so Go's server answers without chunking): the status
-/// code and the body.
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: prometheus\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
-    let code = answer
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (code, body.to_owned())
-}
-
-/// A GET of `path`, its body as JSON.
-async fn get_json(addr: SocketAddr, path: &str) -> Value {
-    let (code, body) = get(addr, path).await;
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {code} {e}: {body}"))
-}
-
-/// Prometheus' instant query of `expr`: the series it returns.
-async fn query(prometheus: SocketAddr, expr: &str) -> Vec<Value> {
-    let answer = get_json(
-        prometheus,
-        &format!("/api/v1/query?query={}", percent_encoded(expr)),
-    )
-    .await;
-    assert_eq!(answer["status"], "success", "{expr}: {answer}");
-    answer["data"]["result"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// Serves `cluster`'s first replica's metrics, as the gateway binary registers them, on a
 /// port of its own; returns its address.
 async fn serve_metrics(cluster: &Cluster) -> SocketAddr {
@@ -325,7 +274,7 @@ async fn serve_metrics(cluster: &Cluster) -> SocketAddr {
 /// and the process.
 async fn prometheus(dir: &Path, targets: &[SocketAddr]) -> (SocketAddr, tokio::process::Child) {
     let list: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
-    start_prometheus(
+    edgebeat_tests::prometheus::start(
         dir,
         &format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: edgebeat-gateway\n    static_configs:\n      - targets: [{}]\n",
@@ -333,55 +282,6 @@ async fn prometheus(dir: &Path, targets: &[SocketAddr]) -> (SocketAddr, tokio::p
         ),
     )
     .await
-}
-
-/// A real Prometheus (Debian's, 2.42) with `config`, its data under `dir`, once it is ready;
-/// returns its address and the process.
-async fn start_prometheus(dir: &Path, config: &str) -> (SocketAddr, tokio::process::Child) {
-    let binary = tool(
-        "prometheus",
-        "install Debian's prometheus package (scripts/test.sh does)",
-    );
-    let file = dir.join("prometheus.yml");
-    std::fs::write(&file, config).unwrap();
-    let mut child = tokio::process::Command::new(binary)
-        .arg(format!("--config.file={}", file.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg("--web.listen-address=127.0.0.1:0")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let find = async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            // `msg="Listening on" address=127.0.0.1:39507`: the port it bound.
-            if line.contains("msg=\"Listening on\"") {
-                let addr = line.rsplit("address=").next().unwrap().trim();
-                return addr.parse::<SocketAddr>().unwrap();
-            }
-        }
-        panic!("prometheus exited before listening");
-    };
-    let addr = tokio::time::timeout(Duration::from_secs(30), find)
-        .await
-        .expect("prometheus listening within 30 s");
-    // Keep draining its log so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    // It answers queries once its storage is open: /-/ready says 200 then.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while get(addr, "/-/ready").await.0 != 200 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "prometheus not ready within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (addr, child)
 }
 
 /// A cluster over `transport` whose gateway enrolls, with one enrolled agent `node`
@@ -550,7 +450,7 @@ async fn the_edge_node_job_keeps_gateway_nodes_and_scrapes_them_through_the_node
     std::fs::write(&nodes, groups.to_string()).unwrap();
     // JSON is YAML: Prometheus reads it as its config.
     let config = serde_json::json!({"scrape_configs": [job]}).to_string();
-    let (prometheus, mut child) = start_prometheus(dir.path(), &config).await;
+    let (prometheus, mut child) = edgebeat_tests::prometheus::start(dir.path(), &config).await;
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let targets = loop {

@@ -460,6 +460,64 @@ async fn busy_loop_figures(control_plane: &ControlPlane, node: &str) -> (f64, f6
     (idle, cores, host)
 }
 
+/// `deploy/gateway-resource-metrics`' flags for a replica listening on `veth`, naming
+/// `address` (`IP` or a Service's `IP:PORT`), serving `cert`/`key` and taking client
+/// certificates of the cluster CA.
+fn resource_metrics_flags(
+    control_plane: &ControlPlane,
+    veth: &VethAddress,
+    address: &str,
+    (cert, key): (&Path, &Path),
+) -> Vec<String> {
+    vec![
+        format!("--resource-metrics-listen={}:0", veth.address),
+        format!("--resource-metrics-address={address}"),
+        format!("--resource-metrics-tls-cert={}", cert.display()),
+        format!("--resource-metrics-tls-key={}", key.display()),
+        format!(
+            "--resource-metrics-client-ca={}",
+            control_plane.ca.display()
+        ),
+    ]
+}
+
+/// `deploy/gateway/resource-metrics` applied, then where each replica serves resource
+/// metrics (from its log).
+async fn serving(
+    control_plane: &ControlPlane,
+    replicas: [&mut DeployedGateway; 2],
+) -> [std::net::SocketAddr; 2] {
+    control_plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "-k",
+            "deploy/gateway/resource-metrics",
+        ])
+        .unwrap();
+    let [a, b] = replicas;
+    [
+        a.process.address("serving resource metrics").await.unwrap(),
+        b.process.address("serving resource metrics").await.unwrap(),
+    ]
+}
+
+/// Requests the replica whose `/metrics` is at `health` answered 200
+/// (`edgebeat_gateway_resource_metrics_requests_total{code="200"}`).
+async fn answered_200(health: std::net::SocketAddr) -> u64 {
+    let metrics = edgebeat_tests::harness::http_get(health, "/metrics")
+        .await
+        .unwrap()
+        .1;
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("edgebeat_gateway_resource_metrics_requests_total{code=\"200\"} ")
+        })
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
 /// A control plane of this test's own, the apiserver's address types with the gateway's
 /// first, and kubeadm's binding for kube-apiserver's kubelet client certificate (its group),
 /// which kubelets authorize like any caller.
@@ -484,39 +542,18 @@ async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_
     let control_plane = control_plane();
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = serving_certificate(&control_plane, veth.address, dir.path());
-    let flags = [
-        format!("--resource-metrics-listen={}:0", veth.address),
-        format!("--resource-metrics-address={}", veth.address),
-        format!("--resource-metrics-tls-cert={}", cert.display()),
-        format!("--resource-metrics-tls-key={}", key.display()),
-        format!(
-            "--resource-metrics-client-ca={}",
-            control_plane.ca.display()
-        ),
-    ];
+    let flags = resource_metrics_flags(
+        &control_plane,
+        &veth,
+        &veth.address.to_string(),
+        (&cert, &key),
+    );
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut gateway = DeployedGateway::start(&control_plane, &flags).await;
     let mut second =
         DeployedGateway::start_with_site(&control_plane, &flags, gateway.site.clone()).await;
-    control_plane
-        .kubectl(&[
-            "apply",
-            "--server-side",
-            "-k",
-            "deploy/gateway/resource-metrics",
-        ])
-        .unwrap();
-    let served = gateway
-        .process
-        .address("serving resource metrics")
-        .await
-        .unwrap();
+    let [served, served_second] = serving(&control_plane, [&mut gateway, &mut second]).await;
     assert_eq!(served.ip(), std::net::IpAddr::V4(veth.address));
-    let served_second = second
-        .process
-        .address("serving resource metrics")
-        .await
-        .unwrap();
 
     // An agent on this host's real facts, so its figures are the host's, reaching the first
     // replica through what stands for the gateway's Service.
@@ -664,24 +701,11 @@ async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_
     assert!(body.contains("resource_scrape_error 0\n"), "{body}");
     // metrics-server's next scrape reaches the second replica (its answers go up with no
     // other caller), and kubectl top node lists the node from there.
-    let served_ok = || async {
-        let metrics = edgebeat_tests::harness::http_get(second.health, "/metrics")
-            .await
-            .unwrap()
-            .1;
-        metrics
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("edgebeat_gateway_resource_metrics_requests_total{code=\"200\"} ")
-            })
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let by_proxy = served_ok().await;
+    let by_proxy = answered_200(second.health).await;
     eventually(
         "metrics-server scraping the second replica",
         Duration::from_secs(60),
-        || async { served_ok().await > by_proxy },
+        || async { answered_200(second.health).await > by_proxy },
     )
     .await;
     let top = top_node(&control_plane, node, &log).await;
@@ -756,7 +780,7 @@ async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_on
     let service = Forwarder::start(std::net::IpAddr::V4(veth.address), placeholder).await;
     // deploy/gateway-mqtt's flags (signatures checked against the site CA, answers signed)
     // and deploy/gateway-resource-metrics', the address being the Service's.
-    let flags = [
+    let mut flags = vec![
         format!(
             "--mqtt-endpoint=mqtts://{}:{}",
             broker.host(),
@@ -766,38 +790,19 @@ async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_on
         format!("--mqtt-node-ca={}", file("site-ca.crt")),
         format!("--mqtt-answer-cert-file={}", file("answers.crt")),
         format!("--mqtt-answer-key-file={}", file("answers.key")),
-        format!("--resource-metrics-listen={}:0", veth.address),
-        format!("--resource-metrics-address={}", service.addr),
-        format!("--resource-metrics-tls-cert={}", cert.display()),
-        format!("--resource-metrics-tls-key={}", key.display()),
-        format!(
-            "--resource-metrics-client-ca={}",
-            control_plane.ca.display()
-        ),
     ];
+    flags.extend(resource_metrics_flags(
+        &control_plane,
+        &veth,
+        &service.addr.to_string(),
+        (&cert, &key),
+    ));
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut first =
         DeployedGateway::start_as(&control_plane, &flags, site.clone(), "edgebeat-gateway-a").await;
     let mut second =
         DeployedGateway::start_as(&control_plane, &flags, site.clone(), "edgebeat-gateway-b").await;
-    control_plane
-        .kubectl(&[
-            "apply",
-            "--server-side",
-            "-k",
-            "deploy/gateway/resource-metrics",
-        ])
-        .unwrap();
-    let served_first = first
-        .process
-        .address("serving resource metrics")
-        .await
-        .unwrap();
-    let served_second = second
-        .process
-        .address("serving resource metrics")
-        .await
-        .unwrap();
+    let [served_first, served_second] = serving(&control_plane, [&mut first, &mut second]).await;
     *service.target.lock().unwrap() = served_first;
 
     // A signing agent on this host's real facts, over MQTT over TLS.
@@ -908,24 +913,11 @@ async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_on
     first.process.kill().await.unwrap();
     *service.target.lock().unwrap() = served_second;
     let killed = tokio::time::Instant::now();
-    let served_ok = || async {
-        let metrics = edgebeat_tests::harness::http_get(second.health, "/metrics")
-            .await
-            .unwrap()
-            .1;
-        metrics
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("edgebeat_gateway_resource_metrics_requests_total{code=\"200\"} ")
-            })
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let before = served_ok().await;
+    let before = answered_200(second.health).await;
     eventually(
         "metrics-server scraping the second replica",
         Duration::from_secs(60),
-        || async { served_ok().await > before },
+        || async { answered_200(second.health).await > before },
     )
     .await;
     let top = top_node(&control_plane, node, &log).await;

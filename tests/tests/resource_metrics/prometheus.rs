@@ -3,13 +3,12 @@
 //! proxy, with the permissions that file documents, until the dashboard's edge-node panels
 //! have the node's series.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use edgebeat_tests::control_plane::{ControlPlane, repository};
+use edgebeat_tests::prometheus::{get_json, query, start as start_prometheus};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
 /// The job of `scrape-edge-nodes.yaml`, which the dashboard's edge-node queries select.
 const JOB: &str = "edgebeat-edge-nodes";
@@ -334,110 +333,4 @@ fn edge_node_queries() -> Vec<String> {
         "CPU, then memory: {out:?}"
     );
     out
-}
-
-/// The real Prometheus (Debian's) with `config`, its storage under `dir`, once ready: its
-/// address and the process (killed when dropped).
-async fn start_prometheus(dir: &Path, config: &str) -> (SocketAddr, tokio::process::Child) {
-    let binary = PathBuf::from("/usr/bin/prometheus");
-    assert!(
-        binary.is_file(),
-        "no /usr/bin/prometheus: install Debian's prometheus package (scripts/test.sh does)"
-    );
-    let file = dir.join("prometheus.yml");
-    std::fs::write(&file, config).unwrap();
-    let mut child = tokio::process::Command::new(binary)
-        .arg(format!("--config.file={}", file.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg("--web.listen-address=127.0.0.1:0")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let find = async {
-        let mut log = Vec::new();
-        while let Some(line) = lines.next_line().await.unwrap() {
-            // `msg="Listening on" address=127.0.0.1:39507`: the port it bound.
-            if line.contains("msg=\"Listening on\"") {
-                let addr = line.rsplit("address=").next().unwrap().trim();
-                return addr.parse::<SocketAddr>().unwrap();
-            }
-            log.push(line);
-        }
-        panic!(
-            "prometheus exited before listening:\n{}\nits config: {config}",
-            log.join("\n")
-        );
-    };
-    let addr = tokio::time::timeout(Duration::from_secs(30), find)
-        .await
-        .expect("prometheus listening within 30 s");
-    // Keep draining its log so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    // It answers queries once its storage is open: /-/ready says 200 then.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while get(addr, "/-/ready").await.0 != 200 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "prometheus not ready within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (addr, child)
-}
-
-/// `s` percent-encoded for a query string (RFC 3986 unreserved characters kept).
-fn percent_encoded(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A GET of `path` over HTTP/1.0 (so Go's server answers without chunking): the status
-/// code and the body.
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: prometheus\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
-    let code = answer
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (code, body.to_owned())
-}
-
-/// A GET of `path`, its body as JSON.
-async fn get_json(addr: SocketAddr, path: &str) -> Value {
-    let (code, body) = get(addr, path).await;
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {code} {e}: {body}"))
-}
-
-/// Prometheus's instant query of `expr`: the series it returns.
-async fn query(prometheus: SocketAddr, expr: &str) -> Vec<Value> {
-    let answer = get_json(
-        prometheus,
-        &format!("/api/v1/query?query={}", percent_encoded(expr)),
-    )
-    .await;
-    assert_eq!(answer["status"], "success", "{expr}: {answer}");
-    answer["data"]["result"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
 }
