@@ -212,7 +212,11 @@ fn slots_keep_the_limits_they_are_given() {
     slots.insert(ip(1), 2);
     assert!(slots.make_room(ip(2)).is_empty());
     slots.insert(ip(2), 3);
-    assert_eq!(slots.make_room(ip(3)), vec![1], "full: address 1 holds the most");
+    assert_eq!(
+        slots.make_room(ip(3)),
+        vec![1],
+        "full: address 1 holds the most"
+    );
 }
 
 /// Opens connections from `from` to `addr` and asks `GET /metrics` on each every
