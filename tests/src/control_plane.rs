@@ -313,6 +313,9 @@ pub struct AuditEvent {
     pub stage_timestamp: String,
     /// `ResponseComplete` or `ResponseStarted` (a watch).
     pub stage: String,
+    /// The client's `User-Agent` (kubectl's start with `kubectl/`).
+    #[serde(default)]
+    pub user_agent: String,
 }
 
 /// A user of an [`AuditEvent`].
@@ -435,7 +438,8 @@ where
 }
 
 /// The gateway's requests (as [`GATEWAY_USER`]) in the audit log, answered at or after
-/// `from`.
+/// `from`: the binary's, not kubectl's made with the gateway's kubeconfig (a test probing
+/// what the gateway's identity may not do, whose refusals are the point).
 ///
 /// # Panics
 /// When the audit log cannot be read.
@@ -445,7 +449,11 @@ pub fn gateway_requests(control_plane: &ControlPlane, from: jiff::Timestamp) -> 
         .audit()
         .unwrap()
         .into_iter()
-        .filter(|e| e.user.username == GATEWAY_USER && e.at().is_ok_and(|at| at >= from))
+        .filter(|e| {
+            e.user.username == GATEWAY_USER
+                && !e.user_agent.starts_with("kubectl/")
+                && e.at().is_ok_and(|at| at >= from)
+        })
         .collect()
 }
 
