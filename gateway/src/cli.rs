@@ -395,14 +395,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, BadDuration> {
 /// `--resource-metrics-address`: `IP`, or `IP:PORT` (`[IPv6]:PORT`).
 ///
 /// # Errors
-/// Neither form, naming both.
-fn parse_resource_metrics_address(text: &str) -> Result<(std::net::IpAddr, Option<u16>), String> {
+/// [`AddressError`] when the text is neither form.
+fn parse_resource_metrics_address(
+    text: &str,
+) -> Result<(std::net::IpAddr, Option<u16>), AddressError> {
     if let Ok(address) = text.parse::<SocketAddr>() {
         return Ok((address.ip(), Some(address.port())));
     }
     text.parse::<std::net::IpAddr>()
         .map(|ip| (ip, None))
-        .map_err(|_| {
-            format!("`{text}` is neither an IP nor IP:PORT (e.g. 10.0.0.7 or 10.96.0.20:10250)")
-        })
+        .map_err(|_| AddressError(text.to_owned()))
 }
+
+/// A `--resource-metrics-address` that is neither an IP nor `IP:PORT` (the text given).
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is neither an IP nor IP:PORT (e.g. 10.0.0.7 or 10.96.0.20:10250)")]
+struct AddressError(String);

@@ -141,12 +141,9 @@ impl Samples {
         usage: &edgebeat_proto::ResourceUsage,
         sampled: std::time::SystemTime,
     ) -> Option<edgebeat_proto::SharedUsage> {
-        let timestamp_ms = sampled
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let shared = edgebeat_proto::SharedUsage {
             usage: Some(*usage),
-            sampled_ms: timestamp_ms,
+            sampled_ms: unix_ms(sampled),
         };
         let sample = Sample::of(&shared)?;
         self.record(node, sample).then_some(shared)
@@ -164,9 +161,10 @@ impl Samples {
         self.latest.write().remove(node);
     }
 
-    /// Forgets every sample taken before `cutoff_ms` (ms since the Unix epoch): nodes no
-    /// replica has heard from since, including those only other replicas held.
-    pub fn forget_before(&self, cutoff_ms: i64) {
+    /// Forgets every sample taken before `cutoff`: nodes no replica has heard from since,
+    /// including those only other replicas held.
+    pub fn forget_before(&self, cutoff: std::time::SystemTime) {
+        let cutoff_ms = unix_ms(cutoff);
         self.latest
             .write()
             .retain(|_, s| s.timestamp_ms >= cutoff_ms);
@@ -179,13 +177,18 @@ impl Samples {
 
     /// `node`'s latest sample if it was taken at most [`MAX_SAMPLE_AGE`] before `now`.
     pub fn fresh(&self, node: &str, now: std::time::SystemTime) -> Option<Sample> {
-        let now_ms = now
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let oldest =
-            now_ms.saturating_sub(i64::try_from(MAX_SAMPLE_AGE.as_millis()).unwrap_or(i64::MAX));
+        let oldest = unix_ms(
+            now.checked_sub(MAX_SAMPLE_AGE)
+                .unwrap_or(std::time::UNIX_EPOCH),
+        );
         self.get(node).filter(|s| s.timestamp_ms >= oldest)
     }
+}
+
+/// `t` in milliseconds since the Unix epoch, as sample times are kept (jiff's conversion;
+/// 0 for a time it cannot represent).
+fn unix_ms(t: std::time::SystemTime) -> i64 {
+    jiff::Timestamp::try_from(t).map_or(0, |t| t.as_millisecond())
 }
 
 /// Where the cluster reaches this replica's resource metrics, as written into the status of

@@ -108,16 +108,9 @@ impl Gateway {
     pub(super) fn sweep(&self, slots: &mut NodeMap<String, Arc<SlotCell>>) {
         let now = Instant::now();
         // Samples, shared ones included, of nodes no replica heard from in as long.
-        let cutoff = self
-            .clock
-            .now()
-            .checked_sub(SLOT_IDLE)
-            .unwrap_or(std::time::UNIX_EPOCH);
-        self.resource_samples.forget_before(
-            cutoff
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-        );
+        let cutoff = self.clock.now().checked_sub(SLOT_IDLE);
+        self.resource_samples
+            .forget_before(cutoff.unwrap_or(std::time::UNIX_EPOCH));
         slots.retain(|name, slot| {
             // A cell a message holds (between lookup and post) or with letters is in use.
             let keep = Arc::strong_count(slot) > 1

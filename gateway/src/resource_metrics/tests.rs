@@ -1181,7 +1181,7 @@ fn shared_samples_are_recorded_within_the_limit_and_forgotten_when_old() {
         Some(shared(1, 2_500)),
         "the limit is on shared samples only"
     );
-    samples.forget_before(2_500);
+    samples.forget_before(std::time::UNIX_EPOCH + Duration::from_millis(2_500));
     assert_eq!(samples.get(NODE), None, "older than the cutoff");
     assert!(samples.get("own").is_some() && samples.get("third").is_some());
 }

@@ -231,10 +231,6 @@ impl Writer {
         Ok(())
     }
 
-    /// kubelet `updateDefaultLabels`: force the labels kubelet computes (hostname, os, arch
-    /// and their beta forms, and edgebeat's `edgebeat.io/container-runtime`) to the agent's
-    /// values, plus [`MANAGED_LABEL`] (the selector of
-    /// the gateway's watch); patch only when something differs.
     /// Records on Node `name` that it speaks with certificate `id`
     /// ([`bodies::CERTIFICATE_SHA256_ANNOTATION`], [`bodies::CERTIFICATE_NOT_BEFORE_ANNOTATION`]),
     /// in a patch of `nodes/{name}/status` whose metadata the apiserver keeps (as
@@ -262,6 +258,12 @@ impl Writer {
         Ok(())
     }
 
+    /// kubelet `updateDefaultLabels` (`pkg/kubelet/kubelet_node_status.go`): force the labels
+    /// kubelet computes (hostname, os, arch and their beta forms, and edgebeat's
+    /// `edgebeat.io/container-runtime`) to the agent's values, plus [`MANAGED_LABEL`] (the
+    /// selector of the gateway's watch); patch only when something differs.
+    ///
+    /// Errors: the apiserver's (`kube::Error`).
     pub(super) async fn reconcile_labels(
         &self,
         name: &str,
@@ -280,20 +282,13 @@ impl Writer {
             .chain([(MANAGED_LABEL.0.to_owned(), MANAGED_LABEL.1.to_owned())])
             .filter(|(k, v)| current.get(k) != Some(v))
             .collect();
-        let annotations = existing.metadata.annotations.clone().unwrap_or_default();
-        let wanted_annotations: BTreeMap<String, String> = self
-            .resource_metrics
-            .map(|_| resource_metrics_annotation(name))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(k, v)| annotations.get(k) != Some(v))
-            .collect();
-        if wanted.is_empty() && wanted_annotations.is_empty() {
+        // metrics-server's path annotation is not reconciled here: it rides the status write
+        // that names this replica ([`Writer::write_status`]), asked for by the answer to the
+        // node's first renewal here (`resend_status`) when no status was written.
+        if wanted.is_empty() {
             return Ok(());
         }
-        let body = serde_json::json!({
-            "metadata": { "labels": wanted, "annotations": wanted_annotations }
-        });
+        let body = serde_json::json!({ "metadata": { "labels": wanted } });
         let node = self.api.patch_node_status(name, body).await?;
         self.view.observe_node(&node);
         Ok(())
