@@ -805,8 +805,22 @@ async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_on
     let [served_first, served_second] = serving(&control_plane, [&mut first, &mut second]).await;
     *service.target.lock().unwrap() = served_first;
 
-    // A signing agent on this host's real facts, over MQTT over TLS.
+    // The Node exists already, without metrics-server's path annotation (registered before
+    // the gateway served resource metrics): the annotation comes with the status write that
+    // names the Service, through the real apiserver's nodes/status (checked by
+    // `names_replica` below).
     let node = "resource-metrics-mqtt-1";
+    let existing = dir.path().join("existing-node.yaml");
+    std::fs::write(
+        &existing,
+        format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {node}}}\n"),
+    )
+    .unwrap();
+    control_plane
+        .kubectl(&["create", "-f", existing.to_str().unwrap()])
+        .unwrap();
+
+    // A signing agent on this host's real facts, over MQTT over TLS.
     let leaf = site.node(node);
     let mut options = edgebeat_agent::config::MqttUplinkOptions::new(broker.host(), broker.port());
     options
