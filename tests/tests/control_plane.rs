@@ -920,6 +920,11 @@ async fn impersonated_writes_pass_the_real_node_authorizer_and_node_restriction(
     })
     .await;
     let all = gateway_requests(control_plane, started);
+    // Nothing the gateway sent was refused: its calls as each node fit what the Node
+    // authorizer and NodeRestriction allow a kubelet, and its watches of the managed Nodes
+    // and Leases run as itself (as a node they would be 403: a node may list and watch
+    // only its own Node, and no Leases).
+    assert_none_refused(&all);
     for name in names {
         let node_user = format!("system:node:{name}");
         let writes: Vec<_> = all

@@ -13,10 +13,9 @@
 
 use std::time::Duration;
 
-use edgebeat_gateway::GatewayOptions;
 use edgebeat_gateway::metrics::RejectReason;
 use edgebeat_proto::SignedMessage;
-use edgebeat_tests::harness::{Cluster, Transport, fixture, gateway_options};
+use edgebeat_tests::harness::{Cluster, fixture, gateway_options};
 use edgebeat_tests::pki::Ca;
 use edgebeat_tests::requests::{self, is_lease_put};
 use edgebeat_tests::spy::Spy;
@@ -274,79 +273,4 @@ async fn unsigned_agents_are_refused_only_when_signatures_are_required() {
             assert_eq!(cluster.rejections(RejectReason::Unsigned), 0);
         }
     }
-}
-
-/// Impersonation mode: every apiserver request the gateway makes for a node carries that
-/// node's identity, and the stand-in (which applies the Node authorizer and NodeRestriction
-/// to impersonated requests, as the apiserver does) accepts all of them: the gateway's
-/// calls fit within what a kubelet may do.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn impersonation_mode_writes_as_the_node_within_its_permissions() {
-    let options = GatewayOptions {
-        impersonate_nodes: true,
-        ..gateway_options()
-    };
-    let cluster = Cluster::start_with(Transport::Grpc, options).await.unwrap();
-    let agent = cluster
-        .start_agent(cluster.agent_config("edge-i", &fixture(FACTS)))
-        .unwrap();
-    cluster
-        .wait_for_renewals("edge-i", 3, DEADLINE)
-        .await
-        .unwrap();
-    agent.stop().await.unwrap();
-    let requests = cluster.standin.requests();
-    // The watch of the managed Nodes and Leases runs as the gateway itself: a node
-    // identity may list and watch only its own Node, never a fleet's.
-    let (watches, per_node): (Vec<_>, Vec<_>) = requests
-        .iter()
-        .partition(|r| edgebeat_tests::requests::is_collection_read(r));
-    assert!(
-        !watches.is_empty(),
-        "the gateway watches its Nodes and Leases"
-    );
-    for r in &watches {
-        assert_eq!(r.impersonate_user, None, "{} {}", r.method, r.path);
-    }
-    let ours: Vec<_> = per_node
-        .into_iter()
-        .filter(|r| {
-            ["/nodes", "/leases", "/events"]
-                .iter()
-                .any(|p| r.path.contains(p))
-        })
-        .collect();
-    assert!(
-        ours.len() >= 6,
-        "register, lease GET/POST, renewals, status: {}",
-        ours.len()
-    );
-    for r in &ours {
-        assert_eq!(
-            r.impersonate_user.as_deref(),
-            Some("system:node:edge-i"),
-            "{} {}",
-            r.method,
-            r.path
-        );
-        assert_eq!(
-            r.impersonate_groups,
-            ["system:nodes"],
-            "{} {}",
-            r.method,
-            r.path
-        );
-        assert!(
-            r.status < 400 || r.status == 404,
-            "{} {} refused for the node: {}",
-            r.method,
-            r.path,
-            r.status
-        );
-    }
-    assert_eq!(
-        requests::count(&requests, |r| r.status == 403),
-        0,
-        "nothing forbidden"
-    );
 }

@@ -66,66 +66,35 @@
 //! [`StandInHandle::update_node`], [`StandInHandle::update_certificate_signing_request`]);
 //! [`StandInHandle::wait_until`] waits for a state without polling.
 //!
-//! Impersonated nodes: `Impersonate-User` and every `Impersonate-Group` are recorded on
-//! each [`RecordedRequest`]. A request impersonating a **node identity** (user
-//! `system:node:<name>` *and* group `system:nodes`, `pkg/auth/nodeidentifier`) is
-//! authorized and admitted as the real apiserver (`--authorization-mode=Node,RBAC`, the
-//! NodeRestriction admission plugin on) treats a kubelet, for the kinds served here:
+//! Impersonation: `Impersonate-User` and every `Impersonate-Group` are recorded on each
+//! [`RecordedRequest`], and the impersonated user is who a CertificateSigningRequest
+//! records as its requester (`user.rs`). Nothing else depends on who asks: a node identity
+//! (`system:node:<name>` in `system:nodes`) is served like any other user. The real Node
+//! authorizer and NodeRestriction admission for the gateway's impersonated writes are
+//! proved against the real control plane instead
+//! (`tests/tests/control_plane.rs::impersonated_writes_pass_the_real_node_authorizer_and_node_restriction`).
 //!
-//! - Node authorizer (v1.33, where `AuthorizeNodeWithSelectors` is on by default): `nodes`
-//!   create/update/patch of any name and `nodes/status` update/patch; get/list/watch only
-//!   of its own Node (a list or watch must carry `fieldSelector=metadata.name=<name>`);
-//!   leases get/create/update/patch/delete only in `kube-node-lease` and, except on
-//!   create, only its own name; events create/update/patch anywhere; everything else
-//!   (node delete, `nodes/status` get, event and lease reads other than its own Lease,
-//!   namespaces) is denied. The 403 is the authorization filter's `Status`:
-//!   `leases.coordination.k8s.io "b" is forbidden: User "system:node:a" cannot update
-//!   resource "leases" in API group "coordination.k8s.io" in the namespace
-//!   "kube-node-lease": can only access node lease with the same name as the requesting
-//!   node` (reason `Forbidden`, `details` with name, group and kind = resource).
-//! - NodeRestriction (`admitNode`, `admitLease`), on the object as it would be stored
-//!   (after a patch, before the registry strategy): a node may create or modify only the
-//!   Node named after it (`nodes "b" is forbidden: node "a" is not allowed to modify node
-//!   "b"`), may not set `spec.configSource`, may not change `spec.taints` after creation
-//!   (also through `/status`), and may not add, change or remove labels under
-//!   `node-restriction.kubernetes.io/` or `kubernetes.io`/`k8s.io` labels other than
-//!   kubelet's (`IsKubeletLabel`); a Lease it creates must be named after it.
-//!
-//! Checks run in the real order: authorization before anything else; admission after
-//! body decoding (400s, strict field validation) and the name/namespace checks against
-//! the URL, but before validation (422) and, on a PUT, before not-found and conflict
-//! checks (a PATCH of a missing object is still 404 first). Any other
-//! impersonated user (or `system:node:<name>` without the `system:nodes` group) is an
-//! ordinary user and is served as without impersonation. For secrets and CSRs a node is
-//! authorized as the Node authorizer does (no Secret is reachable, CSRs may be created and
-//! read) and NodeRestriction's `admitCSR` applies. Simplified: the impersonating
-//! client's own `impersonate` permission is not checked (there is no authentication),
-//! RBAC is assumed to grant a node nothing beyond the Node authorizer (true for a default
-//! cluster), `Impersonate-Group` without `Impersonate-User` is not refused (the real server
-//! refuses it; 500 or 400 depending on the release), `Impersonate-Uid`/`-Extra-*` only
-//! reach a CSR's `spec.uid`/`spec.extra`, and discovery and unknown paths are not
-//! authorized.
-//!
-//! What it does **not** do otherwise: authentication, RBAC, admission other than
-//! NodeRestriction for impersonated nodes and the namespace existence check (no
+//! What it does **not** do otherwise: authentication, authorization (no RBAC, no Node
+//! authorizer; the impersonating client's own `impersonate` permission is not checked),
+//! admission other than the namespace existence check (no NodeRestriction, no
 //! TaintNodesByCondition taint on create; none of the certificates admission plugins:
 //! `CertificateApproval` and `CertificateSigning` only check RBAC `approve`/`sign`, and
 //! `CertificateSubjectRestriction`'s refusal of `system:masters` for the
 //! `kubernetes.io/kube-apiserver-client` signer is not modelled), field managers /
-//! managedFields / server-side apply, YAML bodies, protobuf bodies other than
-//! CertificateSigningRequests' (kubectl's typed client writes those as protobuf; answers
-//! are always JSON, which protobuf-preferring clients accept), pagination (`limit` is
-//! ignored and the whole list returned), bookmarks other than the `sendInitialEvents` one,
-//! garbage collection (deleting a Node leaves its Lease), the node lifecycle controller
-//! (nothing turns a node NotReady), and most of the validation of the real types (metadata,
-//! taints, duplicate addresses, lease durations, event namespaces and MicroTime parsing are
-//! checked; Secrets and CertificateSigningRequests are validated as described above).
+//! managedFields / server-side apply, YAML or protobuf bodies (415; answers are always
+//! JSON, which protobuf-preferring clients accept, and a read whose `Accept` allows no
+//! JSON is 406), pagination (`limit` is ignored and the whole list returned), bookmarks other than
+//! the `sendInitialEvents` one, garbage collection (deleting a Node leaves its Lease), the
+//! node lifecycle controller (nothing turns a node NotReady), and most of the validation
+//! of the real types (metadata, taints, duplicate addresses, lease durations, event
+//! namespaces and MicroTime parsing are checked; Secrets and CertificateSigningRequests are
+//! validated as described above). So `kubectl certificate approve|deny`, whose typed client
+//! writes protobuf, works only against a real apiserver: it is proved there
+//! (`tests/tests/control_plane.rs::boards_enroll_through_the_real_csr_api_auto_and_by_kubectl_certificate_approve`).
 
 mod discovery;
 mod kinds;
-mod nodeauth;
 mod pem;
-mod protobuf;
 mod query;
 mod server;
 pub mod smp;

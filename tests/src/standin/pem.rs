@@ -142,15 +142,6 @@ fn der_element_len(der: &[u8]) -> Option<usize> {
     (total <= der.len()).then_some(total)
 }
 
-/// A PKCS#10 request that parsed and whose self-signature verified, with its subject's
-/// common name when the stand-in could read it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ParsedCsr {
-    /// `Subject.CommonName`, `None` when rcgen cannot represent the subject (the request
-    /// is still valid).
-    pub(crate) common_name: Option<String>,
-}
-
 /// What `certificates.ParseCSR` returns for `pem` (without the signature check): the DER
 /// of the first PEM block if it is a `CERTIFICATE REQUEST`.
 fn csr_der(pem: &[u8]) -> Result<Vec<u8>, String> {
@@ -160,8 +151,9 @@ fn csr_der(pem: &[u8]) -> Result<Vec<u8>, String> {
     }
 }
 
-/// `ParseCSR` then `CheckSignature`: the error text is what `spec.request` is Invalid with.
-pub(crate) fn parse_and_verify_csr(pem: &[u8]) -> Result<ParsedCsr, String> {
+/// `ParseCSR` then `CheckSignature`: Ok when the request parsed and its self-signature
+/// verified; the error text is what `spec.request` is Invalid with.
+pub(crate) fn parse_and_verify_csr(pem: &[u8]) -> Result<(), String> {
     let der = csr_der(pem)?;
     match der_element_len(&der) {
         Some(n) if der.first() == Some(&0x30) && n == der.len() => {}
@@ -174,38 +166,12 @@ pub(crate) fn parse_and_verify_csr(pem: &[u8]) -> Result<ParsedCsr, String> {
         &CertificateSigningRequestDer::from(der.as_slice()),
     );
     match params {
-        Ok(p) => Ok(ParsedCsr {
-            common_name: p
-                .params
-                .distinguished_name
-                .get(&rcgen::DnType::CommonName)
-                .and_then(dn_string),
-        }),
+        Ok(_) => Ok(()),
         Err(rcgen::Error::CouldNotParseCertificationRequest) => Err(malformed_request()),
         Err(rcgen::Error::InvalidCertificationRequestSignature) => Err(signature_error(&der)),
         // Everything rcgen checks after the signature is beyond what Go checks: the request
         // parsed and its signature verified.
-        Err(_) => Ok(ParsedCsr { common_name: None }),
-    }
-}
-
-/// The subject common name of the request in `pem` as `ParseCSR` reads it (no signature
-/// check), for NodeRestriction. `Ok(None)` when the stand-in cannot tell (a bad signature,
-/// or a subject rcgen cannot represent): the caller then leaves the decision to validation.
-pub(crate) fn csr_common_name(pem: &[u8]) -> Result<Option<String>, String> {
-    match parse_and_verify_csr(pem) {
-        Ok(parsed) => Ok(parsed.common_name),
-        Err(e) if e.starts_with("PEM block") || e.starts_with("asn1:") => Err(e),
-        Err(_) => Ok(None),
-    }
-}
-
-fn dn_string(v: &rcgen::DnValue) -> Option<String> {
-    match v {
-        rcgen::DnValue::Utf8String(s) => Some(s.clone()),
-        rcgen::DnValue::PrintableString(s) => Some(s.as_str().to_string()),
-        rcgen::DnValue::Ia5String(s) => Some(s.as_str().to_string()),
-        _ => None,
+        Err(_) => Ok(()),
     }
 }
 

@@ -21,8 +21,6 @@ use tokio::sync::{broadcast, watch};
 
 use super::discovery;
 use super::kinds::{Kind, Sub, meta};
-use super::nodeauth::{self, NodeIdentity, Operation};
-use super::protobuf;
 use super::query::{Query, Selectors};
 use super::smp;
 use super::status::ApiError;
@@ -225,10 +223,6 @@ async fn handle(
             ))
         }
         None => {
-            let node = NodeIdentity::from_impersonation(
-                record.impersonate_user.as_deref(),
-                &record.impersonate_groups,
-            );
             let user = UserInfo::from_headers(&parts.headers);
             dispatch(
                 &shared,
@@ -236,7 +230,6 @@ async fn handle(
                 &parts.uri,
                 &parts.headers,
                 &body,
-                node.as_ref(),
                 &user,
             )
         }
@@ -451,16 +444,14 @@ fn negotiate(headers: &HeaderMap) -> Result<Render, ApiError> {
     ))
 }
 
-/// Serves one request. `node` is the impersonated node identity, if any: its resource
-/// requests go through the Node authorizer first, and its writes through NodeRestriction.
-/// `user` is who the request is made as (what a CSR records as its requester).
+/// Serves one request. `user` is who the request is made as (what a CSR records as its
+/// requester); nothing is authorized or admitted by it.
 fn dispatch(
     shared: &Arc<Shared>,
     method: &Method,
     uri: &http::Uri,
     headers: &HeaderMap,
     body: &Bytes,
-    node: Option<&NodeIdentity>,
     user: &UserInfo,
 ) -> Response<Body> {
     let r = route(uri.path());
@@ -485,20 +476,7 @@ fn dispatch(
         Route::SubjectAccessReviews => error_response(&ApiError::method_not_allowed()),
         Route::Resource(rp) => {
             let q = Query::parse(uri.query());
-            if let Some(node) = node {
-                let attrs = nodeauth::Attributes::new(
-                    method,
-                    rp.kind,
-                    rp.namespace.as_deref(),
-                    rp.name.as_deref(),
-                    rp.sub,
-                    &q,
-                );
-                if let Err(e) = nodeauth::authorize(node, &attrs) {
-                    return error_response(&e);
-                }
-            }
-            resource(shared, method, &rp, &q, headers, body, node, user)
+            resource(shared, method, &rp, &q, headers, body, user)
                 .unwrap_or_else(|e| error_response(&e))
         }
     }
@@ -620,9 +598,9 @@ fn strict_error(unknown: &[String]) -> String {
     )
 }
 
-/// Decodes a POST/PUT body (JSON, or protobuf for the kinds [`protobuf::supports`]): a
-/// body that does not decode is 400 BadRequest, as the real server's decoder answers
-/// (`<Kind> in version "v1" cannot be handled as a <Kind>: …`).
+/// Decodes a POST/PUT body (JSON only; any other media type, protobuf included, is 415
+/// UnsupportedMediaType): a body that does not decode is 400 BadRequest, as the real
+/// server's decoder answers (`<Kind> in version "v1" cannot be handled as a <Kind>: …`).
 fn decode_body(
     kind: Kind,
     headers: &HeaderMap,
@@ -639,9 +617,6 @@ fn decode_body(
         "application/json" => serde_json::from_slice(body).map_err(|e| {
             ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
         })?,
-        protobuf::MEDIA_TYPE if protobuf::supports(kind) => {
-            protobuf::decode(kind, body).map_err(cannot)?
-        }
         _ => {
             return Err(ApiError::unsupported_media_type(
                 "the body of the request was in an unknown format - accepted media types include: application/json",
@@ -680,16 +655,6 @@ fn strip_type_meta(mut v: Value) -> Value {
     v
 }
 
-/// Whether a PUT/POST body's name and namespace agree with the URL: when they do not,
-/// the real server answers 400 before admission runs, and so does the store here.
-fn body_matches_url(kind: Kind, ns: Option<&str>, name: Option<&str>, obj: &Value) -> bool {
-    let body_name = meta::name(obj);
-    let body_ns = meta::namespace(obj);
-    name.is_none_or(|n| body_name.is_empty() || body_name == n)
-        && (!kind.namespaced() || body_ns.is_empty() || Some(body_ns) == ns)
-}
-
-#[allow(clippy::too_many_arguments)]
 fn resource(
     shared: &Arc<Shared>,
     method: &Method,
@@ -697,7 +662,6 @@ fn resource(
     q: &Query,
     headers: &HeaderMap,
     body: &Bytes,
-    node: Option<&NodeIdentity>,
     user: &UserInfo,
 ) -> Result<Response<Body>, ApiError> {
     let kind = rp.kind;
@@ -715,21 +679,6 @@ fn resource(
         (None, &Method::POST) if kind.namespaced() == ns.is_some() => {
             let fv = field_validation(q);
             let (obj, warnings) = decode_body(kind, headers, body, fv)?;
-            if let Some(node) = node
-                && body_matches_url(kind, ns, None, &obj)
-            {
-                // The create handler names the admission attributes after the object.
-                let name = meta::name(&obj);
-                nodeauth::admit(
-                    node,
-                    Operation::Create,
-                    kind,
-                    ns.unwrap_or(""),
-                    name,
-                    &obj,
-                    None,
-                )?;
-            }
             let created = shared.mutate(|s| s.create(kind, ns, obj, dry_run(q), user))?;
             Ok(json_response(201, &created, &warnings))
         }
@@ -746,26 +695,12 @@ fn resource(
         (Some(name), &Method::PUT) if kind.writable() => {
             let fv = field_validation(q);
             let (obj, warnings) = decode_body(kind, headers, body, fv)?;
-            let (code, stored) = shared.mutate(|s| {
-                if let Some(node) = node
-                    && body_matches_url(kind, ns, Some(name), &obj)
-                {
-                    // Admission runs before the registry's not-found and conflict checks; a
-                    // PUT of a missing object is a Create for it.
-                    let old = s.get(kind, ns, name).cloned();
-                    let op = if old.is_some() {
-                        Operation::Update
-                    } else {
-                        Operation::Create
-                    };
-                    nodeauth::admit(node, op, kind, ns.unwrap_or(""), name, &obj, old.as_ref())?;
-                }
-                s.update(kind, ns, name, obj, sub, dry_run(q), false, user)
-            })?;
+            let (code, stored) =
+                shared.mutate(|s| s.update(kind, ns, name, obj, sub, dry_run(q), false, user))?;
             Ok(json_response(code, &stored, &warnings))
         }
         (Some(name), &Method::PATCH) if kind.writable() => {
-            patch(shared, kind, ns, name, sub, q, headers, body, node, user)
+            patch(shared, kind, ns, name, sub, q, headers, body, user)
         }
         (Some(name), &Method::DELETE) if sub == Sub::Main && kind.writable() => {
             let opts: Value = if body.is_empty() {
@@ -856,7 +791,6 @@ fn patch(
     q: &Query,
     headers: &HeaderMap,
     body: &Bytes,
-    node: Option<&NodeIdentity>,
     user: &UserInfo,
 ) -> Result<Response<Body>, ApiError> {
     #[derive(Clone, Copy)]
@@ -936,19 +870,6 @@ fn patch(
         let (obj, unknown) = kind.normalize(&patched).map_err(invalid_patch)?;
         if fv == FieldValidation::Strict && !unknown.is_empty() {
             return Err(invalid_patch(strict_error(&unknown)));
-        }
-        if let Some(node) = node {
-            // Mutating admission sees the patched object before the registry strategy
-            // (so a taint change sent to /status is still a taint change).
-            nodeauth::admit(
-                node,
-                Operation::Update,
-                kind,
-                ns.unwrap_or(""),
-                name,
-                &obj,
-                Some(&current),
-            )?;
         }
         let (_, stored) = s.update(kind, ns, name, obj, sub, dry, true, user)?;
         let warnings = if fv == FieldValidation::Warn {

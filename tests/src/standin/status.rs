@@ -148,24 +148,6 @@ impl ApiError {
         Self::invalid(&kind.group_kind(), kind.group(), kind.kind(), name, errs)
     }
 
-    /// `errors.NewForbidden(resource, name, err)`, the shape of both admission denials
-    /// (`admission.NewForbidden`) and the authorization filter's 403: `nodes "b" is
-    /// forbidden: <cause>`, or `leases.coordination.k8s.io is forbidden: <cause>` when the
-    /// request names no object.
-    pub(crate) fn forbidden(kind: Kind, name: &str, cause: &str) -> Self {
-        let message = if name.is_empty() {
-            format!("{} is forbidden: {cause}", kind.qualified_resource())
-        } else {
-            format!(
-                "{} \"{name}\" is forbidden: {cause}",
-                kind.qualified_resource()
-            )
-        };
-        let mut e = Self::new(403, "Forbidden", message);
-        e.details = Some(details(kind, name));
-        e
-    }
-
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
     }
