@@ -78,8 +78,9 @@ else
   not_run+=("kubectl tests in tests/tests/deploy.rs, standin_kubectl.rs, monitoring.rs: need kubectl on PATH")
 fi
 # The real control plane built above: edgebeat as deployed against kube-apiserver, etcd and
-# kube-controller-manager (tests/tests/control_plane.rs).
-cargo test --workspace --locked --test control_plane -- --ignored
+# kube-controller-manager (tests/tests/control_plane.rs); and the stand-in apiserver held to
+# the real one, call for call (tests/tests/standin_differential.rs).
+cargo test --workspace --locked --test control_plane --test standin_differential -- --ignored
 # kubelet's resource metrics of edge nodes through the real apiserver's node proxy, which
 # refuses loopback: the gateway listens on a veth address of the test's own (root).
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then

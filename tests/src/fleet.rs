@@ -220,6 +220,27 @@ impl FleetOptions {
     }
 }
 
+/// The Node the gateway registers for simulated node `index` of `options`, its conditions
+/// first written at `now` (`edgebeat_gateway::bodies::initial_node` of the node's
+/// registration): what a kubelet with the same host facts POSTs, for a benchmark that
+/// writes nodes directly, as kubelets do, beside the fleet (`edgebeat-cluster-load`).
+pub fn registered_node(
+    options: &FleetOptions,
+    index: usize,
+    now: jiff::Timestamp,
+) -> k8s_openapi::api::core::v1::Node {
+    use edgebeat_gateway::bodies;
+    let host = Host::new(index, options);
+    let register = host.register(None);
+    let status = register.status.clone().unwrap_or_default();
+    let conditions = bodies::conditions(&status, now, &bodies::KnownConditions::default());
+    bodies::initial_node(
+        &host.name,
+        &register,
+        bodies::node_status(&status, conditions),
+    )
+}
+
 /// What the fleet did, counted as it runs (every field an event count).
 #[derive(Debug, Default)]
 pub struct FleetStats {
@@ -423,6 +444,30 @@ impl Host {
             health_conditions: options.health_conditions,
             enrolled: None,
             identified: false,
+        }
+    }
+
+    /// Its registration (labels, taints and whole status) without a header: node `name`'s
+    /// as the agent sends it, in `site` (its `topology.kubernetes.io/zone`) if any.
+    fn register(&self, site: Option<String>) -> pb::Register {
+        pb::Register {
+            labels: [
+                ("kubernetes.io/hostname".to_owned(), self.name.clone()),
+                ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+                ("kubernetes.io/arch".to_owned(), "arm64".to_owned()),
+                ("beta.kubernetes.io/os".to_owned(), "linux".to_owned()),
+                ("beta.kubernetes.io/arch".to_owned(), "arm64".to_owned()),
+            ]
+            .into_iter()
+            .chain(site.map(|s| ("topology.kubernetes.io/zone".to_owned(), s)))
+            .collect(),
+            taints: vec![pb::Taint {
+                key: "edgebeat.io/edge".into(),
+                value: "true".into(),
+                effect: "NoSchedule".into(),
+            }],
+            status: Some(self.status()),
+            ..Default::default()
         }
     }
 
@@ -730,26 +775,7 @@ async fn run_boot(
             pb::AgentMessage {
                 kind: Some(Kind::Register(pb::Register {
                     header: Some(headers.next()),
-                    labels: [
-                        ("kubernetes.io/hostname".to_owned(), host.name.clone()),
-                        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
-                        ("kubernetes.io/arch".to_owned(), "arm64".to_owned()),
-                        ("beta.kubernetes.io/os".to_owned(), "linux".to_owned()),
-                        ("beta.kubernetes.io/arch".to_owned(), "arm64".to_owned()),
-                    ]
-                    .into_iter()
-                    .chain(
-                        site.clone()
-                            .map(|s| ("topology.kubernetes.io/zone".to_owned(), s)),
-                    )
-                    .collect(),
-                    taints: vec![pb::Taint {
-                        key: "edgebeat.io/edge".into(),
-                        value: "true".into(),
-                        effect: "NoSchedule".into(),
-                    }],
-                    status: Some(host.status()),
-                    ..Default::default()
+                    ..host.register(site.clone())
                 })),
             }
         })

@@ -88,9 +88,18 @@
 //! node lifecycle controller (nothing turns a node NotReady), and most of the validation
 //! of the real types (metadata, taints, duplicate addresses, lease durations, event
 //! namespaces and MicroTime parsing are checked; Secrets and CertificateSigningRequests are
-//! validated as described above). So `kubectl certificate approve|deny`, whose typed client
-//! writes protobuf, works only against a real apiserver: it is proved there
+//! validated as described above), nor the canonical form of quantities (kept as sent: the
+//! real apiserver writes `16000000000` back as `16G`; the gateway never reads them back).
+//! So `kubectl certificate approve|deny`, whose typed client writes protobuf, works only
+//! against a real apiserver: it is proved there
 //! (`tests/tests/control_plane.rs::boards_enroll_through_the_real_csr_api_auto_and_by_kubectl_certificate_approve`).
+//!
+//! Held to the real apiserver: `tests/tests/standin_differential.rs` makes the gateway's
+//! and kubelet's calls (Node registration, strategic-merge status patches with the
+//! delete directive and annotations, Lease create, renewals as bytes, the stale 409, a
+//! watch event, bad MicroTime, durations and names, Events, a CSR's create, `/approval`
+//! and `/status`, an immutable Secret) to both and wants the same codes, reasons and
+//! fields the gateway reads.
 
 mod discovery;
 mod kinds;

@@ -464,8 +464,17 @@ impl Store {
             return Err(ApiError::method_not_allowed());
         }
         let body_rv = meta::resource_version(&obj).to_string();
-        // NamespaceLifecycle is a mutating admission plugin: it runs before BeforeCreate.
+        // The handler checks the body's namespace against the URL's before admission
+        // (`endpoints/handlers/create.go`: `EnsureObjectNamespaceMatchesRequestNamespace`,
+        // 400); NamespaceLifecycle is a mutating admission plugin: it runs before
+        // BeforeCreate (404). Found by `tests/tests/standin_differential.rs`.
         if kind.namespaced() {
+            let body_ns = meta::namespace(&obj);
+            if !body_ns.is_empty() && body_ns != url_ns.unwrap_or("") {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
             self.require_namespace(url_ns.unwrap_or(""))?;
         }
         self.prepare_create(kind, url_ns, &mut obj, user)?;
