@@ -140,6 +140,22 @@ pub struct Args {
     /// either way.
     #[arg(long, value_enum, default_value_t = CsrApproval::Auto)]
     pub csr_approval: CsrApproval,
+    /// `spec.signerName` of the CertificateSigningRequests (with --enrollment). The default,
+    /// `edgebeat.io/node-client`, is the gateway's own: it approves and signs with the site
+    /// CA. `kubernetes.io/kube-apiserver-client-kubelet` is kubelet's: kube-controller-manager
+    /// approves (its csrapproving controller, when the gateway's ServiceAccount may create
+    /// `certificatesigningrequests/nodeclient`: `deploy/gateway/enrollment-kubelet-signer`)
+    /// and signs, and the certificates it issues also authenticate to kube-apiserver as the
+    /// node. Any other signer name: the gateway approves and that signer (cert-manager, …)
+    /// signs. Every signer but the gateway's own needs --signer-ca.
+    #[arg(long, value_name = "NAME", requires = "enrollment", default_value = crate::enrollment::DEFAULT_SIGNER_NAME)]
+    pub signer_name: String,
+    /// PEM file of the CA that signs for --signer-name (e.g. the cluster CA of
+    /// kube-controller-manager's `--cluster-signing-cert-file`; in most clusters the
+    /// ConfigMap `kube-root-ca.crt`): node certificates it issued are verified against it on
+    /// every ingress and when they prove a rotation, beside the site CA.
+    #[arg(long, value_name = "FILE", requires = "enrollment")]
+    pub signer_ca: Option<PathBuf>,
     /// Lifetime of the node certificates this gateway signs (`spec.expirationSeconds`),
     /// e.g. `8760h`; agents rotate at 70-90 % of it.
     #[arg(long, value_parser = parse_duration, default_value = "8760h")]

@@ -23,7 +23,8 @@
 //!    count outlives CSRs that the garbage collector deletes. `kubectl get csr` shows every enrollment and rotation.
 //! 4. **Approval** through the `/approval` subresource: with [`Approval::Auto`] every
 //!    proved request; with [`Approval::Manual`] rotations only, first enrollments waiting
-//!    for `kubectl certificate approve` (the agent asks again with backoff).
+//!    for `kubectl certificate approve` (the agent asks again with backoff). Under
+//!    [`KUBELET_SIGNER_NAME`] kube-controller-manager approves, the gateway never.
 //! 5. **Signing.** Under the gateway's own signer name it signs with the site CA
 //!    ([`ca::SiteCa`]) and writes `status.certificate` through `/status`; under another
 //!    (cert-manager, kube-controller-manager) it waits for that signer.
@@ -68,6 +69,13 @@ pub use rejection::RejectReason;
 /// The signer name of the certificates the gateway signs itself:
 /// `edgebeat.io/node-client`.
 pub const DEFAULT_SIGNER_NAME: &str = "edgebeat.io/node-client";
+
+/// kubelet's client signer, `kubernetes.io/kube-apiserver-client-kubelet`
+/// (`staging/src/k8s.io/api/certificates/v1/types.go`: `KubeAPIServerClientKubeletSignerName`):
+/// kube-controller-manager approves its requests (`pkg/controller/certificates/approver/
+/// sarapprove.go`: a requester allowed to create `certificatesigningrequests/nodeclient`)
+/// and signs them with the cluster's signing CA, so the gateway neither approves nor signs.
+pub const KUBELET_SIGNER_NAME: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 
 /// The least `spec.expirationSeconds` the API accepts (`pkg/apis/certificates/validation`:
 /// 600 s, 10 minutes).
@@ -127,8 +135,13 @@ pub enum Approval {
 pub struct EnrollmentOptions {
     /// Namespace of the token Secrets and the site CA Secret (the gateway's own).
     pub namespace: String,
-    /// `spec.signerName` of the CSRs ([`DEFAULT_SIGNER_NAME`]: the gateway signs).
+    /// `spec.signerName` of the CSRs ([`DEFAULT_SIGNER_NAME`]: the gateway signs;
+    /// [`KUBELET_SIGNER_NAME`]: kube-controller-manager approves and signs).
     pub signer_name: String,
+    /// The CA (PEM) of another signer's certificates: node certificates are verified
+    /// against it too, on every ingress and as rotation proofs. `None` for the gateway's
+    /// own signer.
+    pub signer_ca_pem: Option<Vec<u8>>,
     /// Who approves first enrollments.
     pub approval: Approval,
     /// Lifetime of a node certificate (`spec.expirationSeconds`; default 1 year,
@@ -148,6 +161,7 @@ impl Default for EnrollmentOptions {
         Self {
             namespace: "edgebeat-system".to_owned(),
             signer_name: DEFAULT_SIGNER_NAME.to_owned(),
+            signer_ca_pem: None,
             approval: Approval::Auto,
             lifetime: Duration::from_secs(365 * 24 * 3600),
             grace: Duration::from_secs(30 * 24 * 3600),
@@ -216,8 +230,9 @@ impl Enrollment {
         )?);
         let ca_der = ca.ca.cert_der.clone();
         let answer_cas = ca.answer_cas();
-        let verifier = CertificateVerifier::from_pem(ca.ca.cert_pem.as_bytes())
-            .map_err(EnrollmentError::CaTls)?;
+        let mut node_cas = options.signer_ca_pem.clone().unwrap_or_default();
+        node_cas.extend_from_slice(ca.ca.cert_pem.as_bytes());
+        let verifier = CertificateVerifier::from_pem(&node_cas).map_err(EnrollmentError::CaTls)?;
         Ok(Self {
             client,
             options,
@@ -249,9 +264,13 @@ impl Enrollment {
 
     /// The CA bundle node certificates are verified against on every ingress: `extra` (the
     /// CA of hand-made node certificates, `--grpc-client-ca` or `--mqtt-node-ca`, while a
-    /// fleet moves to enrollment) and the site CA.
+    /// fleet moves to enrollment), the CA of another signer
+    /// ([`EnrollmentOptions::signer_ca_pem`]) and the site CA.
     pub fn node_ca_pem(&self, extra: Option<Vec<u8>>) -> Vec<u8> {
         let mut bundle = extra.unwrap_or_default();
+        if let Some(signer_ca) = &self.options.signer_ca_pem {
+            bundle.extend_from_slice(signer_ca);
+        }
         bundle.extend_from_slice(self.ca_pem().as_bytes());
         bundle
     }

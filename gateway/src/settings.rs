@@ -28,6 +28,49 @@ fn read_pem(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
         .with_context(|| format!("{flag} {}", path.display()))
 }
 
+/// `--signer-ca`'s PEM, checked against `--signer-name` and `--csr-approval`: a signer
+/// other than the gateway's own needs it (the gateway verifies what that signer issues),
+/// the gateway's own takes none, and kubelet's signer is approved by kube-controller-manager
+/// alone (`pkg/controller/certificates/approver/sarapprove.go`), which would approve first
+/// enrollments that `--csr-approval=manual` means to hold.
+///
+/// # Errors
+/// A signer name that is not `<domain>/<path>` (`pkg/apis/certificates/validation`:
+/// `ValidateSignerName`), one of the combinations above, or a CA file that cannot be read
+/// or holds no usable certificate; each names its flag and the fix.
+fn signer_ca(args: &Args) -> anyhow::Result<Option<Vec<u8>>> {
+    let name = args.signer_name.as_str();
+    let own = name == crate::enrollment::DEFAULT_SIGNER_NAME;
+    let well_formed = name.split_once('/').is_some_and(|(domain, path)| {
+        domain.contains('.') && !path.is_empty() && !name.contains(char::is_whitespace)
+    });
+    if !well_formed {
+        anyhow::bail!(
+            "--signer-name {name:?} is not a signer name: a domain and a path, e.g. kubernetes.io/kube-apiserver-client-kubelet"
+        );
+    }
+    if name == crate::enrollment::KUBELET_SIGNER_NAME && args.csr_approval == CsrApproval::Manual {
+        anyhow::bail!(
+            "--csr-approval=manual with --signer-name {name}: kube-controller-manager approves that signer's requests itself (nodeclient), so none would wait for kubectl certificate approve; use --csr-approval=auto, or the gateway's own signer for manual approval"
+        );
+    }
+    match (&args.signer_ca, own) {
+        (None, false) => anyhow::bail!(
+            "--signer-name {name} needs --signer-ca: the PEM file of the CA that signs for it (for kube-controller-manager, the cluster CA: the ConfigMap kube-root-ca.crt in most clusters), which the gateway verifies node certificates against"
+        ),
+        (Some(_), true) => anyhow::bail!(
+            "--signer-ca is for a --signer-name other than the gateway's own ({name}), whose CA is the site CA"
+        ),
+        (None, true) => Ok(None),
+        (Some(path), false) => {
+            let pem = read_pem("--signer-ca", path)?;
+            CertificateVerifier::from_pem(&pem)
+                .with_context(|| format!("--signer-ca {}", path.display()))?;
+            Ok(Some(pem))
+        }
+    }
+}
+
 /// Everything a [`crate::server::Server`] runs with, checked: built from the command line
 /// by [`Settings::from_args`] (every file read once, here), or directly by a test.
 #[derive(Debug)]
@@ -112,8 +155,11 @@ impl Settings {
             let tls = enrollment_tls(grpc.as_ref());
             (addr, EnrollmentServerOptions { tls })
         });
+        let signer_ca_pem = signer_ca(args)?;
         let enrollment = args.enrollment.then(|| EnrollmentOptions {
             namespace: args.cluster.namespace(),
+            signer_name: args.signer_name.clone(),
+            signer_ca_pem,
             approval: match args.csr_approval {
                 CsrApproval::Auto => Approval::Auto,
                 CsrApproval::Manual => Approval::Manual,
@@ -121,7 +167,6 @@ impl Settings {
             lifetime: args.certificate_lifetime,
             grace: args.certificate_grace,
             max_clock_skew: Duration::from_secs(args.mqtt_max_clock_skew_seconds),
-            ..EnrollmentOptions::default()
         });
         Ok(Self {
             kube: args.cluster.kube_config().await?,

@@ -720,6 +720,15 @@ fn enrolling_args(control_plane: &ControlPlane, pod_name: &str) -> Vec<String> {
     rendered_gateway_args(control_plane, "deploy/gateway-enrollment", &[], pod_name).unwrap()
 }
 
+/// `args` with `extra` (`--flag=value`) in place of the same flags, or after them.
+fn with_flags(mut args: Vec<String>, extra: &[&str]) -> Vec<String> {
+    let flag = |a: &str| a.split('=').next().unwrap_or(a).to_owned();
+    let replaced: Vec<String> = extra.iter().map(|a| flag(a)).collect();
+    args.retain(|a| !replaced.contains(&flag(a)));
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
+}
+
 /// A gateway with enrollment as deployed (`deploy/gateway-enrollment`, or the Helm chart
 /// with `enrollment.enabled`: `--enrollment`, the gRPC serving certificate from the site
 /// CA), and bootstrap tokens made by `edgebeat-gateway token create` as the gateway's
@@ -751,7 +760,7 @@ impl EnrollingGateway {
     /// # Panics
     /// As [`EnrollingGateway::start`].
     pub async fn start_with(control_plane: &ControlPlane, approval: &str, extra: &[&str]) -> Self {
-        let mut args: Vec<String> = enrolling_args(control_plane, "edgebeat-gateway-enrolling")
+        let args: Vec<String> = enrolling_args(control_plane, "edgebeat-gateway-enrolling")
             .into_iter()
             .map(|a| {
                 if a.starts_with("--csr-approval=") {
@@ -761,11 +770,7 @@ impl EnrollingGateway {
                 }
             })
             .collect();
-        let flag = |a: &str| a.split('=').next().unwrap_or(a).to_owned();
-        let replaced: Vec<String> = extra.iter().map(|a| flag(a)).collect();
-        args.retain(|a| !replaced.contains(&flag(a)));
-        args.extend(extra.iter().map(|a| (*a).to_owned()));
-        Self::with_args(args).await
+        Self::with_args(with_flags(args, extra)).await
     }
 
     /// The gateway of `deploy/gateway-enrollment` also taking heartbeats and certificate
@@ -803,6 +808,38 @@ impl EnrollingGateway {
         let mut gateway = Self::with_args(args).await;
         gateway.files = Some(files);
         gateway
+    }
+
+    /// The gateway of the enrollment overlay `kustomization` (e.g.
+    /// `deploy/gateway-enrollment-kubelet-signer`) with its flags as rendered, once the
+    /// RBAC of `deploy/gateway`, `deploy/gateway/enrollment` and `rbac` is applied;
+    /// `mounts` are local directories for its volumes (by volume name); `extra` as
+    /// [`EnrollingGateway::start_with`]'s.
+    ///
+    /// # Panics
+    /// As [`EnrollingGateway::start`].
+    pub async fn start_overlay(
+        control_plane: &ControlPlane,
+        kustomization: &str,
+        rbac: &[&str],
+        mounts: &[(&str, &Path)],
+        pod_name: &str,
+        extra: &[&str],
+    ) -> Self {
+        enrolling_args(control_plane, pod_name);
+        for kustomization in rbac {
+            control_plane
+                .kubectl(&[
+                    "apply",
+                    "--server-side",
+                    "--force-conflicts",
+                    "-k",
+                    kustomization,
+                ])
+                .unwrap();
+        }
+        let args = rendered_gateway_args(control_plane, kustomization, mounts, pod_name).unwrap();
+        Self::with_args(with_flags(args, extra)).await
     }
 
     /// The gateway with `args` (an installed Deployment's, see [`installed_gateway_args`]).

@@ -737,6 +737,189 @@ async fn boards_enroll_through_the_real_csr_api_auto_and_by_kubectl_certificate_
     drop((auto.process, manual.process));
 }
 
+/// Under kubelet's own signer (`deploy/gateway-enrollment-kubelet-signer`, its RBAC
+/// applied by the real kubectl): a board with a token enrolls, the real
+/// kube-controller-manager approves its CSR (csrapproving's nodeclient
+/// SubjectAccessReview for the gateway's ServiceAccount) and signs it with the cluster CA,
+/// the gateway neither approves nor signs, and the board speaks gRPC with mutual TLS with
+/// that certificate until Ready. The issued certificate is checked against the CA of the
+/// ConfigMap `kube-root-ca.crt` the overlay mounts, as the node's identity. Then the board
+/// rotates, proved by that certificate (verified against `--signer-ca`), and the next CSR
+/// is kube-controller-manager's to approve and sign too. (`--certificate-lifetime=400s`,
+/// test-only: the API's 600 s minimum goes to the CSR, and kube-controller-manager
+/// backdates notBefore 5 min (`pkg/controller/certificates/signer/signer.go`), so a
+/// Register 20 s after the certificate is issued hears that it is due, past 80 % of 400 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn boards_enroll_under_kubelets_signer_approved_and_signed_by_kube_controller_manager() {
+    let control_plane = ControlPlane::shared().unwrap();
+    let started = jiff::Timestamp::now();
+    control_plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "-f",
+            "deploy/gateway/namespace.yaml",
+        ])
+        .unwrap();
+    let root_ca = eventually_value("the ConfigMap kube-root-ca.crt in edgebeat-system", || {
+        control_plane
+            .kubectl(&[
+                "-n",
+                "edgebeat-system",
+                "get",
+                "configmap",
+                "kube-root-ca.crt",
+                "-o",
+                "jsonpath={.data.ca\\.crt}",
+            ])
+            .ok()
+            .filter(|pem| pem.contains("BEGIN CERTIFICATE"))
+    })
+    .await;
+    let mount = tempfile::tempdir().unwrap();
+    std::fs::write(mount.path().join("ca.crt"), &root_ca).unwrap();
+    let gateway = EnrollingGateway::start_overlay(
+        control_plane,
+        "deploy/gateway-enrollment-kubelet-signer",
+        &["deploy/gateway/enrollment-kubelet-signer"],
+        &[("signer-ca", mount.path())],
+        "edgebeat-gateway-kubelet-signer",
+        &["--certificate-lifetime=400s"],
+    )
+    .await;
+    let token = gateway.token("enroll-kubelet-*", 1);
+    let agent = gateway.agent("enroll-kubelet-1", &token);
+    let nodes: Api<Node> = Api::all(control_plane.admin_client().await.unwrap());
+    eventually(
+        "the board enrolled under kubelet's signer Ready",
+        Duration::from_secs(90),
+        || async { ready(&nodes, "enroll-kubelet-1").await.as_deref() == Some("True") },
+    )
+    .await;
+    let csrs = csrs_of(control_plane, "enroll-kubelet-1");
+    assert_eq!(csrs.len(), 1, "{csrs:?}");
+    let csr = &csrs[0];
+    assert_eq!(
+        csr["spec"]["signerName"],
+        "kubernetes.io/kube-apiserver-client-kubelet"
+    );
+    assert_eq!(
+        csr["spec"]["username"], GATEWAY_USER,
+        "requested by the gateway"
+    );
+    let leaf = issued_by_kube_controller_manager(control_plane, csr).await;
+    let verifier =
+        edgebeat_transports::signing::CertificateVerifier::from_pem(root_ca.as_bytes()).unwrap();
+    let published = edgebeat_proto::NodeCertificate {
+        certificate_chain: vec![leaf.clone()],
+    };
+    verifier
+        .verify(
+            "enroll-kubelet-1",
+            &prost::Message::encode_to_vec(&published),
+            rustls::pki_types::UnixTime::now(),
+        )
+        .expect("the cluster CA signed the node's certificate, for its name");
+
+    // A rotation, proved by that certificate: the board restarts once its certificate is
+    // past 80 % of 400 s, and the gateway's answer to its Register says it is due.
+    agent.stop().await.unwrap();
+    let (not_before, _) = edgebeat_transports::enroll::certificate_validity(&leaf).unwrap();
+    eventually("the certificate due", Duration::from_secs(60), || async {
+        jiff::Timestamp::now().as_second() > not_before + 321
+    })
+    .await;
+    let agent = gateway.agent("enroll-kubelet-1", &token);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let rotation = loop {
+        let csrs = csrs_of(control_plane, "enroll-kubelet-1");
+        if let Some(csr) = csrs.iter().find(|c| {
+            c["metadata"]["annotations"]["edgebeat.io/proof"] == "certificate"
+                && c["status"]["certificate"]
+                    .as_str()
+                    .is_some_and(|c| !c.is_empty())
+        }) {
+            break csr.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no rotation proved by the kubelet-signed certificate issued within 90 s; CSRs: {csrs:?}\ngateway log:\n{}",
+            gateway.process.log_text()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let rotated = issued_by_kube_controller_manager(control_plane, &rotation).await;
+    assert_ne!(rotated, leaf, "a new certificate");
+    eventually(
+        "the board Ready with its rotated certificate",
+        Duration::from_secs(60),
+        || async { ready(&nodes, "enroll-kubelet-1").await.as_deref() == Some("True") },
+    )
+    .await;
+    agent.stop().await.unwrap();
+
+    // The gateway created the CSR and nothing else of it; nothing was refused.
+    let calls = gateway_requests(control_plane, started);
+    assert_none_refused(&calls);
+    let csr_calls: std::collections::BTreeSet<_> = calls
+        .iter()
+        .filter(|e| e.resource().starts_with("certificatesigningrequests"))
+        .map(|e| (e.verb.clone(), e.resource()))
+        .collect();
+    assert!(
+        csr_calls.contains(&("create".to_owned(), "certificatesigningrequests".to_owned())),
+        "{csr_calls:?}"
+    );
+    assert!(
+        csr_calls
+            .iter()
+            .all(|(_, resource)| resource == "certificatesigningrequests"),
+        "the gateway approved or signed: {csr_calls:?}"
+    );
+    drop(gateway.process);
+}
+
+/// The certificate (DER) `csr` was issued, once checked approved by
+/// kube-controller-manager's approver (`sarapprove.go`: reason `AutoApproved`), not the
+/// gateway's `EdgebeatAutoApproved`.
+async fn issued_by_kube_controller_manager(
+    control_plane: &ControlPlane,
+    csr: &serde_json::Value,
+) -> Vec<u8> {
+    let conditions = csr["status"]["conditions"].as_array().unwrap();
+    let approved = conditions
+        .iter()
+        .find(|c| c["type"] == "Approved")
+        .unwrap_or_else(|| panic!("not approved: {conditions:?}"));
+    assert_eq!(approved["reason"], "AutoApproved", "{approved}");
+    let csrs: Api<k8s_openapi::api::certificates::v1::CertificateSigningRequest> =
+        Api::all(control_plane.admin_client().await.unwrap());
+    let issued = csrs
+        .get(csr["metadata"]["name"].as_str().unwrap())
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.certificate)
+        .expect("issued");
+    edgebeat_transports::tls::parse_certificates(&issued.0).unwrap()[0].to_vec()
+}
+
+/// Polls `f` every 200 ms for up to 30 s until it gives a value.
+async fn eventually_value<T>(what: &str, f: impl Fn() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(value) = f() {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// `usage-count` of the bootstrap token `token` (`<id>.<secret>`), as its Secret in the
 /// gateway's namespace records it.
 fn token_uses(control_plane: &ControlPlane, token: &str) -> u32 {

@@ -499,9 +499,10 @@ fn every_manifest_parses_into_its_kubernetes_type_without_dropping_fields() {
         ("ServiceAccount", 1),
         // The gateway's, (deploy/gateway/impersonation) the impersonation one and
         // (deploy/gateway/enrollment) the enrollment ones; (deploy/gateway/resource-metrics)
-        // a binding of the built-in system:auth-delegator.
+        // a binding of the built-in system:auth-delegator;
+        // (deploy/gateway/enrollment-kubelet-signer) a binding of the built-in nodeclient one.
         ("ClusterRole", 3),
-        ("ClusterRoleBinding", 4),
+        ("ClusterRoleBinding", 5),
         ("Role", 3),
         ("RoleBinding", 3),
         ("Deployment", 1),

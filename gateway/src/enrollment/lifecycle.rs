@@ -19,8 +19,8 @@ use super::csr::csr_name;
 use super::proof::Proof;
 use super::rejection::{RejectReason, Unissued, reject};
 use super::{
-    Approval, DEFAULT_SIGNER_NAME, Enrollment, MIN_EXPIRATION_SECONDS, NODE_ANNOTATION,
-    PROOF_ANNOTATION, TOKEN_LABEL, TRANSPORT_ANNOTATION,
+    Approval, DEFAULT_SIGNER_NAME, Enrollment, KUBELET_SIGNER_NAME, MIN_EXPIRATION_SECONDS,
+    NODE_ANNOTATION, PROOF_ANNOTATION, TOKEN_LABEL, TRANSPORT_ANNOTATION,
 };
 
 impl Enrollment {
@@ -80,7 +80,10 @@ impl Enrollment {
             .into());
         }
         if !conditions(&csr, "Approved") {
-            let approve = self.options.approval == Approval::Auto || *proof == Proof::Certificate;
+            // kubelet's signer: kube-controller-manager approves (nodeclient), never the
+            // gateway; the agent asks again, and finds the CSR approved and signed.
+            let approve = (self.options.approval == Approval::Auto || *proof == Proof::Certificate)
+                && self.options.signer_name != KUBELET_SIGNER_NAME;
             if !approve {
                 self.pending(&name, true);
                 return Ok(None);

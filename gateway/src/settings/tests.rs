@@ -458,3 +458,51 @@ fn the_resource_metrics_address_is_an_ip_or_a_services_ip_and_port() {
         );
     }
 }
+
+#[test]
+fn signer_flags_are_checked_with_the_flag_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.crt");
+    let pair = rcgen::generate_simple_self_signed(vec!["cluster-ca".to_owned()]).unwrap();
+    std::fs::write(&ca, pair.cert.pem()).unwrap();
+    let ca = ca.to_str().unwrap();
+    let outcome = |flags: &[&str]| {
+        let mut all = vec!["--enrollment"];
+        all.extend_from_slice(flags);
+        signer_ca(&parse(&all).unwrap()).map_err(|e| format!("{e:#}"))
+    };
+    let kubelet = "--signer-name=kubernetes.io/kube-apiserver-client-kubelet";
+    // The gateway's own signer: its CA is the site CA.
+    assert_eq!(outcome(&[]), Ok(None));
+    let own_with_ca = outcome(&["--signer-ca", ca]).unwrap_err();
+    assert!(
+        own_with_ca.contains("--signer-ca is for a --signer-name other"),
+        "{own_with_ca}"
+    );
+    // Another signer needs its CA, read and checked now.
+    let missing = outcome(&[kubelet]).unwrap_err();
+    assert!(missing.contains("needs --signer-ca"), "{missing}");
+    assert_eq!(
+        outcome(&[kubelet, "--signer-ca", ca]),
+        Ok(Some(pair.cert.pem().into_bytes()))
+    );
+    let absent = outcome(&[kubelet, "--signer-ca", "/nonexistent/ca.crt"]).unwrap_err();
+    assert!(
+        absent.contains("--signer-ca /nonexistent/ca.crt"),
+        "{absent}"
+    );
+    // kube-controller-manager would approve what manual approval holds back.
+    let manual = outcome(&[kubelet, "--signer-ca", ca, "--csr-approval", "manual"]).unwrap_err();
+    assert!(
+        manual.contains("--csr-approval=manual with --signer-name"),
+        "{manual}"
+    );
+    let malformed = outcome(&["--signer-name=kubelet", "--signer-ca", ca]).unwrap_err();
+    assert!(malformed.contains("is not a signer name"), "{malformed}");
+    // Without --enrollment the signer flags are refused by the command line.
+    let refused = parse(&[kubelet]).unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        clap::error::ErrorKind::MissingRequiredArgument
+    );
+}
