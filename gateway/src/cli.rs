@@ -145,15 +145,16 @@ pub struct Args {
     /// CA. `kubernetes.io/kube-apiserver-client-kubelet` is kubelet's: kube-controller-manager
     /// approves (its csrapproving controller, when the gateway's ServiceAccount may create
     /// `certificatesigningrequests/nodeclient`: `deploy/gateway/enrollment-kubelet-signer`)
-    /// and signs, and the certificates it issues also authenticate to kube-apiserver as the
-    /// node. Any other signer name: the gateway approves and that signer (cert-manager, …)
-    /// signs. Every signer but the gateway's own needs --signer-ca.
+    /// and signs, the certificates it issues also authenticate to kube-apiserver as the node,
+    /// it needs --signer-ca, and a Node that exists without edgebeat's label gets none. No
+    /// other signer name is taken.
     #[arg(long, value_name = "NAME", requires = "enrollment", default_value = crate::enrollment::DEFAULT_SIGNER_NAME)]
     pub signer_name: String,
-    /// PEM file of the CA that signs for --signer-name (e.g. the cluster CA of
+    /// PEM file of the CA that signs for --signer-name (the cluster CA of
     /// kube-controller-manager's `--cluster-signing-cert-file`; in most clusters the
     /// ConfigMap `kube-root-ca.crt`): node certificates it issued are verified against it on
-    /// every ingress and when they prove a rotation, beside the site CA.
+    /// every ingress and when they prove a rotation, beside the site CA. Read at start: a
+    /// new cluster CA takes a restart of the gateway.
     #[arg(long, value_name = "FILE", requires = "enrollment")]
     pub signer_ca: Option<PathBuf>,
     /// Lifetime of the node certificates this gateway signs (`spec.expirationSeconds`),

@@ -28,35 +28,34 @@ fn read_pem(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
         .with_context(|| format!("{flag} {}", path.display()))
 }
 
-/// `--signer-ca`'s PEM, checked against `--signer-name` and `--csr-approval`: a signer
-/// other than the gateway's own needs it (the gateway verifies what that signer issues),
-/// the gateway's own takes none, and kubelet's signer is approved by kube-controller-manager
-/// alone (`pkg/controller/certificates/approver/sarapprove.go`), which would approve first
+/// `--signer-ca`'s PEM, checked against `--signer-name` and `--csr-approval`: kubelet's
+/// signer needs it (the gateway verifies what that signer issues), the gateway's own takes
+/// none, and kubelet's signer is approved by kube-controller-manager alone
+/// (`pkg/controller/certificates/approver/sarapprove.go`), which would approve first
 /// enrollments that `--csr-approval=manual` means to hold.
 ///
 /// # Errors
-/// A signer name that is not `<domain>/<path>` (`pkg/apis/certificates/validation`:
-/// `ValidateSignerName`), one of the combinations above, or a CA file that cannot be read
-/// or holds no usable certificate; each names its flag and the fix.
+/// A signer name other than those two (no other is proved: another signer's approval
+/// needs RBAC `approve` on it, and its intermediates would not reach the agents), one of
+/// the combinations above, or a CA file that cannot be read or holds no usable
+/// certificate; each names its flag and the fix.
 fn signer_ca(args: &Args) -> anyhow::Result<Option<Vec<u8>>> {
+    use crate::enrollment::{DEFAULT_SIGNER_NAME, KUBELET_SIGNER_NAME};
     let name = args.signer_name.as_str();
-    let own = name == crate::enrollment::DEFAULT_SIGNER_NAME;
-    let well_formed = name.split_once('/').is_some_and(|(domain, path)| {
-        domain.contains('.') && !path.is_empty() && !name.contains(char::is_whitespace)
-    });
-    if !well_formed {
+    let own = name == DEFAULT_SIGNER_NAME;
+    if !own && name != KUBELET_SIGNER_NAME {
         anyhow::bail!(
-            "--signer-name {name:?} is not a signer name: a domain and a path, e.g. kubernetes.io/kube-apiserver-client-kubelet"
+            "--signer-name {name:?}: {DEFAULT_SIGNER_NAME} (the gateway approves and signs) or {KUBELET_SIGNER_NAME} (kube-controller-manager approves and signs); no other signer is supported"
         );
     }
-    if name == crate::enrollment::KUBELET_SIGNER_NAME && args.csr_approval == CsrApproval::Manual {
+    if name == KUBELET_SIGNER_NAME && args.csr_approval == CsrApproval::Manual {
         anyhow::bail!(
             "--csr-approval=manual with --signer-name {name}: kube-controller-manager approves that signer's requests itself (nodeclient), so none would wait for kubectl certificate approve; use --csr-approval=auto, or the gateway's own signer for manual approval"
         );
     }
     match (&args.signer_ca, own) {
         (None, false) => anyhow::bail!(
-            "--signer-name {name} needs --signer-ca: the PEM file of the CA that signs for it (for kube-controller-manager, the cluster CA: the ConfigMap kube-root-ca.crt in most clusters), which the gateway verifies node certificates against"
+            "--signer-name {name} needs --signer-ca: the PEM file of the CA kube-controller-manager signs with (the cluster CA: the ConfigMap kube-root-ca.crt in most clusters), which the gateway verifies node certificates against"
         ),
         (Some(_), true) => anyhow::bail!(
             "--signer-ca is for a --signer-name other than the gateway's own ({name}), whose CA is the site CA"

@@ -859,12 +859,48 @@ async fn boards_enroll_under_kubelets_signer_approved_and_signed_by_kube_control
     .await;
     agent.stop().await.unwrap();
 
-    // The gateway created the CSR and nothing else of it; nothing was refused.
+    // A Node of the token's pattern that edgebeat does not manage (a worker's) gets no
+    // certificate: under this signer it would be that node's apiserver credential.
+    let worker: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "enroll-kubelet-worker"},
+    }))
+    .unwrap();
+    nodes
+        .create(&kube::api::PostParams::default(), &worker)
+        .await
+        .unwrap();
+    let token = gateway.token("enroll-kubelet-worker", 1);
+    let agent = gateway.agent("enroll-kubelet-worker", &token);
+    let mut gateway = gateway;
+    gateway
+        .process
+        .wait_for(Duration::from_secs(60), |line| {
+            let field = |k: &str| line.get(k).and_then(|v| v.as_str());
+            field("message") == Some("certificate request rejected")
+                && field("reason") == Some("node_not_managed")
+                && field("node") == Some("enroll-kubelet-worker")
+        })
+        .await
+        .expect("the request for an unmanaged Node refused: node_not_managed");
+    agent.stop().await.unwrap();
+    assert!(
+        csrs_of(control_plane, "enroll-kubelet-worker").is_empty(),
+        "no CSR for an unmanaged Node"
+    );
+
+    // The gateway created the CSRs and nothing else of them (other tests' gateways share
+    // its ServiceAccount: only this board's CSRs count); nothing was refused.
     let calls = gateway_requests(control_plane, started);
     assert_none_refused(&calls);
+    let names: Vec<String> = csrs_of(control_plane, "enroll-kubelet-1")
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
     let csr_calls: std::collections::BTreeSet<_> = calls
         .iter()
         .filter(|e| e.resource().starts_with("certificatesigningrequests"))
+        .filter(|e| names.iter().any(|n| n == e.name()))
         .map(|e| (e.verb.clone(), e.resource()))
         .collect();
     assert!(

@@ -204,7 +204,8 @@ mod verify {
         }
 
         /// Verifies an encoded [`NodeCertificate`] published for `node` at `now`: the chain
-        /// leads to the site CA, every certificate is within its validity period, the leaf
+        /// leads to a CA of the verifier's bundle (the site CA, and any other that issues
+        /// node certificates), every certificate is within its validity period, the leaf
         /// may be used for client authentication (rustls-webpki, as for an mTLS handshake),
         /// and its subject is `node`'s identity ([`tls::node_identity`]).
         ///

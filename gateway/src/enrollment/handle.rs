@@ -161,6 +161,9 @@ impl Enrollment {
             Ok(key) => key,
             Err(rejected) => return Outcome::Rejected(rejected),
         };
+        if let Err(rejected) = self.check_managed(node).await {
+            return Outcome::Rejected(rejected);
+        }
         match self
             .through_kubernetes(transport, node, &request.csr, public_key, &proof)
             .await

@@ -11,7 +11,7 @@ use rustls::pki_types::UnixTime;
 
 use super::csr::csr_name;
 use super::rejection::{RejectReason, Rejection, Unissued, reject};
-use super::{Enrollment, EnrollmentError, tokens};
+use super::{Enrollment, EnrollmentError, KUBELET_SIGNER_NAME, tokens};
 
 /// How a request was proved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,8 +113,42 @@ impl Enrollment {
         Ok(token.id)
     }
 
-    /// The certificate proof: the request signed with the key of a site-CA certificate of
-    /// `node` that is valid, or expired less than `grace` ago for a Node that still exists.
+    /// Under kubelet's signer ([`KUBELET_SIGNER_NAME`]), whose certificates kube-apiserver
+    /// accepts as the node: refuses a node whose Node exists without
+    /// [`MANAGED_LABEL`](crate::bodies::MANAGED_LABEL). A bootstrap token whose names cover
+    /// it, or a worker's own kubelet certificate (which the signer CA also verifies, even
+    /// expired within `--certificate-grace`), would otherwise get a fresh credential of a
+    /// node edgebeat does not run. A Node not there yet (a first enrollment) passes.
+    ///
+    /// # Errors
+    /// [`RejectReason::NodeNotManaged`], or [`RejectReason::Apiserver`] when the Node
+    /// cannot be read (the agent asks again).
+    pub(super) async fn check_managed(&self, node: &str) -> Result<(), Rejection> {
+        if self.options.signer_name != KUBELET_SIGNER_NAME {
+            return Ok(());
+        }
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        match nodes.get_opt(node).await {
+            Ok(None) => Ok(()),
+            Ok(Some(found)) if crate::view::NodeRecord::of(&found).managed => Ok(()),
+            Ok(Some(_)) => Err(reject(
+                RejectReason::NodeNotManaged,
+                format!(
+                    "Node {node} exists and is not managed by edgebeat (no label {}={}): under signer {KUBELET_SIGNER_NAME} its certificate would be that node's apiserver credential",
+                    crate::bodies::MANAGED_LABEL.0,
+                    crate::bodies::MANAGED_LABEL.1
+                ),
+            )),
+            Err(e) => Err(reject(
+                RejectReason::Apiserver,
+                format!("reading Node {node}: {e}"),
+            )),
+        }
+    }
+
+    /// The certificate proof: the request signed with the key of a certificate of `node`
+    /// from the site CA (or the CA of another signer, [`super::EnrollmentOptions::signer_ca_pem`])
+    /// that is valid, or expired less than `grace` ago for a Node that still exists.
     pub(super) async fn prove_by_certificate(
         &self,
         request: &CertificateRequest,

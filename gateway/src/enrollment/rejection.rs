@@ -43,6 +43,10 @@ pub enum RejectReason {
     CsrKey,
     /// The CertificateSigningRequest was denied or failed.
     Denied,
+    /// Under kubelet's signer: the node's Node exists and is not one the gateway manages
+    /// (no [`crate::bodies::MANAGED_LABEL`]), so its certificate would be the apiserver
+    /// credential of a node edgebeat does not run (a worker's, a control plane's).
+    NodeNotManaged,
     /// The certificate could not be signed, or its signer's certificate does not parse.
     Signing,
     /// Not answered: the payload is not a certificate request (no header or CSR).
@@ -77,6 +81,7 @@ impl RejectReason {
             Self::CsrUsages => "csr_usages",
             Self::CsrKey => "csr_key",
             Self::Denied => "denied",
+            Self::NodeNotManaged => "node_not_managed",
             Self::Signing => "signing",
             Self::Malformed => "malformed",
             Self::Foreign => "foreign",

@@ -497,8 +497,9 @@ fn signer_flags_are_checked_with_the_flag_named() {
         manual.contains("--csr-approval=manual with --signer-name"),
         "{manual}"
     );
-    let malformed = outcome(&["--signer-name=kubelet", "--signer-ca", ca]).unwrap_err();
-    assert!(malformed.contains("is not a signer name"), "{malformed}");
+    // No other signer: its approval and chain are not proved.
+    let other = outcome(&["--signer-name=cert-manager.io/edge", "--signer-ca", ca]).unwrap_err();
+    assert!(other.contains("no other signer is supported"), "{other}");
     // Without --enrollment the signer flags are refused by the command line.
     let refused = parse(&[kubelet]).unwrap_err();
     assert_eq!(
