@@ -706,7 +706,17 @@ impl DeployedGateway {
 /// plane's Deployment stays `deploy/gateway`'s, which other tests read meanwhile.
 #[allow(clippy::unwrap_used)]
 fn enrolling_args(control_plane: &ControlPlane, pod_name: &str) -> Vec<String> {
-    for kustomization in ["deploy/gateway", "deploy/gateway/enrollment"] {
+    apply(
+        control_plane,
+        &["deploy/gateway", "deploy/gateway/enrollment"],
+    );
+    rendered_gateway_args(control_plane, "deploy/gateway-enrollment", &[], pod_name).unwrap()
+}
+
+/// `kubectl apply --server-side -k` of each of `kustomizations`, in order.
+#[allow(clippy::unwrap_used)]
+fn apply(control_plane: &ControlPlane, kustomizations: &[&str]) {
+    for kustomization in kustomizations {
         control_plane
             .kubectl(&[
                 "apply",
@@ -717,7 +727,6 @@ fn enrolling_args(control_plane: &ControlPlane, pod_name: &str) -> Vec<String> {
             ])
             .unwrap();
     }
-    rendered_gateway_args(control_plane, "deploy/gateway-enrollment", &[], pod_name).unwrap()
 }
 
 /// `args` with `extra` (`--flag=value`) in place of the same flags, or after them.
@@ -826,18 +835,11 @@ impl EnrollingGateway {
         pod_name: &str,
         extra: &[&str],
     ) -> Self {
-        enrolling_args(control_plane, pod_name);
-        for kustomization in rbac {
-            control_plane
-                .kubectl(&[
-                    "apply",
-                    "--server-side",
-                    "--force-conflicts",
-                    "-k",
-                    kustomization,
-                ])
-                .unwrap();
-        }
+        apply(
+            control_plane,
+            &["deploy/gateway", "deploy/gateway/enrollment"],
+        );
+        apply(control_plane, rbac);
         let args = rendered_gateway_args(control_plane, kustomization, mounts, pod_name).unwrap();
         Self::with_args(with_flags(args, extra)).await
     }

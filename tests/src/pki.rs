@@ -137,3 +137,16 @@ impl Ca {
         self.issue(params)
     }
 }
+
+/// A PKCS#10 certificate request (PEM) for CN=`cn`, O=`system:nodes`, with a fresh P-256
+/// key: the subject of a kubelet client certificate when `cn` is `system:node:<name>`.
+pub fn node_csr_pem(cn: &str) -> String {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    params.serialize_request(&key).unwrap().pem().unwrap()
+}

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use edgebeat_tests::pki::node_csr_pem;
 use edgebeat_tests::standin::{FaultRule, StandIn, StandInHandle};
 use futures_util::{StreamExt, TryStreamExt};
 use http::Method;
@@ -1079,20 +1080,6 @@ async fn table_output_for_nodes_and_leases() {
 
 // ---- CertificateSigningRequests ----
 
-/// A PKCS#10 request (PEM) for CN=`cn`, O=`system:nodes`, with a fresh P-256 key.
-fn csr_pem(cn: &str) -> String {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, cn);
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, "system:nodes");
-    params.serialize_request(&key).unwrap().pem().unwrap()
-}
-
 /// A CSR create body as a careless (or malicious) client would send it: requester fields
 /// and a status that the server must ignore.
 fn csr_body(name: &str, signer: &str, request_pem: &str) -> CertificateSigningRequest {
@@ -1176,7 +1163,7 @@ fn invalid_causes(e: kube::Error) -> (u16, String, Vec<String>) {
 async fn csr_create_records_the_anonymous_requester_and_drops_a_supplied_status() {
     let (standin, client) = setup().await;
     let csrs: Api<CertificateSigningRequest> = Api::all(client);
-    let request = csr_pem("system:node:edge-01");
+    let request = node_csr_pem("system:node:edge-01");
     let created = csrs
         .create(
             &PostParams::default(),
@@ -1257,7 +1244,7 @@ async fn csr_create_records_the_anonymous_requester_and_drops_a_supplied_status(
 async fn csr_create_records_the_impersonated_requester() {
     let standin = StandIn::start().await.unwrap();
     let admin = standin.kube_client().unwrap();
-    let body = serde_json::to_vec(&csr_body("alice-a", SIGNER, &csr_pem("alice"))).unwrap();
+    let body = serde_json::to_vec(&csr_body("alice-a", SIGNER, &node_csr_pem("alice"))).unwrap();
     let req = http::Request::builder()
         .method(Method::POST)
         .uri("/apis/certificates.k8s.io/v1/certificatesigningrequests")
@@ -1295,7 +1282,7 @@ async fn csr_update_of_the_object_changes_only_metadata() {
     let created = csrs
         .create(
             &PostParams::default(),
-            &csr_body("edge-01-a", SIGNER, &csr_pem("system:node:edge-01")),
+            &csr_body("edge-01-a", SIGNER, &node_csr_pem("system:node:edge-01")),
         )
         .await
         .unwrap();
@@ -1357,7 +1344,7 @@ async fn csr_approval_changes_only_conditions() {
     let created = csrs
         .create(
             &PostParams::default(),
-            &csr_body("edge-01-a", SIGNER, &csr_pem("system:node:edge-01")),
+            &csr_body("edge-01-a", SIGNER, &node_csr_pem("system:node:edge-01")),
         )
         .await
         .unwrap();
@@ -1461,7 +1448,7 @@ async fn csr_status_sets_the_certificate_once_and_cannot_approve() {
     let created = csrs
         .create(
             &PostParams::default(),
-            &csr_body("edge-01-a", SIGNER, &csr_pem("system:node:edge-01")),
+            &csr_body("edge-01-a", SIGNER, &node_csr_pem("system:node:edge-01")),
         )
         .await
         .unwrap();
@@ -1491,7 +1478,7 @@ async fn csr_status_sets_the_certificate_once_and_cannot_approve() {
             "must contain at least one CERTIFICATE PEM block",
         ),
         (
-            csr_pem("system:node:edge-01"),
+            node_csr_pem("system:node:edge-01"),
             r#"only CERTIFICATE PEM blocks are allowed, found "CERTIFICATE REQUEST""#,
         ),
     ] {
@@ -1572,7 +1559,7 @@ async fn csr_status_sets_the_certificate_once_and_cannot_approve() {
     let pending = csrs
         .create(
             &PostParams::default(),
-            &csr_body("edge-01-b", SIGNER, &csr_pem("system:node:edge-01")),
+            &csr_body("edge-01-b", SIGNER, &node_csr_pem("system:node:edge-01")),
         )
         .await
         .unwrap();
@@ -1592,7 +1579,7 @@ async fn csr_status_sets_the_certificate_once_and_cannot_approve() {
 async fn csr_validation_of_request_signer_usages_and_duration() {
     let (standin, client) = setup().await;
     let csrs: Api<CertificateSigningRequest> = Api::all(client);
-    let good = csr_pem("system:node:edge-01");
+    let good = node_csr_pem("system:node:edge-01");
     let invalid = |name: &str, e: kube::Error| {
         let (code, message, fields) = invalid_causes(e);
         assert_eq!(code, 422, "{message}");
@@ -1727,7 +1714,7 @@ async fn csr_watch_delivers_added_then_modified_on_approval_and_signing() {
     let created = csrs
         .create(
             &PostParams::default(),
-            &csr_body("edge-01-a", SIGNER, &csr_pem("system:node:edge-01")),
+            &csr_body("edge-01-a", SIGNER, &node_csr_pem("system:node:edge-01")),
         )
         .await
         .unwrap();
@@ -1778,7 +1765,7 @@ async fn csr_watch_delivers_added_then_modified_on_approval_and_signing() {
     let mut other = csr_body(
         "serving",
         "kubernetes.io/kubelet-serving",
-        &csr_pem("system:node:edge-01"),
+        &node_csr_pem("system:node:edge-01"),
     );
     other.spec.usages = Some(vec!["digital signature".into(), "server auth".into()]);
     csrs.create(&PostParams::default(), &other).await.unwrap();

@@ -18,6 +18,7 @@ use edgebeat_gateway::bodies;
 use edgebeat_proto as pb;
 use edgebeat_tests::control_plane::ControlPlane;
 use edgebeat_tests::fleet::{FleetOptions, FleetTransport, registered_node};
+use edgebeat_tests::pki::node_csr_pem;
 use edgebeat_tests::standin::StandIn;
 use futures_util::StreamExt;
 use jiff::Timestamp;
@@ -77,20 +78,6 @@ fn conditions_of(node: &Result<Node, kube::Error>) -> String {
         Err(kube::Error::Api(status)) => format!("{} {}", status.code, status.reason),
         Err(error) => format!("error {error}"),
     }
-}
-
-/// A PKCS#10 request (PEM) for CN=`cn`, O=`system:nodes`, with a fresh P-256 key.
-fn csr_pem(cn: &str) -> String {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, cn);
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, "system:nodes");
-    params.serialize_request(&key).unwrap().pem().unwrap()
 }
 
 /// A self-signed certificate (PEM), a stand-in for a signer's answer in `status.certificate`.
@@ -295,7 +282,9 @@ async fn transcript(client: kube::Client, prefix: &str, node: &Node) -> Transcri
         |version: &str, when: &str| bodies::plain_lease_json(&name, &uid, 40, version, at(when));
     let mut watch = leases
         .watch(
-            &WatchParams::default().labels(&edgebeat_gateway::view::managed_selector()),
+            &WatchParams::default()
+                .labels(&edgebeat_gateway::view::managed_selector())
+                .disable_bookmarks(),
             &first_version,
         )
         .await
@@ -419,7 +408,7 @@ async fn transcript(client: kube::Client, prefix: &str, node: &Node) -> Transcri
             ..Default::default()
         },
         spec: k8s_openapi::api::certificates::v1::CertificateSigningRequestSpec {
-            request: ByteString(csr_pem(&format!("system:node:{name}")).into_bytes()),
+            request: ByteString(node_csr_pem(&format!("system:node:{name}")).into_bytes()),
             signer_name: "edgebeat.io/node-client".into(),
             expiration_seconds: Some(3600),
             usages: Some(vec!["digital signature".into(), "client auth".into()]),
@@ -536,7 +525,11 @@ async fn the_standin_answers_the_gateways_calls_as_the_real_apiserver_does() {
     )
     .await;
     let stand_in = transcript(standin.kube_client().unwrap(), "differential-", &node).await;
-    assert_eq!(real.len(), stand_in.len());
+    assert_eq!(
+        real.len(),
+        stand_in.len(),
+        "transcripts of different lengths:\nreal: {real:#?}\nstand-in: {stand_in:#?}"
+    );
     let differences: Vec<String> = real
         .iter()
         .zip(&stand_in)

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use edgebeat_tests::pki::node_csr_pem;
 use edgebeat_tests::standin::{StandIn, StandInHandle, StandInView};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::{
@@ -333,17 +334,6 @@ async fn kubectl_get_watch_prints_status_transitions() {
     assert_eq!((rows[0][1], rows[1][1]), ("Ready", "NotReady"));
 }
 
-/// A PKCS#10 request (PEM) for CN=`cn` with a fresh P-256 key.
-fn csr_pem(cn: &str) -> String {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, cn);
-    params.serialize_request(&key).unwrap().pem().unwrap()
-}
-
 /// Creates CSR `name` through kube-rs, as `user` when given (impersonated).
 async fn create_csr(
     standin: &StandInHandle,
@@ -358,7 +348,7 @@ async fn create_csr(
     }
     let csr: CertificateSigningRequest = serde_json::from_value(json!({
         "metadata": {"name": name},
-        "spec": {"request": ByteString(csr_pem("system:node:rpi4-edge-01").into_bytes()),
+        "spec": {"request": ByteString(node_csr_pem("system:node:rpi4-edge-01").into_bytes()),
                  "signerName": "edgebeat.io/node-client", "expirationSeconds": expiration,
                  "usages": ["digital signature", "client auth"]},
     }))
