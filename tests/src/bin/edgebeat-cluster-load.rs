@@ -5,15 +5,22 @@
 //!
 //! Each side gets a fresh control plane with upstream settings:
 //! - **kubelets**: N nodes, each with a client and a connection of its own (as N kubelets),
-//!   POST its Node, patch its status once, create its Lease, then PUT the Lease every 10 s
-//!   with the object of its last write (kubelet's `nodeLeaseRenewIntervalFraction` × 40 s);
-//!   nodes start spread over the ramp. The admin identity writes (kubelets' Node authorizer
-//!   is not on this path).
+//!   POST its Node (the very Node the gateway registers for the same simulated host:
+//!   `edgebeat_tests::fleet::registered_node`), patch its whole status once, create its
+//!   Lease, then PUT the Lease every 10 s with the object of its last write (kubelet's
+//!   `nodeLeaseRenewIntervalFraction` × 40 s) and patch every condition's
+//!   `lastHeartbeatTime` every 5 min (`nodeStatusReportFrequency`, nothing changed); nodes
+//!   start spread over the ramp. The admin identity writes (kubelets' Node authorizer is
+//!   not on this path).
 //! - **gateway**: `deploy/gateway`'s RBAC and arguments (`DeployedGateway`), N simulated
 //!   agents over gRPC with mTLS (`edgebeat_tests::fleet`, kubelet's cadence: Lease 40 s
 //!   renewed every 10 s, status every 10 s reported every 5 min).
 //!
-//! After the ramp and a warm-up, over `--window-seconds`: kube-apiserver's and etcd's CPU
+//! After the ramp, one Lease duration, and until kube-controller-manager has done with the
+//! new Nodes (its TTL and node lifecycle controllers patch each one, at its client's 20
+//! requests/s, again whenever the cluster's size crosses a TTL step: minutes for thousands
+//! of nodes, work both sides owe to registration, not to heartbeats), over
+//! `--window-seconds` (300, one status report per node, by default): kube-apiserver's and etcd's CPU
 //! (utime + stime of `/proc/<pid>/stat`) per node-minute, etcd's writes (`etcd_mvcc_put_total`
 //! from its `/metrics`) per node-minute, kube-apiserver's requests by verb and resource
 //! from the audit log, and every 5 s each Lease's age (now − renewTime): `expired` counts the
@@ -25,13 +32,14 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
+use edgebeat_gateway::bodies;
 use edgebeat_tests::control_plane::{ControlPlane, DeployedGateway};
-use edgebeat_tests::fleet::{FleetOptions, FleetStats, FleetTransport, run_fleet};
+use edgebeat_tests::fleet::{FleetOptions, FleetStats, FleetTransport, registered_node, run_fleet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
@@ -42,8 +50,9 @@ struct Args {
     /// Node starts spread over this many seconds.
     #[arg(long, default_value_t = 30)]
     ramp_seconds: u64,
-    /// Seconds measured after the ramp and one Lease duration.
-    #[arg(long, default_value_t = 60)]
+    /// Seconds measured after the ramp, one Lease duration and kube-controller-manager's
+    /// registration work (module docs); 300 holds one status report of every node.
+    #[arg(long, default_value_t = 300)]
     window_seconds: u64,
     /// Which sides to run: kubelets, gateway, or both.
     #[arg(long, default_value = "both")]
@@ -52,6 +61,8 @@ struct Args {
 
 const LEASE_SECONDS: i32 = 40;
 const RENEW: Duration = Duration::from_secs(10);
+/// kubelet's `nodeStatusReportFrequency`.
+const REPORT: Duration = Duration::from_secs(300);
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -99,15 +110,21 @@ async fn kubelets(
     stop: CancellationToken,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut writers = Vec::new();
+    let hosts = FleetOptions {
+        prefix: "kubelet-".to_owned(),
+        ..FleetOptions::new(args.nodes, FleetTransport::Grpc(String::new()))
+    };
     for i in 0..args.nodes {
         // A client, and so a connection, of its own.
         let client = control_plane.admin_client().await?;
-        let name = format!("kubelet-{i:05}");
+        let name = hosts.node_name(i);
         let start = Duration::from_secs(args.ramp_seconds).mul_f64(i as f64 / args.nodes as f64);
         let stop = stop.clone();
+        let hosts = hosts.clone();
         writers.push(tokio::spawn(async move {
             tokio::time::sleep(start).await;
-            if let Err(error) = kubelet(client, &name, stop).await {
+            let node = registered_node(&hosts, i, jiff::Timestamp::now());
+            if let Err(error) = kubelet(client, node, &name, stop).await {
                 eprintln!("{name}: {error:#}");
             }
         }));
@@ -115,29 +132,18 @@ async fn kubelets(
     Ok(writers)
 }
 
-async fn kubelet(client: kube::Client, name: &str, stop: CancellationToken) -> anyhow::Result<()> {
+async fn kubelet(
+    client: kube::Client,
+    node: Node,
+    name: &str,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    };
+    let status = bodies::status_patch(node.status.as_ref().context("a status")?, None)?;
     nodes.create(&PostParams::default(), &node).await?;
-    let status = serde_json::json!({"status": {"conditions": [{
-        "type": "Ready", "status": "True", "reason": "KubeletReady",
-        "message": "kubelet is posting ready status",
-        "lastHeartbeatTime": jiff::Timestamp::now().to_string(),
-        "lastTransitionTime": jiff::Timestamp::now().to_string(),
-    }]}});
     nodes
-        .patch_status(
-            name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Strategic(status),
-        )
+        .patch_status(name, &PatchParams::default(), &Patch::Strategic(status))
         .await?;
     let mut lease = leases
         .create(
@@ -159,9 +165,26 @@ async fn kubelet(client: kube::Client, name: &str, stop: CancellationToken) -> a
         .await?;
     let mut tick = tokio::time::interval(RENEW);
     tick.tick().await;
+    let mut report = tokio::time::interval(REPORT);
+    report.tick().await;
     loop {
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
+            _ = report.tick() => {
+                // What kubelet's two-way merge patch of an unchanged status carries.
+                let now = Time(bodies::whole_seconds(jiff::Timestamp::now()));
+                let conditions: Vec<serde_json::Value> =
+                    ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]
+                        .iter()
+                        .map(|t| serde_json::json!({"type": t, "lastHeartbeatTime": now}))
+                        .collect();
+                let body = serde_json::json!({"status": {"conditions": conditions}});
+                let patch = Patch::Strategic(body);
+                if let Err(error) = nodes.patch_status(name, &PatchParams::default(), &patch).await {
+                    eprintln!("{name}: reporting status: {error}");
+                }
+                continue;
+            }
             _ = tick.tick() => {}
         }
         if let Some(spec) = lease.spec.as_mut() {
@@ -206,12 +229,45 @@ async fn etcd_puts(control_plane: &ControlPlane) -> anyhow::Result<f64> {
         .parse()?)
 }
 
-/// Waits for the ramp and one Lease duration, then measures the window (module docs).
+/// `PATCH`es of Nodes (not of their status) kube-apiserver has answered: the
+/// controllers' (`apiserver_request_total` of its `/metrics`).
+async fn node_patches(admin: &kube::Client) -> anyhow::Result<f64> {
+    let text = admin
+        .request_text(http::Request::get("/metrics").body(Vec::new())?)
+        .await?;
+    Ok(text
+        .lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains(r#"resource="nodes""#)
+                && l.contains(r#"subresource="""#)
+                && l.contains(r#"verb="PATCH""#)
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
+}
+
+/// Waits for the ramp, one Lease duration and kube-controller-manager's last patch of a
+/// Node (none for 15 s; at most 15 min), then measures the window (module docs).
 async fn measure(side: &str, control_plane: &ControlPlane, args: &Args) -> anyhow::Result<()> {
+    let started = tokio::time::Instant::now();
     tokio::time::sleep(Duration::from_secs(
         args.ramp_seconds + LEASE_SECONDS as u64,
     ))
     .await;
+    let admin = control_plane.admin_client().await?;
+    let (mut last, mut quiet) = (node_patches(&admin).await?, 0);
+    while quiet < 3 {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(900),
+            "kube-controller-manager still patching Nodes after 15 min"
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let now = node_patches(&admin).await?;
+        quiet = if now == last { quiet + 1 } else { 0 };
+        last = now;
+    }
+    println!("{side}.settled_after_s={}", started.elapsed().as_secs());
     let apiserver = pid_of(control_plane, "kube-apiserver")?;
     let etcd = pid_of(control_plane, "etcd")?;
     let ticks_per_s = 100.0; // sysconf(_SC_CLK_TCK) on Linux
@@ -221,7 +277,6 @@ async fn measure(side: &str, control_plane: &ControlPlane, args: &Args) -> anyho
         cpu_ticks(etcd)?,
         etcd_puts(control_plane).await?,
     );
-    let admin = control_plane.admin_client().await?;
     let leases: Api<Lease> = Api::namespaced(admin, "kube-node-lease");
     let end = tokio::time::Instant::now() + Duration::from_secs(args.window_seconds);
     let (mut samples, mut expired, mut max_age) = (0usize, 0usize, 0f64);
