@@ -10,8 +10,9 @@
 //!   Lease, then PUT the Lease every 10 s with the object of its last write (kubelet's
 //!   `nodeLeaseRenewIntervalFraction` × 40 s) and patch every condition's
 //!   `lastHeartbeatTime` every 5 min (`nodeStatusReportFrequency`, nothing changed); nodes
-//!   start spread over the ramp. The admin identity writes (kubelets' Node authorizer is
-//!   not on this path).
+//!   start spread over the ramp. Each writes as its node (`system:node:<name>` in
+//!   `system:nodes`, impersonated by the admin), so the Node authorizer and NodeRestriction
+//!   judge its requests as they judge a kubelet's.
 //! - **gateway**: `deploy/gateway`'s RBAC and arguments (`DeployedGateway`), N simulated
 //!   agents over gRPC with mTLS (`edgebeat_tests::fleet`, kubelet's cadence: Lease 40 s
 //!   renewed every 10 s, status every 10 s reported every 5 min).
@@ -115,9 +116,9 @@ async fn kubelets(
         ..FleetOptions::new(args.nodes, FleetTransport::Grpc(String::new()))
     };
     for i in 0..args.nodes {
-        // A client, and so a connection, of its own.
-        let client = control_plane.admin_client().await?;
+        // A client, and so a connection, of its own, as the node.
         let name = hosts.node_name(i);
+        let client = kubelet_client(control_plane, &name).await?;
         let start = Duration::from_secs(args.ramp_seconds).mul_f64(i as f64 / args.nodes as f64);
         let stop = stop.clone();
         let hosts = hosts.clone();
@@ -130,6 +131,17 @@ async fn kubelets(
         }));
     }
     Ok(writers)
+}
+
+/// A client of node `name`: the admin's credentials impersonating `system:node:<name>` in
+/// `system:nodes`, so each request is authorized as a kubelet's is, by the Node authorizer
+/// and NodeRestriction (a real kubelet presents its own client certificate instead).
+async fn kubelet_client(control_plane: &ControlPlane, name: &str) -> anyhow::Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&control_plane.admin_kubeconfig)?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    config.auth_info.impersonate = Some(format!("system:node:{name}"));
+    config.auth_info.impersonate_groups = Some(vec!["system:nodes".to_owned()]);
+    Ok(kube::Client::try_from(config)?)
 }
 
 async fn kubelet(
