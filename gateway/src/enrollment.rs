@@ -178,6 +178,10 @@ pub struct Enrollment {
     ca: Option<SiteCa>,
     /// The site CA certificate (DER) agents are given and proofs are checked against.
     ca_der: Vec<u8>,
+    /// The CAs of node certificates (PEM): another signer's
+    /// ([`EnrollmentOptions::signer_ca_pem`]), then the site CA.
+    node_cas: Vec<u8>,
+    /// Verifies node certificates against `node_cas`.
     verifier: CertificateVerifier,
     answers: Arc<AnswerSigner>,
     /// The answer CAs (DER) certificate answers name (`IssuedCertificate.answer_cas`).
@@ -238,6 +242,7 @@ impl Enrollment {
             options,
             ca: Some(ca),
             ca_der,
+            node_cas,
             verifier,
             answers,
             answer_cas,
@@ -268,10 +273,7 @@ impl Enrollment {
     /// ([`EnrollmentOptions::signer_ca_pem`]) and the site CA.
     pub fn node_ca_pem(&self, extra: Option<Vec<u8>>) -> Vec<u8> {
         let mut bundle = extra.unwrap_or_default();
-        if let Some(signer_ca) = &self.options.signer_ca_pem {
-            bundle.extend_from_slice(signer_ca);
-        }
-        bundle.extend_from_slice(self.ca_pem().as_bytes());
+        bundle.extend_from_slice(&self.node_cas);
         bundle
     }
 

@@ -762,7 +762,8 @@ async fn boards_enroll_under_kubelets_signer_approved_and_signed_by_kube_control
             "deploy/gateway/namespace.yaml",
         ])
         .unwrap();
-    let root_ca = eventually_value("the ConfigMap kube-root-ca.crt in edgebeat-system", || {
+    // kube-controller-manager's root-ca-cert-publisher makes it in every namespace.
+    let root_ca = || {
         control_plane
             .kubectl(&[
                 "-n",
@@ -773,10 +774,15 @@ async fn boards_enroll_under_kubelets_signer_approved_and_signed_by_kube_control
                 "-o",
                 "jsonpath={.data.ca\\.crt}",
             ])
-            .ok()
-            .filter(|pem| pem.contains("BEGIN CERTIFICATE"))
-    })
+            .unwrap_or_default()
+    };
+    eventually(
+        "the ConfigMap kube-root-ca.crt in edgebeat-system",
+        Duration::from_secs(30),
+        || async { root_ca().contains("BEGIN CERTIFICATE") },
+    )
     .await;
+    let root_ca = root_ca();
     let mount = tempfile::tempdir().unwrap();
     std::fs::write(mount.path().join("ca.crt"), &root_ca).unwrap();
     let gateway = EnrollingGateway::start_overlay(
@@ -939,21 +945,6 @@ async fn issued_by_kube_controller_manager(
         .and_then(|s| s.certificate)
         .expect("issued");
     edgebeat_transports::tls::parse_certificates(&issued.0).unwrap()[0].to_vec()
-}
-
-/// Polls `f` every 200 ms for up to 30 s until it gives a value.
-async fn eventually_value<T>(what: &str, f: impl Fn() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(value) = f() {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// `usage-count` of the bootstrap token `token` (`<id>.<secret>`), as its Secret in the
