@@ -28,6 +28,8 @@ use prost::Message as _;
 use rustls::SignatureScheme;
 use rustls::sign::Signer;
 
+use std::time::Duration;
+
 use crate::tls::{self, TlsError};
 
 /// Domain separation prefix of every signature: `"edgebeat.v1 signed message"` and a NUL
@@ -169,6 +171,56 @@ pub fn unseal(payload: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
         return None;
     }
     Some((signed.signed_message, signed.signature))
+}
+
+/// A signed wall time outside the clock window: `ahead_ms` ahead of the gateway's clock
+/// (behind when negative, saturated at `i64`'s ends), outside ±`max`.
+///
+/// Its text is what the gateway logs, e.g. "signed wall time is 3600.0 s ahead of the
+/// gateway's clock, outside its ±30 s window: set this node's clock (NTP, or an RTC)".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "signed wall time is {:.1} s {} the gateway's clock, outside its ±{} s window: set this node's clock (NTP, or an RTC)",
+    self.seconds(),
+    if self.ahead_ms >= 0 { "ahead of" } else { "behind" },
+    self.max.as_secs()
+)]
+pub struct ClockSkew {
+    /// Milliseconds the message's wall time is ahead of the gateway's clock; negative when
+    /// behind.
+    pub ahead_ms: i64,
+    /// The window's half-width.
+    pub max: Duration,
+}
+
+impl ClockSkew {
+    #[allow(clippy::cast_precision_loss)] // for a message: tenths of a second suffice
+    fn seconds(&self) -> f64 {
+        self.ahead_ms.unsigned_abs() as f64 / 1000.0
+    }
+}
+
+/// The clock window, the one rule for every message whose `Header::wall_time_ms` the
+/// gateway trusts (signed MQTT messages, certificate requests): `wall_time_ms` (milliseconds
+/// since the Unix epoch, chosen by the sender, so any `i64`) must lie within ±`max` of `now`
+/// (the gateway's clock, as the time since the Unix epoch). All arithmetic saturates: no
+/// value panics or wraps into the window.
+///
+/// # Errors
+///
+/// [`ClockSkew`] when it lies outside, with by how much.
+pub fn check_clock_window(
+    wall_time_ms: i64,
+    now: Duration,
+    max: Duration,
+) -> Result<(), ClockSkew> {
+    let now_ms = i64::try_from(now.as_millis()).unwrap_or(i64::MAX);
+    let max_ms = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
+    let ahead_ms = wall_time_ms.saturating_sub(now_ms);
+    if ahead_ms.unsigned_abs() > max_ms.unsigned_abs() {
+        return Err(ClockSkew { ahead_ms, max });
+    }
+    Ok(())
 }
 
 #[cfg(feature = "node-identity")]
@@ -352,6 +404,80 @@ mod verify {
         /// The signature does not verify with the node's key.
         #[error("bad signature")]
         BadSignature,
+    }
+}
+
+#[cfg(test)]
+mod clock_window_tests {
+    use super::*;
+
+    const NOW: Duration = Duration::from_secs(1_800_000_000);
+    const MAX: Duration = Duration::from_secs(30);
+    const NOW_MS: i64 = 1_800_000_000_000;
+
+    #[test]
+    fn the_window_takes_its_edges_and_refuses_past_them() {
+        assert_eq!(check_clock_window(NOW_MS, NOW, MAX), Ok(()));
+        assert_eq!(check_clock_window(NOW_MS + 30_000, NOW, MAX), Ok(()));
+        assert_eq!(check_clock_window(NOW_MS - 30_000, NOW, MAX), Ok(()));
+        assert_eq!(
+            check_clock_window(NOW_MS + 30_001, NOW, MAX),
+            Err(ClockSkew {
+                ahead_ms: 30_001,
+                max: MAX
+            })
+        );
+        assert_eq!(
+            check_clock_window(NOW_MS - 30_001, NOW, MAX),
+            Err(ClockSkew {
+                ahead_ms: -30_001,
+                max: MAX
+            })
+        );
+    }
+
+    #[test]
+    fn any_wall_time_is_judged_without_panic_or_wrap() {
+        // The sender chooses wall_time_ms: i64's ends must be refused, not wrap into the
+        // window (i64::MIN - now wraps to a large positive number without saturation).
+        assert_eq!(
+            check_clock_window(i64::MIN, NOW, MAX),
+            Err(ClockSkew {
+                ahead_ms: i64::MIN,
+                max: MAX
+            })
+        );
+        assert_eq!(
+            check_clock_window(i64::MAX, NOW, MAX),
+            Err(ClockSkew {
+                ahead_ms: i64::MAX - NOW_MS,
+                max: MAX
+            })
+        );
+        assert_eq!(
+            check_clock_window(0, NOW, MAX),
+            Err(ClockSkew {
+                ahead_ms: -NOW_MS,
+                max: MAX
+            })
+        );
+        // A gateway clock beyond i64 milliseconds, and a window wider than i64's range.
+        assert!(check_clock_window(i64::MAX, Duration::MAX, MAX).is_ok());
+        assert_eq!(check_clock_window(i64::MIN, NOW, Duration::MAX), Ok(()));
+    }
+
+    #[test]
+    fn the_refusal_says_by_how_much_and_what_to_fix() {
+        let skew = check_clock_window(NOW_MS + 3_600_000, NOW, MAX).unwrap_err();
+        assert_eq!(
+            skew.to_string(),
+            "signed wall time is 3600.0 s ahead of the gateway's clock, outside its ±30 s window: set this node's clock (NTP, or an RTC)"
+        );
+        let skew = check_clock_window(i64::MIN, NOW, MAX).unwrap_err();
+        assert!(
+            skew.to_string().contains("s behind the gateway's clock"),
+            "{skew}"
+        );
     }
 }
 

@@ -129,14 +129,16 @@ impl Enrollment {
             return Outcome::Unanswered(RejectReason::Foreign);
         }
         let now = self.clock.now();
-        let now_ms = i64::try_from(
-            now.duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis(),
+        let since_epoch = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        if edgebeat_transports::signing::check_clock_window(
+            header.wall_time_ms,
+            since_epoch,
+            self.options.max_clock_skew,
         )
-        .unwrap_or(i64::MAX);
-        let skew = i64::try_from(self.options.max_clock_skew.as_millis()).unwrap_or(i64::MAX);
-        if (header.wall_time_ms - now_ms).abs() > skew {
+        .is_err()
+        {
             return Outcome::Unanswered(RejectReason::ClockSkew);
         }
         if !self.first_time(header) {

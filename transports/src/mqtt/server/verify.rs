@@ -91,14 +91,10 @@ pub(super) fn open(
         Ok(()) => {
             let message = decode(&signed)?;
             let sent_ms = message.header().map_or(0, |h| h.wall_time_ms);
-            let now_ms = i64::try_from(now.as_secs())
-                .unwrap_or(i64::MAX)
-                .saturating_mul(1000);
-            let skew_ms = i64::try_from(policy.max_clock_skew.as_millis()).unwrap_or(i64::MAX);
-            let ahead_ms = sent_ms.saturating_sub(now_ms);
-            if ahead_ms.saturating_abs() > skew_ms {
+            let now = Duration::from_secs(now.as_secs());
+            if let Err(skew) = signing::check_clock_window(sent_ms, now, policy.max_clock_skew) {
                 return Err(OpenError::silent(Rejection {
-                    detail: clock_skew_reason(ahead_ms, policy.max_clock_skew).into(),
+                    detail: skew.to_string().into(),
                     ..REJECT_CLOCK
                 }));
             }
@@ -109,20 +105,6 @@ pub(super) fn open(
             Err(OpenError::silent(REJECT_BAD_SIGNATURE))
         }
     }
-}
-
-/// Why a signed message whose wall time is `ahead_ms` ahead of the gateway's clock (behind
-/// when negative), outside the window `max`, was rejected, for the gateway's log: by how much
-/// and what to fix, e.g. "signed wall time is 3600.0 s ahead of the gateway's clock, outside
-/// its ±30 s window: set this node's clock (NTP, or an RTC)".
-pub(super) fn clock_skew_reason(ahead_ms: i64, max: Duration) -> String {
-    #[allow(clippy::cast_precision_loss)] // for a message: tenths of a second suffice
-    let seconds = ahead_ms.unsigned_abs() as f64 / 1000.0;
-    let side = if ahead_ms >= 0 { "ahead of" } else { "behind" };
-    format!(
-        "signed wall time is {seconds:.1} s {side} the gateway's clock, outside its ±{} s window: set this node's clock (NTP, or an RTC)",
-        max.as_secs()
-    )
 }
 
 /// The [`Peer`] of an MQTT message of `node`: an identity, its certificate and a verified
