@@ -31,12 +31,13 @@ use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event, watcher};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, Event, ExponentialBackoff, watcher};
 use kube::{Api, ResourceExt};
 
 use edgebeat_proto::{ConditionStatus, NodeConditionType};
@@ -502,13 +503,13 @@ impl ApiserverView {
     }
 
     /// Follows the managed Nodes until the stream ends (it does not: kube-runtime's
-    /// watcher re-lists after a `410 Gone` and retries errors with its default backoff,
-    /// 800 ms doubling to 30 s). Errors are counted and logged, and mark the view unwatched
-    /// until the stream delivers again.
+    /// watcher re-lists after a `410 Gone` and retries errors). Errors are counted and
+    /// logged, and mark the view unwatched until the stream delivers again; the next try
+    /// waits [`watch_backoff`], and a re-list after `410 Gone` none at all.
     pub async fn watch_nodes(self: Arc<Self>, client: kube::Client) {
         let api: Api<Node> = Api::all(client);
         let config = watcher::Config::default().labels(&managed_selector());
-        self.follow(watcher(api, config).default_backoff(), "Node")
+        self.follow(watcher(api, config), watch_backoff(), "Node")
             .await;
     }
 
@@ -518,13 +519,16 @@ impl ApiserverView {
         // through here (see [`PartialLease`]).
         let api: Api<PartialLease> = Api::namespaced(client, LEASE_NAMESPACE);
         let config = watcher::Config::default().labels(&managed_selector());
-        self.follow(watcher(api, config).default_backoff(), "Lease")
+        self.follow(watcher(api, config), watch_backoff(), "Lease")
             .await;
     }
 
+    /// Takes `stream`'s events into the view, waiting `backoff` after each error but a
+    /// `410 Gone` (see [`watch_backoff`]).
     async fn follow<K: Followed>(
         &self,
         stream: impl futures_util::Stream<Item = Result<Event<K>, watcher::Error>>,
+        mut backoff: impl Backoff,
         kind: &'static str,
     ) {
         let watched = &K::records(self).watched;
@@ -535,6 +539,8 @@ impl ApiserverView {
         // Whether a failure was logged since the watch last followed (once per outage,
         // including the first one of a watch that never listed).
         let mut warned = false;
+        // One re-list at once after a 410 Gone per time following (never a storm of them).
+        let mut relist_at_once = true;
         while let Some(item) = stream.next().await {
             let event = match item {
                 Ok(event) => event,
@@ -552,6 +558,12 @@ impl ApiserverView {
                         );
                     } else {
                         tracing::debug!(kind, %error, "watch still failing");
+                    }
+                    let gone = matches!(&error, watcher::Error::WatchError(s) if s.code == 410);
+                    if !(gone && std::mem::take(&mut relist_at_once))
+                        && let Some(wait) = backoff.next().filter(|w| !w.is_zero())
+                    {
+                        tokio::time::sleep(wait).await;
                     }
                     continue;
                 }
@@ -580,11 +592,32 @@ impl ApiserverView {
             // nothing: following again with its next event (a re-list waits for InitDone).
             if listed.is_none() && !watched.swap(true, Ordering::Relaxed) {
                 warned = false;
+                backoff.reset();
+                relist_at_once = true;
                 self.following.notify_waiters();
             }
         }
         watched.store(false, Ordering::Relaxed);
     }
+}
+
+/// The wait between a watch's tries while it fails: 250 ms doubling to 2 s, each with up to
+/// as much again of jitter, so at most 4 s, reset once the watch follows again; after a
+/// `410 Gone` (its resourceVersion too old, as after every kube-apiserver restart, whose
+/// watch cache starts at etcd's current revision) it lists again at once.
+///
+/// kube-runtime's `default_backoff` (800 ms doubling to 30 s, up to twice that with
+/// jitter, reset only after 120 s without an error) grows through an outage of tens of
+/// seconds to waits of 30-60 s, so a watch resumed after the apiserver's return waited that
+/// long again before its re-list, and the replica's view (and its sites) with it.
+pub fn watch_backoff() -> ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(250))
+        .with_max_delay(Duration::from_secs(2))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .into()
 }
 
 mod partial;

@@ -256,7 +256,14 @@ async fn the_watch_state_follows_the_event_stream() {
             let stream = futures_util::stream::unfold(rx, |mut rx| async move {
                 rx.recv().await.map(|item| (item, rx))
             });
-            view.follow(stream, "Node").await;
+            // No waits between tries: the test steps by events, not time.
+            let backoff = ExponentialBackoff::from(
+                backon::ExponentialBuilder::default()
+                    .with_min_delay(Duration::ZERO)
+                    .with_max_delay(Duration::ZERO)
+                    .without_max_times(),
+            );
+            view.follow(stream, backoff, "Node").await;
         }
     });
     // Each step waits until the follower has taken every event sent so far.
@@ -348,4 +355,83 @@ fn the_fleet_summary_buckets_lease_ages_and_counts_conditions() {
         vec![(NodeConditionType::Ready, [2, 0, 1])]
     );
     assert_eq!(summary.oldest_certificate_not_before, None);
+}
+
+/// After a `410 Gone` (a resumed watch's resourceVersion too old, as after an apiserver
+/// restart) the re-list starts at once, however long the outage before it grew the
+/// backoff; other errors wait at most 4 s.
+#[tokio::test(start_paused = true)]
+async fn a_gone_watch_lists_again_at_once_and_other_errors_wait_at_most_4_s() {
+    let view = Arc::new(ApiserverView::new());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<Event<Node>, watcher::Error>>();
+    let follower = tokio::spawn({
+        let view = view.clone();
+        async move {
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|item| (item, rx))
+            });
+            view.follow(stream, watch_backoff(), "Node").await;
+        }
+    });
+    let taken = |view: &ApiserverView| {
+        let (events, errors) = view.watch_counts();
+        events + errors
+    };
+    // When the follower takes event number `n`, measured on the paused clock.
+    let taken_after = |n: u64| {
+        let view = view.clone();
+        async move {
+            let start = tokio::time::Instant::now();
+            while taken(&view) < n {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "event {n} never taken"
+                );
+            }
+            start.elapsed()
+        }
+    };
+    for event in [Event::Init, Event::InitDone] {
+        tx.send(Ok(event)).unwrap();
+    }
+    taken_after(2).await;
+    // An outage: twenty failed tries, then the apiserver is back and says 410 Gone.
+    let failed = || {
+        Err(watcher::Error::WatchFailed(kube::Error::Service(
+            "connection refused".into(),
+        )))
+    };
+    for _ in 0..20 {
+        tx.send(failed()).unwrap();
+    }
+    // Twenty errors in a row: each taken after the wait that followed the one before.
+    let mut waited = Vec::new();
+    for n in 1..=20 {
+        waited.push(taken_after(2 + n).await);
+    }
+    let longest = waited.iter().max().copied().unwrap_or_default();
+    assert!(
+        longest <= Duration::from_millis(4010),
+        "a failing watch waits at most 4 s between tries: {waited:?}"
+    );
+    assert!(
+        waited.iter().skip(5).all(|w| *w >= Duration::from_secs(2)),
+        "the wait grew to its cap: {waited:?}"
+    );
+    let before = taken(&view);
+    tx.send(failed()).unwrap();
+    tx.send(Err(watcher::Error::WatchError(Box::new(
+        kube::core::Status::failure("too old resource version", "Expired").with_code(410),
+    ))))
+    .unwrap();
+    tx.send(Ok(Event::Init)).unwrap();
+    let wait_to_gone = taken_after(before + 2).await;
+    let wait_to_list = taken_after(before + 3).await;
+    assert!(
+        wait_to_list <= Duration::from_millis(10),
+        "the re-list after 410 Gone starts at once, not after a backoff ({wait_to_gone:?} before the 410)"
+    );
+    drop(tx);
+    follower.await.unwrap();
 }
