@@ -54,6 +54,8 @@ use tokio::time::Instant;
 
 use crate::bodies::{EVENT_NAMESPACE, LEASE_NAMESPACE};
 use crate::view::PartialLease;
+use jiff::SignedDuration;
+use outage::{OutageLine, OutageLog};
 
 /// `Impersonate-User` (kube-apiserver impersonation headers).
 const IMPERSONATE_USER: HeaderName = HeaderName::from_static("impersonate-user");
@@ -106,6 +108,19 @@ struct Gate {
     probing: bool,
     retry_at: Instant,
     backoff: Duration,
+    /// When the gate last reopened after trouble.
+    reopened: Option<Instant>,
+}
+
+/// How a call's outcome moved its gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Moved {
+    /// The first trouble closed it.
+    Closed,
+    /// A success reopened it.
+    Reopened,
+    /// Nothing new.
+    Not,
 }
 
 impl Gate {
@@ -115,30 +130,32 @@ impl Gate {
             probing: false,
             retry_at: Instant::now(),
             backoff: GATE_BACKOFF_MIN,
+            reopened: None,
         }
     }
 
     /// Takes one call's outcome: `None` for an apiserver that works, `Some(retry_after)`
     /// for trouble. Only the probe's trouble (or the first trouble) moves the next try:
     /// failures of calls that were already in flight when the gate closed say nothing new.
-    fn observe(&mut self, trouble: Option<Duration>, probe: bool) {
+    fn observe(&mut self, trouble: Option<Duration>, probe: bool) -> Moved {
         match trouble {
             None => {
-                if self.failing {
-                    tracing::info!("the apiserver answers again; writes resume");
-                }
+                let moved = if self.failing {
+                    self.reopened = Some(Instant::now());
+                    Moved::Reopened
+                } else {
+                    Moved::Not
+                };
                 self.failing = false;
                 self.backoff = GATE_BACKOFF_MIN;
+                moved
             }
-            Some(_) if self.failing && !probe => {}
+            Some(_) if self.failing && !probe => Moved::Not,
             Some(retry_after) => {
-                let wait = if self.failing {
-                    (self.backoff * 2).min(GATE_BACKOFF_MAX)
+                let (wait, moved) = if self.failing {
+                    ((self.backoff * 2).min(GATE_BACKOFF_MAX), Moved::Not)
                 } else {
-                    tracing::warn!(
-                        "the apiserver answered 429, 5xx or nothing; backing off (one probe request at a time)"
-                    );
-                    GATE_BACKOFF_MIN
+                    (GATE_BACKOFF_MIN, Moved::Closed)
                 };
                 self.backoff = wait;
                 self.failing = true;
@@ -146,6 +163,7 @@ impl Gate {
                 // renewed for 40 s is a NotReady node, and one probe costs the apiserver
                 // little.
                 self.retry_at = Instant::now() + wait.max(retry_after.min(GATE_BACKOFF_MAX));
+                moved
             }
         }
     }
@@ -168,10 +186,12 @@ impl Drop for Ticket<'_> {
     }
 }
 
-/// A call being recorded: records its outcome in its gate; a call dropped before its answer (its caller's
-/// deadline passed) counts as "no answer".
+/// A call being recorded: records its outcome in its gate, and tells an outage's start and
+/// end ([`outage`]); a call dropped before its answer (its caller's deadline passed)
+/// counts as "no answer".
 struct Recording<'a> {
-    gate: &'a Mutex<Gate>,
+    api: &'a Apiserver,
+    priority: Priority,
     probe: bool,
     recorded: bool,
 }
@@ -179,14 +199,33 @@ struct Recording<'a> {
 impl Recording<'_> {
     fn record<T>(&mut self, result: &Result<T, kube::Error>) {
         self.recorded = true;
-        self.gate.lock().observe(trouble(result), self.probe);
+        let moved = self
+            .api
+            .gate(self.priority)
+            .lock()
+            .observe(trouble(result), self.probe);
+        match (moved, result) {
+            (Moved::Closed, Err(error)) => self
+                .api
+                .outage_began(&edgebeat_transports::observe::error_report(error)),
+            (Moved::Reopened, _) => self.api.outage_ended(),
+            _ => {}
+        }
     }
 }
 
 impl Drop for Recording<'_> {
     fn drop(&mut self) {
         if !self.recorded {
-            self.gate.lock().observe(Some(Duration::ZERO), self.probe);
+            let moved = self
+                .api
+                .gate(self.priority)
+                .lock()
+                .observe(Some(Duration::ZERO), self.probe);
+            if moved == Moved::Closed {
+                self.api
+                    .outage_began("no answer before the caller's deadline");
+            }
         }
     }
 }
@@ -221,6 +260,21 @@ pub struct Apiserver {
     all: Arc<Semaphore>,
     others: Arc<Semaphore>,
     gates: Arc<[Mutex<Gate>; 2]>,
+    /// The outage being told ([`outage`]).
+    outage: Arc<Mutex<OutageLog>>,
+    /// The apiserver's URL, named in the outage's lines.
+    url: Option<Arc<str>>,
+}
+
+/// Whether the apiserver takes this replica's writes, for judging what silence means
+/// ([`crate::sites`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteHealth {
+    /// A backoff gate is closed: the apiserver answered 429, 5xx or nothing, and no call of
+    /// that priority has succeeded since.
+    pub failing: bool,
+    /// How long ago a gate last reopened after trouble; `None` when none ever closed.
+    pub since_recovery: Option<Duration>,
 }
 
 impl Apiserver {
@@ -239,7 +293,93 @@ impl Apiserver {
             all: Arc::new(Semaphore::new(max)),
             others: Arc::new(Semaphore::new(max / 2)),
             gates: Arc::new([Mutex::new(Gate::new()), Mutex::new(Gate::new())]),
+            outage: Arc::new(Mutex::new(OutageLog::default())),
+            url: None,
         }
+    }
+
+    /// Names `url` as the apiserver in the outage's lines.
+    #[must_use]
+    pub fn named(mut self, url: &http::Uri) -> Self {
+        self.url = Some(url.to_string().into());
+        self
+    }
+
+    /// Whether the apiserver takes writes now, and since when (see [`WriteHealth`]).
+    pub fn write_health(&self) -> WriteHealth {
+        let now = Instant::now();
+        let mut health = WriteHealth {
+            failing: false,
+            since_recovery: None,
+        };
+        for gate in self.gates.iter() {
+            let gate = gate.lock();
+            health.failing |= gate.failing;
+            if let Some(at) = gate.reopened {
+                let ago = now.saturating_duration_since(at);
+                health.since_recovery = Some(health.since_recovery.map_or(ago, |s| s.min(ago)));
+            }
+        }
+        health
+    }
+
+    /// The first trouble of an outage: one ERROR naming the apiserver and `error`.
+    fn outage_began(&self, error: &str) {
+        if self.outage.lock().trouble(Instant::now()).is_some() {
+            tracing::error!(
+                apiserver = self.url.as_deref().unwrap_or("(in-cluster)"),
+                %error,
+                "the apiserver does not take writes (429, 5xx or no answer); backing off, one probe request at a time; renewals are not written until it does"
+            );
+        }
+    }
+
+    /// A gate reopened: when no gate is closed any more, one INFO with the outage's totals.
+    fn outage_ended(&self) {
+        if self.backing_off() {
+            return;
+        }
+        if let Some(OutageLine::Ended(totals)) = self.outage.lock().recovered(Instant::now()) {
+            tracing::info!(
+                apiserver = self.url.as_deref().unwrap_or("(in-cluster)"),
+                lasted_s = totals.lasted.as_secs(),
+                renewals_not_written = totals.renewals_failed,
+                nodes_affected = totals.nodes,
+                oldest_lease_age_s = totals.oldest_lease.map(|a| a.as_secs()),
+                "the apiserver takes writes again"
+            );
+        }
+    }
+
+    /// `node`'s Lease renewal was not written (`error`), its Lease last renewed `lease_age`
+    /// ago when known: during an outage a summary at most every
+    /// [`outage::SUMMARY_EVERY`] and a DEBUG line; otherwise a WARN of its own.
+    pub fn renewal_failed(&self, node: &str, lease_age: Option<SignedDuration>, error: &str) {
+        let line = self
+            .outage
+            .lock()
+            .renewal_failed(node, lease_age, Instant::now());
+        match line {
+            None => tracing::warn!(node, %error, "lease renewal failed"),
+            Some(summary) => {
+                tracing::debug!(node, %error, "lease renewal failed");
+                if let Some(OutageLine::Summary(totals)) = summary {
+                    tracing::warn!(
+                        apiserver = self.url.as_deref().unwrap_or("(in-cluster)"),
+                        lasted_s = totals.lasted.as_secs(),
+                        renewals_not_written = totals.renewals_failed,
+                        nodes_affected = totals.nodes,
+                        oldest_lease_age_s = totals.oldest_lease.map(|a| a.as_secs()),
+                        "the apiserver still does not take writes"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Whether an outage is being told: a node's failed write is then a DEBUG line.
+    pub fn in_outage(&self) -> bool {
+        self.outage.lock().ongoing()
     }
 
     /// Whether a backoff gate is closed (the apiserver answered 429, 5xx or nothing, and
@@ -288,7 +428,8 @@ impl Apiserver {
             .admit(priority)
             .map_err(|backing_off| kube::Error::Service(Box::new(backing_off)))?;
         let mut outcome = Recording {
-            gate: self.gate(priority),
+            api: self,
+            priority,
             probe: matches!(ticket, Ticket::Probe(_)),
             recorded: false,
         };
@@ -543,6 +684,7 @@ pub fn kube_client_with(
 }
 
 pub mod client;
+pub mod outage;
 pub mod reach;
 pub mod requests;
 

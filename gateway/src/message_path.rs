@@ -80,7 +80,15 @@ impl Gateway {
     pub fn new(client: kube::Client, clock: Arc<dyn Clock>, options: GatewayOptions) -> Self {
         let counters = Arc::new(Counters::default());
         let mut writer = Writer::new(
-            Apiserver::with_limits(client, options.impersonate_nodes, options.write_limits),
+            match &options.apiserver_url {
+                Some(url) => {
+                    Apiserver::with_limits(client, options.impersonate_nodes, options.write_limits)
+                        .named(url)
+                }
+                None => {
+                    Apiserver::with_limits(client, options.impersonate_nodes, options.write_limits)
+                }
+            },
             clock.clone(),
             counters.clone(),
             options.knowledge_ttl,

@@ -25,6 +25,7 @@
 //! | `edgebeat_gateway_node_certificate_oldest_not_before_timestamp_seconds` | gauge | | earliest notBefore among the node certificates recorded on managed Nodes |
 //! | `edgebeat_gateway_site_reachable` | gauge | `site` | 0 while the site is cut off ([`crate::sites`]), else 1; only sites of managed nodes with a zone |
 //! | `edgebeat_gateway_site_nodes` | gauge | `site`, `state` | the site's live nodes: `renewing` or `silent` |
+//! | `edgebeat_gateway_sites_held` | gauge | | 1 while the sites' states hold as they were: the apiserver does not take this replica's writes, or took them again less than two renew intervals ago ([`crate::sites`]) |
 //! | `edgebeat_gateway_apiserver_request_duration_seconds` | histogram | `verb`, `resource`, `subresource`, `code` | the gateway's requests to kube-apiserver ([`crate::apiserver::requests`]) |
 //! | `edgebeat_gateway_certificate_requests_total`, `…_certificate_signing_requests_pending` | counter, gauge | `proof`, `outcome` | enrollment ([`crate::enrollment::EnrollmentCounters`]) |
 //! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_start_time_seconds`, `process_open_fds` | | | the process ([`edgebeat_transports::observe::ProcessCollector`]) |
@@ -389,6 +390,8 @@ pub struct ReplicaGauges {
     /// Per site (`site`, reachable, live nodes, silent nodes):
     /// `edgebeat_gateway_site_reachable` and `edgebeat_gateway_site_nodes`.
     pub sites: Vec<(Box<str>, bool, usize, usize)>,
+    /// `edgebeat_gateway_sites_held`.
+    pub sites_held: bool,
 }
 
 /// Reads [`ReplicaGauges`] at scrape time.
@@ -420,6 +423,11 @@ impl Collector for ReplicaCollector {
                 "edgebeat_gateway_apiserver_backing_off",
                 "1 while the gateway backs off from the apiserver (it answered 429, 5xx or nothing; one probe request at a time), else 0.",
                 usize::from(g.backing_off),
+            ),
+            (
+                "edgebeat_gateway_sites_held",
+                "1 while the sites' states hold as they were, not judged: the apiserver does not take this replica's writes (or took them again less than two renew intervals ago), so Lease ages say nothing of the sites; else 0.",
+                usize::from(g.sites_held),
             ),
             (
                 "edgebeat_gateway_unidentified_agents_allowed",

@@ -214,7 +214,7 @@ impl Server {
         )?;
         let reachability = crate::apiserver::reach::report_reachability(
             client.clone(),
-            apiserver_url,
+            apiserver_url.clone(),
             stop.clone(),
         );
         background.spawn(async move {
@@ -255,6 +255,7 @@ impl Server {
         };
         let mut options = crate::GatewayOptions {
             posture,
+            apiserver_url: Some(apiserver_url.clone()),
             ..settings.gateway
         };
         // Unless --resource-metrics-address names a port (a Service's), the port nodes name

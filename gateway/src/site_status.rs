@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use crate::apiserver::Apiserver;
 use crate::bodies;
 use crate::sites::{
-    Action, Cause, REASON_REACHABLE, SiteTracker, TICK, condition_patch, event_name,
+    self, Action, Cause, REASON_REACHABLE, SiteTracker, TICK, condition_patch, event_name,
 };
 use crate::view::ApiserverView;
 
@@ -39,7 +39,27 @@ pub async fn follow(
         }
         let now = now();
         let members = view.site_members();
-        let actions = tracker.lock().look(&members, now);
+        let health = api.write_health();
+        let held = sites::held(health.failing, health.since_recovery, &members);
+        let actions = {
+            let mut tracker = tracker.lock();
+            if held != tracker.is_held() {
+                tracing::info!(
+                    held,
+                    "{}",
+                    if held {
+                        "sites held as they are: the apiserver does not take this replica's writes, so Lease ages say nothing of the sites"
+                    } else {
+                        "sites judged again: the apiserver has taken writes for two renew intervals"
+                    }
+                );
+            }
+            tracker.hold(held);
+            if held {
+                continue;
+            }
+            tracker.look(&members, now)
+        };
         for action in actions {
             // Events are about the first node of the site by name.
             let about = match &action {
@@ -48,33 +68,39 @@ pub async fn follow(
                     .and_then(|m| m.iter().map(|m| m.node.clone()).min()),
                 _ => None,
             };
-            write(&api, &view, &action, about.as_deref(), now).await;
+            let written = write(&api, &view, &action, about.as_deref(), now).await;
+            if let (Action::Partitioned { site, .. }, false) = (&action, written)
+                && api.write_health().failing
+            {
+                // The apiserver, not the site: take it back and hold.
+                let mut tracker = tracker.lock();
+                tracker.retract(site);
+                tracker.hold(true);
+                tracing::info!(
+                    site = &**site,
+                    "a site's partition taken back: the apiserver did not take its Event (429, 5xx or no answer), so its nodes' Lease ages say nothing of the site; sites held as they are"
+                );
+            }
         }
     }
 }
 
 /// Records `action` (see the module docs); a patched Node's answer goes into `view`, so the
-/// next look sees the condition written and does not write it again.
+/// next look sees the condition written and does not write it again. Returns whether it
+/// was recorded.
 async fn write(
     api: &Apiserver,
     view: &ApiserverView,
     action: &Action,
     about: Option<&str>,
     now: Timestamp,
-) {
+) -> bool {
     let result = match action {
         Action::Partitioned { site, partition } => {
             let how = match partition.cause {
                 Cause::Silent => "nodes went silent together",
                 Cause::UplinkDown => "nodes behind a bridge that went down",
             };
-            tracing::warn!(
-                site = &**site,
-                nodes = partition.nodes.len(),
-                since = %partition.since,
-                cause = partition.cause.reason(),
-                "site cut off"
-            );
             let message = format!(
                 "Site {site} unreachable since {}: {} {how} ({})",
                 bodies::whole_seconds(partition.since),
@@ -100,11 +126,6 @@ async fn write(
             at,
         } => {
             let down = at.duration_since(partition.since);
-            tracing::info!(
-                site = &**site,
-                down_s = down.as_secs(),
-                "site reachable again"
-            );
             let message = format!(
                 "Site {site} reachable again at {} after {}s unreachable",
                 bodies::whole_seconds(*at),
@@ -152,8 +173,50 @@ async fn write(
             .await
             .map(|written| view.observe_node(&written)),
     };
-    if let Err(error) = result {
-        tracing::warn!(?action, %error, "could not record a site's state");
+    match (result, action) {
+        (Ok(()), Action::Partitioned { site, partition }) => {
+            tracing::warn!(
+                site = &**site,
+                nodes = partition.nodes.len(),
+                since = %partition.since,
+                cause = partition.cause.reason(),
+                "site cut off"
+            );
+            true
+        }
+        (
+            Ok(()),
+            Action::Returned {
+                site,
+                partition,
+                at,
+            },
+        ) => {
+            tracing::info!(
+                site = &**site,
+                down_s = at.duration_since(partition.since).as_secs(),
+                "site reachable again"
+            );
+            true
+        }
+        (Ok(()), _) => true,
+        (Err(error), _) if api.in_outage() => {
+            tracing::debug!(?action, %error, "could not record a site's state");
+            false
+        }
+        (Err(error), _) => {
+            if let Action::Partitioned { site, partition } = action {
+                tracing::warn!(
+                    site = &**site,
+                    nodes = partition.nodes.len(),
+                    since = %partition.since,
+                    cause = partition.cause.reason(),
+                    "site cut off"
+                );
+            }
+            tracing::warn!(?action, %error, "could not record a site's state");
+            false
+        }
     }
 }
 

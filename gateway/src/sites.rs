@@ -46,6 +46,18 @@
 //! and one Warning Event; a `1` (or any of its nodes heard again) ends it. The rule above
 //! stays the fallback for a bridge that says nothing.
 //!
+//! **An apiserver that does not take writes is not a silent site.** A Lease's age is what
+//! the site's nodes said *and* whether the gateway could write it: while the apiserver
+//! answers this replica's writes with 429, 5xx or nothing (an outage, a drain, etcd
+//! trouble), every Lease it holds ages although its boards are heard. So the replica does
+//! not judge its sites then ([`held`]): the sites' states hold as they were (no new
+//! partition, no return, no condition written; `edgebeat_gateway_sites_held` 1 says why),
+//! until the apiserver has taken writes again for [`SILENT_INTERVALS`] renew intervals,
+//! time for every connected board's renewal to be written. A replica that writes nothing
+//! learns of the outage from its own first write, the partition's Event: a partition
+//! whose Event the apiserver did not take is taken back ([`SiteTracker::retract`]) and the
+//! sites held. A site really cut off during an outage is told once the hold ends.
+//!
 //! **Replicas agree without talking.** Every replica computes the same verdict from the
 //! same Leases, and what it writes is the same bytes: the condition's times are the
 //! partition's start (the last renewal of the first node to go silent) and each node's
@@ -247,6 +259,31 @@ pub struct SiteTracker {
     sites: BTreeMap<Box<str>, SiteState>,
     /// Sites whose bridge said `0` last.
     uplinks_down: BTreeSet<Box<str>>,
+    /// The sites are not judged now ([`held`]).
+    held: bool,
+}
+
+/// Whether a replica whose apiserver writes are `failing`, or took writes again
+/// `since_recovery` ago, must not judge the sites of `members` now (see the module docs):
+/// while failing, and for [`SILENT_INTERVALS`] of the longest renew interval among them
+/// (10 s, kubelet's, when none is known) plus one [`TICK`] after.
+pub fn held(
+    failing: bool,
+    since_recovery: Option<Duration>,
+    members: &BTreeMap<Box<str>, Vec<Member>>,
+) -> bool {
+    if failing {
+        return true;
+    }
+    let longest = members
+        .values()
+        .flatten()
+        .map(|m| m.renew_interval)
+        .max()
+        .and_then(|r| Duration::try_from(r).ok())
+        .unwrap_or(Duration::from_secs(10));
+    let hold = longest.saturating_mul(u32::try_from(SILENT_INTERVALS).unwrap_or(2)) + TICK;
+    since_recovery.is_some_and(|ago| ago < hold)
 }
 
 impl SiteTracker {
@@ -256,6 +293,26 @@ impl SiteTracker {
             rule,
             sites: BTreeMap::new(),
             uplinks_down: BTreeSet::new(),
+            held: false,
+        }
+    }
+
+    /// Holds the sites' states as they are (`true`, see [`held`]) or judges them again.
+    pub fn hold(&mut self, held: bool) {
+        self.held = held;
+    }
+
+    /// Whether the sites' states are held ([`SiteTracker::hold`]).
+    pub fn is_held(&self) -> bool {
+        self.held
+    }
+
+    /// Takes back the partition of `site` that [`SiteTracker::look`] just found, whose
+    /// Event the apiserver did not take (it is in trouble, see the module docs): the site
+    /// is as it was before that look, and is judged again once the hold ends.
+    pub fn retract(&mut self, site: &str) {
+        if let Some(state) = self.sites.get_mut(site) {
+            state.partition = None;
         }
     }
 

@@ -23,7 +23,7 @@ fn answered(code: u16, retry_after_seconds: u32) -> Result<(), kube::Error> {
 }
 
 fn observe(api: &Apiserver, priority: Priority, result: Result<(), kube::Error>, probe: bool) {
-    api.gate(priority).lock().observe(trouble(&result), probe);
+    let _ = api.gate(priority).lock().observe(trouble(&result), probe);
 }
 
 /// 5xx closes the gate; one probe at a time after the backoff; only the probe's
@@ -96,11 +96,71 @@ async fn a_429_waits_for_its_retry_after_up_to_the_cap() {
 async fn a_call_dropped_unanswered_closes_the_gate() {
     let api = api();
     drop(Recording {
-        gate: api.gate(Priority::Lease),
+        api: &api,
+        priority: Priority::Lease,
         probe: false,
         recorded: false,
     });
     assert!(api.backing_off());
+    assert!(api.in_outage(), "the first trouble begins an outage");
+}
+
+/// Write health says when the apiserver took writes again; an outage ends when every gate
+/// is open again.
+#[tokio::test(start_paused = true)]
+async fn write_health_and_the_outage_follow_the_gates() {
+    let api = api();
+    assert_eq!(
+        api.write_health(),
+        WriteHealth {
+            failing: false,
+            since_recovery: None
+        }
+    );
+    for priority in [Priority::Lease, Priority::Other] {
+        let mut call = Recording {
+            api: &api,
+            priority,
+            probe: false,
+            recorded: false,
+        };
+        call.record(&answered(503, 0));
+    }
+    assert!(api.write_health().failing);
+    assert!(api.in_outage());
+    tokio::time::advance(GATE_BACKOFF_MIN).await;
+    let mut probe = Recording {
+        api: &api,
+        priority: Priority::Lease,
+        probe: true,
+        recorded: false,
+    };
+    probe.record(&Ok(()));
+    assert!(
+        api.in_outage(),
+        "status calls still fail: the outage goes on"
+    );
+    let mut probe = Recording {
+        api: &api,
+        priority: Priority::Other,
+        probe: true,
+        recorded: false,
+    };
+    tokio::time::advance(Duration::from_secs(3)).await;
+    probe.record(&Ok(()));
+    assert!(!api.in_outage());
+    assert_eq!(
+        api.write_health(),
+        WriteHealth {
+            failing: false,
+            since_recovery: Some(Duration::ZERO)
+        }
+    );
+    tokio::time::advance(Duration::from_secs(7)).await;
+    assert_eq!(
+        api.write_health().since_recovery,
+        Some(Duration::from_secs(7))
+    );
 }
 
 /// Node, status and Event calls hold at most half the slots.

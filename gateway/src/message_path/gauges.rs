@@ -38,6 +38,7 @@ impl Gateway {
             unidentified_allowed: self.options.posture == Posture::AllowUnidentified,
             per_node_metrics: self.options.per_node_metrics,
             sites: crate::sites::figures(&self.sites),
+            sites_held: self.sites.lock().is_held(),
             certificate_lifetime: self.enrollment.get().map(|e| e.lifetime()),
             fleet: self
                 .writer

@@ -65,6 +65,9 @@ pub struct GatewayOptions {
     /// ([`crate::resource_metrics`]): named in every node status it writes, with the
     /// metrics-server path annotation on every Node it registers. `None`: served nowhere.
     pub resource_metrics: Option<crate::resource_metrics::Endpoint>,
+    /// The apiserver's URL, named in the lines that tell an outage
+    /// ([`crate::apiserver::outage`]); `None` names none.
+    pub apiserver_url: Option<http::Uri>,
 }
 
 impl Default for GatewayOptions {
@@ -84,6 +87,7 @@ impl Default for GatewayOptions {
             per_node_queue: DEFAULT_PER_NODE_QUEUE,
             per_node_metrics: true,
             resource_metrics: None,
+            apiserver_url: None,
         }
     }
 }

@@ -98,6 +98,7 @@ fn the_replica_collector_encodes_the_fleet_and_honours_per_node_off() {
         certificate_lifetime: Some(Duration::from_secs(86_400)),
         fleet: summary,
         sites: vec![("plant-3".into(), false, 5, 4)],
+        sites_held: true,
     };
     let clock = Arc::new(Fixed(Mutex::new(UNIX_EPOCH)));
     let nodes = NodeMetrics::new(clock);
@@ -125,6 +126,7 @@ fn the_replica_collector_encodes_the_fleet_and_honours_per_node_off() {
         "edgebeat_gateway_site_reachable{site=\"plant-3\"} 0\n",
         "edgebeat_gateway_site_nodes{site=\"plant-3\",state=\"renewing\"} 1\n",
         "edgebeat_gateway_site_nodes{site=\"plant-3\",state=\"silent\"} 4\n",
+        "edgebeat_gateway_sites_held 1\n",
     ] {
         assert!(out.contains(line), "{line} missing from\n{out}");
     }

@@ -269,3 +269,46 @@ fn a_bridged_site_heard_again_returns_even_if_the_up_notification_is_lost() {
         "no flapping"
     );
 }
+
+/// While the apiserver does not take the replica's writes, and for two renew intervals and a
+/// tick after it takes them again, the sites are held (Lease ages say nothing of them).
+#[test]
+fn sites_are_held_while_writes_fail_and_two_renew_intervals_after() {
+    let members = site(vec![member("a", 0), member("b", 0), member("c", 0)]);
+    assert!(held(true, None, &members));
+    assert!(held(true, Some(Duration::from_secs(600)), &members));
+    assert!(!held(false, None, &members), "no outage ever");
+    let hold = Duration::from_secs(20) + TICK;
+    assert!(held(false, Some(hold - Duration::from_millis(1)), &members));
+    assert!(!held(false, Some(hold), &members));
+    // The longest renew interval of the fleet sets the hold; kubelet's when none is known.
+    let slow = site(vec![Member {
+        renew_interval: SignedDuration::from_secs(60),
+        ..member("a", 0)
+    }]);
+    assert!(held(false, Some(Duration::from_secs(100)), &slow));
+    assert!(!held(false, Some(Duration::from_secs(122)), &slow));
+    assert!(held(false, Some(Duration::from_secs(21)), &BTreeMap::new()));
+    assert!(!held(false, Some(hold), &BTreeMap::new()));
+}
+
+/// A partition whose Event the apiserver did not take is taken back: the site is reachable
+/// in the metrics, and the next look (after the hold) finds it again if it still is cut off.
+#[test]
+fn a_retracted_partition_leaves_the_site_reachable_and_is_found_again() {
+    let mut tracker = SiteTracker::default();
+    let members = site(vec![member("a", 0), member("b", 1), member("c", 2)]);
+    let actions = tracker.look(&members, t(30));
+    assert_eq!(partitioned(&actions), 1);
+    tracker.retract("plant-3");
+    tracker.hold(true);
+    assert!(tracker.is_held());
+    assert!(tracker.sites()["plant-3"].partition.is_none());
+    let figures = figures(&Mutex::new(tracker));
+    assert_eq!(figures, vec![("plant-3".into(), true, 3, 3)]);
+    let mut tracker = SiteTracker::default();
+    tracker.look(&members, t(30));
+    tracker.retract("plant-3");
+    tracker.hold(false);
+    assert_eq!(partitioned(&tracker.look(&members, t(32))), 1);
+}

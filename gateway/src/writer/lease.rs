@@ -182,7 +182,13 @@ impl Writer {
             }
         }
         self.counters.lease_failures.inc();
-        tracing::warn!(node = name, error = %last_error, "lease renewal failed");
+        let now = self.now();
+        let lease_age = self
+            .view
+            .lease(name)
+            .and_then(|h| h.renew_time)
+            .map(|t| now.duration_since(t));
+        self.api.renewal_failed(name, lease_age, &last_error);
         retry(last_error)
     }
 

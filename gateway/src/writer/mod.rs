@@ -346,9 +346,7 @@ impl Writer {
                 Ok(_) => {}
                 // Recorded already: by another replica, or for an earlier send.
                 Err(kube::Error::Api(status)) if status.code == 409 => {}
-                Err(error) => {
-                    tracing::warn!(node = name, reason, %error, "could not record event");
-                }
+                Err(error) => self.event_failed(name, &reason, &error),
             }
         }
     }
@@ -570,6 +568,16 @@ impl Writer {
         let unique = self.event_seq.fetch_add(1, Ordering::Relaxed);
         let event = bodies::node_event(name, type_, reason, message, now, unique);
         if let Err(error) = self.api.create_event(name, &event).await {
+            self.event_failed(name, reason, &error);
+        }
+    }
+
+    /// An Event not recorded: a WARN, or DEBUG during an apiserver outage, whose own lines
+    /// say it ([`crate::apiserver::outage`]).
+    fn event_failed(&self, name: &str, reason: &str, error: &kube::Error) {
+        if self.api.in_outage() {
+            tracing::debug!(node = name, reason, %error, "could not record event");
+        } else {
             tracing::warn!(node = name, reason, %error, "could not record event");
         }
     }
