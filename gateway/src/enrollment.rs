@@ -12,7 +12,8 @@
 //!    [`tokens::token_secret_name`]: not expired, its node names cover the node, uses left,
 //!    the HMAC proof) or the certificate (the site CA's, the node's own identity, the
 //!    request signed with its key; one that expired less than `grace` ago still proves a
-//!    renewal, for a Node that still exists).
+//!    renewal, for a Node that still exists). The sequence is recorded only once the proof
+//!    verified, so an unproved request cannot move a node's replay window.
 //! 2. **The request.** PKCS#10 with a valid self-signature (proof of the key), subject
 //!    exactly O=`system:nodes`, CN=`system:node:<node>`, no subject alternative names, no
 //!    usage but digital signature and client auth, a P-256 or Ed25519 key.

@@ -16,6 +16,7 @@ use edgebeat_tests::requests::longest_renewal_gap;
 use edgebeat_transports::enroll::{self, AnswerTrust, Answered, NodeKeyPair};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
+use prost::Message as _;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -447,6 +448,63 @@ async fn refused_requests_are_counted_and_write_nothing() {
     assert!(matches!(refused_with(answer, &h), Answered::Rejected(_)));
     assert_eq!(enrollment.counters.get("certificate", "certificate"), 1);
     assert_eq!(csrs(&cluster).await.len(), 1, "refusals write nothing");
+}
+
+/// An unproved request in a victim's name, with its boot ID (readable from its Node) and
+/// the highest sequence, moves nothing: the victim's genuine request that follows, of the
+/// same boot and a low sequence, is issued (it was refused as a replay when the window
+/// recorded requests before their proof).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unproved_request_cannot_poison_a_nodes_replay_window() {
+    let cluster = Cluster::start_enrolling(
+        Transport::Grpc,
+        EnrollmentOptions::default(),
+        gateway_options(),
+    )
+    .await
+    .unwrap();
+    let enrollment = cluster.enrollment();
+    let token = cluster
+        .bootstrap_token(&["plant-3-*"], 10, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let key = NodeKeyPair::generate().unwrap();
+    let csr = key.certificate_request("plant-3-01").unwrap();
+    // The attacker knows the token's public id, not its secret.
+    for proof in [vec![0u8; 32], Vec::new()] {
+        let forged = edgebeat_proto::CertificateRequest {
+            header: Some(header("plant-3-01", u64::MAX)),
+            csr: csr.clone(),
+            token_id: if proof.is_empty() {
+                String::new()
+            } else {
+                token.id.clone()
+            },
+            token_proof: proof,
+            ..Default::default()
+        };
+        ask(&cluster, forged.encode_to_vec()).await;
+    }
+    assert_eq!(enrollment.counters.get("token", "bad_proof"), 1);
+    assert_eq!(enrollment.counters.get("token", "unproved"), 1);
+    let h = header("plant-3-01", 1);
+    let answer = ask(&cluster, enroll::token_request(&token, h.clone(), csr))
+        .await
+        .expect("the genuine request is answered, not taken for a replay");
+    let answered = enroll::read_answer(
+        &answer,
+        AnswerTrust::Ca(enrollment.ca_pem().as_bytes()),
+        "plant-3-01",
+        h.named_boot_tag(),
+        h.seq,
+        rustls::pki_types::UnixTime::now(),
+    )
+    .unwrap();
+    assert!(
+        matches!(answered, Answered::Issued { .. }),
+        "issued: {answered:?}"
+    );
+    assert_eq!(enrollment.counters.get("token", "replayed"), 0);
 }
 
 /// Sets bootstrap token `id`'s expiration to the past, as time would.

@@ -141,7 +141,8 @@ impl Enrollment {
         {
             return Outcome::Unanswered(RejectReason::ClockSkew);
         }
-        if !self.first_time(header) {
+        // Refused early without a proof's cost (a token read), recorded only once proved.
+        if self.replayed(header) {
             return Outcome::Unanswered(RejectReason::Replayed);
         }
         let proof = match &signed {
@@ -159,6 +160,9 @@ impl Enrollment {
                 Err(unissued) => return unissued.into(),
             },
         };
+        if !self.first_time(header) {
+            return Outcome::Unanswered(RejectReason::Replayed);
+        }
         let public_key = match check_csr(&request.csr, node) {
             Ok(key) => key,
             Err(rejected) => return Outcome::Rejected(rejected),

@@ -1,5 +1,7 @@
 //! The replay window: the latest boot and sequence accepted from each node, so a request
-//! seen before gets no answer.
+//! seen before gets no answer. Only a request whose proof (bootstrap token or node
+//! certificate) verified is recorded: an unproved one with a victim's boot ID and sequence
+//! 2^64 − 1 would otherwise make every genuine request of that boot a "replay".
 
 use std::collections::HashMap;
 
@@ -17,12 +19,33 @@ pub(super) struct Seen {
 }
 
 impl Enrollment {
-    /// Records `header`'s boot and sequence for its node; false when not above the last
-    /// one of the same boot (a replay).
+    /// Whether `header`'s boot and sequence are not above the last ones recorded for its
+    /// node (a replay); records nothing, so that a request refused later (its proof does
+    /// not verify) cannot move the window.
+    pub(super) fn replayed(&self, header: &Header) -> bool {
+        let now = self.now();
+        let window = self.replay_window();
+        let seen = self.seen.lock();
+        seen.latest
+            .get(&header.node_name)
+            .is_some_and(|(boot, seq, at)| {
+                *boot == header.boot_id && header.seq <= *seq && now.duration_since(*at) < window
+            })
+    }
+
+    /// How long an accepted request's boot and sequence are remembered: twice the clock
+    /// window, beyond which the clock window refuses a recording anyway.
+    fn replay_window(&self) -> jiff::SignedDuration {
+        jiff::SignedDuration::try_from(self.options.max_clock_skew * 2)
+            .unwrap_or(jiff::SignedDuration::MAX)
+    }
+
+    /// Records `header`'s boot and sequence for its node, once its proof verified; false
+    /// when not above the last one of the same boot (a replay, e.g. of a request proved
+    /// at the same time).
     pub(super) fn first_time(&self, header: &Header) -> bool {
         let now = self.now();
-        let window = jiff::SignedDuration::try_from(self.options.max_clock_skew * 2)
-            .unwrap_or(jiff::SignedDuration::MAX);
+        let window = self.replay_window();
         let mut seen = self.seen.lock();
         // Entries past the window are dropped once a window, not scanned per request:
         // the map holds at most two windows' worth of nodes.
