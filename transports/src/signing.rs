@@ -203,8 +203,8 @@ impl ClockSkew {
 /// The clock window, the one rule for every message whose `Header::wall_time_ms` the
 /// gateway trusts (signed MQTT messages, certificate requests): `wall_time_ms` (milliseconds
 /// since the Unix epoch, chosen by the sender, so any `i64`) must lie within ±`max` of `now`
-/// (the gateway's clock, as the time since the Unix epoch). All arithmetic saturates: no
-/// value panics or wraps into the window.
+/// (the gateway's clock, as the time since the Unix epoch). The arithmetic is exact (128
+/// bits): no value panics or wraps into the window.
 ///
 /// # Errors
 ///
@@ -214,10 +214,13 @@ pub fn check_clock_window(
     now: Duration,
     max: Duration,
 ) -> Result<(), ClockSkew> {
-    let now_ms = i64::try_from(now.as_millis()).unwrap_or(i64::MAX);
-    let max_ms = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
-    let ahead_ms = wall_time_ms.saturating_sub(now_ms);
-    if ahead_ms.unsigned_abs() > max_ms.unsigned_abs() {
+    // Exact in 128 bits: any i64 minus any u64 of milliseconds fits, so no value wraps
+    // into the window; only the reported distance saturates at i64's ends.
+    let now_ms = i128::try_from(now.as_millis()).unwrap_or(i128::MAX);
+    let max_ms = i128::try_from(max.as_millis()).unwrap_or(i128::MAX);
+    let ahead = i128::from(wall_time_ms).saturating_sub(now_ms);
+    if ahead.saturating_abs() > max_ms {
+        let ahead_ms = i64::try_from(ahead).unwrap_or(if ahead < 0 { i64::MIN } else { i64::MAX });
         return Err(ClockSkew { ahead_ms, max });
     }
     Ok(())
@@ -448,6 +451,13 @@ mod clock_window_tests {
             })
         );
         assert_eq!(
+            check_clock_window(i64::MIN + 1, Duration::ZERO, MAX),
+            Err(ClockSkew {
+                ahead_ms: i64::MIN + 1,
+                max: MAX
+            })
+        );
+        assert_eq!(
             check_clock_window(i64::MAX, NOW, MAX),
             Err(ClockSkew {
                 ahead_ms: i64::MAX - NOW_MS,
@@ -462,7 +472,13 @@ mod clock_window_tests {
             })
         );
         // A gateway clock beyond i64 milliseconds, and a window wider than i64's range.
-        assert!(check_clock_window(i64::MAX, Duration::MAX, MAX).is_ok());
+        assert_eq!(
+            check_clock_window(i64::MAX, Duration::MAX, MAX),
+            Err(ClockSkew {
+                ahead_ms: i64::MIN,
+                max: MAX
+            })
+        );
         assert_eq!(check_clock_window(i64::MIN, NOW, Duration::MAX), Ok(()));
     }
 
