@@ -99,6 +99,9 @@ pub const SILENT_INTERVALS: i64 = 2;
 pub const LIVE_INTERVALS: i64 = 12;
 /// How often the replica looks (seconds): well inside one renew interval.
 pub const TICK: Duration = Duration::from_secs(2);
+/// Most uplink-down notifications kept for sites not seen at the last look
+/// ([`SiteTracker::uplink`]).
+pub const MAX_UNSEEN_UPLINKS: usize = 1024;
 
 /// The site of a node with `labels`: its zone, as `region/zone` when a region is set;
 /// `None` without a zone label (or an empty one).
@@ -259,6 +262,9 @@ pub struct SiteTracker {
     sites: BTreeMap<Box<str>, SiteState>,
     /// Sites whose bridge said `0` last.
     uplinks_down: BTreeSet<Box<str>>,
+    /// Sites not seen at the last look whose bridge said `0` since (at most
+    /// [`MAX_UNSEEN_UPLINKS`]).
+    unseen_down: BTreeSet<Box<str>>,
     /// The sites are not judged now ([`held`]).
     held: bool,
 }
@@ -293,6 +299,7 @@ impl SiteTracker {
             rule,
             sites: BTreeMap::new(),
             uplinks_down: BTreeSet::new(),
+            unseen_down: BTreeSet::new(),
             held: false,
         }
     }
@@ -318,12 +325,23 @@ impl SiteTracker {
 
     /// The bridge of `site` says its uplink is `up` (notification `1`) or down (`0`); the
     /// next [`SiteTracker::look`] acts on it.
-    pub fn uplink(&mut self, site: &str, up: bool) {
+    ///
+    /// Anyone on the broker can publish a notification, so what is kept is bounded by what
+    /// exists: a `0` for a site not seen at the last look (a retained one delivered before
+    /// the first, or a made-up site) is kept only while fewer than [`MAX_UNSEEN_UPLINKS`]
+    /// are, and every look drops those of sites without managed nodes. Returns whether
+    /// `site` was seen at the last look: only then is a look needed at once.
+    pub fn uplink(&mut self, site: &str, up: bool) -> bool {
+        let seen = self.sites.contains_key(site);
         if up {
             self.uplinks_down.remove(site);
-        } else {
+            self.unseen_down.remove(site);
+        } else if seen {
             self.uplinks_down.insert(site.into());
+        } else if self.unseen_down.len() < MAX_UNSEEN_UPLINKS {
+            self.unseen_down.insert(site.into());
         }
+        seen
     }
 
     /// The state of every site seen.
@@ -343,6 +361,12 @@ impl SiteTracker {
     ) -> Vec<Action> {
         let mut actions = Vec::new();
         self.sites.retain(|site, _| members.contains_key(site));
+        for site in std::mem::take(&mut self.unseen_down) {
+            if members.contains_key(&site) {
+                self.uplinks_down.insert(site);
+            }
+        }
+        self.uplinks_down.retain(|site| members.contains_key(site));
         for (site, nodes) in members {
             let down = self.uplinks_down.contains(site);
             let state = self.sites.entry(site.clone()).or_default();

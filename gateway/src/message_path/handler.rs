@@ -66,11 +66,13 @@ impl Handler for Gateway {
         self.writer.view.certificate(node)
     }
 
-    /// Takes the bridge's word into the site tracker ([`SiteTracker::uplink`]) and wakes
-    /// the site loop, which marks or clears the site's nodes at once.
+    /// Takes the bridge's word into the site tracker ([`SiteTracker::uplink`]) and, for a
+    /// site of managed nodes, wakes the site loop, which marks or clears the site's nodes
+    /// at once (a flood of made-up sites wakes nothing).
     fn site_uplink(&self, site: &str, up: bool) {
-        self.sites.lock().uplink(site, up);
-        self.sites_wake.notify_one();
+        if self.sites.lock().uplink(site, up) {
+            self.sites_wake.notify_one();
+        }
     }
 
     /// Records another replica's sample ([`Samples::record_shared`]), so that this replica

@@ -312,3 +312,39 @@ fn a_retracted_partition_leaves_the_site_reachable_and_is_found_again() {
     tracker.hold(false);
     assert_eq!(partitioned(&tracker.look(&members, t(32))), 1);
 }
+
+/// Notifications for made-up sites, from anyone on the broker, keep at most
+/// MAX_UNSEEN_UPLINKS between two looks and nothing after one; a retained `0` for a real
+/// site, delivered before the first look, still cuts it off.
+#[test]
+fn uplink_notifications_are_bounded_by_the_sites_that_exist() {
+    let mut tracker = SiteTracker::default();
+    tracker.uplink("plant-3", false);
+    for i in 0..200_000 {
+        tracker.uplink(&format!("made-up-{i}"), false);
+    }
+    assert_eq!(
+        tracker.unseen_down.len(),
+        MAX_UNSEEN_UPLINKS,
+        "bounded between looks"
+    );
+    let members = site(vec![member("a", 0), member("b", 1), member("c", 2)]);
+    let actions = tracker.look(&members, t(3));
+    assert_eq!(
+        partitioned(&actions),
+        1,
+        "the real site's retained 0 was kept"
+    );
+    assert!(tracker.unseen_down.is_empty());
+    assert_eq!(tracker.uplinks_down.len(), 1);
+    assert_eq!(tracker.sites().len(), 1);
+    // After a look, a made-up site is refused at once; a seen one is taken.
+    let mut tracker = SiteTracker::default();
+    tracker.look(&members, t(3));
+    for i in 0..MAX_UNSEEN_UPLINKS * 2 {
+        tracker.uplink(&format!("made-up-{i}"), false);
+    }
+    tracker.uplink("plant-3", false);
+    assert!(tracker.uplinks_down.contains("plant-3"));
+    assert_eq!(tracker.unseen_down.len(), MAX_UNSEEN_UPLINKS);
+}

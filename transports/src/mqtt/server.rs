@@ -409,6 +409,7 @@ pub async fn serve<H: Handler>(
         answer_signer: options.answer_signer.clone(),
         certificate_asked: HashMap::new(),
         enrollments: Arc::new(tokio::sync::Semaphore::new(ENROLLMENTS_IN_FLIGHT)),
+        log_limit: crate::log_limit::LogLimiter::default(),
         signatures: options.signatures.clone().map(|policy| {
             Arc::new(Signatures {
                 policy,

@@ -3,6 +3,7 @@
 //! the way back to the node ([`AckReply`]). No per-node state is kept here.
 
 use super::*;
+use crate::log_limit::LogLine;
 
 /// The ingress's state, owned by the event-loop task.
 pub(super) struct Workers<H> {
@@ -19,6 +20,10 @@ pub(super) struct Workers<H> {
     pub(super) certificate_asked: HashMap<NodeName, Instant>,
     /// Certificate requests being handled ([`ENROLLMENTS_IN_FLIGHT`] at most).
     pub(super) enrollments: Arc<tokio::sync::Semaphore>,
+    /// Bounds the lines of what anyone on the broker can publish unsigned (site uplink
+    /// notifications, Last Wills): one per site or node per 10 s, four of them, and one
+    /// for the rest ([`crate::log_limit`]).
+    pub(super) log_limit: crate::log_limit::LogLimiter,
 }
 
 /// The way back to the node that published a message: its ack topic `P/acks/{node}`
@@ -111,7 +116,17 @@ impl<H: Handler> Workers<H> {
                 // A retained state cleared (the bridge removed): nothing says the site is
                 // down any more.
                 let up = up.unwrap_or(true);
-                tracing::info!(site, up, "site uplink notification");
+                if let LogLine::Write { suppressed, others } =
+                    self.log_limit.check("uplink", site, Instant::now())
+                {
+                    tracing::info!(
+                        site,
+                        up,
+                        suppressed,
+                        other_sites = others,
+                        "site uplink notification"
+                    );
+                }
                 self.handler.site_uplink(site, up);
                 return;
             }
@@ -124,14 +139,20 @@ impl<H: Handler> Workers<H> {
                 return;
             }
             Ok(Inbound::Will { node, header }) => {
-                tracing::info!(
-                    node,
-                    boot_id = header
-                        .as_ref()
-                        .map(|h| edgebeat_proto::boot_id_to_string(&h.boot_id)),
-                    seq = header.as_ref().map(|h| h.seq),
-                    "the broker lost an agent's connection (Last Will)"
-                );
+                if let LogLine::Write { suppressed, others } =
+                    self.log_limit.check("will", node, Instant::now())
+                {
+                    tracing::info!(
+                        node,
+                        boot_id = header
+                            .as_ref()
+                            .map(|h| edgebeat_proto::boot_id_to_string(&h.boot_id)),
+                        seq = header.as_ref().map(|h| h.seq),
+                        suppressed,
+                        other_nodes = others,
+                        "the broker lost an agent's connection (Last Will)"
+                    );
+                }
                 return;
             }
             Err(rejection) => {
