@@ -185,6 +185,38 @@ impl Samples {
     }
 }
 
+/// Furthest ahead of this replica's clock a sample may be dated: the clock window of signed
+/// messages ([`edgebeat_transports::mqtt::DEFAULT_MAX_CLOCK_SKEW`], 30 s), which the
+/// replicas' clocks keep to.
+pub const MAX_SAMPLE_AHEAD: std::time::Duration = edgebeat_transports::mqtt::DEFAULT_MAX_CLOCK_SKEW;
+
+/// A sample dated `sampled_ms` (milliseconds since the Unix epoch) more than
+/// [`MAX_SAMPLE_AHEAD`] after `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("dated {ahead_ms} ms ahead of this replica's clock, beyond {} s", MAX_SAMPLE_AHEAD.as_secs())]
+pub struct SampleFromTheFuture {
+    /// How far ahead.
+    pub ahead_ms: i128,
+}
+
+/// Whether a sample dated `sampled_ms` may be taken at `now`: not from the future beyond
+/// [`MAX_SAMPLE_AHEAD`] (a sample dated years ahead would be the node's "latest" for
+/// years). Older ones are for [`Samples::fresh`] to judge.
+///
+/// # Errors
+///
+/// [`SampleFromTheFuture`] with how far ahead.
+pub fn check_sample_time(
+    sampled_ms: i64,
+    now: std::time::SystemTime,
+) -> Result<(), SampleFromTheFuture> {
+    let ahead_ms = i128::from(sampled_ms) - i128::from(unix_ms(now));
+    if ahead_ms > i128::try_from(MAX_SAMPLE_AHEAD.as_millis()).unwrap_or(i128::MAX) {
+        return Err(SampleFromTheFuture { ahead_ms });
+    }
+    Ok(())
+}
+
 /// `t` in milliseconds since the Unix epoch, as sample times are kept (jiff's conversion;
 /// 0 for a time it cannot represent).
 fn unix_ms(t: std::time::SystemTime) -> i64 {

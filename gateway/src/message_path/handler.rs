@@ -79,7 +79,30 @@ impl Handler for Gateway {
     /// serves the node's resource metrics too.
     ///
     /// [`Samples::record_shared`]: crate::resource_metrics::Samples::record_shared
+    ///
+    /// Anyone on the broker can publish on `P/usage/{node}`, so a sample is refused
+    /// (counted and logged within bounds) for a node that is not a managed Node in the
+    /// view ([`RejectReason::Foreign`]: a made-up node or a worker edgebeat does not run),
+    /// and when dated beyond the clock window ahead of this replica's clock
+    /// ([`RejectReason::ClockSkew`]: a sample from the future would never be replaced by
+    /// the node's genuine ones).
     fn shared_usage(&self, node: &str, usage: pb::SharedUsage) {
+        let peer = Peer::unidentified(edgebeat_transports::ingress::TransportKind::Mqtt, None);
+        if !self.writer.view.node(node).is_some_and(|n| n.managed) {
+            return self.rejected(
+                &peer,
+                RejectReason::Foreign,
+                "shared usage sample of a node that is no managed Node",
+            );
+        }
+        let now = self.clock.now();
+        if let Err(skew) = crate::resource_metrics::check_sample_time(usage.sampled_ms, now) {
+            return self.rejected(
+                &peer,
+                RejectReason::ClockSkew,
+                &format!("shared usage sample: {skew}"),
+            );
+        }
         self.resource_samples.record_shared(node, &usage);
     }
 

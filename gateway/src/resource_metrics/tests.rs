@@ -1229,3 +1229,25 @@ async fn a_user_allowed_on_every_node_is_reviewed_once_not_per_node() {
     );
     assert_eq!(bench.fake.calls(), (2, 2), "then one review per node");
 }
+
+/// A sample dated beyond the clock window ahead is refused, whatever its date; one from the
+/// past, or within the window, is for the freshness rule to judge.
+#[test]
+fn a_sample_from_the_future_is_refused() {
+    let now = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let now_ms = 1_800_000_000_000;
+    assert_eq!(check_sample_time(now_ms, now), Ok(()));
+    assert_eq!(check_sample_time(now_ms + 30_000, now), Ok(()));
+    assert_eq!(check_sample_time(0, now), Ok(()));
+    assert_eq!(check_sample_time(i64::MIN, now), Ok(()));
+    assert_eq!(
+        check_sample_time(now_ms + 30_001, now),
+        Err(SampleFromTheFuture { ahead_ms: 30_001 })
+    );
+    assert_eq!(
+        check_sample_time(i64::MAX - 1, now),
+        Err(SampleFromTheFuture {
+            ahead_ms: i128::from(i64::MAX - 1) - i128::from(now_ms)
+        })
+    );
+}
