@@ -10,9 +10,13 @@
 #   scripts/control-plane.sh build         build what is missing; prints the bin directory
 #   scripts/control-plane.sh bin           print the bin directory (exit 1 when not built)
 #   scripts/control-plane.sh start DIR     start etcd, kube-apiserver and kube-controller-manager
-#                                          with their state, certificates, kubeconfigs and logs
-#                                          in DIR (scripts/control-plane/start.sh says how);
-#                                          prints the path of DIR/env, to source
+#                                          in the background with their state, certificates,
+#                                          kubeconfigs and logs in DIR
+#                                          (scripts/control-plane/start.sh says how); prints the
+#                                          path of DIR/env, to source
+#   scripts/control-plane.sh prepare DIR   as start, but start nothing: the caller starts
+#                                          DIR/run-<component>.sh itself (the tests do, as
+#                                          children that die with them)
 #   scripts/control-plane.sh env DIR       print DIR/env (KUBECONFIG of an admin, the URL...)
 #   scripts/control-plane.sh stop DIR [C]  stop what start started (by PID), or component C
 #   scripts/control-plane.sh restart DIR C stop component C and start it again as it was
@@ -114,6 +118,13 @@ case "${1:-}" in
     dir=$(cd "$dir" && pwd)
     exec "$here/scripts/control-plane/start.sh" "$bin" "$dir"
     ;;
+  prepare)
+    dir="${2:?usage: control-plane.sh prepare DIR}"
+    bin=$("$0" bin) || { echo "not built: run $0 build first" >&2; exit 1; }
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    EDGEBEAT_PREPARE_ONLY=1 exec "$here/scripts/control-plane/start.sh" "$bin" "$dir"
+    ;;
   env)
     cat "${2:?usage: control-plane.sh env DIR}/env"
     ;;
@@ -165,7 +176,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,24p' "$0" >&2
+    sed -n '2,27p' "$0" >&2
     exit 2
     ;;
 esac

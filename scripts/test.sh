@@ -43,6 +43,75 @@ scripts/helm.sh build
 # edge nodes (tests/tests/resource_metrics.rs).
 scripts/metrics-server.sh build
 
+# The last step, however the suite ends (an EXIT trap): it fails if a process the suite
+# started is still running. Every process a test starts dies with its test binary
+# (tests/src/process.rs: the parent-death signal), shared fixtures included, so anything
+# left is a leak. Left means: running now, not before this point (the installs and builds
+# above may start system services), and either named as what the tests start (the control
+# plane, kubectl, Mosquitto, Prometheus, metrics-server, Helm, qemu, edgebeat-*), or an
+# orphan (its parent PID 1) whose executable, working directory or command line is inside
+# the checkout or the build cache.
+processes_before=$(mktemp)
+ls /proc | grep -E '^[0-9]+$' > "$processes_before" || true
+nothing_left_running() {
+  local rc=$1
+  trap - EXIT
+  if ! python3 - "$processes_before" "$(pwd)" \
+    "${EDGEBEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgebeat}" <<'PY'
+import os, sys, time
+
+before = set(open(sys.argv[1]).read().split())
+roots = tuple(os.path.realpath(p) for p in sys.argv[2:4])
+# /proc/PID/comm holds 15 characters: prefixes.
+names = ("kube-", "etcd", "kubectl", "mosquitto", "prometheus", "metrics-server", "helm",
+         "qemu-", "edgebeat-")
+me = {str(os.getpid()), str(os.getppid())}
+
+def inside(path):
+    return any(path == r or path.startswith(r + "/") for r in roots)
+
+def left():
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid in before or pid in me:
+            continue
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+            comm = open(f"/proc/{pid}/comm").read().strip()
+            args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            command = " ".join(a.decode(errors="replace") for a in args if a)
+            paths = []
+            for link in ("exe", "cwd"):
+                try:
+                    paths.append(os.readlink(f"/proc/{pid}/{link}").removesuffix(" (deleted)"))
+                except OSError:
+                    pass
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+        if state == "Z":
+            continue  # ended, not yet reaped
+        ours = any(inside(p) for p in paths) or any(inside(a) for a in command.split())
+        if comm.startswith(names) or (ppid == "1" and ours):
+            found.append(f"  pid {pid} (parent {ppid}) {comm}: {command[:300]}")
+    return found
+
+# A process killed by its parent-death signal is gone within moments.
+deadline = time.monotonic() + 10
+while (found := left()) and time.monotonic() < deadline:
+    time.sleep(0.5)
+if found:
+    print("\nLEFT RUNNING by the suite (a fixture leaks processes):", *found, sep="\n")
+    sys.exit(1)
+PY
+  then
+    [ "$rc" != 0 ] || rc=1
+  fi
+  rm -f "$processes_before"
+  exit "$rc"
+}
+trap 'nothing_left_running $?' EXIT
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The plaintext agents scripts/cross-agent.sh documents (one transport, no TLS): no other

@@ -10,10 +10,17 @@
 #   kube-controller-manager every default controller (node lifecycle, CSR signing,
 #                 approving and cleaning, garbage collector...) with the cluster CA as
 #                 --cluster-signing-cert-file/-key-file, each controller under its own
-#                 service account as kubeadm runs it
+#                 service account as kubeadm runs it, and leader election as a cluster runs
+#                 it (upstream's lease: 15 s, renewed within 10 s, tried every 2 s), so a
+#                 kube-apiserver outage longer than 10 s makes it lose its lease and exit,
+#                 to be started again (kubelet restarts its static pod; the tests' fixture,
+#                 tests/src/control_plane.rs, does)
 # Called by `scripts/control-plane.sh start DIR` with the bin directory; writes DIR/env (to
 # source: KUBECONFIG for an admin, the URL and CA of the apiserver) and DIR/*.pid, logs in
 # DIR/*.log. `scripts/control-plane.sh stop DIR` stops it.
+# With EDGEBEAT_PREPARE_ONLY=1 (`scripts/control-plane.sh prepare DIR`, what the tests run):
+# everything but starting the components, which the caller starts from DIR/run-*.sh as its
+# own children (none left behind when it ends).
 #
 # Test-only settings (environment), written down where a test sets them:
 #   EDGEBEAT_NODE_MONITOR_GRACE_PERIOD  kube-controller-manager --node-monitor-grace-period
@@ -166,7 +173,6 @@ exec "$bin/kube-controller-manager" \
   --authentication-kubeconfig "$dir/controller-manager.kubeconfig" \
   --authorization-kubeconfig "$dir/controller-manager.kubeconfig" \
   --bind-address 127.0.0.1 --secure-port 0 \
-  --leader-elect=false \
   --use-service-account-credentials \
   --service-account-private-key-file "$pki/sa.key" \
   --root-ca-file "$pki/ca.crt" \
@@ -189,18 +195,12 @@ export EDGEBEAT_ETCD_URL=http://127.0.0.1:$etcd_port
 export PATH=$bin:\$PATH
 EOF
 
-launch etcd
-launch kube-apiserver
-"$here/scripts/control-plane.sh" wait "$dir" kube-apiserver
-launch kube-controller-manager
-"$here/scripts/control-plane.sh" wait "$dir" kube-controller-manager
-
-# With EDGEBEAT_OWNER_PID (a test binary), stopped when that process ends, however it ends.
-if [ -n "${EDGEBEAT_OWNER_PID:-}" ]; then
-  (
-    while kill -0 "$EDGEBEAT_OWNER_PID" 2>/dev/null; do sleep 1; done
-    "$here/scripts/control-plane.sh" stop "$dir"
-  ) > /dev/null 2>&1 < /dev/null &
-  disown
+if [ "${EDGEBEAT_PREPARE_ONLY:-}" != 1 ]; then
+  # By hand: in the background, until `scripts/control-plane.sh stop DIR`.
+  launch etcd
+  launch kube-apiserver
+  "$here/scripts/control-plane.sh" wait "$dir" kube-apiserver
+  launch kube-controller-manager
+  "$here/scripts/control-plane.sh" wait "$dir" kube-controller-manager
 fi
 echo "$dir/env"

@@ -307,15 +307,16 @@ impl Broker {
             }
             None => Command::new(&self.binary),
         };
-        let child = command
-            .arg("-c")
-            .arg(self.config_path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", self.binary.display()))?;
+        let child = crate::process::spawn_async(
+            command
+                .arg("-c")
+                .arg(self.config_path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true),
+        )
+        .with_context(|| format!("starting {}", self.binary.display()))?;
         self.child = Some(child);
         // Waiting for an external process to listen: nothing to subscribe to, so poll its
         // port with short sleeps until a deadline (the one place a sleep loop is acceptable).

@@ -1,26 +1,39 @@
 //! The real Kubernetes control plane for end-to-end tests: etcd, kube-apiserver and
-//! kube-controller-manager of one pinned release, built from their Go modules and started by
-//! `scripts/control-plane.sh` (which says how each runs: TLS, x509 client certificates,
-//! `Node,RBAC`, `NodeRestriction`, an audit log, the node lifecycle and CSR controllers).
+//! kube-controller-manager of one pinned release, built from their Go modules, their
+//! certificates, kubeconfigs and command lines written by `scripts/control-plane.sh prepare`
+//! (`scripts/control-plane/start.sh` says how each runs: TLS, x509 client certificates,
+//! `Node,RBAC`, `NodeRestriction`, an audit log, the node lifecycle and CSR controllers,
+//! leader election).
 //!
 //! - [`ControlPlane::shared`]: one per test binary, started on first use; each test uses its
 //!   own node names. [`ControlPlane::start`]: one of a test's own, for tests that stop
 //!   components or need test-only settings (shorter grace periods).
+//! - The components are children of the test process, started through
+//!   [`crate::process::spawn`]: they die with it (SIGKILL, the parent-death signal) however
+//!   it ends, the shared one's included (a `static`, never dropped). A [`ControlPlane::start`]ed
+//!   value stops them when dropped (SIGTERM, then SIGKILL after 10 s).
+//! - A component that exits on its own is started again, as kubelet restarts a control
+//!   plane's static pod (after 1 s, doubling up to 10 s while it keeps exiting within 10 s of
+//!   its start; kubelet's back-off is 10 s to 5 min, too slow for a test): a
+//!   kube-controller-manager that loses its leader lease exits, as upstream's does. The
+//!   restart is noted in its log; [`ControlPlane::exits`] counts them.
 //! - State, certificates and logs live under `target/control-plane/<binary>-<pid>-<n>/`, kept
 //!   after the run for a failing test to be read; a later run removes those of processes
-//!   that are gone. The components stop when the test binary ends, however it ends (the
-//!   script watches its PID), or when a [`ControlPlane::start`]ed value is dropped.
+//!   that are gone.
 //! - Whether the components are built: [`built`] (`scripts/control-plane.sh build` builds
 //!   them; `scripts/test.sh` does).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use edgebeat_agent::config::{AgentConfig, ClientTls, TlsIdentity};
 use serde::Deserialize;
+use tokio::time::Instant;
 
 use crate::harness::{AgentHandle, fixture, grpc_transport, start_agent, test_agent_config};
 use crate::pki::Ca;
@@ -41,11 +54,14 @@ fn script() -> PathBuf {
 /// The directory of the built components (`scripts/control-plane.sh bin`), `None` when they
 /// are not built.
 pub fn built() -> Option<PathBuf> {
-    let out = Command::new(script()).arg("bin").output().ok()?;
+    let out = crate::process::output(Command::new(script()).arg("bin")).ok()?;
     out.status
         .success()
         .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
+
+/// The components, in the order they start (and the reverse of the order they stop).
+const COMPONENTS: [&str; 3] = ["etcd", "kube-apiserver", "kube-controller-manager"];
 
 /// A running control plane (see the module docs).
 #[derive(Debug)]
@@ -63,19 +79,20 @@ pub struct ControlPlane {
     pub bin: PathBuf,
     /// A kubeconfig of a cluster admin (`system:masters`), for the tests' own setup.
     pub admin_kubeconfig: PathBuf,
-    owned: bool,
+    components: Arc<Components>,
 }
 
 static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 static STARTED: AtomicUsize = AtomicUsize::new(0);
 
 impl ControlPlane {
-    /// The test binary's control plane, started on first use with upstream settings.
+    /// The test binary's control plane, started on first use with upstream settings. Never
+    /// dropped: its components end with the test process (see the module docs).
     ///
     /// Errors: not built, or it did not start (the error holds its log's tail).
     pub fn shared() -> anyhow::Result<&'static ControlPlane> {
         SHARED
-            .get_or_init(|| Self::start_dir(&[], false).map_err(|e| format!("{e:#}")))
+            .get_or_init(|| Self::start_dir(&[]).map_err(|e| format!("{e:#}")))
             .as_ref()
             .map_err(|e| anyhow::anyhow!("{e}"))
     }
@@ -86,10 +103,10 @@ impl ControlPlane {
     ///
     /// Errors: as [`Self::shared`].
     pub fn start(settings: &[(&str, &str)]) -> anyhow::Result<Self> {
-        Self::start_dir(settings, true)
+        Self::start_dir(settings)
     }
 
-    fn start_dir(settings: &[(&str, &str)], owned: bool) -> anyhow::Result<Self> {
+    fn start_dir(settings: &[(&str, &str)]) -> anyhow::Result<Self> {
         let bin =
             built().context("the control plane is not built: scripts/control-plane.sh build")?;
         let runs = run_root()?;
@@ -104,16 +121,16 @@ impl ControlPlane {
         let dir = runs.join(format!("{binary}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let out = Command::new(script())
-            .arg("start")
-            .arg(&dir)
-            .env("EDGEBEAT_OWNER_PID", std::process::id().to_string())
-            .envs(settings.iter().copied())
-            .output()
-            .context("running scripts/control-plane.sh start")?;
+        let out = crate::process::output(
+            Command::new(script())
+                .arg("prepare")
+                .arg(&dir)
+                .envs(settings.iter().copied()),
+        )
+        .context("running scripts/control-plane.sh prepare")?;
         if !out.status.success() {
             bail!(
-                "scripts/control-plane.sh start {} failed:\n{}{}",
+                "scripts/control-plane.sh prepare {} failed:\n{}{}",
                 dir.display(),
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
@@ -126,46 +143,96 @@ impl ControlPlane {
                 .map(str::to_owned)
                 .with_context(|| format!("{name} not in {}/env", dir.display()))
         };
-        Ok(Self {
-            url: var("EDGEBEAT_APISERVER_URL")?,
-            ca: var("EDGEBEAT_CLUSTER_CA")?.into(),
-            audit_log: var("EDGEBEAT_AUDIT_LOG")?.into(),
-            admin_kubeconfig: var("KUBECONFIG")?.into(),
+        let (url, ca, audit_log, admin_kubeconfig) = (
+            var("EDGEBEAT_APISERVER_URL")?,
+            var("EDGEBEAT_CLUSTER_CA")?.into(),
+            var("EDGEBEAT_AUDIT_LOG")?.into(),
+            var("KUBECONFIG")?.into(),
+        );
+        // Dropped on an error below: what was started is stopped.
+        let control_plane = Self {
+            url,
+            ca,
+            audit_log,
+            admin_kubeconfig,
             bin,
+            components: Components::supervised(&dir),
             dir,
-            owned,
-        })
+        };
+        for component in COMPONENTS {
+            control_plane.components.start(component)?;
+            control_plane.wait_ready(component)?;
+        }
+        Ok(control_plane)
     }
 
-    /// Stops `component` (`kube-apiserver`, `kube-controller-manager` or `etcd`) by PID.
+    /// Stops `component` (`kube-apiserver`, `kube-controller-manager` or `etcd`): SIGTERM,
+    /// SIGKILL after 10 s. It stays stopped (not restarted) until
+    /// [`Self::restart_component`].
     ///
-    /// Errors: the script failed.
+    /// Errors: no such component, or it could not be signalled or waited for.
     pub fn stop_component(&self, component: &str) -> anyhow::Result<()> {
-        self.script(&["stop", component])
+        self.components.stop(component)
     }
 
     /// Starts `component` again as it ran (stopping it first if it runs) and waits until it
     /// is ready.
     ///
-    /// Errors: the script failed (it did not become ready within 120 s).
+    /// Errors: it did not start, or did not become ready within 120 s.
     pub fn restart_component(&self, component: &str) -> anyhow::Result<()> {
-        self.script(&["restart", component])
+        self.components.stop(component)?;
+        self.components.start(component)?;
+        self.wait_ready(component)
     }
 
-    fn script(&self, args: &[&str]) -> anyhow::Result<()> {
-        let (verb, rest) = args.split_first().context("no verb")?;
-        let out = Command::new(script())
-            .arg(verb)
-            .arg(&self.dir)
-            .args(rest)
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "scripts/control-plane.sh {verb} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+    /// How many times `component` exited on its own (and was started again), e.g. a
+    /// kube-controller-manager that lost its leader lease.
+    pub fn exits(&self, component: &str) -> usize {
+        self.components.exits(component)
+    }
+
+    /// Waits until kube-apiserver answers `/readyz`, or kube-controller-manager acts (its
+    /// root CA publisher has put kube-root-ca.crt into kube-node-lease); etcd is ready
+    /// when kube-apiserver is.
+    fn wait_ready(&self, component: &str) -> anyhow::Result<()> {
+        let check: &[&str] = match component {
+            "kube-apiserver" => &["get", "--raw", "/readyz"],
+            "kube-controller-manager" => &[
+                "-n",
+                "kube-node-lease",
+                "get",
+                "configmap",
+                "kube-root-ca.crt",
+            ],
+            _ => return Ok(()),
+        };
+        let exits = self.exits(component);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let ready = crate::process::output(
+                Command::new(self.bin.join("kubectl"))
+                    .arg("--kubeconfig")
+                    .arg(&self.admin_kubeconfig)
+                    .arg("--request-timeout=5s")
+                    .args(check)
+                    .stdin(Stdio::null()),
+            )
+            .is_ok_and(|out| out.status.success());
+            if ready {
+                return Ok(());
+            }
+            if self.exits(component) != exits || Instant::now() >= deadline {
+                let log = self.dir.join(format!("{component}.log"));
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                bail!(
+                    "{component} is not ready; see {}:\n{}",
+                    log.display(),
+                    lines[lines.len().saturating_sub(30)..].join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
-        Ok(())
     }
 
     /// The real kubectl of the release, as the cluster admin: its standard output.
@@ -179,14 +246,15 @@ impl ControlPlane {
     ///
     /// Errors: kubectl failed (the error holds its standard error).
     pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(self.bin.join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg("--request-timeout=20s")
-            .args(args)
-            .current_dir(repository())
-            .output()
-            .context("running kubectl")?;
+        let out = crate::process::output(
+            Command::new(self.bin.join("kubectl"))
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .arg("--request-timeout=20s")
+                .args(args)
+                .current_dir(repository()),
+        )
+        .context("running kubectl")?;
         if !out.status.success() {
             bail!(
                 "kubectl {} failed: {}",
@@ -254,9 +322,204 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        if self.owned {
-            let _ = self.script(&["stop"]);
+        for component in COMPONENTS.iter().rev() {
+            let _ = self.components.stop(component);
         }
+        self.components.ended.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The components' processes, watched by a thread of their own that starts again one that
+/// exits on its own (see the module docs).
+#[derive(Debug)]
+struct Components {
+    dir: PathBuf,
+    state: Mutex<BTreeMap<&'static str, Component>>,
+    /// Set when the [`ControlPlane`] is dropped: the watching thread ends.
+    ended: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Component {
+    child: Option<std::process::Child>,
+    /// Started and not stopped by a test: restarted when it exits.
+    wanted: bool,
+    started: Option<Instant>,
+    exits: usize,
+    backoff: Duration,
+    restart_at: Option<Instant>,
+}
+
+/// The first restart's delay, and the longest.
+const RESTART_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(10));
+
+impl Components {
+    fn supervised(dir: &Path) -> Arc<Self> {
+        let components = Arc::new(Self {
+            dir: dir.to_owned(),
+            state: Mutex::new(
+                COMPONENTS
+                    .iter()
+                    .map(|c| (*c, Component::default()))
+                    .collect(),
+            ),
+            ended: AtomicBool::new(false),
+        });
+        let watched = components.clone();
+        // Not joined: it ends within 100 ms of `ended`, or with the process. It forks
+        // nothing itself (crate::process::spawn does), so its end kills nothing.
+        let _ = std::thread::Builder::new()
+            .name("control-plane".to_owned())
+            .spawn(move || {
+                while !watched.ended.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    watched.watch();
+                }
+            });
+        components
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, Component>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One look at every component: reaps one that exited, starts again one that is due.
+    fn watch(&self) {
+        let mut state = self.lock();
+        let now = Instant::now();
+        for (name, component) in state.iter_mut() {
+            if let Some(child) = component.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                component.child = None;
+                if component.wanted {
+                    component.exits += 1;
+                    let ran_long = component
+                        .started
+                        .is_some_and(|at| now - at >= RESTART_BACKOFF.1);
+                    component.backoff = if ran_long {
+                        RESTART_BACKOFF.0
+                    } else {
+                        (component.backoff * 2).clamp(RESTART_BACKOFF.0, RESTART_BACKOFF.1)
+                    };
+                    component.restart_at = Some(now + component.backoff);
+                    self.note(
+                        name,
+                        &format!(
+                            "exited ({status}); started again in {:?}, as kubelet restarts a static pod",
+                            component.backoff
+                        ),
+                    );
+                }
+            }
+            if component.child.is_none()
+                && component.wanted
+                && component.restart_at.is_some_and(|at| now >= at)
+            {
+                match self.spawn(name) {
+                    Ok(child) => {
+                        component.child = Some(child);
+                        component.started = Some(now);
+                        component.restart_at = None;
+                    }
+                    Err(e) => {
+                        self.note(name, &format!("could not start again: {e:#}"));
+                        component.restart_at = Some(now + component.backoff);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A line of the test fixture's in `component`'s log.
+    fn note(&self, component: &str, line: &str) {
+        use std::io::Write as _;
+        if let Ok(mut log) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.dir.join(format!("{component}.log")))
+        {
+            let _ = writeln!(
+                log,
+                "edgebeat-tests {}: {component} {line}",
+                jiff::Timestamp::now()
+            );
+        }
+    }
+
+    /// Starts `component` from its command line (`run-<component>.sh`, which execs it, so
+    /// the child is the component), its output appended to `<component>.log`, its PID in
+    /// `<component>.pid` (for `scripts/control-plane.sh stop` by hand).
+    fn spawn(&self, component: &str) -> anyhow::Result<std::process::Child> {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.dir.join(format!("{component}.log")))?;
+        let child = crate::process::spawn(
+            Command::new(self.dir.join(format!("run-{component}.sh")))
+                .current_dir(&self.dir)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log),
+        )
+        .with_context(|| format!("starting {component}"))?;
+        std::fs::write(
+            self.dir.join(format!("{component}.pid")),
+            format!(
+                "{}
+",
+                child.id()
+            ),
+        )?;
+        Ok(child)
+    }
+
+    /// Starts `component`, which is not running, and keeps it running.
+    fn start(&self, component: &str) -> anyhow::Result<()> {
+        let mut state = self.lock();
+        let entry = state
+            .get_mut(component)
+            .with_context(|| format!("no component {component}"))?;
+        if entry.child.is_none() {
+            entry.child = Some(self.spawn(component)?);
+        }
+        entry.wanted = true;
+        entry.started = Some(Instant::now());
+        entry.restart_at = None;
+        entry.backoff = Duration::ZERO;
+        Ok(())
+    }
+
+    /// Stops `component` (SIGTERM, SIGKILL after 10 s) and keeps it stopped.
+    fn stop(&self, component: &str) -> anyhow::Result<()> {
+        let child = {
+            let mut state = self.lock();
+            let entry = state
+                .get_mut(component)
+                .with_context(|| format!("no component {component}"))?;
+            entry.wanted = false;
+            entry.restart_at = None;
+            entry.child.take()
+        };
+        let _ = std::fs::remove_file(self.dir.join(format!("{component}.pid")));
+        let Some(mut child) = child else {
+            return Ok(());
+        };
+        // Gone already: try_wait says so.
+        let _ = crate::process::signal(child.id(), "TERM");
+        for _ in 0..100 {
+            if child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    fn exits(&self, component: &str) -> usize {
+        self.lock().get(component).map_or(0, |c| c.exits)
     }
 }
 
@@ -874,14 +1137,15 @@ impl EnrollingGateway {
     /// # Panics
     /// When the command fails.
     pub fn token(&self, nodes: &str, uses: u32) -> String {
-        let out = std::process::Command::new(
-            crate::process::workspace_binary("edgebeat-gateway").unwrap(),
+        let out = crate::process::output(
+            std::process::Command::new(
+                crate::process::workspace_binary("edgebeat-gateway").unwrap(),
+            )
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["token", "create", "--nodes", nodes, "--ttl", "1h"])
+            .arg(format!("--uses={uses}")),
         )
-        .arg("--kubeconfig")
-        .arg(&self.kubeconfig)
-        .args(["token", "create", "--nodes", nodes, "--ttl", "1h"])
-        .arg(format!("--uses={uses}"))
-        .output()
         .unwrap();
         assert!(
             out.status.success(),

@@ -11,7 +11,8 @@
 //! - [`requests`]: which recorded stand-in request is which kubelet call.
 //! - [`pki`]: a test PKI made per test (CA, server, client and node certificates).
 //! - [`spy`]: a raw MQTT client over TLS, the attacker on the broker.
-//! - [`process`]: the real `edgebeat-gateway` binary as a child process, its JSON log read.
+//! - [`process`]: every child process of the tests, started so that it dies with the test
+//!   process however that ends; the real `edgebeat-gateway` binary as one, its JSON log read.
 //! - [`link`]: an edge link of a network namespace and a veth pair, with its counters.
 
 pub mod broker;

@@ -88,10 +88,7 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
 ///
 /// Errors: it cannot start, or exits unsuccessfully (its stderr in the message).
 pub(crate) fn run_tool(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
+    let out = crate::process::output(Command::new(program).args(args).stdin(Stdio::null()))
         .with_context(|| format!("running {program} (iproute2)"))?;
     if !out.status.success() {
         bail!(
@@ -232,12 +229,13 @@ impl Link {
                 .and_then(|ids| ids.split_whitespace().nth(1))
                 == Some("0")
         });
-        root && Command::new("ip")
-            .args(["netns", "list"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+        root && crate::process::status(
+            Command::new("ip")
+                .args(["netns", "list"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .is_ok_and(|s| s.success())
     }
 
     /// Errors unless [`Link::available`]: for benchmarks, which cannot measure without it.
@@ -474,14 +472,15 @@ pub fn spawn_agent(
     log: &Path,
 ) -> anyhow::Result<tokio::process::Child> {
     let log = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    command
-        .arg("--config")
-        .arg(config)
-        .env("RUST_LOG", "warn")
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting edgebeat-agent with {}", config.display()))
+    crate::process::spawn_async(
+        command
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "warn")
+            .stdout(log.try_clone()?)
+            .stderr(log),
+    )
+    .with_context(|| format!("starting edgebeat-agent with {}", config.display()))
 }
 
 /// Measures `case`: starts the stand-in, a gateway (and Mosquitto for MQTT) on this side,

@@ -1,16 +1,187 @@
-//! The real `edgebeat-gateway` binary as a child process, for end-to-end tests that must run
-//! the wiring of its `main` (not a copy of it): started with the flags a test gives, its JSON
-//! log (`--log-format json`) read line by line, the addresses it bound (port 0) taken from
-//! that log, killed when dropped.
+//! Child processes of the tests.
+//!
+//! - [`spawn`], [`spawn_async`], [`output`], [`status`], [`output_async`]: every process the
+//!   tests start goes through these (`tests/clippy.toml` disallows `Command::spawn`,
+//!   `output` and `status` elsewhere in this crate), so that it ends when the test process
+//!   ends, however that ends (a panic, `exit`, SIGKILL, a timeout of the CI): the kernel
+//!   sends it SIGKILL (Linux's parent-death signal, `PR_SET_PDEATHSIG`, set between `fork`
+//!   and `exec` and kept across `exec`). Nothing has to run at the test process's end, so
+//!   a shared fixture in a `static`, whose `Drop` never runs, is covered too.
+//!
+//!   The parent-death signal fires when the *thread* that forked the child ends, not the
+//!   process: a shared fixture first used by one test's thread (or a tokio worker or
+//!   blocking-pool thread) would lose its processes when that thread ends. So [`spawn`] and
+//!   [`spawn_async`] fork on one thread of this module's that lives as long as the process.
+//!   [`output`] and [`status`] fork on the caller's thread, which waits for the child.
+//!
+//!   It covers a child and what the child `exec`s (`ip netns exec`, a `#!/bin/sh` script
+//!   ending in `exec`), not what a child forks and leaves behind: a script that starts
+//!   daemons in the background is not run through here for long-lived processes (the
+//!   control plane's components are started one by one, see `crate::control_plane`).
+//! - [`GatewayProcess`]: the real `edgebeat-gateway` binary as a child process, for
+//!   end-to-end tests that must run the wiring of its `main` (not a copy of it): started
+//!   with the flags a test gives, its JSON log (`--log-format json`) read line by line, the
+//!   addresses it bound (port 0) taken from that log, killed when dropped.
 
+use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use tokio::io::AsyncBufReadExt as _;
+
+/// Starts `command` as a child that is killed (SIGKILL) when this process ends; forked on
+/// a thread that lives as long as the process (see the module docs).
+///
+/// Errors: as [`std::process::Command::spawn`].
+#[allow(clippy::disallowed_methods)]
+pub fn spawn(command: &mut std::process::Command) -> io::Result<std::process::Child> {
+    die_with_this_process(command);
+    let mut owned = std::mem::replace(command, std::process::Command::new(""));
+    let (owned, child) = on_spawner_thread(move || {
+        let child = owned.spawn();
+        (owned, child)
+    })?;
+    *command = owned;
+    child
+}
+
+/// As [`spawn`], for tokio: the child is registered with the caller's runtime (its `wait`,
+/// its pipes, `kill_on_drop`) as `tokio::process::Command::spawn` would.
+///
+/// Errors: as `tokio::process::Command::spawn`; no tokio runtime.
+#[allow(clippy::disallowed_methods)]
+pub fn spawn_async(command: &mut tokio::process::Command) -> io::Result<tokio::process::Child> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+    die_with_this_process(command.as_std_mut());
+    let mut owned = std::mem::replace(command, tokio::process::Command::new(""));
+    let (owned, child) = on_spawner_thread(move || {
+        let _runtime = runtime.enter();
+        let child = owned.spawn();
+        (owned, child)
+    })?;
+    *command = owned;
+    child
+}
+
+/// Runs `command` to completion and collects its output, as
+/// [`std::process::Command::output`]; killed if this process ends first.
+///
+/// Errors: as [`std::process::Command::output`].
+#[allow(clippy::disallowed_methods)]
+pub fn output(command: &mut std::process::Command) -> io::Result<std::process::Output> {
+    die_with_this_process(command);
+    command.output()
+}
+
+/// Runs `command` to completion, as [`std::process::Command::status`]; killed if this
+/// process ends first.
+///
+/// Errors: as [`std::process::Command::status`].
+#[allow(clippy::disallowed_methods)]
+pub fn status(command: &mut std::process::Command) -> io::Result<std::process::ExitStatus> {
+    die_with_this_process(command);
+    command.status()
+}
+
+/// As [`output`], for tokio (`tokio::process::Command::output`).
+///
+/// Errors: as `tokio::process::Command::output`.
+#[allow(clippy::disallowed_methods)]
+pub async fn output_async(
+    command: &mut tokio::process::Command,
+) -> io::Result<std::process::Output> {
+    die_with_this_process(command.as_std_mut());
+    command.output().await
+}
+
+/// Sends `signal` (`TERM`, `KILL`...) to `pid` with kill(1).
+///
+/// Errors: kill could not run or failed (no such process).
+pub fn signal(pid: u32, signal: &str) -> io::Result<()> {
+    let exit = status(
+        std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .stderr(Stdio::null()),
+    )?;
+    if exit.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("kill -{signal} {pid}: {exit}")))
+    }
+}
+
+/// Makes `command`'s child receive SIGKILL when the thread that forks it ends, which for
+/// [`spawn`] is when this process ends.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn die_with_this_process(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt as _;
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: it makes two system calls (prctl, getppid) and
+    // allocates nothing (an `io::Error` from an OS error code holds no allocation).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            ) == -1
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent ended between fork and prctl: no signal will come, so do not exec.
+            if libc::getppid() as u32 != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Not Linux: no parent-death signal; children end when their fixtures are dropped.
+#[cfg(not(target_os = "linux"))]
+fn die_with_this_process(_command: &mut std::process::Command) {}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Runs `job` on the spawner thread: started on first use, never ended, so that the
+/// parent-death signal of what it forks fires only when the process ends.
+fn on_spawner_thread<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
+    static JOBS: OnceLock<mpsc::Sender<Job>> = OnceLock::new();
+    let gone = || io::Error::other("the tests' spawner thread is gone");
+    let jobs = JOBS.get_or_init(|| {
+        let (sender, receiver) = mpsc::channel::<Job>();
+        // Never joined: it waits for jobs until the process ends (a thread that cannot
+        // start drops `receiver`, and every `send` below fails).
+        let _ = std::thread::Builder::new()
+            .name("edgebeat-spawner".to_owned())
+            .spawn(move || {
+                for job in receiver {
+                    job();
+                }
+            });
+        sender
+    });
+    let (done, result) = mpsc::sync_channel(1);
+    jobs.send(Box::new(move || {
+        // A panicking job must not end the thread (and with it every child forked so far).
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+        let _ = done.send(outcome);
+    }))
+    .map_err(|_| gone())?;
+    match result.recv().map_err(|_| gone())? {
+        Ok(value) => Ok(value),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
 
 /// A workspace binary built beside the running executable (`target/<profile>/<name>`, also
 /// for test executables in `target/<profile>/deps`).
@@ -56,17 +227,18 @@ impl GatewayProcess {
         S: AsRef<std::ffi::OsStr>,
     {
         let binary = workspace_binary("edgebeat-gateway")?;
-        let mut child = tokio::process::Command::new(&binary)
-            .arg("--log-format")
-            .arg("json")
-            .args(args)
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
+        let mut child = spawn_async(
+            tokio::process::Command::new(&binary)
+                .arg("--log-format")
+                .arg("json")
+                .args(args)
+                .env("NO_COLOR", "1")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true),
+        )
+        .with_context(|| format!("starting {}", binary.display()))?;
         let lines = Arc::new(Mutex::new(Vec::new()));
         let added = Arc::new(tokio::sync::Notify::new());
         let file =
@@ -176,10 +348,8 @@ impl GatewayProcess {
     /// Errors: the process could not be signalled or waited for.
     pub async fn terminate(&mut self) -> anyhow::Result<std::process::ExitStatus> {
         if let Some(pid) = self.child.id() {
-            std::process::Command::new("kill")
-                .arg("-TERM")
-                .arg(pid.to_string())
-                .status()?;
+            // Gone already: its status is what `wait` returns.
+            let _ = signal(pid, "TERM");
         }
         match tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await {
             Ok(status) => Ok(status?),

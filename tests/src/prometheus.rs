@@ -32,18 +32,19 @@ pub fn binary() -> PathBuf {
 pub async fn start(dir: &Path, config: &str) -> (SocketAddr, tokio::process::Child) {
     let file = dir.join("prometheus.yml");
     std::fs::write(&file, config).unwrap();
-    let mut child = tokio::process::Command::new(binary())
-        .arg(format!("--config.file={}", file.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg("--web.listen-address=127.0.0.1:0")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = crate::process::spawn_async(
+        tokio::process::Command::new(binary())
+            .arg(format!("--config.file={}", file.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg("--web.listen-address=127.0.0.1:0")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true),
+    )
+    .unwrap();
     let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let find = async {
         while let Some(line) = lines.next_line().await.unwrap() {

@@ -443,6 +443,16 @@ async fn an_apiserver_outage_of_30_s_then_every_lease_fresh_without_a_backlog() 
         renewed_after(start)
     })
     .await;
+    // kube-controller-manager elects itself leader as in a cluster (a Lease in kube-system).
+    let elections: Api<Lease> = Api::namespaced(admin.clone(), "kube-system");
+    let leader = |lease: Option<Lease>| {
+        lease
+            .and_then(|l| l.spec)
+            .map(|s| (s.holder_identity, s.renew_time.map(|t| t.0)))
+    };
+    let leader_before = leader(elections.get_opt("kube-controller-manager").await.unwrap())
+        .and_then(|(holder, _)| holder)
+        .expect("kube-controller-manager holds its leader Lease");
 
     control_plane.stop_component("kube-apiserver").unwrap();
     // The outage itself: 30 s without an apiserver.
@@ -490,6 +500,28 @@ async fn an_apiserver_outage_of_30_s_then_every_lease_fresh_without_a_backlog() 
     for (resource, n) in &lists {
         assert!(*n <= 3, "{resource}: {n} lists after the restart");
     }
+    // kube-controller-manager could not renew its leader Lease within its renew deadline
+    // (10 s) and exited, as a real one does; started again (the fixture does what kubelet
+    // does for its static pod), the new process takes the Lease once it expires.
+    assert!(
+        control_plane.exits("kube-controller-manager") >= 1,
+        "kube-controller-manager lost its lease in a 30 s outage and exited"
+    );
+    eventually(
+        "kube-controller-manager leading again, a new process",
+        Duration::from_secs(120),
+        || async {
+            let lease = elections
+                .get_opt("kube-controller-manager")
+                .await
+                .ok()
+                .flatten();
+            leader(lease).is_some_and(|(holder, renewed)| {
+                holder.is_some_and(|h| h != leader_before) && renewed.is_some_and(|t| t > up)
+            })
+        },
+    )
+    .await;
     for agent in agents {
         agent.stop().await.unwrap();
     }
@@ -497,16 +529,14 @@ async fn an_apiserver_outage_of_30_s_then_every_lease_fresh_without_a_backlog() 
 
 /// TCP connections from process `pid` to `port` on loopback (`ss`).
 fn connections(pid: u32, port: u16) -> usize {
-    let out = std::process::Command::new("ss")
-        .args([
-            "-Htnp",
-            "state",
-            "established",
-            "dst",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .output()
-        .unwrap();
+    let out = edgebeat_tests::process::output(std::process::Command::new("ss").args([
+        "-Htnp",
+        "state",
+        "established",
+        "dst",
+        &format!("127.0.0.1:{port}"),
+    ]))
+    .unwrap();
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.contains(&format!("pid={pid},")))
@@ -998,12 +1028,13 @@ fn not_after(certificate: &str) -> jiff::Timestamp {
 /// When it cannot run or fails.
 fn piped(args: &[&str], input: &[u8]) -> Vec<u8> {
     use std::io::Write as _;
-    let mut child = std::process::Command::new(args[0])
-        .args(&args[1..])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = edgebeat_tests::process::spawn(
+        std::process::Command::new(args[0])
+            .args(&args[1..])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped()),
+    )
+    .unwrap();
     child.stdin.take().unwrap().write_all(input).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{args:?}");
@@ -1241,14 +1272,15 @@ async fn the_defaults_work_through_kubectl_proxy_in_front_of_the_real_apiserver(
     let kubeconfig = control_plane
         .service_account_kubeconfig("edgebeat-system", "edgebeat-gateway")
         .unwrap();
-    let mut proxy = tokio::process::Command::new(control_plane.bin.join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["proxy", "--port=0", "--address=127.0.0.1"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut proxy = edgebeat_tests::process::spawn_async(
+        tokio::process::Command::new(control_plane.bin.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["proxy", "--port=0", "--address=127.0.0.1"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true),
+    )
+    .unwrap();
     let line = {
         use tokio::io::AsyncBufReadExt as _;
         let mut lines = tokio::io::BufReader::new(proxy.stdout.take().unwrap()).lines();
@@ -1300,12 +1332,7 @@ async fn the_defaults_work_through_kubectl_proxy_in_front_of_the_real_apiserver(
 }
 
 fn signal(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{signal} {pid}");
+    edgebeat_tests::process::signal(pid, signal).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,13 +55,14 @@ fn armv7() -> Cross {
 fn once_matches_native(cross: &Cross) {
     for tree in ["rpi4-cgroup1", "jetson-cgroup2", "nuc-hybrid"] {
         let root = fixture(tree);
-        let out = std::process::Command::new(cross.qemu)
-            .arg(&cross.agent)
-            .arg("--once")
-            .arg("--host-root")
-            .arg(&root)
-            .output()
-            .unwrap();
+        let out = edgebeat_tests::process::output(
+            std::process::Command::new(cross.qemu)
+                .arg(&cross.agent)
+                .arg("--once")
+                .arg("--host-root")
+                .arg(&root),
+        )
+        .unwrap();
         assert!(
             out.status.success(),
             "{tree}: {}",
@@ -114,15 +115,16 @@ async fn live(cross: &Cross, transport: Transport) {
         ),
     )
     .unwrap();
-    let mut child = tokio::process::Command::new(cross.qemu)
-        .arg(&cross.agent)
-        .arg("--config")
-        .arg(&file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = edgebeat_tests::process::spawn_async(
+        tokio::process::Command::new(cross.qemu)
+            .arg(&cross.agent)
+            .arg("--config")
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true),
+    )
+    .unwrap();
     cluster
         .standin
         .wait_until(Duration::from_secs(60), "emulated agent registered", |v| {

@@ -1199,13 +1199,14 @@ fn find_kubectl() -> Option<PathBuf> {
 }
 
 fn kubectl(bin: &Path, cache: &Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(bin)
-        .env("KUBECONFIG", "/dev/null")
-        .arg("--cache-dir")
-        .arg(cache)
-        .args(args)
-        .output()
-        .unwrap()
+    edgebeat_tests::process::output(
+        std::process::Command::new(bin)
+            .env("KUBECONFIG", "/dev/null")
+            .arg("--cache-dir")
+            .arg(cache)
+            .args(args),
+    )
+    .unwrap()
 }
 
 /// `kubectl kustomize` builds each kustomization offline: the default one yields exactly the

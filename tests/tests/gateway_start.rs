@@ -115,19 +115,20 @@ fn find_kubectl() -> Option<PathBuf> {
 /// that speaks HTTP/1.1 only, over plain `http://`. Killed when the child is dropped.
 async fn kubectl_proxy(upstream: &str) -> (tokio::process::Child, SocketAddr) {
     let kubectl = find_kubectl().expect("kubectl on PATH");
-    let mut child = tokio::process::Command::new(kubectl)
-        .env("KUBECONFIG", "/dev/null")
-        .args([
-            "--server",
-            upstream,
-            "proxy",
-            "--port=0",
-            "--address=127.0.0.1",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = edgebeat_tests::process::spawn_async(
+        tokio::process::Command::new(kubectl)
+            .env("KUBECONFIG", "/dev/null")
+            .args([
+                "--server",
+                upstream,
+                "proxy",
+                "--port=0",
+                "--address=127.0.0.1",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true),
+    )
+    .unwrap();
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
     // "Starting to serve on 127.0.0.1:40123"
     let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())

@@ -41,10 +41,10 @@ fn repository() -> PathBuf {
 
 /// The helm binary `scripts/helm.sh` built.
 fn helm_binary() -> PathBuf {
-    let out = Command::new(repository().join("scripts/helm.sh"))
-        .arg("bin")
-        .output()
-        .unwrap();
+    let out = edgebeat_tests::process::output(
+        Command::new(repository().join("scripts/helm.sh")).arg("bin"),
+    )
+    .unwrap();
     assert!(
         out.status.success(),
         "helm is not built: scripts/helm.sh build"
@@ -54,24 +54,25 @@ fn helm_binary() -> PathBuf {
 
 /// Runs helm with `args` in the repository; its output, whether it succeeded or not.
 fn helm(args: &[&str]) -> std::process::Output {
-    Command::new(helm_binary())
-        .args(args)
-        .current_dir(repository())
-        // Nothing of the user's Helm state (repositories, plugins, cache) is read or written.
-        .env(
-            "HELM_CACHE_HOME",
-            std::env::temp_dir().join("edgebeat-helm/cache"),
-        )
-        .env(
-            "HELM_CONFIG_HOME",
-            std::env::temp_dir().join("edgebeat-helm/config"),
-        )
-        .env(
-            "HELM_DATA_HOME",
-            std::env::temp_dir().join("edgebeat-helm/data"),
-        )
-        .output()
-        .unwrap()
+    edgebeat_tests::process::output(
+        Command::new(helm_binary())
+            .args(args)
+            .current_dir(repository())
+            // Nothing of the user's Helm state (repositories, plugins, cache) is read or written.
+            .env(
+                "HELM_CACHE_HOME",
+                std::env::temp_dir().join("edgebeat-helm/cache"),
+            )
+            .env(
+                "HELM_CONFIG_HOME",
+                std::env::temp_dir().join("edgebeat-helm/config"),
+            )
+            .env(
+                "HELM_DATA_HOME",
+                std::env::temp_dir().join("edgebeat-helm/data"),
+            ),
+    )
+    .unwrap()
 }
 
 /// helm with `args` that must succeed: its standard output.
@@ -145,11 +146,12 @@ fn kustomized(dirs: &[&str]) -> BTreeMap<String, Value> {
         .join("kubectl");
     let mut docs = Vec::new();
     for dir in dirs {
-        let out = Command::new(&kubectl)
-            .args(["kustomize", dir])
-            .current_dir(repository())
-            .output()
-            .unwrap();
+        let out = edgebeat_tests::process::output(
+            Command::new(&kubectl)
+                .args(["kustomize", dir])
+                .current_dir(repository()),
+        )
+        .unwrap();
         assert!(
             out.status.success(),
             "kubectl kustomize {dir}: {}",
@@ -325,10 +327,10 @@ fn lint_passes_and_the_schema_names_a_wrong_value() {
 
 /// The CRDs of the Prometheus Operator the monitoring example needs, from its module.
 fn install_monitoring_crds(control_plane: &ControlPlane) {
-    let out = Command::new(repository().join("scripts/helm.sh"))
-        .arg("crds")
-        .output()
-        .unwrap();
+    let out = edgebeat_tests::process::output(
+        Command::new(repository().join("scripts/helm.sh")).arg("crds"),
+    )
+    .unwrap();
     assert!(
         out.status.success(),
         "{}",

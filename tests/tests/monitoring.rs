@@ -49,11 +49,12 @@ fn promtool() -> PathBuf {
 }
 
 fn run(program: &Path, args: &[&str]) -> String {
-    let out = std::process::Command::new(program)
-        .args(args)
-        .env("KUBECONFIG", "/dev/null")
-        .output()
-        .unwrap();
+    let out = edgebeat_tests::process::output(
+        std::process::Command::new(program)
+            .args(args)
+            .env("KUBECONFIG", "/dev/null"),
+    )
+    .unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

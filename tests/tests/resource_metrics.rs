@@ -48,14 +48,14 @@ impl VethAddress {
         let address =
             std::net::Ipv4Addr::new(10, 213, ((id >> 6) % 256) as u8, ((id % 64) * 4 + 1) as u8);
         let ip = |args: &[&str]| {
-            let out = Command::new("ip").args(args).output().unwrap();
+            let out = edgebeat_tests::process::output(Command::new("ip").args(args)).unwrap();
             assert!(
                 out.status.success(),
                 "ip {args:?}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         };
-        let _ = Command::new("ip").args(["link", "del", &name]).output();
+        let _ = edgebeat_tests::process::output(Command::new("ip").args(["link", "del", &name]));
         ip(&[
             "link",
             "add",
@@ -74,9 +74,8 @@ impl VethAddress {
 
 impl Drop for VethAddress {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.name])
-            .output();
+        let _ =
+            edgebeat_tests::process::output(Command::new("ip").args(["link", "del", &self.name]));
     }
 }
 
@@ -101,7 +100,7 @@ fn serving_certificate(
     )
     .unwrap();
     let run = |args: &[&str]| {
-        let out = Command::new("openssl").args(args).output().unwrap();
+        let out = edgebeat_tests::process::output(Command::new("openssl").args(args)).unwrap();
         assert!(
             out.status.success(),
             "openssl {args:?}: {}",
@@ -157,11 +156,12 @@ struct MetricsServer {
 
 impl MetricsServer {
     fn start(control_plane: &ControlPlane, address: std::net::Ipv4Addr, dir: &Path) -> Self {
-        let out = Command::new("scripts/metrics-server.sh")
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .arg("bin")
-            .output()
-            .unwrap();
+        let out = edgebeat_tests::process::output(
+            Command::new("scripts/metrics-server.sh")
+                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+                .arg("bin"),
+        )
+        .unwrap();
         assert!(
             out.status.success(),
             "metrics-server not built: scripts/metrics-server.sh build"
@@ -174,7 +174,8 @@ impl MetricsServer {
             .port();
         let admin = control_plane.admin_kubeconfig.display().to_string();
         let log = std::fs::File::create(dir.join("metrics-server.log")).unwrap();
-        let child = tokio::process::Command::new(binary)
+        let child = edgebeat_tests::process::spawn_async(
+tokio::process::Command::new(binary)
             .args([
                 format!("--kubeconfig={admin}"),
                 format!("--authentication-kubeconfig={admin}"),
@@ -189,8 +190,7 @@ impl MetricsServer {
             ])
             .stdout(log.try_clone().unwrap())
             .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
+            .kill_on_drop(true))
             .unwrap();
         let objects = format!(
             "apiVersion: v1

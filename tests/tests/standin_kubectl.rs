@@ -47,7 +47,7 @@ impl Kubectl {
             .args(args);
         let out = tokio::time::timeout(
             Duration::from_secs(30),
-            tokio::task::spawn_blocking(move || cmd.output()),
+            tokio::task::spawn_blocking(move || edgebeat_tests::process::output(&mut cmd)),
         )
         .await
         .expect("kubectl finished in time")
@@ -292,7 +292,7 @@ async fn kubectl_get_watch_prints_status_transitions() {
         .args(["--server", &k.server, "--cache-dir"])
         .arg(k.cache.path())
         .args(["get", "nodes", "-w"]);
-    let kubectl = tokio::task::spawn_blocking(move || cmd.output());
+    let kubectl = tokio::task::spawn_blocking(move || edgebeat_tests::process::output(&mut cmd));
     let watching = |v: &StandInView<'_>| {
         v.requests().iter().any(|r| {
             r.query.as_deref().is_some_and(|q| q.contains("watch=true")) && r.status == 200

@@ -41,6 +41,11 @@
 //!   `site_cuts_caught`, `site_false_partitions` (partition Events matching no cut, e.g. from
 //!   `--churn-per-minute` single-node silences), `site_partition_events`, and
 //!   `site_cut_to_condition_s_median` / `_max` (cut to the gateway's Event, whole seconds);
+//! - with `--apiserver-outage-after`: `outage_s` (how long it lasted), `outage_log_lines`
+//!   and `outage_log_bytes` (the first replica's log from the outage's start to the end of
+//!   the run, which comes at least 20 s after the outage's end), `outage_error_lines`,
+//!   `outage_first_error_s` (from the outage's start to the first ERROR line; polled every
+//!   50 ms), `outage_recovered_line` (1 when a line says the apiserver takes writes again);
 //! - `metrics_series`, `metrics_scrape_bytes`, `metrics_scrape_ms_median`: a scrape of the
 //!   first replica's `/metrics` at the end (not with `--ack-only`);
 //! - `renewal_usage_every`: 2 when every second renewal carries the node's resource usage
@@ -89,6 +94,7 @@ use edgebeat_tests::broker::Broker;
 use edgebeat_tests::fleet::{
     FleetEnrollment, FleetOptions, FleetStats, FleetTransport, Silences, quantile, run_fleet,
 };
+use edgebeat_tests::process::spawn_async;
 use edgebeat_tests::procfs::{open_files, vm_rss_kib};
 use edgebeat_tests::standin::StandIn;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -233,6 +239,16 @@ struct Args {
         conflicts_with_all = ["ack_only", "standin_ceiling", "no_usage"]
     )]
     scrape_every: Option<u64>,
+    /// Seconds after the ramp at which the stand-in apiserver stops taking requests: every
+    /// new request is answered 503 while watches already open stay open (as in a
+    /// kube-apiserver's drain, or etcd trouble), for `--apiserver-outage-for` seconds. The
+    /// gateway then logs at its default level (info) and the summary tells what its log
+    /// said of the outage (see the module docs).
+    #[arg(long, value_name = "SECONDS", requires = "gateway_log")]
+    apiserver_outage_after: Option<u64>,
+    /// How long the `--apiserver-outage-after` outage lasts, seconds.
+    #[arg(long, default_value_t = 60)]
+    apiserver_outage_for: u64,
     /// Simulated nodes send no resource usage on their renewals (by default every second
     /// renewal carries it, as real agents' do): renewals as before the gateway served
     /// resource metrics, for comparisons with figures measured then.
@@ -467,22 +483,23 @@ async fn spawn_replica(
         "replicas share an MQTT subscription: --transport mqtt"
     );
     let port = free_port()?;
-    let child = tokio::process::Command::new(&args.gateway_bin)
-        .arg("--server")
-        .arg(standin.url())
-        .arg(format!("--metrics-listen=127.0.0.1:{port}"))
-        .arg("--log-level=warn")
-        .arg(endpoint_list(brokers, index))
-        .arg(format!("--mqtt-client-id=edgebeat-fleet-gateway-{suffix}"))
-        .arg("--allow-unidentified-agents")
-        .args(apiserver_http(&args.gateway_args))
-        .args(resource_metrics)
-        .args(&args.gateway_args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", args.gateway_bin.display()))?;
+    let child = spawn_async(
+        tokio::process::Command::new(&args.gateway_bin)
+            .arg("--server")
+            .arg(standin.url())
+            .arg(format!("--metrics-listen=127.0.0.1:{port}"))
+            .arg("--log-level=warn")
+            .arg(endpoint_list(brokers, index))
+            .arg(format!("--mqtt-client-id=edgebeat-fleet-gateway-{suffix}"))
+            .arg("--allow-unidentified-agents")
+            .args(apiserver_http(&args.gateway_args))
+            .args(resource_metrics)
+            .args(&args.gateway_args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true),
+    )
+    .with_context(|| format!("starting {}", args.gateway_bin.display()))?;
     wait_ready(port).await?;
     Ok(child)
 }
@@ -494,15 +511,16 @@ async fn fleet_token(
     standin: &edgebeat_tests::standin::StandInHandle,
     prefix: &str,
 ) -> anyhow::Result<edgebeat_transports::enroll::BootstrapToken> {
-    let output = tokio::process::Command::new(&args.gateway_bin)
-        .arg("--server")
-        .arg(standin.url())
-        .args(["token", "create", "--ttl", "1h"])
-        .arg(format!("--nodes={prefix}*"))
-        .arg(format!("--uses={}", args.nodes))
-        .output()
-        .await
-        .context("edgebeat-gateway token create")?;
+    let output = edgebeat_tests::process::output_async(
+        tokio::process::Command::new(&args.gateway_bin)
+            .arg("--server")
+            .arg(standin.url())
+            .args(["token", "create", "--ttl", "1h"])
+            .arg(format!("--nodes={prefix}*"))
+            .arg(format!("--uses={}", args.nodes)),
+    )
+    .await
+    .context("edgebeat-gateway token create")?;
     anyhow::ensure!(
         output.status.success(),
         "edgebeat-gateway token create: {}",
@@ -683,6 +701,99 @@ fn follow_gateway_log(
         }
     });
     addr
+}
+
+/// An `--apiserver-outage-after` outage, and what the first replica's log said of it.
+struct Outage {
+    started: tokio::time::Instant,
+    ended: Option<tokio::time::Instant>,
+    log: PathBuf,
+    /// The log's length when the outage began.
+    offset: u64,
+    /// Time from the start to the first ERROR line, once seen.
+    first_error: tokio::task::JoinHandle<Option<Duration>>,
+}
+
+impl Outage {
+    /// Answers every new request of `standin` with 503 from now, and starts looking for
+    /// the first ERROR line in `log` after its current end.
+    fn start(
+        standin: &edgebeat_tests::standin::StandInHandle,
+        log: &std::path::Path,
+    ) -> anyhow::Result<Self> {
+        let offset = std::fs::metadata(log)?.len();
+        let started = tokio::time::Instant::now();
+        standin.inject(edgebeat_tests::standin::FaultRule::status(
+            None,
+            "",
+            503,
+            u32::MAX,
+        ));
+        let path = log.to_owned();
+        let first_error = tokio::spawn(async move {
+            let mut poll = tokio::time::interval(Duration::from_millis(50));
+            while started.elapsed() < Duration::from_secs(120) {
+                poll.tick().await;
+                if Self::since(&path, offset)
+                    .is_ok_and(|text| text.lines().any(|l| l.contains(" ERROR ")))
+                {
+                    return Some(started.elapsed());
+                }
+            }
+            None
+        });
+        Ok(Self {
+            started,
+            ended: None,
+            log: log.to_owned(),
+            offset,
+            first_error,
+        })
+    }
+
+    /// `log` from byte `offset` on.
+    fn since(log: &std::path::Path, offset: u64) -> std::io::Result<String> {
+        use std::io::{Read as _, Seek as _};
+        let mut file = std::fs::File::open(log)?;
+        file.seek(std::io::SeekFrom::Start(offset))?;
+        let mut text = String::new();
+        file.read_to_string(&mut text)?;
+        Ok(text)
+    }
+
+    /// The summary's `outage_*` figures (see the module docs).
+    async fn figures(self) -> anyhow::Result<Vec<(&'static str, String)>> {
+        let text = Self::since(&self.log, self.offset)?;
+        let first_error = if self.first_error.is_finished() {
+            self.first_error.await?
+        } else {
+            self.first_error.abort();
+            None
+        };
+        let lasted = self
+            .ended
+            .map_or(0.0, |e| e.duration_since(self.started).as_secs_f64());
+        Ok(vec![
+            ("outage_s", format!("{lasted:.0}")),
+            ("outage_log_lines", text.lines().count().to_string()),
+            ("outage_log_bytes", text.len().to_string()),
+            (
+                "outage_error_lines",
+                text.lines()
+                    .filter(|l| l.contains(" ERROR "))
+                    .count()
+                    .to_string(),
+            ),
+            (
+                "outage_first_error_s",
+                first_error.map_or("none".into(), |d| format!("{:.2}", d.as_secs_f64())),
+            ),
+            (
+                "outage_recovered_line",
+                u8::from(text.contains("the apiserver takes writes again")).to_string(),
+            ),
+        ])
+    }
 }
 
 /// One `--scrape-every` cycle: every node's resource metrics asked once.
@@ -1038,7 +1149,10 @@ async fn main() -> anyhow::Result<()> {
         .arg(standin.url())
         .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
         // With --scrape-every, the line naming the resource metrics server's address too.
-        .arg(if scrape_pki.is_some() {
+        .arg(if args.apiserver_outage_after.is_some() {
+            // What an outage's lines are at the level the gateway runs with by default.
+            "--log-level=info"
+        } else if scrape_pki.is_some() {
             "--log-level=warn,edgebeat_gateway::server=info"
         } else {
             "--log-level=warn"
@@ -1116,12 +1230,13 @@ async fn main() -> anyhow::Result<()> {
                 format!("mqtt:{host}:{port}")
             }
         };
-        let mut child = tokio::process::Command::new(std::env::current_exe()?)
-            .arg(format!("--serve-ack-only={spec}"))
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting the ack-only subscriber")?;
+        let mut child = spawn_async(
+            tokio::process::Command::new(std::env::current_exe()?)
+                .arg(format!("--serve-ack-only={spec}"))
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true),
+        )
+        .context("starting the ack-only subscriber")?;
         let stdout = child.stdout.take().context("its stdout")?;
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
@@ -1131,8 +1246,7 @@ async fn main() -> anyhow::Result<()> {
         );
         child
     } else {
-        let mut child = command
-            .spawn()
+        let mut child = spawn_async(&mut command)
             .with_context(|| format!("starting {}", args.gateway_bin.display()))?;
         let resource_metrics_addr = child
             .stdout
@@ -1249,6 +1363,16 @@ async fn main() -> anyhow::Result<()> {
         .zip(args.restart_replica_after)
         .map(|(k, r)| k + Duration::from_secs(r));
     let mut killed_at: Option<tokio::time::Instant> = None;
+    let outage_at = args
+        .apiserver_outage_after
+        .map(|after| measured_from + Duration::from_secs(after));
+    if let Some(at) = outage_at {
+        anyhow::ensure!(
+            at + Duration::from_secs(args.apiserver_outage_for + 20) <= end,
+            "--duration must reach 20 s past the outage's end"
+        );
+    }
+    let mut outage: Option<Outage> = None;
     // CPU seconds of replicas no longer running, so the CPU figure keeps their share.
     let mut cpu_of_gone = 0.0;
     let mut broker_cpu_of_gone = 0.0;
@@ -1297,6 +1421,28 @@ async fn main() -> anyhow::Result<()> {
                 next_cut = Some(at + Duration::from_secs(args.site_cut_every));
             }
         }
+        if outage.is_none()
+            && outage_at.is_some_and(|t| tokio::time::Instant::now() >= t)
+            && let Some(log) = &args.gateway_log
+        {
+            outage = Some(Outage::start(&standin, log)?);
+            println!(
+                "t={:>4.0}s apiserver outage: every new request answered 503",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        if let Some(o) = outage.as_mut()
+            && o.ended.is_none()
+            && o.started.elapsed() >= Duration::from_secs(args.apiserver_outage_for)
+        {
+            standin.clear_faults();
+            standin.set_latency(Duration::from_millis(args.apiserver_latency_ms));
+            o.ended = Some(tokio::time::Instant::now());
+            println!(
+                "t={:>4.0}s apiserver outage over",
+                started.elapsed().as_secs_f64()
+            );
+        }
         if killed_at.is_none()
             && kill_at.is_some_and(|t| tokio::time::Instant::now() >= t)
             && let Some(mut victim) = replicas.pop()
@@ -1322,11 +1468,7 @@ async fn main() -> anyhow::Result<()> {
                 broker_cpu_at_measure = Some(figures_of(&broker_pids).1);
             }
             broker_cpu_of_gone += process_figures(pid).map_or(0.0, |(_, cpu)| cpu);
-            let status = std::process::Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status()
-                .context("kill")?;
-            anyhow::ensure!(status.success(), "kill -KILL {pid}: {status}");
+            edgebeat_tests::process::signal(pid, "KILL").context("kill")?;
             broker_pids.remove(0);
             killed_at = Some(tokio::time::Instant::now());
             println!(
@@ -1581,6 +1723,11 @@ async fn main() -> anyhow::Result<()> {
             "broker_cpu_us_per_message",
             format!("{:.1}", used * 1e6 / sent.max(1) as f64),
         );
+    }
+    if let Some(o) = outage {
+        for (key, value) in o.figures().await? {
+            put(key, value);
+        }
     }
     if let Some(killed) = killed_at {
         put(
