@@ -101,6 +101,22 @@ impl UplinkDriver {
     pub fn connected(&self) {
         self.connections.send_modify(|n| *n = n.wrapping_add(1));
     }
+
+    /// Ends the uplink for good, once no transport will run on this driver again (the
+    /// agent is shutting down): requests already queued are answered
+    /// [`UplinkError::Closed`], and [`Uplink::send`] answers it at once from now on.
+    ///
+    /// Without it, a request sent after the transport stopped (the retry of one its last
+    /// connection failed) waits in a queue nobody reads until its caller's timeout: a
+    /// Lease renewal's is the renew interval, 10 s by default, which held every connected
+    /// agent's exit on SIGTERM that long. A transport stopped to be restarted (certificate
+    /// rotation) leaves the driver open.
+    pub fn close(&mut self) {
+        self.requests.close();
+        while let Ok(request) = self.requests.try_recv() {
+            let _ = request.reply.send(Err(UplinkError::Closed));
+        }
+    }
 }
 
 /// Creates a connected pair of [`Uplink`] and [`UplinkDriver`]. `depth` bounds the

@@ -316,7 +316,6 @@ impl Agent {
                 "no node certificate (transport.certFile, transport.keyFile): this agent's messages carry no identity, and only a gateway run with --allow-unidentified-agents accepts them"
             );
         }
-        let transport = self.run_transport(&transport, register, &uplink, &mut driver, &sending);
         let notify = async {
             let Some(systemd) = Systemd::from_env() else {
                 return;
@@ -336,7 +335,13 @@ impl Agent {
             )
         };
         let transport = async {
-            let result = transport.await;
+            let result = self
+                .run_transport(&transport, register, &uplink, &mut driver, &sending)
+                .await;
+            // No transport runs again in this process: what the loops still send (the retry
+            // of a message the last connection failed) is answered at once, not left queued
+            // until its timeout (a Lease renewal's is the renew interval, 10 s by default).
+            driver.close();
             // The transport returns at shutdown, when the Node was found deleted (then the
             // agent stays up, unready, until shutdown), or on a fatal error: stop the rest.
             if result.is_err() || !sending.is_cancelled() {

@@ -102,7 +102,8 @@ enum SessionEnd {
 /// the gateway answers `registered`, and then relays requests and their acks. A lost
 /// connection fails pending requests with [`UplinkError::Disconnected`]; while reconnecting
 /// (jittered exponential backoff from `backoff_min` to `backoff_max`), requests are refused
-/// with [`UplinkError::NotConnected`] rather than queued.
+/// with [`UplinkError::NotConnected`] rather than queued. On shutdown it ends the stream
+/// cleanly (END_STREAM) and waits up to 500 ms for the gateway to end the call.
 ///
 /// Errors: [`GrpcUplinkError::Endpoint`] when the endpoint URL is invalid,
 /// [`GrpcUplinkError::Tls`] when the TLS settings do not fit it (both checked before
@@ -309,7 +310,13 @@ async fn session(
         HeartbeatClient::new(channel).max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES);
     let (out, out_rx) = mpsc::channel(8);
     let register_seq = send_register(&out, register).await;
-    let mut inbound = match client.connect(ReceiverStream::new(out_rx)).await {
+    // Opening the stream waits for the gateway's response headers, which a dead link never
+    // brings: shutdown must not wait for TCP_USER_TIMEOUT.
+    let opened = tokio::select! {
+        () = cancel.cancelled() => return SessionEnd::Cancelled,
+        opened = client.connect(ReceiverStream::new(out_rx)) => opened,
+    };
+    let mut inbound = match opened {
         Ok(response) => response.into_inner(),
         Err(status) => {
             tracing::warn!(%status, "gRPC stream refused");
@@ -367,7 +374,48 @@ async fn session(
         }
     };
     state.close(driver);
+    if matches!(end, SessionEnd::Cancelled | SessionEnd::Closed) {
+        close_stream(out, inbound).await;
+    }
     end
+}
+
+/// Longest a stopping agent waits for the gateway to end the call after ending its own
+/// request stream ([`close_stream`]), 500 ms: a gateway on a working link answers within a
+/// round trip (plus the message it may be handling), and the agent must exit well within a
+/// second of SIGTERM, connected or not, so that `TimeoutStopSec` never has to kill it
+/// (deploy/systemd/edgebeat-agent.service).
+const CLOSE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Ends the session's `Heartbeat.Connect` call cleanly at shutdown, as a gRPC client does:
+/// ends the request stream (HTTP/2 END_STREAM), which the gateway reads as the agent's
+/// goodbye rather than a reset or a broken connection, then waits up to [`CLOSE_TIMEOUT`]
+/// for the gateway to end the call in turn (its trailers). Waiting keeps the process, and
+/// with it the connection task that writes the end, alive until the end is on the wire;
+/// dropping the stream at once would reset it instead.
+async fn close_stream(
+    out: mpsc::Sender<edgebeat_proto::AgentMessage>,
+    mut inbound: tonic::Streaming<edgebeat_proto::GatewayMessage>,
+) {
+    drop(out);
+    let ended = async {
+        loop {
+            match inbound.message().await {
+                // Answers to requests the session has already failed: nobody awaits them.
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(()),
+                Err(status) => return Err(status),
+            }
+        }
+    };
+    match tokio::time::timeout(CLOSE_TIMEOUT, ended).await {
+        Ok(Ok(())) => tracing::info!("gRPC stream closed"),
+        Ok(Err(status)) => tracing::debug!(%status, "the gRPC stream broke while closing"),
+        Err(_) => tracing::warn!(
+            timeout = ?CLOSE_TIMEOUT,
+            "the gateway did not end the gRPC stream in time; closing the connection"
+        ),
+    }
 }
 
 async fn send_register(

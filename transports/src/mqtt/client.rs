@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     CONNECT_TIMEOUT_SECS, DEFAULT_TOPIC_PREFIX, WILL_KIND, acks_topic, certificate_topic,
-    check_connection, check_keepalive, check_level, check_prefix, disconnect, ends_backoff,
+    check_connection, check_keepalive, check_level, check_prefix, disconnect_within, ends_backoff,
     next_event, node_topic,
 };
 use crate::uplink::{
@@ -27,6 +27,12 @@ use crate::uplink::{
 /// and with `try_*` (a full queue refuses the message instead of delaying it), so this only
 /// has to absorb one burst: the subscription, a Register and the agent loops' messages.
 const REQUEST_QUEUE: usize = 16;
+
+/// Longest the agent waits at shutdown for the broker to close the connection after its
+/// DISCONNECT, 500 ms: a broker on a working link does within a round trip, and the agent
+/// must exit well within a second of SIGTERM, connected or not, so that `TimeoutStopSec`
+/// never has to kill it (deploy/systemd/edgebeat-agent.service).
+const DISCONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Cap of the growing wait for an answer to Register before sending it again.
 const REGISTER_TIMEOUT_MAX: Duration = Duration::from_secs(60);
@@ -426,7 +432,7 @@ enum LeaseAlias {
 /// level and ignored.
 ///
 /// On shutdown it sends DISCONNECT (so the broker discards the Last Will) and waits up to
-/// 2 s for the broker to close the connection.
+/// 500 ms for the broker to close the connection.
 ///
 /// With a [`MqttUplinkOptions::signer`], every message goes out as a `SignedMessage`, and
 /// the certificate chain is published (QoS 1, retained) on `P/certificates/{node}` before
@@ -516,7 +522,7 @@ pub async fn run_uplink(
         }
     }
     if link.close(driver).is_some() {
-        disconnect(&link.client, next).await;
+        disconnect_within(&link.client, next, DISCONNECT_TIMEOUT).await;
     }
     Ok(())
 }

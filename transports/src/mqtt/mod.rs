@@ -81,7 +81,9 @@ pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(30);
 /// for a congested cellular uplink).
 pub(crate) const CONNECT_TIMEOUT_SECS: u64 = 10;
 
-/// Longest a clean shutdown waits for the DISCONNECT to go out.
+/// Longest the gateway's ingress waits at shutdown for its DISCONNECT to go out (the agent
+/// waits less: `client::DISCONNECT_TIMEOUT`).
+#[cfg(feature = "mqtt-ingress")]
 pub(crate) const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Last segment of the Last Will topic, `P/nodes/{node}/will`.
@@ -255,8 +257,18 @@ pub(crate) fn next_event(mut eventloop: EventLoop) -> NextEvent {
 ///
 /// Waiting for the broker's close (rather than dropping the socket as soon as DISCONNECT is
 /// flushed) avoids a TCP reset racing the DISCONNECT when unread data is pending.
-pub(crate) async fn disconnect(client: &AsyncClient, mut next: NextEvent) {
-    let deadline = tokio::time::sleep(DISCONNECT_TIMEOUT);
+#[cfg(feature = "mqtt-ingress")]
+pub(crate) async fn disconnect(client: &AsyncClient, next: NextEvent) {
+    disconnect_within(client, next, DISCONNECT_TIMEOUT).await;
+}
+
+/// As `disconnect`, waiting at most `timeout` for the broker's close.
+pub(crate) async fn disconnect_within(
+    client: &AsyncClient,
+    mut next: NextEvent,
+    timeout: Duration,
+) {
+    let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
     let request = client.disconnect();
     tokio::pin!(request);

@@ -58,6 +58,24 @@ async fn requests_are_refused_not_queued_while_disconnected() {
     assert!(waiter.await.unwrap(), "waited out the delay");
 }
 
+/// A closed driver answers what was queued and what comes later with `Closed` at once, not
+/// after the callers' timeouts (paused time: any wait would show as `Timeout`).
+#[tokio::test(start_paused = true)]
+async fn a_closed_driver_answers_closed_at_once() {
+    let (uplink, mut driver) = channel(4);
+    let queued = {
+        let uplink = uplink.clone();
+        tokio::spawn(async move { uplink.send(renewal(1), Duration::from_secs(10)).await })
+    };
+    while driver.requests.is_empty() {
+        tokio::task::yield_now().await;
+    }
+    driver.close();
+    assert_eq!(queued.await.unwrap(), Err(UplinkError::Closed));
+    let later = uplink.send(renewal(2), Duration::from_secs(10)).await;
+    assert_eq!(later, Err(UplinkError::Closed));
+}
+
 #[test]
 fn backoff_doubles_with_jitter_and_caps() {
     let delays: Vec<_> = reconnect_backoff(Duration::from_millis(200), Duration::from_secs(7))
