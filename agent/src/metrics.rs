@@ -8,6 +8,7 @@
 //! | `edgebeat_agent_registrations_total` | counter | | times the agent became registered with the gateway (`Register` acknowledged) |
 //! | `edgebeat_agent_transport_reconnects_total` | counter | | times the agent lost its registration (see below) |
 //! | `edgebeat_agent_messages_sent_bytes_total` | counter | `kind="register\|status\|lease"` | encoded protobuf `AgentMessage` bytes handed to the transport (see below) |
+//! | `edgebeat_agent_registered` | gauge | | 1 while the gateway holds the agent's registration (`Register` acknowledged, the connection not lost since), else 0; also the unit's `STATUS=` under systemd (`crate::systemd`) |
 //! | `edgebeat_agent_node_not_found` | gauge | | 1 once the gateway said this agent's Node was deleted (`kubectl delete node`): the agent sends nothing more and registers again only when restarted; 0 otherwise |
 //! | `edgebeat_agent_last_lease_renewal_timestamp_seconds` | gauge | | wall-clock time of the last successful renewal, seconds since the epoch (0 before the first) |
 //! | `edgebeat_agent_certificate_requests_total` | counter | `kind="enrollment\|rotation"`, `result="issued\|pending\|refused\|failed"` | certificate requests of an agent with `bootstrapTokenFile` (see `crate::certificates`): `issued` and stored, `pending` (manual approval, the apiserver slow), `refused` by the gateway, `failed` (no answer, unusable answer, not stored) |
@@ -92,6 +93,7 @@ pub struct AgentMetrics {
     sent_lease: Counter,
     last_renewal: Gauge<f64, AtomicU64>,
     node_not_found: Gauge,
+    registered: Gauge,
     certificate_requests: Family<[(&'static str, &'static str); 2], Counter>,
     certificate_expiration: Gauge,
     health: HealthMetrics,
@@ -131,6 +133,7 @@ impl AgentMetrics {
             sent_lease: get(&sent, "kind", "lease"),
             last_renewal: Gauge::default(),
             node_not_found: Gauge::default(),
+            registered: Gauge::default(),
             certificate_requests: Family::default(),
             certificate_expiration: Gauge::default(),
             health: HealthMetrics::default(),
@@ -187,6 +190,7 @@ impl AgentMetrics {
     /// Records a change of the registration: `true` counts a registration, `false` a lost
     /// one (`transport_reconnects_total`).
     pub fn registration_changed(&self, registered: bool) {
+        self.registered.set(i64::from(registered));
         if registered {
             self.registrations.inc();
         } else {
@@ -332,6 +336,7 @@ fn register_families(
     family(registry, "edgebeat_agent_transport_reconnects", "Times the agent lost its registration with the gateway (gRPC connection lost, or its Node deleted); MQTT broker reconnects keep it and are not counted", None, metrics.reconnects.clone());
     family(registry, "edgebeat_agent_messages_sent", "Encoded protobuf AgentMessage bytes handed to the transport, by kind; transport framing excluded", Some(Unit::Bytes), sent);
     family(registry, "edgebeat_agent_last_lease_renewal_timestamp", "Wall-clock time of the last successful Lease renewal, seconds since the epoch (0 before the first)", Some(Unit::Seconds), metrics.last_renewal.clone());
+    family(registry, "edgebeat_agent_registered", "1 while the gateway holds this agent's registration (Register acknowledged, the connection not lost since), else 0", None, metrics.registered.clone());
     family(registry, "edgebeat_agent_node_not_found", "1 once the gateway said this agent's Node was deleted: nothing more is sent, and the agent registers again only when restarted", None, metrics.node_not_found.clone());
     family(registry, "edgebeat_agent_certificate_requests", "Node certificate requests by kind (enrollment, rotation) and result (issued, pending, refused, failed)", None, metrics.certificate_requests.clone());
     family(registry, "edgebeat_agent_certificate_expiration_timestamp", "notAfter of the node certificate in use, seconds since the epoch (0 without a managed one)", Some(Unit::Seconds), metrics.certificate_expiration.clone());
@@ -403,6 +408,7 @@ mod tests {
             "# UNIT edgebeat_agent_messages_sent_bytes bytes",
             "edgebeat_agent_last_lease_renewal_timestamp_seconds 0.0",
             "edgebeat_agent_node_not_found 0",
+            "edgebeat_agent_registered 0",
             "# TYPE edgebeat_agent info",
             "edgebeat_agent_info{node=\"edge-01\",transport=\"grpc\",version=\"",
         ] {
@@ -462,5 +468,8 @@ mod tests {
         assert!(out.contains("edgebeat_agent_lease_renewals_total{result=\"failed\"} 1\n"));
         assert!(out.contains("edgebeat_agent_registrations_total 2\n"));
         assert!(out.contains("edgebeat_agent_transport_reconnects_total 1\n"));
+        assert!(out.contains("edgebeat_agent_registered 1\n"));
+        m.registration_changed(false);
+        assert!(text(&registry).contains("edgebeat_agent_registered 0\n"));
     }
 }

@@ -6,11 +6,17 @@
 //! `sd-notify` crate (a datagram on that socket); a failed send is logged, never fatal.
 //!
 //! Exact behaviour:
-//! - `READY=1` once, when the gateway first acknowledges the agent's `Register`
-//!   ([`Uplink::registered`](edgebeat_transports::uplink::Uplink::registered) first turns
-//!   true). Until then the unit is "activating", for as long as the gateway is unreachable:
-//!   the unit needs `TimeoutStartSec=infinity` (or a long one), or systemd kills an agent
-//!   that boots while offline.
+//! - `READY=1` once, as soon as the agent runs: its configuration is valid, its identity
+//!   loaded and its loops started. Never "the gateway answered": a board that boots while
+//!   its site is offline must still finish booting (`multi-user.target` waits for the units
+//!   it wants, systemd.target(5); `systemctl is-system-running` and A/B updaters that judge
+//!   a boot by it would otherwise wait forever), and a package's `systemctl start` must not
+//!   hang until the gateway answers.
+//! - `STATUS=` says whether the gateway has accepted the registration
+//!   ([`Uplink::registered`](edgebeat_transports::uplink::Uplink::registered)):
+//!   [`STATUS_REGISTERING`] or [`STATUS_REGISTERED`], sent with `READY=1` and on every
+//!   change, so `systemctl status edgebeat-agent` shows it (as does `/metrics`,
+//!   `edgebeat_agent_registered`).
 //! - `WATCHDOG=1` every `$WATCHDOG_USEC / 2` (systemd sets `$WATCHDOG_USEC` from
 //!   `WatchdogSec=`; when `$WATCHDOG_PID` names another process there are no pings),
 //!   starting at `READY=1`, while the Lease loop is **making progress**: it is waiting for a
@@ -36,11 +42,20 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// `STATUS=` while the gateway has not accepted the agent's registration (since start, or
+/// since the connection was lost).
+pub const STATUS_REGISTERING: &str =
+    "registering with the gateway: not answered yet (the agent keeps trying)";
+/// `STATUS=` while the gateway holds the agent's registration.
+pub const STATUS_REGISTERED: &str = "registered with the gateway";
+
 /// A notification for the service manager.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Notice {
-    /// `READY=1`: start-up finished (first registration).
+    /// `READY=1`: start-up finished (the agent runs; see the module docs).
     Ready,
+    /// `STATUS=`: one of [`STATUS_REGISTERING`] and [`STATUS_REGISTERED`].
+    Status(&'static str),
     /// `WATCHDOG=1`: still healthy.
     Watchdog,
     /// `STOPPING=1`: shutting down.
@@ -127,6 +142,7 @@ impl Systemd {
         use sd_notify::NotifyState;
         let state = match notice {
             Notice::Ready => NotifyState::Ready,
+            Notice::Status(status) => NotifyState::Status(status),
             Notice::Watchdog => NotifyState::Watchdog,
             Notice::Stopping => NotifyState::Stopping,
         };
@@ -145,43 +161,52 @@ pub async fn notify(
     liveness: &Liveness,
     cancel: &CancellationToken,
 ) {
-    let registered_once = async {
-        while !*registered.borrow_and_update() {
-            if registered.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        () = cancel.cancelled() => {
-            send(Notice::Stopping);
-            return;
-        }
-        () = registered_once => {}
+    if cancel.is_cancelled() {
+        send(Notice::Stopping);
+        return;
     }
+    let status = |registered: bool| {
+        Notice::Status(if registered {
+            STATUS_REGISTERED
+        } else {
+            STATUS_REGISTERING
+        })
+    };
+    let mut was_registered = *registered.borrow_and_update();
+    send(status(was_registered));
     send(Notice::Ready);
-    tracing::info!("told systemd the agent is ready");
+    tracing::info!(
+        registered = was_registered,
+        "told systemd the agent is ready"
+    );
     let ready_at = Instant::now();
-    if let Some(period) = watchdog_period {
-        let mut ticks = tokio::time::interval(period);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut was_healthy = true;
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => break,
-                now = ticks.tick() => {
-                    let healthy = liveness.healthy(now, ready_at);
-                    if healthy {
-                        send(Notice::Watchdog);
-                    } else if was_healthy {
-                        tracing::error!(bound = ?liveness.bound(), "the Lease loop made no progress; no longer pinging the systemd watchdog");
-                    }
-                    was_healthy = healthy;
+    // Without a watchdog the ticks never come.
+    let mut ticks = tokio::time::interval(watchdog_period.unwrap_or(Duration::MAX));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watching = true;
+    let mut was_healthy = true;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            changed = registered.changed(), if watching => {
+                // The uplink is gone (shutting down): nothing more to say of it.
+                watching = changed.is_ok();
+                let now = *registered.borrow_and_update();
+                if watching && now != was_registered {
+                    send(status(now));
+                    was_registered = now;
                 }
             }
+            now = ticks.tick(), if watchdog_period.is_some() => {
+                let healthy = liveness.healthy(now, ready_at);
+                if healthy {
+                    send(Notice::Watchdog);
+                } else if was_healthy {
+                    tracing::error!(bound = ?liveness.bound(), "the Lease loop made no progress; no longer pinging the systemd watchdog");
+                }
+                was_healthy = healthy;
+            }
         }
-    } else {
-        cancel.cancelled().await;
     }
     send(Notice::Stopping);
 }
@@ -216,12 +241,14 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn ready_after_registration_then_pings_while_the_loop_progresses() {
+    async fn ready_at_once_registration_in_status_then_pings_while_the_loop_progresses() {
         let sent = Arc::new(Mutex::new(Vec::new()));
         let log = sent.clone();
         let (registered_tx, registered) = watch::channel(false);
         let liveness = Arc::new(Liveness::new(Duration::from_secs(40)));
         let cancel = CancellationToken::new();
+        // The Lease loop waits for a registration (the gateway unreachable at boot).
+        liveness.waiting(true);
         let task = {
             let liveness = liveness.clone();
             let cancel = cancel.clone();
@@ -237,32 +264,45 @@ mod tests {
             })
         };
         let count = |n: Notice| sent.lock().unwrap().iter().filter(|s| **s == n).count();
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        assert!(
-            sent.lock().unwrap().is_empty(),
-            "nothing before registration"
-        );
-
         // Paused time: the clock moves only when every task is idle, so after each sleep
         // the notifier has handled everything due until then.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            *sent.lock().unwrap(),
+            [
+                Notice::Status(STATUS_REGISTERING),
+                Notice::Ready,
+                Notice::Watchdog
+            ],
+            "ready without the gateway: an offline board finishes booting"
+        );
+        // An hour offline: still pinging (waiting is not hanging), no second READY.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert_eq!(count(Notice::Watchdog), 361);
+
         registered_tx.send_replace(true);
         liveness.waiting(false);
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(*sent.lock().unwrap(), [Notice::Ready, Notice::Watchdog]);
-        // A tick every 10 s: a ping every 10 s (at READY + 10 s … + 60 s).
+        assert_eq!(
+            sent.lock().unwrap().last(),
+            Some(&Notice::Status(STATUS_REGISTERED))
+        );
+        // A tick every 10 s: a ping every 10 s.
         for _ in 0..6 {
             tokio::time::sleep(Duration::from_secs(10)).await;
             liveness.progress();
         }
-        assert_eq!(count(Notice::Watchdog), 7);
+        assert_eq!(count(Notice::Watchdog), 367);
         // The loop hangs: pings go on for the bound (+ 10 … + 40 s after the last
         // progress), then stop.
         tokio::time::sleep(Duration::from_secs(120)).await;
-        assert_eq!(count(Notice::Watchdog), 11);
-        // Waiting for a registration (link down) is not hanging: pings resume.
+        assert_eq!(count(Notice::Watchdog), 371);
+        // The registration is lost: said, and waiting is not hanging: pings resume.
+        registered_tx.send_replace(false);
         liveness.waiting(true);
         tokio::time::sleep(Duration::from_secs(100)).await;
-        assert_eq!(count(Notice::Watchdog), 21);
+        assert_eq!(count(Notice::Watchdog), 381);
+        assert_eq!(count(Notice::Status(STATUS_REGISTERING)), 2);
 
         cancel.cancel();
         task.await.unwrap();

@@ -281,3 +281,113 @@ async fn sigterm_disconnects_a_connected_mqtt_agent_without_a_will_and_exits_wit
         "the broker published the agent's Last Will: {wills:?}"
     );
 }
+
+/// Receives notifications on `socket` (each datagram one or more `KEY=value` lines) into
+/// `received` until one starts with `last`.
+///
+/// # Panics
+/// When none does within `within`.
+async fn notifications_until(
+    socket: &tokio::net::UnixDatagram,
+    received: &mut Vec<String>,
+    last: &str,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    let mut buf = vec![0u8; 4096];
+    while !received.iter().any(|n| n.starts_with(last)) {
+        let n = tokio::time::timeout_at(deadline, socket.recv(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no {last} within {within:?}: {received:?}"))
+            .unwrap();
+        received.extend(
+            String::from_utf8_lossy(&buf[..n])
+                .lines()
+                .map(str::to_owned),
+        );
+    }
+}
+
+/// Boot while the site is offline, over a real `$NOTIFY_SOCKET` (the datagram socket systemd
+/// gives a `Type=notify` unit): the agent says `READY=1` as soon as it runs, with `STATUS=`
+/// saying it is still registering, although its gateway does not answer (the gateway
+/// process stopped with SIGSTOP: its port takes connections that nothing serves, as a dead
+/// uplink's would hang). Once the gateway runs again the agent registers and says so in
+/// `STATUS=`. So a board booting offline finishes booting (`multi-user.target` waits for
+/// the units it wants), which `TimeoutStartSec=infinity` and a READY held until the
+/// gateway answered did not allow. (No systemd runs as PID 1 on this machine: this is the
+/// notify protocol as systemd reads it, from the real binary.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_without_the_gateway_and_the_registration_in_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let standin = StandIn::serve(
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
+    let mut gateway =
+        GatewayProcess::start(gateway_args(&standin), &dir.path().join("gateway.log")).unwrap();
+    let grpc = gateway.address("gRPC listening").await.unwrap();
+    let gateway_pid = gateway.pid().unwrap();
+    signal(gateway_pid, "STOP").unwrap();
+    let socket_path = dir.path().join("notify.sock");
+    let socket = tokio::net::UnixDatagram::bind(&socket_path).unwrap();
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeName: offline-boot\nhostRoot: {}\nclockSyncCondition: false\ntransport: {{kind: grpc, endpoint: \"http://{grpc}\"}}\n",
+            fixture("rpi4-cgroup1").display()
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+    let started = Instant::now();
+    let mut agent = spawn_async(
+        tokio::process::Command::new(workspace_binary("edgebeat-agent").unwrap())
+            .arg("--config")
+            .arg(&config)
+            .env("NOTIFY_SOCKET", &socket_path)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true),
+    )
+    .unwrap();
+    let mut received: Vec<String> = Vec::new();
+    notifications_until(&socket, &mut received, "READY=1", Duration::from_secs(10)).await;
+    let ready_after = started.elapsed();
+    eprintln!("READY=1 {ready_after:?} after start, the gateway not answering");
+    assert_eq!(
+        received,
+        [
+            format!("STATUS={}", edgebeat_agent::systemd::STATUS_REGISTERING),
+            "READY=1".to_owned()
+        ],
+        "ready while registering"
+    );
+    assert_eq!(
+        count(&standin.requests(), |r| is_lease_renewed(r, "offline-boot")),
+        0,
+        "the gateway never answered meanwhile"
+    );
+    // The gateway appears: the agent registers and says so.
+    signal(gateway_pid, "CONT").unwrap();
+    notifications_until(
+        &socket,
+        &mut received,
+        "STATUS=registered",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        received.last().map(String::as_str),
+        Some(format!("STATUS={}", edgebeat_agent::systemd::STATUS_REGISTERED).as_str())
+    );
+    wait_until_renewing(&standin, "offline-boot").await;
+    let (status, _) = terminate(&mut agent).await;
+    assert!(status.success(), "{status}");
+    notifications_until(&socket, &mut received, "STOPPING=1", Duration::from_secs(5)).await;
+}
