@@ -185,6 +185,21 @@ impl ControlPlane {
         self.wait_ready(component)
     }
 
+    /// Sends `signal` (a name `kill -s` takes: `STOP`, `CONT`) to the running `component`:
+    /// `STOP` freezes it, so that its peers' connections stay open and nothing answers them
+    /// (etcd frozen: kube-apiserver's writes fail while its watches stay up).
+    ///
+    /// Errors: no such component, it is not running, or it could not be signalled.
+    pub fn signal_component(&self, component: &str, signal: &str) -> anyhow::Result<()> {
+        let pid = self
+            .components
+            .lock()
+            .get(component)
+            .and_then(|c| c.child.as_ref().map(std::process::Child::id))
+            .with_context(|| format!("{component} is not running"))?;
+        crate::process::signal(pid, signal).with_context(|| format!("signalling {component}"))
+    }
+
     /// How many times `component` exited on its own (and was started again), e.g. a
     /// kube-controller-manager that lost its leader lease.
     pub fn exits(&self, component: &str) -> usize {

@@ -497,6 +497,22 @@ async fn an_apiserver_outage_of_30_s_then_every_lease_fresh_without_a_backlog() 
     tokio::time::sleep(Duration::from_secs(10)).await;
     let lists = lists_since(&control_plane, up);
     eprintln!("lists after the restart: {lists:?}");
+    // A watch resumed with a resourceVersion older than the restarted watch cache's lists
+    // again at once (view.rs, watch_backoff), not after a backoff grown through the outage
+    // (30-60 s under kube-runtime's default).
+    for resource in ["nodes", "leases"] {
+        let first = gateway_requests(&control_plane, up)
+            .into_iter()
+            .filter(|e| e.verb == "list" && e.resource() == resource)
+            .filter_map(|e| e.at().ok())
+            .min();
+        let relisted = first.map(|t| t.duration_since(up));
+        eprintln!("{resource}: listed again {relisted:?} after kube-apiserver answered");
+        assert!(
+            relisted.is_none_or(|d| d < jiff::SignedDuration::from_secs(8)),
+            "{resource}: the re-list waited {relisted:?}"
+        );
+    }
     for (resource, n) in &lists {
         assert!(*n <= 3, "{resource}: {n} lists after the restart");
     }
@@ -1398,4 +1414,230 @@ async fn watches_recover_from_410_gone_with_one_list_each() {
             "{kind}: one list after 410 Gone, not a storm: {lists:?}"
         );
     }
+}
+
+/// `name = value` of the line of `metric` in a `/metrics` text, if it is there.
+fn metric_value(text: &str, metric: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(metric)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Log lines of `process` with `level` whose message is `message`.
+fn logged(
+    process: &GatewayProcess,
+    level: &str,
+    message: &str,
+) -> Vec<edgebeat_tests::process::LogLine> {
+    process
+        .lines()
+        .into_iter()
+        .filter(|l| {
+            l.get("level").and_then(|v| v.as_str()) == Some(level)
+                && l.get("message").and_then(|m| m.as_str()) == Some(message)
+        })
+        .collect()
+}
+
+/// etcd frozen (SIGSTOP) for longer than `EdgebeatSiteUnreachable`'s window (1 min) with a
+/// site of three nodes connected throughout: kube-apiserver's watches stay up (its etcd
+/// connections stay open, nothing answers) while writes fail, as in its drain or with etcd
+/// in trouble, and every Lease ages. The gateway tells it as an apiserver
+/// outage, not a site cut: `edgebeat_gateway_site_reachable` stays 1 and
+/// `edgebeat_gateway_sites_held` says why, a real Prometheus evaluating the shipped rules
+/// fires no `EdgebeatSiteUnreachable`, no site Event is written, and the log holds one
+/// ERROR at its start and one INFO at its end, not a line per node per retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn an_etcd_outage_is_told_as_an_apiserver_outage_not_a_site_cut() {
+    let control_plane = ControlPlane::start(&[]).unwrap();
+    let gateway = DeployedGateway::start(&control_plane, &[]).await;
+    let names = ["held-a", "held-b", "held-c"];
+    let _agents: Vec<_> = names
+        .iter()
+        .map(|n| {
+            let mut config = gateway.agent_config(n);
+            config
+                .node_labels
+                .insert(edgebeat_gateway::sites::ZONE_LABEL.into(), "plant-o".into());
+            start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap()
+        })
+        .collect();
+    let admin = control_plane.admin_client().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    let renewed_after = |at: jiff::Timestamp| {
+        let leases = leases.clone();
+        async move {
+            for name in names {
+                let renewed = leases
+                    .get_opt(name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|l| l.spec?.renew_time)
+                    .is_some_and(|t| t.0 > at);
+                if !renewed {
+                    return false;
+                }
+            }
+            true
+        }
+    };
+    let scrape = || async {
+        edgebeat_tests::harness::http_get(gateway.health, "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    };
+    const REACHABLE: &str = "edgebeat_gateway_site_reachable{site=\"plant-o\"}";
+    let start = jiff::Timestamp::now();
+    eventually(
+        "every Lease renewed, the site seen",
+        Duration::from_secs(60),
+        || async {
+            renewed_after(start).await && metric_value(&scrape().await, REACHABLE) == Some(1.0)
+        },
+    )
+    .await;
+    // A real Prometheus evaluating the shipped rules on the gateway every second.
+    let dir = tempfile::tempdir().unwrap();
+    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/monitoring/rules.yaml")
+        .canonicalize()
+        .unwrap();
+    let (prometheus, _prometheus) = edgebeat_tests::prometheus::start(
+        dir.path(),
+        &format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['{}']\nscrape_configs:\n  - job_name: edgebeat-gateway-metrics\n    static_configs:\n      - targets: ['{}']\n",
+            rules.display(),
+            gateway.health
+        ),
+    )
+    .await;
+    eventually(
+        "Prometheus scrapes the gateway",
+        Duration::from_secs(30),
+        || async {
+            !edgebeat_tests::prometheus::query(prometheus, REACHABLE)
+                .await
+                .is_empty()
+        },
+    )
+    .await;
+
+    let stopped = jiff::Timestamp::now();
+    control_plane.signal_component("etcd", "STOP").unwrap();
+    // Longer than the alert's `for: 1m`, scraped every second meanwhile.
+    let outage = Duration::from_secs(75);
+    let until = tokio::time::Instant::now() + outage;
+    let mut held_seen = false;
+    while tokio::time::Instant::now() < until {
+        let metrics = scrape().await;
+        assert_ne!(
+            metric_value(&metrics, REACHABLE),
+            Some(0.0),
+            "a site connected throughout is not cut off by an outage"
+        );
+        held_seen |= metric_value(&metrics, "edgebeat_gateway_sites_held") == Some(1.0);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(held_seen, "edgebeat_gateway_sites_held said why");
+    control_plane.signal_component("etcd", "CONT").unwrap();
+    let up = jiff::Timestamp::now();
+    eventually(
+        "every Lease renewed after the outage",
+        Duration::from_secs(90),
+        || renewed_after(up),
+    )
+    .await;
+    eventually(
+        "the sites judged again",
+        Duration::from_secs(60),
+        || async {
+            let metrics = scrape().await;
+            assert_ne!(
+                metric_value(&metrics, REACHABLE),
+                Some(0.0),
+                "no cut after the return"
+            );
+            metric_value(&metrics, "edgebeat_gateway_sites_held") == Some(0.0)
+        },
+    )
+    .await;
+
+    let process = &gateway.process;
+    let began = logged(
+        process,
+        "ERROR",
+        "the apiserver does not take writes (429, 5xx or no answer); backing off, one probe request at a time; renewals are not written until it does",
+    );
+    assert_eq!(began.len(), 1, "one ERROR for the outage: {began:?}");
+    let at = |l: &edgebeat_tests::process::LogLine| {
+        l.get("timestamp")
+            .and_then(|t| t.as_str())
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .unwrap()
+    };
+    let first_error = at(&began[0]).duration_since(stopped);
+    let ended = logged(process, "INFO", "the apiserver takes writes again");
+    assert_eq!(ended.len(), 1, "one INFO at its end: {ended:?}");
+    let during: Vec<_> = process
+        .lines()
+        .into_iter()
+        .filter(|l| at(l) >= stopped)
+        .collect();
+    eprintln!(
+        "etcd outage of {outage:?}: first ERROR {first_error:?} after the stop (a write fails once its 10 s deadline passes); {} log lines from the stop to the sites judged again",
+        during.len()
+    );
+    for line in &during {
+        eprintln!(
+            "  {} {} {}",
+            line.get("level").and_then(|v| v.as_str()).unwrap_or(""),
+            line.get("message").and_then(|v| v.as_str()).unwrap_or(""),
+            line.get("kind").and_then(|v| v.as_str()).unwrap_or("")
+        );
+    }
+    assert!(
+        first_error < jiff::SignedDuration::from_secs(25),
+        "the outage is an ERROR within a renew interval and a request's deadline: {first_error:?}"
+    );
+    assert!(
+        logged(process, "WARN", "lease renewal failed").is_empty(),
+        "each node's failure is no WARN of its own during an outage"
+    );
+    assert!(logged(process, "WARN", "site cut off").is_empty());
+    assert!(
+        during.len() <= 40,
+        "an outage is a few lines, not one per node per retry: {during:#?}"
+    );
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin, "default");
+    let site_events: Vec<_> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref().is_some_and(|r| r.starts_with("Site")))
+        .collect();
+    assert!(site_events.is_empty(), "no site Event: {site_events:?}");
+    let fired = edgebeat_tests::prometheus::query(
+        prometheus,
+        "ALERTS{alertname=\"EdgebeatSiteUnreachable\"}",
+    )
+    .await;
+    assert!(fired.is_empty(), "EdgebeatSiteUnreachable fired: {fired:?}");
+    let held = edgebeat_tests::prometheus::query(
+        prometheus,
+        "max_over_time(edgebeat_gateway_sites_held[10m])",
+    )
+    .await;
+    assert_eq!(
+        held[0]["value"][1], "1",
+        "Prometheus saw the hold: {held:?}"
+    );
 }
