@@ -52,6 +52,9 @@ pub struct Gateway {
     /// Messages refused because [`GatewayOptions::max_nodes`] was reached (for the log).
     fleet_full: AtomicU64,
     messages: AtomicU64,
+    /// Times the broker gave this replica's MQTT session to another client
+    /// ([`Gateway::mqtt_sessions_taken_over`]).
+    mqtt_sessions_taken_over: Arc<AtomicU64>,
     /// Enrollment and rotation of node certificates, once [`Gateway::enable_enrollment`]
     /// turned them on.
     enrollment: OnceLock<Arc<Enrollment>>,
@@ -103,6 +106,7 @@ impl Gateway {
             options,
             started: Instant::now(),
             fleet_full: AtomicU64::new(0),
+            mqtt_sessions_taken_over: Arc::new(AtomicU64::new(0)),
             messages: AtomicU64::new(0),
             enrollment: OnceLock::new(),
             counters,
@@ -129,6 +133,14 @@ impl Gateway {
         self.usage_outbox
             .get_or_init(|| tokio::sync::broadcast::channel(USAGE_OUTBOX).0)
             .clone()
+    }
+
+    /// The count of the MQTT ingress's [`MqttIngressOptions::sessions_taken_over`], served
+    /// as `edgebeat_gateway_mqtt_sessions_taken_over_total`.
+    ///
+    /// [`MqttIngressOptions::sessions_taken_over`]: edgebeat_transports::mqtt::MqttIngressOptions::sessions_taken_over
+    pub fn mqtt_sessions_taken_over(&self) -> Arc<AtomicU64> {
+        self.mqtt_sessions_taken_over.clone()
     }
 
     /// Turns on enrollment and rotation of node certificates through `enrollment`

@@ -25,6 +25,7 @@
 //! | `edgebeat_gateway_node_certificate_oldest_not_before_timestamp_seconds` | gauge | | earliest notBefore among the node certificates recorded on managed Nodes |
 //! | `edgebeat_gateway_site_reachable` | gauge | `site` | 0 while the site is cut off ([`crate::sites`]), else 1; only sites of managed nodes with a zone |
 //! | `edgebeat_gateway_site_nodes` | gauge | `site`, `state` | the site's live nodes: `renewing` or `silent` |
+//! | `edgebeat_gateway_mqtt_sessions_taken_over_total` | counter | | times the broker ended this replica's MQTT session because another client connected with its client ID (MQTT 5 reason 0x8E); each also an ERROR |
 //! | `edgebeat_gateway_sites_held` | gauge | | 1 while the sites' states hold as they were: the apiserver does not take this replica's writes, or took them again less than two renew intervals ago ([`crate::sites`]) |
 //! | `edgebeat_gateway_apiserver_request_duration_seconds` | histogram | `verb`, `resource`, `subresource`, `code` | the gateway's requests to kube-apiserver ([`crate::apiserver::requests`]) |
 //! | `edgebeat_gateway_certificate_requests_total`, `…_certificate_signing_requests_pending` | counter, gauge | `proof`, `outcome` | enrollment ([`crate::enrollment::EnrollmentCounters`]) |
@@ -76,7 +77,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::encoding::{EncodeLabelSet, NoLabelSet};
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::gauge::Gauge;
@@ -392,6 +393,8 @@ pub struct ReplicaGauges {
     pub sites: Vec<(Box<str>, bool, usize, usize)>,
     /// `edgebeat_gateway_sites_held`.
     pub sites_held: bool,
+    /// `edgebeat_gateway_mqtt_sessions_taken_over_total`.
+    pub mqtt_sessions_taken_over: u64,
 }
 
 /// Reads [`ReplicaGauges`] at scrape time.
@@ -465,6 +468,13 @@ impl Collector for ReplicaCollector {
                 MetricType::Gauge,
             )?)?;
         }
+        let taken = ConstCounter::new(g.mqtt_sessions_taken_over);
+        taken.encode(encoder.encode_descriptor(
+            "edgebeat_gateway_mqtt_sessions_taken_over",
+            "Times the MQTT broker ended this replica's session because another client connected with its client ID (MQTT 5 reason 0x8E, Session taken over): while that goes on the replica hears no node.",
+            None,
+            MetricType::Counter,
+        )?)?;
         encode_fleet(&g.fleet, &mut encoder)?;
         encode_sites(&g.sites, &mut encoder)
     }

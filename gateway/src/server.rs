@@ -319,6 +319,7 @@ impl Server {
         if let Some(mut options) = mqtt_options {
             let (subscribed, watch) = tokio::sync::watch::channel(false);
             options.subscribed = Some(Arc::new(subscribed));
+            options.sessions_taken_over = Some(gateway.mqtt_sessions_taken_over());
             mqtt_subscribed = Some(watch);
             // Replicas tell each other the samples they admit, so that each serves every
             // node's resource metrics (a shared subscription splits a node's renewals).

@@ -1208,3 +1208,44 @@ mod broker {
         }
     }
 }
+
+/// MQTT gives a client ID to whoever connects last: a client connecting with a replica's
+/// client ID takes its session. Mosquitto 2.0.11 (Debian's) closes the replica's connection
+/// without the MQTT 5 DISCONNECT reason 0x8E (Session taken over) that brokers such as
+/// EMQX and HiveMQ send, so the replica sees a connection lost like any other and counts no
+/// takeover; the broker's log names it. This test holds that finding: it fails the day the
+/// broker tells, and the replica then counts it (`sessions_taken_over`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mosquitto_takes_a_session_over_without_saying_so() {
+    let broker = Mosquitto::start().await;
+    let handler = Recorder::new();
+    let taken = Arc::new(AtomicU64::new(0));
+    let (subscribed_tx, mut subscribed) = watch::channel(false);
+    let mut options = MqttIngressOptions::new(broker.host(), broker.port(), "gw-victim");
+    options.sessions_taken_over = Some(taken.clone());
+    options.subscribed = Some(Arc::new(subscribed_tx));
+    let gateway = start_gateway(options, &handler);
+    tokio::time::timeout(DEADLINE, subscribed.wait_for(|s| *s))
+        .await
+        .expect("the replica subscribed")
+        .unwrap();
+    let (_thief, _) = raw_client(&broker, "gw-victim", None).await;
+    tokio::time::timeout(DEADLINE, subscribed.wait_for(|s| !*s))
+        .await
+        .expect("the replica lost its session")
+        .unwrap();
+    assert!(
+        broker
+            .log()
+            .contains("Client gw-victim already connected, closing old connection."),
+        "{}",
+        broker.log()
+    );
+    assert_eq!(
+        taken.load(Ordering::Relaxed),
+        0,
+        "Mosquitto now says Session taken over: the replica counts it; say so in deploy/README.md's EdgebeatGatewayMqttSessionTakenOver\n{}",
+        broker.log()
+    );
+    gateway.stop().await;
+}

@@ -39,6 +39,9 @@ impl Gateway {
             per_node_metrics: self.options.per_node_metrics,
             sites: crate::sites::figures(&self.sites),
             sites_held: self.sites.lock().is_held(),
+            mqtt_sessions_taken_over: self
+                .mqtt_sessions_taken_over
+                .load(std::sync::atomic::Ordering::Relaxed),
             certificate_lifetime: self.enrollment.get().map(|e| e.lifetime()),
             fleet: self
                 .writer

@@ -99,6 +99,7 @@ fn the_replica_collector_encodes_the_fleet_and_honours_per_node_off() {
         fleet: summary,
         sites: vec![("plant-3".into(), false, 5, 4)],
         sites_held: true,
+        mqtt_sessions_taken_over: 2,
     };
     let clock = Arc::new(Fixed(Mutex::new(UNIX_EPOCH)));
     let nodes = NodeMetrics::new(clock);
@@ -127,6 +128,8 @@ fn the_replica_collector_encodes_the_fleet_and_honours_per_node_off() {
         "edgebeat_gateway_site_nodes{site=\"plant-3\",state=\"renewing\"} 1\n",
         "edgebeat_gateway_site_nodes{site=\"plant-3\",state=\"silent\"} 4\n",
         "edgebeat_gateway_sites_held 1\n",
+        "# TYPE edgebeat_gateway_mqtt_sessions_taken_over counter\n",
+        "edgebeat_gateway_mqtt_sessions_taken_over_total 2\n",
     ] {
         assert!(out.contains(line), "{line} missing from\n{out}");
     }

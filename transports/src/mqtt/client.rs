@@ -485,6 +485,11 @@ pub async fn run_uplink(
                     }
                     let delay = backoff.next().unwrap_or(options.backoff_max);
                     let (host, port) = &brokers[broker];
+                    if super::session_taken_over(&error) {
+                        tracing::error!(
+                            "another client connected with this agent's MQTT client ID and the broker gave it the session (MQTT 5 reason 0x8E, Session taken over): renewals are lost while it does; bind client IDs to authenticated identities on the broker"
+                        );
+                    }
                     tracing::warn!(%error, ?delay, broker = %format_args!("{host}:{port}"), "MQTT connection lost; reconnecting");
                     if !refuse_while_waiting(&mut driver.requests, delay, &cancel).await {
                         return Ok(());

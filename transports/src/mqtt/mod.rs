@@ -86,6 +86,49 @@ pub(crate) const CONNECT_TIMEOUT_SECS: u64 = 10;
 #[cfg(feature = "mqtt-ingress")]
 pub(crate) const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Whether `error` is the broker ending the session because another client connected with
+/// the same client ID (MQTT 5 DISCONNECT reason code 0x8E, Session taken over, MQTT 5.0
+/// §3.14.2.1): the gateway's ingress and the agent log it as an ERROR, since it repeats for
+/// as long as the other client keeps reconnecting.
+pub(crate) fn session_taken_over(error: &rumqttc::v5::ConnectionError) -> bool {
+    matches!(
+        error,
+        rumqttc::v5::ConnectionError::MqttState(rumqttc::v5::StateError::ServerDisconnect {
+            reason_code: rumqttc::v5::mqttbytes::v5::DisconnectReasonCode::SessionTakenOver,
+            ..
+        })
+    )
+}
+
+#[cfg(test)]
+mod session_tests {
+    use rumqttc::v5::mqttbytes::v5::DisconnectReasonCode;
+    use rumqttc::v5::{ConnectionError, StateError};
+
+    #[test]
+    fn only_the_brokers_session_taken_over_is_a_takeover() {
+        let disconnect = |reason_code| {
+            ConnectionError::MqttState(StateError::ServerDisconnect {
+                reason_code,
+                reason_string: None,
+            })
+        };
+        assert!(super::session_taken_over(&disconnect(
+            DisconnectReasonCode::SessionTakenOver
+        )));
+        for other in [
+            DisconnectReasonCode::ServerShuttingDown,
+            DisconnectReasonCode::KeepAliveTimeout,
+            DisconnectReasonCode::NotAuthorized,
+        ] {
+            assert!(!super::session_taken_over(&disconnect(other)), "{other:?}");
+        }
+        assert!(!super::session_taken_over(&ConnectionError::MqttState(
+            StateError::ConnectionAborted
+        )));
+    }
+}
+
 /// Last segment of the Last Will topic, `P/nodes/{node}/will`.
 pub const WILL_KIND: &str = "will";
 

@@ -173,6 +173,10 @@ pub struct MqttIngressOptions {
     /// `P/usage/+`, handing the other replicas' samples to [`Handler::shared_usage`]. The
     /// broker's ACL must let only gateways publish there.
     pub usage_sharing: Option<UsageOutbox>,
+    /// Counts the times the broker ended this ingress's session because another client
+    /// connected with its client ID (MQTT 5 DISCONNECT, reason code 0x8E Session taken
+    /// over, MQTT 5.0 §3.14.2.1), each also an ERROR in the log (default none).
+    pub sessions_taken_over: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// How the ingress treats signed messages ([`crate::signing`]).
@@ -230,6 +234,7 @@ impl MqttIngressOptions {
             answer_signer: None,
             site_uplinks: true,
             usage_sharing: None,
+            sessions_taken_over: None,
         }
     }
 
@@ -485,6 +490,15 @@ pub async fn serve<H: Handler>(
                     Err(error) => {
                         // Down is not refusing: the count is of refusals in a row.
                         refusals = 0;
+                        if super::session_taken_over(&error) {
+                            if let Some(count) = &options.sessions_taken_over {
+                                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            tracing::error!(
+                                client_id = %options.client_id,
+                                "another client connected with this replica's MQTT client ID and the broker gave it the session (MQTT 5 reason 0x8E, Session taken over): this replica hears no node until it connects again, and again loses it while the other client keeps reconnecting; bind client IDs to authenticated identities on the broker (README, \"MQTT broker\")"
+                            );
+                        }
                         Some(error.to_string())
                     }
                 };
