@@ -95,6 +95,11 @@ impl Bridge {
 pub struct BrokerTls {
     /// Whether clients must present a certificate from `ca_pem`.
     pub require_certificate: bool,
+    /// With `require_certificate`: each client's ID is its certificate's identity, whatever
+    /// it asked for (`use_username_as_clientid true`), so no client can take another's
+    /// session (MQTT gives a client ID to whoever connects last): the broker posture the
+    /// README asks for.
+    pub bind_client_ids: bool,
     /// CA (PEM) of client certificates, and of the broker's own for clients to trust.
     pub ca_pem: String,
     /// The broker's certificate (PEM), valid for 127.0.0.1.
@@ -291,6 +296,9 @@ impl Broker {
             ));
             if tls.require_certificate {
                 config.push_str("require_certificate true\nuse_identity_as_username true\n");
+                if tls.bind_client_ids {
+                    config.push_str("use_username_as_clientid true\n");
+                }
             }
         }
         std::fs::write(self.config_path(), config).context("writing mosquitto.conf")

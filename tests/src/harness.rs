@@ -334,6 +334,7 @@ impl Cluster {
                 let server = ca.server();
                 let broker = Broker::start_tls(crate::broker::BrokerTls {
                     require_certificate: false,
+                    bind_client_ids: false,
                     ca_pem: ca.cert_pem.clone(),
                     cert_pem: server.cert_pem,
                     key_pem: server.key_pem,
@@ -475,6 +476,7 @@ impl Cluster {
             (Transport::Mqtt, Some((security, server))) => Some(
                 Broker::start_tls(crate::broker::BrokerTls {
                     require_certificate: true,
+                    bind_client_ids: true,
                     ca_pem: security.site_ca_pem.clone(),
                     cert_pem: server.cert_pem.clone(),
                     key_pem: server.key_pem.clone(),

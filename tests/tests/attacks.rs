@@ -13,6 +13,7 @@
 //! and copies queued behind a renewal refused without an answer.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_gateway::GatewayOptions;
@@ -1089,4 +1090,124 @@ fn not_ready(node: &str, seq: u64) -> pb::AgentMessage {
         journal: Vec::new(),
     }));
     message
+}
+
+/// Connects to `cluster`'s broker over TLS with `identity` (none: no client certificate)
+/// asking for `client_id`, and keeps the connection polled until the task is aborted;
+/// returns whether the broker took it (its CONNACK came within the deadline).
+async fn connect_as(
+    cluster: &Cluster,
+    identity: Option<&edgebeat_tests::pki::Leaf>,
+    client_id: &str,
+) -> (bool, tokio::task::JoinHandle<()>) {
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+    let security = cluster.mqtt_security().unwrap();
+    let tls = edgebeat_transports::tls::ClientTls {
+        ca_pem: security.site_ca_pem.clone().into_bytes(),
+        client_identity: identity.map(|leaf| edgebeat_transports::tls::TlsIdentity {
+            cert_pem: leaf.cert_pem.clone().into_bytes(),
+            key_pem: leaf.key_pem.clone().into_bytes(),
+        }),
+    };
+    let broker = cluster.broker.as_ref().unwrap();
+    let mut options = MqttOptions::new(client_id, broker.host(), broker.port());
+    options.set_transport(rumqttc::Transport::tls_with_config(
+        rumqttc::TlsConfiguration::Rustls(Arc::new(tls.rustls_config().unwrap())),
+    ));
+    let (_client, mut eventloop) = AsyncClient::new(options, 16);
+    let (accepted_tx, accepted) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let _client = _client;
+        let mut accepted_tx = Some(accepted_tx);
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    accepted_tx.take().map(|tx| tx.send(true));
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    accepted_tx.take().map(|tx| tx.send(false));
+                    // Reconnecting as a persistent intruder would, at its own pace.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    });
+    let taken = tokio::time::timeout(DEADLINE, accepted)
+        .await
+        .is_ok_and(|r| r.unwrap_or(false));
+    (taken, task)
+}
+
+/// 7. MQTT gives a client ID to whoever connects last: a client reusing the gateway's or an
+///    agent's client ID once took its session over and over (every node got 0–1 Lease
+///    writes in 30 s). On the broker posture the README asks for (client certificates
+///    required, each client's ID its certificate's identity: Mosquitto's
+///    `require_certificate`, `use_identity_as_username`, `use_username_as_clientid`), a
+///    client without a certificate is refused, and one with another node's certificate
+///    asking for the gateway's or the agent's ID gets its own identity as its ID: no session
+///    is taken, and the agent's Lease never goes older than its duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_client_can_take_the_gateways_or_an_agents_mqtt_session() {
+    let site = Ca::new("edgebeat site CA");
+    let cluster = Cluster::start_mqtt_secure(&site, true, gateway_options())
+        .await
+        .unwrap();
+    let cert = site.node("edge-t");
+    let agent = cluster
+        .start_agent(cluster.secure_agent_config("edge-t", &fixture(FACTS), &cert))
+        .unwrap();
+    cluster
+        .wait_for_renewals("edge-t", 2, DEADLINE)
+        .await
+        .unwrap();
+    let before = cluster.standin.requests().len();
+    // The IDs the gateway and the agent ask for, and the identities the broker gives them.
+    let victims = [
+        "edgebeat-gateway-0",
+        "edgebeat-gateway",
+        "edgebeat-agent-edge-t",
+        "system:node:edge-t",
+    ];
+    let (anonymous, task) = connect_as(&cluster, None, victims[0]).await;
+    task.abort();
+    assert!(!anonymous, "a client without a certificate is refused");
+    let intruder = site.node("edge-x");
+    let mut intruders = Vec::new();
+    for round in 0..3 {
+        for victim in victims {
+            let (taken, task) = connect_as(&cluster, Some(&intruder), victim).await;
+            assert!(taken, "round {round}: another node's certificate connects");
+            intruders.push(task);
+        }
+    }
+    let sent = cluster.standin.requests().len();
+    cluster
+        .wait_for_renewals("edge-t", 6, DEADLINE)
+        .await
+        .unwrap();
+    let requests = cluster.standin.requests();
+    let gap = edgebeat_tests::requests::longest_renewal_gap(&requests[before..], "edge-t")
+        .expect("renewals through the attack");
+    let log = cluster.broker.as_ref().unwrap().log();
+    for victim in ["edgebeat-gateway", "system:node:edge-t"] {
+        assert!(
+            !log.contains(&format!("Client {victim} already connected")),
+            "{victim}'s session was taken:\n{log}"
+        );
+    }
+    assert!(
+        log.contains("as system:node:edge-x"),
+        "the intruder got its own identity as its client ID:\n{log}"
+    );
+    assert!(
+        gap < Duration::from_secs(1),
+        "the genuine Lease went {gap:?} unrenewed, longer than its 1 s duration"
+    );
+    assert!(requests.len() > sent);
+    for task in intruders {
+        task.abort();
+    }
+    agent.stop().await.unwrap();
 }

@@ -658,6 +658,7 @@ async fn a_board_enrolls_over_signed_mqtt_through_the_real_csr_api() {
     let server = broker_ca.server();
     let broker = edgebeat_tests::broker::Broker::start_tls(edgebeat_tests::broker::BrokerTls {
         require_certificate: false,
+        bind_client_ids: false,
         ca_pem: broker_ca.cert_pem.clone(),
         cert_pem: server.cert_pem,
         key_pem: server.key_pem,

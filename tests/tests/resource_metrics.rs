@@ -759,6 +759,7 @@ async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_on
     let broker_certificate = site.server();
     let broker = edgebeat_tests::broker::Broker::start_tls(edgebeat_tests::broker::BrokerTls {
         require_certificate: false,
+        bind_client_ids: false,
         ca_pem: site.cert_pem.clone(),
         cert_pem: broker_certificate.cert_pem,
         key_pem: broker_certificate.key_pem,
