@@ -138,6 +138,28 @@ impl Ca {
     }
 }
 
+impl Ca {
+    /// [`Ca::node`] valid until `not_after` (whole seconds, as X.509 keeps it), from a
+    /// minute before now.
+    pub fn node_until(&self, name: &str, not_after: std::time::SystemTime) -> Leaf {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:nodes");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("system:node:{name}"));
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let epoch = rcgen::date_time_ymd(1970, 1, 1);
+        let since = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap();
+        params.not_before =
+            epoch + since(std::time::SystemTime::now()) - std::time::Duration::from_secs(60);
+        params.not_after = epoch + since(not_after);
+        self.issue(params)
+    }
+}
+
 /// A PKCS#10 certificate request (PEM) for CN=`cn`, O=`system:nodes`, with a fresh P-256
 /// key: the subject of a kubelet client certificate when `cn` is `system:node:<name>`.
 pub fn node_csr_pem(cn: &str) -> String {

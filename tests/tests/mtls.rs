@@ -807,3 +807,63 @@ async fn a_serving_certificate_replaced_on_disk_serves_new_handshakes_and_open_s
         agent.stop().await.unwrap();
     }
 }
+
+/// A stream speaks with its client certificate only while it is valid: at its notAfter the
+/// gateway ends the stream (counted as `certificate`); the agent's reconnection then fails
+/// the handshake (the certificate expired), so nothing more is written for it while a
+/// control agent renews. A stream whose certificate had expired went on renewing for
+/// minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_when_its_client_certificate_expires() {
+    let site = Ca::new("site-ca");
+    let cluster = mtls_cluster(&site, true).await;
+    let not_after = std::time::SystemTime::now() + Duration::from_secs(5);
+    let leaf = site.node_until("edge-x", not_after);
+    let agent = cluster
+        .start_agent(agent_config(&cluster, "edge-x", &site, Some(&leaf)))
+        .unwrap();
+    cluster
+        .wait_for_renewals("edge-x", 2, DEADLINE)
+        .await
+        .unwrap();
+    let certificate = || {
+        cluster
+            .gateway()
+            .counters
+            .rejections(RejectReason::Certificate)
+    };
+    assert_eq!(certificate(), 0, "valid until its notAfter");
+    wait_for("the expired stream ended", DEADLINE, || certificate() >= 1).await;
+    let ended = std::time::SystemTime::now();
+    let late = ended
+        .duration_since(not_after)
+        .unwrap_or_default()
+        .as_secs_f64();
+    eprintln!("stream ended {late:.2} s after the certificate's notAfter");
+    assert!(late < 2.0, "ended {late:.2} s after notAfter");
+    let written = writes_for(&cluster, "edge-x");
+    // The gateway keeps working meanwhile, and the expired agent writes nothing more.
+    control_agent_renews(&cluster, &site, "control-01").await;
+    assert_eq!(
+        writes_for(&cluster, "edge-x"),
+        written,
+        "nothing after expiry"
+    );
+    // Its next stream (on the same connection, or a new one whose handshake fails) is
+    // refused too.
+    wait_for("its next stream refused", DEADLINE, || {
+        certificate() >= 2
+            || cluster
+                .gateway()
+                .counters
+                .rejections(RejectReason::TlsHandshake)
+                >= 1
+    })
+    .await;
+    assert_eq!(
+        writes_for(&cluster, "edge-x"),
+        written,
+        "nothing after expiry"
+    );
+    agent.stop().await.unwrap();
+}

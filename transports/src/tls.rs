@@ -394,6 +394,15 @@ pub fn certificate_id(leaf_der: &[u8]) -> Result<CertificateId, IdentityError> {
     })
 }
 
+/// The notAfter of a certificate (DER), Unix seconds; `None` when it does not parse.
+#[cfg(feature = "node-identity")]
+pub fn not_after(leaf_der: &[u8]) -> Option<i64> {
+    use x509_parser::prelude::{FromDer as _, X509Certificate};
+
+    let (_, cert) = X509Certificate::from_der(leaf_der).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
 /// The node name a client certificate (DER, the leaf of the verified chain) authenticates:
 /// `<name>` when the subject has exactly one CN, `system:node:<name>` with `<name>` a valid
 /// node name, and an O equal to `system:nodes` (other O values may be present, as other

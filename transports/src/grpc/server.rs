@@ -113,6 +113,20 @@ impl<H: Handler> Heartbeat for Service<H> {
             }
         }
         tracing::debug!(remote = ?peer.remote, identity = ?peer.identity, "gRPC stream opened");
+        // A stream speaks with its certificate for as long as that is valid: at its notAfter
+        // the stream ends (the agent reconnects, and an expired certificate fails the
+        // handshake), instead of renewing on an open stream long after.
+        let expires = connection
+            .and_then(ConnectionInfo::not_after)
+            .filter(|_| peer.identity.is_some())
+            .map(expiry_instant);
+        if expires.is_some_and(|at| at <= tokio::time::Instant::now()) {
+            // A new stream on a connection whose certificate expired since its handshake.
+            let reason = "the client certificate expired: rotate it and connect again";
+            self.handler
+                .rejected(&peer, RejectReason::Certificate, reason);
+            return Err(Status::unauthenticated(reason));
+        }
         // The acks are a stream driven by tonic as it sends them: no task and no channel per
         // agent; the handler runs in a task that exists only while a message is handled, so
         // an idle stream holds a few hundred bytes, not the largest state of the handler.
@@ -122,12 +136,28 @@ impl<H: Handler> Heartbeat for Service<H> {
             peer,
             closing: self.closing.clone(),
             register: None,
+            expires,
         };
         let acks = futures_util::stream::unfold(Some(state), |state| async move {
             let mut state = state?;
             loop {
+                let expired = async {
+                    match state.expires {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 let next = tokio::select! {
+                    biased;
                     () = state.closing.cancelled() => return None,
+                    () = expired => {
+                        state.handler.rejected(
+                            &state.peer,
+                            RejectReason::Certificate,
+                            "the client certificate expired: its stream is closed (the agent must rotate it)",
+                        );
+                        return None;
+                    }
                     next = state.inbound.message() => next,
                 };
                 return match next {
@@ -185,6 +215,23 @@ struct StreamState<H> {
     /// The header of the stream's last `Register`: node name and boot ID of compact
     /// headers ([`edgebeat_proto::HeaderForm::Compact`]).
     register: Option<Header>,
+    /// When the client certificate of an identified stream expires: the stream ends then.
+    expires: Option<tokio::time::Instant>,
+}
+
+/// The tokio instant of `not_after` (Unix seconds) on the system clock: now, when it has
+/// passed; far ahead (a century) for a date beyond what an instant holds.
+fn expiry_instant(not_after: i64) -> tokio::time::Instant {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let left = u64::try_from(not_after)
+        .ok()
+        .map(std::time::Duration::from_secs)
+        .and_then(|at| at.checked_sub(now))
+        .unwrap_or_default();
+    let century = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+    tokio::time::Instant::now() + left.min(century)
 }
 
 impl<H> Service<H> {

@@ -31,6 +31,8 @@ pub(crate) struct ConnectionInfo(Arc<Established>);
 struct Established {
     remote: SocketAddr,
     identity: Option<Result<(NodeName, CertificateId), tls::IdentityError>>,
+    /// The client certificate's notAfter, Unix seconds.
+    not_after: Option<i64>,
 }
 
 impl ConnectionInfo {
@@ -47,6 +49,11 @@ impl ConnectionInfo {
     ) -> Option<&Result<(NodeName, CertificateId), tls::IdentityError>> {
         self.0.identity.as_ref()
     }
+
+    /// The client certificate's notAfter (Unix seconds), when it presented one.
+    pub(crate) fn not_after(&self) -> Option<i64> {
+        self.0.not_after
+    }
 }
 
 /// A finished TLS connection with its [`ConnectionInfo`].
@@ -58,15 +65,20 @@ pub(crate) struct Connection {
 impl Connection {
     /// `tls`, from `remote`, with its client certificate's identity parsed.
     pub(crate) fn new(tls: TlsStream<TcpStream>, remote: SocketAddr) -> Self {
-        let identity = tls
+        let leaf = tls
             .get_ref()
             .1
             .peer_certificates()
-            .and_then(|chain| chain.first())
-            .map(|leaf| Ok((tls::node_identity(leaf)?, tls::certificate_id(leaf)?)));
+            .and_then(|chain| chain.first());
+        let identity = leaf.map(|leaf| Ok((tls::node_identity(leaf)?, tls::certificate_id(leaf)?)));
+        let not_after = leaf.and_then(|leaf| tls::not_after(leaf));
         Self {
             tls,
-            info: ConnectionInfo(Arc::new(Established { remote, identity })),
+            info: ConnectionInfo(Arc::new(Established {
+                remote,
+                identity,
+                not_after,
+            })),
         }
     }
 }
