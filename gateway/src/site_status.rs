@@ -175,13 +175,7 @@ async fn write(
     };
     match (result, action) {
         (Ok(()), Action::Partitioned { site, partition }) => {
-            tracing::warn!(
-                site = &**site,
-                nodes = partition.nodes.len(),
-                since = %partition.since,
-                cause = partition.cause.reason(),
-                "site cut off"
-            );
+            log_cut(site, partition);
             true
         }
         (
@@ -206,18 +200,24 @@ async fn write(
         }
         (Err(error), _) => {
             if let Action::Partitioned { site, partition } = action {
-                tracing::warn!(
-                    site = &**site,
-                    nodes = partition.nodes.len(),
-                    since = %partition.since,
-                    cause = partition.cause.reason(),
-                    "site cut off"
-                );
+                log_cut(site, partition);
             }
             tracing::warn!(?action, %error, "could not record a site's state");
             false
         }
     }
+}
+
+/// The line of a partition that stands (its Event written, or refused for another reason
+/// than the apiserver's trouble).
+fn log_cut(site: &str, partition: &crate::sites::Partition) {
+    tracing::warn!(
+        site,
+        nodes = partition.nodes.len(),
+        since = %partition.since,
+        cause = partition.cause.reason(),
+        "site cut off"
+    );
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -124,15 +124,7 @@ impl Ca {
     /// [`Ca::node`] valid from 1 January of `year` (to 4096): an earlier `year` is an
     /// older certificate of the node, as before a rotation.
     pub fn node_from(&self, name: &str, year: i32) -> Leaf {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, "system:nodes");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("system:node:{name}"));
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let mut params = node_params(name);
         params.not_before = rcgen::date_time_ymd(year, 1, 1);
         self.issue(params)
     }
@@ -142,15 +134,7 @@ impl Ca {
     /// [`Ca::node`] valid until `not_after` (whole seconds, as X.509 keeps it), from a
     /// minute before now.
     pub fn node_until(&self, name: &str, not_after: std::time::SystemTime) -> Leaf {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, "system:nodes");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("system:node:{name}"));
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let mut params = node_params(name);
         let epoch = rcgen::date_time_ymd(1970, 1, 1);
         let since = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap();
         params.not_before =
@@ -158,6 +142,21 @@ impl Ca {
         params.not_after = epoch + since(not_after);
         self.issue(params)
     }
+}
+
+/// The parameters of a kubelet-style client certificate of node `name`: CN=`system:node:<name>`,
+/// O=`system:nodes`, client authentication.
+fn node_params(name: &str) -> CertificateParams {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, format!("system:node:{name}"));
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params
 }
 
 /// A PKCS#10 certificate request (PEM) for CN=`cn`, O=`system:nodes`, with a fresh P-256

@@ -57,6 +57,17 @@ fn gateway_args(standin: &StandInHandle) -> Vec<String> {
 /// The real agent binary for `node` with `transport` (a YAML flow mapping), kubelet's
 /// default intervals, logging JSON to `log`. Killed if the test fails before it exits.
 fn spawn_agent(dir: &Path, node: &str, transport: &str, log: &Path) -> tokio::process::Child {
+    spawn_agent_with(dir, node, transport, log, &[])
+}
+
+/// As [`spawn_agent`], with `env` added to its environment (e.g. `NOTIFY_SOCKET`).
+fn spawn_agent_with(
+    dir: &Path,
+    node: &str,
+    transport: &str,
+    log: &Path,
+    env: &[(&str, &Path)],
+) -> tokio::process::Child {
     let config = dir.join("agent.yaml");
     std::fs::write(
         &config,
@@ -72,6 +83,7 @@ fn spawn_agent(dir: &Path, node: &str, transport: &str, log: &Path) -> tokio::pr
             .arg("--config")
             .arg(&config)
             .args(["--log-format", "json"])
+            .envs(env.iter().copied())
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -333,29 +345,14 @@ async fn ready_without_the_gateway_and_the_registration_in_status() {
     signal(gateway_pid, "STOP").unwrap();
     let socket_path = dir.path().join("notify.sock");
     let socket = tokio::net::UnixDatagram::bind(&socket_path).unwrap();
-    let config = dir.path().join("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: edgebeat.io/v1alpha1\nkind: AgentConfiguration\nnodeName: offline-boot\nhostRoot: {}\nclockSyncCondition: false\ntransport: {{kind: grpc, endpoint: \"http://{grpc}\"}}\n",
-            fixture("rpi4-cgroup1").display()
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
     let started = Instant::now();
-    let mut agent = spawn_async(
-        tokio::process::Command::new(workspace_binary("edgebeat-agent").unwrap())
-            .arg("--config")
-            .arg(&config)
-            .env("NOTIFY_SOCKET", &socket_path)
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true),
-    )
-    .unwrap();
+    let mut agent = spawn_agent_with(
+        dir.path(),
+        "offline-boot",
+        &format!("{{kind: grpc, endpoint: \"http://{grpc}\"}}"),
+        &dir.path().join("agent.log"),
+        &[("NOTIFY_SOCKET", &socket_path)],
+    );
     let mut received: Vec<String> = Vec::new();
     notifications_until(&socket, &mut received, "READY=1", Duration::from_secs(10)).await;
     let ready_after = started.elapsed();

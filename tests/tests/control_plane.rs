@@ -43,6 +43,23 @@ fn lists_since(control_plane: &ControlPlane, from: jiff::Timestamp) -> BTreeMap<
     lists
 }
 
+/// Whether every Lease of `names` exists and was renewed after `at`.
+async fn all_renewed_after(leases: &Api<Lease>, names: &[&str], at: jiff::Timestamp) -> bool {
+    for name in names {
+        let renewed = leases
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.renew_time)
+            .is_some_and(|t| t.0 > at);
+        if !renewed {
+            return false;
+        }
+    }
+    true
+}
+
 /// `(verb, resource)` → count, for the requests about `node`.
 fn calls_for(events: &[AuditEvent], node: &str) -> BTreeMap<(String, String), usize> {
     let mut calls = BTreeMap::new();
@@ -420,24 +437,7 @@ async fn an_apiserver_outage_of_30_s_then_every_lease_fresh_without_a_backlog() 
     let agents: Vec<_> = names.iter().map(|n| gateway.agent(n)).collect();
     let admin = control_plane.admin_client().await.unwrap();
     let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
-    let renewed_after = |at: jiff::Timestamp| {
-        let leases = leases.clone();
-        async move {
-            for name in names {
-                let Ok(Some(lease)) = leases.get_opt(name).await else {
-                    return false;
-                };
-                let renewed = lease
-                    .spec
-                    .and_then(|s| s.renew_time)
-                    .is_some_and(|t| t.0 > at);
-                if !renewed {
-                    return false;
-                }
-            }
-            true
-        }
-    };
+    let renewed_after = |at: jiff::Timestamp| all_renewed_after(&leases, &names, at);
     let start = jiff::Timestamp::now();
     eventually("every Lease renewed", Duration::from_secs(60), || {
         renewed_after(start)
@@ -1470,24 +1470,7 @@ async fn an_etcd_outage_is_told_as_an_apiserver_outage_not_a_site_cut() {
         .collect();
     let admin = control_plane.admin_client().await.unwrap();
     let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
-    let renewed_after = |at: jiff::Timestamp| {
-        let leases = leases.clone();
-        async move {
-            for name in names {
-                let renewed = leases
-                    .get_opt(name)
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|l| l.spec?.renew_time)
-                    .is_some_and(|t| t.0 > at);
-                if !renewed {
-                    return false;
-                }
-            }
-            true
-        }
-    };
+    let renewed_after = |at: jiff::Timestamp| all_renewed_after(&leases, &names, at);
     let scrape = || async {
         edgebeat_tests::harness::http_get(gateway.health, "/metrics")
             .await
