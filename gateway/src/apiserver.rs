@@ -110,6 +110,8 @@ struct Gate {
     backoff: Duration,
     /// When the gate last reopened after trouble.
     reopened: Option<Instant>,
+    /// When a call last met trouble.
+    last_trouble: Option<Instant>,
 }
 
 /// How a call's outcome moved its gate.
@@ -131,6 +133,7 @@ impl Gate {
             retry_at: Instant::now(),
             backoff: GATE_BACKOFF_MIN,
             reopened: None,
+            last_trouble: None,
         }
     }
 
@@ -150,8 +153,12 @@ impl Gate {
                 self.backoff = GATE_BACKOFF_MIN;
                 moved
             }
-            Some(_) if self.failing && !probe => Moved::Not,
+            Some(_) if self.failing && !probe => {
+                self.last_trouble = Some(Instant::now());
+                Moved::Not
+            }
             Some(retry_after) => {
+                self.last_trouble = Some(Instant::now());
                 let (wait, moved) = if self.failing {
                     ((self.backoff * 2).min(GATE_BACKOFF_MAX), Moved::Not)
                 } else {
@@ -186,9 +193,9 @@ impl Drop for Ticket<'_> {
     }
 }
 
-/// A call being recorded: records its outcome in its gate, and tells an outage's start and
-/// end ([`outage`]); a call dropped before its answer (its caller's deadline passed)
-/// counts as "no answer".
+/// A call being recorded: records its outcome in its gate, and, for the Lease gate, tells an
+/// outage's start and end ([`outage`]); a call dropped before its answer (its caller's
+/// deadline passed) counts as "no answer".
 struct Recording<'a> {
     api: &'a Apiserver,
     priority: Priority,
@@ -199,34 +206,32 @@ struct Recording<'a> {
 impl Recording<'_> {
     fn record<T>(&mut self, result: &Result<T, kube::Error>) {
         self.recorded = true;
-        let moved = self
-            .api
-            .gate(self.priority)
-            .lock()
-            .observe(trouble(result), self.probe);
-        match (moved, result) {
-            (Moved::Closed, Err(error)) => self
-                .api
-                .outage_began(&edgebeat_transports::observe::error_report(error)),
-            (Moved::Reopened, _) => self.api.outage_ended(),
-            _ => {}
-        }
+        let error = || match result {
+            Err(error) => edgebeat_transports::observe::error_report(error),
+            Ok(_) => String::new(),
+        };
+        self.api
+            .observe(self.priority, trouble(result), self.probe, error);
     }
 }
 
 impl Drop for Recording<'_> {
     fn drop(&mut self) {
         if !self.recorded {
-            let moved = self
-                .api
-                .gate(self.priority)
-                .lock()
-                .observe(Some(Duration::ZERO), self.probe);
-            if moved == Moved::Closed {
-                self.api
-                    .outage_began("no answer before the caller's deadline");
-            }
+            self.api
+                .observe(self.priority, Some(Duration::ZERO), self.probe, || {
+                    "no answer before the caller's deadline".to_owned()
+                });
         }
+    }
+}
+
+/// Whether `error` says the apiserver is in trouble (429, 5xx, no answer, or a call not
+/// sent while backing off), not that it refused this call (a 403, a 409, a 422).
+pub fn is_trouble(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code == 429 || status.code >= 500,
+        _ => true,
     }
 }
 
@@ -235,17 +240,15 @@ impl Drop for Recording<'_> {
 /// 409 is an apiserver that works).
 fn trouble<T>(result: &Result<T, kube::Error>) -> Option<Duration> {
     match result {
-        Ok(_) => None,
-        Err(kube::Error::Api(status)) if status.code == 429 => Some(
-            status
+        Err(error) if is_trouble(error) => Some(match error {
+            kube::Error::Api(status) => status
                 .details
                 .as_ref()
                 .map(|d| Duration::from_secs(u64::from(d.retry_after_seconds)))
                 .unwrap_or_default(),
-        ),
-        Err(kube::Error::Api(status)) if status.code >= 500 => Some(Duration::ZERO),
-        Err(kube::Error::Api(_)) => None,
-        Err(_) => Some(Duration::ZERO),
+            _ => Duration::ZERO,
+        }),
+        _ => None,
     }
 }
 
@@ -266,16 +269,21 @@ pub struct Apiserver {
     url: Option<Arc<str>>,
 }
 
-/// Whether the apiserver takes this replica's writes, for judging what silence means
-/// ([`crate::sites`]).
+/// Whether the apiserver takes this replica's Lease writes, for judging what a Lease's age
+/// means ([`crate::sites`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteHealth {
-    /// A backoff gate is closed: the apiserver answered 429, 5xx or nothing, and no call of
-    /// that priority has succeeded since.
+    /// The Lease gate is closed (the apiserver answered 429, 5xx or nothing, and no Lease
+    /// call has succeeded since) and a Lease call met trouble within [`TROUBLE_RECENT`]: a
+    /// gate that no call has tried for that long (its nodes gone) says nothing either way.
     pub failing: bool,
-    /// How long ago a gate last reopened after trouble; `None` when none ever closed.
+    /// How long ago the Lease gate last reopened after trouble; `None` when it never closed.
     pub since_recovery: Option<Duration>,
 }
+
+/// How recent a Lease call's trouble must be for [`WriteHealth::failing`]: longer than the
+/// gate's longest wait between probes (4 s) and a call's deadline (10 s) together.
+pub const TROUBLE_RECENT: Duration = Duration::from_secs(30);
 
 impl Apiserver {
     /// Calls through `client` with the default [`WriteLimits`]; with `impersonate`, as
@@ -305,49 +313,58 @@ impl Apiserver {
         self
     }
 
-    /// Whether the apiserver takes writes now, and since when (see [`WriteHealth`]).
+    /// Whether the apiserver takes Lease writes now, and since when (see [`WriteHealth`]).
     pub fn write_health(&self) -> WriteHealth {
         let now = Instant::now();
-        let mut health = WriteHealth {
-            failing: false,
-            since_recovery: None,
-        };
-        for gate in self.gates.iter() {
-            let gate = gate.lock();
-            health.failing |= gate.failing;
-            if let Some(at) = gate.reopened {
-                let ago = now.saturating_duration_since(at);
-                health.since_recovery = Some(health.since_recovery.map_or(ago, |s| s.min(ago)));
-            }
-        }
-        health
-    }
-
-    /// The first trouble of an outage: one ERROR naming the apiserver and `error`.
-    fn outage_began(&self, error: &str) {
-        if self.outage.lock().trouble(Instant::now()).is_some() {
-            tracing::error!(
-                apiserver = self.url.as_deref().unwrap_or("(in-cluster)"),
-                %error,
-                "the apiserver does not take writes (429, 5xx or no answer); backing off, one probe request at a time; renewals are not written until it does"
-            );
+        let gate = self.gate(Priority::Lease).lock();
+        WriteHealth {
+            failing: gate.failing
+                && gate
+                    .last_trouble
+                    .is_some_and(|t| now.saturating_duration_since(t) < TROUBLE_RECENT),
+            since_recovery: gate.reopened.map(|at| now.saturating_duration_since(at)),
         }
     }
 
-    /// A gate reopened: when no gate is closed any more, one INFO with the outage's totals.
-    fn outage_ended(&self) {
-        if self.backing_off() {
+    /// Records a call's outcome (`trouble`, see [`trouble`]) in the gate of `priority`. The
+    /// Lease gate's moves are the outage's start and end ([`outage`]): taken under its lock,
+    /// so that no other call's outcome comes between the move and the outage's record; the
+    /// line is written after. `error` says what the trouble was.
+    fn observe(
+        &self,
+        priority: Priority,
+        trouble: Option<Duration>,
+        probe: bool,
+        error: impl FnOnce() -> String,
+    ) {
+        let mut gate = self.gate(priority).lock();
+        let moved = gate.observe(trouble, probe);
+        if priority != Priority::Lease {
             return;
         }
-        if let Some(OutageLine::Ended(totals)) = self.outage.lock().recovered(Instant::now()) {
-            tracing::info!(
-                apiserver = self.url.as_deref().unwrap_or("(in-cluster)"),
+        let now = Instant::now();
+        let line = match moved {
+            Moved::Closed => self.outage.lock().trouble(now),
+            Moved::Reopened => self.outage.lock().recovered(now),
+            Moved::Not => None,
+        };
+        drop(gate);
+        let apiserver = self.url.as_deref().unwrap_or("(in-cluster)");
+        match line {
+            Some(OutageLine::Began) => tracing::error!(
+                apiserver,
+                error = %error(),
+                "the apiserver does not take writes (429, 5xx or no answer); backing off, one probe request at a time; renewals are not written until it does"
+            ),
+            Some(OutageLine::Ended(totals)) => tracing::info!(
+                apiserver,
                 lasted_s = totals.lasted.as_secs(),
                 renewals_not_written = totals.renewals_failed,
                 nodes_affected = totals.nodes,
                 oldest_lease_age_s = totals.oldest_lease.map(|a| a.as_secs()),
                 "the apiserver takes writes again"
-            );
+            ),
+            _ => {}
         }
     }
 

@@ -26,7 +26,7 @@
 //! | `edgebeat_gateway_site_reachable` | gauge | `site` | 0 while the site is cut off ([`crate::sites`]), else 1; only sites of managed nodes with a zone |
 //! | `edgebeat_gateway_site_nodes` | gauge | `site`, `state` | the site's live nodes: `renewing` or `silent` |
 //! | `edgebeat_gateway_mqtt_sessions_taken_over_total` | counter | | times the broker ended this replica's MQTT session because another client connected with its client ID (MQTT 5 reason 0x8E); each also an ERROR |
-//! | `edgebeat_gateway_sites_held` | gauge | | 1 while the sites' states hold as they were: the apiserver does not take this replica's writes, or took them again less than two renew intervals ago ([`crate::sites`]) |
+//! | `edgebeat_gateway_sites_held` | gauge | | 1 while the sites' states hold as they were: the apiserver does not take this replica's Lease writes, or took them again less than two renew intervals ago ([`crate::sites`]) |
 //! | `edgebeat_gateway_apiserver_request_duration_seconds` | histogram | `verb`, `resource`, `subresource`, `code` | the gateway's requests to kube-apiserver ([`crate::apiserver::requests`]) |
 //! | `edgebeat_gateway_certificate_requests_total`, `…_certificate_signing_requests_pending` | counter, gauge | `proof`, `outcome` | enrollment ([`crate::enrollment::EnrollmentCounters`]) |
 //! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_start_time_seconds`, `process_open_fds` | | | the process ([`edgebeat_transports::observe::ProcessCollector`]) |
@@ -429,7 +429,7 @@ impl Collector for ReplicaCollector {
             ),
             (
                 "edgebeat_gateway_sites_held",
-                "1 while the sites' states hold as they were, not judged: the apiserver does not take this replica's writes (or took them again less than two renew intervals ago), so Lease ages say nothing of the sites; else 0.",
+                "1 while the sites' states hold as they were, not judged: the apiserver does not take this replica's Lease writes (or took them again less than two renew intervals ago), so Lease ages say nothing of the sites; else 0.",
                 usize::from(g.sites_held),
             ),
             (

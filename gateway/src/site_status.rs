@@ -28,6 +28,10 @@ pub async fn follow(
 ) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When this loop last took a partition back because the apiserver did not take its
+    // Event: the sites are held for as long as after a recovery, then judged (and the Event
+    // tried) again.
+    let mut retracted: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -40,7 +44,8 @@ pub async fn follow(
         let now = now();
         let members = view.site_members();
         let health = api.write_health();
-        let held = sites::held(health.failing, health.since_recovery, &members);
+        let held = sites::held(health.failing, health.since_recovery, &members)
+            || retracted.is_some_and(|at| at.elapsed() < sites::hold_after(&members));
         let actions = {
             let mut tracker = tracker.lock();
             if held != tracker.is_held() {
@@ -48,7 +53,7 @@ pub async fn follow(
                     held,
                     "{}",
                     if held {
-                        "sites held as they are: the apiserver does not take this replica's writes, so Lease ages say nothing of the sites"
+                        "sites held as they are: the apiserver does not take this replica's Lease writes, so Lease ages say nothing of the sites"
                     } else {
                         "sites judged again: the apiserver has taken writes for two renew intervals"
                     }
@@ -69,32 +74,43 @@ pub async fn follow(
                 _ => None,
             };
             let written = write(&api, &view, &action, about.as_deref(), now).await;
-            if let (Action::Partitioned { site, .. }, false) = (&action, written)
-                && api.write_health().failing
-            {
-                // The apiserver, not the site: take it back and hold.
+            if let (Action::Partitioned { site, .. }, Written::Trouble) = (&action, written) {
+                // The apiserver, not the site: take it back, hold, and write nothing more
+                // of this look (judged from the same Leases).
                 let mut tracker = tracker.lock();
                 tracker.retract(site);
                 tracker.hold(true);
+                retracted = Some(tokio::time::Instant::now());
                 tracing::info!(
                     site = &**site,
                     "a site's partition taken back: the apiserver did not take its Event (429, 5xx or no answer), so its nodes' Lease ages say nothing of the site; sites held as they are"
                 );
+                break;
             }
         }
     }
 }
 
+/// Whether an action was recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    /// Recorded (or recorded already, by another replica).
+    Yes,
+    /// Not: the apiserver answered 429, 5xx or nothing.
+    Trouble,
+    /// Not, for another reason (a 403, a 422).
+    Refused,
+}
+
 /// Records `action` (see the module docs); a patched Node's answer goes into `view`, so the
-/// next look sees the condition written and does not write it again. Returns whether it
-/// was recorded.
+/// next look sees the condition written and does not write it again.
 async fn write(
     api: &Apiserver,
     view: &ApiserverView,
     action: &Action,
     about: Option<&str>,
     now: Timestamp,
-) -> bool {
+) -> Written {
     let result = match action {
         Action::Partitioned { site, partition } => {
             let how = match partition.cause {
@@ -176,7 +192,7 @@ async fn write(
     match (result, action) {
         (Ok(()), Action::Partitioned { site, partition }) => {
             log_cut(site, partition);
-            true
+            Written::Yes
         }
         (
             Ok(()),
@@ -191,19 +207,23 @@ async fn write(
                 down_s = at.duration_since(partition.since).as_secs(),
                 "site reachable again"
             );
-            true
+            Written::Yes
         }
-        (Ok(()), _) => true,
-        (Err(error), _) if api.in_outage() => {
-            tracing::debug!(?action, %error, "could not record a site's state");
-            false
+        (Ok(()), _) => Written::Yes,
+        (Err(error), _) if crate::apiserver::is_trouble(&error) => {
+            if api.in_outage() {
+                tracing::debug!(?action, %error, "could not record a site's state");
+            } else {
+                tracing::warn!(?action, %error, "could not record a site's state");
+            }
+            Written::Trouble
         }
         (Err(error), _) => {
             if let Action::Partitioned { site, partition } = action {
                 log_cut(site, partition);
             }
             tracing::warn!(?action, %error, "could not record a site's state");
-            false
+            Written::Refused
         }
     }
 }

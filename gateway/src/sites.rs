@@ -50,13 +50,17 @@
 //! the site's nodes said *and* whether the gateway could write it: while the apiserver
 //! answers this replica's writes with 429, 5xx or nothing (an outage, a drain, etcd
 //! trouble), every Lease it holds ages although its boards are heard. So the replica does
-//! not judge its sites then ([`held`]): the sites' states hold as they were (no new
-//! partition, no return, no condition written; `edgebeat_gateway_sites_held` 1 says why),
-//! until the apiserver has taken writes again for [`SILENT_INTERVALS`] renew intervals,
-//! time for every connected board's renewal to be written. A replica that writes nothing
-//! learns of the outage from its own first write, the partition's Event: a partition
-//! whose Event the apiserver did not take is taken back ([`SiteTracker::retract`]) and the
-//! sites held. A site really cut off during an outage is told once the hold ends.
+//! not judge its sites then ([`held`], from its Lease writes): the sites' states hold as they
+//! were (no new partition, no return, no condition written; `edgebeat_gateway_sites_held` 1
+//! says why), until the apiserver has taken writes again for [`SILENT_INTERVALS`] renew
+//! intervals ([`hold_after`]), time for every connected board's renewal to be written. A
+//! replica that writes no Lease learns of the outage from its own first write, the
+//! partition's Event: a partition whose Event the apiserver did not take is taken back
+//! ([`SiteTracker::retract`]) and the sites held for as long, then judged again (the Event
+//! tried again). A site really cut off during an outage is told once the hold ends, if the
+//! outage was short enough for its nodes to still count as live ([`LIVE_INTERVALS`]); after a
+//! longer one they are dead nodes to the rule, and only the node lifecycle controller's
+//! NotReady tells of them.
 //!
 //! **Replicas agree without talking.** Every replica computes the same verdict from the
 //! same Leases, and what it writes is the same bytes: the condition's times are the
@@ -214,6 +218,9 @@ pub struct SiteState {
     /// a straggler of that partition, not news of another, and a node marked for it clears
     /// only with a renewal after its start.
     last: Option<Partition>,
+    /// `returned` and `last` as they were before the current partition was found, for
+    /// [`SiteTracker::retract`].
+    before: Option<(Option<Timestamp>, Option<Partition>)>,
 }
 
 /// What the replica does about the sites after one look.
@@ -269,27 +276,35 @@ pub struct SiteTracker {
     held: bool,
 }
 
-/// Whether a replica whose apiserver writes are `failing`, or took writes again
+/// Whether a replica whose apiserver Lease writes are `failing`, or took writes again
 /// `since_recovery` ago, must not judge the sites of `members` now (see the module docs):
-/// while failing, and for [`SILENT_INTERVALS`] of the longest renew interval among them
-/// (10 s, kubelet's, when none is known) plus one [`TICK`] after.
+/// while failing, and for [`hold_after`] after.
 pub fn held(
     failing: bool,
     since_recovery: Option<Duration>,
     members: &BTreeMap<Box<str>, Vec<Member>>,
 ) -> bool {
-    if failing {
-        return true;
-    }
+    failing || since_recovery.is_some_and(|ago| ago < hold_after(members))
+}
+
+/// Longest renew interval that sets [`hold_after`], 60 s (a 240 s Lease): one node's long
+/// Lease (its agent's `nodeLeaseDurationSeconds`) must not hold every site for long.
+pub const MAX_HOLD_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How long the sites stay held after the apiserver takes writes again: [`SILENT_INTERVALS`]
+/// of the longest renew interval among `members` (10 s, kubelet's, when none is known; at
+/// most [`MAX_HOLD_INTERVAL`]) plus one [`TICK`], time for every connected node's renewal
+/// to be written.
+pub fn hold_after(members: &BTreeMap<Box<str>, Vec<Member>>) -> Duration {
     let longest = members
         .values()
         .flatten()
         .map(|m| m.renew_interval)
         .max()
         .and_then(|r| Duration::try_from(r).ok())
-        .unwrap_or(Duration::from_secs(10));
-    let hold = longest.saturating_mul(u32::try_from(SILENT_INTERVALS).unwrap_or(2)) + TICK;
-    since_recovery.is_some_and(|ago| ago < hold)
+        .unwrap_or(Duration::from_secs(10))
+        .min(MAX_HOLD_INTERVAL);
+    longest.saturating_mul(u32::try_from(SILENT_INTERVALS).unwrap_or(2)) + TICK
 }
 
 impl SiteTracker {
@@ -320,6 +335,10 @@ impl SiteTracker {
     pub fn retract(&mut self, site: &str) {
         if let Some(state) = self.sites.get_mut(site) {
             state.partition = None;
+            if let Some((returned, last)) = state.before.take() {
+                state.returned = returned;
+                state.last = last;
+            }
         }
     }
 
@@ -398,8 +417,7 @@ impl SiteTracker {
                 .count();
             match (&state.partition, assessed) {
                 (None, Some(partition)) => {
-                    state.returned = None;
-                    state.last = None;
+                    state.before = Some((state.returned.take(), state.last.take()));
                     actions.push(Action::Partitioned {
                         site: site.clone(),
                         partition: partition.clone(),

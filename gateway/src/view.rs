@@ -539,8 +539,9 @@ impl ApiserverView {
         // Whether a failure was logged since the watch last followed (once per outage,
         // including the first one of a watch that never listed).
         let mut warned = false;
-        // One re-list at once after a 410 Gone per time following (never a storm of them).
-        let mut relist_at_once = true;
+        // When a 410 Gone was last listed again at once: at most one a [`RELIST_AT_ONCE_EVERY`]
+        // (a 410 after every list, from an apiserver whose watch cache lags, is no storm).
+        let mut relisted_at_once: Option<tokio::time::Instant> = None;
         while let Some(item) = stream.next().await {
             let event = match item {
                 Ok(event) => event,
@@ -560,9 +561,13 @@ impl ApiserverView {
                         tracing::debug!(kind, %error, "watch still failing");
                     }
                     let gone = matches!(&error, watcher::Error::WatchError(s) if s.code == 410);
-                    if !(gone && std::mem::take(&mut relist_at_once))
-                        && let Some(wait) = backoff.next().filter(|w| !w.is_zero())
+                    let now = tokio::time::Instant::now();
+                    if gone
+                        && relisted_at_once
+                            .is_none_or(|at| now.duration_since(at) >= RELIST_AT_ONCE_EVERY)
                     {
+                        relisted_at_once = Some(now);
+                    } else if let Some(wait) = backoff.next().filter(|w| !w.is_zero()) {
                         tokio::time::sleep(wait).await;
                     }
                     continue;
@@ -593,13 +598,16 @@ impl ApiserverView {
             if listed.is_none() && !watched.swap(true, Ordering::Relaxed) {
                 warned = false;
                 backoff.reset();
-                relist_at_once = true;
                 self.following.notify_waiters();
             }
         }
         watched.store(false, Ordering::Relaxed);
     }
 }
+
+/// Least time between two re-lists at once after `410 Gone` ([`watch_backoff`]); a 410
+/// sooner waits its backoff like any other error.
+pub const RELIST_AT_ONCE_EVERY: Duration = Duration::from_secs(30);
 
 /// The wait between a watch's tries while it fails: 250 ms doubling to 2 s, each with up to
 /// as much again of jitter, so at most 4 s, reset once the watch follows again; after a
@@ -609,7 +617,8 @@ impl ApiserverView {
 /// kube-runtime's `default_backoff` (800 ms doubling to 30 s, up to twice that with
 /// jitter, reset only after 120 s without an error) grows through an outage of tens of
 /// seconds to waits of 30-60 s, so a watch resumed after the apiserver's return waited that
-/// long again before its re-list, and the replica's view (and its sites) with it.
+/// long again before its re-list, and the replica's view (and its sites) with it. At most
+/// one re-list at once per [`RELIST_AT_ONCE_EVERY`].
 pub fn watch_backoff() -> ExponentialBackoff {
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(250))

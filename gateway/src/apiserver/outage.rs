@@ -1,7 +1,9 @@
 //! An apiserver outage told once: what the gateway logs while its writes fail.
 //!
-//! When the apiserver stops taking writes (429, 5xx, no answer: the troubles that close a
-//! backoff gate, see [`crate::apiserver`]), every node's renewal fails on every try: 10,000
+//! When the apiserver stops taking Lease writes (429, 5xx, no answer: the troubles that
+//! close the Lease calls' backoff gate, see [`crate::apiserver`]; trouble with status
+//! patches alone, a failing webhook, is no outage of heartbeats and each failure is told on
+//! its own), every node's renewal fails on every try: 10,000
 //! nodes would write thousands of lines a second, each saying the same thing. So an outage
 //! is told in three kinds of line ([`OutageLog`], I/O-free; the caller passes tokio's time,
 //! so tests pause it, and writes the line):

@@ -348,3 +348,36 @@ fn uplink_notifications_are_bounded_by_the_sites_that_exist() {
     assert!(tracker.uplinks_down.contains("plant-3"));
     assert_eq!(tracker.unseen_down.len(), MAX_UNSEEN_UPLINKS);
 }
+
+/// One node with a long Lease does not hold every site for long: the hold is capped.
+#[test]
+fn a_long_lease_holds_the_sites_no_longer_than_the_cap() {
+    let long = site(vec![Member {
+        renew_interval: SignedDuration::from_secs(900),
+        ..member("a", 0)
+    }]);
+    assert_eq!(hold_after(&long), MAX_HOLD_INTERVAL * 2 + TICK);
+    assert!(!held(false, Some(MAX_HOLD_INTERVAL * 2 + TICK), &long));
+}
+
+/// A partition taken back leaves the site as it was before the look that found it: the
+/// last partition's stragglers are still known as such.
+#[test]
+fn a_retracted_partition_restores_what_came_before() {
+    let mut tracker = SiteTracker::default();
+    let cut = site(vec![member("a", 0), member("b", 1), member("c", 2)]);
+    assert_eq!(partitioned(&tracker.look(&cut, t(30))), 1);
+    // a and b are heard again; c stays silent: the site returned, c a straggler.
+    let back = site(vec![member("a", 40), member("b", 41), member("c", 2)]);
+    tracker.look(&back, t(42));
+    let before = tracker.sites()["plant-3"].clone();
+    assert!(before.partition.is_none() && before.last.is_some() && before.returned.is_some());
+    // All silent again: a new partition, taken back.
+    let again = site(vec![member("a", 40), member("b", 41), member("c", 42)]);
+    assert_eq!(partitioned(&tracker.look(&again, t(70))), 1);
+    tracker.retract("plant-3");
+    let after = &tracker.sites()["plant-3"];
+    assert_eq!(after.partition, None);
+    assert_eq!(after.last, before.last);
+    assert_eq!(after.returned, before.returned);
+}

@@ -432,6 +432,25 @@ async fn a_gone_watch_lists_again_at_once_and_other_errors_wait_at_most_4_s() {
         wait_to_list <= Duration::from_millis(10),
         "the re-list after 410 Gone starts at once, not after a backoff ({wait_to_gone:?} before the 410)"
     );
+    // The list done, another 410 at once (a lagging watch cache): no second re-list at
+    // once within RELIST_AT_ONCE_EVERY, so no list storm.
+    let listed = taken(&view);
+    tx.send(Ok(Event::InitDone)).unwrap();
+    taken_after(listed + 1).await;
+    let before = listed + 1;
+    let gone = || {
+        Err(watcher::Error::WatchError(Box::new(
+            kube::core::Status::failure("too old resource version", "Expired").with_code(410),
+        )))
+    };
+    tx.send(gone()).unwrap();
+    tx.send(Ok(Event::Init)).unwrap();
+    taken_after(before + 1).await;
+    let waited = taken_after(before + 2).await;
+    assert!(
+        waited >= Duration::from_millis(250),
+        "a second 410 within {RELIST_AT_ONCE_EVERY:?} waits its backoff: {waited:?}"
+    );
     drop(tx);
     follower.await.unwrap();
 }
