@@ -54,6 +54,21 @@ fn gateway_args(standin: &StandInHandle) -> Vec<String> {
     .to_vec()
 }
 
+/// The stand-in apiserver and the real gateway binary serving gRPC on it ([`gateway_args`],
+/// its log in `dir`), and the gateway's gRPC address.
+async fn grpc_gateway(dir: &Path) -> (StandInHandle, GatewayProcess, std::net::SocketAddr) {
+    let standin = StandIn::serve(
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
+    let mut gateway =
+        GatewayProcess::start(gateway_args(&standin), &dir.join("gateway.log")).unwrap();
+    let grpc = gateway.address("gRPC listening").await.unwrap();
+    (standin, gateway, grpc)
+}
+
 /// The real agent binary for `node` with `transport` (a YAML flow mapping), kubelet's
 /// default intervals, logging JSON to `log`. Killed if the test fails before it exits.
 fn spawn_agent(dir: &Path, node: &str, transport: &str, log: &Path) -> tokio::process::Child {
@@ -141,15 +156,7 @@ fn agent_lines(log: &Path) -> Vec<LogLine> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_closes_a_connected_grpc_agents_stream_and_exits_within_a_second() {
     let dir = tempfile::tempdir().unwrap();
-    let standin = StandIn::serve(
-        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        std::future::pending(),
-    )
-    .await
-    .unwrap();
-    let mut gateway =
-        GatewayProcess::start(gateway_args(&standin), &dir.path().join("gateway.log")).unwrap();
-    let grpc = gateway.address("gRPC listening").await.unwrap();
+    let (standin, gateway, grpc) = grpc_gateway(dir.path()).await;
     let node = "stop-grpc-01";
     let log = dir.path().join("agent.log");
     let mut agent = spawn_agent(
@@ -332,15 +339,7 @@ async fn notifications_until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_without_the_gateway_and_the_registration_in_status() {
     let dir = tempfile::tempdir().unwrap();
-    let standin = StandIn::serve(
-        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        std::future::pending(),
-    )
-    .await
-    .unwrap();
-    let mut gateway =
-        GatewayProcess::start(gateway_args(&standin), &dir.path().join("gateway.log")).unwrap();
-    let grpc = gateway.address("gRPC listening").await.unwrap();
+    let (standin, gateway, grpc) = grpc_gateway(dir.path()).await;
     let gateway_pid = gateway.pid().unwrap();
     signal(gateway_pid, "STOP").unwrap();
     let socket_path = dir.path().join("notify.sock");
