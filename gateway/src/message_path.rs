@@ -206,6 +206,20 @@ impl Gateway {
         self.writer.reject(why, reason)
     }
 
+    /// Counts and logs (one line per node per interval, [`crate::metrics`]'s rejection log)
+    /// a renewal's usage sample refused ([`crate::resource_metrics::SampleRefused`]): an
+    /// agent reporting more than its node holds. The renewal itself is written.
+    fn usage_refused(&self, name: &str, refused: &crate::resource_metrics::SampleRefused) {
+        self.counters.count_rejection(RejectReason::Invalid);
+        if let edgebeat_transports::log_limit::LogLine::Write { suppressed, others } = self
+            .counters
+            .rejection_log
+            .check("usage", name, tokio::time::Instant::now())
+        {
+            tracing::warn!(node = name, %refused, suppressed, other_sources = others, "usage sample refused; the renewal is written without it");
+        }
+    }
+
     /// Refuses a message for a node this replica has no room for; logs the first refusal
     /// and every 1,000th after it (a fleet too large for one replica is an operator's
     /// problem to see, not a log flood).
@@ -484,11 +498,21 @@ impl Gateway {
             if let Some(usage) = &renewal.usage {
                 // Sampled as it was sent: its age before the receipt.
                 let sampled = received_wall.checked_sub(age).unwrap_or(received_wall);
-                if let Some(shared) = self.resource_samples.record_usage(name, usage, sampled)
-                    && let Some(outbox) = self.usage_outbox.get()
+                let capacity = self.writer.view.managed_capacity(name).flatten();
+                match self
+                    .resource_samples
+                    .record_usage(name, usage, sampled, capacity)
                 {
-                    // No receiver (the broker away) is no error: samples are lossy.
-                    let _ = outbox.send((name.to_owned(), shared));
+                    Ok(Some(shared)) => {
+                        if let Some(outbox) = self.usage_outbox.get() {
+                            // No receiver (the broker away) is no error: samples are lossy.
+                            let _ = outbox.send(shared);
+                        }
+                    }
+                    Ok(None) => {}
+                    // The renewal stands; only its usage is refused, counted and logged
+                    // within bounds.
+                    Err(refused) => self.usage_refused(name, &refused),
                 }
             }
         }

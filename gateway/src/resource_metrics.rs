@@ -110,50 +110,91 @@ impl Samples {
     /// retry, or a replica's shared sample that came first). Returns whether it was
     /// recorded.
     pub fn record(&self, node: &str, sample: Sample) -> bool {
-        self.insert(node, sample, false)
+        self.insert(node, sample, false, None).unwrap_or(false)
     }
 
-    /// [`Samples::record`], and for a `shared` sample not past the limit of nodes.
-    fn insert(&self, node: &str, sample: Sample, shared: bool) -> bool {
+    /// [`Samples::record`], for a `shared` sample not past the limit of nodes, and within
+    /// the node's `capacity` when it is known ([`check_capacity`], against the sample held).
+    fn insert(
+        &self,
+        node: &str,
+        sample: Sample,
+        shared: bool,
+        capacity: Option<Capacity>,
+    ) -> Result<bool, SampleRefused> {
         let mut latest = self.latest.write();
         let full = shared && latest.len() >= self.shared_limit;
+        let held = latest.get(node).copied();
+        if held.is_some_and(|held| held.timestamp_ms >= sample.timestamp_ms) {
+            return Ok(false);
+        }
+        if let Some(capacity) = capacity {
+            check_capacity(&sample, held.as_ref(), capacity)?;
+        }
         match latest.get_mut(node) {
-            Some(held) if held.timestamp_ms >= sample.timestamp_ms => false,
             Some(held) => {
                 *held = sample;
-                true
+                Ok(true)
             }
-            None if full => false,
+            None if full => Ok(false),
             None => {
                 latest.insert(node.to_owned(), sample);
-                true
+                Ok(true)
             }
         }
     }
 
     /// Records a node's usage as its agent sent it (`LeaseRenewal.usage`), sampled at
-    /// `sampled` on this replica's clock; a usage the host could not read (a 0) is not a
-    /// sample (metrics-server drops a node whose CPU or memory is 0). Returns the sample as
-    /// the other replicas take it ([`Samples::record_shared`]) when it was recorded.
+    /// `sampled` on this replica's clock, within the node's `capacity` when it is known; a
+    /// usage the host could not read (a 0) is not a sample (metrics-server drops a node
+    /// whose CPU or memory is 0). Returns the sample as the other replicas take it
+    /// ([`Samples::record_shared`]) when it was recorded.
+    ///
+    /// # Errors
+    ///
+    /// [`SampleRefused`] for a sample beyond the node's capacity ([`check_capacity`]):
+    /// nothing is recorded.
     pub fn record_usage(
         &self,
         node: &str,
         usage: &edgebeat_proto::ResourceUsage,
         sampled: std::time::SystemTime,
-    ) -> Option<edgebeat_proto::SharedUsage> {
+        capacity: Option<Capacity>,
+    ) -> Result<Option<edgebeat_proto::SharedUsage>, SampleRefused> {
         let shared = edgebeat_proto::SharedUsage {
             usage: Some(*usage),
             sampled_ms: unix_ms(sampled),
+            node_name: node.to_owned(),
         };
-        let sample = Sample::of(&shared)?;
-        self.record(node, sample).then_some(shared)
+        let Some(sample) = Sample::of(&shared) else {
+            return Ok(None);
+        };
+        Ok(self
+            .insert(node, sample, false, capacity)?
+            .then_some(shared))
     }
 
-    /// Records a sample another replica admitted and shared (MQTT `P/usage/{node}`),
-    /// unless it is not one (no usage, a 0, no time), a newer one is held, or it would add
-    /// a node past the limit ([`Samples::new`]). Returns whether it was recorded.
-    pub fn record_shared(&self, node: &str, shared: &edgebeat_proto::SharedUsage) -> bool {
-        Sample::of(shared).is_some_and(|sample| self.insert(node, sample, true))
+    /// Records a sample another replica admitted and shared (MQTT `P/usage`) for its node
+    /// (`shared.node_name`), unless it is not one (no usage, a 0, no time), a newer one is
+    /// held, or it would add a node past the limit ([`Samples::new`]). Returns whether it
+    /// was recorded.
+    ///
+    /// # Errors
+    ///
+    /// [`SampleRefused`] for a sample dated beyond [`MAX_SAMPLE_AHEAD`] after `now`
+    /// ([`check_sample_time`]: it would stay the node's latest until then) or beyond the
+    /// node's `capacity` when it is known ([`check_capacity`]): nothing is recorded.
+    pub fn record_shared(
+        &self,
+        shared: &edgebeat_proto::SharedUsage,
+        capacity: Option<Capacity>,
+        now: std::time::SystemTime,
+    ) -> Result<bool, SampleRefused> {
+        check_sample_time(shared.sampled_ms, now)?;
+        match Sample::of(shared) {
+            Some(sample) => self.insert(&shared.node_name, sample, true, capacity),
+            None => Ok(false),
+        }
     }
 
     /// Forgets `node` (its slot was swept, or it moved to another replica).
@@ -213,6 +254,118 @@ pub fn check_sample_time(
     let ahead_ms = i128::from(sampled_ms) - i128::from(unix_ms(now));
     if ahead_ms > i128::try_from(MAX_SAMPLE_AHEAD.as_millis()).unwrap_or(i128::MAX) {
         return Err(SampleFromTheFuture { ahead_ms });
+    }
+    Ok(())
+}
+
+/// A Node's `status.capacity` of CPU and memory as the apiserver holds it (what its agent
+/// reported): what no sample of its usage can exceed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// `cpu`, millicores.
+    pub cpu_millis: u64,
+    /// `memory`, bytes.
+    pub memory_bytes: u64,
+}
+
+impl Capacity {
+    /// The capacity of `capacity` (a NodeStatus's `capacity` map); `None` unless both
+    /// `cpu` and `memory` are there and parse as Kubernetes quantities (`4`, `3900m`,
+    /// `8029908Ki`; parsed with kube_quantity).
+    pub fn of(
+        capacity: &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    ) -> Option<Self> {
+        let parse = |name: &str| {
+            kube_quantity::ParsedQuantity::try_from(capacity.get(name)?)
+                .ok()?
+                .to_bytes_f64()
+        };
+        let cpu = parse("cpu")?;
+        let memory = parse("memory")?;
+        // Float to integer casts saturate (a negative quantity is 0).
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        Some(Self {
+            cpu_millis: (cpu * 1000.0).round() as u64,
+            memory_bytes: memory.round() as u64,
+        })
+    }
+}
+
+/// How far a node's CPU rate between two samples may exceed its capacity before the later
+/// sample is refused, in per cent of the capacity: 25 %, for the time between samples as
+/// this replica dates them (the renewal's receipt minus its age) against the agent's own.
+pub const CPU_RATE_SLACK_PERCENT: u64 = 25;
+
+/// Shortest time between two samples over which their CPU rate is judged, 10 s: over a
+/// shorter one the dating's error outweighs the rate.
+pub const CPU_RATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A sample refused ([`Samples::record_usage`], [`Samples::record_shared`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SampleRefused {
+    /// Dated beyond [`MAX_SAMPLE_AHEAD`] after this replica's clock.
+    #[error(transparent)]
+    FromTheFuture(#[from] SampleFromTheFuture),
+    /// A memory working set above the node's memory capacity.
+    #[error(
+        "memory working set {working_set_bytes} B above the node's capacity of {capacity_bytes} B"
+    )]
+    MemoryAboveCapacity {
+        /// The sample's `node_memory_working_set_bytes`.
+        working_set_bytes: u64,
+        /// The Node's `status.capacity.memory`, bytes.
+        capacity_bytes: u64,
+    },
+    /// CPU time used faster than the node's CPUs can, since the sample held.
+    #[error(
+        "{rate_millis}m of CPU since the sample held, above the node's capacity of {capacity_millis}m"
+    )]
+    CpuAboveCapacity {
+        /// The rate between the two samples, millicores.
+        rate_millis: u64,
+        /// The Node's `status.capacity.cpu`, millicores.
+        capacity_millis: u64,
+    },
+}
+
+/// Whether `sample` fits the node's `capacity`: a memory working set at most its memory,
+/// and, against the sample `held` before it (at least [`CPU_RATE_WINDOW`] older, its
+/// cumulative CPU time not above this one's: a lower one is a counter reset, a reboot), a
+/// CPU rate at most its CPUs and [`CPU_RATE_SLACK_PERCENT`]. The working set is the root
+/// cgroup's (cadvisor's, `pkg/kubelet/metrics/collectors/resource_metrics.go`), which the
+/// kernel never lets past the machine's memory.
+///
+/// # Errors
+///
+/// [`SampleRefused::MemoryAboveCapacity`], [`SampleRefused::CpuAboveCapacity`].
+pub fn check_capacity(
+    sample: &Sample,
+    held: Option<&Sample>,
+    capacity: Capacity,
+) -> Result<(), SampleRefused> {
+    if sample.memory_working_set_bytes > capacity.memory_bytes {
+        return Err(SampleRefused::MemoryAboveCapacity {
+            working_set_bytes: sample.memory_working_set_bytes,
+            capacity_bytes: capacity.memory_bytes,
+        });
+    }
+    let Some(held) = held else { return Ok(()) };
+    let window_ms = i128::from(sample.timestamp_ms) - i128::from(held.timestamp_ms);
+    let used_ms = i128::from(sample.cpu_usage_ms) - i128::from(held.cpu_usage_ms);
+    if window_ms < i128::try_from(CPU_RATE_WINDOW.as_millis()).unwrap_or(i128::MAX) || used_ms < 0 {
+        return Ok(());
+    }
+    // CPU milliseconds per wall millisecond, in millicores.
+    let rate_millis = used_ms * 1000 / window_ms;
+    let limit = i128::from(capacity.cpu_millis) * i128::from(100 + CPU_RATE_SLACK_PERCENT) / 100;
+    if rate_millis > limit {
+        return Err(SampleRefused::CpuAboveCapacity {
+            rate_millis: u64::try_from(rate_millis).unwrap_or(u64::MAX),
+            capacity_millis: capacity.cpu_millis,
+        });
     }
     Ok(())
 }

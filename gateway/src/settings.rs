@@ -333,8 +333,9 @@ impl MqttSettings {
 
     /// The ingress's options once the site CA is read (`enrollment`, under --enrollment):
     /// signatures verified against `node_ca_pem` and the site CA together (hand-made node
-    /// certificates and enrolled ones, during a move to enrollment), answers signed with
-    /// the answer key of the files, else the gateway's own from the site CA.
+    /// certificates and enrolled ones, during a move to enrollment), answers (and shared
+    /// usage batches) signed with the answer key of the files, else the gateway's own from
+    /// the site CA, and the other replicas' usage batches verified against the same CAs.
     ///
     /// # Errors
     /// Node CAs that cannot be used, or signed messages with no way to sign answers (as
@@ -354,6 +355,12 @@ impl MqttSettings {
             let mut policy = SignaturePolicy::new(verifier, self.require_signatures);
             policy.max_clock_skew = self.max_clock_skew;
             options.signatures = Some(policy);
+            // The other replicas' usage batches are taken signed by a gateway's answer key
+            // of the same site CA only.
+            options.usage_verifier = Some(
+                edgebeat_transports::signing::AnswerVerifier::from_pem(&ca_pem)
+                    .context("--mqtt-node-ca")?,
+            );
             if options.answer_signer.is_none() {
                 options.answer_signer = enrollment.map(Enrollment::answer_signer);
             }

@@ -79,6 +79,8 @@ pub struct NodeRecord {
     /// Whether it carries metrics-server's path annotation naming its own path
     /// ([`crate::resource_metrics::PATH_ANNOTATION`], [`crate::resource_metrics::node_path`]).
     pub resource_metrics_path: bool,
+    /// Its `status.capacity` of CPU and memory, which its usage samples are held to.
+    pub capacity: Option<crate::resource_metrics::Capacity>,
 }
 
 impl NodeRecord {
@@ -140,6 +142,11 @@ impl NodeRecord {
                 .and_then(|a| a.get(crate::resource_metrics::PATH_ANNOTATION))
                 .zip(node.metadata.name.as_deref())
                 .is_some_and(|(path, name)| *path == crate::resource_metrics::node_path(name)),
+            capacity: node
+                .status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(crate::resource_metrics::Capacity::of),
         }
     }
 
@@ -343,6 +350,17 @@ impl ApiserverView {
     /// A copy of what is known of Node `name`.
     pub fn node(&self, name: &str) -> Option<NodeRecord> {
         self.nodes.map().get(name).cloned()
+    }
+
+    /// Whether Node `name` is in the view and carries [`MANAGED_LABEL`], and its capacity
+    /// ([`NodeRecord::capacity`]) when it is.
+    pub fn managed_capacity(
+        &self,
+        name: &str,
+    ) -> Option<Option<crate::resource_metrics::Capacity>> {
+        let nodes = self.nodes.map();
+        let record = nodes.get(name)?;
+        record.managed.then_some(record.capacity)
     }
 
     /// The certificate Node `name` speaks with, as its annotations record it (see

@@ -193,21 +193,22 @@ pub trait Handler: Send + Sync + 'static {
         let _ = (site, up);
     }
 
-    /// A usage sample of `node` another replica admitted and shared (MQTT:
-    /// `P/usage/{node}`, see [`crate::mqtt::usage_topic`]), taken on the broker's word that
-    /// only gateways publish there. Called in arrival order in the ingress's event loop;
-    /// must not block. The default ignores it.
-    fn shared_usage(&self, node: &str, usage: SharedUsage) {
-        let _ = (node, usage);
+    /// A usage sample another replica admitted and shared (MQTT: in a batch on `P/usage`,
+    /// see [`crate::mqtt::usage_topic`]), of the node `usage.node_name` (a valid node name),
+    /// its batch verified as a gateway's where the replicas sign
+    /// ([`crate::mqtt::MqttIngressOptions::usage_verifier`]). Called in arrival order in the
+    /// ingress's event loop; must not block. The default ignores it.
+    fn shared_usage(&self, usage: SharedUsage) {
+        let _ = usage;
     }
 }
 
-/// Where a replica puts the usage samples it admits for the other replicas: a broadcast
-/// channel of `(node, sample)` that the MQTT ingress publishes from
+/// Where a replica puts the usage samples it admits for the other replicas (each names its
+/// node, `SharedUsage.node_name`): a broadcast channel the MQTT ingress publishes from
 /// ([`crate::mqtt::MqttIngressOptions::usage_sharing`]). Lossy by design: a sample that
 /// finds the channel full or the broker away is dropped, and the next, 20 s later, takes
 /// its place.
-pub type UsageOutbox = tokio::sync::broadcast::Sender<(String, SharedUsage)>;
+pub type UsageOutbox = tokio::sync::broadcast::Sender<SharedUsage>;
 
 /// A message rejected, by a transport or by the gateway: its [`RejectReason`] (the metric
 /// label) and a detail for logs and, when the rejection is answered, for the answer

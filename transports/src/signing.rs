@@ -88,7 +88,7 @@ fn load_key(
 mod answers;
 pub use answers::{
     ANSWER_CONTEXT, ANSWER_SIGNER_NAME, AnswerError, AnswerRefusals, AnswerSigner,
-    AnswerSignerError, AnswerVerifier, public_key_info, unseal_answer,
+    AnswerSignerError, AnswerVerifier, USAGE_CONTEXT, public_key_info, unseal_answer, unseal_usage,
 };
 
 /// Signs agent messages with the node's private key (agent side).

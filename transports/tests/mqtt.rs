@@ -115,7 +115,7 @@ struct Recorder {
     seen: Mutex<Vec<Seen>>,
     rejected: Mutex<Vec<(RejectReason, String)>>,
     /// Other replicas' usage samples ([`Handler::shared_usage`]).
-    shared: Mutex<Vec<(String, SharedUsage)>>,
+    shared: Mutex<Vec<SharedUsage>>,
     changes: watch::Sender<u64>,
     /// Messages of this node wait for a permit before they are handled.
     hold: Option<(String, Arc<tokio::sync::Semaphore>)>,
@@ -226,8 +226,8 @@ impl Handler for Recorder {
         self.changes.send_modify(|n| *n += 1);
     }
 
-    fn shared_usage(&self, node: &str, usage: SharedUsage) {
-        self.shared.lock().unwrap().push((node.to_owned(), usage));
+    fn shared_usage(&self, usage: SharedUsage) {
+        self.shared.lock().unwrap().push(usage);
         self.changes.send_modify(|n| *n += 1);
     }
 }
@@ -566,91 +566,136 @@ async fn shared_subscription_splits_messages_between_replicas() {
     gw_b.stop().await;
 }
 
-/// Replicas sharing usage: a sample one replica puts in its outbox reaches the other
-/// through the broker (`P/usage/{node}`), never itself (No Local); a payload there that
-/// does not decode is rejected as malformed, and sharing goes on.
+/// A site CA (PEM) and an answer key it issued (serverAuth, valid for the gateway's name),
+/// as a replica signs its answers and shared samples with.
+fn site_with_answer_key() -> (String, Arc<edgebeat_transports::signing::AnswerSigner>) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "edgebeat site CA");
+    let key = KeyPair::generate().unwrap();
+    let ca_pem = params.self_signed(&key).unwrap().pem();
+    let issuer = Issuer::new(params, key);
+    let name = edgebeat_transports::signing::ANSWER_SIGNER_NAME.to_owned();
+    let mut params = CertificateParams::new(vec![name]).unwrap();
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let signer = edgebeat_transports::signing::AnswerSigner::from_pem(
+        cert.pem().as_bytes(),
+        key.serialize_pem().as_bytes(),
+        ca_pem.as_bytes(),
+    )
+    .unwrap();
+    (ca_pem, Arc::new(signer))
+}
+
+/// Two replicas sharing usage, each signing its batches with its answer key of the site CA
+/// and verifying the other's, hear each other's samples through the broker (`P/usage`),
+/// never their own (No Local). What anyone else on the broker publishes there is refused
+/// whole: a plain batch as unsigned, one signed by another site's answer key as a
+/// certificate refused, garbage as malformed; and sharing goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_share_usage_samples_with_each_other_not_themselves() {
+async fn replicas_share_signed_usage_samples_with_each_other_not_themselves() {
     let broker = Mosquitto::start().await;
     let changes = watch::channel(0).0;
     let (a, b) = (
         Recorder::sharing(changes.clone()),
         Recorder::sharing(changes),
     );
+    let (ca_pem, signer) = site_with_answer_key();
     let outbox_a = tokio::sync::broadcast::channel(16).0;
     let outbox_b = tokio::sync::broadcast::channel(16).0;
     let replica = |id: &str, outbox: &edgebeat_transports::ingress::UsageOutbox| {
         let mut options = MqttIngressOptions::new(broker.host(), broker.port(), id);
         options.usage_sharing = Some(outbox.clone());
+        options.answer_signer = Some(signer.clone());
+        options.usage_verifier = Some(
+            edgebeat_transports::signing::AnswerVerifier::from_pem(ca_pem.as_bytes()).unwrap(),
+        );
         options
     };
     let gw_a = start_gateway(replica("gw-a", &outbox_a), &a);
     let gw_b = start_gateway(replica("gw-b", &outbox_b), &b);
-    let sample = |cpu_usage_ms: u64| SharedUsage {
+    let sample = |node: &str, cpu_usage_ms: u64| SharedUsage {
         usage: Some(ResourceUsage {
             cpu_usage_ms,
             memory_working_set_kib: 2048,
         }),
         sampled_ms: 1_790_000_000_000,
+        node_name: node.to_owned(),
     };
     let shared = |r: &Recorder| r.shared.lock().unwrap().clone();
     // Until both replicas are subscribed, samples are not shared (QoS 0, only while
-    // subscribed): each sends one again when the other has none within 100 ms.
+    // subscribed): each sends one again when the other has none within 1.5 s (a batch
+    // waits up to 1 s for others).
     let both = |a: &Recorder, b: &Recorder| !shared(a).is_empty() && !shared(b).is_empty();
     let mut changes = a.changes.subscribe();
-    for _ in 0..200 {
+    for _ in 0..20 {
         if both(&a, &b) {
             break;
         }
-        let _ = outbox_a.send(("edge-a".to_owned(), sample(1)));
-        let _ = outbox_b.send(("edge-b".to_owned(), sample(2)));
+        let _ = outbox_a.send(sample("edge-a", 1));
+        let _ = outbox_b.send(sample("edge-b", 2));
         let _ = tokio::time::timeout(
-            Duration::from_millis(100),
+            mqtt::USAGE_LINGER + Duration::from_millis(500),
             changes.wait_for(|_| both(&a, &b)),
         )
         .await;
     }
     assert!(
-        shared(&b)
-            .iter()
-            .all(|s| *s == ("edge-a".to_owned(), sample(1)))
-            && !shared(&b).is_empty(),
+        shared(&b).iter().all(|s| *s == sample("edge-a", 1)) && !shared(&b).is_empty(),
         "b holds a's samples only: {:?}\n{}",
         shared(&b),
         broker.log()
     );
     assert!(
-        shared(&a)
-            .iter()
-            .all(|s| *s == ("edge-b".to_owned(), sample(2)))
-            && !shared(&a).is_empty(),
+        shared(&a).iter().all(|s| *s == sample("edge-b", 2)) && !shared(&a).is_empty(),
         "a holds b's samples only: {:?}",
         shared(&a)
     );
 
+    let forged = edgebeat_proto::SharedUsageBatch {
+        samples: vec![sample("edge-a", u64::MAX / 2)],
+    };
+    let (_, stranger) = site_with_answer_key();
     let (publisher, _) = raw_client(&broker, "intruder", None).await;
-    publisher
-        .publish(
-            mqtt::usage_topic(PREFIX, "edge-a"),
-            QoS::AtLeastOnce,
-            false,
-            vec![0xff, 0xff, 0xff],
+    let intrusions = [
+        (forged.encode_to_vec(), RejectReason::Unsigned),
+        (
+            stranger.seal_usage(&forged).unwrap(),
+            RejectReason::Certificate,
+        ),
+        (vec![0xff, 0xff, 0xff], RejectReason::Malformed),
+    ];
+    for (payload, reason) in intrusions {
+        publisher
+            .publish(mqtt::usage_topic(PREFIX), QoS::AtLeastOnce, false, payload)
+            .await
+            .unwrap();
+        b.until(
+            &format!("the intruder's batch refused as {reason:?}"),
+            &broker,
+            |b| b.rejected().iter().any(|(r, _)| *r == reason),
         )
-        .await
-        .unwrap();
-    b.until("the garbled sample rejected", &broker, |b| {
-        b.rejected()
-            .iter()
-            .any(|(reason, _)| *reason == RejectReason::Malformed)
-    })
-    .await;
+        .await;
+    }
+    assert!(
+        shared(&b).iter().all(|s| *s == sample("edge-a", 1)),
+        "nothing of the intruder's taken: {:?}",
+        shared(&b)
+    );
     let before = shared(&b).len();
-    let _ = outbox_a.send(("edge-a".to_owned(), sample(3)));
+    let _ = outbox_a.send(sample("edge-a", 3));
     b.until("a's next sample after it", &broker, |b| {
         b.shared.lock().unwrap().len() > before
     })
     .await;
-    assert_eq!(shared(&b).last(), Some(&("edge-a".to_owned(), sample(3))));
+    assert_eq!(shared(&b).last(), Some(&sample("edge-a", 3)));
     gw_a.stop().await;
     gw_b.stop().await;
 }

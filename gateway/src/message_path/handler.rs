@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::Gateway;
 use crate::enrollment::gate::Source;
 use crate::metrics::RejectReason;
+use crate::resource_metrics::SampleRefused;
 
 impl Handler for Gateway {
     /// Posts the message to its node's mailbox and waits for its answer; when nothing of
@@ -80,30 +81,38 @@ impl Handler for Gateway {
     ///
     /// [`Samples::record_shared`]: crate::resource_metrics::Samples::record_shared
     ///
-    /// Anyone on the broker can publish on `P/usage/{node}`, so a sample is refused
-    /// (counted and logged within bounds) for a node that is not a managed Node in the
-    /// view ([`RejectReason::Foreign`]: a made-up node or a worker edgebeat does not run),
-    /// and when dated beyond the clock window ahead of this replica's clock
+    /// The batch it came in was verified as a replica's where the replicas sign. Still, a
+    /// sample is refused (counted and logged within bounds) for a node that is not a managed
+    /// Node in the view ([`RejectReason::Foreign`]: a made-up node or a worker edgebeat does
+    /// not run), when dated beyond the clock window ahead of this replica's clock
     /// ([`RejectReason::ClockSkew`]: a sample from the future would never be replaced by
-    /// the node's genuine ones).
-    fn shared_usage(&self, node: &str, usage: pb::SharedUsage) {
+    /// the node's genuine ones), and beyond the node's capacity ([`RejectReason::Invalid`]).
+    fn shared_usage(&self, usage: pb::SharedUsage) {
         let peer = Peer::unidentified(edgebeat_transports::ingress::TransportKind::Mqtt, None);
-        if !self.writer.view.node(node).is_some_and(|n| n.managed) {
+        let Some(capacity) = self.writer.view.managed_capacity(&usage.node_name) else {
             return self.rejected(
                 &peer,
                 RejectReason::Foreign,
                 "shared usage sample of a node that is no managed Node",
             );
+        };
+        match self
+            .resource_samples
+            .record_shared(&usage, capacity, self.clock.now())
+        {
+            Ok(_) => {}
+            Err(refused) => {
+                let reason = match refused {
+                    SampleRefused::FromTheFuture(_) => RejectReason::ClockSkew,
+                    _ => RejectReason::Invalid,
+                };
+                self.rejected(
+                    &peer,
+                    reason,
+                    &format!("shared usage sample of {}: {refused}", usage.node_name),
+                );
+            }
         }
-        let now = self.clock.now();
-        if let Err(skew) = crate::resource_metrics::check_sample_time(usage.sampled_ms, now) {
-            return self.rejected(
-                &peer,
-                RejectReason::ClockSkew,
-                &format!("shared usage sample: {skew}"),
-            );
-        }
-        self.resource_samples.record_shared(node, &usage);
     }
 
     fn rejected(&self, peer: &Peer, why: RejectReason, detail: &str) {

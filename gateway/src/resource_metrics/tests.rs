@@ -1109,22 +1109,44 @@ fn a_renewals_usage_is_the_nodes_sample_unless_unreadable_or_older() {
         cpu_usage_ms,
         memory_working_set_kib,
     };
-    samples.record_usage(NODE, &usage(0, 10), at(1_000));
-    samples.record_usage(NODE, &usage(10, 0), at(1_000));
+    assert_eq!(
+        samples.record_usage(NODE, &usage(0, 10), at(1_000), None),
+        Ok(None)
+    );
+    assert_eq!(
+        samples.record_usage(NODE, &usage(10, 0), at(1_000), None),
+        Ok(None)
+    );
     assert_eq!(samples.get(NODE), None, "a 0 is no sample");
-    samples.record_usage(NODE, &usage(1_500, 4), at(2_000));
+    samples
+        .record_usage(NODE, &usage(1_500, 4), at(2_000), None)
+        .unwrap();
     let newest = Sample {
         cpu_usage_ms: 1_500,
         memory_working_set_bytes: 4_096,
         timestamp_ms: 2_000,
     };
     assert_eq!(samples.get(NODE), Some(newest));
-    samples.record_usage(NODE, &usage(1_400, 4), at(1_900));
+    assert_eq!(
+        samples.record_usage(NODE, &usage(1_400, 4), at(1_900), None),
+        Ok(None)
+    );
     assert_eq!(
         samples.get(NODE),
         Some(newest),
         "a late retry replaces nothing"
     );
+}
+
+fn shared(node: &str, cpu_usage_ms: u64, sampled_ms: i64) -> edgebeat_proto::SharedUsage {
+    edgebeat_proto::SharedUsage {
+        usage: Some(edgebeat_proto::ResourceUsage {
+            cpu_usage_ms,
+            memory_working_set_kib: 4,
+        }),
+        sampled_ms,
+        node_name: node.to_owned(),
+    }
 }
 
 /// Another replica's sample is recorded as an own one would be (and what a renewal records
@@ -1133,20 +1155,18 @@ fn a_renewals_usage_is_the_nodes_sample_unless_unreadable_or_older() {
 #[test]
 fn shared_samples_are_recorded_within_the_limit_and_forgotten_when_old() {
     let samples = Samples::new(2);
-    let shared = |cpu_usage_ms, sampled_ms| edgebeat_proto::SharedUsage {
-        usage: Some(edgebeat_proto::ResourceUsage {
-            cpu_usage_ms,
-            memory_working_set_kib: 4,
-        }),
-        sampled_ms,
-    };
+    let now = std::time::UNIX_EPOCH + Duration::from_secs(10);
     let own = samples.record_usage(
         "own",
-        &shared(7, 0).usage.unwrap(),
+        &shared("own", 7, 0).usage.unwrap(),
         std::time::UNIX_EPOCH + Duration::from_millis(3_000),
+        None,
     );
-    assert_eq!(own, Some(shared(7, 3_000)), "shared as recorded");
-    assert!(samples.record_shared(NODE, &shared(1_500, 2_000)));
+    assert_eq!(own, Ok(Some(shared("own", 7, 3_000))), "shared as recorded");
+    assert_eq!(
+        samples.record_shared(&shared(NODE, 1_500, 2_000), None, now),
+        Ok(true)
+    );
     assert_eq!(
         samples.get(NODE),
         Some(Sample {
@@ -1159,31 +1179,131 @@ fn shared_samples_are_recorded_within_the_limit_and_forgotten_when_old() {
         edgebeat_proto::SharedUsage {
             usage: None,
             sampled_ms: 5_000,
+            node_name: NODE.to_owned(),
         },
-        shared(0, 5_000),
-        shared(1_600, 0),
-        shared(1_400, 1_900),
+        shared(NODE, 0, 5_000),
+        shared(NODE, 1_600, 0),
+        shared(NODE, 1_400, 1_900),
     ];
     for bad in not_samples {
-        assert!(!samples.record_shared(NODE, &bad), "{bad:?}");
+        assert_eq!(samples.record_shared(&bad, None, now), Ok(false), "{bad:?}");
     }
     assert_eq!(samples.get(NODE).map(|s| s.timestamp_ms), Some(2_000));
-    assert!(
-        !samples.record_shared("third", &shared(1, 2_500)),
+    assert_eq!(
+        samples.record_shared(&shared("third", 1, 2_500), None, now),
+        Ok(false),
         "past the limit of 2 nodes"
     );
     assert_eq!(
         samples.record_usage(
             "third",
-            &shared(1, 0).usage.unwrap(),
-            std::time::UNIX_EPOCH + Duration::from_millis(2_500)
+            &shared("third", 1, 0).usage.unwrap(),
+            std::time::UNIX_EPOCH + Duration::from_millis(2_500),
+            None,
         ),
-        Some(shared(1, 2_500)),
+        Ok(Some(shared("third", 1, 2_500))),
         "the limit is on shared samples only"
     );
     samples.forget_before(std::time::UNIX_EPOCH + Duration::from_millis(2_500));
     assert_eq!(samples.get(NODE), None, "older than the cutoff");
     assert!(samples.get("own").is_some() && samples.get("third").is_some());
+}
+
+/// A sample above its node's capacity is refused, shared or from a renewal, and the one
+/// held stays: a working set above the node's memory, or CPU time used faster than its
+/// CPUs (and 25 %) since the sample held, over 10 s at least. A counter that went back (a
+/// reboot) and a rate over less than 10 s are not judged; a shared sample dated beyond the
+/// clock window is refused as from the future.
+#[test]
+fn a_sample_beyond_its_nodes_capacity_is_refused() {
+    let samples = Samples::default();
+    // Two CPUs and 8 KiB (the samples' 4 KiB fits).
+    let capacity = Capacity {
+        cpu_millis: 2_000,
+        memory_bytes: 8 * 1024,
+    };
+    let at = |ms: u64| std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    let now = at(100_000);
+    let usage = |cpu_usage_ms, memory_working_set_kib| edgebeat_proto::ResourceUsage {
+        cpu_usage_ms,
+        memory_working_set_kib,
+    };
+    assert_eq!(
+        samples.record_usage(NODE, &usage(10_000, 9), at(1_000), Some(capacity)),
+        Err(SampleRefused::MemoryAboveCapacity {
+            working_set_bytes: 9 * 1024,
+            capacity_bytes: 8 * 1024
+        })
+    );
+    assert_eq!(samples.get(NODE), None);
+    samples
+        .record_usage(NODE, &usage(10_000, 4), at(1_000), Some(capacity))
+        .unwrap();
+    // 25,001 ms of CPU in 10 s is 2,500.1 millicores: 2 CPUs and 25 % is 2,500.
+    assert_eq!(
+        samples.record_shared(&shared(NODE, 35_010, 11_000), Some(capacity), now),
+        Err(SampleRefused::CpuAboveCapacity {
+            rate_millis: 2_501,
+            capacity_millis: 2_000
+        })
+    );
+    assert_eq!(
+        samples.get(NODE).map(|s| s.timestamp_ms),
+        Some(1_000),
+        "held"
+    );
+    assert_eq!(
+        samples.record_shared(&shared(NODE, 35_000, 11_000), Some(capacity), now),
+        Ok(true),
+        "2,500 millicores is within"
+    );
+    assert_eq!(
+        samples.record_shared(&shared(NODE, 1_000_000, 12_000), Some(capacity), now),
+        Ok(true),
+        "over 1 s the rate is not judged"
+    );
+    assert_eq!(
+        samples.record_shared(&shared(NODE, 5, 30_000), Some(capacity), now),
+        Ok(true),
+        "a counter reset (a reboot) is not judged"
+    );
+    assert_eq!(
+        samples.record_shared(&shared(NODE, 6, 130_001), Some(capacity), now),
+        Err(SampleRefused::FromTheFuture(SampleFromTheFuture {
+            ahead_ms: 30_001
+        }))
+    );
+    assert_eq!(samples.get(NODE).map(|s| s.cpu_usage_ms), Some(5));
+}
+
+/// Capacity is read from a NodeStatus's quantities as Kubernetes writes them; without
+/// either figure, or with one that does not parse, there is none.
+#[test]
+fn capacity_is_read_from_the_nodes_quantities() {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let map = |cpu: &str, memory: &str| {
+        [("cpu", cpu), ("memory", memory), ("pods", "110")]
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (k.to_owned(), Quantity(v.to_owned())))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        Capacity::of(&map("4", "8029908Ki")),
+        Some(Capacity {
+            cpu_millis: 4_000,
+            memory_bytes: 8_029_908 * 1024
+        })
+    );
+    assert_eq!(
+        Capacity::of(&map("3900m", "2Gi")),
+        Some(Capacity {
+            cpu_millis: 3_900,
+            memory_bytes: 2 << 30
+        })
+    );
+    assert_eq!(Capacity::of(&map("4", "")), None);
+    assert_eq!(Capacity::of(&map("four", "1Gi")), None);
 }
 
 /// A user allowed on every node (metrics-server's ClusterRole) is reviewed once for a

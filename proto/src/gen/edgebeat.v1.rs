@@ -260,10 +260,10 @@ pub struct ResourceUsage {
     pub memory_working_set_kib: u64,
 }
 /// A node's usage as one gateway replica took it from a verified, admitted renewal, shared
-/// with every other replica over MQTT (P/usage/{node}, gateway to gateways, QoS 0), so that
-/// each replica can serve every node's resource metrics while a shared subscription splits
-/// the node's messages between them. The node is the topic's.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+/// with every other replica over MQTT (in a SharedUsageBatch on P/usage, gateway to
+/// gateways, QoS 0), so that each replica can serve every node's resource metrics while a
+/// shared subscription splits the node's messages between them.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SharedUsage {
     #[prost(message, optional, tag = "1")]
     pub usage: ::core::option::Option<ResourceUsage>,
@@ -271,6 +271,38 @@ pub struct SharedUsage {
     /// clock (the renewal's receipt minus its age).
     #[prost(int64, tag = "2")]
     pub sampled_ms: i64,
+    /// The node (its Node's name) whose usage this is.
+    #[prost(string, tag = "3")]
+    pub node_name: ::prost::alloc::string::String,
+}
+/// The samples one replica admitted within about a second, published together on P/usage
+/// (MQTT, QoS 0, No Local). Where the replicas sign their answers, the batch travels inside
+/// a SignedUsage and the others take only a batch whose signature verifies.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct SharedUsageBatch {
+    #[prost(message, repeated, tag = "1")]
+    pub samples: ::prost::alloc::vec::Vec<SharedUsage>,
+}
+/// MQTT payload on P/usage when the replicas sign their answers (they verify node
+/// signatures, so anyone on the broker could otherwise tell them any node's usage): an
+/// encoded SharedUsageBatch and the signature of the replica's answer key over it, with that
+/// key's certificate chain, as in SignedAnswer but over USAGE_CONTEXT || signed_batch, where
+/// USAGE_CONTEXT is the 24 bytes "edgebeat.v1 shared usage" followed by one NUL byte (25
+/// bytes in all): a signed answer never passes as signed usage, nor the reverse. The other
+/// replicas verify the chain against the site CA (the key's certificate carries the
+/// extended key usage serverAuth and is valid for the DNS name "edgebeat-gateway") and the
+/// signature, then take each sample.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SignedUsage {
+    /// The encoded SharedUsageBatch, exactly the bytes signed (never re-encoded).
+    #[prost(bytes = "vec", tag = "8")]
+    pub signed_batch: ::prost::alloc::vec::Vec<u8>,
+    /// The replica's signature (see above).
+    #[prost(bytes = "vec", tag = "9")]
+    pub signature: ::prost::alloc::vec::Vec<u8>,
+    /// DER X.509 certificates of the answer key, leaf first, then its answer CA.
+    #[prost(bytes = "vec", repeated, tag = "10")]
+    pub certificate_chain: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
 }
 /// Everything an agent sends.
 #[derive(Clone, PartialEq, ::prost::Message)]

@@ -10,7 +10,7 @@
 //! | `P/nodes/{node}/will`        | broker → gateway | protobuf `Header` (Last Will)    | QoS 1 |
 //! | `P/acks/{node}`              | gateway → agent  | protobuf `GatewayMessage`        | QoS 1 |
 //! | `P/certificates/{node}`      | agent → gateways | protobuf `NodeCertificate`       | QoS 1, retained; only with signing |
-//! | `P/usage/{node}`             | gateway → gateways | protobuf `SharedUsage`         | QoS 0, No Local; only when sharing usage |
+//! | `P/usage`                    | gateway → gateways | protobuf `SignedUsage` (`SharedUsageBatch` unsigned) | QoS 0, No Local; only when sharing usage |
 //!
 //! With signing (agent: a node key; gateway: a site CA, see [`crate::signing`]) every
 //! agent payload is a `SignedMessage` instead of a bare `AgentMessage`, and the agent
@@ -24,10 +24,12 @@
 //! Gateways subscribe with the shared subscription `$share/{group}/P/nodes/+/+`, so replicas
 //! split the fleet (see [`gateway_filter`]). A node's usage samples
 //! (`LeaseRenewal.usage`), which every replica serves as kubelet's resource metrics, are
-//! what replicas tell each other: each publishes the samples it admitted on `P/usage/{node}`
-//! and subscribes to [`usage_filter`] without a share group and with No Local (MQTT 5
-//! §3.8.3.1), so each holds every node's latest sample. Only gateways may publish there
-//! (the broker's ACL): the topic is trusted as a gateway's word.
+//! what replicas tell each other: each publishes the samples it admitted, in batches, on
+//! `P/usage` and subscribes to [`usage_filter`] without a share group and with No Local
+//! (MQTT 5 §3.8.3.1), so each holds every node's latest sample. Where the replicas sign
+//! their answers, a batch is signed with the replica's answer key
+//! ([`crate::signing::AnswerSigner::seal_usage`]) and the others take only one that
+//! verifies: the broker's ACL is not trusted for it.
 //!
 //! Both sides own one rumqttc `EventLoop` in one task and keep its `poll()` future alive
 //! across `select!` iterations (see `next_event`), so an unrelated branch winning never
@@ -55,10 +57,10 @@ pub use client::{
 };
 #[cfg(feature = "mqtt-ingress")]
 pub use server::{
-    DEFAULT_MAX_CLOCK_SKEW, MqttIngressError, MqttIngressOptions, REJECT_BAD_SIGNATURE,
-    REJECT_CERTIFICATE, REJECT_CERTIFICATE_EXPIRED, REJECT_CLOCK, REJECT_MALFORMED,
-    REJECT_MISMATCH, REJECT_TOO_LARGE, REJECT_UNKNOWN_SIGNER, REJECT_UNKNOWN_TOPIC,
-    REJECT_UNSIGNED, SignaturePolicy, serve,
+    DEFAULT_MAX_CLOCK_SKEW, MAX_USAGE_BATCH_BYTES, MqttIngressError, MqttIngressOptions,
+    REJECT_BAD_SIGNATURE, REJECT_CERTIFICATE, REJECT_CERTIFICATE_EXPIRED, REJECT_CLOCK,
+    REJECT_MALFORMED, REJECT_MISMATCH, REJECT_TOO_LARGE, REJECT_UNKNOWN_SIGNER,
+    REJECT_UNKNOWN_TOPIC, REJECT_UNSIGNED, SignaturePolicy, USAGE_LINGER, serve,
 };
 
 /// Default topic prefix, `edgebeat/v1` (the wire package's version).
@@ -162,22 +164,21 @@ pub fn parse_certificate_topic<'t>(prefix: &str, topic: &'t str) -> Option<&'t s
     (!node.is_empty() && !node.contains('/')).then_some(node)
 }
 
-/// Topic a gateway replica shares a node's usage sample on (`SharedUsage`):
-/// `{prefix}/usage/{node}`.
-pub fn usage_topic(prefix: &str, node: &str) -> String {
-    [prefix, "/usage/", node].concat()
+/// Topic the gateway replicas share their usage samples on (a `SignedUsage`, or a plain
+/// `SharedUsageBatch` where nothing is signed): `{prefix}/usage`.
+pub fn usage_topic(prefix: &str) -> String {
+    [prefix, "/usage"].concat()
 }
 
 /// Filter every gateway replica that shares usage subscribes to (no share group, No
-/// Local): `{prefix}/usage/+`.
+/// Local): the topic itself, [`usage_topic`].
 pub fn usage_filter(prefix: &str) -> String {
-    format!("{prefix}/usage/+")
+    usage_topic(prefix)
 }
 
-/// The node of `{prefix}/usage/{node}`; `None` for any other topic.
-pub fn parse_usage_topic<'t>(prefix: &str, topic: &'t str) -> Option<&'t str> {
-    let node = topic.strip_prefix(prefix)?.strip_prefix("/usage/")?;
-    (!node.is_empty() && !node.contains('/')).then_some(node)
+/// Whether `topic` is `{prefix}/usage`.
+pub fn is_usage_topic(prefix: &str, topic: &str) -> bool {
+    topic.strip_prefix(prefix) == Some("/usage")
 }
 
 /// Topic of a site's uplink state, `{prefix}/sites/{site}/uplink` (`site` is a zone, or
@@ -374,11 +375,17 @@ mod tests {
             assert_eq!(parse_certificate_topic("edgebeat/v1", bad), None, "{bad}");
         }
         assert_eq!(certificates_filter("p"), "p/certificates/+");
-        assert_eq!(usage_topic("p", "edge-1"), "p/usage/edge-1");
-        assert_eq!(usage_filter("p"), "p/usage/+");
-        assert_eq!(parse_usage_topic("p", "p/usage/edge-1"), Some("edge-1"));
-        for bad in ["p/usage/", "p/usage/a/b", "q/usage/a", "p/certificates/a"] {
-            assert_eq!(parse_usage_topic("p", bad), None, "{bad}");
+        assert_eq!(usage_topic("p"), "p/usage");
+        assert_eq!(usage_filter("p"), "p/usage");
+        assert!(is_usage_topic("p", "p/usage"));
+        for bad in [
+            "p/usage/",
+            "p/usage/a",
+            "q/usage",
+            "pp/usage",
+            "p/certificates/a",
+        ] {
+            assert!(!is_usage_topic("p", bad), "{bad}");
         }
         assert_eq!(
             gateway_filter("edgebeat/v1", "edgebeat-gateway"),

@@ -29,14 +29,16 @@ use crate::ingress::{
     Asked, CertificateId, Handler, Letter, Peer, RejectReason, Rejection, Reply, Sending,
     TransportKind, UsageOutbox,
 };
-use crate::signing::{self, AnswerSigner, CertificateVerifier, NodeKey, SignatureError};
+use crate::signing::{
+    self, AnswerSigner, AnswerVerifier, CertificateVerifier, NodeKey, SignatureError,
+};
 use crate::tls::ClientTls;
 
 mod classify;
 mod verify;
 mod workers;
 use classify::{Inbound, classify};
-use verify::{Signatures, nobody, open, peer};
+use verify::{Signatures, nobody, open, open_usage, peer};
 use workers::Workers;
 
 /// Rejection: the payload is larger than `max_packet_bytes`.
@@ -167,12 +169,19 @@ pub struct MqttIngressOptions {
     /// see [`crate::signing::AnswerSigner`]): the answer then binds the node and boot it
     /// answers (`Ack.node_name`, `Ack.boot_tag`). Answers to unsigned messages stay plain.
     pub answer_signer: Option<Arc<AnswerSigner>>,
-    /// Shares usage samples with the other replicas (default off): publishes each sample
-    /// sent into this outbox on `P/usage/{node}` ([`super::usage_topic`], QoS 0, while
-    /// subscribed), and subscribes, without a share group and with No Local, to
-    /// `P/usage/+`, handing the other replicas' samples to [`Handler::shared_usage`]. The
-    /// broker's ACL must let only gateways publish there.
+    /// Shares usage samples with the other replicas (default off): publishes the samples
+    /// sent into this outbox in batches on `P/usage` ([`super::usage_topic`], QoS 0, while
+    /// subscribed; a batch closes [`USAGE_LINGER`] after its first sample or at
+    /// [`MAX_USAGE_BATCH_BYTES`]), signed with [`MqttIngressOptions::answer_signer`] when
+    /// there is one, and subscribes, without a share group and with No Local, to
+    /// `P/usage`, handing the other replicas' samples to [`Handler::shared_usage`].
     pub usage_sharing: Option<UsageOutbox>,
+    /// Verifies the other replicas' usage batches (default none): with it, only a batch
+    /// signed by a gateway's answer key chaining to its trust anchors (the site CA) is
+    /// taken, so that nobody else on the broker can tell a replica any node's usage;
+    /// without it (an ingress that verifies no signatures either) batches are taken as
+    /// they come.
+    pub usage_verifier: Option<AnswerVerifier>,
     /// Counts the times the broker ended this ingress's session because another client
     /// connected with its client ID (MQTT 5 DISCONNECT, reason code 0x8E Session taken
     /// over, MQTT 5.0 §3.14.2.1), each also an ERROR in the log (default none).
@@ -234,6 +243,7 @@ impl MqttIngressOptions {
             answer_signer: None,
             site_uplinks: true,
             usage_sharing: None,
+            usage_verifier: None,
             sessions_taken_over: None,
         }
     }
@@ -348,10 +358,13 @@ pub enum MqttIngressError {
 /// other payload or topic there is refused ([`REJECT_UPLINK`]).
 ///
 /// With [`MqttIngressOptions::usage_sharing`] the ingress publishes the outbox's samples
-/// on `P/usage/{node}` while subscribed and subscribes, without a share group and with No
-/// Local, to `P/usage/+`: each other replica's `SharedUsage` goes to
-/// [`Handler::shared_usage`]; one larger than 64 bytes ([`REJECT_TOO_LARGE`]), one that
-/// does not decode or names no valid node ([`REJECT_MALFORMED`]) is refused.
+/// in batches on `P/usage` while subscribed (signed by the answer key when it has one) and
+/// subscribes, without a share group and with No Local, to `P/usage`: each sample of
+/// another replica's batch goes to [`Handler::shared_usage`]. A batch larger than 64 KiB
+/// ([`REJECT_TOO_LARGE`]), one that does not decode ([`REJECT_MALFORMED`]) and, with
+/// [`MqttIngressOptions::usage_verifier`], one unsigned ([`REJECT_UNSIGNED`]), signed by
+/// no gateway's answer key ([`REJECT_CERTIFICATE`]) or badly ([`REJECT_BAD_SIGNATURE`]) is
+/// refused whole; a sample naming no valid node ([`REJECT_MALFORMED`]) alone.
 ///
 /// Last Wills (`P/nodes/{node}/will`) are logged at info level and otherwise ignored: the
 /// broker publishes them when a connection dies, which says nothing about the node itself,
@@ -412,6 +425,7 @@ pub async fn serve<H: Handler>(
         client: client.clone(),
         prefix: options.topic_prefix.as_str().into(),
         answer_signer: options.answer_signer.clone(),
+        usage_verifier: options.usage_verifier.clone(),
         certificate_asked: HashMap::new(),
         enrollments: Arc::new(tokio::sync::Semaphore::new(ENROLLMENTS_IN_FLIGHT)),
         log_limit: crate::log_limit::LogLimiter::default(),
@@ -430,14 +444,20 @@ pub async fn serve<H: Handler>(
     // SUBACKs refused in a row, by as many brokers (see the SubAck arm).
     let mut refusals = 0;
     let mut next = next_event(eventloop);
+    let mut batch = UsageBatch::default();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             shared = shared_sample(&mut outbox) => {
-                if subscribed {
-                    share(&client, &options.topic_prefix, shared);
+                // Not subscribed, the others would not hear it (QoS 0): dropped, the
+                // node's next sample follows.
+                if subscribed && batch.add(shared) {
+                    batch.publish(&client, &options.topic_prefix, options.answer_signer.as_deref());
                 }
+            }
+            () = batch.closes(), if batch.is_open() => {
+                batch.publish(&client, &options.topic_prefix, options.answer_signer.as_deref());
             }
             (mut eventloop, result) = &mut next => {
                 let lost = match result {
@@ -557,8 +577,8 @@ fn subscribe(client: &AsyncClient, filters: &[Filter]) {
 /// The next sample of the outbox, skipping what it dropped while the event loop was busy
 /// (lossy by design); never, without an outbox or once it is closed.
 async fn shared_sample(
-    outbox: &mut Option<tokio::sync::broadcast::Receiver<(String, edgebeat_proto::SharedUsage)>>,
-) -> (String, edgebeat_proto::SharedUsage) {
+    outbox: &mut Option<tokio::sync::broadcast::Receiver<edgebeat_proto::SharedUsage>>,
+) -> edgebeat_proto::SharedUsage {
     use tokio::sync::broadcast::error::RecvError;
     loop {
         let Some(receiver) = outbox else {
@@ -574,12 +594,67 @@ async fn shared_sample(
     }
 }
 
-/// Publishes one usage sample on `P/usage/{node}` (QoS 0) without waiting: a full request
-/// queue drops it (the node's next sample follows in 20 s).
-fn share(client: &AsyncClient, prefix: &str, (node, usage): (String, edgebeat_proto::SharedUsage)) {
-    let topic = super::usage_topic(prefix, &node);
-    if let Err(error) = client.try_publish(topic, QoS::AtMostOnce, false, usage.encode_to_vec()) {
-        tracing::debug!(%error, node, "usage sample not shared: request queue full");
+/// Longest a shared sample waits for others to travel with, 1 s: one signature and one
+/// PUBLISH per second at most under a steady flow (10,000 nodes sample every 20 s, 500 a
+/// second), where a sample served to metrics-server is up to 60 s old anyway.
+pub const USAGE_LINGER: Duration = Duration::from_secs(1);
+
+/// Encoded samples a batch closes at, 32 KiB: at least 112 samples of the longest node
+/// names (253 characters), with room under the 64 KiB a replica takes for the signature and
+/// the certificate chain.
+pub const MAX_USAGE_BATCH_BYTES: usize = 32 * 1024;
+
+/// The samples waiting to be shared together, and when the batch closes.
+#[derive(Default)]
+struct UsageBatch {
+    batch: edgebeat_proto::SharedUsageBatch,
+    bytes: usize,
+    closes: Option<Instant>,
+}
+
+impl UsageBatch {
+    /// Adds `sample`; whether the batch is full ([`MAX_USAGE_BATCH_BYTES`]). The first
+    /// sample opens it for [`USAGE_LINGER`].
+    fn add(&mut self, sample: edgebeat_proto::SharedUsage) -> bool {
+        self.bytes += prost::length_delimiter_len(sample.encoded_len()) + 1 + sample.encoded_len();
+        self.batch.samples.push(sample);
+        self.closes
+            .get_or_insert_with(|| Instant::now() + USAGE_LINGER);
+        self.bytes >= MAX_USAGE_BATCH_BYTES
+    }
+
+    fn is_open(&self) -> bool {
+        self.closes.is_some()
+    }
+
+    /// When the open batch closes; never when none is open.
+    async fn closes(&self) {
+        match self.closes {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Publishes the batch on `P/usage` (QoS 0) without waiting, signed by `signer` when
+    /// there is one, and empties it: a full request queue, or a failed signature, drops it
+    /// (each node's next sample follows in 20 s).
+    fn publish(&mut self, client: &AsyncClient, prefix: &str, signer: Option<&AnswerSigner>) {
+        let batch = std::mem::take(&mut self.batch);
+        self.bytes = 0;
+        self.closes = None;
+        let samples = batch.samples.len();
+        let payload = match signer.map(|signer| signer.seal_usage(&batch)) {
+            None => batch.encode_to_vec(),
+            Some(Ok(sealed)) => sealed,
+            Some(Err(error)) => {
+                tracing::warn!(%error, samples, "usage samples not shared: signing failed");
+                return;
+            }
+        };
+        let topic = super::usage_topic(prefix);
+        if let Err(error) = client.try_publish(topic, QoS::AtMostOnce, false, payload) {
+            tracing::debug!(%error, samples, "usage samples not shared: request queue full");
+        }
     }
 }
 

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use edgebeat_proto::{GatewayMessage, SignedAnswer};
+use edgebeat_proto::{GatewayMessage, SharedUsageBatch, SignedAnswer, SignedUsage};
 use prost::Message as _;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::Signer;
@@ -27,6 +27,11 @@ use crate::tls::TlsError;
 /// NUL byte (26 bytes). Neither a message signature ([`super::SIGNING_CONTEXT`]) nor a TLS
 /// handshake signature can pass as an answer signature.
 pub const ANSWER_CONTEXT: &[u8] = b"edgebeat.v1 signed answer\0";
+
+/// Domain separation prefix of the signature over replicas' shared usage samples
+/// ([`AnswerSigner::seal_usage`]): `"edgebeat.v1 shared usage"` and a NUL byte (25 bytes).
+/// An answer signature never passes as one, nor the reverse.
+pub const USAGE_CONTEXT: &[u8] = b"edgebeat.v1 shared usage\0";
 
 /// The DNS name the certificate of a gateway's answer key must be valid for (a subject
 /// alternative name, with extended key usage serverAuth): `edgebeat-gateway`.
@@ -108,16 +113,37 @@ impl AnswerSigner {
     /// detail).
     pub fn seal(&self, message: &GatewayMessage) -> Result<Vec<u8>, TlsError> {
         let signed_message = message.encode_to_vec();
-        let signature = self
-            .signer
-            .sign(&super::with_context(ANSWER_CONTEXT, &signed_message))
-            .map_err(TlsError::Signing)?;
+        let signature = self.sign(ANSWER_CONTEXT, &signed_message)?;
         Ok(SignedAnswer {
             signed_message,
             signature,
             certificate_chain: self.chain.clone(),
         }
         .encode_to_vec())
+    }
+
+    /// The encoded [`SignedUsage`] of `batch`: the samples this replica shares with the
+    /// others (MQTT `P/usage`), signed over [`USAGE_CONTEXT`] `||` the encoded batch, with
+    /// the answer key's certificate chain; the others take it through
+    /// [`AnswerVerifier::verify_usage`].
+    ///
+    /// Errors: [`TlsError::Signing`] when the signing itself fails (ring reports no
+    /// detail).
+    pub fn seal_usage(&self, batch: &SharedUsageBatch) -> Result<Vec<u8>, TlsError> {
+        let signed_batch = batch.encode_to_vec();
+        let signature = self.sign(USAGE_CONTEXT, &signed_batch)?;
+        Ok(SignedUsage {
+            signed_batch,
+            signature,
+            certificate_chain: self.chain.clone(),
+        }
+        .encode_to_vec())
+    }
+
+    fn sign(&self, context: &[u8], bytes: &[u8]) -> Result<Vec<u8>, TlsError> {
+        self.signer
+            .sign(&super::with_context(context, bytes))
+            .map_err(TlsError::Signing)
     }
 }
 
@@ -286,10 +312,59 @@ impl AnswerVerifier {
 
     fn check(&self, payload: &[u8], now: UnixTime) -> Result<GatewayMessage, AnswerError> {
         let signed = unseal_answer(payload).ok_or(AnswerError::Unsigned)?;
-        let mut chain = signed
-            .certificate_chain
-            .into_iter()
-            .map(CertificateDer::from);
+        self.check_signed(
+            ANSWER_CONTEXT,
+            &signed.signed_message,
+            &signed.signature,
+            signed.certificate_chain,
+            now,
+        )?;
+        GatewayMessage::decode(signed.signed_message.as_slice())
+            .map_err(|e| AnswerError::Malformed(e.to_string()))
+    }
+
+    /// The [`SharedUsageBatch`] of an encoded [`SignedUsage`] `payload` (another replica's
+    /// samples, MQTT `P/usage`), checked as [`AnswerVerifier::verify`] checks an answer but
+    /// over [`USAGE_CONTEXT`]: a certificate of a gateway's answer key chaining to a trust
+    /// anchor, valid at `now`. Which nodes the samples are for is inside the signed bytes
+    /// (`SharedUsage.node_name`). Refusals are not counted here: the gateway counts them as
+    /// rejected messages.
+    ///
+    /// Errors: [`AnswerError`] saying which check failed ([`AnswerError::Unsigned`] for a
+    /// plain `SharedUsageBatch`, [`AnswerError::Malformed`] for bytes that decode as
+    /// neither).
+    pub fn verify_usage(
+        &self,
+        payload: &[u8],
+        now: UnixTime,
+    ) -> Result<SharedUsageBatch, AnswerError> {
+        let signed =
+            SignedUsage::decode(payload).map_err(|e| AnswerError::Malformed(e.to_string()))?;
+        if signed.signed_batch.is_empty() && signed.signature.is_empty() {
+            return Err(AnswerError::Unsigned);
+        }
+        self.check_signed(
+            USAGE_CONTEXT,
+            &signed.signed_batch,
+            &signed.signature,
+            signed.certificate_chain,
+            now,
+        )?;
+        SharedUsageBatch::decode(signed.signed_batch.as_slice())
+            .map_err(|e| AnswerError::Malformed(e.to_string()))
+    }
+
+    /// Checks that `signature` over `context || signed` verifies with the leaf of
+    /// `certificate_chain`, a gateway answer key's certificate valid at `now`.
+    fn check_signed(
+        &self,
+        context: &[u8],
+        signed: &[u8],
+        signature: &[u8],
+        certificate_chain: Vec<Vec<u8>>,
+        now: UnixTime,
+    ) -> Result<(), AnswerError> {
+        let mut chain = certificate_chain.into_iter().map(CertificateDer::from);
         let leaf = chain
             .next()
             .ok_or_else(|| AnswerError::Certificate("empty certificate chain".into()))?;
@@ -310,17 +385,22 @@ impl AnswerVerifier {
             .map_err(|e| AnswerError::Certificate(e.to_string()))?;
         key.verify_is_valid_for_subject_name(&name)
             .map_err(refused)?;
-        let message = super::with_context(ANSWER_CONTEXT, &signed.signed_message);
+        let message = super::with_context(context, signed);
         let verified = [webpki::ring::ECDSA_P256_SHA256, webpki::ring::ED25519]
             .into_iter()
-            .any(|algorithm| {
-                key.verify_signature(algorithm, &message, &signed.signature)
-                    .is_ok()
-            });
-        if !verified {
-            return Err(AnswerError::BadSignature);
+            .any(|algorithm| key.verify_signature(algorithm, &message, signature).is_ok());
+        if verified {
+            Ok(())
+        } else {
+            Err(AnswerError::BadSignature)
         }
-        GatewayMessage::decode(signed.signed_message.as_slice())
-            .map_err(|e| AnswerError::Malformed(e.to_string()))
     }
+}
+
+/// Splits a payload into its parts when it is a [`SignedUsage`]; `None` when it is not one
+/// (a plain `SharedUsageBatch`, whose fields 8 to 10 are reserved, decodes here with all
+/// three empty) or does not decode at all.
+pub fn unseal_usage(payload: &[u8]) -> Option<SignedUsage> {
+    let signed = SignedUsage::decode(payload).ok()?;
+    (!signed.signed_batch.is_empty() || !signed.signature.is_empty()).then_some(signed)
 }

@@ -3,9 +3,9 @@
 
 use super::*;
 
-/// Largest `SharedUsage` payload taken, 64 bytes: an encoded one is at most 35 (two
-/// varints of ten bytes in a nested message, one of ten, their tags and lengths).
-pub(super) const MAX_SHARED_USAGE_BYTES: usize = 64;
+/// Largest payload taken on `P/usage`, 64 KiB (as a node's message): a replica's batch is
+/// at most [`MAX_USAGE_BATCH_BYTES`] of samples, a signature and a certificate chain.
+pub(super) const MAX_SHARED_USAGE_BYTES: usize = 64 * 1024;
 
 /// What one PUBLISH under the subscriptions is.
 #[derive(Debug, PartialEq)]
@@ -26,11 +26,9 @@ pub(super) enum Inbound<'t> {
     /// A certificate request of `node` (`P/nodes/{node}/csr`), for the handler's
     /// enrollment ([`Handler::request_certificate`]).
     CertificateRequest { node: &'t str },
-    /// A usage sample of `node` another replica shares (`P/usage/{node}`), decoded.
-    Usage {
-        node: &'t str,
-        usage: edgebeat_proto::SharedUsage,
-    },
+    /// A batch of usage samples another replica shares (`P/usage`): not decoded yet, that
+    /// (and the signature check) come next, in the event loop.
+    Usage,
 }
 
 /// Classifies one PUBLISH by topic and size: a message, a Last Will, a certificate, or the
@@ -63,13 +61,11 @@ pub(super) fn classify<'t>(
         };
         return Ok(Inbound::Uplink { site, up });
     }
-    if let Some(node) = super::super::parse_usage_topic(prefix, topic) {
-        let node = valid(node)?;
+    if super::super::is_usage_topic(prefix, topic) {
         if payload.len() > MAX_SHARED_USAGE_BYTES {
             return Err(REJECT_TOO_LARGE);
         }
-        let usage = edgebeat_proto::SharedUsage::decode(payload).map_err(|_| REJECT_MALFORMED)?;
-        return Ok(Inbound::Usage { node, usage });
+        return Ok(Inbound::Usage);
     }
     if let Some(node) = parse_certificate_topic(prefix, topic) {
         let node = valid(node)?;

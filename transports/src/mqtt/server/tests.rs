@@ -103,35 +103,134 @@ fn rejections_name_their_reason() {
     }
 }
 
-/// Another replica's sample decodes on its topic; one too large, undecodable or for a node
-/// name the apiserver would refuse is rejected with its reason.
-#[test]
-fn shared_usage_is_taken_from_its_topic_only_when_it_decodes() {
-    let largest = edgebeat_proto::SharedUsage {
-        usage: Some(edgebeat_proto::ResourceUsage {
-            cpu_usage_ms: u64::MAX,
-            memory_working_set_kib: u64::MAX,
-        }),
-        sampled_ms: i64::MIN,
+/// A site CA (PEM) and an answer key it issued (serverAuth, valid for the gateway's name).
+fn site_with_answer_key() -> (String, AnswerSigner) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     };
-    let bytes = largest.encode_to_vec();
-    assert_eq!(bytes.len(), 35, "the largest encoding");
-    assert!(bytes.len() <= classify::MAX_SHARED_USAGE_BYTES);
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "edgebeat site CA");
+    let key = KeyPair::generate().unwrap();
+    let ca_pem = params.self_signed(&key).unwrap().pem();
+    let issuer = Issuer::new(params, key);
+    let mut params = CertificateParams::new(vec![signing::ANSWER_SIGNER_NAME.to_owned()]).unwrap();
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let signer = AnswerSigner::from_pem(
+        cert.pem().as_bytes(),
+        key.serialize_pem().as_bytes(),
+        ca_pem.as_bytes(),
+    )
+    .unwrap();
+    (ca_pem, signer)
+}
+
+/// Where the replicas sign, a batch is taken only signed by an answer key of the site CA:
+/// a plain one is refused as unsigned, one signed by another site's answer key as a
+/// certificate refused, one whose bytes were changed as a bad signature. Where nothing is
+/// signed, a plain batch is taken and garbage is refused as malformed.
+#[test]
+fn a_shared_usage_batch_is_taken_only_signed_by_a_gateway_of_the_site() {
+    let (ca_pem, signer) = site_with_answer_key();
+    let (_, stranger) = site_with_answer_key();
+    let verifier = AnswerVerifier::from_pem(ca_pem.as_bytes()).unwrap();
+    let now = rustls::pki_types::UnixTime::now();
+    let batch = edgebeat_proto::SharedUsageBatch {
+        samples: vec![edgebeat_proto::SharedUsage {
+            usage: Some(edgebeat_proto::ResourceUsage {
+                cpu_usage_ms: 1_500,
+                memory_working_set_kib: 4,
+            }),
+            sampled_ms: 1_790_000_000_000,
+            node_name: "edge-1".into(),
+        }],
+    };
+    let sealed = signer.seal_usage(&batch).unwrap();
     assert_eq!(
-        classify("p", b"p/usage/n1", &bytes, 1024),
-        Ok(Inbound::Usage {
-            node: "n1",
-            usage: largest
-        })
+        open_usage(Some(&verifier), &sealed, now),
+        Ok(batch.samples.clone())
     );
-    let cases: [(&[u8], &[u8], Rejection); 3] = [
-        (b"p/usage/n1", &[0u8; 65], REJECT_TOO_LARGE),
-        (b"p/usage/n1", &[0xff, 0xff, 0xff], REJECT_MALFORMED),
-        (b"p/usage/Edge_1", &bytes, REJECT_MALFORMED),
+    // What a batch costs between replicas (BENCHMARKS.md, "Resource metrics"): a sample of
+    // a 20-character node name with a 9-digit CPU count, and what signing adds to a batch.
+    let sample = |i: u64| edgebeat_proto::SharedUsage {
+        usage: Some(edgebeat_proto::ResourceUsage {
+            cpu_usage_ms: 123_456_789 + i,
+            memory_working_set_kib: 1_048_576,
+        }),
+        sampled_ms: 1_790_000_000_000,
+        node_name: format!("plant-3-board-{i:06}"),
+    };
+    let hundred = edgebeat_proto::SharedUsageBatch {
+        samples: (0..100).map(sample).collect(),
+    };
+    let plain = hundred.encode_to_vec().len();
+    let signing = signer.seal_usage(&hundred).unwrap().len() - plain;
+    println!("100 samples: {plain} B plain, {signing} B of signature and certificate chain");
+    assert!(plain <= 100 * 48, "{plain} B for 100 samples");
+    assert!(signing <= 1_024, "{signing} B of signature and chain");
+    let reason = |payload: &[u8]| open_usage(Some(&verifier), payload, now).map_err(|r| r.reason);
+    assert_eq!(reason(&batch.encode_to_vec()), Err(RejectReason::Unsigned));
+    assert_eq!(
+        reason(&stranger.seal_usage(&batch).unwrap()),
+        Err(RejectReason::Certificate)
+    );
+    let mut tampered = edgebeat_proto::SignedUsage::decode(sealed.as_slice()).unwrap();
+    let last = tampered.signed_batch.len() - 1;
+    tampered.signed_batch[last] ^= 1;
+    assert_eq!(
+        reason(&tampered.encode_to_vec()),
+        Err(RejectReason::BadSignature)
+    );
+    // An answer signature never passes for signed usage: same key, other context.
+    let answer = edgebeat_proto::SignedAnswer::decode(
+        signer
+            .seal(&edgebeat_proto::GatewayMessage::default())
+            .unwrap()
+            .as_slice(),
+    )
+    .unwrap();
+    let forged = edgebeat_proto::SignedUsage {
+        signed_batch: answer.signed_message,
+        signature: answer.signature,
+        certificate_chain: answer.certificate_chain,
+    };
+    assert_eq!(
+        reason(&forged.encode_to_vec()),
+        Err(RejectReason::BadSignature)
+    );
+    assert_eq!(reason(&[0xff, 0xff, 0xff]), Err(RejectReason::Malformed));
+    assert_eq!(
+        open_usage(None, &batch.encode_to_vec(), now),
+        Ok(batch.samples.clone())
+    );
+    assert_eq!(
+        open_usage(None, &[0xff, 0xff, 0xff], now),
+        Err(REJECT_MALFORMED)
+    );
+}
+
+/// Another replica's batch is taken on `P/usage` up to 64 KiB, to be opened in the event
+/// loop; one larger is rejected as too large, and the per-node topic of earlier versions
+/// (`P/usage/{node}`) is no topic of the ingress.
+#[test]
+fn shared_usage_is_taken_from_its_topic_up_to_its_limit() {
+    let bytes = vec![0u8; classify::MAX_SHARED_USAGE_BYTES];
+    assert_eq!(classify("p", b"p/usage", &bytes, 1024), Ok(Inbound::Usage));
+    let cases: [(&[u8], Vec<u8>, Rejection); 2] = [
+        (
+            b"p/usage",
+            vec![0u8; classify::MAX_SHARED_USAGE_BYTES + 1],
+            REJECT_TOO_LARGE,
+        ),
+        (b"p/usage/n1", vec![0u8; 8], REJECT_UNKNOWN_TOPIC),
     ];
     for (topic, payload, reason) in cases {
         assert_eq!(
-            classify("p", topic, payload, 1024),
+            classify("p", topic, &payload, 1024),
             Err(reason),
             "{}",
             String::from_utf8_lossy(topic)

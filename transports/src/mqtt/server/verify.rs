@@ -173,3 +173,45 @@ impl Signatures {
         Ok(())
     }
 }
+
+/// The samples of another replica's batch (`P/usage`, [`Inbound::Usage`]): with a
+/// `verifier` (the replicas sign), only a [`edgebeat_proto::SignedUsage`] whose chain and
+/// signature verify at `now` ([`AnswerVerifier::verify_usage`]); without one (nothing is
+/// signed), the plain `SharedUsageBatch`, or the batch inside a signed one unverified.
+///
+/// Errors: the rejection for the batch as a whole: [`REJECT_UNSIGNED`] for a plain batch
+/// where batches are signed, [`REJECT_CERTIFICATE`] for a chain that is no gateway answer
+/// key's, [`REJECT_BAD_SIGNATURE`], [`REJECT_MALFORMED`] for bytes that do not decode.
+pub(super) fn open_usage(
+    verifier: Option<&AnswerVerifier>,
+    payload: &[u8],
+    now: rustls::pki_types::UnixTime,
+) -> Result<Vec<edgebeat_proto::SharedUsage>, Rejection> {
+    use signing::AnswerError;
+    let batch = match verifier {
+        Some(verifier) => verifier
+            .verify_usage(payload, now)
+            .map_err(|error| match error {
+                AnswerError::Unsigned => {
+                    Rejection::new(RejectReason::Unsigned, "shared usage batch not signed")
+                }
+                AnswerError::Certificate(_) => Rejection::new(
+                    RejectReason::Certificate,
+                    format!("shared usage batch: {error}"),
+                ),
+                AnswerError::BadSignature => Rejection::new(
+                    RejectReason::BadSignature,
+                    "shared usage batch: bad signature",
+                ),
+                AnswerError::Malformed(_) => REJECT_MALFORMED,
+            })?,
+        None => {
+            let signed = signing::unseal_usage(payload);
+            let bytes = signed
+                .as_ref()
+                .map_or(payload, |s| s.signed_batch.as_slice());
+            edgebeat_proto::SharedUsageBatch::decode(bytes).map_err(|_| REJECT_MALFORMED)?
+        }
+    };
+    Ok(batch.samples)
+}

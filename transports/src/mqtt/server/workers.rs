@@ -14,6 +14,8 @@ pub(super) struct Workers<H> {
     pub(super) signatures: Option<Arc<Signatures>>,
     /// Signs the answers to signed messages.
     pub(super) answer_signer: Option<Arc<AnswerSigner>>,
+    /// Verifies the other replicas' usage batches ([`MqttIngressOptions::usage_verifier`]).
+    pub(super) usage_verifier: Option<AnswerVerifier>,
     /// When each node was last asked for its certificate ([`Workers::ask_certificate`]):
     /// only nodes the cluster records as identified, forgotten after
     /// [`CERTIFICATE_ASK_INTERVAL`].
@@ -85,6 +87,35 @@ impl Reply for AckReply {
 const CERTIFICATE_ASK_INTERVAL: Duration = Duration::from_secs(30);
 
 impl<H: Handler> Workers<H> {
+    /// Opens another replica's batch ([`open_usage`]) and hands each sample for a valid
+    /// node name to the handler; a refused batch, or a sample naming no valid node, is
+    /// reported to [`Handler::rejected`].
+    fn shared_usage(&self, payload: &[u8]) {
+        match open_usage(
+            self.usage_verifier.as_ref(),
+            payload,
+            rustls::pki_types::UnixTime::now(),
+        ) {
+            Ok(samples) => {
+                for sample in samples {
+                    if crate::tls::is_node_name(&sample.node_name) {
+                        self.handler.shared_usage(sample);
+                    } else {
+                        self.handler.rejected(
+                            &nobody(),
+                            REJECT_MALFORMED.reason,
+                            "shared usage sample of no valid node name",
+                        );
+                    }
+                }
+            }
+            Err(rejection) => {
+                self.handler
+                    .rejected(&nobody(), rejection.reason, &rejection.detail);
+            }
+        }
+    }
+
     /// Classifies, verifies and decodes one PUBLISH in the event-loop task, then delivers
     /// it ([`Handler::deliver`]). Everything the transport can reject is rejected here,
     /// before the handler sees anything of the message. Certificates are verified here
@@ -130,8 +161,8 @@ impl<H: Handler> Workers<H> {
                 self.handler.site_uplink(site, up);
                 return;
             }
-            Ok(Inbound::Usage { node, usage }) => {
-                self.handler.shared_usage(node, usage);
+            Ok(Inbound::Usage) => {
+                self.shared_usage(&publish.payload);
                 return;
             }
             Ok(Inbound::CertificateRequest { node }) => {
