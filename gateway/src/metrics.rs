@@ -28,6 +28,9 @@
 //! | `edgebeat_gateway_mqtt_sessions_taken_over_total` | counter | | times the broker ended this replica's MQTT session because another client connected with its client ID (MQTT 5 reason 0x8E); each also an ERROR |
 //! | `edgebeat_gateway_sites_held` | gauge | | 1 while the sites' states hold as they were: the apiserver does not take this replica's Lease writes, or took them again less than two renew intervals ago ([`crate::sites`]) |
 //! | `edgebeat_gateway_apiserver_request_duration_seconds` | histogram | `verb`, `resource`, `subresource`, `code` | the gateway's requests to kube-apiserver ([`crate::apiserver::requests`]) |
+//! | `edgebeat_gateway_resource_metrics_requests_total` | counter | `code` | requests for kubelet's `/metrics/resource` ([`crate::resource_metrics::ResourceMetricsCounters`]): `200`, `400`, `401`, `403`, `404`, `405`, `429` (over a review budget), `500`, `other` |
+//! | `edgebeat_gateway_resource_metrics_reviews_total` | counter | `call` | reviews asked of the apiserver: `token_review` (TokenReviews), `access_review` (SubjectAccessReviews); both always exported |
+//! | `edgebeat_gateway_resource_metrics_reviews_refused_total` | counter | `budget` | reviews not asked because a review budget allowed none (each request answered 429): `address`, `global`, `served` ([`crate::resource_metrics::Budget`]); every budget always exported |
 //! | `edgebeat_gateway_certificate_requests_total`, `…_certificate_signing_requests_pending` | counter, gauge | `proof`, `outcome` | enrollment ([`crate::enrollment::EnrollmentCounters`]) |
 //! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_start_time_seconds`, `process_open_fds` | | | the process ([`edgebeat_transports::observe::ProcessCollector`]) |
 //!

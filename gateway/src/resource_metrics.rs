@@ -25,8 +25,10 @@
 //! authenticated and authorized as kubelet does it (`cmd/kubelet/app/auth.go`): a client
 //! certificate of the client CA or a bearer token (a TokenReview), then a
 //! SubjectAccessReview for `get` on the node's `metrics` subresource, both asked of the
-//! apiserver through [`Reviews`] and cached for kubelet's default times. The text is
-//! kubelet's ([`exposition()`]).
+//! apiserver through [`Reviews`] and cached for kubelet's default times, each review within
+//! budgets per source address and per replica (a request over budget is answered `429`
+//! without a review: [`GLOBAL_REVIEWS_PER_SECOND`], [`ADDRESS_REVIEWS_PER_SECOND`]). The text
+//! is kubelet's ([`exposition()`]).
 
 use std::collections::HashMap;
 
@@ -409,6 +411,7 @@ impl Endpoint {
 }
 
 mod auth;
+mod budget;
 mod cache;
 mod exposition;
 mod server;
@@ -416,11 +419,16 @@ mod server;
 pub use auth::{
     ALLOWED_TTL, CACHE_ENTRIES, DENIED_TTL, REVIEW_TIMEOUT, Reviews, TOKEN_FAILURE_TTL, TOKEN_TTL,
 };
+pub use budget::{
+    ADDRESS_REVIEW_BURST, ADDRESS_REVIEWS_PER_SECOND, Budget, GLOBAL_REVIEW_BURST,
+    GLOBAL_REVIEWS_PER_SECOND, OverBudget, SERVED_REVIEW_BURST, SERVED_REVIEWS_PER_SECOND,
+};
 pub use cache::ReviewError;
 pub use exposition::{EXPOSITION_CONTENT_TYPE, exposition};
 pub use server::{
     HEADER_READ_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTION_AGE, MAX_CONNECTIONS,
-    ResourceMetricsCounters, ResourceMetricsOptions, TLS_HANDSHAKE_TIMEOUT, serve,
+    MAX_CONNECTIONS_PER_ADDRESS, ResourceMetricsCounters, ResourceMetricsOptions,
+    TLS_HANDSHAKE_TIMEOUT, serve,
 };
 
 #[cfg(test)]

@@ -140,7 +140,8 @@ pub async fn serve(
         Slots::default(),
         "observe server",
         shutdown,
-        |stream, _, closing| connection(stream, registry.clone(), ready.clone(), closing),
+        // The observe server marks no connection: the oldest make room.
+        |stream, _, _, closing| connection(stream, registry.clone(), ready.clone(), closing),
     )
     .await
 }
@@ -148,8 +149,9 @@ pub async fn serve(
 /// The accept loop of a server on `listener` (named `what` in logs) until `shutdown`
 /// resolves: each connection is taken ([`accepted_or_pause`]), room made for it by closing
 /// what `slots` names ([`Slots::make_room`]), and served by `connection(stream, peer,
-/// closing)` in a task of its own; then the closing signal goes out and the connections
-/// drain ([`drain`]).
+/// succeeded, closing)` in a task of its own (`succeeded`: the connection's mark in
+/// `slots`, for the connection to set when it serves a success); then the closing signal
+/// goes out and the connections drain ([`drain`]).
 ///
 /// # Errors
 /// The listener's error when it has no local address.
@@ -161,7 +163,7 @@ pub async fn accept_connections<F, C>(
     mut connection: F,
 ) -> io::Result<()>
 where
-    F: FnMut(TcpStream, std::net::SocketAddr, CancellationToken) -> C,
+    F: FnMut(TcpStream, std::net::SocketAddr, Succeeded, CancellationToken) -> C,
     C: Future<Output = ()> + Send + 'static,
 {
     let local = listener.local_addr()?;
@@ -189,8 +191,10 @@ where
             tracing::debug!(%peer, "{what}: closing an older connection to make room");
             evicted.abort();
         }
-        let handle = connections.spawn(connection(stream, peer, closing.clone()));
-        slots.insert(peer.ip(), handle);
+        let succeeded = Succeeded::default();
+        let handle =
+            connections.spawn(connection(stream, peer, succeeded.clone(), closing.clone()));
+        slots.insert(peer.ip(), handle, succeeded);
     }
     closing.cancel();
     drain(connections, what).await;
@@ -317,18 +321,53 @@ where
     }
 }
 
-/// A server's connections by peer address, and which to close for a new one: the oldest
-/// of the new one's own address when it holds `per_address` ([`MAX_CONNECTIONS_PER_ADDRESS`]
-/// for the observe server), else, when `max` ([`MAX_CONNECTIONS`]) are open, the oldest of
-/// the address that holds the most. So one address flooding a server closes its own
-/// connections, never everyone else's (a limit that refused new connections would let it
-/// keep the others out). I/O free: `H` is what closes a connection (a task's `AbortHandle`
-/// in a server).
+/// A server's connections by peer address, and which to close for a new one: one of the new
+/// one's own address when it holds `per_address` ([`MAX_CONNECTIONS_PER_ADDRESS`] for the
+/// observe server), else, when `max` ([`MAX_CONNECTIONS`]) are open, one of the address
+/// that holds the most. So one address flooding a server closes its own connections, never
+/// everyone else's (a limit that refused new connections would let it keep the others out).
+///
+/// A connection whose server marked its [`Succeeded`] (the resource metrics server does at
+/// a `200`) is closed last: the one closed is the oldest connection not yet marked (of the
+/// new one's address, or of the address holding the most connections not yet marked);
+/// only when every candidate is marked, the oldest of them. So connections churned by many
+/// addresses displace each other, not a scraper's long-lived connection that is being
+/// served. A server that marks none (the observe server) closes the oldest, as before.
+///
+/// I/O free: `H` is what closes a connection (a task's `AbortHandle` in a server).
 #[derive(Debug)]
 pub struct Slots<H = tokio::task::AbortHandle> {
-    open: Vec<(std::net::IpAddr, H)>,
+    /// In the order connections came: the first of an address is its oldest.
+    open: Vec<Slot<H>>,
     max: usize,
     per_address: usize,
+}
+
+/// One open connection of [`Slots`].
+#[derive(Debug)]
+struct Slot<H> {
+    ip: std::net::IpAddr,
+    handle: H,
+    succeeded: Succeeded,
+}
+
+/// Whether a connection has been served a success (for the resource metrics server: a
+/// `200` to an authenticated and authorized request), which [`Slots`] reads when it must
+/// close one. Shared between the server's accept loop and the connection's task: clones
+/// mark the same connection. Unmarked at first; a mark is never taken back.
+#[derive(Debug, Clone, Default)]
+pub struct Succeeded(Arc<std::sync::atomic::AtomicBool>);
+
+impl Succeeded {
+    /// Marks the connection as served a success.
+    pub fn mark(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether [`Succeeded::mark`] was called on this connection.
+    pub fn is_marked(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl<H> Default for Slots<H> {
@@ -367,43 +406,67 @@ impl SlotId for tokio::task::AbortHandle {
 
 impl<H: SlotId> Slots<H> {
     /// Removes and returns the connections to close before one from `ip` is taken (none,
-    /// or one).
+    /// or one; see [`Slots`] for which).
     pub fn make_room(&mut self, ip: std::net::IpAddr) -> Vec<H> {
-        let own = self.open.iter().filter(|(a, _)| *a == ip).count();
+        let own = self.open.iter().filter(|slot| slot.ip == ip).count();
         let victim = if own >= self.per_address {
-            Some(ip)
+            self.oldest_of(ip, false)
+                .or_else(|| self.oldest_of(ip, true))
         } else if self.open.len() >= self.max {
-            self.busiest()
+            let unmarked = self
+                .busiest(false)
+                .and_then(|busiest| self.oldest_of(busiest, false));
+            unmarked.or_else(|| {
+                self.busiest(true)
+                    .and_then(|busiest| self.oldest_of(busiest, true))
+            })
         } else {
             None
         };
-        // `open` is in the order connections came: the first of an address is its oldest.
         victim
-            .and_then(|victim| self.open.iter().position(|(a, _)| *a == victim))
-            .map(|i| vec![self.open.remove(i).1])
+            .map(|i| vec![self.open.remove(i).handle])
             .unwrap_or_default()
     }
 
-    /// The address holding the most connections (of those, the one whose oldest came first).
-    fn busiest(&self) -> Option<std::net::IpAddr> {
+    /// Where the oldest connection from `ip` is: of those not marked [`Succeeded`], or of
+    /// all when `marked_too`.
+    fn oldest_of(&self, ip: std::net::IpAddr, marked_too: bool) -> Option<usize> {
+        self.open
+            .iter()
+            .position(|slot| slot.ip == ip && (marked_too || !slot.succeeded.is_marked()))
+    }
+
+    /// The address holding the most connections not marked [`Succeeded`] (of all, when
+    /// `marked_too`); of those, the one whose oldest came first. `None` when it holds none.
+    fn busiest(&self, marked_too: bool) -> Option<std::net::IpAddr> {
+        let candidates = || {
+            self.open
+                .iter()
+                .filter(move |slot| marked_too || !slot.succeeded.is_marked())
+        };
         let mut best: Option<(usize, std::net::IpAddr)> = None;
-        for (ip, _) in &self.open {
-            let n = self.open.iter().filter(|(a, _)| a == ip).count();
+        for slot in candidates() {
+            let n = candidates().filter(|other| other.ip == slot.ip).count();
             if best.is_none_or(|(most, _)| n > most) {
-                best = Some((n, *ip));
+                best = Some((n, slot.ip));
             }
         }
         best.map(|(_, ip)| ip)
     }
 
-    /// Records a connection from `ip`.
-    pub fn insert(&mut self, ip: std::net::IpAddr, handle: H) {
-        self.open.push((ip, handle));
+    /// Records a connection from `ip`, closed by `handle`, whose server marks `succeeded`
+    /// when it serves it a success (a clone of the one given to the connection).
+    pub fn insert(&mut self, ip: std::net::IpAddr, handle: H, succeeded: Succeeded) {
+        self.open.push(Slot {
+            ip,
+            handle,
+            succeeded,
+        });
     }
 
     /// Forgets the connection `id` (it ended).
     pub fn remove(&mut self, id: H::Id) {
-        self.open.retain(|(_, h)| h.slot_id() != id);
+        self.open.retain(|slot| slot.handle.slot_id() != id);
     }
 
     /// Connections open.

@@ -42,6 +42,15 @@
 //! (`pkg/authentication/token/cache`, singleflight): metrics-server scrapes every node of a
 //! replica at once with one token. An apiserver error is never cached and never lets a
 //! request through: it answers `500`.
+//!
+//! **Budgets** ([`super::budget`]; kubelet has none, answering for one node where a replica
+//! answers for thousands): every review asked of the apiserver, TokenReview or
+//! SubjectAccessReview, first takes one from the budget of the request's source address,
+//! then from the replica's (a budget of its own for connections already served a `200`, so
+//! that a flood does not stop metrics-server's scrapes when its token's answer expires). A
+//! request whose review no budget allows is answered `429 Too Many Requests` with
+//! `Retry-After`, without asking the apiserver. Cached answers and reviews joined in flight
+//! take nothing: random tokens, which no cache can save, are what the budgets stop.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -52,7 +61,9 @@ use std::time::Duration;
 use edgebeat_transports::enroll::hex;
 use edgebeat_transports::log_limit::{LogLimiter, LogLine};
 
+use super::budget::{ReviewBudget, Source};
 use super::cache::{ReviewCache, ReviewError};
+use super::server::ResourceMetricsCounters;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -305,44 +316,90 @@ struct AccessKey {
 }
 
 /// Kubelet's delegated authentication (of bearer tokens) and authorization, with their
-/// caches (see the module docs).
+/// caches and the review budgets (see the module docs).
 pub(super) struct Auth<R> {
     reviews: R,
     /// By the token's SHA-256: the user, or `None` for "not authenticated".
     tokens: ReviewCache<[u8; 32], Option<User>>,
     /// Whether the user may get the node's metrics.
     decisions: ReviewCache<AccessKey, bool>,
-    /// Which apiserver errors are also logged.
+    /// What each review asked of the apiserver takes from.
+    budget: ReviewBudget,
+    /// Reviews asked, and refused by a budget.
+    counters: Arc<ResourceMetricsCounters>,
+    /// Which apiserver errors and budget refusals are also logged.
     log: LogLimiter,
 }
 
 impl<R: Reviews> Auth<R> {
     /// Authentication and authorization through `reviews`, with empty caches of
-    /// [`CACHE_ENTRIES`] answers each.
-    pub(super) fn new(reviews: R) -> Self {
-        Self::with_capacity(reviews, CACHE_ENTRIES)
+    /// [`CACHE_ENTRIES`] answers each and full budgets of the documented sizes
+    /// ([`super::budget`]), counting in `counters`.
+    pub(super) fn new(reviews: R, counters: Arc<ResourceMetricsCounters>) -> Self {
+        Self::with(reviews, CACHE_ENTRIES, ReviewBudget::default(), counters)
     }
 
-    /// As [`Auth::new`], caching at most `capacity` answers of each kind.
-    pub(super) fn with_capacity(reviews: R, capacity: usize) -> Self {
+    /// As [`Auth::new`], caching at most `capacity` answers of each kind, within `budget`.
+    pub(super) fn with(
+        reviews: R,
+        capacity: usize,
+        budget: ReviewBudget,
+        counters: Arc<ResourceMetricsCounters>,
+    ) -> Self {
         Self {
             reviews,
             tokens: ReviewCache::new(capacity),
             decisions: ReviewCache::new(capacity),
+            budget,
+            counters,
             log: LogLimiter::default(),
         }
     }
 
-    /// The user `token` authenticates (`None`: it authenticates no one), from the cache or
-    /// a TokenReview.
+    /// Takes one review of `call` (`"token_review"` or `"access_review"`) for a request
+    /// from `source` from the budgets, and counts it.
     ///
     /// # Errors
     ///
-    /// The [`ReviewError`] of a TokenReview that failed or took longer than
-    /// [`REVIEW_TIMEOUT`] (logged here, at most once per 10 s).
+    /// [`ReviewError::OverBudget`] when a budget has none left (counted, and logged at most
+    /// once per 10 s per budget).
+    fn take_budget(&self, call: &'static str, source: Source) -> Result<(), ReviewError> {
+        match self.budget.take(source) {
+            Ok(()) => {
+                self.counters.count_review(call);
+                Ok(())
+            }
+            Err(over) => {
+                self.counters.count_refused(over.budget);
+                let log = self
+                    .log
+                    .check("over_budget", over.budget.as_str(), Instant::now());
+                if let LogLine::Write { suppressed, .. } = log {
+                    tracing::warn!(
+                        budget = over.budget.as_str(),
+                        remote = %source.address,
+                        call,
+                        suppressed,
+                        "resource metrics: over the review budget; answering 429 without asking the apiserver"
+                    );
+                }
+                Err(ReviewError::OverBudget(over))
+            }
+        }
+    }
+
+    /// The user `token` authenticates (`None`: it authenticates no one), from the cache or
+    /// a TokenReview, which takes from `source`'s budgets.
+    ///
+    /// # Errors
+    ///
+    /// [`ReviewError::OverBudget`] when the token's answer is not cached and the budgets
+    /// allow no TokenReview now; the [`ReviewError`] of a TokenReview that failed or took
+    /// longer than [`REVIEW_TIMEOUT`] (logged here, at most once per 10 s).
     pub(super) async fn authenticate_token(
         &self,
         token: &str,
+        source: Source,
     ) -> Result<Option<User>, ReviewError> {
         let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
         let mut key = [0u8; 32];
@@ -350,6 +407,7 @@ impl<R: Reviews> Auth<R> {
         let result = self
             .tokens
             .get_or_review(key, || async {
+                self.take_budget("token_review", source)?;
                 let review = TokenReview {
                     spec: TokenReviewSpec {
                         token: Some(token.to_owned()),
@@ -375,23 +433,35 @@ impl<R: Reviews> Auth<R> {
 
     /// Whether `user` may `get` the `metrics` subresource of `node`: of every node (one
     /// review per user, see the module docs), else of `node`, each from the cache or a
-    /// SubjectAccessReview: `true` only when an answer is allowed (and not denied).
+    /// SubjectAccessReview, which takes from `source`'s budgets: `true` only when an answer
+    /// is allowed (and not denied).
     ///
     /// # Errors
     ///
-    /// The [`ReviewError`] of a SubjectAccessReview that failed, took longer than
-    /// [`REVIEW_TIMEOUT`] or answered both allowed and denied (logged here, at most once per
-    /// 10 s).
-    pub(super) async fn authorize(&self, user: &User, node: &str) -> Result<bool, ReviewError> {
-        if self.decide(user, None).await? {
+    /// [`ReviewError::OverBudget`] when an answer is not cached and the budgets allow no
+    /// SubjectAccessReview now; the [`ReviewError`] of a SubjectAccessReview that failed,
+    /// took longer than [`REVIEW_TIMEOUT`] or answered both allowed and denied (logged
+    /// here, at most once per 10 s).
+    pub(super) async fn authorize(
+        &self,
+        user: &User,
+        node: &str,
+        source: Source,
+    ) -> Result<bool, ReviewError> {
+        if self.decide(user, None, source).await? {
             return Ok(true);
         }
-        self.decide(user, Some(node)).await
+        self.decide(user, Some(node), source).await
     }
 
     /// The answer of [`access_review`] for `user` on `node` (`None`: every node), from the
-    /// cache or the apiserver.
-    async fn decide(&self, user: &User, node: Option<&str>) -> Result<bool, ReviewError> {
+    /// cache or the apiserver (within `source`'s budgets).
+    async fn decide(
+        &self,
+        user: &User,
+        node: Option<&str>,
+        source: Source,
+    ) -> Result<bool, ReviewError> {
         let key = AccessKey {
             user: user.clone(),
             node: node.map(str::to_owned),
@@ -399,6 +469,7 @@ impl<R: Reviews> Auth<R> {
         let result = self
             .decisions
             .get_or_review(key, || async {
+                self.take_budget("access_review", source)?;
                 let answer = bounded(self.reviews.access_review(access_review(user, node))).await?;
                 let status = answer.status.unwrap_or_default();
                 if status.allowed && status.denied == Some(true) {
@@ -428,8 +499,12 @@ impl<R: Reviews> Auth<R> {
         result
     }
 
-    /// Logs an apiserver error of `call`, at most one line per 10 s per call.
+    /// Logs an apiserver error of `call`, at most one line per 10 s per call (a budget's
+    /// refusal was logged where it was made).
     fn warn(&self, call: &'static str, error: &ReviewError) {
+        if matches!(error, ReviewError::OverBudget(_)) {
+            return;
+        }
         if let LogLine::Write { suppressed, .. } = self.log.check(call, "apiserver", Instant::now())
         {
             tracing::warn!(

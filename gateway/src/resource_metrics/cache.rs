@@ -28,6 +28,10 @@ pub enum ReviewError {
     /// denied (`plugin/pkg/authorizer/webhook`).
     #[error("{0}")]
     Invalid(&'static str),
+    /// Not asked: the review budgets allow none now ([`super::Budget`]); the request is
+    /// answered `429 Too Many Requests`.
+    #[error("over the {} review budget; retry in {:?}", .0.budget.as_str(), .0.retry_after)]
+    OverBudget(super::OverBudget),
 }
 
 /// One cached answer.

@@ -15,6 +15,8 @@
 //! 3. authorization of `get nodes/metrics` on that node: refused `403 Forbidden (user=<u>,
 //!    verb=get, resource=nodes, subresource=metrics)` (kubelet's text,
 //!    `pkg/kubelet/server/server.go: InstallAuthFilter`); an apiserver error in 2 or 3 `500`;
+//!    a review in 2 or 3 that the review budgets do not allow ([`super::budget`]) `429 Too
+//!    Many Requests` with `Retry-After` (whole seconds), the apiserver not asked;
 //! 4. a node this replica holds no sample of, or none of the last [`super::MAX_SAMPLE_AGE`]:
 //!    `404 node <n> has no sample of the last 60s at this replica`;
 //! 5. `200`, the node's [`exposition`](super::exposition()).
@@ -24,7 +26,9 @@
 //! carries the scrapes of every node of a cycle, [`MAX_STREAMS`] at once. Bounded like the
 //! observe server (`edgebeat_transports::observe`): at most [`MAX_CONNECTIONS`] at once and
 //! [`MAX_CONNECTIONS_PER_ADDRESS`] from one address (a further one closes the oldest of its
-//! own address, or of the address holding the most), [`TLS_HANDSHAKE_TIMEOUT`] for the handshake,
+//! own address, or of the address holding the most; of those, a connection that was served
+//! a `200` goes last, so connections churned from many addresses do not close
+//! metrics-server's), [`TLS_HANDSHAKE_TIMEOUT`] for the handshake,
 //! [`HEADER_READ_TIMEOUT`] for an HTTP/1.1 request head, [`IDLE_TIMEOUT`] between requests,
 //! and a connection closes after [`MAX_CONNECTION_AGE`] however busy.
 
@@ -35,9 +39,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_transports::observe::{Slots, accept_connections, drive_connection, register_family};
+use edgebeat_transports::observe::{
+    Slots, Succeeded, accept_connections, drive_connection, register_family,
+};
 use edgebeat_transports::tls::{GrpcServerTls, TlsError, is_node_name};
-use http::header::{ALLOW, CONTENT_TYPE, HeaderName, HeaderValue};
+use http::header::{ALLOW, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -50,14 +56,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::Samples;
 use super::auth::{Auth, RESOURCE, Reviews, SUBRESOURCE, User, VERB, bearer_token};
+use super::budget::{Budget, OverBudget, Source};
+use super::cache::ReviewError;
 use super::exposition::{EXPOSITION_CONTENT_TYPE, exposition};
 
 /// Most connections served at once: enough for HTTP/1.1 clients that scrape a replica's
 /// nodes in parallel without HTTP/2. A further one closes the oldest of the address that
-/// holds the most ([`Slots`]).
+/// holds the most, a connection that was served a `200` last ([`Slots`]).
 pub const MAX_CONNECTIONS: usize = 256;
 
-/// Most connections from one address: a new one beyond it closes that address's oldest.
+/// Most connections from one address: a new one beyond it closes that address's oldest (a
+/// connection that was served a `200` last).
 /// metrics-server and kube-apiserver each multiplex a cycle's scrapes on one HTTP/2
 /// connection (a few across restarts); one address holding more is a client gone wrong, or
 /// a flood, which must not keep them out.
@@ -137,15 +146,41 @@ impl ResourceMetricsOptions {
     }
 }
 
-/// Label of `edgebeat_gateway_resource_metrics_requests_total`: `code`.
-type CodeLabel = [(&'static str, &'static str); 1];
+/// A label of one value (`code`, `call`, `budget`).
+type Label = [(&'static str, &'static str); 1];
 
-/// Requests to the resource metrics server by HTTP status, for `/metrics` (see
-/// [`ResourceMetricsCounters::register`]).
-#[derive(Debug, Default)]
+/// The resource metrics server's counters, for `/metrics` (see
+/// [`ResourceMetricsCounters::register`]): requests by HTTP status, reviews asked of the
+/// apiserver by call, and reviews refused by budget ([`Budget`]).
+#[derive(Debug)]
 pub struct ResourceMetricsCounters {
-    by_code: Family<CodeLabel, Counter>,
+    by_code: Family<Label, Counter>,
+    reviews: Family<Label, Counter>,
+    refused: Family<Label, Counter>,
 }
+
+impl Default for ResourceMetricsCounters {
+    /// Every call's and every budget's series exist from the start, at 0.
+    fn default() -> Self {
+        let counters = Self {
+            by_code: Family::default(),
+            reviews: Family::default(),
+            refused: Family::default(),
+        };
+        for call in REVIEW_CALLS {
+            let _series = counters.reviews.get_or_create(&[("call", call)]);
+        }
+        for budget in Budget::ALL {
+            let _series = counters
+                .refused
+                .get_or_create(&[("budget", budget.as_str())]);
+        }
+        counters
+    }
+}
+
+/// The `call` label values of `edgebeat_gateway_resource_metrics_reviews_total`.
+const REVIEW_CALLS: [&str; 2] = ["token_review", "access_review"];
 
 impl ResourceMetricsCounters {
     /// Counts one request answered `status`.
@@ -154,15 +189,44 @@ impl ResourceMetricsCounters {
     }
 
     /// Requests counted with `code` (`"200"`, `"400"`, `"401"`, `"403"`, `"404"`, `"405"`,
-    /// `"500"`, or `"other"`).
+    /// `"429"`, `"500"`, or `"other"`).
     pub fn get(&self, code: &'static str) -> u64 {
         self.by_code.get_or_create(&[("code", code)]).get()
     }
 
-    /// Registers `edgebeat_gateway_resource_metrics_requests_total{code}` in `registry`.
+    /// Counts one review asked of the apiserver: `call` is `"token_review"` (a
+    /// TokenReview) or `"access_review"` (a SubjectAccessReview).
+    pub fn count_review(&self, call: &'static str) {
+        self.reviews.get_or_create(&[("call", call)]).inc();
+    }
+
+    /// Reviews of `call` (as [`ResourceMetricsCounters::count_review`]) asked so far.
+    pub fn reviews(&self, call: &'static str) -> u64 {
+        self.reviews.get_or_create(&[("call", call)]).get()
+    }
+
+    /// Counts one review not asked because `budget` allowed none.
+    pub fn count_refused(&self, budget: Budget) {
+        self.refused
+            .get_or_create(&[("budget", budget.as_str())])
+            .inc();
+    }
+
+    /// Reviews `budget` refused so far.
+    pub fn refused(&self, budget: Budget) -> u64 {
+        self.refused
+            .get_or_create(&[("budget", budget.as_str())])
+            .get()
+    }
+
+    /// Registers `edgebeat_gateway_resource_metrics_requests_total{code}`,
+    /// `edgebeat_gateway_resource_metrics_reviews_total{call}` and
+    /// `edgebeat_gateway_resource_metrics_reviews_refused_total{budget}` in `registry`.
     #[rustfmt::skip]
     pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
-        register_family(registry, "edgebeat_gateway_resource_metrics_requests", "Requests for kubelet's /metrics/resource of the nodes this replica holds, by HTTP status code (401 unauthenticated, 403 not authorized, 404 node not held or no such path, 500 the apiserver's TokenReview or SubjectAccessReview failed)", None, self.by_code.clone());
+        register_family(registry, "edgebeat_gateway_resource_metrics_requests", "Requests for kubelet's /metrics/resource of the nodes this replica holds, by HTTP status code (401 unauthenticated, 403 not authorized, 404 node not held or no such path, 429 over a review budget, 500 the apiserver's TokenReview or SubjectAccessReview failed)", None, self.by_code.clone());
+        register_family(registry, "edgebeat_gateway_resource_metrics_reviews", "TokenReviews (call=token_review) and SubjectAccessReviews (call=access_review) the resource metrics server asked of the apiserver: answers not cached, within the review budgets", None, self.reviews.clone());
+        register_family(registry, "edgebeat_gateway_resource_metrics_reviews_refused", "Reviews the resource metrics server did not ask of the apiserver because a review budget allowed none (budget=address: the source address's, global: the replica's for connections not yet served a 200, served: the replica's for connections served a 200); each request answered 429", None, self.refused.clone());
     }
 }
 
@@ -175,6 +239,7 @@ fn code(status: StatusCode) -> &'static str {
         403 => "403",
         404 => "404",
         405 => "405",
+        429 => "429",
         500 => "500",
         _ => "other",
     }
@@ -207,25 +272,35 @@ pub async fn serve<R: Reviews + 'static>(
         .rustls_config()
         .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let handler = Arc::new(Handler::new(samples, Auth::new(reviews), counters));
+    let auth = Auth::new(reviews, counters.clone());
+    let handler = Arc::new(Handler::new(samples, auth, counters));
     let slots = Slots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS);
     accept_connections(
         listener,
         slots,
         "resource metrics server",
         shutdown,
-        |stream, remote, closing| {
-            connection(stream, remote, acceptor.clone(), handler.clone(), closing)
+        |stream, remote, succeeded, closing| {
+            connection(
+                stream,
+                remote,
+                succeeded,
+                acceptor.clone(),
+                handler.clone(),
+                closing,
+            )
         },
     )
     .await
 }
 
 /// One connection: its TLS handshake, the user of its client certificate, then HTTP/1.1
-/// until it idles, ages or the server closes.
+/// or HTTP/2 until it idles, ages or the server closes; `succeeded` is marked at its first
+/// `200`.
 async fn connection<R: Reviews + 'static>(
     stream: TcpStream,
     remote: SocketAddr,
+    succeeded: Succeeded,
     acceptor: tokio_rustls::TlsAcceptor,
     handler: Arc<Handler<R>>,
     closing: CancellationToken,
@@ -261,6 +336,7 @@ async fn connection<R: Reviews + 'static>(
     let peer = Arc::new(Peer {
         remote,
         certificate_user,
+        succeeded,
     });
     let activity = Arc::new(tokio::sync::Notify::new());
     let active = activity.clone();
@@ -301,11 +377,23 @@ async fn connection<R: Reviews + 'static>(
 }
 
 /// What a connection's TLS handshake established: the client's address and the user its
-/// verified client certificate authenticates, if any.
+/// verified client certificate authenticates, if any; and whether the connection was served
+/// a `200` (which [`Slots`] and the review budgets read).
 #[derive(Debug, Clone)]
 pub(super) struct Peer {
     pub(super) remote: SocketAddr,
     pub(super) certificate_user: Option<User>,
+    pub(super) succeeded: Succeeded,
+}
+
+impl Peer {
+    /// Where its reviews take from the budgets.
+    fn source(&self) -> Source {
+        Source {
+            address: self.remote.ip(),
+            served: self.succeeded.is_marked(),
+        }
+    }
 }
 
 /// The answer to every request (see the module docs), with no I/O of its own but the
@@ -329,10 +417,14 @@ impl<R: Reviews> Handler<R> {
         }
     }
 
-    /// The answer to `request` from `peer`, counted.
+    /// The answer to `request` from `peer`, counted; a `200` marks the connection
+    /// [`Succeeded`].
     pub(super) async fn handle(&self, request: &Parts, peer: &Peer) -> Response<Full<Bytes>> {
         let response = self.answer(request, peer).await;
         self.counters.count(response.status());
+        if response.status() == StatusCode::OK {
+            peer.succeeded.mark();
+        }
         response
     }
 
@@ -346,8 +438,9 @@ impl<R: Reviews> Handler<R> {
             None => {
                 let token = bearer_token(&request.headers);
                 let user = match token {
-                    Some(token) => match self.auth.authenticate_token(token).await {
+                    Some(token) => match self.auth.authenticate_token(token, peer.source()).await {
                         Ok(user) => user,
+                        Err(ReviewError::OverBudget(over)) => return too_many_requests(over),
                         Err(_) => {
                             return text(
                                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -373,8 +466,9 @@ impl<R: Reviews> Handler<R> {
             "(user={}, verb={VERB}, resource={RESOURCE}, subresource={SUBRESOURCE})",
             user.name
         );
-        match self.auth.authorize(&user, node).await {
+        match self.auth.authorize(&user, node, peer.source()).await {
             Ok(true) => {}
+            Err(ReviewError::OverBudget(over)) => return too_many_requests(over),
             Ok(false) => {
                 tracing::debug!(
                     remote = %peer.remote,
@@ -500,6 +594,28 @@ fn forwarded_node(headers: &http::HeaderMap) -> Option<&str> {
         [scheme, name, _] if matches!(*scheme, "" | "http" | "https") => Some(name),
         _ => None,
     }
+}
+
+/// `429 Too Many Requests` for a review `over` its budget, with `Retry-After` in whole
+/// seconds (rounded up, at least 1: RFC 9110 §10.2.3 counts in seconds).
+fn too_many_requests(over: OverBudget) -> Response<Full<Bytes>> {
+    let mut response = text(
+        StatusCode::TOO_MANY_REQUESTS,
+        &format!(
+            "too many requests: over the {} review budget; retry later",
+            over.budget.as_str()
+        ),
+    );
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry_after_seconds(over)));
+    response
+}
+
+/// The `Retry-After` of `over`: its wait in whole seconds, rounded up, at least 1.
+pub(super) fn retry_after_seconds(over: OverBudget) -> u64 {
+    let wait = over.retry_after;
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
 /// A one-line text answer (a newline is added).

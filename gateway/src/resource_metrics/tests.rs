@@ -24,6 +24,7 @@ use super::cache::ReviewCache;
 use super::exposition::cpu_seconds;
 use super::server::{Handler, Peer, Refusal, route};
 use super::*;
+use edgebeat_transports::observe::Succeeded;
 use edgebeat_transports::tls::GrpcServerTls;
 
 const NODE: &str = "edge-01";
@@ -353,7 +354,8 @@ impl Bench {
         let samples = Arc::new(Samples::default());
         samples.record(NODE, served_sample());
         let counters = Arc::new(ResourceMetricsCounters::default());
-        let handler = Handler::new(samples.clone(), Auth::new(fake.clone()), counters.clone());
+        let auth = Auth::new(fake.clone(), counters.clone());
+        let handler = Handler::new(samples.clone(), auth, counters.clone());
         Self {
             fake,
             samples,
@@ -383,10 +385,22 @@ impl Bench {
         let peer = Peer {
             remote: "192.0.2.7:41000".parse().unwrap(),
             certificate_user,
+            succeeded: Succeeded::default(),
         };
+        self.call_on(&peer, method, uri, headers).await
+    }
+
+    /// As [`Bench::call`], on the connection `peer`.
+    async fn call_on(
+        &self,
+        peer: &Peer,
+        method: Method,
+        uri: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, String, http::HeaderMap) {
         let response = self
             .handler
-            .handle(&parts(method, uri, headers), &peer)
+            .handle(&parts(method, uri, headers), peer)
             .await;
         let (head, body) = response.into_parts();
         let body = body.collect().await.unwrap().to_bytes();
@@ -779,6 +793,216 @@ async fn caches_are_bounded_and_make_room_from_the_oldest() {
     tokio::time::advance(Duration::from_secs(2)).await;
     short.get_or_review(3, || review(30, long)).await.unwrap();
     assert_eq!(short.get_or_review(1, || review(12, long)).await, Ok(10));
+}
+
+// ---------------------------------------------------------------------------------------
+// Review budgets
+
+/// A new connection from `address` (no client certificate, not yet served).
+fn connection_from(address: &str) -> Peer {
+    Peer {
+        remote: std::net::SocketAddr::new(address.parse().unwrap(), 41000),
+        certificate_user: None,
+        succeeded: Succeeded::default(),
+    }
+}
+
+/// `GET` of [`PATH`] with `Authorization: Bearer <token>` on `peer`.
+async fn get_with_token(bench: &Bench, peer: &Peer, token: &str) -> (StatusCode, http::HeaderMap) {
+    let authorization = format!("Bearer {token}");
+    let (status, _, headers) = bench
+        .call_on(
+            peer,
+            Method::GET,
+            PATH,
+            &[("authorization", &authorization)],
+        )
+        .await;
+    (status, headers)
+}
+
+/// Random tokens from one address: a TokenReview each (401) until the address's budget is
+/// spent, then `429` with `Retry-After` and no TokenReview; the budget refills at its rate.
+#[tokio::test(start_paused = true)]
+async fn random_tokens_over_the_address_budget_are_429_without_a_review() {
+    let bench = Bench::new(Fake::default());
+    let attacker = connection_from("203.0.113.9");
+    for i in 0..ADDRESS_REVIEW_BURST {
+        let (status, _) = get_with_token(&bench, &attacker, &format!("random-{i}")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "token {i}");
+    }
+    for i in 0..5 {
+        let (status, headers) = get_with_token(&bench, &attacker, &format!("more-{i}")).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            headers[http::header::RETRY_AFTER],
+            "1",
+            "200 ms, rounded up"
+        );
+    }
+    let reviews = ADDRESS_REVIEW_BURST as usize;
+    assert_eq!(
+        bench.fake.calls(),
+        (reviews, 0),
+        "no review over the budget"
+    );
+    assert_eq!(bench.counters.get("429"), 5);
+    assert_eq!(bench.counters.refused(Budget::Address), 5);
+    assert_eq!(
+        bench.counters.reviews("token_review"),
+        u64::from(ADDRESS_REVIEW_BURST)
+    );
+    // A second later, the address may cost 5 more.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        statuses.push(
+            get_with_token(&bench, &attacker, &format!("later-{i}"))
+                .await
+                .0,
+        );
+    }
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::UNAUTHORIZED)
+            .count(),
+        5
+    );
+    assert_eq!(statuses[5], StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(bench.fake.calls(), (reviews + 5, 0));
+}
+
+/// Cached answers take no budget: with the address's budget spent, a token whose answer is
+/// cached (authenticated, or not) is answered as before, without a review.
+#[tokio::test(start_paused = true)]
+async fn cached_answers_are_answered_when_the_budget_is_spent() {
+    let bench = Bench::new(Fake::default().with_token("alice-token", "alice"));
+    bench.fake.allow("alice", NODE);
+    let client = connection_from("203.0.113.9");
+    assert_eq!(
+        get_with_token(&bench, &client, "alice-token").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get_with_token(&bench, &client, "forged").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    // Spend the rest of the address's budget (3 taken: alice's TokenReview and
+    // SubjectAccessReviews of every node, then of the node; 1 the forged token's).
+    let mut i = 0;
+    while get_with_token(&bench, &client, &format!("random-{i}"))
+        .await
+        .0
+        == StatusCode::UNAUTHORIZED
+    {
+        i += 1;
+    }
+    assert_eq!(i, ADDRESS_REVIEW_BURST - 4);
+    let calls = bench.fake.calls();
+    let fresh = Peer {
+        succeeded: Succeeded::default(),
+        ..client.clone()
+    };
+    assert_eq!(
+        get_with_token(&bench, &fresh, "alice-token").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get_with_token(&bench, &fresh, "forged").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(bench.fake.calls(), calls, "cached: no review");
+}
+
+/// A user allowed on no node asking for random node names: a SubjectAccessReview each
+/// until the address's budget is spent, then `429` without one.
+#[tokio::test(start_paused = true)]
+async fn random_node_names_cost_access_reviews_within_the_budget() {
+    let bench = Bench::new(Fake::default().with_token("bob-token", "bob"));
+    let bob = connection_from("203.0.113.10");
+    let mut statuses = HashMap::<StatusCode, u32>::new();
+    for i in 0..40 {
+        let (status, _, _) = bench
+            .call_on(
+                &bob,
+                Method::GET,
+                &format!("/nodes/edge-{i:03}/metrics/resource"),
+                &[("authorization", "Bearer bob-token")],
+            )
+            .await;
+        *statuses.entry(status).or_default() += 1;
+    }
+    // 20: bob's TokenReview, his every-node review, then 18 nodes'.
+    assert_eq!(statuses[&StatusCode::FORBIDDEN], ADDRESS_REVIEW_BURST - 2);
+    assert_eq!(
+        statuses[&StatusCode::TOO_MANY_REQUESTS],
+        40 - (ADDRESS_REVIEW_BURST - 2)
+    );
+    assert_eq!(
+        bench.fake.calls(),
+        (1, ADDRESS_REVIEW_BURST as usize - 2),
+        "no review over the budget"
+    );
+    assert_eq!(
+        bench.counters.reviews("access_review"),
+        u64::from(ADDRESS_REVIEW_BURST) - 1
+    );
+}
+
+/// A flood of random tokens from many addresses spends the replica's budget: a new
+/// connection's review waits (`429`), but metrics-server's connection, served before, is
+/// reviewed again when its token's answer expires, and scraped.
+#[tokio::test(start_paused = true)]
+async fn a_flood_from_many_addresses_spends_the_global_budget_but_not_a_served_connections() {
+    let bench = Bench::new(Fake::default().with_token("scraper-token", "metrics-server"));
+    bench.fake.allow("metrics-server", "");
+    let scraper = connection_from("10.0.0.5");
+    assert_eq!(
+        get_with_token(&bench, &scraper, "scraper-token").await.0,
+        StatusCode::OK
+    );
+    assert!(scraper.succeeded.is_marked(), "a 200 marks its connection");
+    tokio::time::advance(TOKEN_TTL).await;
+    let mut refused = 0;
+    for i in 0..300u32 {
+        let flooder = connection_from(&std::net::Ipv4Addr::from(0xC633_6400 + i).to_string());
+        if get_with_token(&bench, &flooder, &format!("random-{i}"))
+            .await
+            .0
+            == StatusCode::TOO_MANY_REQUESTS
+        {
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 300 - GLOBAL_REVIEW_BURST);
+    assert_eq!(bench.counters.refused(Budget::Global), u64::from(refused));
+    assert_eq!(bench.fake.calls().0, 1 + GLOBAL_REVIEW_BURST as usize);
+    // A new connection of the scraper's would wait; its served connection does not.
+    let new = connection_from("10.0.0.6");
+    assert_eq!(
+        get_with_token(&bench, &new, "scraper-token").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        get_with_token(&bench, &scraper, "scraper-token").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(bench.fake.calls().0, 2 + GLOBAL_REVIEW_BURST as usize);
+}
+
+#[test]
+fn retry_after_is_whole_seconds_rounded_up() {
+    let after = |ms| {
+        super::server::retry_after_seconds(OverBudget {
+            budget: Budget::Global,
+            retry_after: Duration::from_millis(ms),
+        })
+    };
+    assert_eq!(
+        (after(0), after(20), after(1_000), after(1_001)),
+        (1, 1, 1, 2)
+    );
 }
 
 // ---------------------------------------------------------------------------------------

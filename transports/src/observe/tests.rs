@@ -172,7 +172,7 @@ fn a_new_connection_displaces_only_the_busiest_address() {
     let mut next = 0;
     let mut open = |slots: &mut Slots<u32>, from: u8| {
         let evicted = slots.make_room(ip(from));
-        slots.insert(ip(from), next);
+        slots.insert(ip(from), next, Succeeded::default());
         next += 1;
         evicted
     };
@@ -206,16 +206,86 @@ fn slots_keep_the_limits_they_are_given() {
     let mut slots: Slots<u32> = Slots::new(3, 2);
     for (id, from) in [(0, 1), (1, 1)] {
         assert!(slots.make_room(ip(from)).is_empty());
-        slots.insert(ip(from), id);
+        slots.insert(ip(from), id, Succeeded::default());
     }
     assert_eq!(slots.make_room(ip(1)), vec![0], "address 1 holds its 2");
-    slots.insert(ip(1), 2);
+    slots.insert(ip(1), 2, Succeeded::default());
     assert!(slots.make_room(ip(2)).is_empty());
-    slots.insert(ip(2), 3);
+    slots.insert(ip(2), 3, Succeeded::default());
     assert_eq!(
         slots.make_room(ip(3)),
         vec![1],
         "full: address 1 holds the most"
+    );
+}
+
+/// Connections churned by many addresses (one each, as from 300 source addresses) fill a
+/// full server: each new one closes the oldest connection not yet served a success, never
+/// a scraper's long-lived connection that was; only when all were, the oldest goes.
+#[test]
+fn a_connection_that_succeeded_is_closed_last() {
+    let mut slots: Slots<u32> = Slots::new(3, 2);
+    let scraper = Succeeded::default();
+    assert!(slots.make_room(ip(1)).is_empty());
+    slots.insert(ip(1), 0, scraper.clone());
+    scraper.mark();
+    for (id, from) in [(1, 2), (2, 3)] {
+        assert!(slots.make_room(ip(from)).is_empty());
+        slots.insert(ip(from), id, Succeeded::default());
+    }
+    // Full, one connection per address: the oldest not yet succeeded goes, not the
+    // scraper's (the oldest of all).
+    for (id, from) in (3..20).zip(4u8..) {
+        let evicted = slots.make_room(ip(from));
+        assert_eq!(evicted, vec![id - 2], "connection {id} from address {from}");
+        slots.insert(ip(from), id, Succeeded::default());
+    }
+    assert_eq!(slots.len(), 3);
+    // Every connection succeeded: the oldest goes, the scraper's.
+    let all: Vec<Succeeded> = (0..2).map(|_| Succeeded::default()).collect();
+    let mut full: Slots<u32> = Slots::new(3, 2);
+    full.insert(ip(1), 0, scraper.clone());
+    full.insert(ip(2), 1, all[0].clone());
+    full.insert(ip(3), 2, all[1].clone());
+    all.iter().for_each(Succeeded::mark);
+    assert_eq!(full.make_room(ip(4)), vec![0]);
+}
+
+/// The address over its share closes its own oldest connection not yet succeeded; its
+/// connection that succeeded goes only when all its connections did.
+#[test]
+fn an_address_over_its_share_keeps_its_connection_that_succeeded() {
+    let mut slots: Slots<u32> = Slots::new(10, 2);
+    let served = Succeeded::default();
+    slots.insert(ip(1), 0, served.clone());
+    served.mark();
+    slots.insert(ip(1), 1, Succeeded::default());
+    assert_eq!(slots.make_room(ip(1)), vec![1]);
+    let also = Succeeded::default();
+    slots.insert(ip(1), 2, also.clone());
+    also.mark();
+    assert_eq!(
+        slots.make_room(ip(1)),
+        vec![0],
+        "both succeeded: the oldest"
+    );
+}
+
+/// Among connections not yet succeeded, the address holding the most of them gives one up
+/// first (a flood from one address displaces its own).
+#[test]
+fn a_full_server_closes_from_the_address_with_most_connections_not_yet_succeeded() {
+    let mut slots: Slots<u32> = Slots::new(4, 4);
+    let scraper = Succeeded::default();
+    slots.insert(ip(1), 0, scraper.clone());
+    scraper.mark();
+    slots.insert(ip(2), 1, Succeeded::default());
+    slots.insert(ip(3), 2, Succeeded::default());
+    slots.insert(ip(3), 3, Succeeded::default());
+    assert_eq!(
+        slots.make_room(ip(4)),
+        vec![2],
+        "address 3 holds two not yet succeeded"
     );
 }
 
