@@ -743,7 +743,7 @@ fn scrape(
 }
 
 /// Over signed MQTT with two replicas, whose shared subscription splits the node's renewals
-/// between them: the replicas share the samples they admit (`P/usage/<node>`), so both
+/// between them: the replicas share the samples they admit (signed batches on `P/usage`), so both
 /// serve the node's latest sample; the node names the gateway's Service (a Service's
 /// `IP:PORT` in `--resource-metrics-address`), through which metrics-server scrapes either,
 /// so `kubectl top node` lists it, and again after one replica is killed, with no status
