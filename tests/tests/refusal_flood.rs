@@ -1,6 +1,9 @@
 //! A flood of refused messages is counted in full and written to the log in a few lines:
 //! the real `edgebeat-gateway` binary in the signed MQTT posture (`--mqtt-node-ca`), a real
 //! Mosquitto, and 20,000 unsigned renewals of as many made-up nodes published within 20 s.
+//! Site uplink notifications, which no posture signs (a site broker's bridge publishes
+//! them), for 200,000 made-up sites grow neither the gateway's memory nor its log past a
+//! stated bound.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -17,31 +20,35 @@ const FLOOD: u64 = 20_000;
 
 /// `edgebeat_gateway_rejected_messages_total{reason="unsigned"}` from `/metrics`.
 async fn unsigned_rejections(metrics: std::net::SocketAddr) -> u64 {
+    rejections(metrics, "unsigned").await
+}
+
+/// `edgebeat_gateway_rejected_messages_total{reason}` from `/metrics`.
+async fn rejections(metrics: std::net::SocketAddr, reason: &str) -> u64 {
     let (_, body) = http_get(metrics, "/metrics").await.unwrap();
+    let series = format!("edgebeat_gateway_rejected_messages_total{{reason=\"{reason}\"}} ");
     body.lines()
-        .find_map(|l| {
-            l.strip_prefix("edgebeat_gateway_rejected_messages_total{reason=\"unsigned\"} ")
-        })
+        .find_map(|l| l.strip_prefix(series.as_str()))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twenty_thousand_refused_messages_write_a_few_kilobytes_of_log() {
-    let standin = StandIn::start().await.unwrap();
-    let broker = Broker::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
+/// The real gateway binary in the signed MQTT posture (`--mqtt-node-ca` and an answer key of
+/// a site CA, as `deploy/gateway-mqtt`) on `standin` and `broker`, logging to `log`, once
+/// ready (the watches listed, the broker granted the subscription); and its `/metrics`.
+async fn signed_gateway(
+    standin: &edgebeat_tests::standin::StandInHandle,
+    broker: &Broker,
+    dir: &std::path::Path,
+    log: &std::path::Path,
+) -> (GatewayProcess, std::net::SocketAddr) {
     let site = Ca::new("edgebeat-test-site");
-    let site_ca = dir.path().join("site-ca.crt");
+    let site_ca = dir.join("site-ca.crt");
     std::fs::write(&site_ca, &site.cert_pem).unwrap();
     let answers = site.answers();
-    let (answer_cert, answer_key) = (
-        dir.path().join("answers.crt"),
-        dir.path().join("answers.key"),
-    );
+    let (answer_cert, answer_key) = (dir.join("answers.crt"), dir.join("answers.key"));
     std::fs::write(&answer_cert, &answers.cert_pem).unwrap();
     std::fs::write(&answer_key, &answers.key_pem).unwrap();
-    let log = dir.path().join("gateway.log");
     let mut gateway = GatewayProcess::start(
         [
             "--server".to_owned(),
@@ -52,14 +59,13 @@ async fn twenty_thousand_refused_messages_write_a_few_kilobytes_of_log() {
             format!("--mqtt-answer-key-file={}", answer_key.display()),
             "--metrics-listen=127.0.0.1:0".to_owned(),
         ],
-        &log,
+        log,
     )
     .unwrap();
     let metrics = gateway
         .address("serving /healthz, /readyz and /metrics")
         .await
         .unwrap();
-    // Ready: the watches listed and the broker granted the shared subscription.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while http_get(metrics, "/readyz").await.map(|a| a.0).ok() != Some(200) {
         assert!(
@@ -69,6 +75,16 @@ async fn twenty_thousand_refused_messages_write_a_few_kilobytes_of_log() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    (gateway, metrics)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_refused_messages_write_a_few_kilobytes_of_log() {
+    let standin = StandIn::start().await.unwrap();
+    let broker = Broker::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("gateway.log");
+    let (mut gateway, metrics) = signed_gateway(&standin, &broker, dir.path(), &log).await;
     let before = std::fs::metadata(&log).unwrap().len();
 
     let mut options = rumqttc::v5::MqttOptions::new("flooder", broker.host(), broker.port());
@@ -141,4 +157,80 @@ async fn twenty_thousand_refused_messages_write_a_few_kilobytes_of_log() {
         "{said:?}"
     );
     driver.abort();
+}
+
+/// 200,000 made-up sites said to be cut off (`0` on `P/sites/<site>/uplink`, which anyone
+/// on the broker can publish and no posture signs) used to cost the gateway 35.4 MB of
+/// memory and 4.38 MB of log per 20,000: now the gateway binary's RSS grows by at most
+/// 4 MiB and its log by at most 16 KiB (the tracker keeps 1,024 unseen sites at most until
+/// its next look, and the lines go through the bounded logger).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_thousand_made_up_sites_grow_neither_memory_nor_log() {
+    const SITES: u64 = 200_000;
+    let standin = StandIn::start().await.unwrap();
+    let broker = Broker::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("gateway.log");
+    let (mut gateway, metrics) = signed_gateway(&standin, &broker, dir.path(), &log).await;
+    let pid = gateway.pid().unwrap();
+    let rss_before = edgebeat_tests::procfs::vm_rss_kib(pid).unwrap();
+    let log_before = std::fs::metadata(&log).unwrap().len();
+
+    let mut options = rumqttc::v5::MqttOptions::new("flooder", broker.host(), broker.port());
+    options.set_outgoing_inflight_upper_limit(256);
+    let (client, mut eventloop) = rumqttc::v5::AsyncClient::new(options, 1024);
+    let driver = tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
+    let started = tokio::time::Instant::now();
+    for i in 0..SITES {
+        client
+            .publish(
+                edgebeat_transports::mqtt::uplink_topic("edgebeat/v1", &format!("made-up-{i}")),
+                rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+                false,
+                b"0".to_vec(),
+            )
+            .await
+            .unwrap();
+    }
+    // A notification that is neither 0 nor 1, after the flood on the same subscription: once
+    // it is counted, every notification before it was taken.
+    let malformed = rejections(metrics, "malformed").await;
+    client
+        .publish(
+            edgebeat_transports::mqtt::uplink_topic("edgebeat/v1", "made-up-last"),
+            rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+            false,
+            b"x".to_vec(),
+        )
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while rejections(metrics, "malformed").await <= malformed {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the marker after the flood was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = started.elapsed();
+    let rss_after = edgebeat_tests::procfs::vm_rss_kib(pid).unwrap();
+    let written = std::fs::metadata(&log).unwrap().len() - log_before;
+    eprintln!(
+        "{SITES} made-up sites in {took:.1?}: the gateway's RSS {rss_before} KiB before, {rss_after} KiB after; {written} bytes of log"
+    );
+    let broker_log = broker.log();
+    assert!(
+        !broker_log.contains("dropped"),
+        "the broker dropped notifications, so fewer than {SITES} were taken:\n{broker_log}"
+    );
+    assert!(
+        rss_after.saturating_sub(rss_before) <= 4 * 1024,
+        "RSS grew from {rss_before} KiB to {rss_after} KiB"
+    );
+    assert!(
+        written <= 16 * 1024,
+        "{written} bytes of log for {SITES} made-up sites"
+    );
+    driver.abort();
+    gateway.terminate().await.unwrap();
 }
