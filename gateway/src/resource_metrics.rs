@@ -413,6 +413,7 @@ impl Endpoint {
 mod auth;
 mod budget;
 mod cache;
+mod counters;
 mod exposition;
 mod server;
 
@@ -424,11 +425,11 @@ pub use budget::{
     GLOBAL_REVIEWS_PER_SECOND, OverBudget, SERVED_REVIEW_BURST, SERVED_REVIEWS_PER_SECOND,
 };
 pub use cache::ReviewError;
+pub use counters::ResourceMetricsCounters;
 pub use exposition::{EXPOSITION_CONTENT_TYPE, exposition};
 pub use server::{
     HEADER_READ_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTION_AGE, MAX_CONNECTIONS,
-    MAX_CONNECTIONS_PER_ADDRESS, ResourceMetricsCounters, ResourceMetricsOptions,
-    TLS_HANDSHAKE_TIMEOUT, serve,
+    MAX_CONNECTIONS_PER_ADDRESS, ResourceMetricsOptions, TLS_HANDSHAKE_TIMEOUT, serve,
 };
 
 #[cfg(test)]

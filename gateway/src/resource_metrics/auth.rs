@@ -63,7 +63,7 @@ use edgebeat_transports::log_limit::{LogLimiter, LogLine};
 
 use super::budget::{ReviewBudget, Source};
 use super::cache::{ReviewCache, ReviewError};
-use super::server::ResourceMetricsCounters;
+use super::counters::ResourceMetricsCounters;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
