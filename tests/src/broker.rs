@@ -33,6 +33,9 @@ pub struct Broker {
     namespace: Option<String>,
     /// Address the listener binds, `127.0.0.1` unless in a namespace.
     listen: String,
+    /// A second listener for the gateway replicas alone ([`Broker::start_tls_with_gateways`]):
+    /// its port and the CA (PEM) only gateways hold certificates of.
+    gateways: Option<(u16, String)>,
 }
 
 /// A site broker's bridge to the cluster's broker, as an edge site runs it: the site's
@@ -126,7 +129,7 @@ impl Broker {
     ///
     /// Errors: as [`Broker::start`].
     pub async fn start_site(bridge: Bridge) -> anyhow::Result<Broker> {
-        Self::start_with(None, false, Some(bridge), None, "127.0.0.1").await
+        Self::start_with(None, false, Some(bridge), None, "127.0.0.1", None).await
     }
 
     /// As [`Broker::start_site`], inside network namespace `namespace` (`ip netns exec`,
@@ -139,7 +142,7 @@ impl Broker {
         namespace: &str,
         listen: &str,
     ) -> anyhow::Result<Broker> {
-        Self::start_with(None, false, Some(bridge), Some(namespace.into()), listen).await
+        Self::start_with(None, false, Some(bridge), Some(namespace.into()), listen, None).await
     }
 
     /// As [`Broker::start`], logging only errors and warnings, so that a fleet benchmark
@@ -158,8 +161,24 @@ impl Broker {
         Self::start_inner(Some(tls), false).await
     }
 
+    /// As [`Broker::start_tls`] (the agents' listener), with a second TLS listener for the
+    /// gateway replicas alone, as README "MQTT broker: client IDs bound to identities" asks:
+    /// `per_listener_settings true`, no anonymous clients, client certificates from
+    /// `gateways_ca_pem` only (a CA only gateways hold), and the client ID each replica asks
+    /// for kept (no `use_username_as_clientid`), so replicas sharing one certificate keep
+    /// their own sessions. Its port is [`Broker::gateway_port`].
+    ///
+    /// Errors: as [`Broker::start_tls`].
+    pub async fn start_tls_with_gateways(
+        tls: BrokerTls,
+        gateways_ca_pem: &str,
+    ) -> anyhow::Result<Broker> {
+        let gateways = Some((0, gateways_ca_pem.to_owned()));
+        Self::start_with(Some(tls), false, None, None, "127.0.0.1", gateways).await
+    }
+
     async fn start_inner(tls: Option<BrokerTls>, quiet: bool) -> anyhow::Result<Broker> {
-        Self::start_with(tls, quiet, None, None, "127.0.0.1").await
+        Self::start_with(tls, quiet, None, None, "127.0.0.1", None).await
     }
 
     async fn start_with(
@@ -168,6 +187,7 @@ impl Broker {
         bridge: Option<Bridge>,
         namespace: Option<String>,
         listen: &str,
+        gateways: Option<(u16, String)>,
     ) -> anyhow::Result<Broker> {
         let binary = find_mosquitto()?;
         let dir = tempfile::Builder::new()
@@ -184,9 +204,13 @@ impl Broker {
             bridge,
             namespace,
             listen: listen.to_owned(),
+            gateways,
         };
         for _ in 0..PORT_ATTEMPTS {
             broker.port = free_port()?;
+            if let Some((port, _)) = &mut broker.gateways {
+                *port = free_port()?;
+            }
             broker.write_config()?;
             if broker.spawn().await? {
                 return Ok(broker);
@@ -205,6 +229,11 @@ impl Broker {
     /// The broker's port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port of the gateways' listener ([`Broker::start_tls_with_gateways`]).
+    pub fn gateway_port(&self) -> Option<u16> {
+        self.gateways.as_ref().map(|(port, _)| *port)
     }
 
     /// The broker process's id while it runs (for its RSS and open files in /proc).
@@ -260,7 +289,7 @@ impl Broker {
         // `user root`: started as root, Mosquitto would switch to the `mosquitto` user, who
         // cannot write the log in our directory; it has no effect for other users.
         let config = format!(
-            "listener {port} {listen}\n\
+            "{per_listener}listener {port} {listen}\n\
              allow_anonymous true\n\
              persistence false\n\
              max_queued_messages 1000\n\
@@ -269,6 +298,11 @@ impl Broker {
              log_dest file {log}\n\
              {log_types}\
              log_timestamp true\n",
+            per_listener = if self.gateways.is_some() {
+                "per_listener_settings true\n"
+            } else {
+                ""
+            },
             port = self.port,
             listen = self.listen,
             log = self.log_path().display(),
@@ -299,6 +333,19 @@ impl Broker {
                 if tls.bind_client_ids {
                     config.push_str("use_username_as_clientid true\n");
                 }
+            }
+            if let Some((port, gateways_ca_pem)) = &self.gateways {
+                config.push_str(&format!(
+                    "listener {port} {listen}\n\
+                     allow_anonymous false\n\
+                     cafile {}\ncertfile {}\nkeyfile {}\n\
+                     require_certificate true\n\
+                     use_identity_as_username true\n",
+                    file("gateways-ca.pem", gateways_ca_pem)?.display(),
+                    self.dir.path().join("server.pem").display(),
+                    self.dir.path().join("server.key").display(),
+                    listen = self.listen,
+                ));
             }
         }
         std::fs::write(self.config_path(), config).context("writing mosquitto.conf")

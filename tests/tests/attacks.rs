@@ -1100,18 +1100,29 @@ async fn connect_as(
     identity: Option<&edgebeat_tests::pki::Leaf>,
     client_id: &str,
 ) -> (bool, tokio::task::JoinHandle<()>) {
+    let security = cluster.mqtt_security().unwrap();
+    let broker = cluster.broker.as_ref().unwrap();
+    connect_to(broker.port(), &security.site_ca_pem, identity, client_id).await
+}
+
+/// As [`connect_as`], to the broker's listener on `port` of 127.0.0.1 whose certificate
+/// chains to `ca_pem`.
+async fn connect_to(
+    port: u16,
+    ca_pem: &str,
+    identity: Option<&edgebeat_tests::pki::Leaf>,
+    client_id: &str,
+) -> (bool, tokio::task::JoinHandle<()>) {
     use rumqttc::v5::mqttbytes::v5::Packet;
     use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-    let security = cluster.mqtt_security().unwrap();
     let tls = edgebeat_transports::tls::ClientTls {
-        ca_pem: security.site_ca_pem.clone().into_bytes(),
+        ca_pem: ca_pem.as_bytes().to_vec(),
         client_identity: identity.map(|leaf| edgebeat_transports::tls::TlsIdentity {
             cert_pem: leaf.cert_pem.clone().into_bytes(),
             key_pem: leaf.key_pem.clone().into_bytes(),
         }),
     };
-    let broker = cluster.broker.as_ref().unwrap();
-    let mut options = MqttOptions::new(client_id, broker.host(), broker.port());
+    let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
     options.set_transport(rumqttc::Transport::tls_with_config(
         rumqttc::TlsConfiguration::Rustls(Arc::new(tls.rustls_config().unwrap())),
     ));
@@ -1210,4 +1221,132 @@ async fn no_client_can_take_the_gateways_or_an_agents_mqtt_session() {
         task.abort();
     }
     agent.stop().await.unwrap();
+}
+
+/// 7, the gateway's side. On a broker that binds client IDs to certificate identities, the
+/// gateway's replicas, which share one certificate in `deploy/`, would share one ID and take
+/// each other's session. On the listener of their own README asks for
+/// (`per_listener_settings`, certificates of a CA only gateways hold, the IDs they ask for
+/// kept), two `edgebeat-gateway` binaries with one certificate and `--mqtt-client-id`s of
+/// their own both stay subscribed, while no client without a gateway certificate gets in
+/// there, and one on the agents' listener asking for a replica's ID gets its own identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_replicas_keep_their_sessions_on_a_listener_of_their_own() {
+    use edgebeat_tests::broker::{Broker, BrokerTls};
+    use edgebeat_tests::harness::http_get;
+    use edgebeat_tests::process::GatewayProcess;
+    let site = Ca::new("edgebeat site CA");
+    let gateways = Ca::new("edgebeat gateways CA");
+    let server = site.server();
+    let broker = Broker::start_tls_with_gateways(
+        BrokerTls {
+            require_certificate: true,
+            bind_client_ids: true,
+            ca_pem: site.cert_pem.clone(),
+            cert_pem: server.cert_pem,
+            key_pem: server.key_pem,
+        },
+        &gateways.cert_pem,
+    )
+    .await
+    .unwrap();
+    let gateway_port = broker.gateway_port().unwrap();
+    let standin = edgebeat_tests::standin::StandIn::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let certificate = gateways.client("edgebeat-gateway", None);
+    let answers = site.answers();
+    let file = |name: &str, pem: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path.display().to_string()
+    };
+    let site_ca = file("site-ca.crt", &site.cert_pem);
+    let (cert, key) = (
+        file("gateway.crt", &certificate.cert_pem),
+        file("gateway.key", &certificate.key_pem),
+    );
+    let (answer_cert, answer_key) = (
+        file("answers.crt", &answers.cert_pem),
+        file("answers.key", &answers.key_pem),
+    );
+    let replica = |id: &str| {
+        GatewayProcess::start(
+            [
+                "--server".to_owned(),
+                standin.url(),
+                format!("--mqtt-endpoint=mqtts://127.0.0.1:{gateway_port}"),
+                format!("--mqtt-ca-file={site_ca}"),
+                format!("--mqtt-cert-file={cert}"),
+                format!("--mqtt-key-file={key}"),
+                format!("--mqtt-client-id={id}"),
+                format!("--mqtt-node-ca={site_ca}"),
+                format!("--mqtt-answer-cert-file={answer_cert}"),
+                format!("--mqtt-answer-key-file={answer_key}"),
+                "--metrics-listen=127.0.0.1:0".to_owned(),
+            ],
+            &dir.path().join(format!("{id}.log")),
+        )
+        .unwrap()
+    };
+    let mut replicas = [replica("edgebeat-gateway-a"), replica("edgebeat-gateway-b")];
+    let mut health = Vec::new();
+    for replica in &mut replicas {
+        health.push(
+            replica
+                .address("serving /healthz, /readyz and /metrics")
+                .await
+                .unwrap(),
+        );
+    }
+    let all_ready = || {
+        let health = health.clone();
+        async move {
+            for addr in health {
+                if http_get(addr, "/readyz").await.map(|a| a.0).ok() != Some(200) {
+                    return false;
+                }
+            }
+            true
+        }
+    };
+    edgebeat_tests::control_plane::eventually("both replicas subscribed", DEADLINE, all_ready)
+        .await;
+
+    let intruder = site.node("edge-x");
+    let mut intruders = Vec::new();
+    for victim in ["edgebeat-gateway-a", "edgebeat-gateway-b"] {
+        let (anonymous, task) = connect_to(gateway_port, &site.cert_pem, None, victim).await;
+        task.abort();
+        assert!(!anonymous, "a client without a certificate on the gateways' listener");
+        let (node, task) =
+            connect_to(gateway_port, &site.cert_pem, Some(&intruder), victim).await;
+        task.abort();
+        assert!(!node, "a node certificate on the gateways' listener");
+        let (connected, task) =
+            connect_to(broker.port(), &site.cert_pem, Some(&intruder), victim).await;
+        assert!(connected, "a node certificate on the agents' listener");
+        intruders.push(task);
+    }
+    assert!(all_ready().await, "both replicas still subscribed");
+    let log = broker.log();
+    for victim in ["edgebeat-gateway-a", "edgebeat-gateway-b"] {
+        assert!(
+            !log.contains(&format!("Client {victim} already connected")),
+            "{victim}'s session was taken:\n{log}"
+        );
+        assert!(
+            log.contains(&format!("as {victim}")),
+            "{victim} connected with the ID it asked for:\n{log}"
+        );
+    }
+    assert!(
+        log.contains("as system:node:edge-x"),
+        "the intruder got its own identity as its client ID:\n{log}"
+    );
+    for task in intruders {
+        task.abort();
+    }
+    for replica in &mut replicas {
+        assert!(replica.terminate().await.unwrap().success());
+    }
 }
