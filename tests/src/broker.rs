@@ -142,7 +142,15 @@ impl Broker {
         namespace: &str,
         listen: &str,
     ) -> anyhow::Result<Broker> {
-        Self::start_with(None, false, Some(bridge), Some(namespace.into()), listen, None).await
+        Self::start_with(
+            None,
+            false,
+            Some(bridge),
+            Some(namespace.into()),
+            listen,
+            None,
+        )
+        .await
     }
 
     /// As [`Broker::start`], logging only errors and warnings, so that a fleet benchmark

@@ -1317,9 +1317,11 @@ async fn gateway_replicas_keep_their_sessions_on_a_listener_of_their_own() {
     for victim in ["edgebeat-gateway-a", "edgebeat-gateway-b"] {
         let (anonymous, task) = connect_to(gateway_port, &site.cert_pem, None, victim).await;
         task.abort();
-        assert!(!anonymous, "a client without a certificate on the gateways' listener");
-        let (node, task) =
-            connect_to(gateway_port, &site.cert_pem, Some(&intruder), victim).await;
+        assert!(
+            !anonymous,
+            "a client without a certificate on the gateways' listener"
+        );
+        let (node, task) = connect_to(gateway_port, &site.cert_pem, Some(&intruder), victim).await;
         task.abort();
         assert!(!node, "a node certificate on the gateways' listener");
         let (connected, task) =
