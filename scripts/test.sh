@@ -17,6 +17,11 @@ command -v python3 >/dev/null || need_apt+=(python3)
 # promtool and a real Prometheus for the alert rules and the dashboard,
 # tests/tests/monitoring.rs (Debian's 2.42; without its recommended exporters).
 command -v promtool >/dev/null && command -v prometheus >/dev/null || need_prometheus=1
+# The agent's Debian packages (scripts/package.sh), checked by lintian and installed by
+# dpkg into a root debootstrap makes (tests/tests/package.rs).
+command -v dpkg-shlibdeps >/dev/null || need_apt+=(dpkg-dev)
+command -v lintian >/dev/null || need_apt+=(lintian)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 if [ ${#need_apt[@]} -gt 0 ] || [ -n "${need_prometheus:-}" ]; then
   apt-get update -qq
 fi
@@ -134,6 +139,18 @@ cargo test --workspace --locked
 not_run=()
 # The ARM agents were built above.
 cargo test --workspace --locked --test cross_qemu -- --ignored
+# The agent's packages for arm64, armhf and amd64 (cargo-deb, pinned and cached; the ARM
+# binaries are those above), installed by dpkg into a bookworm root: chrooted maintainer
+# scripts need root.
+if [ "$(id -u)" = 0 ]; then
+  EDGEBEAT_DEBS=$(scripts/package.sh | tail -n 3 | tr '\n' ' ')
+  EDGEBEAT_BOOKWORM_TAR=$(scripts/debootstrap.sh | tail -n 1)
+  export EDGEBEAT_DEBS EDGEBEAT_BOOKWORM_TAR
+  ls -l $EDGEBEAT_DEBS
+  cargo test --workspace --locked --test package -- --ignored
+else
+  not_run+=("tests/tests/package.rs: needs root (dpkg --root runs maintainer scripts chrooted)")
+fi
 if [ "$(id -u)" = 0 ] && ip netns list >/dev/null 2>&1; then
   cargo test --workspace --locked --test link --test faults --test sites -- --ignored
 else

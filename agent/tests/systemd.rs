@@ -26,6 +26,8 @@ fn unit_carries_the_documented_hardening_and_notify_settings() {
         "Restart=always",
         "KillSignal=SIGTERM",
         "SystemCallFilter=@system-service",
+        "ConditionPathExists=/etc/edgebeat/agent.yaml",
+        "TimeoutStartSec=30s",
     ] {
         assert!(unit.lines().any(|l| l.trim() == line), "missing `{line}`");
     }
@@ -44,7 +46,7 @@ fn systemd_analyze_verifies_the_unit() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("edgebeat-agent.service");
     let unit = unit().replace(
-        "/usr/local/bin/edgebeat-agent",
+        "/usr/bin/edgebeat-agent",
         env!("CARGO_BIN_EXE_edgebeat-agent"),
     );
     std::fs::write(&path, unit).unwrap();
