@@ -15,7 +15,8 @@ if [ ! -f "$tar" ]; then
   mkdir -p "$cache/debootstrap"
   root=$(mktemp -d "$cache/debootstrap/root.XXXXXX")
   trap 'rm -rf "$root"' EXIT
-  debootstrap --variant=minbase --include=init-system-helpers bookworm "$root" "$mirror" >&2
+  debootstrap --variant=minbase --include=init-system-helpers bookworm "$root" "$mirror" \
+    >"$cache/debootstrap/debootstrap.log" 2>&1 || { cat "$cache/debootstrap/debootstrap.log" >&2; exit 1; }
   tar -C "$root" -cf "$tar.partial" . && mv "$tar.partial" "$tar"
 fi
 echo "$tar"

@@ -50,6 +50,6 @@ for arch in "${arches[@]}"; do
   # --no-strip: the `agent` profile strips already (it inherits release's strip = true).
   deb=$("$cargo_deb" deb --locked --no-build --no-strip -p edgebeat-agent "${args[@]}" \
     --output target/debian/ | tail -n 1)
-  built+=("$deb")
+  built+=("$(realpath "$deb")")
 done
 printf '%s\n' "${built[@]}"

@@ -144,6 +144,10 @@ cargo test --workspace --locked --test cross_qemu -- --ignored
 # scripts need root.
 if [ "$(id -u)" = 0 ]; then
   EDGEBEAT_DEBS=$(scripts/package.sh | tail -n 3 | tr '\n' ' ')
+  # Packaged again from the same binaries: the same bytes (cargo-deb, SOURCE_DATE_EPOCH).
+  sums=$(sha256sum $EDGEBEAT_DEBS)
+  scripts/package.sh >/dev/null
+  [ "$(sha256sum $EDGEBEAT_DEBS)" = "$sums" ] || { echo "the packages differ between two builds" >&2; exit 1; }
   EDGEBEAT_BOOKWORM_TAR=$(scripts/debootstrap.sh | tail -n 1)
   export EDGEBEAT_DEBS EDGEBEAT_BOOKWORM_TAR
   ls -l $EDGEBEAT_DEBS

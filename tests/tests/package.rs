@@ -51,7 +51,7 @@ fn bookworm_root() -> tempfile::TempDir {
 /// `apt-get -o Dpkg::Options::=--force-confold` does), asserting it succeeds within
 /// [`DPKG_WITHIN`].
 fn dpkg(root: &Path, args: &[&str]) {
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let root = format!("--root={}", root.display());
     let mut all = vec![root.as_str(), "--force-confdef", "--force-confold"];
     all.extend_from_slice(args);
@@ -87,17 +87,27 @@ fn architecture(deb: &Path) -> String {
 /// The ELF machine of `binary` (`e_machine`, bytes 18–19, little-endian).
 fn elf_machine(binary: &Path) -> u16 {
     let bytes = std::fs::read(binary).unwrap();
-    assert_eq!(&bytes[..4], b"\x7fELF", "{} is no ELF file", binary.display());
+    assert_eq!(
+        &bytes[..4],
+        b"\x7fELF",
+        "{} is no ELF file",
+        binary.display()
+    );
     u16::from_le_bytes([bytes[18], bytes[19]])
 }
 
 /// The same package as a later release would ship it, made from `deb` (a stand-in for the
 /// next release, which does not exist yet): version `0.1.0-2` and a changed conffile.
 fn next_release(deb: &Path, dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
     let tree = dir.join("next");
     run(
         "dpkg-deb",
-        &["--raw-extract", deb.to_str().unwrap(), tree.to_str().unwrap()],
+        &[
+            "--raw-extract",
+            deb.to_str().unwrap(),
+            tree.to_str().unwrap(),
+        ],
     );
     let control = tree.join("DEBIAN/control");
     let text = std::fs::read_to_string(&control).unwrap();
@@ -112,13 +122,16 @@ fn next_release(deb: &Path, dir: &Path) -> PathBuf {
     conffile.push_str("# A line the next release adds.\n");
     std::fs::write(&default, conffile).unwrap();
     // Its md5sums as dpkg-deb expects them after the change.
-    let sums = run("sh", &[
-        "-c",
-        &format!(
-            "cd {} && find . -path ./DEBIAN -prune -o -type f -printf '%P\\n' | sort | xargs md5sum",
-            tree.display()
-        ),
-    ]);
+    let sums = run(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "cd {} && find . -path ./DEBIAN -prune -o -type f -printf '%P\\n' | sort | xargs md5sum",
+                tree.display()
+            ),
+        ],
+    );
     std::fs::write(tree.join("DEBIAN/md5sums"), sums).unwrap();
     let next = dir.join("next.deb");
     run(
@@ -200,7 +213,12 @@ async fn each_package_installs_runs_upgrades_and_purges_clean() {
         // lintian: nothing but what the overrides explain.
         run(
             "lintian",
-            &["--fail-on", "error,warning", "--no-tag-display-limit", deb.to_str().unwrap()],
+            &[
+                "--fail-on",
+                "error,warning",
+                "--no-tag-display-limit",
+                deb.to_str().unwrap(),
+            ],
         );
 
         let root = bookworm_root();
@@ -208,26 +226,40 @@ async fn each_package_installs_runs_upgrades_and_purges_clean() {
         if arch != "amd64" {
             run(
                 "dpkg",
-                &[&format!("--root={}", r.display()), "--add-architecture", &arch],
+                &[
+                    &format!("--root={}", r.display()),
+                    "--add-architecture",
+                    &arch,
+                ],
             );
         }
         dpkg(r, &["--install", deb.to_str().unwrap()]);
-        assert_eq!(query(r, "${db:Status-Abbrev}").trim(), "ii", "{arch}: installed");
+        assert_eq!(
+            query(r, "${db:Status-Abbrev}").trim(),
+            "ii",
+            "{arch}: installed"
+        );
         let machine = match arch.as_str() {
             "arm64" => 0xb7,
             "armhf" => 0x28,
             _ => 0x3e,
         };
-        assert_eq!(elf_machine(&r.join("usr/bin/edgebeat-agent")), machine, "{arch}");
-        let unit =
-            std::fs::read_to_string(r.join("usr/lib/systemd/system/edgebeat-agent.service"))
-                .unwrap();
+        assert_eq!(
+            elf_machine(&r.join("usr/bin/edgebeat-agent")),
+            machine,
+            "{arch}"
+        );
+        let unit = std::fs::read_to_string(r.join("usr/lib/systemd/system/edgebeat-agent.service"))
+            .unwrap();
         for line in [
             "ExecStart=/usr/bin/edgebeat-agent --config /etc/edgebeat/agent.yaml $EDGEBEAT_AGENT_OPTS",
             "ConditionPathExists=/etc/edgebeat/agent.yaml",
             "Type=notify",
         ] {
-            assert!(unit.lines().any(|l| l == line), "{arch}: the unit lacks {line}");
+            assert!(
+                unit.lines().any(|l| l == line),
+                "{arch}: the unit lacks {line}"
+            );
         }
         let wants = r.join("etc/systemd/system/multi-user.target.wants/edgebeat-agent.service");
         assert!(wants.is_symlink(), "{arch}: the unit is enabled");
@@ -240,7 +272,10 @@ async fn each_package_installs_runs_upgrades_and_purges_clean() {
             query(r, "${Conffiles}").contains("/etc/default/edgebeat-agent"),
             "{arch}: the conffile"
         );
-        assert!(!r.join("etc/edgebeat/agent.yaml").exists(), "{arch}: no configuration shipped");
+        assert!(
+            !r.join("etc/edgebeat/agent.yaml").exists(),
+            "{arch}: no configuration shipped"
+        );
 
         // The installed binary, configured as an operator does, registers its Node.
         let node = format!("packaged-{arch}");
@@ -275,9 +310,16 @@ async fn each_package_installs_runs_upgrades_and_purges_clean() {
         let next = next_release(deb, &dir.path().join(&arch));
         dpkg(r, &["--install", next.to_str().unwrap()]);
         assert_eq!(query(r, "${Version}"), "0.1.0-2", "{arch}: upgraded");
-        assert_eq!(std::fs::read_to_string(&default).unwrap(), edited, "{arch}: the edit kept");
+        assert_eq!(
+            std::fs::read_to_string(&default).unwrap(),
+            edited,
+            "{arch}: the edit kept"
+        );
         let dist = std::fs::read_to_string(r.join("etc/default/edgebeat-agent.dpkg-dist")).unwrap();
-        assert!(dist.contains("A line the next release adds"), "{arch}: {dist}");
+        assert!(
+            dist.contains("A line the next release adds"),
+            "{arch}: {dist}"
+        );
         assert!(config.exists(), "{arch}: the configuration untouched");
 
         // The node's state (what systemd's StateDirectory holds for the dynamic user).
