@@ -22,6 +22,11 @@ command -v promtool >/dev/null && command -v prometheus >/dev/null || need_prome
 command -v dpkg-shlibdeps >/dev/null || need_apt+=(dpkg-dev)
 command -v lintian >/dev/null || need_apt+=(lintian)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+# The gateway image (scripts/gateway-image.sh): buildah builds it, skopeo and umoci read it,
+# runc runs it (tests/tests/image.rs); musl-gcc for ring in the static amd64 gateway.
+for tool in buildah skopeo umoci runc musl-gcc; do
+  command -v "$tool" >/dev/null || need_apt+=("$([ "$tool" = musl-gcc ] && echo musl-tools || echo "$tool")")
+done
 if [ ${#need_apt[@]} -gt 0 ] || [ -n "${need_prometheus:-}" ]; then
   apt-get update -qq
 fi
@@ -183,6 +188,22 @@ if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then
   cargo test --workspace --locked --test resource_metrics -- --ignored --test-threads=1
 else
   not_run+=("tests/tests/resource_metrics.rs: needs root for a veth address")
+fi
+# The gateway image for amd64 and arm64 (buildah), built twice to one digest, then read and
+# run under runc against the control plane (tests/tests/image.rs).
+if [ "$(id -u)" = 0 ]; then
+  # skopeo keeps a blob-info cache in /var/lib/containers: removed after when it was not there.
+  [ -e /var/lib/containers ] && containers_before=1
+  first=$(scripts/gateway-image.sh | tail -n 1)
+  second=$(scripts/gateway-image.sh | tail -n 1)
+  echo "gateway image: $first"
+  [ "${first#* }" = "${second#* }" ] || { echo "the image's digest differs between two builds: $first, then $second" >&2; exit 1; }
+  EDGEBEAT_GATEWAY_IMAGE=${first%% *}
+  export EDGEBEAT_GATEWAY_IMAGE
+  cargo test --workspace --locked --test image -- --ignored
+  [ -n "${containers_before:-}" ] || rm -rf /var/lib/containers
+else
+  not_run+=("tests/tests/image.rs: needs root (buildah's chroot isolation, runc)")
 fi
 # The Helm chart, rendered and installed by the Helm built above into its own control plane
 # (tests/tests/helm.rs).

@@ -950,24 +950,7 @@ impl DeployedGateway {
     /// As [`Self::agent_config`], reaching the gateway at `endpoint` (something in front of
     /// it, as a Service is).
     pub fn agent_config_via(&self, node: &str, endpoint: std::net::SocketAddr) -> AgentConfig {
-        let leaf = self.site.node(node);
-        let mut transport = grpc_transport(&format!("https://{endpoint}"));
-        transport
-            .set_tls(ClientTls {
-                ca_pem: self.site.cert_pem.clone().into_bytes(),
-                client_identity: Some(TlsIdentity {
-                    cert_pem: leaf.cert_pem.into_bytes(),
-                    key_pem: leaf.key_pem.into_bytes(),
-                }),
-            })
-            .unwrap();
-        let defaults = AgentConfig::default();
-        AgentConfig {
-            node_status_update_frequency: defaults.node_status_update_frequency,
-            node_status_report_frequency: defaults.node_status_report_frequency,
-            node_lease_duration_seconds: defaults.node_lease_duration_seconds,
-            ..test_agent_config(node, &fixture("rpi4-cgroup1"), transport)
-        }
+        deployed_agent_config(&self.site, node, endpoint)
     }
 
     /// An in-process agent with [`Self::agent_config`].
@@ -976,6 +959,34 @@ impl DeployedGateway {
     /// When the agent cannot start.
     pub fn agent(&self, node: &str) -> AgentHandle {
         start_agent(self.agent_config(node), Arc::new(edgebeat_hw::SystemClock)).unwrap()
+    }
+}
+
+/// An agent configuration for `node` at kubelet's defaults (status every 10 s, reported
+/// every 5 min unchanged, Lease of 40 s renewed every 10 s), over gRPC with mTLS to a
+/// gateway as `deploy/gateway` runs it at `endpoint`, with a node certificate of `site`.
+///
+/// # Panics
+/// When the certificate does not load (a test's setup).
+#[allow(clippy::unwrap_used)]
+pub fn deployed_agent_config(site: &Ca, node: &str, endpoint: std::net::SocketAddr) -> AgentConfig {
+    let leaf = site.node(node);
+    let mut transport = grpc_transport(&format!("https://{endpoint}"));
+    transport
+        .set_tls(ClientTls {
+            ca_pem: site.cert_pem.clone().into_bytes(),
+            client_identity: Some(TlsIdentity {
+                cert_pem: leaf.cert_pem.into_bytes(),
+                key_pem: leaf.key_pem.into_bytes(),
+            }),
+        })
+        .unwrap();
+    let defaults = AgentConfig::default();
+    AgentConfig {
+        node_status_update_frequency: defaults.node_status_update_frequency,
+        node_status_report_frequency: defaults.node_status_report_frequency,
+        node_lease_duration_seconds: defaults.node_lease_duration_seconds,
+        ..test_agent_config(node, &fixture("rpi4-cgroup1"), transport)
     }
 }
 

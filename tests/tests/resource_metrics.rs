@@ -719,6 +719,37 @@ async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_
     drop(veth);
 }
 
+/// A token of the service account `default/scraper`, bound to a ClusterRole with
+/// metrics-server's rule (`get` on `nodes/metrics`).
+fn scraper_token(control_plane: &ControlPlane) -> String {
+    control_plane
+        .kubectl(&["create", "serviceaccount", "scraper", "-n", "default"])
+        .unwrap();
+    control_plane
+        .kubectl(&[
+            "create",
+            "clusterrole",
+            "node-metrics-reader",
+            "--verb=get",
+            "--resource=nodes/metrics",
+        ])
+        .unwrap();
+    control_plane
+        .kubectl(&[
+            "create",
+            "clusterrolebinding",
+            "scraper",
+            "--clusterrole=node-metrics-reader",
+            "--serviceaccount=default:scraper",
+        ])
+        .unwrap();
+    control_plane
+        .kubectl(&["create", "token", "scraper", "-n", "default"])
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
 /// The body of `/nodes/<node>/metrics/resource` straight from the replica at `served`, as
 /// a caller with `token` (kubectl, trusting the cluster CA).
 fn scrape(
@@ -847,31 +878,8 @@ async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_on
     .await;
 
     // Both replicas serve the same latest sample, though each got only some renewals.
-    control_plane
-        .kubectl(&["create", "serviceaccount", "scraper", "-n", "default"])
-        .unwrap();
-    control_plane
-        .kubectl(&[
-            "create",
-            "clusterrole",
-            "node-metrics-reader",
-            "--verb=get",
-            "--resource=nodes/metrics",
-        ])
-        .unwrap();
-    control_plane
-        .kubectl(&[
-            "create",
-            "clusterrolebinding",
-            "scraper",
-            "--clusterrole=node-metrics-reader",
-            "--serviceaccount=default:scraper",
-        ])
-        .unwrap();
-    let token = control_plane
-        .kubectl(&["create", "token", "scraper", "-n", "default"])
-        .unwrap();
-    let token = token.trim();
+    let token = scraper_token(&control_plane);
+    let token = token.as_str();
     let latest = |served| {
         scrape(&control_plane, dir.path(), served, token, node)
             .ok()
@@ -1082,31 +1090,7 @@ async fn a_token_flood_costs_the_apiserver_the_review_budget_and_an_allowed_call
     .await;
     // metrics-server's rule for a service account, its token reviewed (and cached) by a
     // first scrape.
-    control_plane
-        .kubectl(&["create", "serviceaccount", "scraper", "-n", "default"])
-        .unwrap();
-    control_plane
-        .kubectl(&[
-            "create",
-            "clusterrole",
-            "node-metrics-reader",
-            "--verb=get",
-            "--resource=nodes/metrics",
-        ])
-        .unwrap();
-    control_plane
-        .kubectl(&[
-            "create",
-            "clusterrolebinding",
-            "scraper",
-            "--clusterrole=node-metrics-reader",
-            "--serviceaccount=default:scraper",
-        ])
-        .unwrap();
-    let token = control_plane
-        .kubectl(&["create", "token", "scraper", "-n", "default"])
-        .unwrap();
-    let token = token.trim().to_owned();
+    let token = scraper_token(&control_plane);
     eventually("a first scrape served", Duration::from_secs(60), || {
         let ok = scrape(&control_plane, dir.path(), served, &token, node).is_ok();
         async move { ok }
