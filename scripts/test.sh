@@ -124,6 +124,8 @@ trap 'nothing_left_running $?' EXIT
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# What may be inside any binary: permissive licenses, no OpenSSL, crates.io only (deny.toml).
+scripts/deny.sh
 # The plaintext agents scripts/cross-agent.sh documents (one transport, no TLS): no other
 # step builds these feature sets, and one of them once stopped building unnoticed.
 for transport in mqtt grpc; do
