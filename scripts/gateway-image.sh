@@ -47,8 +47,12 @@ rm -rf "$store"
 trap 'buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs rm --all >/dev/null 2>&1 || true; rm -rf "$store"; [ -n "${containers_before:-}" ] || rm -rf /var/lib/containers' EXIT
 bah=(buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs)
 image="localhost/edgebeat/gateway:$version"
-"${bah[@]}" build --quiet --isolation chroot --timestamp 0 --platform linux/amd64,linux/arm64 \
-  --manifest "$image" -f deploy/gateway/Dockerfile "$context" >&2
+# One platform after the other, so the index lists them in one order (built together, the
+# platforms are added to the index in the order they finish, and the digest changes).
+for arch in amd64 arm64; do
+  "${bah[@]}" build --quiet --isolation chroot --timestamp 0 --platform "linux/$arch" \
+    --manifest "$image" -f deploy/gateway/Dockerfile "$context" >&2
+done
 archive="$target_dir/image/edgebeat-gateway_$version.oci.tar"
 rm -f "$archive"
 "${bah[@]}" manifest push --quiet --all "$image" "oci-archive:$archive:edgebeat/gateway:$version" >&2
