@@ -22,6 +22,9 @@ command -v promtool >/dev/null && command -v prometheus >/dev/null || need_prome
 command -v dpkg-shlibdeps >/dev/null || need_apt+=(dpkg-dev)
 command -v lintian >/dev/null || need_apt+=(lintian)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+# A real systemd boots that root (systemd-nspawn --boot): the agent's unit on an offline
+# board, an upgrade and a purge under the service manager (tests/tests/package.rs).
+command -v systemd-nspawn >/dev/null || need_apt+=(systemd-container)
 # The gateway image (scripts/gateway-image.sh): buildah builds it, skopeo and umoci read it,
 # runc runs it (tests/tests/image.rs); musl-gcc for ring in the static amd64 gateway.
 for tool in buildah skopeo umoci runc musl-gcc; do
