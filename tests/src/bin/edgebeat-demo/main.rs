@@ -1,155 +1,214 @@
-//! `edgebeat-demo`: the stand-in apiserver, a gateway and an agent reading this host's real
-//! facts, in one process, over real loopback sockets. The agent starts the way a board
-//! should: with nothing but a bootstrap token, it enrolls for its node certificate (a CSR,
-//! approved and signed by the gateway) and heartbeats with it over mutual TLS (or signed
-//! MQTT). Prints the CSR as `kubectl get csr` would, the node as `kubectl get nodes -o wide`
-//! would and every lease renewal, and how to point real kubectl at the stand-in. Intervals
-//! are kubelet's defaults unless overridden; `--plain` runs without identities instead.
+//! `edgebeat-demo`: a gateway and an agent reading this host's real facts, reporting the host
+//! as a Node to one of three apiservers:
+//!
+//! - `--apiserver standin` (the default, up in seconds): the stand-in apiserver (a test
+//!   double, not a kube-apiserver), gateway and agent in one process over real loopback
+//!   sockets ([`standin`]).
+//! - `--apiserver control-plane`: the suite's real kube-apiserver, etcd and
+//!   kube-controller-manager (`scripts/control-plane.sh build`, cached), started for the
+//!   demo and stopped after it ([`real`]).
+//! - `--kubeconfig PATH`: a cluster of your own (kind, k3s), as its admin ([`real`]).
+//!
+//! Against a real apiserver the demo applies `deploy/`'s RBAC for the gateway with
+//! enrollment, runs the real `edgebeat-gateway` binary with `deploy/gateway-enrollment`'s
+//! flags as its ServiceAccount, prints real kubectl's views, and removes what it created
+//! when it ends. Everywhere the agent starts the way a board should: with nothing but a
+//! bootstrap token, it enrolls for its node certificate (a CSR, approved and signed by the
+//! gateway) and heartbeats with it over mutual TLS (or signed MQTT, stand-in only). Each
+//! form prints the CSR as `kubectl get csr` shows it, the node as `kubectl get nodes -o
+//! wide` shows it and every Lease renewal. Intervals are kubelet's defaults unless a
+//! `--config` file says otherwise.
+
+mod real;
+mod standin;
+mod views;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
-use edgebeat_agent::{Agent, AgentConfig};
-use edgebeat_gateway::GatewayOptions;
-use edgebeat_hw::SystemClock;
-use edgebeat_tests::harness::{Cluster, Transport};
-use http::Method;
-use k8s_openapi::api::core::v1::Node;
-use tokio::time::Instant;
+use clap::{CommandFactory, Parser, ValueEnum};
+use edgebeat_agent::AgentConfig;
+use edgebeat_tests::harness::Transport;
 use tokio_util::sync::CancellationToken;
 
 /// Runs a local edgebeat demo on this host's real facts.
 #[derive(Parser, Debug)]
 #[command(about)]
-struct Args {
-    /// Stop after this many seconds (0: run until Ctrl-C).
+pub struct Args {
+    /// The apiserver to report to: the stand-in (a test double, up in seconds), or the
+    /// suite's real control plane (kube-apiserver, etcd, kube-controller-manager, built
+    /// once by scripts/control-plane.sh). For a cluster of your own, give --kubeconfig
+    /// instead.
+    #[arg(long, value_enum)]
+    apiserver: Option<Apiserver>,
+    /// A cluster of your own (kind, k3s...) by an admin's kubeconfig (its current
+    /// context): deploy/'s RBAC is applied, and everything the demo created is removed
+    /// when it ends.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// The kubectl for --kubeconfig (default: the control plane's, when built, else
+    /// kubectl on PATH).
+    #[arg(long, value_name = "PATH")]
+    kubectl: Option<PathBuf>,
+    /// Stop after this many seconds of heartbeats (0: run until Ctrl-C).
     #[arg(long, default_value_t = 0)]
     duration: u64,
-    /// Port of the stand-in apiserver on 127.0.0.1 (0: any free port).
-    #[arg(long, default_value_t = 0)]
-    port: u16,
+    /// Port of the stand-in apiserver on 127.0.0.1 (default: any free port).
+    #[arg(long)]
+    port: Option<u16>,
+    /// The Node's name (default: the config file's nodeName, else the hostname).
+    #[arg(long)]
+    node_name: Option<String>,
     /// Host root to read facts from (a fixture tree, or / for this host).
     #[arg(long, default_value = "/")]
     host_root: PathBuf,
     /// Agent configuration file; its transport is replaced by the demo's gateway.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Transport between agent and gateway: grpc, or mqtt (through a local Mosquitto).
+    /// Transport between agent and gateway: grpc, or mqtt (through a local Mosquitto;
+    /// stand-in only).
     #[arg(long, default_value = "grpc")]
     transport: String,
     /// Log filter for the components.
     #[arg(long, default_value = "warn")]
     log_level: String,
     /// No enrollment and no node identity: plain gRPC or unsigned MQTT, which the gateway
-    /// accepts only with --allow-unidentified-agents (as a lab would run it).
+    /// accepts only with --allow-unidentified-agents (as a lab would run it; stand-in only).
     #[arg(long)]
     plain: bool,
 }
 
-/// `kubectl get csr`'s columns for the stand-in's CSRs.
-async fn print_csrs(standin: &edgebeat_tests::standin::StandInHandle) -> anyhow::Result<()> {
-    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-    let api: kube::Api<CertificateSigningRequest> = kube::Api::all(standin.kube_client()?);
-    println!(
-        "{:<42} {:<5} {:<24} {:<18} {:<18} CONDITION",
-        "NAME", "AGE", "SIGNERNAME", "REQUESTOR", "REQUESTEDDURATION"
-    );
-    for csr in api.list(&Default::default()).await?.items {
-        let age = csr
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| format!("{}s", jiff::Timestamp::now().duration_since(t.0).as_secs()))
-            .unwrap_or_default();
-        let status = csr.status.clone().unwrap_or_default();
-        let mut condition: Vec<String> = status
-            .conditions
-            .iter()
-            .flatten()
-            .filter(|c| c.status == "True")
-            .map(|c| c.type_.clone())
-            .collect();
-        if condition.is_empty() {
-            condition.push("Pending".into());
-        }
-        if status.certificate.is_some_and(|c| !c.0.is_empty()) {
-            condition.push("Issued".into());
-        }
-        let duration = csr
-            .spec
-            .expiration_seconds
-            .map_or("<none>".into(), |s| format!("{}d", s / 86_400));
-        println!(
-            "{:<42} {:<5} {:<24} {:<18} {:<18} {}",
-            csr.metadata.name.unwrap_or_default(),
-            age,
-            csr.spec.signer_name,
-            csr.spec.username.unwrap_or_default(),
-            duration,
-            condition.join(",")
-        );
-    }
-    Ok(())
+/// `--apiserver`'s values.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Apiserver {
+    /// The stand-in apiserver, in-process (a test double, not a kube-apiserver).
+    Standin,
+    /// The suite's real control plane, started for the demo and stopped after it.
+    ControlPlane,
 }
 
-fn node_row(node: &Node) -> String {
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let status = node.status.clone().unwrap_or_default();
-    let ready = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "Ready")
-        .map_or("Unknown", |c| {
-            if c.status == "True" {
-                "Ready"
-            } else if c.status == "False" {
-                "NotReady"
-            } else {
-                "Unknown"
+/// Where the demo reports, as the flags chose it.
+#[derive(Debug)]
+pub enum Target {
+    /// `--apiserver standin`, or no choice.
+    Standin(Transport),
+    /// `--apiserver control-plane`.
+    ControlPlane,
+    /// `--kubeconfig PATH`, with the kubectl to drive it.
+    Kubeconfig {
+        /// The admin's kubeconfig.
+        kubeconfig: PathBuf,
+        /// `--kubectl`, if given.
+        kubectl: Option<PathBuf>,
+    },
+}
+
+impl Args {
+    /// The target the flags name, or what is wrong with their combination and the fix.
+    fn target(&self) -> Result<Target, String> {
+        let transport = match self.transport.as_str() {
+            "grpc" => Transport::Grpc,
+            "mqtt" => Transport::Mqtt,
+            other => return Err(format!("--transport {other:?}: use grpc or mqtt")),
+        };
+        let target = match (self.apiserver, &self.kubeconfig) {
+            (None | Some(Apiserver::Standin), None) => {
+                if self.kubectl.is_some() {
+                    return Err("--kubectl drives a cluster of your own: give --kubeconfig PATH with it, or drop --kubectl".into());
+                }
+                return Ok(Target::Standin(transport));
             }
+            (Some(Apiserver::ControlPlane), None) => {
+                if self.kubectl.is_some() {
+                    return Err("--apiserver control-plane uses the control plane's own kubectl: drop --kubectl (it is for --kubeconfig)".into());
+                }
+                Target::ControlPlane
+            }
+            (None, Some(kubeconfig)) => Target::Kubeconfig {
+                kubeconfig: kubeconfig.clone(),
+                kubectl: self.kubectl.clone(),
+            },
+            (Some(apiserver), Some(_)) => {
+                let name = apiserver
+                    .to_possible_value()
+                    .map(|v| v.get_name().to_owned());
+                let name = name.unwrap_or_default();
+                return Err(format!(
+                    "--apiserver {name} and --kubeconfig name two apiservers: drop --apiserver {name} to report to the cluster of your kubeconfig, or drop --kubeconfig"
+                ));
+            }
+        };
+        let form = if matches!(target, Target::ControlPlane) {
+            "--apiserver control-plane"
+        } else {
+            "--kubeconfig"
+        };
+        if self.port.is_some() {
+            return Err(format!(
+                "--port sets the stand-in's port; with {form} the apiserver has its own: drop --port"
+            ));
+        }
+        if transport == Transport::Mqtt {
+            return Err(format!(
+                "--transport mqtt runs with the stand-in only; with {form} the gateway runs as deploy/gateway-enrollment deploys it, over gRPC: drop --transport mqtt, or {form}"
+            ));
+        }
+        if self.plain {
+            return Err(format!(
+                "--plain runs with the stand-in only; with {form} the agent enrolls, as deploy/gateway-enrollment's gateway wants: drop --plain, or {form}"
+            ));
+        }
+        Ok(target)
+    }
+}
+
+/// The node's name: the config's (`--node-name` is put there), else the hostname.
+pub fn node_name(config: &AgentConfig) -> anyhow::Result<String> {
+    let facts = edgebeat_agent::run::read_facts(config)?;
+    Ok(edgebeat_agent::run::node_name(config, &facts)?.into_string())
+}
+
+/// Cancels `cancel` on Ctrl-C (SIGINT) or SIGTERM.
+pub fn stop_on_signals(cancel: &CancellationToken) {
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        let terminate = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut term) => {
+                    term.recv().await;
+                }
+                Err(_) => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = terminate => {}
+        }
+        stop.cancel();
+    });
+}
+
+/// Cancels `cancel` after `duration` seconds, unless 0 (then only a signal ends the demo).
+pub fn stop_after(cancel: &CancellationToken, duration: u64) {
+    if duration > 0 {
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(duration)).await;
+            stop.cancel();
         });
-    let age = node
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| format!("{}s", jiff::Timestamp::now().duration_since(t.0).as_secs()))
-        .unwrap_or_default();
-    let info = status.node_info.clone().unwrap_or_default();
-    let address = |t: &str| {
-        status
-            .addresses
-            .iter()
-            .flatten()
-            .find(|a| a.type_ == t)
-            .map_or("<none>".to_owned(), |a| a.address.clone())
-    };
-    let runtime = if info.container_runtime_version.is_empty() {
-        "<none>".to_owned()
-    } else {
-        info.container_runtime_version.clone()
-    };
-    format!(
-        "{:<16} {:<8} {:<8} {:<5} {:<26} {:<15} {:<12} {:<32} {:<20} {}",
-        name,
-        ready,
-        "<none>",
-        age,
-        info.kubelet_version,
-        address("InternalIP"),
-        address("ExternalIP"),
-        info.os_image,
-        info.kernel_version,
-        runtime
-    )
+    }
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let target = match args.target() {
+        Ok(target) => target,
+        Err(message) => Args::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit(),
+    };
     let filter: tracing_subscriber::filter::Targets =
         args.log_level.parse().context("--log-level")?;
     use tracing_subscriber::layer::SubscriberExt;
@@ -159,213 +218,17 @@ async fn main() -> anyhow::Result<()> {
         .with(filter)
         .init();
 
-    let transport = match args.transport.as_str() {
-        "grpc" => Transport::Grpc,
-        "mqtt" => Transport::Mqtt,
-        other => anyhow::bail!("--transport {other:?}: use grpc or mqtt"),
-    };
-    let cancel = CancellationToken::new();
     let mut config = match &args.config {
         Some(path) => AgentConfig::load(path)?,
         None => AgentConfig::default(),
     };
     config.host_root = args.host_root.clone();
-    let name = edgebeat_agent::run::node_name(&config, &edgebeat_agent::run::read_facts(&config)?)?
-        .to_string();
-    let cluster = if args.plain {
-        Cluster::start_on_port(transport, GatewayOptions::default(), args.port).await?
-    } else {
-        Cluster::start_enrolling_on_port(
-            transport,
-            edgebeat_gateway::enrollment::EnrollmentOptions::default(),
-            GatewayOptions::default(),
-            args.port,
-        )
-        .await?
-    };
-    let standin = cluster.standin.clone();
-    let url = standin.url();
-    let state = tempfile::tempdir()?;
-    // Kubelet's intervals (or the file's), the demo's own gateway.
-    if args.plain {
-        config.transport = cluster.agent_config(&name, &args.host_root).transport;
-    } else {
-        // As `edgebeat-gateway token create --nodes <name> --uses 1`, put in the board's
-        // bootstrapTokenFile; certDir in a temporary directory.
-        let token = cluster
-            .bootstrap_token(&[name.as_str()], 1, Duration::from_secs(3600))
-            .await?;
-        let enrolled =
-            cluster.enrolled_agent_config(&name, &args.host_root, &token, state.path())?;
-        config.transport = enrolled.transport;
-        config.certificates = enrolled.certificates;
-        println!(
-            "bootstrap token {}.… for node {name:?} (edgebeat-gateway token create --nodes {name} --uses 1), certDir {}",
-            token.id,
-            state.path().join("pki").display()
-        );
+    if let Some(name) = &args.node_name {
+        config.node_name =
+            Some(edgebeat_agent::config::NodeName::new(name.as_str()).context("--node-name")?);
     }
-    let agent = Agent::new(config, Arc::new(SystemClock))?;
-
-    println!("edgebeat demo — stand-in apiserver (a test double, not a kube-apiserver) at {url}");
-    match &cluster.broker {
-        Some(b) => println!(
-            "agent → MQTT (Mosquitto at {}:{}) → gateway; node {name:?} reads host facts under {}",
-            b.host(),
-            b.port(),
-            args.host_root.display()
-        ),
-        None => println!(
-            "agent → gRPC ({}) → gateway; node {name:?} reads host facts under {}",
-            cluster.grpc_url,
-            args.host_root.display()
-        ),
+    match target {
+        Target::Standin(transport) => standin::run(&args, transport, config).await,
+        target => real::run(&args, target, config).await,
     }
-    println!("point real kubectl at it:");
-    println!("  kubectl --server {url} get nodes -o wide");
-    println!("  kubectl --server {url} get lease -n kube-node-lease");
-    if !args.plain {
-        println!("  kubectl --server {url} get csr");
-    }
-    println!();
-    let agent_task = tokio::spawn(agent.run(cancel.clone()));
-    let started = Instant::now();
-
-    let stop = cancel.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        stop.cancel();
-    });
-    if args.duration > 0 {
-        let stop = cancel.clone();
-        let d = Duration::from_secs(args.duration);
-        tokio::spawn(async move {
-            tokio::time::sleep(d).await;
-            stop.cancel();
-        });
-    }
-
-    let mut last_renew = None;
-    let mut last_ready = None;
-    let mut renewals = 0u32;
-    let mut identified = args.plain;
-    while !cancel.is_cancelled() {
-        let seen = last_renew;
-        let ready_seen = last_ready.clone();
-        let name2 = name.clone();
-        let changed = tokio::select! {
-            () = cancel.cancelled() => break,
-            r = standin.wait_until(Duration::from_secs(3600), "a change", move |v| {
-                let renew = v.lease("kube-node-lease", &name2).and_then(|l| l.spec?.renew_time).map(|t| t.0);
-                let ready = v.node(&name2).and_then(|n| n.status?.conditions?.into_iter().find(|c| c.type_ == "Ready").map(|c| c.status));
-                renew != seen || ready != ready_seen
-            }) => r,
-        };
-        if changed.is_err() {
-            continue;
-        }
-        if let Some(node) = standin.node(&name) {
-            let certificate = node
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get("edgebeat.io/node-certificate-sha256"))
-                .cloned();
-            if !identified && let Some(sha256) = certificate {
-                identified = true;
-                println!(
-                    "[{:>6.1}s] kubectl get csr",
-                    started.elapsed().as_secs_f64()
-                );
-                print_csrs(&standin).await?;
-                println!(
-                    "[{:>6.1}s] node {name} speaks with its enrolled certificate sha256:{}… (annotation edgebeat.io/node-certificate-sha256)",
-                    started.elapsed().as_secs_f64(),
-                    &sha256[..sha256.len().min(16)]
-                );
-            }
-            let ready = node.status.clone().and_then(|s| {
-                s.conditions?
-                    .into_iter()
-                    .find(|c| c.type_ == "Ready")
-                    .map(|c| c.status)
-            });
-            if ready != last_ready {
-                println!(
-                    "[{:>6.1}s] kubectl get nodes -o wide",
-                    started.elapsed().as_secs_f64()
-                );
-                println!(
-                    "{:<16} {:<8} {:<8} {:<5} {:<26} {:<15} {:<12} {:<32} {:<20} CONTAINER-RUNTIME",
-                    "NAME",
-                    "STATUS",
-                    "ROLES",
-                    "AGE",
-                    "VERSION",
-                    "INTERNAL-IP",
-                    "EXTERNAL-IP",
-                    "OS-IMAGE",
-                    "KERNEL-VERSION"
-                );
-                println!("{}", node_row(&node));
-                last_ready = ready;
-            }
-        }
-        if let Some(lease) = standin.lease("kube-node-lease", &name) {
-            let spec = lease.spec.clone().unwrap_or_default();
-            let renew = spec.renew_time.map(|t| t.0);
-            if renew != last_renew {
-                renewals += 1;
-                println!(
-                    "[{:>6.1}s] lease kube-node-lease/{name} renewTime={} holder={} duration={}s resourceVersion={}",
-                    started.elapsed().as_secs_f64(),
-                    renew
-                        .map(|t| jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%S%.6fZ", t)
-                            .unwrap_or_default())
-                        .unwrap_or_default(),
-                    spec.holder_identity.unwrap_or_default(),
-                    spec.lease_duration_seconds.unwrap_or_default(),
-                    lease.metadata.resource_version.unwrap_or_default(),
-                );
-                last_renew = renew;
-            }
-        }
-    }
-    let _ = agent_task.await;
-    drop(cluster);
-
-    let requests = standin.requests();
-    let lease_path =
-        format!("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}");
-    let count = |m: Method, p: &str| {
-        requests
-            .iter()
-            .filter(|r| r.method == m && r.path == p)
-            .count()
-    };
-    let minutes = started.elapsed().as_secs_f64() / 60.0;
-    let status_path = format!("/api/v1/nodes/{name}/status");
-    let smp = requests
-        .iter()
-        .filter(|r| {
-            r.path == status_path
-                && r.content_type.as_deref() == Some("application/strategic-merge-patch+json")
-        })
-        .count();
-    println!();
-    println!(
-        "apiserver requests in {:.1} min for node {name}: lease PUT {} ({:.1}/min), lease GET {}, lease POST {}, status PATCH {} ({} strategic-merge), node POST {}; {renewals} renewals seen",
-        minutes,
-        count(Method::PUT, &lease_path),
-        count(Method::PUT, &lease_path) as f64 / minutes.max(1e-9),
-        count(Method::GET, &lease_path),
-        count(
-            Method::POST,
-            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
-        ),
-        count(Method::PATCH, &status_path),
-        smp,
-        count(Method::POST, "/api/v1/nodes")
-    );
-    Ok(())
 }
