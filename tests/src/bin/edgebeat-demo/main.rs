@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Runs a local edgebeat demo on this host's real facts.
 #[derive(Parser, Debug)]
-#[command(about)]
+#[command(name = "edgebeat-demo", about)]
 pub struct Args {
     /// The apiserver to report to: the stand-in (a test double, up in seconds), or the
     /// suite's real control plane (kube-apiserver, etcd, kube-controller-manager, built
