@@ -178,13 +178,15 @@ else
   not_run+=("kubectl tests in tests/tests/deploy.rs, standin_kubectl.rs, monitoring.rs: need kubectl on PATH")
 fi
 # The real control plane built above: edgebeat as deployed against kube-apiserver, etcd and
-# kube-controller-manager (tests/tests/control_plane.rs); and the stand-in apiserver held to
-# the real one, call for call (tests/tests/standin_differential.rs).
+# kube-controller-manager (tests/tests/control_plane.rs); the stand-in apiserver held to
+# the real one, call for call (tests/tests/standin_differential.rs); and scripts/demo.sh's
+# edgebeat-demo against it, by --apiserver control-plane and by --kubeconfig
+# (tests/tests/demo.rs).
 # The ALPN test counts this process's connections to the shared kube-apiserver during a
 # burst, which another test's client on the same control plane can add to (a run counted 20
 # for one HTTP/2 client): it runs alone, after the others.
-cargo test --workspace --locked --test control_plane --test standin_differential -- --ignored \
-  --skip alpn_chooses_h2_and_three_connections_carry_a_replica
+cargo test --workspace --locked --test control_plane --test standin_differential --test demo \
+  -- --ignored --skip alpn_chooses_h2_and_three_connections_carry_a_replica
 cargo test --workspace --locked --test control_plane -- --ignored --exact \
   alpn_chooses_h2_and_three_connections_carry_a_replica
 # kubelet's resource metrics of edge nodes through the real apiserver's node proxy, which

@@ -261,23 +261,7 @@ impl ControlPlane {
     ///
     /// Errors: kubectl failed (the error holds its standard error).
     pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
-        let out = crate::process::output(
-            Command::new(self.bin.join("kubectl"))
-                .arg("--kubeconfig")
-                .arg(kubeconfig)
-                .arg("--request-timeout=20s")
-                .args(args)
-                .current_dir(repository()),
-        )
-        .context("running kubectl")?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        run_kubectl(&self.bin.join("kubectl"), kubeconfig, args)
     }
 
     /// A kube-rs client of the cluster admin.
@@ -291,10 +275,7 @@ impl ControlPlane {
     ///
     /// Errors: the kubeconfig cannot be read or used.
     pub async fn client(&self, kubeconfig: &Path) -> anyhow::Result<kube::Client> {
-        edgebeat_transports::tls::install_ring_provider();
-        let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-        Ok(kube::Client::try_from(config)?)
+        kube_client(kubeconfig).await
     }
 
     /// A kubeconfig (written into the control plane's directory) authenticating as the
@@ -342,6 +323,140 @@ impl Drop for ControlPlane {
         }
         self.components.ended.store(true, Ordering::Relaxed);
     }
+}
+
+/// What the gateway's deployment helpers ([`deployed_gateway_args`],
+/// [`rendered_gateway_args`]...) need of a cluster: kubectl as its admin, and a kubeconfig of
+/// a ServiceAccount. The suite's [`ControlPlane`] is one; [`KubeconfigCluster`] is any other
+/// (kind, k3s) reached by the admin's kubeconfig.
+pub trait ClusterAdmin {
+    /// kubectl as the cluster admin, in the repository (so `-k deploy/...` works): its
+    /// standard output.
+    ///
+    /// Errors: kubectl failed (the error holds its standard error).
+    fn kubectl(&self, args: &[&str]) -> anyhow::Result<String>;
+
+    /// A kubeconfig authenticating as the ServiceAccount `namespace/name` with a token from
+    /// the TokenRequest API, as a pod of that ServiceAccount would.
+    ///
+    /// Errors: the ServiceAccount does not exist, or writing the file failed.
+    fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> anyhow::Result<PathBuf>;
+
+    /// The admin's kubeconfig (for kube-rs clients: [`kube_client`]).
+    fn admin_kubeconfig(&self) -> &Path;
+}
+
+impl ClusterAdmin for ControlPlane {
+    fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+        ControlPlane::kubectl(self, args)
+    }
+
+    fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> anyhow::Result<PathBuf> {
+        ControlPlane::service_account_kubeconfig(self, namespace, name)
+    }
+
+    fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+}
+
+/// A kube-rs client with `kubeconfig` (its current context).
+///
+/// Errors: the kubeconfig cannot be read or used.
+pub async fn kube_client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    edgebeat_transports::tls::install_ring_provider();
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// A cluster of someone's own (kind, k3s...) reached by an admin's kubeconfig: the
+/// [`ClusterAdmin`] the demo uses with `--kubeconfig`. ServiceAccount kubeconfigs are
+/// written into a temporary directory of its own, removed when it is dropped.
+pub struct KubeconfigCluster {
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl KubeconfigCluster {
+    /// The cluster of `kubeconfig`'s current context, driven with the kubectl at `kubectl`.
+    ///
+    /// Errors: the temporary directory cannot be made.
+    pub fn new(kubectl: &Path, kubeconfig: &Path) -> anyhow::Result<Self> {
+        Ok(Self {
+            kubectl: kubectl.to_owned(),
+            kubeconfig: std::path::absolute(kubeconfig)?,
+            dir: tempfile::tempdir()?,
+        })
+    }
+}
+
+impl ClusterAdmin for KubeconfigCluster {
+    fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+        run_kubectl(&self.kubectl, &self.kubeconfig, args)
+    }
+
+    /// The token's kubeconfig names the admin's cluster entry as it is (server and CA,
+    /// flattened into data), so it reaches the cluster the same way.
+    fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> anyhow::Result<PathBuf> {
+        let token = self.kubectl(&["-n", namespace, "create", "token", name, "--duration=2h"])?;
+        let view: serde_json::Value = serde_json::from_str(&self.kubectl(&[
+            "config",
+            "view",
+            "--minify",
+            "--flatten",
+            "-o",
+            "json",
+        ])?)?;
+        let cluster = view["clusters"][0]["cluster"].clone();
+        if cluster.is_null() {
+            bail!(
+                "{}: no cluster in its current context",
+                self.kubeconfig.display()
+            );
+        }
+        let config = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "cluster", "cluster": cluster}],
+            "users": [{"name": name, "user": {"token": token.trim()}}],
+            "contexts": [{"name": name, "context": {"cluster": "cluster", "user": name, "namespace": namespace}}],
+            "current-context": name,
+        });
+        let file = self
+            .dir
+            .path()
+            .join(format!("{namespace}-{name}.kubeconfig"));
+        std::fs::write(&file, serde_json::to_vec_pretty(&config)?)?;
+        Ok(file)
+    }
+
+    fn admin_kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+}
+
+/// `kubectl --kubeconfig <kubeconfig> <args>` in the repository: its standard output.
+fn run_kubectl(kubectl: &Path, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = crate::process::output(
+        Command::new(kubectl)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--request-timeout=20s")
+            .args(args)
+            .current_dir(repository())
+            .stdin(Stdio::null()),
+    )
+    .with_context(|| format!("running {}", kubectl.display()))?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The components' processes, watched by a thread of their own that starts again one that
@@ -676,7 +791,7 @@ impl AuditEvent {
 /// Errors: kubectl failed, the Deployment or its gateway container is missing, or an
 /// argument names a volume `mounts` does not give.
 pub fn deployed_gateway_args(
-    control_plane: &ControlPlane,
+    control_plane: &(impl ClusterAdmin + ?Sized),
     kustomizations: &[&str],
     mounts: &[(&str, &Path)],
     pod_name: &str,
@@ -761,7 +876,7 @@ pub fn assert_none_refused(requests: &[AuditEvent]) {
 ///
 /// Errors: as [`deployed_gateway_args`].
 pub fn installed_gateway_args(
-    control_plane: &ControlPlane,
+    control_plane: &(impl ClusterAdmin + ?Sized),
     mounts: &[(&str, &Path)],
     pod_name: &str,
 ) -> anyhow::Result<Vec<String>> {
@@ -788,7 +903,7 @@ pub fn installed_gateway_args(
 ///
 /// Errors: as [`deployed_gateway_args`], and the kustomization renders no Deployment.
 pub fn rendered_gateway_args(
-    control_plane: &ControlPlane,
+    control_plane: &(impl ClusterAdmin + ?Sized),
     kustomization: &str,
     mounts: &[(&str, &Path)],
     pod_name: &str,
@@ -809,7 +924,7 @@ pub fn rendered_gateway_args(
 /// The gateway container's command line of `deployment`, for the real binary here (see
 /// [`deployed_gateway_args`]).
 fn gateway_args_of(
-    control_plane: &ControlPlane,
+    control_plane: &(impl ClusterAdmin + ?Sized),
     deployment: k8s_openapi::api::apps::v1::Deployment,
     mounts: &[(&str, &Path)],
     pod_name: &str,
@@ -1138,23 +1253,31 @@ impl EnrollingGateway {
     /// # Panics
     /// When the binary does not start or announce its listeners.
     pub async fn with_args(args: Vec<String>) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        Self::try_with_args(args).await.unwrap()
+    }
+
+    /// As [`Self::with_args`], for callers that are not tests (the demo).
+    ///
+    /// Errors: `args` has no `--kubeconfig=`, or the binary does not start or announce its
+    /// listeners (the error holds its log).
+    pub async fn try_with_args(args: Vec<String>) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
         let kubeconfig = args
             .iter()
             .find_map(|a| a.strip_prefix("--kubeconfig="))
-            .unwrap()
+            .context("the gateway's arguments have no --kubeconfig=")?
             .into();
-        let mut process = GatewayProcess::start(&args, &dir.path().join("gateway.log")).unwrap();
-        let enroll = process.address("gRPC enrollment listening").await.unwrap();
-        let grpc = process.address("gRPC listening").await.unwrap();
-        Self {
+        let mut process = GatewayProcess::start(&args, &dir.path().join("gateway.log"))?;
+        let enroll = process.address("gRPC enrollment listening").await?;
+        let grpc = process.address("gRPC listening").await?;
+        Ok(Self {
             process,
             grpc,
             enroll,
             kubeconfig,
             dir,
             files: None,
-        }
+        })
     }
 
     /// `edgebeat-gateway token create --nodes <nodes> --uses <uses>` as the gateway's
@@ -1163,22 +1286,48 @@ impl EnrollingGateway {
     /// # Panics
     /// When the command fails.
     pub fn token(&self, nodes: &str, uses: u32) -> String {
+        self.try_token(nodes, uses).unwrap()
+    }
+
+    /// As [`Self::token`], for callers that are not tests (the demo).
+    ///
+    /// Errors: the command could not run or failed (the error holds its standard error).
+    pub fn try_token(&self, nodes: &str, uses: u32) -> anyhow::Result<String> {
         let out = crate::process::output(
-            std::process::Command::new(
-                crate::process::workspace_binary("edgebeat-gateway").unwrap(),
-            )
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(["token", "create", "--nodes", nodes, "--ttl", "1h"])
-            .arg(format!("--uses={uses}")),
-        )
-        .unwrap();
-        assert!(
-            out.status.success(),
-            "token create: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+            std::process::Command::new(crate::process::workspace_binary("edgebeat-gateway")?)
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(["token", "create", "--nodes", nodes, "--ttl", "1h"])
+                .arg(format!("--uses={uses}")),
+        )?;
+        if !out.status.success() {
+            bail!("token create: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// `config` (its node name, host root and intervals) with nothing but `token`: gRPC to
+    /// this gateway, enrolling at its enrollment listener, the token file and certificates
+    /// kept under `dir` (`dir/token`, `dir/pki`).
+    ///
+    /// Errors: the token file cannot be written.
+    pub fn enrolled_agent_config(
+        &self,
+        mut config: AgentConfig,
+        token: &str,
+        dir: &Path,
+    ) -> anyhow::Result<AgentConfig> {
+        std::fs::create_dir_all(dir)?;
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, format!("{token}\n"))?;
+        config.transport = Some(grpc_transport(&format!("https://{}", self.grpc)));
+        config.certificates = Some(edgebeat_agent::config::ManagedCertificates {
+            bootstrap_token_file: token_file,
+            cert_dir: dir.join("pki"),
+            rotate_certificates: true,
+            enrollment_endpoint: Some(format!("http://{}", self.enroll)),
+        });
+        Ok(config)
     }
 
     /// An agent for `node` with nothing but `token` and the broker's CA (`caFile`), over
@@ -1226,21 +1375,14 @@ impl EnrollingGateway {
     /// # Panics
     /// When the agent does not start.
     pub fn agent(&self, node: &str, token: &str) -> AgentHandle {
-        let dir = self.dir.path().join(node);
-        std::fs::create_dir_all(&dir).unwrap();
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, format!("{token}\n")).unwrap();
-        let mut config = test_agent_config(
+        let base = test_agent_config(
             node,
             &fixture("rpi4-cgroup1"),
             grpc_transport(&format!("https://{}", self.grpc)),
         );
-        config.certificates = Some(edgebeat_agent::config::ManagedCertificates {
-            bootstrap_token_file: token_file,
-            cert_dir: dir.join("pki"),
-            rotate_certificates: true,
-            enrollment_endpoint: Some(format!("http://{}", self.enroll)),
-        });
+        let config = self
+            .enrolled_agent_config(base, token, &self.dir.path().join(node))
+            .unwrap();
         start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap()
     }
 }
