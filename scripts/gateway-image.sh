@@ -32,10 +32,12 @@ version=$(cargo metadata --format-version 1 --no-deps --locked \
 target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 context="$target_dir/image/context"
 rm -rf "$context" && mkdir -p "$context/amd64" "$context/arm64"
+# Through cargo auditable (pinned, cached): each binary carries its crates (.dep-v0).
+PATH="$(scripts/cargo-tool.sh cargo-auditable 0.7.7):$PATH"
 for pair in amd64:x86_64-unknown-linux-musl arm64:aarch64-unknown-linux-musl; do
   arch=${pair%%:*} triple=${pair#*:}
   rustup target list --installed | grep -qx "$triple" || rustup target add "$triple" >&2
-  cargo build --locked --release -p edgebeat-gateway --target "$triple" >&2
+  cargo auditable build --locked --release -p edgebeat-gateway --target "$triple" >&2
   cp "$target_dir/$triple/release/edgebeat-gateway" "$context/$arch/edgebeat-gateway"
 done
 

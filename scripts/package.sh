@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the agent's Debian packages with cargo-deb (pinned, installed once into the cache):
+# Builds the agent's Debian packages with cargo-deb (pinned, installed once into the cache)
+# from binaries built with cargo auditable:
 # arm64 (the static aarch64-musl agent), armhf (static armv7 glibc) and amd64 (the host's
 # x86_64 glibc build, its libc dependency from dpkg-shlibdeps), into target/debian/, and
 # prints their paths, one per line, on the last three lines of its output.
@@ -13,14 +14,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo_deb_version=3.8.0
-cache=${EDGEBEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgebeat}
-cargo_deb="$cache/cargo-deb-$cargo_deb_version/bin/cargo-deb"
-if [ ! -x "$cargo_deb" ]; then
-  echo "installing cargo-deb $cargo_deb_version into $cache" >&2
-  cargo install --locked --quiet --version "$cargo_deb_version" \
-    --root "$cache/cargo-deb-$cargo_deb_version" cargo-deb >&2
-fi
+cargo_deb="$(scripts/cargo-tool.sh cargo-deb 3.8.0)/cargo-deb"
+# Every binary built with cargo auditable: its crates, embedded (section .dep-v0), for
+# trivy, grype and syft to read.
+PATH="$(scripts/cargo-tool.sh cargo-auditable 0.7.7):$PATH"
 need_apt=()
 command -v dpkg-shlibdeps >/dev/null || need_apt+=(dpkg-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -44,7 +41,7 @@ for arch in "${arches[@]}"; do
     scripts/cross-agent.sh "$target" >/dev/null
     args=(--target "$target")
   else
-    cargo build --locked --profile agent -p edgebeat-agent >&2
+    cargo auditable build --locked --profile agent -p edgebeat-agent >&2
     args=()
   fi
   # --no-strip: the `agent` profile strips already (it inherits release's strip = true).

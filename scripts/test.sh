@@ -163,7 +163,7 @@ if [ "$(id -u)" = 0 ]; then
   ls -l $EDGEBEAT_DEBS
   cargo test --workspace --locked --test package -- --ignored
 else
-  not_run+=("tests/tests/package.rs: needs root (dpkg --root runs maintainer scripts chrooted)")
+  not_run+=("tests/tests/package.rs: needs root (dpkg --root runs maintainer scripts chrooted; systemd-nspawn)")
 fi
 if [ "$(id -u)" = 0 ] && ip netns list >/dev/null 2>&1; then
   cargo test --workspace --locked --test link --test faults --test sites -- --ignored
@@ -209,8 +209,16 @@ if [ "$(id -u)" = 0 ]; then
   export EDGEBEAT_GATEWAY_IMAGE
   cargo test --workspace --locked --test image -- --ignored
   [ -n "${containers_before:-}" ] || rm -rf /var/lib/containers
+  # What is inside each released binary (the packages' agents, the image's gateways, all
+  # built with cargo auditable): a CycloneDX SBOM each, held to the crates the binary
+  # carries (tests/tests/sbom.rs).
+  EDGEBEAT_SBOMS=$(scripts/sbom.sh)
+  EDGEBEAT_AUDITABLE2CDX="$(scripts/cargo-tool.sh auditable2cdx 0.1.0)/auditable2cdx"
+  export EDGEBEAT_SBOMS EDGEBEAT_AUDITABLE2CDX
+  cargo test --workspace --locked --test sbom -- --ignored
 else
   not_run+=("tests/tests/image.rs: needs root (buildah's chroot isolation, runc)")
+  not_run+=("tests/tests/sbom.rs: its binaries are those of the packages and the image (root)")
 fi
 # The Helm chart, rendered and installed by the Helm built above into its own control plane
 # (tests/tests/helm.rs).
