@@ -208,6 +208,7 @@ async fn each_package_installs_runs_upgrades_and_purges_clean() {
             standin.url(),
             "--grpc-listen=127.0.0.1:0".to_owned(),
             "--allow-unidentified-agents".to_owned(),
+            "--metrics-listen=127.0.0.1:0".to_owned(),
         ],
         &dir.path().join("gateway.log"),
     )
@@ -719,6 +720,7 @@ async fn under_systemd_an_offline_board_boots_registers_later_and_upgrades_witho
             standin.url(),
             format!("--grpc-listen=127.0.0.1:{port}"),
             "--allow-unidentified-agents".to_owned(),
+            "--metrics-listen=127.0.0.1:0".to_owned(),
         ],
         &dir.path().join("gateway.log"),
     )

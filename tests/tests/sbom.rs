@@ -83,7 +83,9 @@ fn each_release_binary_carries_its_crates_and_its_sbom_lists_them_all() {
                 c["name"]
             );
             assert!(
-                c["purl"].as_str().is_some_and(|p| p.starts_with("pkg:cargo/")),
+                c["purl"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("pkg:cargo/")),
                 "{sbom}: {} has no purl",
                 c["name"]
             );
@@ -95,5 +97,8 @@ fn each_release_binary_carries_its_crates_and_its_sbom_lists_them_all() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 5, "the agent for three targets, the gateway for two");
+    assert_eq!(
+        checked, 5,
+        "the agent for three targets, the gateway for two"
+    );
 }
