@@ -270,11 +270,13 @@ async fn steady_node_patches_status_once_then_per_report_period(transport: Trans
             .parse()
             .unwrap()
     };
+    // After the first report (a change), kubelet v1.34+ waits the report period ± half of
+    // it, once, at random (`calculateDelay`).
     let gap = heartbeat(patches[1]).duration_since(heartbeat(patches[0]));
     assert!(
-        gap >= jiff::SignedDuration::try_from(report_period).unwrap()
+        gap >= jiff::SignedDuration::try_from(report_period / 2).unwrap()
             - jiff::SignedDuration::from_secs(1),
-        "second PATCH only after the report period, got {gap:?}"
+        "second PATCH only after half the report period at least, got {gap:?}"
     );
     let v: serde_json::Value = serde_json::from_slice(&patches[0].body).unwrap();
     let order = v["status"]["$setElementOrder/conditions"]
@@ -298,6 +300,62 @@ async fn steady_node_patches_status_once_then_per_report_period(transport: Trans
     assert_eq!(
         condition(&node, "Ready").reason.as_deref(),
         Some("KubeletReady")
+    );
+}
+
+/// `nodeStatusReportFrequency` equal to `nodeStatusUpdateFrequency` (a KubeletConfiguration
+/// that sets only the update frequency gets that: kubelet's backward-compatible default):
+/// kubelet then reports at every computation, because its report clock starts when a report
+/// is sent (`lastStatusReportTime`, `pkg/kubelet/kubelet_node_status.go`) and its sync loop
+/// ticks a jittered period later. An unchanged report that waits its answer's silence still
+/// counts from when it was sent, so the agent reports every period too, not every second one
+/// (seen from outside: 20.4 s between PATCHes with both at 10 s).
+async fn a_report_frequency_equal_to_the_update_frequency_reports_every_period(
+    transport: Transport,
+) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let mut config = cluster.agent_config("nuc-lab-04", &fixture("nuc-hybrid"));
+    let period = Duration::from_secs(2);
+    config.node_status_update_frequency = period;
+    config.node_status_report_frequency = period;
+    let agent = cluster.start_agent(config).unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "five status patches", |v| {
+            v.requests()
+                .iter()
+                .filter(|r| is_status_patch(r, "nuc-lab-04"))
+                .count()
+                >= 5
+        })
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    // Heartbeat times are gateway-stamped whole seconds: a period of 2 s shows as 2 or 3 s
+    // between reports (the jitter, the rounding), a report every second period as 4 or 5.
+    // The first gap follows the registration's report, a change: the period ± half of it
+    // (1 to 3 s, so 1 to 4 shown), kubelet's one-time delay.
+    let heartbeats: Vec<Timestamp> = cluster
+        .standin
+        .requests()
+        .iter()
+        .filter(|r| is_status_patch(r, "nuc-lab-04"))
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            v["status"]["conditions"][0]["lastHeartbeatTime"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let gaps: Vec<i64> = heartbeats
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs())
+        .collect();
+    assert!(
+        (1..=4).contains(&gaps[0]) && gaps[1..].iter().all(|g| (1..=3).contains(g)),
+        "seconds between status reports, one every {period:?} expected: {gaps:?}"
     );
 }
 
@@ -1138,6 +1196,7 @@ scenarios!(
     registers_with_labels_facts_and_conditions,
     lease_renews_at_cadence_without_gets,
     steady_node_patches_status_once_then_per_report_period,
+    a_report_frequency_equal_to_the_update_frequency_reports_every_period,
     conflict_leads_to_one_get_and_recovery,
     reboot_yields_rebooted_event_and_new_boot_id,
     transitions_keep_last_transition_time_when_unchanged,

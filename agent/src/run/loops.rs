@@ -44,7 +44,8 @@ pub(super) struct LeaseLoop<'a> {
 
 /// Status loop (kubelet `syncNodeStatus` every `nodeStatusUpdateFrequency`): compute, then
 /// report when registered and (never reported | changed | report period elapsed | the
-/// gateway asked). Up to [`ATTEMPTS_PER_TICK`] attempts per report. When only the period is
+/// gateway asked), the report period counted from when the last report was sent and drawn
+/// as [`next_report_period`] says. Up to [`ATTEMPTS_PER_TICK`] attempts per report. When only the period is
 /// due, the report says `unchanged` instead of carrying the whole status (the gateway
 /// refreshes the heartbeat times, or asks for the whole status when its copy differs); its
 /// answer-less wait counts towards the next computation. Returns when `cancel` fires.
@@ -53,6 +54,8 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
     let mut registered = uplink.registered();
     let mut last_reported: Option<ComputedStatus> = None;
     let mut last_report_at: Option<Instant> = None;
+    let frequency = s.config.node_status_report_frequency;
+    let mut report_period = frequency;
     let mut requests = uplink.status_requests();
     let mut served_request = *requests.borrow_and_update();
     let mut watch_registration = true;
@@ -88,9 +91,7 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
                 && last_reported
                     .as_ref()
                     .is_some_and(|l| !has_changed(l, &latest));
-            let due = !unchanged
-                || last_report_at
-                    .is_none_or(|t| t.elapsed() >= s.config.node_status_report_frequency);
+            let due = !unchanged || last_report_at.is_none_or(|t| t.elapsed() >= report_period);
             let started = Instant::now();
             let reported = due && report(&s, &latest, unchanged, &pending).await;
             if due && unchanged {
@@ -101,7 +102,12 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
                     last_reported = Some(latest);
                     journal().written(pending.len());
                 }
-                last_report_at = Some(Instant::now());
+                // When it was sent, as kubelet's `lastStatusReportTime` (set as its PATCH
+                // returns, milliseconds after): an unchanged report's silence is waited
+                // after sending, and counting from its end would push the next report a
+                // whole period later whenever the report frequency equals the update one.
+                last_report_at = Some(started);
+                report_period = next_report_period(frequency, !unchanged);
                 served_request = request;
             }
         }
@@ -117,6 +123,20 @@ pub(super) async fn status_loop(s: StatusLoop<'_>, cancel: CancellationToken) {
                 if changed.is_err() { watch_registration = false; }
             }
         }
+    }
+}
+
+/// How long after a report the next periodic one is due (kubelet
+/// `pkg/kubelet/kubelet_node_status.go: isUpdateStatusPeriodExpired`, since v1.34): after a
+/// report of a change (or the first), `frequency` plus a one-time delay drawn from
+/// [−frequency/2, +frequency/2) (`calculateDelay`), so nodes that changed together (a site's
+/// link back, a fleet restarted) do not report together again; after a periodic report,
+/// `frequency` itself.
+pub(super) fn next_report_period(frequency: Duration, changed: bool) -> Duration {
+    if changed {
+        frequency.mul_f64(0.5 + fastrand::f64())
+    } else {
+        frequency
     }
 }
 

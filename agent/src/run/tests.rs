@@ -347,3 +347,29 @@ async fn a_renewal_with_usage_carries_the_hosts_cpu_time_and_working_set() {
     drop(uplink);
     gateway.abort();
 }
+
+/// kubelet's one-time delay after a changed report (`calculateDelay`): the next periodic
+/// report within [frequency/2, 3·frequency/2), spread over that range; after a periodic
+/// report, the frequency exactly.
+#[test]
+fn the_report_after_a_change_is_spread_over_half_a_period_either_side() {
+    let frequency = Duration::from_secs(300);
+    let draws: Vec<Duration> = (0..2000)
+        .map(|_| loops::next_report_period(frequency, true))
+        .collect();
+    let (low, high) = (frequency / 2, frequency * 3 / 2);
+    assert!(
+        draws.iter().all(|d| (low..high).contains(d)),
+        "outside [{low:?}, {high:?}): {:?}",
+        draws
+            .iter()
+            .filter(|d| !(low..high).contains(*d))
+            .collect::<Vec<_>>()
+    );
+    let (min, max) = (draws.iter().min().unwrap(), draws.iter().max().unwrap());
+    assert!(
+        *min < frequency * 6 / 10 && *max > frequency * 14 / 10,
+        "not spread: {min:?}..{max:?}"
+    );
+    assert_eq!(loops::next_report_period(frequency, false), frequency);
+}
