@@ -75,7 +75,7 @@ fn status(ready: &str) -> pb::NodeStatus {
             kernel_version: "6.1.0".into(),
             os_image: "Debian 12".into(),
             container_runtime_version: String::new(),
-            kubelet_version: "v1.33.0".into(),
+            kubelet_version: "v1.36.0".into(),
             operating_system: "linux".into(),
             architecture: "arm64".into(),
         }),

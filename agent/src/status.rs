@@ -16,9 +16,10 @@ pub use crate::condition::{Condition, MessageCarry};
 use crate::quantity::{Amount, format_binary, format_millicores};
 pub use edgebeat_proto::{ConditionReason, ConditionStatus};
 
-/// `nodeInfo.kubeletVersion` the agent reports: the Kubernetes API level it follows, tagged
-/// with edgebeat's own version so `kubectl get nodes` tells edgebeat nodes apart.
-pub const KUBELET_VERSION: &str = concat!("v1.33.0-edgebeat.", env!("CARGO_PKG_VERSION"));
+/// `nodeInfo.kubeletVersion` the agent reports: the kubelet release it follows (v1.36, its
+/// minor version; kubelet reports its own build, e.g. `v1.36.3`), tagged with edgebeat's own
+/// version so `kubectl get nodes -o wide` tells edgebeat nodes and their releases apart.
+pub const KUBELET_VERSION: &str = concat!("v1.36.0-edgebeat.", env!("CARGO_PKG_VERSION"));
 
 /// When each pressure signal last crossed its threshold, as time since boot: the memory of
 /// kubelet's `nodeConditionsLastObservedAt` that implements the transition period.

@@ -93,8 +93,8 @@ pub struct MemoryFacts {
     /// GetMachineMemoryCapacity`).
     pub total_bytes: u64,
     /// Root cgroup working set in bytes, usage − inactive file, floored at 0 (cadvisor
-    /// `container/libcontainer/handler.go: setMemoryStats`), as kubelet v1.33 computes it
-    /// (runc 1.2 through cadvisor). cgroup v1 (also on hybrid hosts):
+    /// `container/libcontainer/handler.go: setMemoryStats`), as kubelet v1.36 computes it
+    /// (opencontainers/cgroups v0.0.6 through cadvisor v0.56). cgroup v1 (also on hybrid hosts):
     /// `memory/memory.usage_in_bytes` − `total_inactive_file` of `memory/memory.stat`.
     /// cgroup v2, whose root has no `memory.current`: `anon` + `file` − `inactive_file`, all
     /// of the root `memory.stat` (runc `libcontainer/cgroups/fs2/memory.go:

@@ -573,7 +573,7 @@ impl Host {
                 kernel_version: "6.1.0-rpi7-rpi-v8".into(),
                 os_image: "Debian GNU/Linux 12 (bookworm)".into(),
                 container_runtime_version: String::new(),
-                kubelet_version: "v1.33.0".into(),
+                kubelet_version: "v1.36.0".into(),
                 operating_system: "linux".into(),
                 architecture: "arm64".into(),
             }),

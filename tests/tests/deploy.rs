@@ -427,7 +427,11 @@ fn granted_permissions(objects: &[Object]) -> Vec<Permission> {
     for b in &cluster_bindings {
         let what = format!("ClusterRoleBinding {}", b.metadata.name.clone().unwrap());
         assert_subjects(&b.subjects, &what);
-        assert_eq!(b.role_ref.api_group, "rbac.authorization.k8s.io", "{what}");
+        assert_eq!(
+            b.role_ref.api_group.as_deref(),
+            Some("rbac.authorization.k8s.io"),
+            "{what}"
+        );
         assert_eq!(b.role_ref.kind, "ClusterRole", "{what}");
         let rules = cluster_roles.get(&b.role_ref.name).unwrap_or_else(|| {
             panic!(
@@ -445,7 +449,11 @@ fn granted_permissions(objects: &[Object]) -> Vec<Permission> {
             b.metadata.name.clone().unwrap()
         );
         assert_subjects(&b.subjects, &what);
-        assert_eq!(b.role_ref.api_group, "rbac.authorization.k8s.io", "{what}");
+        assert_eq!(
+            b.role_ref.api_group.as_deref(),
+            Some("rbac.authorization.k8s.io"),
+            "{what}"
+        );
         // A RoleBinding to a ClusterRole would grant it in that namespace; these manifests
         // keep namespaced permissions in Roles so each file reads on its own.
         assert_eq!(b.role_ref.kind, "Role", "{what}");

@@ -410,7 +410,7 @@ impl<R: Reviews> Auth<R> {
                 self.take_budget("token_review", source)?;
                 let review = TokenReview {
                     spec: TokenReviewSpec {
-                        token: Some(token.to_owned()),
+                        token: token.to_owned(),
                         audiences: None,
                     },
                     ..TokenReview::default()

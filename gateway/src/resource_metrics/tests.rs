@@ -285,7 +285,7 @@ impl Reviews for Fake {
     async fn token_review(&self, review: TokenReview) -> Result<TokenReview, ReviewError> {
         self.token_reviews.fetch_add(1, Ordering::SeqCst);
         self.answer_after_delay().await?;
-        let token = review.spec.token.clone().unwrap_or_default();
+        let token = review.spec.token.clone();
         let user = self.tokens.lock().get(&token).cloned();
         let status = TokenReviewStatus {
             authenticated: Some(user.is_some()),

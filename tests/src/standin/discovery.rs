@@ -15,12 +15,12 @@ pub(crate) fn version() -> Value {
     };
     json!({
         "major": "1",
-        "minor": "33",
+        "minor": "36",
         "emulationMajor": "1",
-        "emulationMinor": "33",
+        "emulationMinor": "36",
         "minCompatibilityMajor": "1",
-        "minCompatibilityMinor": "32",
-        "gitVersion": "v1.33.0-edgebeat-standin",
+        "minCompatibilityMinor": "35",
+        "gitVersion": "v1.36.0-edgebeat-standin",
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2025-04-23T00:00:00Z",
