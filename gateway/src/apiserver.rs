@@ -700,6 +700,7 @@ pub fn kube_client_with(
     })
 }
 
+pub mod answers;
 pub mod client;
 pub mod outage;
 pub mod reach;

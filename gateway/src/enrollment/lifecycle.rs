@@ -22,6 +22,7 @@ use super::{
     Approval, DEFAULT_SIGNER_NAME, Enrollment, KUBELET_SIGNER_NAME, MIN_EXPIRATION_SECONDS,
     NODE_ANNOTATION, PROOF_ANNOTATION, TOKEN_LABEL, TRANSPORT_ANNOTATION,
 };
+use crate::apiserver::answers;
 
 impl Enrollment {
     /// Whether CSR `name` exists (a token's use already counted, when a request is asked
@@ -58,7 +59,7 @@ impl Enrollment {
                 }
                 created
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(e) if answers::is_already_exists(&e) => {
                 api.get(&name).await.map_err(|e| apiserver("reading", e))?
             }
             Err(e) => return Err(apiserver("creating", e)),
