@@ -332,7 +332,7 @@ impl SiteCa {
         );
         params.distinguished_name.push(
             DnType::CommonName,
-            format!("{}{node}", edgebeat_transports::tls::NODE_USER_PREFIX),
+            edgebeat_transports::tls::node_user(node),
         );
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
