@@ -214,7 +214,7 @@ impl Writer {
     }
 
     pub(crate) fn now(&self) -> Timestamp {
-        Timestamp::try_from(self.clock.now()).unwrap_or(Timestamp::UNIX_EPOCH)
+        self.clock.unix_now().timestamp()
     }
 
     /// Rejects a message: counted by reason, logged.
