@@ -41,7 +41,6 @@ mod rotation;
 mod store;
 
 use std::path::PathBuf;
-use std::time::UNIX_EPOCH;
 
 use edgebeat_hw::Clock;
 use edgebeat_transports::enroll;
@@ -109,10 +108,7 @@ pub struct Manager<'a> {
 
 impl Manager<'_> {
     fn now(&self) -> i64 {
-        self.clock
-            .now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        self.clock.unix_now().seconds()
     }
 
     /// The CA of `transport.caFile`, when given.

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::UNIX_EPOCH;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::registration::NodeName;
@@ -53,11 +52,7 @@ impl HeaderFactory {
                 Err(actual) => last = actual,
             }
         };
-        let wall_time_ms = self
-            .clock
-            .now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let wall_time_ms = self.clock.unix_now().millis();
         Header {
             node_name: self.node_name.as_str().to_owned(),
             boot_id: self.boot_id.clone(),
@@ -72,7 +67,7 @@ impl HeaderFactory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, SystemTime};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     struct Frozen;
     impl Clock for Frozen {

@@ -50,9 +50,9 @@
 //! once, and kept as a handle.
 
 use std::sync::atomic::AtomicU64;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
-use edgebeat_hw::HostFacts;
+use edgebeat_hw::{HostFacts, UnixTime};
 use edgebeat_proto::AgentMessage;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -169,9 +169,7 @@ impl AgentMetrics {
     pub fn lease_renewal(&self, ok: bool, now: SystemTime) {
         if ok {
             self.lease_ok.inc();
-            let seconds = now
-                .duration_since(UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
+            let seconds = UnixTime::from(now).seconds_f64();
             self.last_renewal.set(seconds);
         } else {
             self.lease_failed.inc();
@@ -385,7 +383,7 @@ impl prometheus_client::collector::Collector for RefusedAnswers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::time::{Duration, UNIX_EPOCH};
 
     fn text(registry: &Registry) -> String {
         let mut out = String::new();

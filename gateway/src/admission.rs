@@ -160,16 +160,45 @@ pub fn check_identity(
     }
 }
 
+/// The replay rule (rule 3 of the module docs) for one node: the boot and sequence number
+/// of its last accepted message. A message of the same boot (by boot ID, never by the
+/// 32-bit tag alone) whose `seq` is not above the recorded one is a copy of a message
+/// already accepted, or one overtaken by it: a replay. A message of any other boot is not
+/// a replay by this rule, since a new boot starts its own sequence; whether a superseded
+/// boot may come back is [`NodeAdmission`]'s memory of old boots. Admission and enrollment
+/// (`enrollment/replay.rs`, with its own expiry) both ask it. The rule is edgebeat's own
+/// (kubelet's requests carry no sequence number); the mailbox's
+/// [`pb::BootSeq::supersedes`] is its complement for queued messages of one boot.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LastAccepted {
+    boot_id: Vec<u8>,
+    seq: u64,
+}
+
+impl LastAccepted {
+    /// The last accepted message was of boot `boot_id` (the agent's boot ID, bytes) with
+    /// sequence number `seq` (microseconds on its boot clock).
+    pub fn new(boot_id: Vec<u8>, seq: u64) -> Self {
+        Self { boot_id, seq }
+    }
+
+    /// Whether a message of boot `boot_id` with sequence number `seq` replays the last
+    /// accepted one: the same boot ID and `seq` at or below the recorded one.
+    pub fn replayed_by(&self, boot_id: &[u8], seq: u64) -> bool {
+        boot_id == self.boot_id.as_slice() && seq <= self.seq
+    }
+}
+
 /// One node's admission state: its current boot and sequence, recently superseded boots,
 /// whether it has spoken with its identity, its rate-limit bucket and age estimator.
 #[derive(Debug, Default)]
 pub struct NodeAdmission {
-    boot_id: Vec<u8>,
+    /// The current boot and the last admitted sequence number in it.
+    last: LastAccepted,
     /// Superseded boots, each with the instant it is forgotten.
     old_boots: Vec<(Vec<u8>, Instant)>,
     /// The current boot's renew interval, from its last admitted renewal.
     renew_interval: Option<Duration>,
-    last_seq: u64,
     /// Latest verified `wall_time_ms` accepted (any boot): orders boots against replays.
     last_wall_ms: i64,
     identified: bool,
@@ -197,7 +226,7 @@ impl NodeAdmission {
 
     /// Whether `tag` ([`pb::Header::boot_tag`]) names the boot this node is in.
     pub fn holds_boot_tag(&self, tag: u32) -> bool {
-        !self.boot_id.is_empty() && pb::boot_tag(&self.boot_id) == tag
+        !self.last.boot_id.is_empty() && pb::boot_tag(&self.last.boot_id) == tag
     }
 
     /// Whether `header` names this node's current boot (by ID or by tag) with a sequence
@@ -206,9 +235,20 @@ impl NodeAdmission {
     /// [`RejectReason::Replayed`]. Checked before admission only to decide whether a
     /// rejection may be answered: a replay is never answered.
     pub fn is_replay(&self, header: &pb::Header) -> bool {
-        self.holds_boot_tag(header.named_boot_tag())
-            && (header.boot_id.is_empty() || header.boot_id == self.boot_id)
-            && header.seq <= self.last_seq
+        self.named_boot(header)
+            .is_some_and(|boot| self.last.replayed_by(boot, header.seq))
+    }
+
+    /// The boot `header` names: its boot ID, or this node's current boot when it names it
+    /// by a matching tag; `None` for a tag of no boot this replica holds.
+    fn named_boot<'a>(&'a self, header: &'a pb::Header) -> Option<&'a [u8]> {
+        if !header.boot_id.is_empty() {
+            Some(&header.boot_id)
+        } else if self.holds_boot_tag(header.boot_tag) {
+            Some(&self.last.boot_id)
+        } else {
+            None
+        }
     }
 
     /// Rules 2–5 of the module docs for one message with `header`, received at `now` (the
@@ -247,10 +287,10 @@ impl NodeAdmission {
             ));
         }
         // Named by a matching tag: the current boot.
-        let new_boot = !header.boot_id.is_empty() && self.boot_id != header.boot_id;
+        let new_boot = !header.boot_id.is_empty() && self.last.boot_id != header.boot_id;
         if new_boot {
             if provenance.wall_time_verified
-                && !self.boot_id.is_empty()
+                && !self.last.boot_id.is_empty()
                 && header.wall_time_ms < self.last_wall_ms
             {
                 return Verdict::Reject(Rejection::new(
@@ -264,7 +304,7 @@ impl NodeAdmission {
                     "replayed: a message of an earlier boot",
                 ));
             }
-            let old = std::mem::replace(&mut self.boot_id, header.boot_id.clone());
+            let old = std::mem::replace(&mut self.last.boot_id, header.boot_id.clone());
             let old_interval = self.renew_interval.take();
             if !old.is_empty() {
                 if self.old_boots.len() == OLD_BOOTS {
@@ -276,12 +316,12 @@ impl NodeAdmission {
                 self.old_boots.push((old, now + memory));
             }
             self.freshness = None;
-        } else if seq <= self.last_seq {
+        } else if self.is_replay(header) {
             return Verdict::Reject(Rejection::new(
                 RejectReason::Replayed,
                 format!(
                     "replayed or reordered: seq {seq} ≤ last accepted {}",
-                    self.last_seq
+                    self.last.seq
                 ),
             ));
         } else if let Some(ahead) = self
@@ -299,7 +339,7 @@ impl NodeAdmission {
             ));
         }
         // Recorded before the rate limit: a refused message cannot be replayed later.
-        self.last_seq = seq;
+        self.last.seq = seq;
         if provenance.wall_time_verified {
             self.last_wall_ms = self.last_wall_ms.max(header.wall_time_ms);
         }

@@ -54,6 +54,7 @@ use tokio::time::Instant;
 
 use crate::bodies::{EVENT_NAMESPACE, LEASE_NAMESPACE};
 use crate::view::PartialLease;
+use edgebeat_transports::tls;
 use jiff::SignedDuration;
 use outage::{OutageLine, OutageLog};
 
@@ -461,14 +462,17 @@ impl Apiserver {
         mut request: http::Request<Vec<u8>>,
     ) -> Result<T, kube::Error> {
         if self.impersonate {
-            let user = HeaderValue::from_str(&format!("system:node:{node}")).map_err(|_| {
+            let user = HeaderValue::from_str(&tls::node_user(node)).map_err(|_| {
                 kube::Error::BuildRequest(kube::core::request::Error::Validation(format!(
                     "node name {node:?} cannot be a header value"
                 )))
             })?;
             let headers = request.headers_mut();
             headers.insert(IMPERSONATE_USER, user);
-            headers.insert(IMPERSONATE_GROUP, HeaderValue::from_static("system:nodes"));
+            headers.insert(
+                IMPERSONATE_GROUP,
+                HeaderValue::from_static(tls::NODES_GROUP),
+            );
         }
         tokio::time::timeout(REQUEST_TIMEOUT, self.client.request(request))
             .await
@@ -700,6 +704,7 @@ pub fn kube_client_with(
     })
 }
 
+pub mod answers;
 pub mod client;
 pub mod outage;
 pub mod reach;

@@ -60,7 +60,6 @@ mod uses;
 mod x509;
 
 use ca::SiteCa;
-use clock::clock_seconds;
 use replay::Seen;
 
 pub use csr::csr_name;
@@ -225,7 +224,7 @@ impl Enrollment {
         options: EnrollmentOptions,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, EnrollmentError> {
-        let now = clock_seconds(clock.as_ref());
+        let now = clock.unix_now().seconds();
         let ca = SiteCa::load_or_create(client.clone(), &options.namespace, now).await?;
         let identity = ca.gateway_identity(now)?;
         let answers = Arc::new(AnswerSigner::from_pem(

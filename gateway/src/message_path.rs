@@ -17,7 +17,7 @@
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
@@ -160,11 +160,7 @@ impl Gateway {
             return false;
         };
         let lifetime = enrollment.options().lifetime.as_secs_f64();
-        let now = self
-            .clock
-            .now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
+        let now = self.clock.unix_now().seconds_f64();
         #[allow(clippy::cast_precision_loss)]
         let age = now - certificate.not_before as f64;
         age > lifetime * 0.8
@@ -191,7 +187,7 @@ impl Gateway {
             self.writer.api.clone(),
             self.sites.clone(),
             self.sites_wake.clone(),
-            move || jiff::Timestamp::try_from(clock.now()).unwrap_or_default(),
+            move || clock.unix_now().timestamp(),
         );
         async move {
             tokio::join!(

@@ -70,9 +70,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 /// Why a message was rejected: the `reason` label of
 /// `edgebeat_gateway_rejected_messages_total`, one fixed set shared with the transports.
 pub use edgebeat_transports::ingress::RejectReason;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
-use edgebeat_hw::Clock;
+use edgebeat_hw::{Clock, UnixTime};
 
 use crate::view::{FleetSummary, LEASE_AGE_BUCKETS};
 use jiff::Timestamp;
@@ -232,21 +232,13 @@ pub fn clock_skew_seconds(gateway_now: SystemTime, agent_wall_ms: i64) -> Option
     if agent_wall_ms == 0 {
         return None;
     }
-    Some((epoch_micros(gateway_now) as f64 / 1e6) - (agent_wall_ms as f64 / 1e3))
+    Some((UnixTime::from(gateway_now).micros() as f64 / 1e6) - (agent_wall_ms as f64 / 1e3))
 }
 
 /// `now − renewed` in seconds, where `renewed` is microseconds since the epoch (a Lease
 /// `renewTime`). Negative only if the gateway clock stepped back.
 pub fn lease_age_seconds(now: SystemTime, renewed_micros: i64) -> f64 {
-    (epoch_micros(now) - renewed_micros) as f64 / 1e6
-}
-
-/// Signed microseconds since the epoch.
-fn epoch_micros(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
-        Err(before) => -i64::try_from(before.duration().as_micros()).unwrap_or(i64::MAX),
-    }
+    (UnixTime::from(now).micros() - renewed_micros) as f64 / 1e6
 }
 
 /// One node's Lease age: the last written `renewTime`, turned into an age when scraped.

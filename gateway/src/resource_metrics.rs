@@ -32,6 +32,7 @@
 
 use std::collections::HashMap;
 
+use edgebeat_hw::UnixTime;
 use parking_lot::RwLock;
 
 /// The Node address type naming the replica that serves a node's resource metrics.
@@ -165,7 +166,7 @@ impl Samples {
     ) -> Result<Option<edgebeat_proto::SharedUsage>, SampleRefused> {
         let shared = edgebeat_proto::SharedUsage {
             usage: Some(*usage),
-            sampled_ms: unix_ms(sampled),
+            sampled_ms: UnixTime::from(sampled).millis(),
             node_name: node.to_owned(),
         };
         let Some(sample) = Sample::of(&shared) else {
@@ -207,7 +208,7 @@ impl Samples {
     /// Forgets every sample taken before `cutoff`: nodes no replica has heard from since,
     /// including those only other replicas held.
     pub fn forget_before(&self, cutoff: std::time::SystemTime) {
-        let cutoff_ms = unix_ms(cutoff);
+        let cutoff_ms = UnixTime::from(cutoff).millis();
         self.latest
             .write()
             .retain(|_, s| s.timestamp_ms >= cutoff_ms);
@@ -220,10 +221,7 @@ impl Samples {
 
     /// `node`'s latest sample if it was taken at most [`MAX_SAMPLE_AGE`] before `now`.
     pub fn fresh(&self, node: &str, now: std::time::SystemTime) -> Option<Sample> {
-        let oldest = unix_ms(
-            now.checked_sub(MAX_SAMPLE_AGE)
-                .unwrap_or(std::time::UNIX_EPOCH),
-        );
+        let oldest = UnixTime::from(now).saturating_sub(MAX_SAMPLE_AGE).millis();
         self.get(node).filter(|s| s.timestamp_ms >= oldest)
     }
 }
@@ -253,7 +251,7 @@ pub fn check_sample_time(
     sampled_ms: i64,
     now: std::time::SystemTime,
 ) -> Result<(), SampleFromTheFuture> {
-    let ahead_ms = i128::from(sampled_ms) - i128::from(unix_ms(now));
+    let ahead_ms = i128::from(sampled_ms) - i128::from(UnixTime::from(now).millis());
     if ahead_ms > i128::try_from(MAX_SAMPLE_AHEAD.as_millis()).unwrap_or(i128::MAX) {
         return Err(SampleFromTheFuture { ahead_ms });
     }
@@ -370,12 +368,6 @@ pub fn check_capacity(
         });
     }
     Ok(())
-}
-
-/// `t` in milliseconds since the Unix epoch, as sample times are kept (jiff's conversion;
-/// 0 for a time it cannot represent).
-fn unix_ms(t: std::time::SystemTime) -> i64 {
-    jiff::Timestamp::try_from(t).map_or(0, |t| t.as_millisecond())
 }
 
 /// Where the cluster reaches this replica's resource metrics, as written into the status of

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use edgebeat_proto::EventType;
 use jiff::Timestamp;
 
-use crate::apiserver::Apiserver;
+use crate::apiserver::{Apiserver, answers};
 use crate::bodies;
 use crate::sites::{
     self, Action, Cause, REASON_REACHABLE, SiteTracker, TICK, condition_patch, event_name,
@@ -265,7 +265,7 @@ async fn event(
     event.reporting_instance = None;
     match api.create_event(node, &event).await {
         // Another replica recorded it first.
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) if answers::is_already_exists(&e) => Ok(()),
         other => other.map(drop),
     }
 }

@@ -43,6 +43,7 @@ use kube::{Api, ResourceExt};
 use edgebeat_proto::{ConditionStatus, NodeConditionType};
 use edgebeat_transports::ingress::CertificateId;
 
+use crate::apiserver::answers;
 use crate::bodies::{
     CERTIFICATE_NOT_BEFORE_ANNOTATION, CERTIFICATE_SHA256_ANNOTATION, KnownCondition,
     KnownConditions, LEASE_NAMESPACE, MANAGED_LABEL,
@@ -578,7 +579,8 @@ impl ApiserverView {
                     } else {
                         tracing::debug!(kind, %error, "watch still failing");
                     }
-                    let gone = matches!(&error, watcher::Error::WatchError(s) if s.code == 410);
+                    let gone =
+                        matches!(&error, watcher::Error::WatchError(s) if answers::is_gone(s));
                     let now = tokio::time::Instant::now();
                     if gone
                         && relisted_at_once

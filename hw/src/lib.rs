@@ -29,7 +29,7 @@ pub use arch::{go_arch, host_go_arch};
 pub use bounded::{
     BoundedReadError, MAX_PASSWORD_FILE_BYTES, MAX_PEM_FILE_BYTES, read_bounded, read_password_file,
 };
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, SystemClock, UnixTime};
 pub use duration::{DurationError, parse_duration};
 pub use error::{HwError, ParseError};
 pub use facts::{

@@ -23,6 +23,14 @@ pub const NODE_USER_PREFIX: &str = "system:node:";
 /// The group every node belongs to (the certificate's O).
 pub const NODES_GROUP: &str = "system:nodes";
 
+/// The user name of node `name`: `system:node:<name>` ([`NODE_USER_PREFIX`] and the name,
+/// unchecked), as the apiserver's node authorizer reads it
+/// (`pkg/auth/nodeidentifier/default.go`): a node certificate's CN, the user the gateway
+/// impersonates. [`node_identity`] reads it back from a certificate.
+pub fn node_user(name: &str) -> String {
+    format!("{NODE_USER_PREFIX}{name}")
+}
+
 /// Which certificate a node speaks with: the SHA-256 of its leaf certificate (DER) and its
 /// notBefore. The gateway records it for every identified node in the cluster (the Node's
 /// annotations), so that every replica, restarted or not, knows that the node speaks with
@@ -490,6 +498,33 @@ mod tests {
             (DnType::CommonName, "system:node:edge-01.plant-3"),
         ]);
         assert_eq!(node_identity(&der).unwrap(), "edge-01.plant-3");
+    }
+
+    #[test]
+    fn the_node_user_is_the_prefix_and_the_name_and_reads_back() {
+        assert_eq!(node_user("edge-01"), "system:node:edge-01");
+        assert_eq!(NODES_GROUP, "system:nodes");
+        for name in ["edge-01", "edge-01.plant-3", "a"] {
+            let der = cert(&[
+                (DnType::OrganizationName, NODES_GROUP),
+                (DnType::CommonName, &node_user(name)),
+            ]);
+            assert_eq!(node_identity(&der).unwrap(), name);
+        }
+        // Unchecked: no name, or one that is not a Node name, is no node's user.
+        for name in ["", "Edge_01"] {
+            let der = cert(&[
+                (DnType::OrganizationName, NODES_GROUP),
+                (DnType::CommonName, &node_user(name)),
+            ]);
+            assert!(
+                matches!(
+                    node_identity(&der),
+                    Err(IdentityError::InvalidNodeName { .. })
+                ),
+                "{name:?}"
+            );
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! certificate or else the bootstrap token, over the configured transport's enrollment
 //! path, with the answer verified as the proof says.
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use edgebeat_proto::Header;
 use edgebeat_transports::enroll::{self, AnswerTrust, Answered, NodeKeyPair};
@@ -162,14 +162,7 @@ impl Manager<'_> {
         let node = self.headers.node_name();
         let boot_tag = header.named_boot_tag();
         let seq = header.seq;
-        let now = || {
-            UnixTime::since_unix_epoch(
-                self.clock
-                    .now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap_or_default(),
-            )
-        };
+        let now = || UnixTime::since_unix_epoch(self.clock.unix_now().duration());
         let read = |answer: &[u8]| {
             enroll::read_answer(answer, trust, node, boot_tag, seq, now()).inspect_err(|error| {
                 if let enroll::ReadAnswerError::Unverified(refused) = error {

@@ -1,5 +1,5 @@
 use std::os::unix::fs::PermissionsExt as _;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use edgebeat_transports::enroll::BootstrapToken;
 use tokio_util::sync::CancellationToken;

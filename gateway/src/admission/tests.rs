@@ -46,6 +46,30 @@ fn reason(verdict: Verdict) -> RejectReason {
 }
 
 #[test]
+fn the_replay_rule_is_the_same_boot_and_a_sequence_not_above() {
+    let boot = vec![1; 16];
+    let last = LastAccepted::new(boot.clone(), 10 * SEC);
+    // A replayed seq, and one overtaken by the last accepted (reordered): replays.
+    assert!(last.replayed_by(&boot, 10 * SEC));
+    assert!(last.replayed_by(&boot, 3 * SEC));
+    assert!(last.replayed_by(&boot, 0));
+    // The next message of the same boot is not.
+    assert!(!last.replayed_by(&boot, 10 * SEC + 1));
+    assert!(!last.replayed_by(&boot, u64::MAX));
+    // A new boot starts its own sequence, however low.
+    assert!(!last.replayed_by(&[2; 16], 0));
+    // An old boot is not a replay by this rule either (the admission's memory of
+    // superseded boots refuses it), nor is a boot ID that only shares a prefix.
+    assert!(!last.replayed_by(&[0; 16], 5 * SEC));
+    assert!(!last.replayed_by(&boot[..8], 5 * SEC));
+    // Nothing accepted yet: only an empty boot ID at seq 0 matches it, and admission
+    // refuses an empty boot ID before asking (UnknownBoot).
+    let none = LastAccepted::default();
+    assert!(!none.replayed_by(&boot, 0));
+    assert!(none.replayed_by(&[], 0));
+}
+
+#[test]
 fn identity_checks_come_first_and_follow_the_posture() {
     let id = |posture, node, p| check_identity(posture, node, p).map_err(|r| r.reason);
     assert_eq!(id(Posture::Identified, "edge-1", MTLS), Ok(()));

@@ -19,6 +19,7 @@ use super::EnrollmentError;
 use super::answer_ca::{self, AnswerCa};
 pub use super::x509::GatewayIdentity;
 use super::x509::{IssuingCa, ca_error, validity};
+use crate::apiserver::answers;
 
 /// Name of the Secret (type `kubernetes.io/tls`: `tls.crt`, `tls.key`) holding the site CA,
 /// in the gateway's namespace, with the answer CAs in [`ANSWER_CAS_KEY`] and
@@ -128,7 +129,7 @@ impl SiteCa {
                     tracing::info!(secret = SITE_CA_SECRET, namespace, "made the answer CA");
                     Ok(ca)
                 }
-                Err(kube::Error::Api(status)) if status.code == 409 => {
+                Err(e) if answers::is_conflict(&e) => {
                     Self::from_secret(&secrets.get(SITE_CA_SECRET).await?)
                 }
                 Err(e) => Err(e.into()),
@@ -143,7 +144,7 @@ impl SiteCa {
                 tracing::info!(secret = SITE_CA_SECRET, namespace, "made the site CA");
                 Ok(made)
             }
-            Err(kube::Error::Api(status)) if status.code == 409 => {
+            Err(e) if answers::is_already_exists(&e) => {
                 tracing::info!(
                     secret = SITE_CA_SECRET,
                     "another replica made the site CA first; using it"
@@ -331,7 +332,7 @@ impl SiteCa {
         );
         params.distinguished_name.push(
             DnType::CommonName,
-            format!("{}{node}", edgebeat_transports::tls::NODE_USER_PREFIX),
+            edgebeat_transports::tls::node_user(node),
         );
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];

@@ -46,7 +46,7 @@ pub(super) fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, 
         ),
         (
             "2.5.4.3".to_owned(),
-            format!("{}{node}", edgebeat_transports::tls::NODE_USER_PREFIX),
+            edgebeat_transports::tls::node_user(node),
         ),
     ];
     let mut sorted = subject.clone();
@@ -57,7 +57,9 @@ pub(super) fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, 
         return Err(reject(
             RejectReason::CsrSubject,
             format!(
-                "the CSR's subject must be exactly O=system:nodes, CN=system:node:{node}, not {subject:?}"
+                "the CSR's subject must be exactly O={}, CN={}, not {subject:?}",
+                edgebeat_transports::tls::NODES_GROUP,
+                edgebeat_transports::tls::node_user(node),
             ),
         ));
     }

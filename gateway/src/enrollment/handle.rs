@@ -129,9 +129,7 @@ impl Enrollment {
             return Outcome::Unanswered(RejectReason::Foreign);
         }
         let now = self.clock.now();
-        let since_epoch = now
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let since_epoch = edgebeat_hw::UnixTime::from(now).duration();
         if edgebeat_transports::signing::check_clock_window(
             header.wall_time_ms,
             since_epoch,

@@ -14,7 +14,6 @@ use k8s_openapi::api::certificates::v1::{
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 
-use super::clock::clock_seconds;
 use super::csr::csr_name;
 use super::proof::Proof;
 use super::rejection::{RejectReason, Unissued, reject};
@@ -22,6 +21,7 @@ use super::{
     Approval, DEFAULT_SIGNER_NAME, Enrollment, KUBELET_SIGNER_NAME, MIN_EXPIRATION_SECONDS,
     NODE_ANNOTATION, PROOF_ANNOTATION, TOKEN_LABEL, TRANSPORT_ANNOTATION,
 };
+use crate::apiserver::answers;
 
 impl Enrollment {
     /// Whether CSR `name` exists (a token's use already counted, when a request is asked
@@ -58,7 +58,7 @@ impl Enrollment {
                 }
                 created
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(e) if answers::is_already_exists(&e) => {
                 api.get(&name).await.map_err(|e| apiserver("reading", e))?
             }
             Err(e) => return Err(apiserver("creating", e)),
@@ -102,7 +102,7 @@ impl Enrollment {
         let pem = match (issued, &self.ca) {
             (Some(pem), _) => pem.0,
             (None, Some(ca)) if self.options.signer_name == DEFAULT_SIGNER_NAME => {
-                let now = clock_seconds(self.clock.as_ref());
+                let now = self.clock.unix_now().seconds();
                 // The signer's own lifetime, shorter when the CSR asks for less (which the
                 // API lets a CSR ask down to its 600 s minimum).
                 let lifetime = csr

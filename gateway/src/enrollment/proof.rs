@@ -172,12 +172,7 @@ impl Enrollment {
             )
         })?;
         let not_after = cert.validity().not_after.timestamp();
-        let now_s = i64::try_from(
-            now.duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs(),
-        )
-        .unwrap_or(i64::MAX);
+        let now_s = edgebeat_hw::UnixTime::from(now).seconds();
         let grace = i64::try_from(self.options.grace.as_secs()).unwrap_or(i64::MAX);
         let expired = now_s > not_after;
         if expired && now_s - not_after > grace {

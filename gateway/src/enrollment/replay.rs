@@ -9,12 +9,13 @@ use edgebeat_proto::Header;
 use jiff::Timestamp;
 
 use super::Enrollment;
+use crate::admission::LastAccepted;
 
-/// The latest request accepted from each node (its boot ID, sequence number, and when),
+/// The latest request accepted from each node (its boot ID and sequence number, and when),
 /// and when entries older than the replay window were last dropped.
 #[derive(Default)]
 pub(super) struct Seen {
-    latest: HashMap<String, (Vec<u8>, u64, Timestamp)>,
+    latest: HashMap<String, (LastAccepted, Timestamp)>,
     swept: Option<Timestamp>,
 }
 
@@ -28,8 +29,8 @@ impl Enrollment {
         let seen = self.seen.lock();
         seen.latest
             .get(&header.node_name)
-            .is_some_and(|(boot, seq, at)| {
-                *boot == header.boot_id && header.seq <= *seq && now.duration_since(*at) < window
+            .is_some_and(|(last, at)| {
+                last.replayed_by(&header.boot_id, header.seq) && now.duration_since(*at) < window
             })
     }
 
@@ -51,13 +52,12 @@ impl Enrollment {
         // the map holds at most two windows' worth of nodes.
         if seen.swept.is_none_or(|t| now.duration_since(t) >= window) {
             seen.latest
-                .retain(|_, (_, _, at)| now.duration_since(*at) < window);
+                .retain(|_, (_, at)| now.duration_since(*at) < window);
             seen.swept = Some(now);
         }
         match seen.latest.get(&header.node_name) {
-            Some((boot, seq, at))
-                if *boot == header.boot_id
-                    && header.seq <= *seq
+            Some((last, at))
+                if last.replayed_by(&header.boot_id, header.seq)
                     && now.duration_since(*at) < window =>
             {
                 false
@@ -65,7 +65,7 @@ impl Enrollment {
             _ => {
                 seen.latest.insert(
                     header.node_name.clone(),
-                    (header.boot_id.clone(), header.seq, now),
+                    (LastAccepted::new(header.boot_id.clone(), header.seq), now),
                 );
                 true
             }

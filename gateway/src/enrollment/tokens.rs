@@ -11,6 +11,7 @@ use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 
 use super::EnrollmentError;
+use crate::apiserver::answers;
 
 /// Type of a bootstrap token's Secret.
 pub const TOKEN_SECRET_TYPE: &str = "edgebeat.io/bootstrap-token";
@@ -148,7 +149,7 @@ pub async fn record_uses(
             .await
         {
             Ok(_) => return Ok(count),
-            Err(kube::Error::Api(status)) if status.code == 409 && tries < 10 => tries += 1,
+            Err(e) if answers::is_conflict(&e) && tries < 10 => tries += 1,
             Err(e) => return Err(e.into()),
         }
     }

@@ -46,7 +46,7 @@ impl Gateway {
             fleet: self
                 .writer
                 .view
-                .fleet_summary(jiff::Timestamp::try_from(self.clock.now()).unwrap_or_default()),
+                .fleet_summary(self.clock.unix_now().timestamp()),
         }
     }
 

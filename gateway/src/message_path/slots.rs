@@ -108,9 +108,8 @@ impl Gateway {
     pub(super) fn sweep(&self, slots: &mut NodeMap<String, Arc<SlotCell>>) {
         let now = Instant::now();
         // Samples, shared ones included, of nodes no replica heard from in as long.
-        let cutoff = self.clock.now().checked_sub(SLOT_IDLE);
-        self.resource_samples
-            .forget_before(cutoff.unwrap_or(std::time::UNIX_EPOCH));
+        let cutoff = self.clock.unix_now().saturating_sub(SLOT_IDLE);
+        self.resource_samples.forget_before(cutoff.system_time());
         slots.retain(|name, slot| {
             // A cell a message holds (between lookup and post) or with letters is in use.
             let keep = Arc::strong_count(slot) > 1

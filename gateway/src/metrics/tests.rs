@@ -1,7 +1,7 @@
 use super::*;
 use prometheus_client::registry::{Registry, Unit};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 struct Fixed(Mutex<SystemTime>);
 impl Clock for Fixed {

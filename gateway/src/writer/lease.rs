@@ -169,11 +169,11 @@ impl Writer {
                 Ok(Ok(written)) => return self.renewed(w, name, &written, renew),
                 Ok(Err(e)) => {
                     last_error = format!("updating lease: {e}");
-                    match api_code(&e) {
-                        // Conflict or gone: fall back to GET (kubelet backoffEnsureLease).
-                        Some(409) | Some(404) => continue,
-                        _ => break,
+                    // Conflict or gone: fall back to GET (kubelet backoffEnsureLease).
+                    if answers::is_conflict(&e) || answers::is_not_found(&e) {
+                        continue;
                     }
+                    break;
                 }
                 Err(_) => {
                     last_error = "updating lease: deadline passed".into();
@@ -252,7 +252,7 @@ impl Writer {
                     None => return retry("node has no uid yet"),
                 }
             }
-            Err(e) if api_code(&e) == Some(404) => return self.forget(w, name),
+            Err(e) if answers::is_not_found(&e) => return self.forget(w, name),
             // kubelet skips creation this round when the owner Node cannot be read.
             Err(e) => {
                 return retry(format!("reading node for the lease owner: {e}"));

@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::time::Instant;
 
-use crate::apiserver::Apiserver;
+use crate::apiserver::{Apiserver, answers};
 use crate::bodies;
 use crate::bodies::MANAGED_LABEL;
 use crate::metrics::Counters;
@@ -52,13 +52,6 @@ pub(crate) fn retry(reason: impl Into<String>) -> Answer {
 pub(crate) fn rejected(reason: impl Into<String>) -> Answer {
     Answer::Rejected {
         reason: reason.into(),
-    }
-}
-
-fn api_code(e: &kube::Error) -> Option<u16> {
-    match e {
-        kube::Error::Api(status) => Some(status.code),
-        _ => None,
     }
 }
 
@@ -221,7 +214,7 @@ impl Writer {
     }
 
     pub(crate) fn now(&self) -> Timestamp {
-        Timestamp::try_from(self.clock.now()).unwrap_or(Timestamp::UNIX_EPOCH)
+        self.clock.unix_now().timestamp()
     }
 
     /// Rejects a message: counted by reason, logged.
@@ -345,7 +338,7 @@ impl Writer {
             match self.api.create_event(name, &event).await {
                 Ok(_) => {}
                 // Recorded already: by another replica, or for an earlier send.
-                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(e) if answers::is_already_exists(&e) => {}
                 Err(error) => self.event_failed(name, &reason, &error),
             }
         }
@@ -435,10 +428,8 @@ impl Writer {
                 self.counters.status_reports.inc();
                 Answer::WRITTEN
             }
-            Err(e) => match api_code(&e) {
-                Some(404) => self.forget(w, name),
-                _ => retry(format!("patching node status: {e}")),
-            },
+            Err(e) if answers::is_not_found(&e) => self.forget(w, name),
+            Err(e) => retry(format!("patching node status: {e}")),
         }
     }
 
@@ -490,14 +481,14 @@ impl Writer {
                 w.status_written = true;
                 Answer::WRITTEN
             }
-            Err(e) => match api_code(&e) {
-                Some(404) => self.forget(w, name),
+            Err(e) if answers::is_not_found(&e) => self.forget(w, name),
+            Err(e) => match answers::refused_content(&e) {
                 // The apiserver refuses the content itself: resending it will not help.
-                Some(code @ (400 | 403 | 413 | 415 | 422)) => self.reject(
+                Some(code) => self.reject(
                     RejectReason::Invalid,
                     format!("apiserver refused the status ({code}): {e}"),
                 ),
-                _ => retry(format!("patching node status: {e}")),
+                None => retry(format!("patching node status: {e}")),
             },
         }
     }

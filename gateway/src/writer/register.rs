@@ -93,7 +93,7 @@ impl Writer {
                         .await;
                     return registered;
                 }
-                Err(e) if api_code(&e) == Some(409) => match self.api.get_node(name).await {
+                Err(e) if answers::is_already_exists(&e) => match self.api.get_node(name).await {
                     Ok(node) => node,
                     Err(e) => {
                         return retry(format!("reading existing node: {e}"));

@@ -90,10 +90,7 @@ impl NodeKeyPair {
             0x30,
             &[
                 rdn(OID_ORGANIZATION, crate::tls::NODES_GROUP),
-                rdn(
-                    OID_COMMON_NAME,
-                    &format!("{}{node}", crate::tls::NODE_USER_PREFIX),
-                ),
+                rdn(OID_COMMON_NAME, &crate::tls::node_user(node)),
             ]
             .concat(),
         );

@@ -1,6 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use edgebeat_hw::{Clock as _, SystemClock};
 use edgebeat_proto::heartbeat_server::{Heartbeat, HeartbeatServer};
 use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{
@@ -222,9 +223,7 @@ struct StreamState<H> {
 /// The tokio instant of `not_after` (Unix seconds) on the system clock: now, when it has
 /// passed; far ahead (a century) for a date beyond what an instant holds.
 fn expiry_instant(not_after: i64) -> tokio::time::Instant {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let now = SystemClock.unix_now().duration();
     let left = u64::try_from(not_after)
         .ok()
         .map(std::time::Duration::from_secs)
