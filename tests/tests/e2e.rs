@@ -155,11 +155,11 @@ async fn registers_with_labels_facts_and_conditions(transport: Transport) {
         .filter(|r| r.method == Method::POST && r.path == "/api/v1/nodes")
         .count();
     assert_eq!(posts, 1, "one registration POST");
-    // kubelet's start events: each pressure condition is new at registration; a new Ready
-    // records none.
+    // kubelet's start events: on this cgroup v1 board kubelet v1.36's CgroupV1 Warning,
+    // then each pressure condition, new at registration; a new Ready records none.
     cluster
         .standin
-        .wait_until(DEADLINE, "the start events", |v| v.events().len() >= 3)
+        .wait_until(DEADLINE, "the start events", |v| v.events().len() >= 4)
         .await
         .unwrap();
     agent.stop().await.unwrap();
@@ -167,10 +167,21 @@ async fn registers_with_labels_facts_and_conditions(transport: Transport) {
     assert_eq!(
         reasons,
         [
+            "CgroupV1",
             "NodeHasSufficientMemory",
             "NodeHasNoDiskPressure",
             "NodeHasSufficientPID"
         ]
+    );
+    let events = cluster.standin.events();
+    let cgroup_v1 = &events[0];
+    assert_eq!(cgroup_v1.type_.as_deref(), Some("Warning"));
+    assert!(
+        cgroup_v1
+            .message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("cgroup v1 detected. cgroup v1 support is deprecated")),
+        "{cgroup_v1:?}"
     );
 }
 
@@ -359,6 +370,29 @@ async fn a_report_frequency_equal_to_the_update_frequency_reports_every_period(
     );
 }
 
+/// kubelet v1.36 warns at every start on a cgroup v1 host only (`cgroupVersionCheck`): a
+/// board on the unified hierarchy records the pressure conditions' start events alone.
+async fn a_cgroup_v2_board_starts_without_the_cgroup_v1_warning(transport: Transport) {
+    let cluster = Cluster::start(transport).await.unwrap();
+    let agent = cluster
+        .start_agent(cluster.agent_config("jetson-07", &fixture("jetson-cgroup2")))
+        .unwrap();
+    cluster
+        .standin
+        .wait_until(DEADLINE, "the start events", |v| v.events().len() >= 3)
+        .await
+        .unwrap();
+    agent.stop().await.unwrap();
+    assert_eq!(
+        cluster.standin.event_reasons(),
+        [
+            "NodeHasSufficientMemory",
+            "NodeHasNoDiskPressure",
+            "NodeHasSufficientPID"
+        ]
+    );
+}
+
 async fn conflict_leads_to_one_get_and_recovery(transport: Transport) {
     let cluster = Cluster::start(transport).await.unwrap();
     let agent = cluster
@@ -538,6 +572,7 @@ async fn transitions_keep_last_transition_time_when_unchanged(transport: Transpo
     assert_eq!(
         reasons,
         [
+            "CgroupV1",
             "NodeHasSufficientMemory",
             "NodeHasNoDiskPressure",
             "NodeHasSufficientPID",
@@ -1197,6 +1232,7 @@ scenarios!(
     lease_renews_at_cadence_without_gets,
     steady_node_patches_status_once_then_per_report_period,
     a_report_frequency_equal_to_the_update_frequency_reports_every_period,
+    a_cgroup_v2_board_starts_without_the_cgroup_v1_warning,
     conflict_leads_to_one_get_and_recovery,
     reboot_yields_rebooted_event_and_new_boot_id,
     transitions_keep_last_transition_time_when_unchanged,

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_hw::{Clock, HostFacts, HostRoot, ReadOptions, read_host_facts};
+use edgebeat_hw::{CgroupMode, Clock, HostFacts, HostRoot, ReadOptions, read_host_facts};
 use edgebeat_proto::{self as pb, agent_message::Kind};
 use edgebeat_transports::backoff::{RETRY_MAX, RETRY_MIN};
 use edgebeat_transports::uplink::{
@@ -57,6 +57,8 @@ pub struct Agent {
     clock: Arc<dyn Clock>,
     headers: HeaderFactory,
     labels: BTreeMap<String, String>,
+    /// `Register.cgroup_version`: the hierarchy at start, as kubelet checks it once.
+    cgroup_version: u32,
     latest: Mutex<ComputedStatus>,
     /// Condition transitions not yet written (carried by Register and full reports).
     journal: Mutex<Journal>,
@@ -74,6 +76,17 @@ pub fn read_facts(config: &AgentConfig) -> Result<HostFacts, AgentError> {
         &HostRoot::new(&config.host_root),
         &read_options(config),
     )?)
+}
+
+/// The cgroup version kubelet's container manager sees (`Register.cgroup_version`): 1 on
+/// legacy and hybrid hierarchies (runc `IsCgroup2UnifiedMode` is false there), 2 on the
+/// unified one, 0 when unknown.
+pub fn cgroup_version(mode: CgroupMode) -> u32 {
+    match mode {
+        CgroupMode::V1 | CgroupMode::Hybrid => 1,
+        CgroupMode::V2 => 2,
+        CgroupMode::Unknown => 0,
+    }
 }
 
 fn read_options(config: &AgentConfig) -> ReadOptions {
@@ -181,6 +194,7 @@ impl Agent {
             config,
             clock,
             labels,
+            cgroup_version: cgroup_version(facts.cgroup),
             latest: Mutex::new(first),
             journal: Mutex::new(Journal::default()),
             metrics,
@@ -274,6 +288,7 @@ impl Agent {
                 status: Some(status),
                 uptime_ms: u64::try_from(now.as_millis()).unwrap_or(u64::MAX),
                 journal,
+                cgroup_version: self.cgroup_version,
             })),
         }
     }

@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// kubelet v1.36's message for a host on cgroup v1 (`pkg/kubelet/cm/container_manager.go:
+/// CgroupV1DeprecatedWarning`), the `CgroupV1` Warning event's.
+pub const CGROUP_V1_WARNING: &str = "cgroup v1 detected. cgroup v1 support is deprecated and will be removed in a future release. Please migrate to cgroup v2. More information at https://git.k8s.io/enhancements/keps/sig-node/5573-remove-cgroup-v1";
+
 impl Writer {
     /// kubelet `registerWithAPIServer`: POST the Node (unless `skip_create`, kubelet's
     /// `registerNode: false`, or `registration_completed`: the agent's process registered
@@ -88,7 +92,7 @@ impl Writer {
                     w.status_written = true;
                     self.counters.registrations.inc();
                     tracing::info!(node = name, "registered node");
-                    self.start_events(name, status, &usable, now).await;
+                    self.start_events(name, register, &usable, now).await;
                     self.journal_events(&NodeRecord::default(), now, name, &journal)
                         .await;
                     return registered;
@@ -152,7 +156,7 @@ impl Writer {
         w.registered = true;
         self.counters.registrations.inc();
         if !register.registration_completed {
-            self.start_events(name, status, &usable, started).await;
+            self.start_events(name, register, &usable, started).await;
         }
         registered
     }
@@ -167,14 +171,30 @@ impl Writer {
     /// at the start: the one before its first transition in `journal`, when it has one
     /// (the transitions themselves are recorded with the status write), stamped `at`. A
     /// health condition with transitions records none here: its event's reason is the
-    /// condition's own, known only for the status it has now.
+    /// condition's own, known only for the status it has now. Before them, on a cgroup v1
+    /// host (`Register.cgroup_version` 1), kubelet's `CgroupV1` Warning
+    /// ([`CGROUP_V1_WARNING`], `pkg/kubelet/kubelet_linux.go: cgroupVersionCheck`, run at
+    /// every kubelet start).
     pub(super) async fn start_events(
         &self,
         name: &str,
-        status: &pb::NodeStatus,
+        register: &pb::Register,
         journal: &[&pb::ConditionTransition],
         at: Timestamp,
     ) {
+        if register.cgroup_version == 1 {
+            self.event(
+                name,
+                EventType::Warning,
+                "CgroupV1",
+                CGROUP_V1_WARNING.to_owned(),
+                at,
+            )
+            .await;
+        }
+        let Some(status) = register.status.as_ref() else {
+            return;
+        };
         for c in &status.conditions {
             // Checked at the edge ([`validate_status`], [`usable`]): skipped, never misread.
             let (Some(type_), Some(now)) = (

@@ -168,6 +168,12 @@ pub struct Register {
     /// condition's lastTransitionTime it holds (already recorded).
     #[prost(message, repeated, tag = "9")]
     pub journal: ::prost::alloc::vec::Vec<ConditionTransition>,
+    /// The cgroup version kubelet's container manager would see on this host: 1 on legacy and
+    /// hybrid hierarchies (runc's IsCgroup2UnifiedMode false), 2 on the unified one, 0 unknown.
+    /// A process's first Register with 1 has the gateway record kubelet's `CgroupV1` Warning
+    /// event (pkg/kubelet/kubelet_linux.go: cgroupVersionCheck, at every kubelet start).
+    #[prost(uint32, tag = "10")]
+    pub cgroup_version: u32,
 }
 /// A NodeStatus report: sent on a meaningful change or every nodeStatusReportFrequency.
 #[derive(Clone, PartialEq, ::prost::Message)]
