@@ -29,15 +29,16 @@ async fn run() -> anyhow::Result<()> {
     // rustls on ring for every TLS user in the process (gRPC server, kube client).
     edgebeat_transports::grpc::tls::install_ring_provider();
     match args.command {
-        Some(Command::AnswerCa(AnswerCaCommand::Rotate)) => answer_ca_rotate(&args.cluster).await,
+        Some(Command::AnswerCa(AnswerCaCommand::Rotate)) => answer_ca_rotate(&args.cluster).await?,
         Some(Command::Token(TokenCommand::Create { nodes, ttl, uses })) => {
-            token_create(&args.cluster, nodes, ttl, uses).await
+            token_create(&args.cluster, nodes, ttl, uses).await?;
         }
         None => {
             Server::bind(Settings::from_args(&args).await?)
                 .await?
                 .run(edgebeat_transports::observe::shutdown_signal())
-                .await
+                .await?;
         }
     }
+    Ok(())
 }
