@@ -73,24 +73,7 @@ pub fn compute(
     let capacity = capacity(facts, config);
     let allocatable = allocatable(facts, config, &capacity);
     let prev_observed = previous.map(|p| p.observed).unwrap_or_default();
-    let met = thresholds_met(facts, config);
-    let observed = PressureObserved {
-        memory: if met.memory {
-            Some(now)
-        } else {
-            prev_observed.memory
-        },
-        disk: if met.disk {
-            Some(now)
-        } else {
-            prev_observed.disk
-        },
-        pid: if met.pid {
-            Some(now)
-        } else {
-            prev_observed.pid
-        },
-    };
+    let observed = thresholds_met(facts, config).observed(prev_observed, now);
     let period = config.eviction_pressure_transition_period;
     let held = |at: Option<Duration>| within_transition_period(at, now, period);
 
@@ -118,72 +101,12 @@ pub fn compute(
             };
             conditions.push(kubelets(type_, status, reason, message.to_owned()));
         };
-    push(
-        NodeConditionType::MemoryPressure,
-        held(observed.memory),
-        [
-            (
-                ConditionReason::KubeletHasInsufficientMemory,
-                "kubelet has insufficient memory available",
-            ),
-            (
-                ConditionReason::KubeletHasSufficientMemory,
-                "kubelet has sufficient memory available",
-            ),
-        ],
-    );
-    push(
-        NodeConditionType::DiskPressure,
-        held(observed.disk),
-        [
-            (
-                ConditionReason::KubeletHasDiskPressure,
-                "kubelet has disk pressure",
-            ),
-            (
-                ConditionReason::KubeletHasNoDiskPressure,
-                "kubelet has no disk pressure",
-            ),
-        ],
-    );
-    push(
-        NodeConditionType::PidPressure,
-        held(observed.pid),
-        [
-            (
-                ConditionReason::KubeletHasInsufficientPid,
-                "kubelet has insufficient PID available",
-            ),
-            (
-                ConditionReason::KubeletHasSufficientPid,
-                "kubelet has sufficient PID available",
-            ),
-        ],
-    );
-    let missing: Vec<&str> = ["cpu", "memory", "pods", "ephemeral-storage"]
-        .into_iter()
-        .filter(|r| !capacity.contains_key(*r))
-        .collect();
-    let ready = if missing.is_empty() {
-        kubelets(
-            NodeConditionType::Ready,
-            ConditionStatus::True,
-            ConditionReason::KubeletReady,
-            "kubelet is posting ready status".into(),
-        )
-    } else {
-        let message = format!(
-            "missing node capacity for resources: {}",
-            missing.join(", ")
-        );
-        kubelets(
-            NodeConditionType::Ready,
-            ConditionStatus::False,
-            ConditionReason::KubeletNotReady,
-            message,
-        )
-    };
-    conditions.push(ready);
+    let pressures = [observed.memory, observed.disk, observed.pid];
+    for ((type_, texts), at) in PRESSURE_CONDITIONS.into_iter().zip(pressures) {
+        push(type_, held(at), texts);
+    }
+    let (status, reason, message) = ready(&capacity);
+    conditions.push(kubelets(NodeConditionType::Ready, status, reason, message));
     let mut health_observed = previous
         .map(|p| p.health_observed.clone())
         .unwrap_or_default();
@@ -237,10 +160,95 @@ pub fn has_changed(old: &ComputedStatus, new: &ComputedStatus) -> bool {
         })
 }
 
+/// kubelet's pressure conditions, in its order: the type, then the reason and message
+/// under pressure and without (`pkg/kubelet/nodestatus/setters.go`: `MemoryPressureCondition`,
+/// `DiskPressureCondition`, `PIDPressureCondition`).
+const PRESSURE_CONDITIONS: [(NodeConditionType, [(ConditionReason, &str); 2]); 3] = [
+    (
+        NodeConditionType::MemoryPressure,
+        [
+            (
+                ConditionReason::KubeletHasInsufficientMemory,
+                "kubelet has insufficient memory available",
+            ),
+            (
+                ConditionReason::KubeletHasSufficientMemory,
+                "kubelet has sufficient memory available",
+            ),
+        ],
+    ),
+    (
+        NodeConditionType::DiskPressure,
+        [
+            (
+                ConditionReason::KubeletHasDiskPressure,
+                "kubelet has disk pressure",
+            ),
+            (
+                ConditionReason::KubeletHasNoDiskPressure,
+                "kubelet has no disk pressure",
+            ),
+        ],
+    ),
+    (
+        NodeConditionType::PidPressure,
+        [
+            (
+                ConditionReason::KubeletHasInsufficientPid,
+                "kubelet has insufficient PID available",
+            ),
+            (
+                ConditionReason::KubeletHasSufficientPid,
+                "kubelet has sufficient PID available",
+            ),
+        ],
+    ),
+];
+
+/// Ready's status, reason and message: True unless cpu, memory, pods or
+/// ephemeral-storage capacity is missing (kubelet's `ReadyCondition`, which names them).
+fn ready(capacity: &BTreeMap<String, String>) -> (ConditionStatus, ConditionReason, String) {
+    let missing: Vec<&str> = ["cpu", "memory", "pods", "ephemeral-storage"]
+        .into_iter()
+        .filter(|r| !capacity.contains_key(*r))
+        .collect();
+    if missing.is_empty() {
+        (
+            ConditionStatus::True,
+            ConditionReason::KubeletReady,
+            "kubelet is posting ready status".into(),
+        )
+    } else {
+        let message = format!(
+            "missing node capacity for resources: {}",
+            missing.join(", ")
+        );
+        (
+            ConditionStatus::False,
+            ConditionReason::KubeletNotReady,
+            message,
+        )
+    }
+}
+
+/// Which hard eviction thresholds are crossed now ([`thresholds_met`]).
 struct Met {
     memory: bool,
     disk: bool,
     pid: bool,
+}
+
+impl Met {
+    /// When each threshold was last seen crossed: `now` where it is crossed, else as in
+    /// `previous`.
+    fn observed(&self, previous: PressureObserved, now: Duration) -> PressureObserved {
+        let at = |met: bool, before: Option<Duration>| if met { Some(now) } else { before };
+        PressureObserved {
+            memory: at(self.memory, previous.memory),
+            disk: at(self.disk, previous.disk),
+            pid: at(self.pid, previous.pid),
+        }
+    }
 }
 
 /// Which hard eviction thresholds the facts cross (`evictionHard`, operator LessThan).

@@ -10,8 +10,6 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
-
 /// Receives edgebeat heartbeats and writes Node status and Leases to Kubernetes.
 #[derive(clap::Parser, Debug, Clone)]
 #[command(version, about)]
@@ -320,23 +318,70 @@ impl ClusterArgs {
     /// and client-go find it.
     ///
     /// # Errors
-    /// A `--server` that is not a URL, a `--kubeconfig` that cannot be read or used, or no
-    /// configuration found at all; each names the flag that fixes it.
-    pub async fn kube_config(&self) -> anyhow::Result<kube::Config> {
+    /// [`KubeConfigError`]: a `--server` that is not a URL, a `--kubeconfig` that cannot be
+    /// read or used, or no configuration found at all; each names the flag that fixes it.
+    pub async fn kube_config(&self) -> Result<kube::Config, KubeConfigError> {
         Ok(match (&self.server, &self.kubeconfig) {
             (Some(url), _) => {
-                kube::Config::new(url.parse().with_context(|| format!("--server {url:?}"))?)
+                kube::Config::new(url.parse().map_err(|source| KubeConfigError::Server {
+                    url: url.clone(),
+                    source,
+                })?)
             }
             (None, Some(path)) => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("--kubeconfig {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+                let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+                    KubeConfigError::ReadKubeconfig {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .map_err(|source| KubeConfigError::UseKubeconfig {
+                        path: path.clone(),
+                        source,
+                    })?
             }
-            (None, None) => kube::Config::infer()
-                .await
-                .context("no kubeconfig or in-cluster config found; pass --kubeconfig")?,
+            (None, None) => kube::Config::infer().await?,
         })
     }
+}
+
+/// Why [`ClusterArgs::kube_config`] found no usable apiserver configuration; each names
+/// the flag that fixes it (the cause follows as the error's source).
+#[derive(Debug, thiserror::Error)]
+pub enum KubeConfigError {
+    /// `--server` is not a URL.
+    #[error("--server {url:?}")]
+    Server {
+        /// The text given.
+        url: String,
+        /// Why it is not a URL.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    /// The `--kubeconfig` file cannot be read or parsed.
+    #[error("--kubeconfig {}", path.display())]
+    ReadKubeconfig {
+        /// The file given.
+        path: PathBuf,
+        /// Why it cannot be read.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// The `--kubeconfig` file was read but names no usable context, cluster or user.
+    #[error("--kubeconfig {}", path.display())]
+    UseKubeconfig {
+        /// The file given.
+        path: PathBuf,
+        /// What it lacks.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// Neither flag, and neither `$KUBECONFIG`, `~/.kube/config` nor an in-cluster service
+    /// account.
+    #[error("no kubeconfig or in-cluster config found; pass --kubeconfig")]
+    NotFound(#[from] kube::config::InferConfigError),
 }
 
 /// The subcommands: what the binary does instead of serving.

@@ -3,24 +3,43 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
-
-use crate::cli::ClusterArgs;
+use crate::cli::{ClusterArgs, KubeConfigError};
+use crate::enrollment::EnrollmentError;
 use crate::enrollment::ca::{AnswerCaRotation, SiteCa};
 use crate::kube_client;
+
+/// Why a subcommand did not do its work.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// No apiserver configuration from `--server`, `--kubeconfig` or the environment.
+    #[error(transparent)]
+    KubeConfig(#[from] KubeConfigError),
+    /// The apiserver client cannot be built from the configuration found.
+    #[error(transparent)]
+    Client(#[from] kube::Error),
+    /// The site CA cannot be read, made or used, or the bootstrap token cannot be written
+    /// (the apiserver refused, or the Secret's content is not a site CA).
+    #[error(transparent)]
+    Token(#[from] EnrollmentError),
+    /// A step of the answer CA's rotation failed (`answer-ca rotate`).
+    #[error("rotating the answer CA")]
+    RotateAnswerCa(#[source] EnrollmentError),
+}
 
 /// `token create`: makes a bootstrap token for `uses` nodes matching `nodes`, valid for
 /// `ttl`, and prints it on stdout (and what it allows on stderr). Makes the site CA first
 /// when there is none (README "Enrolling boards").
 ///
 /// # Errors
-/// No apiserver configuration, or the apiserver refused reading or writing the Secrets.
+/// [`CommandError::KubeConfig`] or [`CommandError::Client`]: no apiserver configuration;
+/// [`CommandError::Token`]: the apiserver refused reading or writing the Secrets, or the
+/// site CA's Secret holds no usable CA.
 pub async fn token_create(
     cluster: &ClusterArgs,
     nodes: Vec<String>,
     ttl: Duration,
     uses: u32,
-) -> anyhow::Result<()> {
+) -> Result<(), CommandError> {
     let client = kube_client(
         cluster.kube_config().await?,
         0,
@@ -56,8 +75,9 @@ pub async fn token_create(
 /// edgebeat-site-ca of `--namespace`, said on stderr (README "Rotating the answer CA").
 ///
 /// # Errors
-/// No apiserver configuration, no usable site CA, or the apiserver refused the write.
-pub async fn answer_ca_rotate(cluster: &ClusterArgs) -> anyhow::Result<()> {
+/// [`CommandError::KubeConfig`] or [`CommandError::Client`]: no apiserver configuration;
+/// [`CommandError::RotateAnswerCa`]: no usable site CA, or the apiserver refused the write.
+pub async fn answer_ca_rotate(cluster: &ClusterArgs) -> Result<(), CommandError> {
     let client = kube_client(
         cluster.kube_config().await?,
         0,
@@ -67,7 +87,7 @@ pub async fn answer_ca_rotate(cluster: &ClusterArgs) -> anyhow::Result<()> {
     let now = jiff::Timestamp::now().as_second();
     let step = SiteCa::rotate_in_secret(client, &namespace, now)
         .await
-        .context("rotating the answer CA")?;
+        .map_err(CommandError::RotateAnswerCa)?;
     eprintln!(
         "{}",
         match step {

@@ -3,28 +3,29 @@
 //! the site CA, waits for the Node and Lease watches to list, serves every ingress and
 //! drains them all at shutdown (the shape of mini-redis's `server::run`). The end-to-end
 //! tests start their replicas through the same [`Server`].
+//!
+//! [`Server::start`] runs in named phases (`server/phases.rs`), each of which can stop
+//! the start: observe (`/healthz` at once), clients, enrollment, message path, first
+//! list, ingresses. What goes wrong is a [`StartError`], or once serving a [`ServeError`].
 
 use std::net::SocketAddr;
+use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use anyhow::Context;
-use edgebeat_transports::grpc::enroll::serve_enrollment;
-use edgebeat_transports::grpc::serve;
-use edgebeat_transports::mqtt::serve as mqtt_serve;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::apiserver::requests::RequestMetrics;
-use crate::enrollment::{Enrollment, EnrollmentError, EnrollmentOptions};
-use crate::resource_metrics::{self, ResourceMetricsCounters};
+use crate::enrollment::Enrollment;
 use crate::settings::{Settings, posture};
-use crate::{Gateway, Posture, kube_client_with, watch_client_with};
+use crate::{Gateway, Posture};
 
+mod error;
+mod phases;
 mod startup;
-use startup::{Startup, readiness};
+pub use error::{ServeError, StartError};
+use phases::Starting;
 
 /// One gateway replica: its settings checked and its listeners bound ([`Server::bind`]),
 /// then run until shutdown ([`Server::run`], or [`Server::start`] and [`Running::wait`]).
@@ -48,6 +49,15 @@ pub struct Listeners {
     pub resource_metrics: Option<TcpListener>,
 }
 
+/// Binds `addr` for `flag`.
+///
+/// Errors: [`StartError::Bind`], naming the flag and the address.
+async fn bind(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { flag, addr, source })
+}
+
 impl Server {
     /// Decides the security posture of `settings` and binds every listener they name, so
     /// that a port in use stops the gateway at once and `/healthz` answers from the first
@@ -55,35 +65,21 @@ impl Server {
     /// an apiserver outage must not be killed by its liveness probe while it waits).
     ///
     /// # Errors
-    /// No ingress, an ingress that lets unidentified agents in without
-    /// `--allow-unidentified-agents`, or a listener that cannot be bound; each names the
-    /// flag that fixes it.
-    pub async fn bind(settings: Settings) -> anyhow::Result<Self> {
-        let metrics = TcpListener::bind(settings.metrics_listen)
-            .await
-            .with_context(|| format!("binding --metrics-listen {}", settings.metrics_listen))?;
+    /// [`StartError::Settings`]: no ingress, or an ingress that lets unidentified agents in
+    /// without `--allow-unidentified-agents`; [`StartError::Bind`]: a listener that cannot
+    /// be bound. Each names the flag that fixes it.
+    pub async fn bind(settings: Settings) -> Result<Self, StartError> {
+        let metrics = bind("--metrics-listen", settings.metrics_listen).await?;
         let grpc = match &settings.grpc {
-            Some(grpc) => Some(
-                TcpListener::bind(grpc.listen)
-                    .await
-                    .with_context(|| format!("binding --grpc-listen {}", grpc.listen))?,
-            ),
+            Some(grpc) => Some(bind("--grpc-listen", grpc.listen).await?),
             None => None,
         };
         let grpc_enrollment = match &settings.grpc_enrollment {
-            Some((addr, _)) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding --grpc-enrollment-listen {addr}"))?,
-            ),
+            Some((addr, _)) => Some(bind("--grpc-enrollment-listen", *addr).await?),
             None => None,
         };
         let resource_metrics = match &settings.resource_metrics {
-            Some(served) => {
-                Some(TcpListener::bind(served.listen).await.with_context(|| {
-                    format!("binding --resource-metrics-listen {}", served.listen)
-                })?)
-            }
+            Some(served) => Some(bind("--resource-metrics-listen", served.listen).await?),
             None => None,
         };
         Self::with_listeners(
@@ -101,25 +97,25 @@ impl Server {
     /// across a restart); the addresses in `settings` are not used.
     ///
     /// # Errors
-    /// As [`Server::bind`], or a listener missing for an ingress of `settings`.
-    pub fn with_listeners(settings: Settings, listeners: Listeners) -> anyhow::Result<Self> {
+    /// As [`Server::bind`], or a listener missing for an ingress of `settings` (or one
+    /// given for an ingress it lacks): [`StartError::GrpcListenerMismatch`],
+    /// [`StartError::GrpcEnrollmentListenerMismatch`],
+    /// [`StartError::ResourceMetricsListenerMismatch`].
+    pub fn with_listeners(settings: Settings, listeners: Listeners) -> Result<Self, StartError> {
         let posture = posture(
             settings.allow_unidentified_agents,
             settings.grpc.as_ref(),
             settings.mqtt.as_ref(),
         )?;
-        anyhow::ensure!(
-            settings.grpc.is_some() == listeners.grpc.is_some(),
-            "a gRPC listener without gRPC settings, or the other way round"
-        );
-        anyhow::ensure!(
-            settings.grpc_enrollment.is_some() == listeners.grpc_enrollment.is_some(),
-            "a gRPC enrollment listener without its settings, or the other way round"
-        );
-        anyhow::ensure!(
-            settings.resource_metrics.is_some() == listeners.resource_metrics.is_some(),
-            "a resource metrics listener without its settings, or the other way round"
-        );
+        if settings.grpc.is_some() != listeners.grpc.is_some() {
+            return Err(StartError::GrpcListenerMismatch);
+        }
+        if settings.grpc_enrollment.is_some() != listeners.grpc_enrollment.is_some() {
+            return Err(StartError::GrpcEnrollmentListenerMismatch);
+        }
+        if settings.resource_metrics.is_some() != listeners.resource_metrics.is_some() {
+            return Err(StartError::ResourceMetricsListenerMismatch);
+        }
         if settings.gateway.impersonate_nodes && posture == Posture::AllowUnidentified {
             // Impersonation says who a request is for; only authentication says who sent it.
             tracing::warn!(
@@ -145,264 +141,96 @@ impl Server {
     /// [`Running::wait`].
     ///
     /// # Errors
-    /// As [`Server::start`] and [`Running::wait`].
+    /// As [`Server::start`] ([`ServeError::Start`]) and [`Running::wait`].
     pub async fn run(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ServeError> {
         match self.start(shutdown).await? {
             Some(running) => running.wait().await,
             None => Ok(()),
         }
     }
 
-    /// Starts serving: `/healthz`, `/readyz` (which says what the start waits for) and
-    /// `/metrics` at once; then the apiserver clients, the site CA under enrollment (read
-    /// again after apiserver errors), the Node and Lease watches (serving starts once they
-    /// listed, or after 30 s), and every ingress. Returns once the ingresses are spawned,
-    /// or `None` when `shutdown` came first (everything stopped).
+    /// Starts serving, in phases: `/healthz`, `/readyz` (which says what the start waits
+    /// for) and `/metrics` at once (observe); then the apiserver clients (clients), the
+    /// site CA under enrollment, read again after apiserver errors (enrollment), the
+    /// per-message path and its metrics (message path), the Node and Lease watches, which
+    /// serving waits for up to 30 s (first list), and every ingress (ingresses). Returns
+    /// once the ingresses are spawned, or `None` when `shutdown` came first (everything
+    /// stopped).
     ///
     /// # Errors
-    /// Apiserver clients that cannot be built, a site CA that cannot be used, or settings
-    /// an ingress cannot use.
+    /// [`StartError`]: apiserver clients that cannot be built, a site CA that cannot be
+    /// used, settings an ingress cannot use, or a listener whose address cannot be read.
     pub async fn start(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> anyhow::Result<Option<Running>> {
+    ) -> Result<Option<Running>, StartError> {
         let Self {
             settings,
             posture,
             listeners,
         } = self;
-        tracing::info!(addr = %listeners.metrics.local_addr()?, "serving /healthz, /readyz and /metrics");
-        let stop = CancellationToken::new();
-        // Every task of the replica: aborted with it when it is dropped.
-        let mut background = JoinSet::new();
-        background.spawn({
-            let signal = stop.clone();
-            async move {
-                shutdown.await;
-                signal.cancel();
-            }
-        });
-        let metrics = Arc::new(std::sync::OnceLock::new());
-        let startup = Arc::new(Startup::new("reading the apiserver configuration"));
-        // Stops after the ingresses, so /readyz answers "shutting down" while they drain.
-        let observe_stop = CancellationToken::new();
-        let observe = tokio::spawn(edgebeat_transports::observe::serve(
-            listeners.metrics,
-            metrics.clone(),
-            {
-                let startup = startup.clone();
-                move || startup.ready()
-            },
-            observe_stop.clone().cancelled_owned(),
-        ));
-        let observe = Observe {
-            stop: observe_stop,
-            task: tokio_util::task::AbortOnDropHandle::new(observe),
-        };
-        let apiserver_url = settings.kube.cluster_url.clone();
-        // Both clients' requests, in edgebeat_gateway_apiserver_request_duration_seconds.
-        let requests = RequestMetrics::default();
-        let watches = watch_client_with(settings.kube.clone(), &requests, settings.apiserver_http)?;
-        let client = kube_client_with(
-            settings.kube,
-            settings.qps,
-            &requests,
-            settings.apiserver_http,
-        )?;
-        let reachability = crate::apiserver::reach::report_reachability(
-            client.clone(),
-            apiserver_url.clone(),
-            stop.clone(),
-        );
-        background.spawn(async move {
-            reachability.await;
-        });
+        let Listeners {
+            metrics,
+            grpc,
+            grpc_enrollment,
+            resource_metrics,
+        } = listeners;
+        let mut starting = Starting::observe(metrics, shutdown)?;
+        let (clients, watches) = starting.clients(&settings)?;
         let clock: Arc<dyn edgebeat_hw::Clock> = Arc::new(edgebeat_hw::SystemClock);
-        let enrollment = match settings.enrollment {
-            Some(options) => {
-                let (namespace, approval, lifetime) = (
-                    options.namespace.clone(),
-                    options.approval,
-                    options.lifetime,
-                );
-                startup.phase("reading the site CA (Secret edgebeat-site-ca)");
-                let Some(enrollment) =
-                    site_ca_enrollment(client.clone(), options, clock.clone(), &stop).await?
-                else {
-                    observe.stopped().await?;
-                    return Ok(None);
-                };
-                tracing::info!(
-                    %namespace,
-                    ?approval,
-                    ?lifetime,
-                    "enrolling and rotating node certificates"
-                );
-                Some(Arc::new(enrollment))
-            }
-            None => None,
+        let enrolling = settings.enrollment.clone();
+        let ControlFlow::Continue(enrollment) = starting
+            .enrollment(enrolling, &clients.client, clock.clone())
+            .await?
+        else {
+            return starting.stopped().await;
         };
-        let grpc_options = settings
-            .grpc
-            .as_ref()
-            .map(|grpc| grpc.server_options(enrollment.as_ref()));
-        let mqtt_options = match &settings.mqtt {
-            Some(mqtt) => Some(mqtt.ingress_options(enrollment.as_deref())?),
-            None => None,
-        };
-        let mut options = crate::GatewayOptions {
+        let path = starting.message_path(
+            &settings,
             posture,
-            apiserver_url: Some(apiserver_url.clone()),
-            ..settings.gateway
-        };
-        // Unless --resource-metrics-address names a port (a Service's), the port nodes name
-        // is the one bound (a test's port 0 included).
-        if let (Some(endpoint), Some(listener)) =
-            (&mut options.resource_metrics, &listeners.resource_metrics)
-            && endpoint.port == 0
-        {
-            endpoint.port = listener.local_addr()?.port();
-        }
-        let gateway = Arc::new(Gateway::new(client.clone(), clock, options));
-        if let Some(enrollment) = &enrollment {
-            gateway.enable_enrollment(enrollment.clone());
-        }
-        let mut registry = prometheus_client::registry::Registry::default();
-        gateway.register_metrics(&mut registry);
-        requests.register(&mut registry);
-        let resource_metrics_counters = Arc::new(ResourceMetricsCounters::default());
-        if settings.resource_metrics.is_some() {
-            resource_metrics_counters.register(&mut registry);
-        }
-        registry.register_collector(Box::new(edgebeat_transports::observe::ProcessCollector));
-        // Set once: the cell was empty until now.
-        let _ = metrics.set(registry);
-        startup.phase(
-            "listing the managed Nodes and Leases (is the apiserver reachable? see the log)",
-        );
-        // What the apiserver holds for the managed Nodes and Leases (see crate::view).
-        background.spawn(gateway.watch(watches));
-        let listed = Arc::new(AtomicBool::new(false));
-        background.spawn({
-            let (view, listed) = (gateway.view().clone(), listed.clone());
-            async move {
-                view.synced().await;
-                listed.store(true, Ordering::Relaxed);
-            }
-        });
-        // Serving starts once the watches have listed, so that the first messages (and the
-        // broker's retained certificates) meet the cluster's record of every node: which
-        // certificate each speaks with. A watch that cannot list (RBAC) delays the start by
-        // at most VIEW_SYNC_TIMEOUT; /readyz waits for the list either way.
-        let synced = tokio::time::timeout(VIEW_SYNC_TIMEOUT, gateway.view().synced());
-        match stop.run_until_cancelled(synced).await {
-            None => {
-                observe.stopped().await?;
-                return Ok(None);
-            }
-            Some(Ok(())) => {}
-            Some(Err(_)) => tracing::warn!(
-                timeout = ?VIEW_SYNC_TIMEOUT,
-                "the Node and Lease watches have not listed; serving without the cluster's record of node certificates until they do"
-            ),
-        }
-        let grpc_serving = Arc::new(AtomicBool::new(false));
-        let serves_grpc = grpc_options.is_some();
-        let mut mqtt_subscribed = None;
-        // Every ingress is a task of one set: the first to end (an error, or the shutdown
-        // signal) stops the others, and every one is awaited to its end, so that each drains
-        // (the MQTT ingress sends its DISCONNECT) before the process exits.
-        let mut ingresses: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
-        if let Some(mut options) = mqtt_options {
-            let (subscribed, watch) = tokio::sync::watch::channel(false);
-            options.subscribed = Some(Arc::new(subscribed));
-            options.sessions_taken_over = Some(gateway.mqtt_sessions_taken_over());
-            mqtt_subscribed = Some(watch);
-            // Replicas tell each other the samples they admit, so that each serves every
-            // node's resource metrics (a shared subscription splits a node's renewals).
-            if settings.resource_metrics.is_some() {
-                options.usage_sharing = Some(gateway.share_usage());
-            }
-            tracing::info!(
-                broker = %options.host,
-                tls = options.tls.is_some(),
-                signatures = ?options.signatures.as_ref().map(|s| if s.required { "required" } else { "verified when present" }),
-                usage_sharing = options.usage_sharing.is_some(),
-                "taking heartbeats from MQTT"
-            );
-            let served = mqtt_serve(options, gateway.clone(), stop.clone().cancelled_owned());
-            spawn_ingress(&mut ingresses, "MQTT", served);
-        }
-        if let (Some(listener), Some((_, options))) =
-            (listeners.grpc_enrollment, settings.grpc_enrollment)
-        {
-            tracing::info!(addr = %listener.local_addr()?, "gRPC enrollment listening");
-            let until = stop.clone().cancelled_owned();
-            let served = serve_enrollment(listener, gateway.clone(), options, until);
-            spawn_ingress(&mut ingresses, "gRPC enrollment", served);
-        }
-        if let (Some(listener), Some(options)) = (listeners.grpc, grpc_options) {
-            tracing::info!(addr = %listener.local_addr()?, "gRPC listening");
-            let serving = grpc_serving.clone();
-            let served = serve(
-                listener,
-                gateway.clone(),
-                options,
-                stop.clone().cancelled_owned(),
-            );
-            // The listener is bound and tonic accepts from the moment it is polled.
-            spawn_ingress(&mut ingresses, "gRPC", async move {
-                serving.store(true, Ordering::Relaxed);
-                let result = served.await;
-                serving.store(false, Ordering::Relaxed);
-                result
-            });
-        }
-        if let (Some(listener), Some(served)) =
-            (listeners.resource_metrics, settings.resource_metrics)
-        {
-            tracing::info!(addr = %listener.local_addr()?, "serving resource metrics");
-            let served = resource_metrics::serve(
-                listener,
-                served.options,
-                gateway.resource_samples(),
-                client.clone(),
-                resource_metrics_counters,
-                stop.clone().cancelled_owned(),
-            );
-            spawn_ingress(&mut ingresses, "resource metrics", served);
-        }
-        startup.started(readiness(
-            stop.clone(),
-            serves_grpc.then(|| grpc_serving.clone()),
-            mqtt_subscribed.clone(),
-            listed,
-        ));
-        Ok(Some(Running {
-            gateway,
+            &clients,
+            clock,
             enrollment,
-            requests,
-            mqtt_subscribed,
-            ingresses,
-            background,
-            stop,
-            observe,
-        }))
+            resource_metrics.as_ref(),
+        )?;
+        let ControlFlow::Continue(listed) = starting.first_list(&path.gateway, watches).await
+        else {
+            return starting.stopped().await;
+        };
+        let listeners = phases::IngressListeners {
+            grpc,
+            grpc_enrollment,
+            resource_metrics,
+        };
+        starting
+            .ingresses(settings, listeners, path, clients, listed)
+            .map(Some)
     }
 }
 
 /// A started [`Server`]: its parts, for a test to look at, and [`Running::wait`].
 pub struct Running {
+    /// The per-message path; its tasks are in `ingresses` and `background`.
     gateway: Arc<Gateway>,
+    /// The enrollment side, under enrollment.
     enrollment: Option<Arc<Enrollment>>,
+    /// Both apiserver clients' requests, for `/metrics`.
     requests: RequestMetrics,
+    /// Whether the broker granted the shared subscription (with MQTT).
     mqtt_subscribed: Option<tokio::sync::watch::Receiver<bool>>,
-    ingresses: JoinSet<(&'static str, anyhow::Result<()>)>,
+    /// Every ingress: awaited to its end at shutdown, so that each drains.
+    ingresses: JoinSet<(&'static str, Result<(), IngressError>)>,
+    /// The shutdown watcher, the watches and the apiserver reachability reports: aborted
+    /// once the ingresses have drained (nothing there needs a clean end).
     background: JoinSet<()>,
+    /// Cancelled by the shutdown future or the first ingress to end: tells every task to
+    /// stop.
     stop: CancellationToken,
+    /// The health and metrics server: stopped last, so `/readyz` says "shutting down"
+    /// while the ingresses drain.
     observe: Observe,
 }
 
@@ -433,8 +261,10 @@ impl Running {
     /// aborts every task of the replica where it stands, as `kill -9` would.
     ///
     /// # Errors
-    /// The first ingress error (or panic), named by its ingress; the others are logged.
-    pub async fn wait(self) -> anyhow::Result<()> {
+    /// The first ingress error ([`ServeError::Ingress`]) or panic
+    /// ([`ServeError::IngressPanicked`]), named by its ingress; the others are logged.
+    /// [`ServeError::ObservePanicked`] when the health server's task panicked.
+    pub async fn wait(self) -> Result<(), ServeError> {
         let Self {
             ingresses,
             background,
@@ -443,7 +273,10 @@ impl Running {
             ..
         } = self;
         let drained = drain(ingresses, &stop).await;
-        observe.stopped().await?;
+        observe
+            .stopped()
+            .await
+            .map_err(ServeError::ObservePanicked)?;
         drop(background);
         drained
     }
@@ -463,9 +296,9 @@ impl Observe {
     /// answered "shutting down" while they drained) and waits for it.
     ///
     /// Errors: the server task panicked.
-    async fn stopped(self) -> anyhow::Result<()> {
+    async fn stopped(self) -> Result<(), tokio::task::JoinError> {
         self.stop.cancel();
-        if let Err(error) = self.task.await.context("observe task")? {
+        if let Err(error) = self.task.await? {
             tracing::warn!(%error, "observe server failed");
         }
         Ok(())
@@ -475,25 +308,26 @@ impl Observe {
 /// Waits for the first ingress of `ingresses` to end, cancels `stop` so that the others
 /// end too, and awaits every one of them (with none, waits for `stop`).
 ///
-/// Errors: the first ingress error (or panic), named by its ingress; the others are logged.
+/// Errors: the first ingress error ([`ServeError::Ingress`]) or panic
+/// ([`ServeError::IngressPanicked`]), named by its ingress; the others are logged.
 async fn drain(
-    mut ingresses: tokio::task::JoinSet<(&'static str, anyhow::Result<()>)>,
+    mut ingresses: tokio::task::JoinSet<(&'static str, Result<(), IngressError>)>,
     stop: &tokio_util::sync::CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), ServeError> {
     if ingresses.is_empty() {
         stop.cancelled().await;
     }
-    let mut first: Option<anyhow::Error> = None;
+    let mut first: Option<ServeError> = None;
     while let Some(ended) = ingresses.join_next().await {
         stop.cancel();
         let error = match ended {
             Ok((_, Ok(()))) => continue,
-            Ok((ingress, Err(error))) => error.context(format!("{ingress} ingress")),
-            Err(panicked) => anyhow::Error::from(panicked).context("an ingress task"),
+            Ok((ingress, Err(source))) => ServeError::Ingress { ingress, source },
+            Err(panicked) => ServeError::IngressPanicked(panicked),
         };
         if first.is_some() {
             tracing::error!(
-                error = format!("{error:#}"),
+                error = edgebeat_transports::observe::error_report(&error),
                 "ingress failed while stopping"
             );
         } else {
@@ -503,57 +337,19 @@ async fn drain(
     first.map_or(Ok(()), Err)
 }
 
-/// Longest wait at start for the Node and Lease watches to list before serving.
-const VIEW_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// First and longest wait before reading the site CA again after an apiserver error.
-const SITE_CA_RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
-
-/// The enrollment side with the site CA of the Secret edgebeat-site-ca
-/// ([`Enrollment::with_site_ca`]), read again after every apiserver error (logged as an
-/// error, 1 s doubling to 30 s apart) until it is read or `stop` is cancelled (`None`).
-///
-/// Errors: a site CA that cannot be used (the Secret's content), which no retry mends.
-async fn site_ca_enrollment(
-    client: kube::Client,
-    options: EnrollmentOptions,
-    clock: Arc<dyn edgebeat_hw::Clock>,
-    stop: &tokio_util::sync::CancellationToken,
-) -> anyhow::Result<Option<Enrollment>> {
-    let mut wait = SITE_CA_RETRY.0;
-    loop {
-        let reading = Enrollment::with_site_ca(client.clone(), options.clone(), clock.clone());
-        match stop.run_until_cancelled(reading).await {
-            None => return Ok(None),
-            Some(Ok(enrollment)) => return Ok(Some(enrollment)),
-            Some(Err(EnrollmentError::Apiserver(error))) => tracing::error!(
-                error = %edgebeat_transports::observe::error_report(&error),
-                retry_in = ?wait,
-                "--enrollment: cannot read the site CA (Secret edgebeat-site-ca) from the apiserver"
-            ),
-            Some(Err(error)) => {
-                return Err(error).context("--enrollment: the site CA (Secret edgebeat-site-ca)");
-            }
-        }
-        if stop
-            .run_until_cancelled(tokio::time::sleep(wait))
-            .await
-            .is_none()
-        {
-            return Ok(None);
-        }
-        wait = (wait * 2).min(SITE_CA_RETRY.1);
-    }
-}
-
 /// Spawns the ingress `name` into `ingresses`: it ends, named, with what `served` returns.
-fn spawn_ingress<E: Into<anyhow::Error>>(
-    ingresses: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
+fn spawn_ingress<E: Into<IngressError>>(
+    ingresses: &mut JoinSet<(&'static str, Result<(), IngressError>)>,
     name: &'static str,
     served: impl Future<Output = Result<(), E>> + Send + 'static,
 ) {
     ingresses.spawn(async move { (name, served.await.map_err(Into::into)) });
 }
+
+/// What ends an ingress with an error: each ingress's own error type
+/// ([`edgebeat_transports::grpc::GrpcServeError`],
+/// [`edgebeat_transports::mqtt::MqttIngressError`], an I/O error), boxed.
+pub type IngressError = Box<dyn std::error::Error + Send + Sync>;
 
 #[cfg(test)]
 #[path = "server/tests.rs"]

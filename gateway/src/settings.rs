@@ -7,7 +7,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use edgebeat_transports::endpoint::MqttCluster;
 use edgebeat_transports::grpc::enroll::EnrollmentServerOptions;
 use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, tls};
@@ -20,12 +19,21 @@ use crate::enrollment::{Approval, Enrollment, EnrollmentOptions};
 use crate::resource_metrics::ResourceMetricsOptions;
 use crate::{GatewayOptions, Posture};
 
+mod error;
+pub use error::SettingsError;
+
 /// A PEM file of `flag`, at most [`edgebeat_hw::MAX_PEM_FILE_BYTES`].
 ///
-/// Errors: the file cannot be read or is longer, named by `flag` and its path.
-fn read_pem(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
-    edgebeat_hw::read_bounded(path, edgebeat_hw::MAX_PEM_FILE_BYTES)
-        .with_context(|| format!("{flag} {}", path.display()))
+/// Errors: [`SettingsError::ReadFile`], the file cannot be read or is longer, named by
+/// `flag` and its path.
+fn read_pem(flag: &'static str, path: &Path) -> Result<Vec<u8>, SettingsError> {
+    edgebeat_hw::read_bounded(path, edgebeat_hw::MAX_PEM_FILE_BYTES).map_err(|source| {
+        SettingsError::ReadFile {
+            flag,
+            path: path.to_owned(),
+            source,
+        }
+    })
 }
 
 /// `--signer-ca`'s PEM, checked against `--signer-name` and `--csr-approval`: kubelet's
@@ -39,32 +47,30 @@ fn read_pem(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
 /// needs RBAC `approve` on it, and its intermediates would not reach the agents), one of
 /// the combinations above, or a CA file that cannot be read or holds no usable
 /// certificate; each names its flag and the fix.
-fn signer_ca(args: &Args) -> anyhow::Result<Option<Vec<u8>>> {
+fn signer_ca(args: &Args) -> Result<Option<Vec<u8>>, SettingsError> {
     use crate::enrollment::{DEFAULT_SIGNER_NAME, KUBELET_SIGNER_NAME};
     let name = args.signer_name.as_str();
     let own = name == DEFAULT_SIGNER_NAME;
     if !own && name != KUBELET_SIGNER_NAME {
-        anyhow::bail!(
-            "--signer-name {name:?}: {DEFAULT_SIGNER_NAME} (the gateway approves and signs) or {KUBELET_SIGNER_NAME} (kube-controller-manager approves and signs); no other signer is supported"
-        );
+        return Err(SettingsError::UnsupportedSigner {
+            name: name.to_owned(),
+        });
     }
     if name == KUBELET_SIGNER_NAME && args.csr_approval == CsrApproval::Manual {
-        anyhow::bail!(
-            "--csr-approval=manual with --signer-name {name}: kube-controller-manager approves that signer's requests itself (nodeclient), so none would wait for kubectl certificate approve; use --csr-approval=auto, or the gateway's own signer for manual approval"
-        );
+        return Err(SettingsError::ManualApprovalWithKubeletSigner);
     }
     match (&args.signer_ca, own) {
-        (None, false) => anyhow::bail!(
-            "--signer-name {name} needs --signer-ca: the PEM file of the CA kube-controller-manager signs with (the cluster CA: the ConfigMap kube-root-ca.crt in most clusters), which the gateway verifies node certificates against"
-        ),
-        (Some(_), true) => anyhow::bail!(
-            "--signer-ca is for a --signer-name other than the gateway's own ({name}), whose CA is the site CA"
-        ),
+        (None, false) => Err(SettingsError::SignerCaMissing),
+        (Some(_), true) => Err(SettingsError::SignerCaWithOwnSigner),
         (None, true) => Ok(None),
         (Some(path), false) => {
             let pem = read_pem("--signer-ca", path)?;
-            CertificateVerifier::from_pem(&pem)
-                .with_context(|| format!("--signer-ca {}", path.display()))?;
+            CertificateVerifier::from_pem(&pem).map_err(|source| {
+                SettingsError::SignerCaUnusable {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
             Ok(Some(pem))
         }
     }
@@ -113,8 +119,9 @@ impl ResourceMetricsSettings {
     /// checked now, so a bad one stops the gateway at start with its flag named.
     ///
     /// # Errors
-    /// A TLS file that cannot be read or used, named by its flag.
-    pub fn from_args(args: &Args) -> anyhow::Result<Option<Self>> {
+    /// A TLS file that cannot be read ([`SettingsError::ReadFile`]) or used
+    /// ([`SettingsError::ResourceMetricsTls`]), named by its flag.
+    pub fn from_args(args: &Args) -> Result<Option<Self>, SettingsError> {
         let (Some(listen), Some(cert), Some(key)) = (
             args.resource_metrics_listen,
             &args.resource_metrics_tls_cert,
@@ -133,9 +140,7 @@ impl ResourceMetricsSettings {
                     .transpose()?,
             },
         };
-        options.check().context(
-            "--resource-metrics-tls-cert, --resource-metrics-tls-key, --resource-metrics-client-ca",
-        )?;
+        options.check().map_err(SettingsError::ResourceMetricsTls)?;
         Ok(Some(Self { listen, options }))
     }
 }
@@ -145,9 +150,10 @@ impl Settings {
     /// checked.
     ///
     /// # Errors
-    /// A flag without the one it needs, a value out of range, or a file that cannot be
-    /// read or used; each names its flag and the fix.
-    pub async fn from_args(args: &Args) -> anyhow::Result<Self> {
+    /// [`SettingsError`]: a flag without the one it needs, a value out of range, a file
+    /// that cannot be read or used, or no apiserver configuration; each names its flag and
+    /// the fix.
+    pub async fn from_args(args: &Args) -> Result<Self, SettingsError> {
         let grpc = GrpcSettings::from_args(args)?;
         let mqtt = MqttSettings::from_args(args)?;
         let grpc_enrollment = args.grpc_enrollment_listen.map(|addr| {
@@ -216,8 +222,10 @@ pub struct MqttSettings {
 
 /// The MQTT password from --mqtt-password-file ([`edgebeat_hw::read_password_file`], as
 /// the agent's `transport.passwordFile`), the flag named in the error.
-fn read_password_file(file: &std::path::Path) -> anyhow::Result<String> {
-    edgebeat_hw::read_password_file(file).context("--mqtt-password-file")
+///
+/// Errors: [`SettingsError::PasswordFile`].
+fn read_password_file(file: &std::path::Path) -> Result<String, SettingsError> {
+    edgebeat_hw::read_password_file(file).map_err(SettingsError::PasswordFile)
 }
 
 impl MqttSettings {
@@ -225,9 +233,10 @@ impl MqttSettings {
     /// read and checked now, so a bad file stops the gateway at start with the flag named.
     ///
     /// # Errors
-    /// A flag without the one it needs, an endpoint that is not `mqtt://` or `mqtts://`, a
-    /// file that cannot be read or used; each names its flag and the fix.
-    pub fn from_args(args: &Args) -> anyhow::Result<Option<Self>> {
+    /// [`SettingsError`]: a flag without the one it needs, an endpoint that is not
+    /// `mqtt://` or `mqtts://`, a file that cannot be read or used; each names its flag and
+    /// the fix.
+    pub fn from_args(args: &Args) -> Result<Option<Self>, SettingsError> {
         let Some(url) = args.mqtt_endpoint.first() else {
             // The flags that need --mqtt-endpoint say so to clap (`requires`).
             return Ok(None);
@@ -236,8 +245,9 @@ impl MqttSettings {
             mut brokers,
             tls: secure,
         } = MqttCluster::parse(&args.mqtt_endpoint).map_err(|problems| {
-            let all: Vec<String> = problems.into_iter().map(|(_, m)| m).collect();
-            anyhow::anyhow!("--mqtt-endpoint: {}", all.join("; "))
+            SettingsError::MqttEndpoint {
+                problems: problems.into_iter().map(|(_, m)| m).collect(),
+            }
         })?;
         let (host, port) = brokers.remove(0);
         let client_id = args
@@ -265,17 +275,14 @@ impl MqttSettings {
                         _ => None,
                     },
                 };
-                tls.rustls_config()
-                    .context("--mqtt-ca-file, --mqtt-cert-file, --mqtt-key-file")?;
+                tls.rustls_config().map_err(SettingsError::MqttTls)?;
                 Some(tls)
             }
-            (true, None) => anyhow::bail!(
-                "--mqtt-endpoint {url:?} is mqtts:// and needs --mqtt-ca-file (the CA of the broker's certificate)"
-            ),
+            (true, None) => {
+                return Err(SettingsError::MqttsWithoutCaFile { url: url.clone() });
+            }
             (false, _) if args.mqtt_ca_file.is_some() || args.mqtt_cert_file.is_some() => {
-                anyhow::bail!(
-                    "--mqtt-ca-file and --mqtt-cert-file need an mqtts:// --mqtt-endpoint, not {url:?}"
-                )
+                return Err(SettingsError::MqttTlsFilesWithoutMqtts { url: url.clone() });
             }
             (false, _) => None,
         };
@@ -285,8 +292,12 @@ impl MqttSettings {
         let node_ca_pem = match &args.mqtt_node_ca {
             Some(ca) => {
                 let ca_pem = read_pem("--mqtt-node-ca", ca)?;
-                CertificateVerifier::from_pem(&ca_pem)
-                    .with_context(|| format!("--mqtt-node-ca {}", ca.display()))?;
+                CertificateVerifier::from_pem(&ca_pem).map_err(|source| {
+                    SettingsError::NodeCaUnusable {
+                        path: ca.clone(),
+                        source,
+                    }
+                })?;
                 Some(ca_pem)
             }
             None => None,
@@ -302,7 +313,7 @@ impl MqttSettings {
                     &read_pem("--mqtt-answer-key-file", key)?,
                     ca_pem,
                 )
-                .context("--mqtt-answer-cert-file, --mqtt-answer-key-file")?,
+                .map_err(SettingsError::AnswerKey)?,
             ));
         }
         let settings = Self {
@@ -318,15 +329,15 @@ impl MqttSettings {
 
     /// Checks what [`MqttSettings::ingress_options`] needs, `enrolling` standing for the
     /// site CA it will have.
-    fn check(&self, enrolling: bool) -> anyhow::Result<()> {
+    ///
+    /// Errors: [`SettingsError::NodeCaWithoutAnswerKey`],
+    /// [`SettingsError::SignaturesWithoutNodeCa`].
+    fn check(&self, enrolling: bool) -> Result<(), SettingsError> {
         match (&self.node_ca_pem, enrolling) {
-            (Some(_), false) if self.options.answer_signer.is_none() => anyhow::bail!(
-                "--mqtt-node-ca needs --mqtt-answer-cert-file and --mqtt-answer-key-file (or --enrollment): agents that sign their messages take only answers the gateway signs; issue a server certificate for the DNS name {} from the site CA (README, \"MQTT over TLS with signed messages\")",
-                edgebeat_transports::signing::ANSWER_SIGNER_NAME
-            ),
-            (None, false) if self.require_signatures => anyhow::bail!(
-                "--mqtt-require-signatures needs --mqtt-node-ca (or --enrollment): signatures are verified against node certificates from the site CA"
-            ),
+            (Some(_), false) if self.options.answer_signer.is_none() => {
+                Err(SettingsError::NodeCaWithoutAnswerKey)
+            }
+            (None, false) if self.require_signatures => Err(SettingsError::SignaturesWithoutNodeCa),
             _ => Ok(()),
         }
     }
@@ -338,12 +349,12 @@ impl MqttSettings {
     /// the site CA, and the other replicas' usage batches verified against the same CAs.
     ///
     /// # Errors
-    /// Node CAs that cannot be used, or signed messages with no way to sign answers (as
-    /// [`MqttSettings::from_args`] checks).
+    /// Node CAs that cannot be used ([`SettingsError::NodeCas`]), or signed messages with
+    /// no way to sign answers (as [`MqttSettings::from_args`] checks).
     pub fn ingress_options(
         &self,
         enrollment: Option<&Enrollment>,
-    ) -> anyhow::Result<MqttIngressOptions> {
+    ) -> Result<MqttIngressOptions, SettingsError> {
         self.check(enrollment.is_some())?;
         let mut options = self.options.clone();
         let node_ca = match enrollment {
@@ -351,7 +362,8 @@ impl MqttSettings {
             None => self.node_ca_pem.clone(),
         };
         if let Some(ca_pem) = node_ca {
-            let verifier = CertificateVerifier::from_pem(&ca_pem).context("--mqtt-node-ca")?;
+            let verifier =
+                CertificateVerifier::from_pem(&ca_pem).map_err(SettingsError::NodeCas)?;
             let mut policy = SignaturePolicy::new(verifier, self.require_signatures);
             policy.max_clock_skew = self.max_clock_skew;
             options.signatures = Some(policy);
@@ -359,7 +371,7 @@ impl MqttSettings {
             // of the same site CA only.
             options.usage_verifier = Some(
                 edgebeat_transports::signing::AnswerVerifier::from_pem(&ca_pem)
-                    .context("--mqtt-node-ca")?,
+                    .map_err(SettingsError::NodeCas)?,
             );
             if options.answer_signer.is_none() {
                 options.answer_signer = enrollment.map(Enrollment::answer_signer);
@@ -375,9 +387,10 @@ impl GrpcSettings {
     /// start with the flag named.
     ///
     /// # Errors
-    /// `--require-node-identity` with no client CA, a TLS file that cannot be read or
-    /// used, or a certificate and key that do not match; each names its flag.
-    pub fn from_args(args: &Args) -> anyhow::Result<Option<Self>> {
+    /// [`SettingsError`]: `--require-node-identity` with no client CA, a TLS file that
+    /// cannot be read or used, or a certificate and key that do not match; each names its
+    /// flag.
+    pub fn from_args(args: &Args) -> Result<Option<Self>, SettingsError> {
         // The flags that need --grpc-listen say so to clap (`requires`).
         let Some(listen) = args.grpc_listen else {
             return Ok(None);
@@ -386,9 +399,7 @@ impl GrpcSettings {
             .require_node_identity
             .unwrap_or(args.grpc_client_ca.is_some() || args.enrollment);
         if require_node_identity && args.grpc_client_ca.is_none() && !args.enrollment {
-            anyhow::bail!(
-                "--require-node-identity needs --grpc-client-ca (or --enrollment): node identities come from client certificates"
-            );
+            return Err(SettingsError::NodeIdentityWithoutClientCa);
         }
         let client_ca_pem = args
             .grpc_client_ca
@@ -403,12 +414,19 @@ impl GrpcSettings {
                     key_pem: read_pem("--grpc-tls-key", key)?,
                     client_ca_pem: client_ca_pem.clone(),
                 };
-                tls::parse_certificates(&tls.cert_pem)
-                    .with_context(|| format!("--grpc-tls-cert {}", cert.display()))?;
-                tls::parse_private_key(&tls.key_pem)
-                    .with_context(|| format!("--grpc-tls-key {}", key.display()))?;
-                tls.check()
-                    .context("--grpc-tls-cert, --grpc-tls-key, --grpc-client-ca")?;
+                tls::parse_certificates(&tls.cert_pem).map_err(|source| {
+                    SettingsError::GrpcTlsCert {
+                        path: cert.clone(),
+                        source,
+                    }
+                })?;
+                tls::parse_private_key(&tls.key_pem).map_err(|source| {
+                    SettingsError::GrpcTlsKey {
+                        path: key.clone(),
+                        source,
+                    }
+                })?;
+                tls.check().map_err(SettingsError::GrpcTls)?;
                 reload = vec![cert.clone(), key.clone()];
                 reload.extend(args.grpc_client_ca.clone());
                 Some(tls)
@@ -544,29 +562,20 @@ fn gateway_options(args: &Args) -> GatewayOptions {
 /// ingress; every ingress requires node identities ([`Posture::Identified`]) unless
 /// --allow-unidentified-agents, and then each unidentified ingress is logged as a warning.
 ///
-/// Errors: no ingress, or an ingress that lets unidentified agents in without the opt-in;
-/// the message names the flags that fix it.
+/// Errors: [`SettingsError::NoIngress`], or [`SettingsError::UnidentifiedAgents`] for an
+/// ingress that lets unidentified agents in without the opt-in; the message names the
+/// flags that fix it.
 pub(crate) fn posture(
     allow_unidentified_agents: bool,
     grpc: Option<&GrpcSettings>,
     mqtt: Option<&MqttSettings>,
-) -> anyhow::Result<Posture> {
+) -> Result<Posture, SettingsError> {
     if grpc.is_none() && mqtt.is_none() {
-        anyhow::bail!(
-            "no ingress: pass --grpc-listen (with --grpc-client-ca for mTLS), --mqtt-endpoint (with --mqtt-node-ca for signed messages), or both"
-        );
+        return Err(SettingsError::NoIngress);
     }
-    let mut unidentified = Vec::new();
-    if grpc.is_some_and(|g| !g.options.require_node_identity) {
-        unidentified.push(
-            "gRPC lets in agents without a node certificate (add --grpc-tls-cert, --grpc-tls-key and --grpc-client-ca, without --require-node-identity=false)",
-        );
-    }
-    if mqtt.is_some_and(|m| !m.require_signatures) {
-        unidentified.push(
-            "MQTT lets in unsigned messages (add --mqtt-node-ca, without --mqtt-require-signatures=false)",
-        );
-    }
+    let grpc_unidentified = grpc.is_some_and(|g| !g.options.require_node_identity);
+    let mqtt_unidentified = mqtt.is_some_and(|m| !m.require_signatures);
+    let unidentified = error::unidentified_ingresses(grpc_unidentified, mqtt_unidentified);
     match (unidentified.is_empty(), allow_unidentified_agents) {
         (true, false) => Ok(Posture::Identified),
         (true, true) => {
@@ -583,10 +592,10 @@ pub(crate) fn posture(
             }
             Ok(Posture::AllowUnidentified)
         }
-        (false, false) => anyhow::bail!(
-            "{}; require node identities there, or pass --allow-unidentified-agents to accept that anyone who reaches it can write nodes",
-            unidentified.join("; ")
-        ),
+        (false, false) => Err(SettingsError::UnidentifiedAgents {
+            grpc: grpc_unidentified,
+            mqtt: mqtt_unidentified,
+        }),
     }
 }
 

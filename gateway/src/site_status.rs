@@ -111,7 +111,22 @@ async fn write(
     about: Option<&str>,
     now: Timestamp,
 ) -> Written {
-    let result = match action {
+    let result = send(api, view, action, about, now).await;
+    outcome(api, action, result)
+}
+
+/// The apiserver call of `action`: an Event about the node `about` (none without one) for
+/// a site, a status patch for a node.
+///
+/// Errors: the apiserver's.
+async fn send(
+    api: &Apiserver,
+    view: &ApiserverView,
+    action: &Action,
+    about: Option<&str>,
+    now: Timestamp,
+) -> Result<(), kube::Error> {
+    match action {
         Action::Partitioned { site, partition } => {
             let how = match partition.cause {
                 Cause::Silent => "nodes went silent together",
@@ -188,7 +203,13 @@ async fn write(
             )
             .await
             .map(|written| view.observe_node(&written)),
-    };
+    }
+}
+
+/// What became of `action` (`result`, the apiserver's answer), logged: a cut site's
+/// warning whether or not its Event was written, apiserver trouble at debug level during
+/// an outage.
+fn outcome(api: &Apiserver, action: &Action, result: Result<(), kube::Error>) -> Written {
     match (result, action) {
         (Ok(()), Action::Partitioned { site, partition }) => {
             log_cut(site, partition);

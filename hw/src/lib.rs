@@ -14,6 +14,10 @@
 //! (`pkg/kubelet/nodestatus/setters.go`, `pkg/kubelet/eviction/helpers.go`) and cadvisor;
 //! each item's docs name its upstream source.
 
+// Production functions of at most 100 lines (clippy.toml's too-many-lines-threshold,
+// issue 51): a longer one is split into named steps. Tests are exempt.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 mod arch;
 mod bounded;
 mod clock;

@@ -708,7 +708,10 @@ impl Cluster {
         );
         let task = tokio::spawn(async move {
             if let Err(error) = running.wait().await {
-                tracing::error!(error = format!("{error:#}"), "gateway replica failed");
+                tracing::error!(
+                    error = edgebeat_transports::observe::error_report(&error),
+                    "gateway replica failed"
+                );
             }
         });
         self.replicas.push(Some(Replica {

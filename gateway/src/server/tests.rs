@@ -1,5 +1,8 @@
 #![allow(clippy::unwrap_used)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
 use super::*;
 
 /// Shutdown awaits every ingress: when one fails, the others are stopped and each is awaited
@@ -11,7 +14,7 @@ async fn the_first_ingress_to_fail_stops_the_others_and_every_one_drains() {
     let stop = tokio_util::sync::CancellationToken::new();
     let drained = Arc::new(AtomicBool::new(false));
     let mut ingresses = tokio::task::JoinSet::new();
-    ingresses.spawn(async { ("gRPC", Err(anyhow::anyhow!("listener closed"))) });
+    ingresses.spawn(async { ("gRPC", Err(IngressError::from("listener closed"))) });
     let (slow_stop, slow_drained) = (stop.clone(), drained.clone());
     ingresses.spawn(async move {
         slow_stop.cancelled().await;
@@ -21,7 +24,17 @@ async fn the_first_ingress_to_fail_stops_the_others_and_every_one_drains() {
         ("MQTT", Ok(()))
     });
     let err = drain(ingresses, &stop).await.unwrap_err();
-    assert_eq!(format!("{err:#}"), "gRPC ingress: listener closed");
+    assert!(matches!(
+        err,
+        ServeError::Ingress {
+            ingress: "gRPC",
+            ..
+        }
+    ));
+    assert_eq!(
+        edgebeat_transports::observe::error_report(&err),
+        "gRPC ingress: listener closed"
+    );
     assert!(stop.is_cancelled(), "the others were told to stop");
     assert!(
         drained.load(Ordering::Relaxed),

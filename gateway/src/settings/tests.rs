@@ -3,6 +3,8 @@
 use super::*;
 use crate::cli::{Args, Command, CsrApproval, TokenCommand, parse_duration};
 use clap::Parser;
+use edgebeat_hw::BoundedReadError;
+use edgebeat_transports::observe::error_report;
 
 fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
     Args::try_parse_from(std::iter::once("edgebeat-gateway").chain(flags.iter().copied()))
@@ -19,7 +21,7 @@ fn parse_grpc(flags: &[&str]) -> Result<Args, clap::Error> {
 fn mqtt_ingress_options(
     args: &Args,
     enrollment: Option<&Enrollment>,
-) -> anyhow::Result<Option<MqttIngressOptions>> {
+) -> Result<Option<MqttIngressOptions>, SettingsError> {
     MqttSettings::from_args(args)?
         .map(|mqtt| mqtt.ingress_options(enrollment))
         .transpose()
@@ -29,20 +31,17 @@ fn mqtt_ingress_options(
 fn grpc_server_options(
     args: &Args,
     enrollment: Option<&Arc<Enrollment>>,
-) -> anyhow::Result<GrpcServerOptions> {
+) -> Result<GrpcServerOptions, SettingsError> {
     let mut args = args.clone();
     args.grpc_listen
         .get_or_insert(SocketAddr::from(([127, 0, 0, 1], 0)));
-    let grpc = GrpcSettings::from_args(&args)?.context("no gRPC settings")?;
+    let grpc = GrpcSettings::from_args(&args)?.expect("gRPC settings with --grpc-listen");
     Ok(grpc.server_options(enrollment))
 }
 
 #[test]
 fn mqtt_security_flags_are_checked_with_the_flag_named() {
-    let err = |flags: &[&str]| match mqtt_ingress_options(&parse(flags).unwrap(), None) {
-        Ok(_) => String::new(),
-        Err(e) => format!("{e:#}"),
-    };
+    let err = |flags: &[&str]| mqtt_ingress_options(&parse(flags).unwrap(), None).unwrap_err();
     // Flags that need --mqtt-endpoint are refused by the command line itself, naming it.
     for flags in [
         &["--mqtt-node-ca", "ca.pem"][..],
@@ -57,25 +56,36 @@ fn mqtt_security_flags_are_checked_with_the_flag_named() {
         );
         assert!(refused.to_string().contains("--mqtt-endpoint"), "{refused}");
     }
-    assert!(err(&["--mqtt-endpoint", "mqtts://b"]).contains("needs --mqtt-ca-file"));
+    let mqtts = err(&["--mqtt-endpoint", "mqtts://b"]);
     assert!(
-        err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-ca-file", "ca.pem"])
-            .contains("need an mqtts://")
+        matches!(&mqtts, SettingsError::MqttsWithoutCaFile { url } if url == "mqtts://b"),
+        "{mqtts:?}"
     );
+    // The message names the flag and the fix.
     assert!(
-        err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-require-signatures"])
-            .contains("needs --mqtt-node-ca")
+        mqtts.to_string().contains("needs --mqtt-ca-file"),
+        "{mqtts}"
     );
-    assert!(
-        err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-node-ca", "/dev/zero"])
-            .starts_with("--mqtt-node-ca /dev/zero")
-    );
+    assert!(matches!(
+        err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-ca-file", "ca.pem"]),
+        SettingsError::MqttTlsFilesWithoutMqtts { url } if url == "mqtt://b"
+    ));
+    assert!(matches!(
+        err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-require-signatures"]),
+        SettingsError::SignaturesWithoutNodeCa
+    ));
+    assert!(matches!(
+        err(&["--mqtt-endpoint", "mqtt://b", "--mqtt-node-ca", "/dev/zero"]),
+        SettingsError::ReadFile { flag: "--mqtt-node-ca", path, .. } if path == Path::new("/dev/zero")
+    ));
     let plain = mqtt_ingress_options(&parse(&["--mqtt-endpoint", "mqtt://b"]).unwrap(), None)
         .unwrap()
         .unwrap();
     assert!(plain.tls.is_none() && plain.signatures.is_none());
     assert_eq!((plain.host.as_str(), plain.port), ("b", 1883));
-    assert!(err(&["--mqtt-endpoint", "tcp://b"]).starts_with("--mqtt-endpoint: "));
+    let tcp = err(&["--mqtt-endpoint", "tcp://b"]);
+    assert!(matches!(tcp, SettingsError::MqttEndpoint { .. }), "{tcp:?}");
+    assert!(tcp.to_string().starts_with("--mqtt-endpoint: "), "{tcp}");
     // A broker cluster: repeated or comma-separated, the first dialled first.
     for flags in [
         &["--mqtt-endpoint", "mqtt://a,mqtt://b:1884"][..],
@@ -93,15 +103,17 @@ fn mqtt_security_flags_are_checked_with_the_flag_named() {
         assert_eq!(cluster.failover, [("b".to_owned(), 1884)]);
     }
     let mixed = err(&["--mqtt-endpoint", "mqtt://a,mqtts://b"]);
-    assert!(mixed.contains("differ in TLS"), "{mixed}");
+    assert!(
+        matches!(&mixed, SettingsError::MqttEndpoint { problems } if problems.iter().any(|p| p.contains("differ in TLS"))),
+        "{mixed:?}"
+    );
 }
 
-fn posture_of(flags: &[&str]) -> Result<Posture, String> {
-    let args = parse(flags).map_err(|e| e.to_string())?;
-    let grpc = GrpcSettings::from_args(&args).map_err(|e| format!("{e:#}"))?;
-    let mqtt = MqttSettings::from_args(&args).map_err(|e| format!("{e:#}"))?;
+fn posture_of(flags: &[&str]) -> Result<Posture, SettingsError> {
+    let args = parse(flags).unwrap();
+    let grpc = GrpcSettings::from_args(&args)?;
+    let mqtt = MqttSettings::from_args(&args)?;
     posture(args.allow_unidentified_agents, grpc.as_ref(), mqtt.as_ref())
-        .map_err(|e| format!("{e:#}"))
 }
 
 /// One posture for the whole gateway: no gRPC listener unless asked for, and no ingress
@@ -139,7 +151,7 @@ fn every_ingress_requires_identities_unless_explicitly_allowed() {
         parse(&[]).unwrap().grpc_listen.is_none(),
         "no default listener"
     );
-    assert!(posture_of(&[]).unwrap_err().contains("no ingress"));
+    assert!(matches!(posture_of(&[]), Err(SettingsError::NoIngress)));
     let signed_mqtt = [
         "--mqtt-endpoint",
         "mqtt://b",
@@ -152,43 +164,62 @@ fn every_ingress_requires_identities_unless_explicitly_allowed() {
     ];
     // Signed messages need signed answers.
     let err = posture_of(&signed_mqtt[..4]).unwrap_err();
-    assert!(err.contains("--mqtt-answer-cert-file"), "{err}");
-    assert_eq!(posture_of(&signed_mqtt), Ok(Posture::Identified));
+    assert!(
+        matches!(err, SettingsError::NodeCaWithoutAnswerKey),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("--mqtt-answer-cert-file"), "{err}");
+    assert_eq!(posture_of(&signed_mqtt).unwrap(), Posture::Identified);
     // Plaintext gRPC beside signed MQTT: refused, naming the fix and the opt-in.
     let mut beside = signed_mqtt.to_vec();
     beside.extend(["--grpc-listen", "127.0.0.1:0"]);
     let err = posture_of(&beside).unwrap_err();
     assert!(
-        err.contains("--grpc-client-ca") && err.contains("--allow-unidentified-agents"),
-        "{err}"
+        matches!(
+            err,
+            SettingsError::UnidentifiedAgents {
+                grpc: true,
+                mqtt: false
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("--grpc-client-ca") && text.contains("--allow-unidentified-agents"),
+        "{text}"
     );
     beside.push("--allow-unidentified-agents");
-    assert_eq!(posture_of(&beside), Ok(Posture::AllowUnidentified));
-    for unidentified in [
-        &["--mqtt-endpoint", "mqtt://b"][..],
-        &[
-            "--mqtt-endpoint",
-            "mqtt://b",
-            "--mqtt-node-ca",
-            ca,
-            "--mqtt-answer-cert-file",
-            answers_cert,
-            "--mqtt-answer-key-file",
-            answers_key_file,
-            "--mqtt-require-signatures=false",
-        ],
-        &["--grpc-listen", "127.0.0.1:0"],
+    assert_eq!(posture_of(&beside).unwrap(), Posture::AllowUnidentified);
+    for (unidentified, grpc, mqtt) in [
+        (&["--mqtt-endpoint", "mqtt://b"][..], false, true),
+        (
+            &[
+                "--mqtt-endpoint",
+                "mqtt://b",
+                "--mqtt-node-ca",
+                ca,
+                "--mqtt-answer-cert-file",
+                answers_cert,
+                "--mqtt-answer-key-file",
+                answers_key_file,
+                "--mqtt-require-signatures=false",
+            ],
+            false,
+            true,
+        ),
+        (&["--grpc-listen", "127.0.0.1:0"], true, false),
     ] {
         let err = posture_of(unidentified).unwrap_err();
         assert!(
-            err.contains("--allow-unidentified-agents"),
-            "{unidentified:?}: {err}"
+            matches!(err, SettingsError::UnidentifiedAgents { grpc: g, mqtt: m } if (g, m) == (grpc, mqtt)),
+            "{unidentified:?}: {err:?}"
         );
     }
     // The opt-in with nothing unidentified changes nothing.
     let mut allowed = signed_mqtt.to_vec();
     allowed.push("--allow-unidentified-agents");
-    assert_eq!(posture_of(&allowed), Ok(Posture::Identified));
+    assert_eq!(posture_of(&allowed).unwrap(), Posture::Identified);
     // gRPC flags without a listener are an error, not ignored.
     for flags in [
         &["--grpc-tls-cert", "c", "--grpc-tls-key", "k"][..],
@@ -246,10 +277,13 @@ fn node_identity_is_required_by_default_only_with_a_client_ca() {
             .require_node_identity,
         Some(false)
     );
-    let err = grpc_server_options(&parse_grpc(&["--require-node-identity"]).unwrap(), None)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("--grpc-client-ca"), "{err}");
+    let err =
+        grpc_server_options(&parse_grpc(&["--require-node-identity"]).unwrap(), None).unwrap_err();
+    assert!(
+        matches!(err, SettingsError::NodeIdentityWithoutClientCa),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("--grpc-client-ca"), "{err}");
     let err = grpc_server_options(
         &parse_grpc(&[
             "--grpc-tls-cert",
@@ -260,43 +294,61 @@ fn node_identity_is_required_by_default_only_with_a_client_ca() {
         .unwrap(),
         None,
     )
-    .unwrap_err()
-    .to_string();
+    .unwrap_err();
     assert!(
-        err.starts_with("--grpc-tls-cert /nonexistent/c.pem"),
-        "{err}"
+        matches!(&err, SettingsError::ReadFile { flag: "--grpc-tls-cert", path, .. } if path == Path::new("/nonexistent/c.pem")),
+        "{err:?}"
     );
 }
 
 /// `/dev/zero` (or any endless or huge file) is refused at once, naming the flag.
 #[test]
 fn endless_files_are_refused_naming_the_flag() {
-    let err = format!(
-        "{:#}",
-        read_password_file(std::path::Path::new("/dev/zero")).unwrap_err()
-    );
+    let err = read_password_file(std::path::Path::new("/dev/zero")).unwrap_err();
     assert!(
-        err.starts_with("--mqtt-password-file: /dev/zero: ")
-            && err.contains("larger than 4096 bytes"),
-        "{err}"
+        matches!(
+            err,
+            SettingsError::PasswordFile(BoundedReadError::TooLarge { limit: 4096, .. })
+        ),
+        "{err:?}"
     );
-    let err = format!(
-        "{:#}",
-        grpc_server_options(
-            &parse_grpc(&[
-                "--grpc-tls-cert",
-                "/dev/zero",
-                "--grpc-tls-key",
-                "/dev/zero"
-            ])
-            .unwrap(),
-            None,
-        )
-        .unwrap_err()
-    );
+    // The whole report names the flag, the file and the fix.
+    let report = error_report(&err);
     assert!(
-        err.starts_with("--grpc-tls-cert /dev/zero: ") && err.contains("larger than 1048576 bytes"),
-        "{err}"
+        report.starts_with("--mqtt-password-file: /dev/zero: ")
+            && report.contains("larger than 4096 bytes"),
+        "{report}"
+    );
+    let err = grpc_server_options(
+        &parse_grpc(&[
+            "--grpc-tls-cert",
+            "/dev/zero",
+            "--grpc-tls-key",
+            "/dev/zero",
+        ])
+        .unwrap(),
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SettingsError::ReadFile {
+                flag: "--grpc-tls-cert",
+                source: BoundedReadError::TooLarge {
+                    limit: 1_048_576,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let report = error_report(&err);
+    assert!(
+        report.starts_with("--grpc-tls-cert /dev/zero: ")
+            && report.contains("larger than 1048576 bytes"),
+        "{report}"
     );
 }
 
@@ -386,23 +438,17 @@ fn enrollment_tls_that_cannot_be_read_is_an_error_not_plain_http2() {
         ])
         .unwrap()
     };
-    let err = format!(
-        "{:#}",
-        GrpcSettings::from_args(&flags(&cert, &key)).unwrap_err()
-    );
+    let err = GrpcSettings::from_args(&flags(&cert, &key)).unwrap_err();
     assert!(
-        err.contains("--grpc-tls-cert") && err.contains("tls.crt"),
-        "{err}"
+        matches!(&err, SettingsError::ReadFile { flag: "--grpc-tls-cert", path, .. } if *path == cert),
+        "{err:?}"
     );
     let pair = rcgen::generate_simple_self_signed(vec!["edgebeat-gateway".to_owned()]).unwrap();
     std::fs::write(&cert, pair.cert.pem()).unwrap();
-    let err = format!(
-        "{:#}",
-        GrpcSettings::from_args(&flags(&cert, &key)).unwrap_err()
-    );
+    let err = GrpcSettings::from_args(&flags(&cert, &key)).unwrap_err();
     assert!(
-        err.contains("--grpc-tls-key") && err.contains("tls.key"),
-        "{err}"
+        matches!(&err, SettingsError::ReadFile { flag: "--grpc-tls-key", path, .. } if *path == key),
+        "{err:?}"
     );
     std::fs::write(&key, pair.signing_key.serialize_pem()).unwrap();
     let grpc = GrpcSettings::from_args(&flags(&cert, &key)).unwrap();
@@ -469,37 +515,53 @@ fn signer_flags_are_checked_with_the_flag_named() {
     let outcome = |flags: &[&str]| {
         let mut all = vec!["--enrollment"];
         all.extend_from_slice(flags);
-        signer_ca(&parse(&all).unwrap()).map_err(|e| format!("{e:#}"))
+        signer_ca(&parse(&all).unwrap())
     };
     let kubelet = "--signer-name=kubernetes.io/kube-apiserver-client-kubelet";
     // The gateway's own signer: its CA is the site CA.
-    assert_eq!(outcome(&[]), Ok(None));
+    assert_eq!(outcome(&[]).unwrap(), None);
     let own_with_ca = outcome(&["--signer-ca", ca]).unwrap_err();
     assert!(
-        own_with_ca.contains("--signer-ca is for a --signer-name other"),
-        "{own_with_ca}"
+        matches!(own_with_ca, SettingsError::SignerCaWithOwnSigner),
+        "{own_with_ca:?}"
     );
     // Another signer needs its CA, read and checked now.
     let missing = outcome(&[kubelet]).unwrap_err();
-    assert!(missing.contains("needs --signer-ca"), "{missing}");
+    assert!(
+        matches!(missing, SettingsError::SignerCaMissing),
+        "{missing:?}"
+    );
+    assert!(
+        missing.to_string().contains("needs --signer-ca"),
+        "{missing}"
+    );
     assert_eq!(
-        outcome(&[kubelet, "--signer-ca", ca]),
-        Ok(Some(pair.cert.pem().into_bytes()))
+        outcome(&[kubelet, "--signer-ca", ca]).unwrap(),
+        Some(pair.cert.pem().into_bytes())
     );
     let absent = outcome(&[kubelet, "--signer-ca", "/nonexistent/ca.crt"]).unwrap_err();
     assert!(
-        absent.contains("--signer-ca /nonexistent/ca.crt"),
-        "{absent}"
+        matches!(&absent, SettingsError::ReadFile { flag: "--signer-ca", path, .. } if path == Path::new("/nonexistent/ca.crt")),
+        "{absent:?}"
     );
     // kube-controller-manager would approve what manual approval holds back.
     let manual = outcome(&[kubelet, "--signer-ca", ca, "--csr-approval", "manual"]).unwrap_err();
     assert!(
-        manual.contains("--csr-approval=manual with --signer-name"),
-        "{manual}"
+        matches!(manual, SettingsError::ManualApprovalWithKubeletSigner),
+        "{manual:?}"
+    );
+    let text = manual.to_string();
+    assert!(
+        text.starts_with("--csr-approval=manual with --signer-name")
+            && text.contains("use --csr-approval=auto"),
+        "{text}"
     );
     // No other signer: its approval and chain are not proved.
     let other = outcome(&["--signer-name=cert-manager.io/edge", "--signer-ca", ca]).unwrap_err();
-    assert!(other.contains("no other signer is supported"), "{other}");
+    assert!(
+        matches!(&other, SettingsError::UnsupportedSigner { name } if name == "cert-manager.io/edge"),
+        "{other:?}"
+    );
     // Without --enrollment the signer flags are refused by the command line.
     let refused = parse(&[kubelet]).unwrap_err();
     assert_eq!(

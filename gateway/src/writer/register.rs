@@ -25,19 +25,10 @@ impl Writer {
         name: &str,
         register: &pb::Register,
     ) -> Answer {
-        let Some(status) = register.status.as_ref() else {
-            return self.reject(
-                RejectReason::Malformed,
-                "malformed: Register without status".into(),
-            );
+        let status = match self.checked(register) {
+            Ok(status) => status,
+            Err(rejected) => return rejected,
         };
-        if let Err(why) = validate_status(status)
-            .and_then(|()| crate::restriction::validate_status_limits(status))
-            .map_err(|e| e.to_string())
-            .and_then(|()| pb::registration::validate_register(register).map_err(|e| e.to_string()))
-        {
-            return self.reject(RejectReason::Invalid, why);
-        }
         let usable = self.usable_journal(name, &register.journal);
         let new_boot = status
             .node_info
@@ -62,16 +53,9 @@ impl Writer {
         }
         let now = self.now();
         let existing = if register.skip_create || register.registration_completed {
-            match self.api.get_node_opt(name).await {
-                Ok(Some(node)) => node,
-                // The agent registered it before, on another connection: deleted since.
-                Ok(None) if register.registration_completed => {
-                    return self.forget(w, name);
-                }
-                Ok(None) => {
-                    return retry("node does not exist and registerNode is false");
-                }
-                Err(e) => return retry(format!("reading node: {e}")),
+            match self.registered_before(w, name, register).await {
+                Ok(node) => node,
+                Err(answer) => return answer,
             }
         } else {
             let before = known.map(|k| k.conditions).unwrap_or_default();
@@ -116,19 +100,8 @@ impl Writer {
             return retry(format!("reconciling hugepages: {e}"));
         }
         let held = NodeRecord::of(&existing);
-        // The boot time, from the agent's uptime on this replica's clock; an uptime that
-        // puts it before the last transition the old boot wrote is not believed.
-        let old_boot_seen = held.conditions.iter().map(|(_, k)| k.last_transition).max();
         let reboot = Reboot::Record {
-            booted: (register.uptime_ms > 0)
-                .then(|| {
-                    now.checked_sub(SignedDuration::from_millis(
-                        i64::try_from(register.uptime_ms).unwrap_or(i64::MAX),
-                    ))
-                    .ok()
-                })
-                .flatten()
-                .filter(|booted| old_boot_seen.is_none_or(|seen| *booted >= seen)),
+            booted: booted(&held, register.uptime_ms, now),
         };
         let journal = journal::timed(&usable, now, &held.conditions, name, boot_id_of(status));
         let new_boot = held.boot_id.as_deref().is_some_and(|b| b != new_boot);
@@ -159,6 +132,49 @@ impl Writer {
             self.start_events(name, register, &usable, started).await;
         }
         registered
+    }
+
+    /// The status of `register`, checked: a Register without one is malformed, and its
+    /// status and registration fields must be valid and within the input limits
+    /// ([`crate::restriction`]).
+    ///
+    /// Errors: the rejection to answer, counted.
+    fn checked<'r>(&self, register: &'r pb::Register) -> Result<&'r pb::NodeStatus, Answer> {
+        let Some(status) = register.status.as_ref() else {
+            return Err(self.reject(
+                RejectReason::Malformed,
+                "malformed: Register without status".into(),
+            ));
+        };
+        if let Err(why) = validate_status(status)
+            .and_then(|()| crate::restriction::validate_status_limits(status))
+            .map_err(|e| e.to_string())
+            .and_then(|()| pb::registration::validate_register(register).map_err(|e| e.to_string()))
+        {
+            return Err(self.reject(RejectReason::Invalid, why));
+        }
+        Ok(status)
+    }
+
+    /// The Node `name` as the apiserver holds it, for a Register that creates none
+    /// (`skip_create`, kubelet's `registerNode: false`, or `registration_completed`).
+    ///
+    /// Errors: the answer instead: the node forgotten (`node_not_found`) when the agent's
+    /// process registered it before and it was deleted since, a retry when it does not
+    /// exist yet or cannot be read.
+    async fn registered_before(
+        &self,
+        w: &mut NodeWrites,
+        name: &str,
+        register: &pb::Register,
+    ) -> Result<Node, Answer> {
+        match self.api.get_node_opt(name).await {
+            Ok(Some(node)) => Ok(node),
+            // The agent registered it before, on another connection: deleted since.
+            Ok(None) if register.registration_completed => Err(self.forget(w, name)),
+            Ok(None) => Err(retry("node does not exist and registerNode is false")),
+            Err(e) => Err(retry(format!("reading node: {e}"))),
+        }
     }
 
     /// kubelet's condition events of a start: at registration its setters run on a fresh
@@ -322,4 +338,20 @@ pub(super) fn resource_metrics_annotation(name: &str) -> BTreeMap<String, String
         crate::resource_metrics::PATH_ANNOTATION.to_owned(),
         crate::resource_metrics::node_path(name),
     )])
+}
+
+/// The boot time of a registering agent, from its uptime (`uptime_ms`, 0 for unknown) on
+/// this replica's clock at `now`; an uptime that puts it before the last transition the
+/// old boot wrote (in `held`) is not believed (`None`).
+fn booted(held: &NodeRecord, uptime_ms: u64, now: Timestamp) -> Option<Timestamp> {
+    let old_boot_seen = held.conditions.iter().map(|(_, k)| k.last_transition).max();
+    (uptime_ms > 0)
+        .then(|| {
+            now.checked_sub(SignedDuration::from_millis(
+                i64::try_from(uptime_ms).unwrap_or(i64::MAX),
+            ))
+            .ok()
+        })
+        .flatten()
+        .filter(|booted| old_boot_seen.is_none_or(|seen| *booted >= seen))
 }

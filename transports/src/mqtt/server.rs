@@ -392,27 +392,8 @@ pub async fn serve<H: Handler>(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), MqttIngressError> {
     options.check()?;
-    let filter = gateway_filter(&options.topic_prefix, &options.share_group);
-    let mut filters = vec![Filter::new(filter.clone(), QoS::AtLeastOnce)];
-    if options.signatures.is_some() {
-        filters.push(Filter::new(
-            certificates_filter(&options.topic_prefix),
-            QoS::AtLeastOnce,
-        ));
-    }
-    if options.site_uplinks {
-        filters.push(Filter::new(
-            super::sites_filter(&options.topic_prefix),
-            QoS::AtLeastOnce,
-        ));
-    }
-    let mut outbox = options.usage_sharing.as_ref().map(|outbox| {
-        filters.push(Filter {
-            nolocal: true,
-            ..Filter::new(super::usage_filter(&options.topic_prefix), QoS::AtMostOnce)
-        });
-        outbox.subscribe()
-    });
+    let (filter, filters) = subscriptions(&options);
+    let mut outbox = options.usage_sharing.as_ref().map(UsageOutbox::subscribe);
     crate::tls::install_ring_provider();
     let brokers = options.brokers();
     let mut broker = 0;
@@ -420,29 +401,9 @@ pub async fn serve<H: Handler>(
         options.mqtt_options(&options.host, options.port)?,
         REQUEST_QUEUE,
     );
-    let mut workers = Workers {
-        handler,
-        client: client.clone(),
-        prefix: options.topic_prefix.as_str().into(),
-        answer_signer: options.answer_signer.clone(),
-        usage_verifier: options.usage_verifier.clone(),
-        certificate_asked: HashMap::new(),
-        enrollments: Arc::new(tokio::sync::Semaphore::new(ENROLLMENTS_IN_FLIGHT)),
-        log_limit: crate::log_limit::LogLimiter::default(),
-        signatures: options.signatures.clone().map(|policy| {
-            Arc::new(Signatures {
-                policy,
-                keys: parking_lot::RwLock::default(),
-            })
-        }),
-    };
+    let mut workers = workers(&options, handler, client.clone());
     let mut backoff = reconnect_backoff();
-    // When the current connection was accepted, and whether it subscribed: only a lasting,
-    // subscribed connection starts the backoff over when it is lost (`ends_backoff`).
-    let mut connected_at = None;
-    let mut subscribed = false;
-    // SUBACKs refused in a row, by as many brokers (see the SubAck arm).
-    let mut refusals = 0;
+    let mut link = Link::default();
     let mut next = next_event(eventloop);
     let mut batch = UsageBatch::default();
     tokio::pin!(shutdown);
@@ -452,7 +413,7 @@ pub async fn serve<H: Handler>(
             shared = shared_sample(&mut outbox) => {
                 // Not subscribed, the others would not hear it (QoS 0): dropped, the
                 // node's next sample follows.
-                if subscribed && batch.add(shared) {
+                if link.subscribed && batch.add(shared) {
                     batch.publish(&client, &options.topic_prefix, options.answer_signer.as_deref());
                 }
             }
@@ -463,64 +424,25 @@ pub async fn serve<H: Handler>(
                 let lost = match result {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
                         tracing::info!(%filter, "connected to the MQTT broker; subscribing");
-                        connected_at = Some(tokio::time::Instant::now());
+                        link.connected_at = Some(tokio::time::Instant::now());
                         subscribe(&client, &filters);
                         None
                     }
                     Ok(Event::Incoming(Packet::SubAck(suback))) => {
-                        match suback
-                            .return_codes
-                            .iter()
-                            .find(|c| !matches!(c, SubscribeReasonCode::Success(_)))
-                        {
-                            None => {
-                                refusals = 0;
-                                subscribed = true;
-                                if let Some(subscribed) = &options.subscribed {
-                                    subscribed.send_replace(true);
-                                }
-                                None
-                            }
-                            Some(code) => {
-                                let names: Vec<&str> =
-                                    filters.iter().map(|f| f.path.as_str()).collect();
-                                let refused = MqttIngressError::SubscribeRefused {
-                                    filter: names.join(", "),
-                                    reason: format!("{code:?}"),
-                                };
-                                // One broker, or every node of the cluster in a row: the
-                                // site's configuration (ACL, no shared subscriptions), which
-                                // retrying will not mend.
-                                refusals += 1;
-                                if refusals >= brokers.len() {
-                                    return Err(refused);
-                                }
-                                // A node that refuses while others may grant (one not yet
-                                // joined, one with another ACL): on to the next.
-                                eventloop.clean();
-                                Some(refused.to_string())
-                            }
+                        let refused = link.suback(&suback, &filters, brokers.len(), &options)?;
+                        if refused.is_some() {
+                            // A node that refuses while others may grant (one not yet
+                            // joined, one with another ACL): on to the next.
+                            eventloop.clean();
                         }
+                        refused
                     }
                     Ok(Event::Incoming(Packet::Publish(publish))) => {
                         workers.dispatch(&publish, options.max_packet_bytes);
                         None
                     }
                     Ok(_) => None,
-                    Err(error) => {
-                        // Down is not refusing: the count is of refusals in a row.
-                        refusals = 0;
-                        if super::session_taken_over(&error) {
-                            if let Some(count) = &options.sessions_taken_over {
-                                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            }
-                            tracing::error!(
-                                client_id = %options.client_id,
-                                "another client connected with this replica's MQTT client ID and the broker gave it the session (MQTT 5 reason 0x8E, Session taken over): this replica hears no node until it connects again, and again loses it while the other client keeps reconnecting; bind client IDs to authenticated identities on the broker (README, \"MQTT broker\")"
-                            );
-                        }
-                        Some(error.to_string())
-                    }
+                    Err(error) => Some(link.lost(&error, &options)),
                 };
                 let Some(error) = lost else {
                     next = next_event(eventloop);
@@ -529,10 +451,10 @@ pub async fn serve<H: Handler>(
                 if let Some(subscribed) = &options.subscribed {
                     subscribed.send_replace(false);
                 }
-                if ends_backoff(subscribed, connected_at.take(), crate::backoff::RETRY_MAX) {
+                if ends_backoff(link.subscribed, link.connected_at.take(), crate::backoff::RETRY_MAX) {
                     backoff = reconnect_backoff();
                 }
-                subscribed = false;
+                link.subscribed = false;
                 let delay = backoff.next().unwrap_or(crate::backoff::RETRY_MAX);
                 let (host, port) = &brokers[broker];
                 tracing::warn!(%error, ?delay, broker = %format_args!("{host}:{port}"), "MQTT connection lost; reconnecting");
@@ -557,6 +479,128 @@ pub async fn serve<H: Handler>(
     drop(workers);
     disconnect(&client, next).await;
     Ok(())
+}
+
+/// The ingress's shared subscription (returned alone too, for the log) and every filter it
+/// subscribes with: certificates with signatures, the sites' bridge notifications with
+/// [`MqttIngressOptions::site_uplinks`], the other replicas' usage batches (not its own)
+/// with [`MqttIngressOptions::usage_sharing`].
+fn subscriptions(options: &MqttIngressOptions) -> (String, Vec<Filter>) {
+    let filter = gateway_filter(&options.topic_prefix, &options.share_group);
+    let mut filters = vec![Filter::new(filter.clone(), QoS::AtLeastOnce)];
+    if options.signatures.is_some() {
+        filters.push(Filter::new(
+            certificates_filter(&options.topic_prefix),
+            QoS::AtLeastOnce,
+        ));
+    }
+    if options.site_uplinks {
+        filters.push(Filter::new(
+            super::sites_filter(&options.topic_prefix),
+            QoS::AtLeastOnce,
+        ));
+    }
+    if options.usage_sharing.is_some() {
+        filters.push(Filter {
+            nolocal: true,
+            ..Filter::new(super::usage_filter(&options.topic_prefix), QoS::AtMostOnce)
+        });
+    }
+    (filter, filters)
+}
+
+/// The handlers of what the ingress receives, answering through `client`.
+fn workers<H>(options: &MqttIngressOptions, handler: Arc<H>, client: AsyncClient) -> Workers<H> {
+    Workers {
+        handler,
+        client,
+        prefix: options.topic_prefix.as_str().into(),
+        answer_signer: options.answer_signer.clone(),
+        usage_verifier: options.usage_verifier.clone(),
+        certificate_asked: HashMap::new(),
+        enrollments: Arc::new(tokio::sync::Semaphore::new(ENROLLMENTS_IN_FLIGHT)),
+        log_limit: crate::log_limit::LogLimiter::default(),
+        signatures: options.signatures.clone().map(|policy| {
+            Arc::new(Signatures {
+                policy,
+                keys: parking_lot::RwLock::default(),
+            })
+        }),
+    }
+}
+
+/// The ingress's connection to its brokers, across reconnects.
+#[derive(Debug, Default)]
+struct Link {
+    /// When the current connection was accepted: only a lasting, subscribed connection
+    /// starts the backoff over when it is lost (`ends_backoff`).
+    connected_at: Option<Instant>,
+    /// Whether the current connection's subscription was granted.
+    subscribed: bool,
+    /// SUBACKs refused in a row, by as many brokers ([`Link::suback`]).
+    refusals: usize,
+}
+
+impl Link {
+    /// The broker's answer to the subscription: granted (told to
+    /// [`MqttIngressOptions::subscribed`]; `None`), or refused by this broker while others
+    /// of the `brokers` may grant (`Some`: the reason, and on to the next).
+    ///
+    /// Errors: [`MqttIngressError::SubscribeRefused`] from one broker, or from every node
+    /// of the cluster in a row: the site's configuration (ACL, no shared subscriptions),
+    /// which retrying will not mend.
+    fn suback(
+        &mut self,
+        suback: &rumqttc::v5::mqttbytes::v5::SubAck,
+        filters: &[Filter],
+        brokers: usize,
+        options: &MqttIngressOptions,
+    ) -> Result<Option<String>, MqttIngressError> {
+        let refused = suback
+            .return_codes
+            .iter()
+            .find(|c| !matches!(c, SubscribeReasonCode::Success(_)));
+        let Some(code) = refused else {
+            self.refusals = 0;
+            self.subscribed = true;
+            if let Some(subscribed) = &options.subscribed {
+                subscribed.send_replace(true);
+            }
+            return Ok(None);
+        };
+        let names: Vec<&str> = filters.iter().map(|f| f.path.as_str()).collect();
+        let refused = MqttIngressError::SubscribeRefused {
+            filter: names.join(", "),
+            reason: format!("{code:?}"),
+        };
+        self.refusals += 1;
+        if self.refusals >= brokers {
+            return Err(refused);
+        }
+        Ok(Some(refused.to_string()))
+    }
+
+    /// The connection lost with `error`: what to log. A session taken over by another
+    /// client with this replica's client ID is counted
+    /// ([`MqttIngressOptions::sessions_taken_over`]) and logged as an error, with the fix.
+    fn lost(
+        &mut self,
+        error: &rumqttc::v5::ConnectionError,
+        options: &MqttIngressOptions,
+    ) -> String {
+        // Down is not refusing: the count is of refusals in a row.
+        self.refusals = 0;
+        if super::session_taken_over(error) {
+            if let Some(count) = &options.sessions_taken_over {
+                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            tracing::error!(
+                client_id = %options.client_id,
+                "another client connected with this replica's MQTT client ID and the broker gave it the session (MQTT 5 reason 0x8E, Session taken over): this replica hears no node until it connects again, and again loses it while the other client keeps reconnecting; bind client IDs to authenticated identities on the broker (README, \"MQTT broker\")"
+            );
+        }
+        error.to_string()
+    }
 }
 
 /// Subscribes to every filter in one SUBSCRIBE, so one SUBACK grants (or refuses) them all.
