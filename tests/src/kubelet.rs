@@ -21,6 +21,9 @@
 //!     hierarchy, deepest first;
 //!   - the bind mount of its root directory onto itself it makes rshared (`MakeRShared`), and
 //!     anything else mounted under the directory: unmounted, deepest first;
+//!   - `/var/lib/kubelet/device-plugins/kubelet.sock` and `/var/log/containers`, which
+//!     kubelet makes at those constant paths whatever its configuration: removed when they
+//!     were not there before;
 //!   - iptables: kubelet creates `KUBE-IPTABLES-HINT`, `KUBE-FIREWALL` and its jump rules
 //!     when it finds `iptables` on its `PATH`; it runs with a `PATH` without `/usr/sbin` (so
 //!     without iptables, which it then skips, saying so in its log), and the rules are
@@ -82,8 +85,10 @@ pub const KUBELET_SYSCTLS: [&str; 6] = [
 
 /// Paths kubelet or containerd would use by default, none of which they may create here
 /// (their configuration moves each under the test's directory).
-const DEFAULT_PATHS: [&str; 16] = [
+const DEFAULT_PATHS: [&str; 18] = [
     "/var/lib/kubelet",
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/device-plugins/kubelet.sock",
     "/var/log/pods",
     "/var/log/containers",
     "/etc/kubernetes",
@@ -146,7 +151,7 @@ impl HostState {
         }
         let default_paths = DEFAULT_PATHS
             .iter()
-            .filter(|p| Path::new(p).exists())
+            .filter(|p| std::fs::symlink_metadata(p).is_ok())
             .map(|p| (*p).to_owned())
             .collect();
         let mut iptables = String::new();
@@ -347,6 +352,9 @@ impl Kubelet {
                     .arg(kubelet.dir.join("kubelet.kubeconfig"))
                     .arg("--root-dir")
                     .arg(&kubelet.root_dir)
+                    // Not under --root-dir by default: /var/lib/kubelet/pki.
+                    .arg("--cert-dir")
+                    .arg(kubelet.dir.join("pki"))
                     .arg("--hostname-override")
                     .arg(&kubelet.node_name)
                     .arg("--v=2")
@@ -666,14 +674,31 @@ authorization:
                 failures.push(format!("restoring {name}={value}: {e}"));
             }
         }
-        // kubelet makes /var/log/containers whatever its configuration says (a constant,
-        // ContainerLogsDir): removed when it was not there before and is still empty.
-        for path in DEFAULT_PATHS {
-            if !self.before.default_paths.contains(path)
-                && Path::new(path).exists()
-                && let Err(e) = std::fs::remove_dir(path)
+        // What kubelet makes whatever its configuration says, at constant paths: its device
+        // plugin socket (/var/lib/kubelet/device-plugins/kubelet.sock,
+        // pluginapi.KubeletSocket) and /var/log/containers (ContainerLogsDir). Removed, the
+        // deepest first, when they were not there before; a directory only when empty (so
+        // anything else in it shows as a failure).
+        for path in DEFAULT_PATHS.iter().rev() {
+            let path = Path::new(path);
+            if self
+                .before
+                .default_paths
+                .contains(&path.display().to_string())
+                || std::fs::symlink_metadata(path).is_err()
             {
-                failures.push(format!("{path} was created and cannot be removed: {e}"));
+                continue;
+            }
+            let removed = if path.is_dir() {
+                std::fs::remove_dir(path)
+            } else {
+                std::fs::remove_file(path)
+            };
+            if let Err(e) = removed {
+                failures.push(format!(
+                    "{} was created and cannot be removed: {e}",
+                    path.display()
+                ));
             }
         }
         if !failures.is_empty() {
