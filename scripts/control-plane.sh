@@ -66,6 +66,7 @@ case "${1:-}" in
       echo "	k8s.io/kubernetes/cmd/kube-apiserver"
       echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
       echo "	k8s.io/kubernetes/cmd/kubectl"
+      echo "	k8s.io/kubernetes/cmd/kubelet"
       echo ")"
       echo
       echo "require k8s.io/kubernetes $k8s"

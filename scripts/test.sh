@@ -50,6 +50,12 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 [ -x /usr/local/go/bin/go ] && export PATH="$PATH:/usr/local/go/bin"
 command -v go >/dev/null || { echo "Go 1.26 is required to build the control plane" >&2; exit 1; }
 scripts/control-plane.sh build
+# A real kubelet of the same release and containerd v2 behind it (scripts/kubelet.sh), built
+# the same way, for tests/tests/kubelet.rs (root only: they run as root): a few minutes the
+# first time, nothing after.
+if [ "$(id -u)" = 0 ]; then
+  scripts/kubelet.sh build
+fi
 # Helm, built the same way from its module (scripts/helm.sh): about a minute the first time.
 scripts/helm.sh build
 # metrics-server, built the same way (scripts/metrics-server.sh), for `kubectl top node` of
@@ -61,9 +67,9 @@ scripts/metrics-server.sh build
 # (tests/src/process.rs: the parent-death signal), shared fixtures included, so anything
 # left is a leak. Left means: running now, not before this point (the installs and builds
 # above may start system services), and either named as what the tests start (the control
-# plane, kubectl, Mosquitto, Prometheus, metrics-server, Helm, qemu, edgebeat-*), or an
-# orphan (its parent PID 1) whose executable, working directory or command line is inside
-# the checkout or the build cache.
+# plane, kubelet, containerd, kubectl, Mosquitto, Prometheus, metrics-server, Helm, qemu,
+# edgebeat-*), or an orphan (its parent PID 1) whose executable, working directory or command
+# line is inside the checkout or the build cache.
 processes_before=$(mktemp)
 ls /proc | grep -E '^[0-9]+$' > "$processes_before" || true
 nothing_left_running() {
@@ -76,7 +82,7 @@ import os, sys, time
 before = set(open(sys.argv[1]).read().split())
 roots = tuple(os.path.realpath(p) for p in sys.argv[2:4])
 # /proc/PID/comm holds 15 characters: prefixes.
-names = ("kube-", "etcd", "kubectl", "mosquitto", "prometheus", "metrics-server", "helm",
+names = ("kube-", "kubelet", "containerd", "etcd", "kubectl", "mosquitto", "prometheus", "metrics-server", "helm",
          "qemu-", "edgebeat-")
 me = {str(os.getpid()), str(os.getppid())}
 
@@ -189,6 +195,14 @@ cargo test --workspace --locked --test control_plane --test standin_differential
   -- --ignored --skip alpn_chooses_h2_and_three_connections_carry_a_replica
 cargo test --workspace --locked --test control_plane -- --ignored --exact \
   alpn_chooses_h2_and_three_connections_carry_a_replica
+# A real kubelet for this host beside the agent, against a control plane of its own, their
+# Nodes, Leases and Events compared field by field (tests/tests/kubelet.rs; README.md,
+# "Beside a real kubelet"); it puts back the sysctls, cgroups and mounts kubelet changes.
+if [ "$(id -u)" = 0 ]; then
+  cargo test --workspace --locked --test kubelet -- --ignored
+else
+  not_run+=("tests/tests/kubelet.rs: needs root (kubelet's cgroups, kernel tunables and mounts)")
+fi
 # kubelet's resource metrics of edge nodes through the real apiserver's node proxy, which
 # refuses loopback: the gateway listens on a veth address of the test's own (root).
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then

@@ -13,6 +13,8 @@
 //! - [`spy`]: a raw MQTT client over TLS, the attacker on the broker.
 //! - [`process`]: every child process of the tests, started so that it dies with the test
 //!   process however that ends; the real `edgebeat-gateway` binary as one, its JSON log read.
+//! - [`kubelet`]: a real kubelet and containerd for this host, beside the agent, put back
+//!   as they were found when stopped.
 //! - [`link`]: an edge link of a network namespace and a veth pair, with its counters.
 
 pub mod broker;
@@ -20,6 +22,7 @@ pub mod control_plane;
 pub mod faults;
 pub mod fleet;
 pub mod harness;
+pub mod kubelet;
 pub mod link;
 pub mod messages;
 pub mod pki;
