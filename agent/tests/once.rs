@@ -54,7 +54,11 @@ fn once_prints_the_jetson_fixture_status() {
     );
     assert_eq!(v["nodeInfo"]["kernelVersion"], "5.15.136-tegra");
     assert_eq!(v["nodeInfo"]["osImage"], "Ubuntu 22.04.4 LTS");
-    assert_eq!(v["nodeInfo"]["systemUUID"], "");
+    // No DMI, no device-tree ID: the machine ID, as cadvisor falls back to it.
+    assert_eq!(
+        v["nodeInfo"]["systemUUID"],
+        "4f8a1c3e9b2d47e6a05c7d9e1b3f5a72"
+    );
     assert_eq!(
         v["addresses"],
         serde_json::json!([

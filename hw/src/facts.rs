@@ -15,8 +15,10 @@ pub struct HostFacts {
     /// trimmed (cadvisor `machine/info.go`).
     pub machine_id: Option<String>,
     /// `nodeInfo.systemUUID`: first non-empty of `/sys/class/dmi/id/product_uuid` (root-only
-    /// readable), `/proc/device-tree/system-id`, `/proc/device-tree/vm,uuid`; whitespace and
-    /// NULs stripped (cadvisor `utils/sysfs`: `GetSystemUUID`).
+    /// readable), `/proc/device-tree/system-id`, `/proc/device-tree/vm,uuid` and
+    /// `/etc/machine-id` (cadvisor's s390x path, tried on every architecture, so boards
+    /// without DMI or a device-tree ID report their machine ID, as kubelet does); whitespace
+    /// and NULs stripped (cadvisor `utils/sysfs/sysfs.go: GetSystemUUID`).
     pub system_uuid: Option<String>,
     /// `nodeInfo.kernelVersion`: `/proc/sys/kernel/osrelease`, the same string as `uname -r`
     /// but readable under a [`HostRoot`](crate::HostRoot) (cadvisor `machine/info.go:

@@ -13,10 +13,13 @@ use crate::{
 
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 const MACHINE_ID: [&str; 2] = ["/etc/machine-id", "/var/lib/dbus/machine-id"];
-const SYSTEM_UUID: [&str; 3] = [
+const SYSTEM_UUID: [&str; 4] = [
     "/sys/class/dmi/id/product_uuid",
     "/proc/device-tree/system-id",
     "/proc/device-tree/vm,uuid",
+    // cadvisor's s390x fallback (`s390xDevTree` = "/etc"), read on every architecture: a
+    // board with neither DMI nor a device-tree ID (a Raspberry Pi) reports its machine ID.
+    "/etc/machine-id",
 ];
 const OSRELEASE: &str = "/proc/sys/kernel/osrelease";
 const OS_RELEASE: [&str; 2] = ["/etc/os-release", "/usr/lib/os-release"];

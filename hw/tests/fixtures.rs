@@ -121,7 +121,8 @@ fn rpi4_cgroup1() {
     let want = HostFacts {
         boot_id: "5b3f0e2a-9c41-4d7e-8f26-1a7c3e9d0b54".into(),
         machine_id: Some("9e4c2b7a51d04f3e8a6b0c1d2e3f4a5b".into()),
-        system_uuid: None,
+        // No DMI, no device-tree ID: cadvisor falls back to /etc/machine-id.
+        system_uuid: Some("9e4c2b7a51d04f3e8a6b0c1d2e3f4a5b".into()),
         kernel_version: Some("5.15.84-v8+".into()),
         os_image: "Debian GNU/Linux 11 (bullseye)".into(),
         hostname: Some("rpi4-edge-01".into()),
@@ -193,7 +194,8 @@ fn jetson_cgroup2() {
     let want = HostFacts {
         boot_id: "c2a8e4f1-3b6d-4a9e-b07c-5d2f8e1a6c39".into(),
         machine_id: Some("4f8a1c3e9b2d47e6a05c7d9e1b3f5a72".into()),
-        system_uuid: None,
+        // No DMI, no device-tree ID: cadvisor falls back to /etc/machine-id.
+        system_uuid: Some("4f8a1c3e9b2d47e6a05c7d9e1b3f5a72".into()),
         kernel_version: Some("5.15.136-tegra".into()),
         os_image: "Ubuntu 22.04.4 LTS".into(),
         hostname: Some("jetson-orin-nx-07".into()),
