@@ -1147,6 +1147,45 @@ async fn csrs_deleted_as_the_cleaner_deletes_them_change_no_tokens_use_count() {
     drop(gateway);
 }
 
+/// What the real apiserver's API Priority and Fairness dispatched for `flow_schema` at
+/// `priority_level` so far (`apiserver_flowcontrol_dispatched_requests_total`, summed over
+/// its other labels).
+fn dispatched(control_plane: &ControlPlane, flow_schema: &str, priority_level: &str) -> f64 {
+    let text = control_plane
+        .kubectl(&["get", "--raw", "/metrics"])
+        .unwrap();
+    let (schema, level) = (
+        format!("flow_schema=\"{flow_schema}\""),
+        format!("priority_level=\"{priority_level}\""),
+    );
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_flowcontrol_dispatched_requests_total{"))
+        .filter(|l| l.contains(&schema) && l.contains(&level))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// deploy/gateway's FlowSchema at work in the real apiserver: the deployed gateway's Node
+/// and Lease requests are dispatched at `node-high`, kubelets' priority level, not at
+/// `workload-low` with every other ServiceAccount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the built control plane (scripts/test.sh builds it)"]
+async fn the_gateways_heartbeats_ride_kubelets_priority_level() {
+    let control_plane = ControlPlane::shared().unwrap();
+    let gateway = DeployedGateway::start(control_plane, &[]).await;
+    let before = dispatched(control_plane, "edgebeat-gateway", "node-high");
+    let agent = gateway.agent("apf-a");
+    // The registration's POST and PATCH, the Lease's creation and a renewal, at least.
+    eventually(
+        "the gateway's heartbeats dispatched at node-high",
+        Duration::from_secs(60),
+        || async { dispatched(control_plane, "edgebeat-gateway", "node-high") >= before + 4.0 },
+    )
+    .await;
+    agent.stop().await.unwrap();
+    drop(gateway);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the built control plane (scripts/test.sh builds it)"]
 async fn impersonated_writes_pass_the_real_node_authorizer_and_node_restriction() {
@@ -1158,6 +1197,7 @@ async fn impersonated_writes_pass_the_real_node_authorizer_and_node_restriction(
         .unwrap();
     let started = jiff::Timestamp::now();
     let gateway = DeployedGateway::start(control_plane, &["--impersonate-nodes"]).await;
+    let node_high_before = dispatched(control_plane, "system-node-high", "node-high");
     let agents: Vec<_> = names.iter().map(|n| gateway.agent(n)).collect();
     let admin = control_plane.admin_client().await.unwrap();
     let nodes: Api<Node> = Api::all(admin);
@@ -1177,6 +1217,14 @@ async fn impersonated_writes_pass_the_real_node_authorizer_and_node_restriction(
         })
     })
     .await;
+    // API Priority and Fairness classifies a request after impersonation: as the node, in
+    // kubelets' own schema and level, each node its own flow (no other node user talks to
+    // this control plane).
+    let node_high = dispatched(control_plane, "system-node-high", "node-high") - node_high_before;
+    assert!(
+        node_high >= 2.0 * names.len() as f64,
+        "{node_high} requests dispatched at system-node-high"
+    );
     let all = gateway_requests(control_plane, started);
     // Nothing the gateway sent was refused: its calls as each node fit what the Node
     // authorizer and NodeRestriction allow a kubelet, and its watches of the managed Nodes

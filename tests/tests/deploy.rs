@@ -17,6 +17,7 @@ use edgebeat_tests::standin::RecordedRequest;
 use http::Method;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount};
+use k8s_openapi::api::flowcontrol::v1::FlowSchema;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
@@ -136,6 +137,7 @@ enum Object {
     Service(Service),
     PodDisruptionBudget(PodDisruptionBudget),
     NetworkPolicy(NetworkPolicy),
+    FlowSchema(FlowSchema),
 }
 
 /// Deserializes `value` as `T` and serializes it back: any field k8s-openapi does not know
@@ -201,6 +203,7 @@ fn object(value: &Value, what: &str) -> Object {
         "Service" => Object::Service(typed(value, what)),
         "PodDisruptionBudget" => Object::PodDisruptionBudget(typed(value, what)),
         "NetworkPolicy" => Object::NetworkPolicy(typed(value, what)),
+        "FlowSchema" => Object::FlowSchema(typed(value, what)),
         other => panic!("{what}: unexpected kind {other:?} (add it to this test on purpose)"),
     }
 }
@@ -518,6 +521,7 @@ fn every_manifest_parses_into_its_kubernetes_type_without_dropping_fields() {
         ("Service", 2),
         ("PodDisruptionBudget", 1),
         ("NetworkPolicy", 1),
+        ("FlowSchema", 1),
     ]
     .into_iter()
     .map(|(k, n)| (k.to_owned(), n))
@@ -1365,4 +1369,61 @@ fn kubectl_reads_every_manifest() {
             path.display()
         );
     }
+}
+
+/// deploy/gateway's FlowSchema gives the gateway's heartbeats kubelets' priority level: the
+/// gateway's ServiceAccount, Leases in kube-node-lease and Nodes with their status, at
+/// `node-high` (kubelets' `system-node-high` schema's level), before `service-accounts`
+/// (precedence 9000, `workload-low`) and after `system-node-high` (400).
+#[test]
+fn the_flow_schema_puts_the_gateways_heartbeats_at_node_high() {
+    let objects = gateway_objects();
+    let schema = the(&objects, |o| match o {
+        Object::FlowSchema(f) => Some(f),
+        _ => None,
+    });
+    let spec = schema.spec.unwrap();
+    assert_eq!(spec.priority_level_configuration.name, "node-high");
+    let precedence = spec.matching_precedence.unwrap();
+    assert!((401..9000).contains(&precedence), "{precedence}");
+    assert_eq!(spec.distinguisher_method.unwrap().type_, "ByUser");
+    let rules = spec.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    let subjects = &rules[0].subjects;
+    assert_eq!(subjects.len(), 1);
+    let account = subjects[0].service_account.as_ref().unwrap();
+    assert_eq!(
+        (account.name.as_str(), account.namespace.as_str()),
+        (SERVICE_ACCOUNT, NAMESPACE)
+    );
+    let resources: Vec<_> = rules[0]
+        .resource_rules
+        .iter()
+        .flatten()
+        .map(|r| {
+            (
+                r.api_groups.join(","),
+                r.resources.join(","),
+                r.namespaces.clone().unwrap_or_default().join(","),
+                r.cluster_scope.unwrap_or(false),
+            )
+        })
+        .collect();
+    assert_eq!(
+        resources,
+        [
+            (
+                "coordination.k8s.io".to_owned(),
+                "leases".to_owned(),
+                LEASE_NAMESPACE.to_owned(),
+                false
+            ),
+            (
+                String::new(),
+                "nodes,nodes/status".to_owned(),
+                String::new(),
+                true
+            ),
+        ]
+    );
 }
