@@ -632,20 +632,10 @@ impl Components {
             entry.child.take()
         };
         let _ = std::fs::remove_file(self.dir.join(format!("{component}.pid")));
-        let Some(mut child) = child else {
+        let Some(child) = child else {
             return Ok(());
         };
-        // Gone already: try_wait says so.
-        let _ = crate::process::signal(child.id(), "TERM");
-        for _ in 0..100 {
-            if child.try_wait()?.is_some() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        child.kill()?;
-        child.wait()?;
-        Ok(())
+        Ok(crate::process::terminate(child)?)
     }
 
     fn exits(&self, component: &str) -> usize {

@@ -654,7 +654,7 @@ authorization:
             .into_iter()
             .flatten()
         {
-            if let Err(e) = terminate(child) {
+            if let Err(e) = crate::process::terminate(child) {
                 failures.push(format!("stopping: {e:#}"));
             }
         }
@@ -752,20 +752,6 @@ impl Drop for Kubelet {
             );
         }
     }
-}
-
-/// SIGTERM, up to 10 s, then SIGKILL.
-fn terminate(mut child: std::process::Child) -> anyhow::Result<()> {
-    let _ = crate::process::signal(child.id(), "TERM");
-    for _ in 0..100 {
-        if child.try_wait()?.is_some() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    child.kill()?;
-    child.wait()?;
-    Ok(())
 }
 
 /// Removes every `kubepods*` cgroup of every hierarchy, deepest first (they hold no process

@@ -115,6 +115,25 @@ pub fn signal(pid: u32, signal: &str) -> io::Result<()> {
     }
 }
 
+/// Stops `child` as a service manager would: SIGTERM, up to 10 s to exit (polled every
+/// 100 ms: a blocking caller, a `Drop` among them), then SIGKILL. A child already gone
+/// is waited for and fine.
+///
+/// # Errors
+/// Waiting for it or killing it failed.
+pub fn terminate(mut child: std::process::Child) -> io::Result<()> {
+    let _ = signal(child.id(), "TERM");
+    for _ in 0..100 {
+        if child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill()?;
+    child.wait()?;
+    Ok(())
+}
+
 /// Makes `command`'s child receive SIGKILL when the thread that forks it ends, which for
 /// [`spawn`] is when this process ends.
 #[cfg(target_os = "linux")]

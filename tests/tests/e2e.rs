@@ -245,22 +245,27 @@ async fn lease_renews_at_cadence_without_gets(transport: Transport) {
     assert_eq!(creates, 1);
 }
 
+/// Waits (up to [`DEADLINE`]) until the stand-in has `n` status PATCHes of `node`.
+async fn status_patches(cluster: &Cluster, node: &str, n: usize) {
+    cluster
+        .standin
+        .wait_until(DEADLINE, &format!("{n} status patches of {node}"), |v| {
+            v.requests()
+                .iter()
+                .filter(|r| is_status_patch(r, node))
+                .count()
+                >= n
+        })
+        .await
+        .unwrap();
+}
+
 async fn steady_node_patches_status_once_then_per_report_period(transport: Transport) {
     let cluster = Cluster::start(transport).await.unwrap();
     let config = cluster.agent_config("nuc-lab-03", &fixture("nuc-hybrid"));
     let report_period = config.node_status_report_frequency;
     let agent = cluster.start_agent(config).unwrap();
-    cluster
-        .standin
-        .wait_until(DEADLINE, "two status patches", |v| {
-            v.requests()
-                .iter()
-                .filter(|r| is_status_patch(r, "nuc-lab-03"))
-                .count()
-                >= 2
-        })
-        .await
-        .unwrap();
+    status_patches(&cluster, "nuc-lab-03", 2).await;
     agent.stop().await.unwrap();
     let requests = cluster.standin.requests();
     let patches: Vec<_> = requests
@@ -330,17 +335,7 @@ async fn a_report_frequency_equal_to_the_update_frequency_reports_every_period(
     config.node_status_update_frequency = period;
     config.node_status_report_frequency = period;
     let agent = cluster.start_agent(config).unwrap();
-    cluster
-        .standin
-        .wait_until(DEADLINE, "five status patches", |v| {
-            v.requests()
-                .iter()
-                .filter(|r| is_status_patch(r, "nuc-lab-04"))
-                .count()
-                >= 5
-        })
-        .await
-        .unwrap();
+    status_patches(&cluster, "nuc-lab-04", 5).await;
     agent.stop().await.unwrap();
     // Heartbeat times are gateway-stamped whole seconds: a period of 2 s shows as 2 or 3 s
     // between reports (the jitter, the rounding), a report every second period as 4 or 5.

@@ -441,10 +441,9 @@ impl Booted {
         booted
     }
 
-    /// `args` run inside the container (`nsenter` into all of PID 1's namespaces): stdout,
-    /// trimmed; stderr and the exit status are the caller's to judge from stdout.
-    async fn exec(&self, args: &[&str]) -> String {
-        let out = edgebeat_tests::process::output_async(
+    /// `args` run inside the container (`nsenter` into all of PID 1's namespaces).
+    async fn output(&self, args: &[&str]) -> std::process::Output {
+        edgebeat_tests::process::output_async(
             tokio::process::Command::new("nsenter")
                 .arg(format!("--target={}", self.init))
                 .arg("--all")
@@ -452,21 +451,19 @@ impl Booted {
                 .args(args),
         )
         .await
-        .unwrap();
+        .unwrap()
+    }
+
+    /// `args` run inside the container: stdout, trimmed; stderr and the exit status are the
+    /// caller's to judge from stdout.
+    async fn exec(&self, args: &[&str]) -> String {
+        let out = self.output(args).await;
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
     /// `args` run inside the container, asserting success: its stdout.
     async fn run(&self, args: &[&str]) -> String {
-        let out = edgebeat_tests::process::output_async(
-            tokio::process::Command::new("nsenter")
-                .arg(format!("--target={}", self.init))
-                .arg("--all")
-                .arg("--")
-                .args(args),
-        )
-        .await
-        .unwrap();
+        let out = self.output(args).await;
         assert!(
             out.status.success(),
             "{args:?} in the container: {}{}",
