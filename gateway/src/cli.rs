@@ -321,6 +321,15 @@ impl ClusterArgs {
     /// [`KubeConfigError`]: a `--server` that is not a URL, a `--kubeconfig` that cannot be
     /// read or used, or no configuration found at all; each names the flag that fixes it.
     pub async fn kube_config(&self) -> Result<kube::Config, KubeConfigError> {
+        let mut config = self.located_config().await?;
+        config
+            .headers
+            .push((http::header::USER_AGENT, user_agent()));
+        Ok(config)
+    }
+
+    /// The configuration `--server`, `--kubeconfig` or the environment names.
+    async fn located_config(&self) -> Result<kube::Config, KubeConfigError> {
         Ok(match (&self.server, &self.kubeconfig) {
             (Some(url), _) => {
                 kube::Config::new(url.parse().map_err(|source| KubeConfigError::Server {
@@ -345,6 +354,25 @@ impl ClusterArgs {
             (None, None) => kube::Config::infer().await?,
         })
     }
+}
+
+/// The `User-Agent` of every apiserver request, in client-go's form (`<program>/<version>
+/// (<os>/<arch>)`, `k8s.io/client-go/rest/config.go: DefaultKubernetesUserAgent`), so the
+/// audit log (`userAgent`) and proxies name the gateway, as they name kubelet
+/// (`kubelet/v1.36.3 (linux/arm64) kubernetes/<commit>`).
+pub fn user_agent() -> http::HeaderValue {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "arm" => "arm",
+        other => other,
+    };
+    http::HeaderValue::from_str(&format!(
+        "edgebeat-gateway/v{} ({}/{arch})",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS
+    ))
+    .unwrap_or(http::HeaderValue::from_static("edgebeat-gateway"))
 }
 
 /// Why [`ClusterArgs::kube_config`] found no usable apiserver configuration; each names

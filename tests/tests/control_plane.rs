@@ -1172,6 +1172,7 @@ fn dispatched(control_plane: &ControlPlane, flow_schema: &str, priority_level: &
 #[ignore = "needs the built control plane (scripts/test.sh builds it)"]
 async fn the_gateways_heartbeats_ride_kubelets_priority_level() {
     let control_plane = ControlPlane::shared().unwrap();
+    let started = jiff::Timestamp::now();
     let gateway = DeployedGateway::start(control_plane, &[]).await;
     let before = dispatched(control_plane, "edgebeat-gateway", "node-high");
     let agent = gateway.agent("apf-a");
@@ -1184,6 +1185,18 @@ async fn the_gateways_heartbeats_ride_kubelets_priority_level() {
     .await;
     agent.stop().await.unwrap();
     drop(gateway);
+    // Every request names the gateway, as client-go's name kubelet (the audit log's
+    // `userAgent`; kube-rs sends none unless told).
+    let requests = gateway_requests(control_plane, started);
+    assert!(!requests.is_empty());
+    let agents: std::collections::BTreeSet<&str> =
+        requests.iter().map(|e| e.user_agent.as_str()).collect();
+    assert!(
+        agents
+            .iter()
+            .all(|a| a.starts_with("edgebeat-gateway/v") && a.contains(" (linux/")),
+        "{agents:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
