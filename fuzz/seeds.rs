@@ -25,6 +25,7 @@ fn header(seq: u64) -> Option<pb::Header> {
         boot_id: pb::boot_id_to_bytes(BOOT),
         seq,
         wall_time_ms: 1_780_000_000_123,
+        ..Default::default()
     })
 }
 
@@ -116,6 +117,8 @@ fn main() -> std::io::Result<()> {
                 unschedulable: false,
                 status: Some(status("True")),
                 skip_create: false,
+                cgroup_version: 2,
+                ..Default::default()
             })),
         ),
         (
@@ -154,6 +157,7 @@ fn main() -> std::io::Result<()> {
                     boot_id: b"not-a-uuid".to_vec(),
                     seq: 1,
                     wall_time_ms: 0,
+                    ..Default::default()
                 }),
                 lease_duration_seconds: 40,
                 lease_state: Vec::new(),
