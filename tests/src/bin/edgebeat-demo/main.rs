@@ -105,23 +105,36 @@ pub enum Target {
 }
 
 impl Args {
-    /// The target the flags name, or what is wrong with their combination and the fix.
-    fn target(&self) -> Result<Target, String> {
+    /// The target the flags name.
+    ///
+    /// # Errors
+    /// A clap error (kind `InvalidValue` for an unknown `--transport`, `ArgumentConflict`
+    /// for flags that do not go together) naming the flags and the fix; `exit()` prints it
+    /// as clap prints its own.
+    fn target(&self) -> Result<Target, clap::Error> {
+        let conflict = |message: String| {
+            Args::command().error(clap::error::ErrorKind::ArgumentConflict, message)
+        };
         let transport = match self.transport.as_str() {
             "grpc" => Transport::Grpc,
             "mqtt" => Transport::Mqtt,
-            other => return Err(format!("--transport {other:?}: use grpc or mqtt")),
+            other => {
+                return Err(Args::command().error(
+                    clap::error::ErrorKind::InvalidValue,
+                    format!("--transport {other:?}: use grpc or mqtt"),
+                ));
+            }
         };
         let target = match (self.apiserver, &self.kubeconfig) {
             (None | Some(Apiserver::Standin), None) => {
                 if self.kubectl.is_some() {
-                    return Err("--kubectl drives a cluster of your own: give --kubeconfig PATH with it, or drop --kubectl".into());
+                    return Err(conflict("--kubectl drives a cluster of your own: give --kubeconfig PATH with it, or drop --kubectl".into()));
                 }
                 return Ok(Target::Standin(transport));
             }
             (Some(Apiserver::ControlPlane), None) => {
                 if self.kubectl.is_some() {
-                    return Err("--apiserver control-plane uses the control plane's own kubectl: drop --kubectl (it is for --kubeconfig)".into());
+                    return Err(conflict("--apiserver control-plane uses the control plane's own kubectl: drop --kubectl (it is for --kubeconfig)".into()));
                 }
                 Target::ControlPlane
             }
@@ -134,9 +147,9 @@ impl Args {
                     .to_possible_value()
                     .map(|v| v.get_name().to_owned());
                 let name = name.unwrap_or_default();
-                return Err(format!(
+                return Err(conflict(format!(
                     "--apiserver {name} and --kubeconfig name two apiservers: drop --apiserver {name} to report to the cluster of your kubeconfig, or drop --kubeconfig"
-                ));
+                )));
             }
         };
         let form = if matches!(target, Target::ControlPlane) {
@@ -145,19 +158,19 @@ impl Args {
             "--kubeconfig"
         };
         if self.port.is_some() {
-            return Err(format!(
+            return Err(conflict(format!(
                 "--port sets the stand-in's port; with {form} the apiserver has its own: drop --port"
-            ));
+            )));
         }
         if transport == Transport::Mqtt {
-            return Err(format!(
+            return Err(conflict(format!(
                 "--transport mqtt runs with the stand-in only; with {form} the gateway runs as deploy/gateway-enrollment deploys it, over gRPC: drop --transport mqtt, or {form}"
-            ));
+            )));
         }
         if self.plain {
-            return Err(format!(
+            return Err(conflict(format!(
                 "--plain runs with the stand-in only; with {form} the agent enrolls, as deploy/gateway-enrollment's gateway wants: drop --plain, or {form}"
-            ));
+            )));
         }
         Ok(target)
     }
@@ -203,12 +216,7 @@ pub fn stop_after(cancel: &CancellationToken, duration: u64) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let target = match args.target() {
-        Ok(target) => target,
-        Err(message) => Args::command()
-            .error(clap::error::ErrorKind::ArgumentConflict, message)
-            .exit(),
-    };
+    let target = args.target().unwrap_or_else(|e| e.exit());
     let filter: tracing_subscriber::filter::Targets =
         args.log_level.parse().context("--log-level")?;
     use tracing_subscriber::layer::SubscriberExt;
