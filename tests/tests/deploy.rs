@@ -1386,7 +1386,9 @@ fn the_flow_schema_puts_the_gateways_heartbeats_at_node_high() {
     assert_eq!(spec.priority_level_configuration.name, "node-high");
     let precedence = spec.matching_precedence.unwrap();
     assert!((401..9000).contains(&precedence), "{precedence}");
-    assert_eq!(spec.distinguisher_method.unwrap().type_, "ByUser");
+    // By namespace: the renewals (kube-node-lease) one flow, the Node writes (cluster-scoped)
+    // another; a schema cannot tell nodes apart (only users or namespaces).
+    assert_eq!(spec.distinguisher_method.unwrap().type_, "ByNamespace");
     let rules = spec.rules.unwrap();
     assert_eq!(rules.len(), 1);
     let subjects = &rules[0].subjects;
