@@ -199,12 +199,13 @@ cargo test --workspace --locked --test control_plane -- --ignored --exact \
 # Nodes, Leases and Events compared field by field (tests/tests/kubelet.rs; README.md,
 # "Beside a real kubelet"); it puts back the sysctls, cgroups and mounts kubelet changes.
 # Then the same kubelet and the gateway under an API Priority and Fairness overload
-# (tests/tests/overload.rs, BENCHMARKS.md): one kubelet at a time, so one binary after the
-# other.
+# (tests/tests/overload.rs), and kubelet's calls beside edgebeat's over gRPC and MQTT in one
+# audit log (tests/tests/behaviour.rs; both tables in BENCHMARKS.md): one kubelet at a time,
+# so one binary after the other.
 if [ "$(id -u)" = 0 ]; then
-  cargo test --workspace --locked --test kubelet --test overload -- --ignored
+  cargo test --workspace --locked --test kubelet --test overload --test behaviour -- --ignored
 else
-  not_run+=("tests/tests/kubelet.rs, tests/tests/overload.rs: need root (kubelet's cgroups, kernel tunables and mounts)")
+  not_run+=("tests/tests/kubelet.rs, overload.rs, behaviour.rs: need root (kubelet's cgroups, kernel tunables and mounts)")
 fi
 # kubelet's resource metrics of edge nodes through the real apiserver's node proxy, which
 # refuses loopback: the gateway listens on a veth address of the test's own (root).

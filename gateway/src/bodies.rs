@@ -318,8 +318,10 @@ pub fn new_lease(name: &str, node_uid: &str, duration_seconds: i32, renew: Times
 }
 
 /// The JSON body of a plain node Lease, [`new_lease`]`(name, node_uid, duration_seconds,
-/// renew)` with `metadata.resourceVersion` = `resource_version`: the PUT of every renewal
-/// of a Lease the view knows to be plain ([`crate::view::LeaseRecord::plain`]).
+/// renew)` with `metadata.resourceVersion` = `resource_version` and `spec.holderIdentity` =
+/// `holder` (the node name, or what a second writer put there, kept as kubelet keeps it):
+/// the PUT of every renewal of a Lease the view knows to be plain
+/// ([`crate::view::LeaseRecord::plain`]).
 ///
 /// Written straight into bytes: the same bytes, field for field and escape for escape, as
 /// `serde_json::to_vec` of that `Lease` (k8s-openapi's serializer, fields in its order;
@@ -332,13 +334,15 @@ pub fn new_lease(name: &str, node_uid: &str, duration_seconds: i32, renew: Times
 /// `%Y-%m-%dT%H:%M:%S%.6fZ` in UTC (`apimachinery/pkg/apis/meta/v1/micro_time.go`).
 pub fn plain_lease_json(
     name: &str,
+    holder: &str,
     node_uid: &str,
     duration_seconds: i32,
     resource_version: &str,
     renew: Timestamp,
 ) -> Vec<u8> {
-    let mut out =
-        Vec::with_capacity(400 + 3 * name.len() + node_uid.len() + resource_version.len());
+    let mut out = Vec::with_capacity(
+        400 + 2 * name.len() + holder.len() + node_uid.len() + resource_version.len(),
+    );
     out.extend_from_slice(
         br#"{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"labels":{"#,
     );
@@ -356,7 +360,7 @@ pub fn plain_lease_json(
     out.extend_from_slice(br#"}],"resourceVersion":"#);
     json_str(&mut out, resource_version);
     out.extend_from_slice(br#"},"spec":{"holderIdentity":"#);
-    json_str(&mut out, name);
+    json_str(&mut out, holder);
     out.extend_from_slice(br#","leaseDurationSeconds":"#);
     let _ = serde_json::to_writer(&mut out, &duration_seconds);
     out.extend_from_slice(br#","renewTime":"#);

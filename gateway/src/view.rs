@@ -169,10 +169,15 @@ pub struct LeaseRecord {
     /// `spec.renewTime` (microseconds).
     pub renew_time: Option<Timestamp>,
     /// The Lease holds nothing but what kubelet's `newLease` sets (name, namespace,
-    /// ownerReference, holderIdentity = the node name, leaseDurationSeconds, renewTime) and
+    /// ownerReference, holderIdentity, leaseDurationSeconds, renewTime) and
     /// [`MANAGED_LABEL`], so a PUT can be rebuilt from this record without dropping a
     /// field. When false the renewal reads the whole Lease first.
     pub plain: bool,
+    /// `spec.holderIdentity`: the node name, unless a second writer put another there.
+    /// kubelet keeps the holder it finds (its lease controller's `newLease` copies the
+    /// Lease it last wrote or read, `k8s.io/component-helpers/apimachinery/lease/
+    /// controller.go`), so a rebuilt PUT keeps it too.
+    pub holder_identity: Option<Box<str>>,
     /// `spec.leaseDurationSeconds`.
     pub duration_seconds: Option<i32>,
 }

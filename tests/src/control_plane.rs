@@ -1333,6 +1333,22 @@ impl EnrollingGateway {
         broker: &crate::broker::Broker,
         broker_ca: &Ca,
     ) -> AgentHandle {
+        let config = self.mqtt_agent_config(node, token, broker, broker_ca);
+        start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap()
+    }
+
+    /// The configuration of [`Self::mqtt_agent`], for a caller to change (its intervals)
+    /// before it starts the agent.
+    ///
+    /// # Panics
+    /// When the token file cannot be written or the broker's CA not taken.
+    pub fn mqtt_agent_config(
+        &self,
+        node: &str,
+        token: &str,
+        broker: &crate::broker::Broker,
+        broker_ca: &Ca,
+    ) -> AgentConfig {
         let dir = self.dir.path().join(node);
         std::fs::create_dir_all(&dir).unwrap();
         let token_file = dir.join("token");
@@ -1356,7 +1372,7 @@ impl EnrollingGateway {
             rotate_certificates: true,
             enrollment_endpoint: None,
         });
-        start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap()
+        config
     }
 
     /// An agent for `node` with nothing but `token`: gRPC to the gateway, enrolling at its
@@ -1365,14 +1381,25 @@ impl EnrollingGateway {
     /// # Panics
     /// When the agent does not start.
     pub fn agent(&self, node: &str, token: &str) -> AgentHandle {
+        start_agent(
+            self.agent_config(node, token),
+            Arc::new(edgebeat_hw::SystemClock),
+        )
+        .unwrap()
+    }
+
+    /// The configuration of [`Self::agent`], for a caller to change before it starts the
+    /// agent.
+    ///
+    /// # Panics
+    /// When the token file cannot be written.
+    pub fn agent_config(&self, node: &str, token: &str) -> AgentConfig {
         let base = test_agent_config(
             node,
             &fixture("rpi4-cgroup1"),
             grpc_transport(&format!("https://{}", self.grpc)),
         );
-        let config = self
-            .enrolled_agent_config(base, token, &self.dir.path().join(node))
-            .unwrap();
-        start_agent(config, Arc::new(edgebeat_hw::SystemClock)).unwrap()
+        self.enrolled_agent_config(base, token, &self.dir.path().join(node))
+            .unwrap()
     }
 }

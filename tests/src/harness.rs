@@ -109,6 +109,14 @@ pub struct AgentHandle {
 }
 
 impl AgentHandle {
+    /// Ends the agent as SIGKILL ends a process: its task dropped where it stands, no
+    /// goodbye, nothing more sent.
+    pub async fn kill(self) {
+        self.task.abort();
+        // Cancelled (the abort) or finished before it: either way it has ended.
+        let _ = self.task.await;
+    }
+
     /// Stops the agent (as SIGTERM would) and waits for it to finish.
     ///
     /// Errors: the agent's own error, or a join error if it panicked.

@@ -641,6 +641,19 @@ authorization:
         out
     }
 
+    /// SIGKILLs kubelet (containerd stays up), as a node that dies without a word;
+    /// [`Self::stop`] still puts everything back.
+    ///
+    /// # Errors
+    /// It could not be signalled or waited for.
+    pub fn kill_kubelet(&mut self) -> anyhow::Result<()> {
+        if let Some(mut kubelet) = self.kubelet.take() {
+            kubelet.kill()?;
+            kubelet.wait()?;
+        }
+        Ok(())
+    }
+
     /// Stops kubelet, then containerd (SIGTERM, SIGKILL after 10 s), and puts back what they
     /// changed (see the module docs); returns the [`HostState`] read afterwards, to compare
     /// with [`Self::before`].

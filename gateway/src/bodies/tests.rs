@@ -49,11 +49,20 @@ fn a_plain_lease_is_written_as_k8s_openapi_writes_it() {
                 let mut lease = new_lease(name, uid, duration, t);
                 lease.metadata.resource_version = Some(rv.to_owned());
                 let whole = serde_json::to_vec(&lease).unwrap();
-                let lean = plain_lease_json(name, uid, duration, rv, t);
+                let lean = plain_lease_json(name, name, uid, duration, rv, t);
                 assert_eq!(
                     String::from_utf8_lossy(&lean),
                     String::from_utf8_lossy(&whole),
                     "at {t}"
+                );
+                // A holder a second writer put there, kept.
+                lease.spec.as_mut().unwrap().holder_identity = Some("second-writer".into());
+                let whole = serde_json::to_vec(&lease).unwrap();
+                let lean = plain_lease_json(name, "second-writer", uid, duration, rv, t);
+                assert_eq!(
+                    String::from_utf8_lossy(&lean),
+                    String::from_utf8_lossy(&whole),
+                    "at {t}, held by another"
                 );
             }
         }

@@ -349,13 +349,14 @@ impl LeaseRecord {
         let spec = lease.spec.as_ref();
         let plain = !lease.extras.more_than_kubelet_sets
             && lease.extras.node_owner.as_deref() == Some(name)
-            && spec.is_some_and(|s| {
-                s.holder_identity.as_deref() == Some(name) && !s.more_than_kubelet_sets()
-            });
+            && spec.is_some_and(|s| s.holder_identity.is_some() && !s.more_than_kubelet_sets());
         Some(Self {
             resource_version: Box::from(meta.resource_version.as_deref()?),
             renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
             plain,
+            holder_identity: spec
+                .and_then(|s| s.holder_identity.as_deref())
+                .map(Box::from),
             duration_seconds: spec.and_then(|s| s.lease_duration_seconds),
         })
     }

@@ -187,9 +187,15 @@ fn a_lease_is_plain_only_with_what_kubelet_sets() {
     assert!(!record(&acquired).unwrap().plain);
     let mut held_by_another = l.clone();
     held_by_another.spec.as_mut().unwrap().holder_identity = Some("operator".to_owned());
+    // Still plain: the rebuilt PUT keeps the holder, as kubelet's newLease does.
+    let held = record(&held_by_another).unwrap();
+    assert!(held.plain);
+    assert_eq!(held.holder_identity.as_deref(), Some("operator"));
+    let mut unheld = l.clone();
+    unheld.spec.as_mut().unwrap().holder_identity = None;
     assert!(
-        !record(&held_by_another).unwrap().plain,
-        "a rebuilt Lease would rewrite the holder"
+        !record(&unheld).unwrap().plain,
+        "no holder: read whole, as kubelet writes one only at creation"
     );
     let mut labelled = l.clone();
     labelled

@@ -122,6 +122,7 @@ impl Writer {
             let held_time = held_now.as_ref().and_then(|h| h.renew_time);
             // What to PUT against: the newer of the view and the echo, rebuilt when the
             // Lease is plain; otherwise (or with nothing known) read it.
+            // The holder found is kept, as kubelet keeps it (see `LeaseRecord::holder_identity`).
             let plain = match (held_now, echoed.take(), uid.as_deref()) {
                 (held, Some(state), Some(uid))
                     if held.as_ref().is_none_or(|h| h.plain)
@@ -129,16 +130,26 @@ impl Writer {
                             != Some(state.resource_version.as_str())
                         && held_time.is_none_or(|t| t < state.renew_time) =>
                 {
-                    Some((uid, Box::from(state.resource_version)))
+                    let holder = held.and_then(|h| h.holder_identity);
+                    Some((uid, Box::from(state.resource_version), holder))
                 }
-                (Some(h), _, Some(uid)) if h.plain => Some((uid, h.resource_version)),
+                (Some(h), _, Some(uid)) if h.plain => {
+                    Some((uid, h.resource_version, h.holder_identity))
+                }
                 _ => None,
             };
             let (body, renew) = match plain {
-                Some((uid, resource_version)) => {
+                Some((uid, resource_version, holder)) => {
                     let renew = self.renew_time(w);
-                    let body =
-                        bodies::plain_lease_json(name, uid, duration, &resource_version, renew);
+                    let holder = holder.as_deref().unwrap_or(name);
+                    let body = bodies::plain_lease_json(
+                        name,
+                        holder,
+                        uid,
+                        duration,
+                        &resource_version,
+                        renew,
+                    );
                     (body, renew)
                 }
                 None => match self.read_lease(w, name, budget).await {
