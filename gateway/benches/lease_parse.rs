@@ -298,14 +298,14 @@ fn main() {
     let Ok(renew) = "2026-11-26T21:12:34.567890Z".parse::<jiff::Timestamp>() else {
         panic!("the renewTime parses");
     };
-    let body = bodies::plain_lease_json(name, uid, 40, rv, renew);
+    let body = bodies::plain_lease_json(name, name, uid, 40, rv, renew);
     let whole = per_parse(N, || {
         let mut lease = bodies::new_lease(black_box(name), uid, 40, renew);
         lease.metadata.resource_version = Some(rv.to_owned());
         serde_json::to_vec(&lease).is_ok_and(|v| v.len() == body.len())
     });
     let lean = per_parse(N, || {
-        bodies::plain_lease_json(black_box(name), uid, 40, rv, renew).len() == body.len()
+        bodies::plain_lease_json(black_box(name), name, uid, 40, rv, renew).len() == body.len()
     });
     println!(
         "{:<32} {:>6} {whole:>19.0} {lean:>17.0}",

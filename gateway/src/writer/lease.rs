@@ -3,6 +3,7 @@
 //! after a 409, create when missing; and the Lease state the agent echoes.
 
 use super::*;
+use crate::view::LeaseRecord;
 
 /// The gateway's Lease state, echoed by the agent (`LeaseRenewal.lease_state`): the
 /// resourceVersion and renewTime of the last successful write. Encoding: renewTime as
@@ -39,6 +40,49 @@ impl LeaseState {
             renew_time,
         })
     }
+}
+
+/// What a renewal PUTs against without reading the Lease first: the newer of the view's
+/// record and the agent's echo of the last write, when the Lease is plain (a body can be
+/// rebuilt from them). `None`: read it (nothing is known, or it holds more than kubelet
+/// sets).
+fn plain_base(
+    held: Option<LeaseRecord>,
+    echoed: Option<LeaseState>,
+    uid: Option<&str>,
+) -> Option<PlainBase<'_>> {
+    let held_time = held.as_ref().and_then(|h| h.renew_time);
+    match (held, echoed, uid) {
+        (held, Some(state), Some(uid))
+            if held.as_ref().is_none_or(|h| h.plain)
+                && held.as_ref().map(|h| &*h.resource_version)
+                    != Some(state.resource_version.as_str())
+                && held_time.is_none_or(|t| t < state.renew_time) =>
+        {
+            Some(PlainBase {
+                uid,
+                resource_version: Box::from(state.resource_version),
+                holder: held.and_then(|h| h.holder_identity),
+            })
+        }
+        (Some(h), _, Some(uid)) if h.plain => Some(PlainBase {
+            uid,
+            resource_version: h.resource_version,
+            holder: h.holder_identity,
+        }),
+        _ => None,
+    }
+}
+
+/// What [`plain_base`] found to PUT against.
+struct PlainBase<'a> {
+    /// The Node's UID (the Lease's ownerReference).
+    uid: &'a str,
+    /// The resourceVersion of the last write known.
+    resource_version: Box<str>,
+    /// The holderIdentity found, kept as kubelet keeps it
+    /// ([`LeaseRecord::holder_identity`]); the node name when none is known.
+    holder: Option<Box<str>>,
 }
 
 impl Writer {
@@ -118,36 +162,16 @@ impl Writer {
                 last_error = "too late to write this renewal; waiting for a fresh one".into();
                 break;
             };
-            let held_now = held.take();
-            let held_time = held_now.as_ref().and_then(|h| h.renew_time);
-            // What to PUT against: the newer of the view and the echo, rebuilt when the
-            // Lease is plain; otherwise (or with nothing known) read it.
-            // The holder found is kept, as kubelet keeps it (see `LeaseRecord::holder_identity`).
-            let plain = match (held_now, echoed.take(), uid.as_deref()) {
-                (held, Some(state), Some(uid))
-                    if held.as_ref().is_none_or(|h| h.plain)
-                        && held.as_ref().map(|h| &*h.resource_version)
-                            != Some(state.resource_version.as_str())
-                        && held_time.is_none_or(|t| t < state.renew_time) =>
-                {
-                    let holder = held.and_then(|h| h.holder_identity);
-                    Some((uid, Box::from(state.resource_version), holder))
-                }
-                (Some(h), _, Some(uid)) if h.plain => {
-                    Some((uid, h.resource_version, h.holder_identity))
-                }
-                _ => None,
-            };
-            let (body, renew) = match plain {
-                Some((uid, resource_version, holder)) => {
+            let (body, renew) = match plain_base(held.take(), echoed.take(), uid.as_deref()) {
+                Some(base) => {
                     let renew = self.renew_time(w);
-                    let holder = holder.as_deref().unwrap_or(name);
+                    let holder = base.holder.as_deref().unwrap_or(name);
                     let body = bodies::plain_lease_json(
                         name,
                         holder,
-                        uid,
+                        base.uid,
                         duration,
-                        &resource_version,
+                        &base.resource_version,
                         renew,
                     );
                     (body, renew)
