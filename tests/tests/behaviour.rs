@@ -199,7 +199,7 @@ async fn kubelet_and_edgebeat_side_by_side_in_one_audit_log() {
         }
     };
     let minutes = steady_to.duration_since(steady_from).as_secs_f64() / 60.0;
-    let rows: [(&str, fn(&AuditEvent, &str) -> bool); 7] = [
+    let rows: [(&str, Counts); 7] = [
         ("Lease updates", |e, n| is(e, "update", "leases", n)),
         ("Lease GETs", |e, n| is(e, "get", "leases", n)),
         ("Node GETs", |e, n| is(e, "get", "nodes", n)),
@@ -342,6 +342,9 @@ async fn kubelet_and_edgebeat_side_by_side_in_one_audit_log() {
         );
     }
 }
+
+/// Whether an audit event counts in a row of the table, for the node named.
+type Counts = fn(&AuditEvent, &str) -> bool;
 
 /// Whether `event` is `verb` on `resource` named `name`, answered.
 fn is(event: &AuditEvent, verb: &str, resource: &str, name: &str) -> bool {
