@@ -278,8 +278,9 @@ async fn transcript(client: kube::Client, prefix: &str, node: &Node) -> Transcri
         .and_then(|l| l.metadata.resource_version.clone())
         .unwrap_or_default();
     t.push(("lease: create", outcome(&created, lease_fields)));
-    let renew =
-        |version: &str, when: &str| bodies::plain_lease_json(&name, &uid, 40, version, at(when));
+    let renew = |version: &str, when: &str| {
+        bodies::plain_lease_json(&name, &name, &uid, 40, version, at(when))
+    };
     let mut watch = leases
         .watch(
             &WatchParams::default()
