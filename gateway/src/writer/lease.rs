@@ -2,7 +2,16 @@
 //! apimachinery/lease/controller.go`): PUT with the last known resourceVersion, GET only
 //! after a 409, create when missing; and the Lease state the agent echoes.
 
-use super::*;
+use super::{NodeWrites, Writer, retry};
+use crate::apiserver::answers;
+use crate::bodies;
+use crate::view::PartialLease;
+use edgebeat_proto::Answer;
+use edgebeat_transports::ingress::RejectReason;
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The gateway's Lease state, echoed by the agent (`LeaseRenewal.lease_state`): the
 /// resourceVersion and renewTime of the last successful write. Encoding: renewTime as

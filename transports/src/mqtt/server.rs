@@ -7,38 +7,26 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_proto::registration::NodeName;
-use edgebeat_proto::{
-    AgentMessage, Answer, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind,
-    gateway_message,
-};
+use edgebeat_proto::MAX_AGENT_MESSAGE_BYTES;
 use prost::Message;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{Filter, Packet, Publish, SubscribeReasonCode};
+use rumqttc::v5::mqttbytes::v5::{Filter, Packet, SubscribeReasonCode};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use rustls::pki_types::UnixTime;
 use tokio::time::Instant;
 
 use super::{
-    CONNECT_TIMEOUT_SECS, DEFAULT_KEEPALIVE, DEFAULT_SHARE_GROUP, DEFAULT_TOPIC_PREFIX, WILL_KIND,
-    acks_topic, certificates_filter, check_connection, check_keepalive, check_level, check_prefix,
-    disconnect, ends_backoff, gateway_filter, next_event, parse_certificate_topic,
-    parse_node_topic,
+    CONNECT_TIMEOUT_SECS, DEFAULT_KEEPALIVE, DEFAULT_SHARE_GROUP, DEFAULT_TOPIC_PREFIX,
+    certificates_filter, check_connection, check_keepalive, check_level, check_prefix, disconnect,
+    ends_backoff, gateway_filter, next_event,
 };
-use crate::ingress::{
-    Asked, CertificateId, Handler, Letter, Peer, RejectReason, Rejection, Reply, Sending,
-    TransportKind, UsageOutbox,
-};
-use crate::signing::{
-    self, AnswerSigner, AnswerVerifier, CertificateVerifier, NodeKey, SignatureError,
-};
+use crate::ingress::{Handler, RejectReason, Rejection, UsageOutbox};
+use crate::signing::{AnswerSigner, AnswerVerifier, CertificateVerifier};
 use crate::tls::ClientTls;
 
 mod classify;
 mod verify;
 mod workers;
-use classify::{Inbound, classify};
-use verify::{Signatures, nobody, open, open_usage, peer};
+use verify::Signatures;
 use workers::Workers;
 
 /// Rejection: the payload is larger than `max_packet_bytes`.
