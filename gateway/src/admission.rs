@@ -49,8 +49,8 @@ use edgebeat_transports::ingress::Rejection;
 use tokio::time::Instant;
 
 use crate::freshness::Freshness;
-use crate::metrics::RejectReason;
 use crate::restriction::TokenBucket;
+use edgebeat_transports::ingress::RejectReason;
 
 /// Superseded boot IDs remembered per node (at most; each for
 /// [`AdmissionPolicy::old_boot_memory`]).

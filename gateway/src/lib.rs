@@ -44,8 +44,3 @@ pub mod site_status;
 pub mod sites;
 pub mod view;
 mod writer;
-
-pub use admission::Posture;
-pub use message_path::{
-    Gateway, GatewayOptions, kube_client, kube_client_with, watch_client, watch_client_with,
-};

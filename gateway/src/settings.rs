@@ -13,11 +13,12 @@ use edgebeat_transports::grpc::{GrpcServerOptions, GrpcServerTls, tls};
 use edgebeat_transports::mqtt::{MqttIngressOptions, SignaturePolicy};
 use edgebeat_transports::signing::{AnswerSigner, CertificateVerifier};
 
+use crate::admission::Posture;
 use crate::cli::{Args, CsrApproval};
 use crate::enrollment::gate::EnrollmentLimits;
 use crate::enrollment::{Approval, Enrollment, EnrollmentOptions};
+use crate::message_path::GatewayOptions;
 use crate::resource_metrics::ResourceMetricsOptions;
-use crate::{GatewayOptions, Posture};
 
 mod error;
 pub use error::SettingsError;
@@ -526,7 +527,7 @@ fn enrollment_tls(grpc: Option<&GrpcSettings>) -> Option<GrpcServerTls> {
     })
 }
 
-/// The per-message options of [`crate::Gateway`] from the flags (the posture is decided
+/// The per-message options of [`crate::message_path::Gateway`] from the flags (the posture is decided
 /// at [`crate::server::Server::bind`]). The enrollment bursts are 5 s of `--enrollment-rate` and 4 s of
 /// `--enrollment-rate-per-source`, at least one request each; `--max-inflight` is taken as
 /// given ([`crate::apiserver::Apiserver::with_limits`] raises it to 2).

@@ -1,4 +1,4 @@
-use super::slots::{SLOT_IDLE, SWEEP_EVERY};
+use super::slots::{NodeSlot, SLOT_IDLE, SWEEP_EVERY};
 use super::*;
 use crate::admission::Posture;
 use edgebeat_proto::registration::NodeName;
