@@ -38,6 +38,7 @@
 //!   probes per second, not a request per node per retry, and a renewal goes through
 //!   within seconds of recovery, inside one renew interval.
 
+use edgebeat_proto::registration::NodeName;
 use parking_lot::Mutex;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -369,7 +370,7 @@ impl Apiserver {
     /// `GET` of Lease `kube-node-lease/{name}` with 404 as `Ok(None)`, as node `name`.
     ///
     /// Errors: kube's, but not 404.
-    pub async fn get_lease_opt(&self, name: &str) -> Result<Option<Lease>, kube::Error> {
+    pub async fn get_lease_opt(&self, name: &NodeName) -> Result<Option<Lease>, kube::Error> {
         not_found_as_none(
             self.call(
                 name,
@@ -388,7 +389,7 @@ impl Apiserver {
     /// Errors: kube's (409 on a stale resourceVersion).
     pub async fn replace_lease(
         &self,
-        name: &str,
+        name: &NodeName,
         body: Vec<u8>,
     ) -> Result<PartialLease, kube::Error> {
         self.call(

@@ -21,6 +21,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
+use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
 use edgebeat_transports::ingress::{CertificateId, Letter, NodeMap, Peer, Turn, UsageOutbox};
 use tokio::time::Instant;
@@ -226,13 +227,15 @@ impl Gateway {
     /// full mailbox, counted and dropped unanswered) at once. Returns the node's slot when
     /// its letters must now be handled ([`Gateway::handle_letters`]).
     fn post(&self, letter: Letter) -> Option<Arc<SlotCell>> {
-        if let Err(answer) = self.screen(&letter.peer, &letter.message) {
-            letter.reply.send_now(Some(answer));
-            return None;
-        }
-        let name = letter.message.header().map_or("", |h| h.node_name.as_str());
-        let Some(cell) = self.slot(name, letter.peer.identity.is_some()) else {
-            let answer = self.fleet_full(name);
+        let name = match self.screen(&letter.peer, &letter.message) {
+            Ok(name) => name,
+            Err(answer) => {
+                letter.reply.send_now(Some(answer));
+                return None;
+            }
+        };
+        let Some(cell) = self.slot(&name, letter.peer.identity.is_some()) else {
+            let answer = self.fleet_full(&name);
             letter.reply.send_now(Some(answer));
             return None;
         };
@@ -323,7 +326,7 @@ impl Gateway {
                 .max_renewal_age
                 .saturating_sub(age)
                 .max(Duration::from_millis(500));
-        let name = header.node_name.as_str();
+        let name = &cell.name;
         let answer = self.write(&mut slot.writes, name, message, deadline).await;
         Some(
             self.follow_up(&mut slot.writes, name, peer, message, answer)
@@ -341,7 +344,7 @@ impl Gateway {
     async fn write(
         &self,
         writes: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         message: &pb::AgentMessage,
         deadline: Instant,
     ) -> Answer {

@@ -8,6 +8,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
 use edgebeat_transports::ingress::Peer;
 use tokio::time::Instant;
@@ -57,18 +58,25 @@ impl Gateway {
     /// The checks of `message` from `peer` that need no per-node state, so nothing is
     /// kept for a message that fails them: it has a header, its identity suits the
     /// [`Posture`] and its node name ([`check_identity`]), and it is not unidentified for
-    /// a node the cluster records as speaking with a certificate.
+    /// a node the cluster records as speaking with a certificate. Returns the node's name,
+    /// validated: the [`NodeName`] its slot, admission and writes carry from here.
     ///
     /// Errors: the answer that refuses it (counted).
-    pub(super) fn screen(&self, peer: &Peer, message: &pb::AgentMessage) -> Result<(), Answer> {
+    pub(super) fn screen(
+        &self,
+        peer: &Peer,
+        message: &pb::AgentMessage,
+    ) -> Result<NodeName, Answer> {
         let Some(header) = message.header() else {
             return Err(self.no_header());
         };
-        let name = header.node_name.as_str();
-        if let Err(rejection) = check_identity(self.options.posture, name, provenance(peer)) {
-            return Err(self.reject(rejection.reason, rejection.detail.into_owned()));
-        }
-        if peer.identity.is_none() && self.writer.view.certificate(name).is_some() {
+        let name = match check_identity(self.options.posture, &header.node_name, provenance(peer)) {
+            Ok(name) => name,
+            Err(rejection) => {
+                return Err(self.reject(rejection.reason, rejection.detail.into_owned()));
+            }
+        };
+        if peer.identity.is_none() && self.writer.view.certificate(&name).is_some() {
             // The cluster records that the node speaks with a certificate: whoever sends
             // this without one is not the node, whatever this replica remembers.
             return Err(self.reject(
@@ -76,7 +84,7 @@ impl Gateway {
                 format!("unidentified message for node {name:?}, which speaks with its identity"),
             ));
         }
-        Ok(())
+        Ok(name)
     }
 
     /// Refuses a message without a header (or of a kind this version does not know).
@@ -102,7 +110,7 @@ impl Gateway {
         header: &pb::Header,
         received: Instant,
     ) -> Result<Duration, Option<Answer>> {
-        let name = header.node_name.as_str();
+        let name = cell.name.as_str();
         let provenance = provenance(peer);
         let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
         // A boot named by tag that this replica does not hold (a shared subscription gave

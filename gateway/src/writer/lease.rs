@@ -7,6 +7,7 @@ use crate::apiserver::answers;
 use crate::bodies;
 use crate::view::PartialLease;
 use edgebeat_proto::Answer;
+use edgebeat_proto::registration::NodeName;
 use edgebeat_transports::ingress::RejectReason;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -92,7 +93,7 @@ impl Writer {
     pub(crate) async fn renew(
         &self,
         w: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         duration: i32,
         lease_state: &[u8],
         deadline: Instant,
@@ -203,7 +204,7 @@ impl Writer {
 
     /// GET of the Lease before a PUT (kubelet's lease controller after a 409, or with
     /// nothing known): what it holds goes into the view.
-    async fn read_lease(&self, w: &mut NodeWrites, name: &str, budget: Duration) -> Read {
+    async fn read_lease(&self, w: &mut NodeWrites, name: &NodeName, budget: Duration) -> Read {
         match tokio::time::timeout(budget, self.api.get_lease_opt(name)).await {
             Ok(Ok(Some(lease))) => {
                 self.view.observe_lease(&PartialLease::from(&lease));
@@ -220,7 +221,7 @@ impl Writer {
     pub(super) fn renewed(
         &self,
         w: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         written: &PartialLease,
         renew: Timestamp,
     ) -> Answer {
@@ -250,7 +251,7 @@ impl Writer {
     pub(super) async fn create_lease(
         &self,
         w: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         duration: i32,
     ) -> Answer {
         let uid = match self.api.get_node(name).await {
