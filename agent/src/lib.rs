@@ -3,14 +3,16 @@
 //!
 //! - [`config`]: the YAML configuration (KubeletConfiguration field names).
 //! - [`status`]: the pure status computation `(facts, previous, now) -> NodeStatus`.
-//! - [`health`]: the health conditions beyond kubelet's four (PSI, read-only filesystem,
-//!   thermal, under-voltage, clock sync).
-//! - [`run`]: the status and Lease loops, the observe server and systemd notifications.
+//! - [`condition`]: one NodeCondition and how it follows the previous one.
+//! - [`health`]: the health conditions beyond kubelet's four (PSI, read-only filesystem, thermal, under-voltage, clock sync).
+//! - [`run`]: the agent ([`Agent`]): the status and Lease loops, the observe server.
+//! - [`header`]: message headers: node name, boot ID, per-boot sequence numbers.
+//! - [`certificates`]: node certificates: enrollment with a bootstrap token, rotation.
 //! - [`metrics`]: the Prometheus metrics (`edgebeat_agent_*`) served on `/metrics`.
 //! - [`systemd`]: `READY=1`, `WATCHDOG=1` and `STOPPING=1` under systemd.
-//! - [`header`]: per-boot sequence numbers.
 //! - [`view`]: Kubernetes-shaped JSON for `--once`.
 //! - [`quantity`]: resource quantity parsing and canonical formatting.
+//! - `error`: why the agent could not start or run ([`AgentError`]).
 
 // Production functions of at most 100 lines (clippy.toml's too-many-lines-threshold,
 // issue 51): a longer one is split into named steps. Tests are exempt.

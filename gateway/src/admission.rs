@@ -42,6 +42,7 @@
 //!    would reset the node lifecycle controller's probe time and hide a dead node
 //!    (`pkg/controller/nodelifecycle/node_lifecycle_controller.go: tryUpdateNodeHealth`).
 
+use edgebeat_proto::registration::NodeName;
 use std::time::Duration;
 
 use edgebeat_proto as pb;
@@ -49,8 +50,8 @@ use edgebeat_transports::ingress::Rejection;
 use tokio::time::Instant;
 
 use crate::freshness::Freshness;
-use crate::metrics::RejectReason;
 use crate::restriction::TokenBucket;
+use edgebeat_transports::ingress::RejectReason;
 
 /// Superseded boot IDs remembered per node (at most; each for
 /// [`AdmissionPolicy::old_boot_memory`]).
@@ -131,20 +132,22 @@ pub enum Verdict {
 
 /// The stateless checks (rule 1 of the module docs), run before any per-node state is
 /// looked up or made: the header's node name is a valid Node name, an identified message
-/// speaks for its own node, and under [`Posture::Identified`] it has an identity.
+/// speaks for its own node, and under [`Posture::Identified`] it has an identity. Returns
+/// the name as a [`NodeName`] (the one rule, [`edgebeat_proto::registration::is_node_name`]):
+/// what the gateway carries from here to the apiserver call.
 ///
 /// Errors: the [`Rejection`] (`Malformed`, `Foreign` or `Unauthenticated`).
 pub fn check_identity(
     posture: Posture,
     node: &str,
     provenance: Provenance<'_>,
-) -> Result<(), Rejection> {
-    if !edgebeat_transports::tls::is_node_name(node) {
+) -> Result<NodeName, Rejection> {
+    let Ok(name) = NodeName::new(node) else {
         return Err(Rejection::new(
             RejectReason::Malformed,
             format!("malformed: {node:?} is not a valid node name"),
         ));
-    }
+    };
     match provenance.identity {
         Some(identity) if identity != node => Err(Rejection::new(
             RejectReason::Foreign,
@@ -156,7 +159,7 @@ pub fn check_identity(
                 "unidentified message for node {node:?}: this gateway requires node identities"
             ),
         )),
-        _ => Ok(()),
+        _ => Ok(name),
     }
 }
 

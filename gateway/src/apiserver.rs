@@ -38,6 +38,7 @@
 //!   probes per second, not a request per node per retry, and a renewal goes through
 //!   within seconds of recovery, inside one renew interval.
 
+use edgebeat_proto::registration::NodeName;
 use parking_lot::Mutex;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -55,8 +56,11 @@ use tokio::time::Instant;
 use crate::bodies::{EVENT_NAMESPACE, LEASE_NAMESPACE};
 use crate::view::PartialLease;
 use edgebeat_transports::tls;
+use gate::{Gate, Moved, Priority, Recording, Ticket};
 use jiff::SignedDuration;
 use outage::{OutageLine, OutageLog};
+
+pub use gate::{BackingOff, WriteLimits, is_trouble};
 
 /// `Impersonate-User` (kube-apiserver impersonation headers).
 const IMPERSONATE_USER: HeaderName = HeaderName::from_static("impersonate-user");
@@ -67,191 +71,6 @@ const IMPERSONATE_GROUP: HeaderName = HeaderName::from_static("impersonate-group
 /// heartbeat client timeout (`nodeStatusUpdateFrequency`, 10 s, `cmd/kubelet/app/
 /// server.go: buildKubeletClientConfig`). A call past it counts as no answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// First and largest wait of the backoff gate (see the module docs).
-const GATE_BACKOFF_MIN: Duration = Duration::from_millis(200);
-const GATE_BACKOFF_MAX: Duration = Duration::from_secs(4);
-
-/// How many apiserver calls the gateway makes at once.
-#[derive(Debug, Clone, Copy)]
-pub struct WriteLimits {
-    /// Requests in flight at once (default 256); Node, status and Event calls may hold at
-    /// most half.
-    pub max_inflight: usize,
-}
-
-impl Default for WriteLimits {
-    fn default() -> Self {
-        Self { max_inflight: 256 }
-    }
-}
-
-/// Which slots a call may take (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Priority {
-    /// Lease GET, PUT, POST: every slot.
-    Lease,
-    /// Everything else: at most half the slots.
-    Other,
-}
-
-/// The error of a call not sent because the apiserver is being backed off from: it
-/// answered 429, 5xx or nothing recently, and this call is not the probe. Carried as
-/// [`kube::Error::Service`].
-#[derive(Debug, thiserror::Error)]
-#[error("not sent: backing off from the apiserver for {0:?} more")]
-pub struct BackingOff(pub Duration);
-
-/// The backoff gate's state.
-#[derive(Debug)]
-struct Gate {
-    failing: bool,
-    probing: bool,
-    retry_at: Instant,
-    backoff: Duration,
-    /// When the gate last reopened after trouble.
-    reopened: Option<Instant>,
-    /// When a call last met trouble.
-    last_trouble: Option<Instant>,
-}
-
-/// How a call's outcome moved its gate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Moved {
-    /// The first trouble closed it.
-    Closed,
-    /// A success reopened it.
-    Reopened,
-    /// Nothing new.
-    Not,
-}
-
-impl Gate {
-    fn new() -> Self {
-        Self {
-            failing: false,
-            probing: false,
-            retry_at: Instant::now(),
-            backoff: GATE_BACKOFF_MIN,
-            reopened: None,
-            last_trouble: None,
-        }
-    }
-
-    /// Takes one call's outcome: `None` for an apiserver that works, `Some(retry_after)`
-    /// for trouble. Only the probe's trouble (or the first trouble) moves the next try:
-    /// failures of calls that were already in flight when the gate closed say nothing new.
-    fn observe(&mut self, trouble: Option<Duration>, probe: bool) -> Moved {
-        match trouble {
-            None => {
-                let moved = if self.failing {
-                    self.reopened = Some(Instant::now());
-                    Moved::Reopened
-                } else {
-                    Moved::Not
-                };
-                self.failing = false;
-                self.backoff = GATE_BACKOFF_MIN;
-                moved
-            }
-            Some(_) if self.failing && !probe => {
-                self.last_trouble = Some(Instant::now());
-                Moved::Not
-            }
-            Some(retry_after) => {
-                self.last_trouble = Some(Instant::now());
-                let (wait, moved) = if self.failing {
-                    ((self.backoff * 2).min(GATE_BACKOFF_MAX), Moved::Not)
-                } else {
-                    (GATE_BACKOFF_MIN, Moved::Closed)
-                };
-                self.backoff = wait;
-                self.failing = true;
-                // A Retry-After longer than GATE_BACKOFF_MAX is not honoured: a Lease not
-                // renewed for 40 s is a NotReady node, and one probe costs the apiserver
-                // little.
-                self.retry_at = Instant::now() + wait.max(retry_after.min(GATE_BACKOFF_MAX));
-                moved
-            }
-        }
-    }
-}
-
-/// What a call may do, by its gate.
-enum Ticket<'a> {
-    /// The gate is open.
-    Open,
-    /// The gate is closed and this call is its probe; dropping it unresolved frees the
-    /// probe for another call.
-    Probe(&'a Mutex<Gate>),
-}
-
-impl Drop for Ticket<'_> {
-    fn drop(&mut self) {
-        if let Ticket::Probe(gate) = self {
-            gate.lock().probing = false;
-        }
-    }
-}
-
-/// A call being recorded: records its outcome in its gate, and, for the Lease gate, tells an
-/// outage's start and end ([`outage`]); a call dropped before its answer (its caller's
-/// deadline passed) counts as "no answer".
-struct Recording<'a> {
-    api: &'a Apiserver,
-    priority: Priority,
-    probe: bool,
-    recorded: bool,
-}
-
-impl Recording<'_> {
-    fn record<T>(&mut self, result: &Result<T, kube::Error>) {
-        self.recorded = true;
-        let error = || match result {
-            Err(error) => edgebeat_transports::observe::error_report(error),
-            Ok(_) => String::new(),
-        };
-        self.api
-            .observe(self.priority, trouble(result), self.probe, error);
-    }
-}
-
-impl Drop for Recording<'_> {
-    fn drop(&mut self) {
-        if !self.recorded {
-            self.api
-                .observe(self.priority, Some(Duration::ZERO), self.probe, || {
-                    "no answer before the caller's deadline".to_owned()
-                });
-        }
-    }
-}
-
-/// Whether `error` says the apiserver is in trouble (429, 5xx, no answer, or a call not
-/// sent while backing off), not that it refused this call (a 403, a 409, a 422).
-pub fn is_trouble(error: &kube::Error) -> bool {
-    match error {
-        kube::Error::Api(status) => status.code == 429 || status.code >= 500,
-        _ => true,
-    }
-}
-
-/// Whether a call's result says the apiserver is in trouble: `Some(Retry-After)` for 429,
-/// `Some(0)` for 5xx and for no answer; `None` for success and any other answer (a 404 or
-/// 409 is an apiserver that works).
-fn trouble<T>(result: &Result<T, kube::Error>) -> Option<Duration> {
-    match result {
-        Err(error) if is_trouble(error) => Some(match error {
-            kube::Error::Api(status) => status
-                .details
-                .as_ref()
-                .map(|d| Duration::from_secs(u64::from(d.retry_after_seconds)))
-                .unwrap_or_default(),
-            _ => Duration::ZERO,
-        }),
-        _ => None,
-    }
-}
 
 /// The apiserver as the gateway writes to it: a kube-rs client, whether to impersonate
 /// each node, the call slots and a backoff gate per priority (shared by every clone),
@@ -551,7 +370,7 @@ impl Apiserver {
     /// `GET` of Lease `kube-node-lease/{name}` with 404 as `Ok(None)`, as node `name`.
     ///
     /// Errors: kube's, but not 404.
-    pub async fn get_lease_opt(&self, name: &str) -> Result<Option<Lease>, kube::Error> {
+    pub async fn get_lease_opt(&self, name: &NodeName) -> Result<Option<Lease>, kube::Error> {
         not_found_as_none(
             self.call(
                 name,
@@ -570,7 +389,7 @@ impl Apiserver {
     /// Errors: kube's (409 on a stale resourceVersion).
     pub async fn replace_lease(
         &self,
-        name: &str,
+        name: &NodeName,
         body: Vec<u8>,
     ) -> Result<PartialLease, kube::Error> {
         self.call(
@@ -619,7 +438,7 @@ fn not_found_as_none<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kub
     }
 }
 
-/// Builds the kube-rs client the gateway watches with ([`Gateway::watch`](crate::Gateway::watch)): `config`
+/// Builds the kube-rs client the gateway watches with ([`Gateway::watch`](crate::message_path::Gateway::watch)): `config`
 /// without a read timeout, since a watch is quiet for as long as nothing changes
 /// (kube-runtime's watcher applies its own idle timeout, the watch's 290 s plus a margin),
 /// and no client-side rate limit. Every request is timed into `requests`
@@ -706,6 +525,7 @@ pub fn kube_client_with(
 
 pub mod answers;
 pub mod client;
+mod gate;
 pub mod outage;
 pub mod reach;
 pub mod requests;

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use crate::apiserver::kube_client;
 use crate::cli::{ClusterArgs, KubeConfigError};
 use crate::enrollment::EnrollmentError;
 use crate::enrollment::ca::{AnswerCaRotation, SiteCa};
-use crate::kube_client;
 
 /// Why a subcommand did not do its work.
 #[derive(Debug, thiserror::Error)]

@@ -64,7 +64,7 @@ use replay::Seen;
 
 pub use csr::csr_name;
 pub use metrics::EnrollmentCounters;
-pub use rejection::RejectReason;
+pub use rejection::CsrRejectReason;
 
 /// The signer name of the certificates the gateway signs itself:
 /// `edgebeat.io/node-client`.

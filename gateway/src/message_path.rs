@@ -6,7 +6,8 @@
 //!    identified heartbeat superseding a waiting one, copies refused), once the node has a
 //!    slot; slots are bounded by [`GatewayOptions::max_nodes`] and swept when idle;
 //! 3. at its turn, one at a time per node and different nodes concurrently,
-//!    **admission** ([`crate::admission`]: boot, sequence, freshness, rate limit), the
+//!    **admission** ([`crate::admission`]: boot, sequence, freshness, rate limit; its glue
+//!    to the gateway's state is `message_path/admit.rs`), the
 //!    **writes** (`writer.rs`: kubelet's apiserver calls, diffed against the
 //!    [`ApiserverView`]) and the **follow-up** (the node's certificate recorded, a full
 //!    status report asked for).
@@ -20,26 +21,25 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
+use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{self as pb, Answer, agent_message::Kind};
 use edgebeat_transports::ingress::{CertificateId, Letter, NodeMap, Peer, Turn, UsageOutbox};
 use tokio::time::Instant;
 
-use crate::admission::{NodeAdmission, Provenance, Verdict, check_identity};
 use crate::apiserver::Apiserver;
 use crate::enrollment::Enrollment;
 use crate::enrollment::gate::EnrollmentGate;
-use crate::metrics::{RejectReason, clock_skew_seconds};
+use crate::metrics::Counters;
 use crate::resource_metrics::Samples;
 use crate::sites::{PartitionRule, SiteTracker};
 use crate::view::ApiserverView;
 pub use crate::writer::{LeaseState, StatusError, validate_status};
-use crate::writer::{NodeWrites, Writer, rejected, retry};
+use crate::writer::{NodeWrites, Writer, retry};
+use edgebeat_transports::ingress::RejectReason;
 
 pub use options::{DEFAULT_MAX_NODES, DEFAULT_PER_NODE_QUEUE, GatewayOptions};
 
-pub use crate::metrics::Counters;
-
-use slots::{Handling, NodeSlot, SlotCell};
+use slots::{Handling, SlotCell};
 
 /// The gateway: a [`Handler`] for every transport.
 pub struct Gateway {
@@ -202,20 +202,6 @@ impl Gateway {
         self.writer.reject(why, reason)
     }
 
-    /// Counts and logs (one line per node per interval, [`crate::metrics`]'s rejection log)
-    /// a renewal's usage sample refused ([`crate::resource_metrics::SampleRefused`]): an
-    /// agent reporting more than its node holds. The renewal itself is written.
-    fn usage_refused(&self, name: &str, refused: &crate::resource_metrics::SampleRefused) {
-        self.counters.count_rejection(RejectReason::Invalid);
-        if let edgebeat_transports::log_limit::LogLine::Write { suppressed, others } = self
-            .counters
-            .rejection_log
-            .check("usage", name, tokio::time::Instant::now())
-        {
-            tracing::warn!(node = name, %refused, suppressed, other_sources = others, "usage sample refused; the renewal is written without it");
-        }
-    }
-
     /// Refuses a message for a node this replica has no room for; logs the first refusal
     /// and every 1,000th after it (a fleet too large for one replica is an operator's
     /// problem to see, not a log flood).
@@ -236,67 +222,20 @@ impl Gateway {
         ))
     }
 
-    /// The boot ID that `header`'s [`pb::Header::boot_tag`] names, from the Node watch's
-    /// `status.nodeInfo.bootID`, when the header names its boot by tag only, `admission`
-    /// does not hold that boot, and the Node's bootID has that tag. `None` otherwise.
-    fn boot_of_tag(
-        &self,
-        admission: &NodeAdmission,
-        name: &str,
-        header: &pb::Header,
-    ) -> Option<Vec<u8>> {
-        if !header.boot_id.is_empty() || admission.holds_boot_tag(header.boot_tag) {
-            return None;
-        }
-        let boot_id = pb::boot_id_to_bytes(&self.writer.view.boot_id(name)?);
-        (pb::boot_tag(&boot_id) == header.boot_tag).then_some(boot_id)
-    }
-
-    /// The checks of `message` from `peer` that need no per-node state, so nothing is
-    /// kept for a message that fails them: it has a header, its identity suits the
-    /// [`Posture`] and its node name ([`check_identity`]), and it is not unidentified for
-    /// a node the cluster records as speaking with a certificate.
-    ///
-    /// Errors: the answer that refuses it (counted).
-    fn screen(&self, peer: &Peer, message: &pb::AgentMessage) -> Result<(), Answer> {
-        let Some(header) = message.header() else {
-            return Err(self.no_header());
-        };
-        let name = header.node_name.as_str();
-        if let Err(rejection) = check_identity(self.options.posture, name, provenance(peer)) {
-            return Err(self.reject(rejection.reason, rejection.detail.into_owned()));
-        }
-        if peer.identity.is_none() && self.writer.view.certificate(name).is_some() {
-            // The cluster records that the node speaks with a certificate: whoever sends
-            // this without one is not the node, whatever this replica remembers.
-            return Err(self.reject(
-                RejectReason::Unauthenticated,
-                format!("unidentified message for node {name:?}, which speaks with its identity"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Refuses a message without a header (or of a kind this version does not know).
-    fn no_header(&self) -> Answer {
-        self.reject(
-            RejectReason::Malformed,
-            "malformed: no header or unknown message kind".into(),
-        )
-    }
-
     /// Posts `letter` to its node's [`Mailbox`], after [`Gateway::screen`] and once the
     /// node has a slot ([`Gateway::slot`]); refusals are answered (or, for a copy or a
     /// full mailbox, counted and dropped unanswered) at once. Returns the node's slot when
     /// its letters must now be handled ([`Gateway::handle_letters`]).
     fn post(&self, letter: Letter) -> Option<Arc<SlotCell>> {
-        if let Err(answer) = self.screen(&letter.peer, &letter.message) {
-            letter.reply.send_now(Some(answer));
-            return None;
-        }
-        let name = letter.message.header().map_or("", |h| h.node_name.as_str());
-        let Some(cell) = self.slot(name, letter.peer.identity.is_some()) else {
-            let answer = self.fleet_full(name);
+        let name = match self.screen(&letter.peer, &letter.message) {
+            Ok(name) => name,
+            Err(answer) => {
+                letter.reply.send_now(Some(answer));
+                return None;
+            }
+        };
+        let Some(cell) = self.slot(&name, letter.peer.identity.is_some()) else {
+            let answer = self.fleet_full(&name);
             letter.reply.send_now(Some(answer));
             return None;
         };
@@ -387,139 +326,12 @@ impl Gateway {
                 .max_renewal_age
                 .saturating_sub(age)
                 .max(Duration::from_millis(500));
-        let name = header.node_name.as_str();
+        let name = &cell.name;
         let answer = self.write(&mut slot.writes, name, message, deadline).await;
         Some(
             self.follow_up(&mut slot.writes, name, peer, message, answer)
                 .await,
         )
-    }
-
-    /// Admission of a message (whose header is `header`) under its node's slot
-    /// ([`NodeAdmission::admit`]): boot, sequence, freshness, rate limit; then what an
-    /// admitted message teaches (the Lease duration, the clock skew). Returns the
-    /// heartbeat's age.
-    ///
-    /// Errors: the answer to a refused message, `None` for a replay.
-    fn admit(
-        &self,
-        cell: &SlotCell,
-        slot: &mut NodeSlot,
-        peer: &Peer,
-        message: &pb::AgentMessage,
-        header: &pb::Header,
-        received: Instant,
-    ) -> Result<Duration, Option<Answer>> {
-        let name = header.node_name.as_str();
-        let provenance = provenance(peer);
-        let heartbeat = matches!(message.kind, Some(Kind::Lease(_) | Kind::Status(_)));
-        // A boot named by tag that this replica does not hold (a shared subscription gave
-        // it the node's first message since the node rebooted or the replica started): the
-        // Node's status.nodeInfo.bootID, which the Node watch holds once the node's status
-        // was written in this boot, names it without a round trip to the agent.
-        let from_view;
-        let header = match self.boot_of_tag(&slot.admission, name, header) {
-            Some(boot_id) => {
-                from_view = pb::Header {
-                    boot_id,
-                    ..header.clone()
-                };
-                &from_view
-            }
-            None => header,
-        };
-        let verdict = slot.admission.admit(
-            &self.options.admission(),
-            header,
-            provenance,
-            heartbeat,
-            self.started,
-            received,
-        );
-        let age = match verdict {
-            // Only admitted messages keep a slot alive: refused ones must not keep state
-            // (or a lockout) from being swept.
-            Verdict::Admit(admitted) => {
-                slot.last_seen = Some(received);
-                if provenance.identity.is_some() {
-                    cell.identified.store(true, Ordering::Relaxed);
-                }
-                admitted.age
-            }
-            Verdict::Reject(rejection) if rejection.reason == RejectReason::UnknownBoot => {
-                // Not a fault: this replica has not seen the boot yet. The answer asks for
-                // the boot ID, which the agent's retry carries.
-                self.counters.count_rejection(RejectReason::UnknownBoot);
-                tracing::debug!(
-                    node = name,
-                    "boot tag of a boot this replica does not hold; asking for the boot ID"
-                );
-                return Err(Some(Answer::SendBootId {
-                    reason: rejection.detail.into_owned(),
-                }));
-            }
-            Verdict::Reject(rejection) if rejection.reason == RejectReason::Replayed => {
-                // No answer: the genuine sender had its answer, and a replay must not make
-                // the gateway speak on the node's link (nor fail a request it still waits
-                // for).
-                self.counters.count_rejection(RejectReason::Replayed);
-                tracing::debug!(node = name, detail = %rejection.detail, "replay rejected without an answer");
-                return Err(None);
-            }
-            Verdict::Reject(rejection) => {
-                return Err(Some(
-                    self.reject(rejection.reason, rejection.detail.into_owned()),
-                ));
-            }
-            Verdict::Stale(age) => {
-                slot.last_seen = Some(received);
-                self.counters.stale_renewals.inc();
-                tracing::info!(
-                    node = name,
-                    ?age,
-                    kind = message.kind_name(),
-                    "dropping a stale heartbeat"
-                );
-                return Err(Some(rejected(format!("stale: {age:?} old"))));
-            }
-        };
-        // Only messages that passed the replay and staleness checks: an old one would read
-        // as skew.
-        // The gateway's wall clock when the message arrived, not after its wait.
-        let now = self.clock.now();
-        let received_wall = now.checked_sub(received.elapsed()).unwrap_or(now);
-        if let Some(Kind::Lease(renewal)) = &message.kind {
-            slot.admission
-                .lease_duration_seconds(renewal.lease_duration_seconds);
-            if let Some(usage) = &renewal.usage {
-                // Sampled as it was sent: its age before the receipt.
-                let sampled = received_wall.checked_sub(age).unwrap_or(received_wall);
-                let capacity = self.writer.view.managed_capacity(name).flatten();
-                match self
-                    .resource_samples
-                    .record_usage(name, usage, sampled, capacity)
-                {
-                    Ok(Some(shared)) => {
-                        if let Some(outbox) = self.usage_outbox.get() {
-                            // No receiver (the broker away) is no error: samples are lossy.
-                            let _ = outbox.send(shared);
-                        }
-                    }
-                    Ok(None) => {}
-                    // The renewal stands; only its usage is refused, counted and logged
-                    // within bounds.
-                    Err(refused) => self.usage_refused(name, &refused),
-                }
-            }
-        }
-        if let Some(skew) = clock_skew_seconds(received_wall, header.wall_time_ms) {
-            slot.writes
-                .series
-                .clock_skew
-                .get_or_insert_with(|| self.writer.node_metrics.clock_skew(name))
-                .set(skew);
-        }
-        Ok(age)
     }
 
     /// The apiserver calls of an admitted message ([`Writer`]): kubelet's registration,
@@ -532,7 +344,7 @@ impl Gateway {
     async fn write(
         &self,
         writes: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         message: &pb::AgentMessage,
         deadline: Instant,
     ) -> Answer {
@@ -631,16 +443,7 @@ impl Gateway {
     }
 }
 
-/// What the transport vouches for about a message from `peer` ([`Provenance`]).
-fn provenance(peer: &Peer) -> Provenance<'_> {
-    Provenance {
-        identity: peer.identity.as_deref(),
-        wall_time_verified: peer.wall_time_verified,
-    }
-}
-
-pub use crate::apiserver::{kube_client, kube_client_with, watch_client, watch_client_with};
-
+mod admit;
 mod gauges;
 mod handler;
 mod options;

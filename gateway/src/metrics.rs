@@ -1,5 +1,5 @@
 //! The gateway's Prometheus metrics (`edgebeat_gateway_*`), every one registered here by
-//! [`register`] (which [`Gateway::register_metrics`](crate::Gateway::register_metrics)
+//! [`register`] (which [`Gateway::register_metrics`](crate::message_path::Gateway::register_metrics)
 //! calls) and served on `/metrics` (`--metrics-listen`).
 //!
 //! | metric | type | labels | meaning |
@@ -69,7 +69,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// Why a message was rejected: the `reason` label of
 /// `edgebeat_gateway_rejected_messages_total`, one fixed set shared with the transports.
-pub use edgebeat_transports::ingress::RejectReason;
+use edgebeat_transports::ingress::RejectReason;
 use std::time::SystemTime;
 
 use edgebeat_hw::{Clock, UnixTime};
@@ -212,7 +212,7 @@ impl Counters {
         register_family(
             registry,
             "edgebeat_gateway_rejected_messages",
-            "Messages rejected, by reason (see edgebeat_gateway::metrics::RejectReason)",
+            "Messages rejected, by reason (see edgebeat_transports::ingress::RejectReason)",
             None,
             self.rejected_by_reason.clone(),
         );

@@ -16,10 +16,11 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::Posture;
 use crate::apiserver::requests::RequestMetrics;
 use crate::enrollment::Enrollment;
+use crate::message_path::Gateway;
 use crate::settings::{Settings, posture};
-use crate::{Gateway, Posture};
 
 mod error;
 mod phases;

@@ -16,11 +16,13 @@ use edgebeat_transports::signing::{AnswerSigner, CertificateVerifier};
 use crate::cli::{Args, CsrApproval};
 use crate::enrollment::gate::EnrollmentLimits;
 use crate::enrollment::{Approval, Enrollment, EnrollmentOptions};
+use crate::message_path::GatewayOptions;
 use crate::resource_metrics::ResourceMetricsOptions;
-use crate::{GatewayOptions, Posture};
 
 mod error;
+mod posture;
 pub use error::SettingsError;
+pub(crate) use posture::posture;
 
 /// A PEM file of `flag`, at most [`edgebeat_hw::MAX_PEM_FILE_BYTES`].
 ///
@@ -526,7 +528,7 @@ fn enrollment_tls(grpc: Option<&GrpcSettings>) -> Option<GrpcServerTls> {
     })
 }
 
-/// The per-message options of [`crate::Gateway`] from the flags (the posture is decided
+/// The per-message options of [`crate::message_path::Gateway`] from the flags (the posture is decided
 /// at [`crate::server::Server::bind`]). The enrollment bursts are 5 s of `--enrollment-rate` and 4 s of
 /// `--enrollment-rate-per-source`, at least one request each; `--max-inflight` is taken as
 /// given ([`crate::apiserver::Apiserver::with_limits`] raises it to 2).
@@ -555,47 +557,6 @@ fn gateway_options(args: &Args) -> GatewayOptions {
             ..EnrollmentLimits::default()
         },
         ..Default::default()
-    }
-}
-
-/// The gateway's one security posture, from the configured ingresses: at least one
-/// ingress; every ingress requires node identities ([`Posture::Identified`]) unless
-/// --allow-unidentified-agents, and then each unidentified ingress is logged as a warning.
-///
-/// Errors: [`SettingsError::NoIngress`], or [`SettingsError::UnidentifiedAgents`] for an
-/// ingress that lets unidentified agents in without the opt-in; the message names the
-/// flags that fix it.
-pub(crate) fn posture(
-    allow_unidentified_agents: bool,
-    grpc: Option<&GrpcSettings>,
-    mqtt: Option<&MqttSettings>,
-) -> Result<Posture, SettingsError> {
-    if grpc.is_none() && mqtt.is_none() {
-        return Err(SettingsError::NoIngress);
-    }
-    let grpc_unidentified = grpc.is_some_and(|g| !g.options.require_node_identity);
-    let mqtt_unidentified = mqtt.is_some_and(|m| !m.require_signatures);
-    let unidentified = error::unidentified_ingresses(grpc_unidentified, mqtt_unidentified);
-    match (unidentified.is_empty(), allow_unidentified_agents) {
-        (true, false) => Ok(Posture::Identified),
-        (true, true) => {
-            tracing::info!(
-                "--allow-unidentified-agents has no effect: every ingress requires node identities"
-            );
-            Ok(Posture::Identified)
-        }
-        (false, true) => {
-            for ingress in &unidentified {
-                tracing::warn!(
-                    "--allow-unidentified-agents: {ingress}; anyone who reaches it can write any node that has not spoken with its identity"
-                );
-            }
-            Ok(Posture::AllowUnidentified)
-        }
-        (false, false) => Err(SettingsError::UnidentifiedAgents {
-            grpc: grpc_unidentified,
-            mqtt: mqtt_unidentified,
-        }),
     }
 }
 

@@ -13,6 +13,18 @@
 //! The rules follow kubelet's status setters and eviction signals
 //! (`pkg/kubelet/nodestatus/setters.go`, `pkg/kubelet/eviction/helpers.go`) and cadvisor;
 //! each item's docs name its upstream source.
+//!
+//! Modules, one a line (private; their items are re-exported at the crate root, `parse` aside):
+//! - `arch`: Go architecture names, as kubelet reports them ([`go_arch`]).
+//! - `bounded`: bounded reads of operator-named files ([`read_bounded`]).
+//! - `clock`: wall clock and boot-time clock behind one trait ([`Clock`]).
+//! - `duration`: Go's duration grammar ([`parse_duration`]).
+//! - `error`: [`HwError`] for reading the host, [`ParseError`] for the parsers.
+//! - `facts`: the host facts hw reports, raw ([`HostFacts`]).
+//! - `ntp`: the kernel clock's NTP state through `adjtimex(2)`.
+//! - [`parse`]: pure parsers of the kernel's and distributions' text formats.
+//! - `read`: reading the host, one function per fact ([`read_host_facts`]).
+//! - `root`: the directory every host path is read under ([`HostRoot`]).
 
 // Production functions of at most 100 lines (clippy.toml's too-many-lines-threshold,
 // issue 51): a longer one is split into named steps. Tests are exempt.

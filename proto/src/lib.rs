@@ -8,6 +8,13 @@
 //! Features: `grpc-client` adds the tonic client for the `Heartbeat` service (agent side),
 //! `grpc-server` the tonic server (gateway side). Without either, only the messages are
 //! compiled, which is all an MQTT-only agent needs.
+//!
+//! Modules, one a line:
+//! - `v1`: the generated `edgebeat.v1` messages (and the `Heartbeat` client and server behind features), re-exported at the crate root.
+//! - [`answer`]: the gateway's answer to one message as a type ([`Answer`]), from and to an `Ack`.
+//! - `conditions`: the words of NodeConditions and their Events ([`NodeConditionType`], [`EventType`]).
+//! - [`registration`]: what a registration may carry; the Node name ([`registration::NodeName`]).
+//! - `codec`: tonic's codec with buffers sized to edgebeat's messages (features `grpc-*`).
 
 // Production functions of at most 100 lines (clippy.toml's too-many-lines-threshold,
 // issue 51): a longer one is split into named steps. Tests are exempt.

@@ -197,16 +197,19 @@ pub const MAX_LABEL_VALUE_BYTES: usize = 63;
 /// Longest DNS-1123 subdomain, in bytes: a Node name, or a label key's prefix.
 pub const MAX_SUBDOMAIN_BYTES: usize = 253;
 
-/// A Node name the apiserver accepts ([`is_node_name`]), checked once where it is read
-/// (a config file, a flag, a hostname) and carried as this type after that.
+/// A Node name the apiserver accepts ([`is_node_name`]: a DNS-1123 subdomain), checked once
+/// where it is read (a config file, a flag, a hostname, a message's header at the gateway's
+/// door) and carried as this type after that. Shared, not copied: a clone is a reference
+/// count (`Arc<str>`), so the gateway carries one name from its ingress to the apiserver
+/// call without allocating per step.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct NodeName(String);
+pub struct NodeName(std::sync::Arc<str>);
 
 /// As the name's `str` (`"edge-01"`), so logs and messages read the same as before it was
 /// a type.
 impl std::fmt::Debug for NodeName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(self.0.as_str(), f)
+        std::fmt::Debug::fmt(&*self.0, f)
     }
 }
 
@@ -219,7 +222,7 @@ impl NodeName {
     pub fn new(name: impl Into<String>) -> Result<Self, RegistrationError> {
         let name = name.into();
         if is_node_name(&name) {
-            Ok(Self(name))
+            Ok(Self(name.into()))
         } else {
             Err(RegistrationError::NodeName { name })
         }
@@ -230,9 +233,9 @@ impl NodeName {
         &self.0
     }
 
-    /// The name, owned.
+    /// The name, owned (a copy: the name itself may be shared).
     pub fn into_string(self) -> String {
-        self.0
+        self.0.to_string()
     }
 }
 
@@ -283,13 +286,13 @@ impl TryFrom<String> for NodeName {
 
 impl PartialEq<str> for NodeName {
     fn eq(&self, other: &str) -> bool {
-        self.0 == other
+        *self.0 == *other
     }
 }
 
 impl PartialEq<&str> for NodeName {
     fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
+        *self.0 == **other
     }
 }
 

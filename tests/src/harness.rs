@@ -16,7 +16,8 @@ use std::time::Duration;
 use anyhow::Context;
 use edgebeat_agent::config::{GrpcUplinkOptions, MqttUplinkOptions, TransportConfig};
 use edgebeat_agent::{Agent, AgentConfig};
-use edgebeat_gateway::{Gateway, GatewayOptions, kube_client};
+use edgebeat_gateway::apiserver::kube_client;
+use edgebeat_gateway::message_path::{Gateway, GatewayOptions};
 use edgebeat_hw::{Clock, SystemClock};
 use edgebeat_transports::grpc::GrpcServerOptions;
 use edgebeat_transports::mqtt::MqttIngressOptions;
@@ -841,7 +842,7 @@ impl Cluster {
     }
 
     /// Messages the first running gateway replica rejected for `why` so far.
-    pub fn rejections(&self, why: edgebeat_gateway::metrics::RejectReason) -> u64 {
+    pub fn rejections(&self, why: edgebeat_transports::ingress::RejectReason) -> u64 {
         self.gateway().counters.rejections(why)
     }
 
@@ -852,7 +853,7 @@ impl Cluster {
     /// When `deadline` passes first, naming the reason.
     pub async fn wait_for_rejections(
         &self,
-        why: edgebeat_gateway::metrics::RejectReason,
+        why: edgebeat_transports::ingress::RejectReason,
         at_least: u64,
         deadline: Duration,
     ) {

@@ -16,14 +16,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_gateway::GatewayOptions;
-use edgebeat_gateway::metrics::RejectReason;
+use edgebeat_gateway::message_path::GatewayOptions;
 use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
 use edgebeat_tests::harness::{Cluster, Transport, fixture, gateway_options, wait_for};
 use edgebeat_tests::messages::{BOOT, register, renewal};
 use edgebeat_tests::pki::Ca;
 use edgebeat_tests::spy::Spy;
 use edgebeat_transports::grpc::{GrpcServerOptions, serve};
+use edgebeat_transports::ingress::RejectReason;
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 

@@ -11,10 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_gateway::metrics::RejectReason;
 use edgebeat_tests::harness::{Cluster, ShiftedClock, Transport, fixture, gateway_options};
 use edgebeat_tests::pki::Ca;
 use edgebeat_tests::requests::{count, is_lease_renewed, renew_time};
+use edgebeat_transports::ingress::RejectReason;
 use jiff::{SignedDuration, Timestamp};
 
 const DEADLINE: Duration = Duration::from_secs(20);

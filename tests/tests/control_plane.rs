@@ -604,9 +604,13 @@ async fn alpn_chooses_h2_and_three_connections_carry_a_replica() {
     .await
     .unwrap();
     for (version, expected) in [(HttpVersion::Auto, 1..=1), (HttpVersion::Http1, 20..=300)] {
-        let client =
-            edgebeat_gateway::kube_client_with(config.clone(), 0, &Default::default(), version)
-                .unwrap();
+        let client = edgebeat_gateway::apiserver::kube_client_with(
+            config.clone(),
+            0,
+            &Default::default(),
+            version,
+        )
+        .unwrap();
         let nodes: Api<Node> = Api::all(client);
         // This process's other clients (the admin's) keep their own connections.
         let before = connections(std::process::id(), port);

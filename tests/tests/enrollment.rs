@@ -7,13 +7,13 @@
 
 use std::time::Duration;
 
+use edgebeat_gateway::apiserver::kube_client;
 use edgebeat_gateway::enrollment::{Approval, EnrollmentOptions};
-use edgebeat_gateway::kube_client;
-use edgebeat_gateway::metrics::RejectReason;
 use edgebeat_proto::Header;
 use edgebeat_tests::harness::{Cluster, Transport, fixture_copy, gateway_options};
 use edgebeat_tests::requests::longest_renewal_gap;
 use edgebeat_transports::enroll::{self, AnswerTrust, Answered, NodeKeyPair};
+use edgebeat_transports::ingress::RejectReason;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
 use prost::Message as _;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_gateway::GatewayOptions;
+use edgebeat_gateway::message_path::GatewayOptions;
 use edgebeat_proto::{self as pb, AckCode, agent_message::Kind};
 use edgebeat_tests::harness::{Cluster, Transport, fixture, gateway_options, wait_for};
 use edgebeat_tests::messages::{BOOT, register, renewal};
@@ -324,7 +324,7 @@ async fn a_renewal_superseded_by_a_newer_one_is_not_written() {
     assert_eq!(
         gateway
             .counters
-            .rejections(edgebeat_gateway::metrics::RejectReason::Superseded),
+            .rejections(edgebeat_transports::ingress::RejectReason::Superseded),
         1
     );
 }

@@ -70,54 +70,137 @@ fn dependencies(module: &str, path: &Path, all: &BTreeMap<String, PathBuf>) -> B
         let mut from = 0;
         while let Some(at) = code[from..].find(start).map(|i| i + from) {
             from = at + start.len();
-            // A whole word: not `my_crate::`.
+            // A whole word: not `my_crate::`; and a path's start, not the second `super` of
+            // `super::super::` (read with the first).
             if code[..at]
                 .chars()
                 .next_back()
-                .is_some_and(|c| c.is_alphanumeric() || c == '_')
+                .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
             {
                 continue;
             }
-            // The lowercase segments of the path (modules and functions; a type ends it).
-            let mut segments = Vec::new();
-            for s in code[from..].split("::") {
-                let word = s
-                    .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-                    .next()
-                    .unwrap_or("");
-                if word.is_empty() || word.chars().any(|c| c.is_uppercase()) {
-                    break;
-                }
-                segments.push(word);
-                if word.len() != s.len() {
-                    // The path ends inside this segment.
-                    break;
-                }
-            }
-            let mut full: Vec<&str> = match start {
-                "crate::" => Vec::new(),
-                _ => {
-                    let mut parent: Vec<&str> =
-                        module.split("::").filter(|s| !s.is_empty()).collect();
-                    parent.pop();
-                    parent
-                }
-            };
-            full.extend(segments);
-            // The deepest module the path names.
-            for len in (1..=full.len()).rev() {
-                let candidate = full[..len].join("::");
-                if all.contains_key(&candidate) {
-                    let own_parent = module.starts_with(&format!("{candidate}::"));
-                    if candidate != module && !own_parent {
-                        named.insert(candidate);
-                    }
-                    break;
+            // `crate::{a::b, c::{d, e}}` names `a::b`, `c::d` and `c::e`.
+            for tree_path in expand(&code[from..]) {
+                if let Some(candidate) = deepest(module, start, &tree_path, all) {
+                    named.insert(candidate);
                 }
             }
         }
     }
     named
+}
+
+/// The paths of the use tree (or plain path) at the start of `tree`, the text just after a
+/// `crate::` or `super::`: `a::b::C` is `[a::b::C]`, `a::{b, c::{d, e}}` is
+/// `[a::b, a::c::d, a::c::e]`, `{a::b, c}` is `[a::b, c]`. What follows the path (`;`,
+/// `(`, a space) ends it.
+fn expand(tree: &str) -> Vec<String> {
+    let mut end = 0;
+    for (i, c) in tree.char_indices() {
+        if c.is_alphanumeric() || c == '_' || c == ':' {
+            end = i + c.len_utf8();
+            continue;
+        }
+        let prefix = &tree[..i];
+        if c == '{' && (prefix.is_empty() || prefix.ends_with("::")) {
+            let Some(close) = matching_brace(&tree[i..]) else {
+                return vec![prefix.to_owned()];
+            };
+            return split_top_level(&tree[i + 1..i + close])
+                .into_iter()
+                .flat_map(|part| expand(part.trim_start()))
+                .map(|path| format!("{prefix}{path}"))
+                .collect();
+        }
+        break;
+    }
+    vec![tree[..end].to_owned()]
+}
+
+/// Where the `}` closing the `{` that `text` starts with is.
+fn matching_brace(text: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The parts of a use group's inside, split at its own commas (not at nested groups').
+fn split_top_level(inside: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0usize, 0);
+    for (i, c) in inside.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                parts.push(&inside[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&inside[start..]);
+    parts.retain(|part| !part.trim().is_empty());
+    parts
+}
+
+/// The deepest module among `all` that `path` (written after `start`, `crate::` or
+/// `super::`, in `module`) names, unless it is `module` itself or one of its parents.
+fn deepest(
+    module: &str,
+    start: &str,
+    path: &str,
+    all: &BTreeMap<String, PathBuf>,
+) -> Option<String> {
+    // The lowercase segments of the path (modules and functions; a type ends it).
+    let mut segments = Vec::new();
+    for s in path.split("::") {
+        let word = s
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or("");
+        if word.is_empty() || word.chars().any(|c| c.is_uppercase()) {
+            break;
+        }
+        segments.push(word);
+        if word.len() != s.len() {
+            // The path ends inside this segment.
+            break;
+        }
+    }
+    let mut full: Vec<&str> = match start {
+        "crate::" => Vec::new(),
+        _ => {
+            let mut parent: Vec<&str> = module.split("::").filter(|s| !s.is_empty()).collect();
+            parent.pop();
+            // `super::super::x`: each further `super` is one level up.
+            while segments.first() == Some(&"super") {
+                segments.remove(0);
+                parent.pop();
+            }
+            parent
+        }
+    };
+    full.extend(segments);
+    for len in (1..=full.len()).rev() {
+        let candidate = full[..len].join("::");
+        if all.contains_key(&candidate) {
+            let own_parent = module.starts_with(&format!("{candidate}::"));
+            return (candidate != module && !own_parent).then_some(candidate);
+        }
+    }
+    None
 }
 
 /// The strongly connected components of more than one module (Tarjan).
@@ -234,5 +317,19 @@ fn a_circle_is_found() {
         gateway["writer"].contains("restriction") && gateway["writer"].contains("metrics"),
         "{:?}",
         gateway["writer"]
+    );
+}
+
+/// Grouped imports are read as the paths they name.
+#[test]
+fn grouped_imports_are_expanded() {
+    assert_eq!(expand("a::b::C;"), ["a::b::C"]);
+    assert_eq!(
+        expand("{a::b, c::{d, e as f}, g};"),
+        ["a::b", "c::d", "c::e", "g"]
+    );
+    assert_eq!(
+        expand("x::{\n    self,\n    y::{Z, w},\n};"),
+        ["x::self", "x::y::Z", "x::y::w"]
     );
 }

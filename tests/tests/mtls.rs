@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 
 use edgebeat_agent::AgentConfig;
 use edgebeat_agent::config::{ClientTls, TlsIdentity};
-use edgebeat_gateway::GatewayOptions;
-use edgebeat_gateway::metrics::RejectReason;
+use edgebeat_gateway::message_path::GatewayOptions;
 use edgebeat_proto::{self as pb, AckCode};
 use edgebeat_tests::harness::{Cluster, fixture, wait_for};
 use edgebeat_tests::pki::{Ca, Leaf};
 use edgebeat_transports::grpc::GrpcServerOptions;
+use edgebeat_transports::ingress::RejectReason;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const FACTS: &str = "rpi4-cgroup1";

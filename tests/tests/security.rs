@@ -13,13 +13,13 @@
 
 use std::time::Duration;
 
-use edgebeat_gateway::metrics::RejectReason;
 use edgebeat_proto::SignedMessage;
 use edgebeat_tests::harness::{Cluster, fixture, gateway_options};
 use edgebeat_tests::pki::Ca;
 use edgebeat_tests::requests::{self, is_lease_put};
 use edgebeat_tests::spy::Spy;
 use edgebeat_tests::standin::RecordedRequest;
+use edgebeat_transports::ingress::RejectReason;
 use edgebeat_transports::signing::MessageSigner;
 use prost::Message as _;
 

@@ -17,10 +17,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use edgebeat_gateway::apiserver::{kube_client, watch_client};
+use edgebeat_gateway::message_path::Gateway;
 use edgebeat_gateway::sites::{
     REASON_REACHABLE, REASON_SILENT, REASON_UPLINK_DOWN, SITE_CONDITION, ZONE_LABEL,
 };
-use edgebeat_gateway::{Gateway, kube_client, watch_client};
 use edgebeat_tests::broker::{Bridge, Broker};
 use edgebeat_tests::harness::{
     AgentHandle, Cluster, Transport, fixture_copy, gateway_options, wait_for,

@@ -3,7 +3,23 @@
 //! ([`StatusLoop`], [`LeaseLoop`]), wired in one place, [`Agent::run`]; both send through
 //! the one send-with-retry of [`Sender`].
 
-use super::*;
+use super::{ATTEMPTS_PER_TICK, NODE_NOT_FOUND, ack_timeout, jittered};
+use crate::config::AgentConfig;
+use crate::header::HeaderFactory;
+use crate::metrics::{AgentMetrics, MessageKind};
+use crate::status::{ComputedStatus, Journal, compute, has_changed};
+use crate::systemd::Liveness;
+use edgebeat_hw::{Clock, HostRoot, ReadOptions, read_host_facts};
+use edgebeat_proto as pb;
+use edgebeat_proto::agent_message::Kind;
+use edgebeat_transports::backoff::{RETRY_MAX, RETRY_MIN};
+use edgebeat_transports::uplink::{Uplink, UplinkError, reconnect_backoff};
+use parking_lot::Mutex;
+use prost::Message as _;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// What every message goes out through: the uplink, the headers it carries, and the
 /// metrics that count its bytes and outcomes. Shared by both loops (one header sequence).

@@ -16,14 +16,9 @@ use std::time::Duration;
 
 use edgebeat_hw::{CgroupMode, Clock, HostFacts, HostRoot, ReadOptions, read_host_facts};
 use edgebeat_proto::{self as pb, agent_message::Kind};
-use edgebeat_transports::backoff::{RETRY_MAX, RETRY_MIN};
-use edgebeat_transports::uplink::{
-    NodeRegistration, RegisterFn, Uplink, UplinkDriver, UplinkError, reconnect_backoff,
-};
+use edgebeat_transports::uplink::{NodeRegistration, RegisterFn, Uplink, UplinkDriver};
 use prometheus_client::registry::Registry;
-use prost::Message as _;
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{
@@ -31,8 +26,8 @@ use crate::config::{
     parse_node_name,
 };
 use crate::header::HeaderFactory;
-use crate::metrics::{AgentMetrics, MessageKind};
-use crate::status::{ComputedStatus, Journal, compute, has_changed};
+use crate::metrics::AgentMetrics;
+use crate::status::{ComputedStatus, Journal, compute};
 use crate::systemd::{self, Liveness, Systemd};
 
 mod loops;

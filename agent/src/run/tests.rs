@@ -1,6 +1,8 @@
 use super::*;
 use crate::config::GrpcUplinkOptions;
 use edgebeat_hw::SystemClock;
+use edgebeat_transports::uplink::UplinkError;
+use prost::Message as _;
 
 fn fixture_agent() -> Arc<Agent> {
     let config = AgentConfig {

@@ -71,7 +71,11 @@ fn the_replay_rule_is_the_same_boot_and_a_sequence_not_above() {
 
 #[test]
 fn identity_checks_come_first_and_follow_the_posture() {
-    let id = |posture, node, p| check_identity(posture, node, p).map_err(|r| r.reason);
+    let id = |posture, node, p| {
+        check_identity(posture, node, p)
+            .map(|_| ())
+            .map_err(|r| r.reason)
+    };
     assert_eq!(id(Posture::Identified, "edge-1", MTLS), Ok(()));
     assert_eq!(
         id(Posture::Identified, "edge-1", NOBODY),

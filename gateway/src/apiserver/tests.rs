@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
 
+use super::gate::{GATE_BACKOFF_MAX, GATE_BACKOFF_MIN, trouble};
 use super::*;
 
 fn api() -> Apiserver {

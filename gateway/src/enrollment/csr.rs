@@ -3,7 +3,7 @@
 
 use edgebeat_transports::enroll;
 
-use super::rejection::{RejectReason, Rejection, reject};
+use super::rejection::{CsrRejectReason, CsrRejection, reject};
 
 /// The deterministic name of the CertificateSigningRequest of `csr_der` for `node`:
 /// `edgebeat-` and 32 hex digits of SHA-256 over the node name and the request's public
@@ -23,11 +23,11 @@ pub fn csr_name(csr_der: &[u8], node: &str) -> String {
 
 /// Checks a PKCS#10 request for `node` (see the module docs, step 2) and returns its
 /// public key.
-pub(super) fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, Rejection> {
+pub(super) fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, CsrRejection> {
     use x509_parser::prelude::FromDer as _;
     let (_, parsed) =
         x509_parser::certification_request::X509CertificationRequest::from_der(csr_der)
-            .map_err(|e| reject(RejectReason::Csr, format!("the CSR does not parse: {e}")))?;
+            .map_err(|e| reject(CsrRejectReason::Csr, format!("the CSR does not parse: {e}")))?;
     let subject: Vec<(String, String)> = parsed
         .certification_request_info
         .subject
@@ -55,7 +55,7 @@ pub(super) fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, 
     expected.sort();
     if sorted != expected {
         return Err(reject(
-            RejectReason::CsrSubject,
+            CsrRejectReason::CsrSubject,
             format!(
                 "the CSR's subject must be exactly O={}, CN={}, not {subject:?}",
                 edgebeat_transports::tls::NODES_GROUP,
@@ -64,10 +64,15 @@ pub(super) fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, 
         ));
     }
     let request = rcgen::CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())
-        .map_err(|e| reject(RejectReason::Csr, format!("the CSR does not verify: {e}")))?;
+        .map_err(|e| {
+            reject(
+                CsrRejectReason::Csr,
+                format!("the CSR does not verify: {e}"),
+            )
+        })?;
     if !request.params.subject_alt_names.is_empty() {
         return Err(reject(
-            RejectReason::CsrNames,
+            CsrRejectReason::CsrNames,
             "the CSR asks for subject alternative names",
         ));
     }
@@ -83,14 +88,14 @@ pub(super) fn check_csr(csr_der: &[u8], node: &str) -> Result<rcgen::PublicKey, 
             .all(|u| *u == rcgen::ExtendedKeyUsagePurpose::ClientAuth);
     if !usages_ok || request.params.is_ca != rcgen::IsCa::NoCa {
         return Err(reject(
-            RejectReason::CsrUsages,
+            CsrRejectReason::CsrUsages,
             "the CSR asks for usages beyond digital signature and client auth",
         ));
     }
     let alg = request.public_key.algorithm();
     if alg != &rcgen::PKCS_ECDSA_P256_SHA256 && alg != &rcgen::PKCS_ED25519 {
         return Err(reject(
-            RejectReason::CsrKey,
+            CsrRejectReason::CsrKey,
             "the CSR's key is neither ECDSA P-256 nor Ed25519",
         ));
     }

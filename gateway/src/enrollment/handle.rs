@@ -11,7 +11,7 @@ use prost::Message as _;
 use super::Enrollment;
 use super::csr::{check_csr, csr_name};
 use super::proof::Proof;
-use super::rejection::{RejectReason, Rejection, Unissued};
+use super::rejection::{CsrRejectReason, CsrRejection, Unissued};
 
 /// What became of one request.
 enum Outcome {
@@ -20,9 +20,9 @@ enum Outcome {
     /// Pending, answered `Answer::Retry` with the text.
     Pending(String),
     /// Rejected, answered `Answer::Rejected` with the detail.
-    Rejected(Rejection),
+    Rejected(CsrRejection),
     /// Rejected without an answer: a replay, or something that names no request.
-    Unanswered(RejectReason),
+    Unanswered(CsrRejectReason),
 }
 
 impl From<Unissued> for Outcome {
@@ -52,7 +52,7 @@ impl Enrollment {
             Ok(opened) => opened,
             Err(why) => {
                 self.counters
-                    .count("unknown", RejectReason::Malformed.as_str());
+                    .count("unknown", CsrRejectReason::Malformed.as_str());
                 tracing::debug!(%why, transport = transport.as_str(), "certificate request rejected");
                 return None;
             }
@@ -126,7 +126,7 @@ impl Enrollment {
     ) -> Outcome {
         let node = header.node_name.as_str();
         if !edgebeat_transports::tls::is_node_name(node) || topic_node.is_some_and(|t| t != node) {
-            return Outcome::Unanswered(RejectReason::Foreign);
+            return Outcome::Unanswered(CsrRejectReason::Foreign);
         }
         let now = self.clock.now();
         let since_epoch = edgebeat_hw::UnixTime::from(now).duration();
@@ -137,11 +137,11 @@ impl Enrollment {
         )
         .is_err()
         {
-            return Outcome::Unanswered(RejectReason::ClockSkew);
+            return Outcome::Unanswered(CsrRejectReason::ClockSkew);
         }
         // Refused early without a proof's cost (a token read), recorded only once proved.
         if self.replayed(header) {
-            return Outcome::Unanswered(RejectReason::Replayed);
+            return Outcome::Unanswered(CsrRejectReason::Replayed);
         }
         let proof = match &signed {
             Some((signed_bytes, signature)) => {
@@ -159,7 +159,7 @@ impl Enrollment {
             },
         };
         if !self.first_time(header) {
-            return Outcome::Unanswered(RejectReason::Replayed);
+            return Outcome::Unanswered(CsrRejectReason::Replayed);
         }
         let public_key = match check_csr(&request.csr, node) {
             Ok(key) => key,

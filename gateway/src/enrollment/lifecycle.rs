@@ -16,7 +16,7 @@ use kube::api::{ObjectMeta, PostParams};
 
 use super::csr::csr_name;
 use super::proof::Proof;
-use super::rejection::{RejectReason, Unissued, reject};
+use super::rejection::{CsrRejectReason, Unissued, reject};
 use super::{
     Approval, DEFAULT_SIGNER_NAME, Enrollment, KUBELET_SIGNER_NAME, MIN_EXPIRATION_SECONDS,
     NODE_ANNOTATION, PROOF_ANNOTATION, TOKEN_LABEL, TRANSPORT_ANNOTATION,
@@ -74,7 +74,7 @@ impl Enrollment {
         };
         if conditions(&csr, "Denied") || conditions(&csr, "Failed") {
             return Err(reject(
-                RejectReason::Denied,
+                CsrRejectReason::Denied,
                 format!("the CertificateSigningRequest {name} was denied or failed"),
             )
             .into());
@@ -113,7 +113,7 @@ impl Enrollment {
                     .min(self.options.lifetime);
                 let pem = ca
                     .sign_node(node, public_key, now, lifetime)
-                    .map_err(|e| Unissued::from(reject(RejectReason::Signing, e.to_string())))?;
+                    .map_err(|e| Unissued::from(reject(CsrRejectReason::Signing, e.to_string())))?;
                 csr.status.get_or_insert_default().certificate =
                     Some(ByteString(pem.clone().into_bytes()));
                 api.replace_status(&name, &PostParams::default(), &csr)
@@ -130,7 +130,7 @@ impl Enrollment {
         let mut chain: Vec<Vec<u8>> = edgebeat_transports::tls::parse_certificates(&pem)
             .map_err(|e| {
                 Unissued::from(reject(
-                    RejectReason::Signing,
+                    CsrRejectReason::Signing,
                     format!("status.certificate: {e}"),
                 ))
             })?

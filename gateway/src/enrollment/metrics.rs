@@ -27,7 +27,7 @@ pub struct EnrollmentCounters {
 
 impl EnrollmentCounters {
     /// Counts one request proved by `proof` (`token`, `certificate`, `unknown`) that came
-    /// to `outcome` (`issued`, `pending`, or a [`RejectReason`](super::RejectReason)'s label).
+    /// to `outcome` (`issued`, `pending`, or a [`CsrRejectReason`](super::CsrRejectReason)'s label).
     pub fn count(&self, proof: &'static str, outcome: &'static str) {
         self.by_outcome
             .get_or_create(&[("proof", proof), ("outcome", outcome)])

@@ -10,7 +10,7 @@ use prost::Message as _;
 use rustls::pki_types::UnixTime;
 
 use super::csr::csr_name;
-use super::rejection::{RejectReason, Rejection, Unissued, reject};
+use super::rejection::{CsrRejectReason, CsrRejection, Unissued, reject};
 use super::{Enrollment, EnrollmentError, KUBELET_SIGNER_NAME, tokens};
 
 /// How a request was proved.
@@ -42,7 +42,7 @@ impl Enrollment {
         let node = header.node_name.as_str();
         if request.token_id.is_empty() {
             return Err(reject(
-                RejectReason::Unproved,
+                CsrRejectReason::Unproved,
                 "neither a bootstrap token nor a node certificate proves the request",
             )
             .into());
@@ -56,32 +56,34 @@ impl Enrollment {
         {
             Ok(Some(token)) => token,
             Ok(None) => {
-                return Err(reject(RejectReason::TokenUnknown, "unknown bootstrap token").into());
+                return Err(
+                    reject(CsrRejectReason::TokenUnknown, "unknown bootstrap token").into(),
+                );
             }
             Err(EnrollmentError::Apiserver(e)) => {
                 return Err(Unissued::Pending(format!(
                     "reading the bootstrap token: {e}"
                 )));
             }
-            Err(e) => return Err(reject(RejectReason::TokenUnknown, e.to_string()).into()),
+            Err(e) => return Err(reject(CsrRejectReason::TokenUnknown, e.to_string()).into()),
         };
         if !enroll::verify_token_proof(token.secret(), header, &request.csr, &request.token_proof) {
             return Err(reject(
-                RejectReason::BadProof,
+                CsrRejectReason::BadProof,
                 "the token proof does not verify (another secret, or a request altered)",
             )
             .into());
         }
         if token.expires <= self.now() {
             return Err(reject(
-                RejectReason::TokenExpired,
+                CsrRejectReason::TokenExpired,
                 format!("bootstrap token {} expired at {}", token.id, token.expires),
             )
             .into());
         }
         if !token.allows(node) {
             return Err(reject(
-                RejectReason::TokenNode,
+                CsrRejectReason::TokenNode,
                 format!(
                     "bootstrap token {} does not cover node {node:?} (it covers {})",
                     token.id,
@@ -102,7 +104,7 @@ impl Enrollment {
         let own = csr_name(&request.csr, node);
         if used >= token.usage_limit && !self.csr_exists(&own).await {
             return Err(reject(
-                RejectReason::TokenUsedUp,
+                CsrRejectReason::TokenUsedUp,
                 format!(
                     "bootstrap token {} has enrolled its {} nodes",
                     token.id, token.usage_limit
@@ -121,9 +123,9 @@ impl Enrollment {
     /// node edgebeat does not run. A Node not there yet (a first enrollment) passes.
     ///
     /// # Errors
-    /// [`RejectReason::NodeNotManaged`], or [`RejectReason::Apiserver`] when the Node
+    /// [`CsrRejectReason::NodeNotManaged`], or [`CsrRejectReason::Apiserver`] when the Node
     /// cannot be read (the agent asks again).
-    pub(super) async fn check_managed(&self, node: &str) -> Result<(), Rejection> {
+    pub(super) async fn check_managed(&self, node: &str) -> Result<(), CsrRejection> {
         if self.options.signer_name != KUBELET_SIGNER_NAME {
             return Ok(());
         }
@@ -132,7 +134,7 @@ impl Enrollment {
             Ok(None) => Ok(()),
             Ok(Some(found)) if crate::view::NodeRecord::of(&found).managed => Ok(()),
             Ok(Some(_)) => Err(reject(
-                RejectReason::NodeNotManaged,
+                CsrRejectReason::NodeNotManaged,
                 format!(
                     "Node {node} exists and is not managed by edgebeat (no label {}={}): under signer {KUBELET_SIGNER_NAME} its certificate would be that node's apiserver credential",
                     crate::bodies::MANAGED_LABEL.0,
@@ -140,7 +142,7 @@ impl Enrollment {
                 ),
             )),
             Err(e) => Err(reject(
-                RejectReason::Apiserver,
+                CsrRejectReason::Apiserver,
                 format!("reading Node {node}: {e}"),
             )),
         }
@@ -156,18 +158,18 @@ impl Enrollment {
         signed: &[u8],
         signature: &[u8],
         now: std::time::SystemTime,
-    ) -> Result<(), Rejection> {
+    ) -> Result<(), CsrRejection> {
         use x509_parser::prelude::FromDer as _;
 
         let leaf = request.certificate_chain.first().ok_or_else(|| {
             reject(
-                RejectReason::Unproved,
+                CsrRejectReason::Unproved,
                 "a signed request without its certificate",
             )
         })?;
         let (_, cert) = x509_parser::certificate::X509Certificate::from_der(leaf).map_err(|e| {
             reject(
-                RejectReason::Certificate,
+                CsrRejectReason::Certificate,
                 format!("the certificate does not parse: {e}"),
             )
         })?;
@@ -177,7 +179,7 @@ impl Enrollment {
         let expired = now_s > not_after;
         if expired && now_s - not_after > grace {
             return Err(reject(
-                RejectReason::CertificateExpired,
+                CsrRejectReason::CertificateExpired,
                 format!(
                     "the node's certificate expired more than {} days ago; enroll it again with a bootstrap token",
                     self.options.grace.as_secs() / 86_400
@@ -194,16 +196,16 @@ impl Enrollment {
         let key = self
             .verifier
             .verify(node, &published, at)
-            .map_err(|e| reject(RejectReason::Certificate, e.to_string()))?;
+            .map_err(|e| reject(CsrRejectReason::Certificate, e.to_string()))?;
         key.verify(signed, signature, at)
-            .map_err(|e| reject(RejectReason::BadSignature, e.to_string()))?;
+            .map_err(|e| reject(CsrRejectReason::BadSignature, e.to_string()))?;
         if expired {
             let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
             match nodes.get_opt(node).await {
                 Ok(Some(_)) => {}
                 Ok(None) => {
                     return Err(reject(
-                        RejectReason::CertificateExpired,
+                        CsrRejectReason::CertificateExpired,
                         format!(
                             "the certificate expired and Node {node} no longer exists; enroll it again with a bootstrap token"
                         ),
@@ -211,7 +213,7 @@ impl Enrollment {
                 }
                 Err(e) => {
                     return Err(reject(
-                        RejectReason::Apiserver,
+                        CsrRejectReason::Apiserver,
                         format!("reading Node {node}: {e}"),
                     ));
                 }

@@ -1,14 +1,14 @@
-//! What becomes of a certificate request that is not issued: a [`Rejection`] (answered
+//! What becomes of a certificate request that is not issued: a [`CsrRejection`] (answered
 //! `Answer::Rejected`, or not answered at all), or pending (answered `Answer::Retry`, the
 //! agent asks again), each counted under one `outcome` label of
 //! `edgebeat_gateway_certificate_requests_total`.
 
 /// Why a certificate request was rejected: the `outcome` label of
 /// `edgebeat_gateway_certificate_requests_total` besides `issued` and `pending`, rendered by
-/// [`RejectReason::as_str`] alone. A fixed set, so the series are bounded; the detail of each
+/// [`CsrRejectReason::as_str`] alone. A fixed set, so the series are bounded; the detail of each
 /// case goes to the log and the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RejectReason {
+pub enum CsrRejectReason {
     /// Neither a bootstrap token nor a node certificate proves the request, or a signed
     /// one came without its certificate.
     Unproved,
@@ -61,7 +61,7 @@ pub enum RejectReason {
     RateLimited,
 }
 
-impl RejectReason {
+impl CsrRejectReason {
     /// The metric label, e.g. `token_used_up`.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -94,14 +94,14 @@ impl RejectReason {
 
 /// A request rejected: its reason and what exactly was wrong, for the log and the answer.
 #[derive(Debug)]
-pub(super) struct Rejection {
-    pub(super) reason: RejectReason,
+pub(super) struct CsrRejection {
+    pub(super) reason: CsrRejectReason,
     pub(super) detail: String,
 }
 
-/// A [`Rejection`] for `reason` with `detail`.
-pub(super) fn reject(reason: RejectReason, detail: impl Into<String>) -> Rejection {
-    Rejection {
+/// A [`CsrRejection`] for `reason` with `detail`.
+pub(super) fn reject(reason: CsrRejectReason, detail: impl Into<String>) -> CsrRejection {
+    CsrRejection {
         reason,
         detail: detail.into(),
     }
@@ -111,14 +111,14 @@ pub(super) fn reject(reason: RejectReason, detail: impl Into<String>) -> Rejecti
 #[derive(Debug)]
 pub(super) enum Unissued {
     /// Rejected for good, as it stands.
-    Rejected(Rejection),
+    Rejected(CsrRejection),
     /// Pending: waiting for the apiserver (unreachable, or the CSR not approved or signed
     /// yet); the agent asks again. The text says why.
     Pending(String),
 }
 
-impl From<Rejection> for Unissued {
-    fn from(rejection: Rejection) -> Self {
+impl From<CsrRejection> for Unissued {
+    fn from(rejection: CsrRejection) -> Self {
         Self::Rejected(rejection)
     }
 }

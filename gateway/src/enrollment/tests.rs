@@ -36,14 +36,14 @@ fn requests_asking_for_more_are_rejected() {
     let csr = key.certificate_request("plant-3-01").unwrap();
     assert_eq!(
         check_csr(&csr, "plant-4-01").unwrap_err().reason,
-        RejectReason::CsrSubject
+        CsrRejectReason::CsrSubject
     );
     let mut broken = csr.clone();
     let last = broken.len() - 1;
     broken[last] ^= 1;
     let rejected = check_csr(&broken, "plant-3-01").unwrap_err();
     assert!(
-        rejected.reason == RejectReason::Csr
+        rejected.reason == CsrRejectReason::Csr
             && rejected.detail.starts_with("the CSR does not verify"),
         "{:?}: {}",
         rejected.reason,
@@ -71,13 +71,13 @@ fn requests_asking_for_more_are_rejected() {
     });
     assert_eq!(
         check_csr(&names, "plant-3-01").unwrap_err().reason,
-        RejectReason::CsrNames
+        CsrRejectReason::CsrNames
     );
     let usages =
         request(&|p| p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth]);
     assert_eq!(
         check_csr(&usages, "plant-3-01").unwrap_err().reason,
-        RejectReason::CsrUsages
+        CsrRejectReason::CsrUsages
     );
     let masters = request(&|p| {
         p.distinguished_name
@@ -85,7 +85,7 @@ fn requests_asking_for_more_are_rejected() {
     });
     assert_eq!(
         check_csr(&masters, "plant-3-01").unwrap_err().reason,
-        RejectReason::CsrSubject
+        CsrRejectReason::CsrSubject
     );
 }
 

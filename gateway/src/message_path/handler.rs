@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use super::Gateway;
 use crate::enrollment::gate::Source;
-use crate::metrics::RejectReason;
 use crate::resource_metrics::SampleRefused;
+use edgebeat_transports::ingress::RejectReason;
 
 impl Handler for Gateway {
     /// Posts the message to its node's mailbox and waits for its answer; when nothing of
@@ -53,7 +53,7 @@ impl Handler for Gateway {
         let Some(_permit) = self.enrollment_gate.admit(source, Instant::now()) else {
             enrollment.counters.count(
                 "unknown",
-                crate::enrollment::RejectReason::RateLimited.as_str(),
+                crate::enrollment::CsrRejectReason::RateLimited.as_str(),
             );
             tracing::debug!(remote = ?peer.remote, node = ?topic_node, "certificate request over the limits; not answered");
             return None;

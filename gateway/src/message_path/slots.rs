@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use edgebeat_proto::registration::NodeName;
 use edgebeat_transports::ingress::{Mailbox, NodeMap};
 use tokio::time::Instant;
 
@@ -21,8 +22,10 @@ pub(super) const SLOT_IDLE: Duration = Duration::from_secs(15 * 60);
 pub(super) const SWEEP_EVERY: u64 = 4096;
 
 /// A node's mailbox and the state its letters are handled with.
-#[derive(Default)]
 pub(super) struct SlotCell {
+    /// The node's name, validated at [`Gateway::screen`]: what its admission and writes
+    /// carry to the apiserver call.
+    pub(super) name: NodeName,
     /// The node's letters waiting, from every ingress ([`Mailbox`]).
     pub(super) mailbox: Mutex<Mailbox>,
     /// An identified message of this node was admitted: the slot is never given up for
@@ -31,6 +34,18 @@ pub(super) struct SlotCell {
     /// Locked by whoever handles the mailbox's letters (one at a time), and tried by
     /// sweeps.
     pub(super) state: tokio::sync::Mutex<NodeSlot>,
+}
+
+impl SlotCell {
+    /// The slot of `name`: an empty mailbox, not yet identified, its state new.
+    pub(super) fn new(name: NodeName) -> Self {
+        Self {
+            name,
+            mailbox: Mutex::default(),
+            identified: std::sync::atomic::AtomicBool::new(false),
+            state: tokio::sync::Mutex::default(),
+        }
+    }
 }
 
 /// Marks a node's mailbox as no longer handled when its handling stops abnormally (a
@@ -64,7 +79,7 @@ impl Gateway {
     /// [`GatewayOptions::max_nodes`] slots, after dropping idle ones, or, for an
     /// `identified` message, after giving up the slot of a node never identified: made-up
     /// names that filled the replica must not keep a genuine node out); `None` otherwise.
-    pub(super) fn slot(&self, name: &str, identified: bool) -> Option<Arc<SlotCell>> {
+    pub(super) fn slot(&self, name: &NodeName, identified: bool) -> Option<Arc<SlotCell>> {
         let mut slots = self.slots.lock();
         if self.messages.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             self.sweep(&mut slots);
@@ -72,7 +87,7 @@ impl Gateway {
         slots
             .get_or_make(
                 name,
-                || (name.to_owned(), Arc::default()),
+                || (name.to_string(), Arc::new(SlotCell::new(name.clone()))),
                 |slots| self.sweep(slots),
                 |slots| identified && self.evict_unidentified(slots),
             )

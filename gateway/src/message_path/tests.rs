@@ -1,4 +1,4 @@
-use super::slots::{SLOT_IDLE, SWEEP_EVERY};
+use super::slots::{NodeSlot, SLOT_IDLE, SWEEP_EVERY};
 use super::*;
 use crate::admission::Posture;
 use edgebeat_proto::registration::NodeName;
@@ -329,14 +329,14 @@ async fn a_message_future_is_smaller_than_a_registration() {
         Arc::new(FixedClock(std::time::UNIX_EPOCH)),
         GatewayOptions::default(),
     );
-    let cell = SlotCell::default();
+    let cell = SlotCell::new(NodeName::new("n").unwrap());
     let mut slot = NodeSlot::default();
     let writer = &gateway.writer;
     let register =
         std::mem::size_of_val(&writer.register(&mut slot.writes, "n", &pb::Register::default()));
     let report = std::mem::size_of_val(&writer.report(&mut slot.writes, "n", None, &[]));
     let renew =
-        std::mem::size_of_val(&writer.renew(&mut slot.writes, "n", 40, &[], Instant::now()));
+        std::mem::size_of_val(&writer.renew(&mut slot.writes, &cell.name, 40, &[], Instant::now()));
     let message = std::mem::size_of_val(&gateway.handle_letters(&cell));
     eprintln!(
         "future bytes: message {message}, registration {register}, status report {report}, renewal {renew}"

@@ -21,11 +21,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::startup::{Startup, readiness};
 use super::{IngressError, Observe, Running, StartError, spawn_ingress};
+use crate::admission::Posture;
 use crate::apiserver::requests::RequestMetrics;
+use crate::apiserver::{kube_client_with, watch_client_with};
 use crate::enrollment::{Enrollment, EnrollmentError, EnrollmentOptions};
+use crate::message_path::{Gateway, GatewayOptions};
 use crate::resource_metrics::{self, ResourceMetricsCounters};
 use crate::settings::Settings;
-use crate::{Gateway, GatewayOptions, Posture, kube_client_with, watch_client_with};
 
 /// Longest wait at start for the Node and Lease watches to list before serving.
 const VIEW_SYNC_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::admission::Posture;
 use crate::cli::{Args, Command, CsrApproval, TokenCommand, parse_duration};
 use clap::Parser;
 use edgebeat_hw::BoundedReadError;

@@ -2,8 +2,17 @@
 //! apimachinery/lease/controller.go`): PUT with the last known resourceVersion, GET only
 //! after a 409, create when missing; and the Lease state the agent echoes.
 
-use super::*;
-use crate::view::LeaseRecord;
+use super::{NodeWrites, Writer, retry};
+use crate::apiserver::answers;
+use crate::bodies;
+use crate::view::{LeaseRecord, PartialLease};
+use edgebeat_proto::Answer;
+use edgebeat_proto::registration::NodeName;
+use edgebeat_transports::ingress::RejectReason;
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The gateway's Lease state, echoed by the agent (`LeaseRenewal.lease_state`): the
 /// resourceVersion and renewTime of the last successful write. Encoding: renewTime as
@@ -127,7 +136,7 @@ impl Writer {
     pub(crate) async fn renew(
         &self,
         w: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         duration: i32,
         lease_state: &[u8],
         deadline: Instant,
@@ -229,7 +238,7 @@ impl Writer {
 
     /// GET of the Lease before a PUT (kubelet's lease controller after a 409, or with
     /// nothing known): what it holds goes into the view.
-    async fn read_lease(&self, w: &mut NodeWrites, name: &str, budget: Duration) -> Read {
+    async fn read_lease(&self, w: &mut NodeWrites, name: &NodeName, budget: Duration) -> Read {
         match tokio::time::timeout(budget, self.api.get_lease_opt(name)).await {
             Ok(Ok(Some(lease))) => {
                 self.view.observe_lease(&PartialLease::from(&lease));
@@ -246,7 +255,7 @@ impl Writer {
     pub(super) fn renewed(
         &self,
         w: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         written: &PartialLease,
         renew: Timestamp,
     ) -> Answer {
@@ -276,7 +285,7 @@ impl Writer {
     pub(super) async fn create_lease(
         &self,
         w: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         duration: i32,
     ) -> Answer {
         let uid = match self.api.get_node(name).await {

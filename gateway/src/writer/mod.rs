@@ -13,26 +13,24 @@
 //! the apiserver holds lives in the shared view, so every replica diffs against the same
 //! state. Calls go through [`Apiserver`] (priorities, bounded concurrency, backoff).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
 use edgebeat_proto::{self as pb, Answer, ConditionStatus, EventType, NodeConditionType};
-use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::coordination::v1::Lease;
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::time::Instant;
 
 use crate::apiserver::{Apiserver, answers};
 use crate::bodies;
-use crate::bodies::MANAGED_LABEL;
 use crate::metrics::Counters;
-use crate::metrics::{NodeMetrics, NodeSeries, RejectReason};
+use crate::metrics::{NodeMetrics, NodeSeries};
 use crate::resource_metrics::Endpoint;
-use crate::view::{ApiserverView, NodeRecord, PartialLease};
+use crate::view::{ApiserverView, NodeRecord};
+use edgebeat_transports::ingress::RejectReason;
 
 mod journal;
 mod lease;

@@ -2,7 +2,19 @@
 //! POST the Node; on AlreadyExists GET it and reconcile the default labels and hugepages;
 //! kubelet's start events.
 
-use super::*;
+use super::{
+    NodeWrites, Reboot, Writer, boot_id_of, condition_event, journal, retry, validate_status,
+};
+use crate::apiserver::answers;
+use crate::bodies;
+use crate::bodies::MANAGED_LABEL;
+use crate::view::NodeRecord;
+use edgebeat_proto as pb;
+use edgebeat_proto::{Answer, ConditionStatus, EventType, NodeConditionType};
+use edgebeat_transports::ingress::RejectReason;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Node;
+use std::collections::BTreeMap;
 
 /// kubelet v1.36's message for a host on cgroup v1 (`pkg/kubelet/cm/container_manager.go:
 /// CgroupV1DeprecatedWarning`), the `CgroupV1` Warning event's.

@@ -347,7 +347,7 @@ async fn standin_ceiling(
 ) -> anyhow::Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
     const WORKERS: usize = 256;
-    let client = edgebeat_gateway::kube_client(
+    let client = edgebeat_gateway::apiserver::kube_client(
         kube::Config::new(standin.url().parse()?),
         0,
         &Default::default(),

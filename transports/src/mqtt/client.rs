@@ -2,15 +2,8 @@
 
 use std::time::Duration;
 
-use edgebeat_proto::{
-    Ack, Answer, GatewayMessage, Header, MAX_AGENT_MESSAGE_BYTES, MessageKind, gateway_message,
-};
-use prost::Message;
-use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{
-    LastWill, Packet, Publish, PublishProperties, SubscribeReasonCode,
-};
-use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use edgebeat_proto::{MAX_AGENT_MESSAGE_BYTES, MessageKind};
+use rumqttc::v5::{AsyncClient, MqttOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -18,10 +11,7 @@ use super::{
     check_connection, check_keepalive, check_level, check_prefix, disconnect_within, ends_backoff,
     next_event, node_topic,
 };
-use crate::uplink::{
-    AfterAck, HeaderForm, RegisterFn, Request, Session, UplinkDriver, UplinkError,
-    reconnect_backoff, refuse_while_waiting,
-};
+use crate::uplink::{RegisterFn, UplinkDriver, reconnect_backoff, refuse_while_waiting};
 
 /// Capacity of rumqttc's own request queue. Requests are only handed to it while connected
 /// and with `try_*` (a full queue refuses the message instead of delaying it), so this only

@@ -1,4 +1,13 @@
 use super::process::{boot_time, stat_fields, vm_rss_bytes};
+use std::io;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
 use super::*;
 use prometheus_client::metrics::counter::Counter;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_agent::{Agent, AgentConfig};
-use edgebeat_gateway::GatewayOptions;
+use edgebeat_gateway::message_path::GatewayOptions;
 use edgebeat_hw::SystemClock;
 use edgebeat_tests::harness::{Cluster, Transport};
 use edgebeat_tests::standin::StandInHandle;

@@ -1,7 +1,22 @@
 //! The protocol side of the agent's MQTT connection: topics, the current session, what each
 //! request is published as, and what each incoming packet means.
 
-use super::*;
+use super::{
+    CERTIFICATE_REPUBLISH_MIN_INTERVAL, LEASE_TOPIC_ALIAS, LeaseAlias, MqttUplinkOptions,
+    REGISTER_TIMEOUT_MAX, Timer, Topics,
+};
+use crate::uplink::{
+    AfterAck, HeaderForm, RegisterFn, Request, Session, UplinkDriver, UplinkError,
+    reconnect_backoff,
+};
+use edgebeat_proto::{Ack, Answer, GatewayMessage, Header, MessageKind, gateway_message};
+use prost::Message as _;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{
+    LastWill, Packet, Publish, PublishProperties, SubscribeReasonCode,
+};
+use rumqttc::v5::{AsyncClient, Event};
+use std::time::Duration;
 
 /// Why a message could not be sealed: signing fails only with a signer (`mqtt-tls`).
 #[cfg(feature = "mqtt-tls")]

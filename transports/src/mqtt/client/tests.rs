@@ -1,5 +1,13 @@
+use super::super::ends_backoff;
+use super::link::{Link, last_will};
 use super::*;
+use crate::uplink::RegisterFn;
 use edgebeat_proto::AgentMessage;
+use edgebeat_proto::{Header, MessageKind};
+use prost::Message as _;
+use rumqttc::v5::AsyncClient;
+use rumqttc::v5::mqttbytes::QoS;
+use std::time::Duration;
 
 #[tokio::test(start_paused = true)]
 async fn only_a_lasting_registered_connection_ends_the_backoff() {

@@ -1,7 +1,12 @@
 //! What one PUBLISH under the ingress's subscriptions is, by topic and size, before
 //! anything decodes it.
 
-use super::*;
+use super::super::{WILL_KIND, parse_certificate_topic, parse_node_topic};
+use super::{REJECT_MALFORMED, REJECT_TOO_LARGE, REJECT_UNKNOWN_TOPIC, REJECT_UPLINK};
+use crate::ingress::Rejection;
+use edgebeat_proto::registration::NodeName;
+use edgebeat_proto::{Header, MessageKind};
+use prost::Message;
 
 /// Largest payload taken on `P/usage`, 64 KiB (as a node's message): a replica's batch is
 /// at most [`MAX_USAGE_BATCH_BYTES`] of samples, a signature and a certificate chain.

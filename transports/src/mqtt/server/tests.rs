@@ -1,6 +1,15 @@
+use super::classify::{Inbound, classify};
 use super::verify::OpenError;
+use super::verify::{open, open_usage};
 use super::*;
+use crate::ingress::{Asked, RejectReason, Rejection};
+use crate::signing;
+use crate::signing::{AnswerSigner, AnswerVerifier, CertificateVerifier, NodeKey};
+use edgebeat_proto::registration::NodeName;
+use edgebeat_proto::{AgentMessage, Header, MessageKind};
 use edgebeat_proto::{LeaseRenewal, StatusReport, agent_message::Kind};
+use rustls::pki_types::UnixTime;
+use std::time::Duration;
 
 fn lease(node: &str) -> AgentMessage {
     AgentMessage {

@@ -1,7 +1,20 @@
 //! What a PUBLISH must pass before it is handled: its signature and certificate (signed
 //! MQTT), the signed clock window, and which rejections are answered.
 
-use super::*;
+use super::{
+    REJECT_BAD_SIGNATURE, REJECT_CERTIFICATE_EXPIRED, REJECT_CLOCK, REJECT_MALFORMED,
+    REJECT_MISMATCH, REJECT_UNKNOWN_SIGNER, REJECT_UNSIGNED, SignaturePolicy,
+};
+use crate::ingress::{Asked, CertificateId, Peer, RejectReason, Rejection, TransportKind};
+use crate::signing;
+use crate::signing::{AnswerVerifier, NodeKey, SignatureError};
+use edgebeat_proto::registration::NodeName;
+use edgebeat_proto::{AgentMessage, MessageKind};
+use prost::Message as _;
+use rustls::pki_types::UnixTime;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Why [`open`] did not take a message: its [`Rejection`] (the reason for
 /// [`Handler::rejected`], and its detail for the log) and, for a signed message whose

@@ -2,8 +2,24 @@
 //! deliver it to the handler ([`Handler::deliver`], the gateway's per-node mailbox) with
 //! the way back to the node ([`AckReply`]). No per-node state is kept here.
 
-use super::*;
+use super::super::acks_topic;
+use super::classify::{Inbound, classify};
+use super::verify::{Signatures, nobody, open, open_usage, peer};
+use super::{REJECT_CERTIFICATE, REJECT_MALFORMED};
+use crate::ingress::{Asked, Handler, Letter, RejectReason, Reply, Sending};
 use crate::log_limit::LogLine;
+use crate::signing::{AnswerSigner, AnswerVerifier};
+use edgebeat_proto::registration::NodeName;
+use edgebeat_proto::{Answer, GatewayMessage, gateway_message};
+use prost::Message as _;
+use rumqttc::v5::AsyncClient;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::Publish;
+use rustls::pki_types::UnixTime;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The ingress's state, owned by the event-loop task.
 pub(super) struct Workers<H> {
