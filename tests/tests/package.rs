@@ -728,7 +728,9 @@ async fn under_systemd_an_offline_board_boots_registers_later_and_upgrades_witho
             v.node(node).is_some_and(|n| ready(&n))
         })
         .await;
-    assert!(seen.is_ok(), "{seen:?}\n{}", booted.journal().await);
+    if let Err(e) = seen {
+        panic!("{e:?}\n{}", booted.journal().await);
+    }
     edgebeat_tests::control_plane::eventually(
         "STATUS= registered",
         Duration::from_secs(30),
@@ -778,7 +780,9 @@ async fn under_systemd_an_offline_board_boots_registers_later_and_upgrades_witho
             |v| renew_times(v.requests(), node).len() >= renewed_before + 2,
         )
         .await;
-    assert!(seen.is_ok(), "{seen:?}\n{}", booted.journal().await);
+    if let Err(e) = seen {
+        panic!("{e:?}\n{}", booted.journal().await);
+    }
     let times = renew_times(&standin.requests(), node);
     let gap = times
         .windows(2)
