@@ -12,7 +12,8 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -405,14 +406,14 @@ impl Writes {
             loop {
                 changes.borrow_and_update();
                 let now = standin.lease_renew_times();
-                if let Ok(mut seen) = into.lock() {
-                    for (name, t) in now {
-                        let times = seen.entry(name).or_default();
-                        if times.last() != Some(&t) {
-                            times.push(t);
-                        }
+                let mut seen = into.lock();
+                for (name, t) in now {
+                    let times = seen.entry(name).or_default();
+                    if times.last() != Some(&t) {
+                        times.push(t);
                     }
                 }
+                drop(seen);
                 tokio::select! {
                     () = stop.cancelled() => return,
                     r = changes.changed() => if r.is_err() { return },
@@ -435,7 +436,7 @@ impl Writes {
     ) -> bool {
         let mut changed = self.changed.clone();
         let check = |seen: &Mutex<BTreeMap<String, Vec<Timestamp>>>| {
-            seen.lock().map(|s| done(&s)).unwrap_or(false)
+            done(&seen.lock())
         };
         tokio::time::timeout(deadline, async {
             loop {
@@ -455,7 +456,7 @@ impl Writes {
 
     fn stop(self) -> BTreeMap<String, Vec<Timestamp>> {
         self.cancel.cancel();
-        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+        self.seen.lock().clone()
     }
 }
 

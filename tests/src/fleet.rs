@@ -14,7 +14,8 @@
 //! resource usage ([`FleetOptions::usage`], on by default), with simulated figures.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_proto::{self as pb, agent_message::Kind};
@@ -286,8 +287,7 @@ impl FleetStats {
         let mut taken = std::mem::take(
             &mut *self
                 .latencies
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
+                .lock(),
         );
         taken.sort_unstable();
         taken
@@ -297,7 +297,6 @@ impl FleetStats {
     pub fn failures(&self) -> std::collections::BTreeMap<String, u64> {
         self.failures
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
@@ -306,7 +305,6 @@ impl FleetStats {
     pub fn renewals_taken_by_node(&self) -> std::collections::BTreeMap<String, u64> {
         self.renewals_taken_by_node
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
@@ -315,7 +313,6 @@ impl FleetStats {
         *self
             .last_failure
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// When the last node got its certificate and when the last enrolled node had its
@@ -324,14 +321,12 @@ impl FleetStats {
         *self
             .enrollment_times
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn enrollment_event(&self, identified: bool) {
         let mut times = self
             .enrollment_times
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .lock();
         if identified {
             self.identified.fetch_add(1, Ordering::Relaxed);
             times.1 = Some(Instant::now());
@@ -345,8 +340,7 @@ impl FleetStats {
     fn taken(&self, node: &str, delta: i64) {
         let mut taken = self
             .renewals_taken_by_node
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .lock();
         let n = taken.entry(node.to_owned()).or_default();
         *n = n.saturating_add_signed(delta);
     }
@@ -355,12 +349,10 @@ impl FleetStats {
         self.renewals_failed.fetch_add(1, Ordering::Relaxed);
         *self
             .last_failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+            .lock() = Some(Instant::now());
         *self
             .failures
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .entry(why)
             .or_default() += 1;
     }
@@ -369,7 +361,6 @@ impl FleetStats {
         let us = u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
         self.latencies
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(us);
     }
 }

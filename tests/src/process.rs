@@ -27,7 +27,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
+use parking_lot::Mutex;
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -275,13 +276,12 @@ impl GatewayProcess {
                 while let Ok(Some(line)) = reader.next_line().await {
                     {
                         use std::io::Write as _;
-                        let mut file = file.lock().unwrap_or_else(PoisonError::into_inner);
+                        let mut file = file.lock();
                         let _ = writeln!(file, "{line}");
                     }
                     if let Ok(serde_json::Value::Object(parsed)) = serde_json::from_str(&line) {
                         lines
                             .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
                             .push(parsed);
                         added.notify_waiters();
                     }
@@ -305,7 +305,6 @@ impl GatewayProcess {
     pub fn lines(&self) -> Vec<LogLine> {
         self.lines
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 

@@ -249,7 +249,7 @@ fn node_series(body: &str) -> Option<((f64, i64), (f64, i64))> {
 /// arrives.
 struct Forwarder {
     addr: std::net::SocketAddr,
-    target: Arc<std::sync::Mutex<std::net::SocketAddr>>,
+    target: Arc<parking_lot::Mutex<std::net::SocketAddr>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -257,11 +257,11 @@ impl Forwarder {
     async fn start(address: std::net::IpAddr, target: std::net::SocketAddr) -> Self {
         let listener = tokio::net::TcpListener::bind((address, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let target = Arc::new(std::sync::Mutex::new(target));
+        let target = Arc::new(parking_lot::Mutex::new(target));
         let current = target.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
-                let to = *current.lock().unwrap();
+                let to = *current.lock();
                 tokio::spawn(async move {
                     if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
@@ -406,7 +406,7 @@ async fn busy_loop_figures(control_plane: &ControlPlane, node: &str) -> (f64, f6
     });
     let started = jiff::Timestamp::now().as_millisecond();
     // (ms since the epoch, cumulative CPU ms) of the host, as the agent reads it.
-    let readings = Arc::new(std::sync::Mutex::new(Vec::<(i64, f64)>::new()));
+    let readings = Arc::new(parking_lot::Mutex::new(Vec::<(i64, f64)>::new()));
     let reader = tokio::spawn({
         let readings = readings.clone();
         async move {
@@ -416,7 +416,7 @@ async fn busy_loop_figures(control_plane: &ControlPlane, node: &str) -> (f64, f6
                 tick.tick().await;
                 let at = jiff::Timestamp::now().as_millisecond();
                 if let Some(ms) = read_resource_usage(&root).cpu_usage_ms {
-                    readings.lock().unwrap().push((at, ms as f64));
+                    readings.lock().push((at, ms as f64));
                 }
             }
         }
@@ -427,7 +427,6 @@ async fn busy_loop_figures(control_plane: &ControlPlane, node: &str) -> (f64, f6
             && (end as f64 - window * 1000.0) > started as f64 + 1_000.0
             && readings
                 .lock()
-                .unwrap()
                 .last()
                 .is_some_and(|(at, _)| *at > end)
         {
@@ -443,7 +442,7 @@ async fn busy_loop_figures(control_plane: &ControlPlane, node: &str) -> (f64, f6
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     busy.join().unwrap();
     reader.abort();
-    let readings = readings.lock().unwrap().clone();
+    let readings = readings.lock().clone();
     // The host's CPU ms at `t`, interpolated between the readings around it.
     let at = |t: f64| {
         let after = readings.iter().position(|(at, _)| *at as f64 >= t).unwrap();
@@ -679,7 +678,7 @@ async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_
     // itself in the node's status at once (it asks for the whole status), and serves the
     // node's newer samples there: the node proxy and kubectl top node see it again.
     gateway.process.kill().await.unwrap();
-    *service.target.lock().unwrap() = second.grpc;
+    *service.target.lock() = second.grpc;
     let killed = tokio::time::Instant::now();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while !names_replica(&nodes, node, served_second).await {
@@ -835,7 +834,7 @@ async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_on
     let mut second =
         DeployedGateway::start_as(&control_plane, &flags, site.clone(), "edgebeat-gateway-b").await;
     let [served_first, served_second] = serving(&control_plane, [&mut first, &mut second]).await;
-    *service.target.lock().unwrap() = served_first;
+    *service.target.lock() = served_first;
 
     // The Node exists already, without metrics-server's path annotation (registered before
     // the gateway served resource metrics): the annotation comes with the status write that
@@ -934,7 +933,7 @@ async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_on
     // sends it every renewal, and the node's status keeps naming the Service.
     let status_before = nodes.get(node).await.unwrap().status;
     first.process.kill().await.unwrap();
-    *service.target.lock().unwrap() = served_second;
+    *service.target.lock() = served_second;
     let killed = tokio::time::Instant::now();
     let before = answered_200(second.health).await;
     eventually(

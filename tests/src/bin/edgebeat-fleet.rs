@@ -823,8 +823,8 @@ struct ResourceScraper {
     paths: Vec<String>,
     connection: tokio::sync::Mutex<Option<Http2Sender>>,
     connections: std::sync::atomic::AtomicU64,
-    cycles: std::sync::Mutex<Vec<ScrapeCycle>>,
-    error_kinds: std::sync::Mutex<BTreeMap<String, u64>>,
+    cycles: parking_lot::Mutex<Vec<ScrapeCycle>>,
+    error_kinds: parking_lot::Mutex<BTreeMap<String, u64>>,
 }
 
 impl ResourceScraper {
@@ -849,8 +849,8 @@ impl ResourceScraper {
                 .collect(),
             connection: tokio::sync::Mutex::new(None),
             connections: std::sync::atomic::AtomicU64::new(0),
-            cycles: std::sync::Mutex::new(Vec::new()),
-            error_kinds: std::sync::Mutex::new(BTreeMap::new()),
+            cycles: parking_lot::Mutex::new(Vec::new()),
+            error_kinds: parking_lot::Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -940,8 +940,7 @@ impl ResourceScraper {
         };
         let mut kinds = self
             .error_kinds
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .lock();
         for answer in answers {
             match answer {
                 Ok((200, bytes)) => {
@@ -978,7 +977,6 @@ impl ResourceScraper {
             };
             self.cycles
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .push(cycle);
         }
     }
@@ -987,7 +985,6 @@ impl ResourceScraper {
     fn cycles(&self) -> Vec<ScrapeCycle> {
         self.cycles
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
@@ -995,7 +992,6 @@ impl ResourceScraper {
     fn error_kinds(&self) -> BTreeMap<String, u64> {
         self.error_kinds
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
