@@ -1,10 +1,10 @@
 //! HTTP/1.1 serving: accept loop, the request pipeline (record, latency, faults), routing
 //! and the REST handlers, including streaming watches.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use parking_lot::{Mutex, MutexGuard};
 use std::sync::Arc;
 use std::time::Duration;
 
