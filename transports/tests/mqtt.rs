@@ -169,13 +169,14 @@ impl Recorder {
     async fn until(&self, what: &str, broker: &Mosquitto, condition: impl Fn(&Self) -> bool) {
         let mut changes = self.changes.subscribe();
         let waited = tokio::time::timeout(DEADLINE, changes.wait_for(|_| condition(self))).await;
-        assert!(
-            waited.is_ok(),
-            "timed out waiting for {what}; seen {:?}, rejected {:?}\nbroker log:\n{}",
-            self.seen(),
-            self.rejected(),
-            broker.log()
-        );
+        if let Err(e) = waited {
+            panic!(
+                "{e} waiting for {what}; seen {:?}, rejected {:?}\nbroker log:\n{}",
+                self.seen(),
+                self.rejected(),
+                broker.log()
+            );
+        }
     }
 }
 
@@ -268,11 +269,12 @@ impl Agent {
     async fn until_registered(&self, broker: &Mosquitto) {
         let mut registered = self.uplink.registered();
         let waited = tokio::time::timeout(DEADLINE, registered.wait_for(|r| *r)).await;
-        assert!(
-            waited.is_ok(),
-            "agent never registered\nbroker log:\n{}",
-            broker.log()
-        );
+        if let Err(e) = waited {
+            panic!(
+                "agent never registered ({e})\nbroker log:\n{}",
+                broker.log()
+            );
+        }
     }
 }
 
@@ -1008,11 +1010,12 @@ async fn uplink_reconnects_after_broker_restart_without_registering_again() {
         }
     })
     .await;
-    assert!(
-        acked.is_ok(),
-        "no renewal acknowledged after the broker restart\n{}",
-        broker.log()
-    );
+    if let Err(e) = acked {
+        panic!(
+            "no renewal acknowledged after the broker restart ({e})\n{}",
+            broker.log()
+        );
+    }
     assert_eq!(
         handler.count("edge-0005", "register"),
         registers_before,
