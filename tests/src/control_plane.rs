@@ -23,11 +23,11 @@
 //! - Whether the components are built: [`built`] (`scripts/control-plane.sh build` builds
 //!   them; `scripts/test.sh` does).
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use parking_lot::Mutex;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -801,25 +801,6 @@ pub fn deployed_gateway_args(
 
 /// The gateway's ServiceAccount as the audit log names it.
 pub const GATEWAY_USER: &str = "system:serviceaccount:edgebeat-system:edgebeat-gateway";
-
-/// Waits until `condition` holds, asking every 200 ms, for at most `deadline`.
-///
-/// # Panics
-/// When `deadline` passes first, naming `what`.
-pub async fn eventually<F, Fut>(what: &str, deadline: std::time::Duration, condition: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = tokio::time::Instant::now() + deadline;
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-}
 
 /// The gateway's requests (as [`GATEWAY_USER`]) in the audit log, answered at or after
 /// `from`: the binary's, not kubectl's made with the gateway's kubeconfig (a test probing

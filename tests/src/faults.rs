@@ -10,9 +10,9 @@
 //! exceeded `nodeLeaseDurationSeconds`, which is when kube-controller-manager's node
 //! lifecycle controller would start counting the node as not ready.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -406,14 +406,15 @@ impl Writes {
             loop {
                 changes.borrow_and_update();
                 let now = standin.lease_renew_times();
-                let mut seen = into.lock();
-                for (name, t) in now {
-                    let times = seen.entry(name).or_default();
-                    if times.last() != Some(&t) {
-                        times.push(t);
+                {
+                    let mut seen = into.lock();
+                    for (name, t) in now {
+                        let times = seen.entry(name).or_default();
+                        if times.last() != Some(&t) {
+                            times.push(t);
+                        }
                     }
                 }
-                drop(seen);
                 tokio::select! {
                     () = stop.cancelled() => return,
                     r = changes.changed() => if r.is_err() { return },
@@ -434,24 +435,23 @@ impl Writes {
         deadline: Duration,
         done: impl Fn(&BTreeMap<String, Vec<Timestamp>>) -> bool,
     ) -> bool {
-        let mut changed = self.changed.clone();
-        let check = |seen: &Mutex<BTreeMap<String, Vec<Timestamp>>>| {
-            done(&seen.lock())
-        };
-        tokio::time::timeout(deadline, async {
-            loop {
+        crate::wait::until(
+            "the recorded Lease writes",
+            deadline,
+            || std::future::ready(done(&self.seen.lock())),
+            || {
+                // Up to date before the check: a change during it is seen.
+                let mut changed = self.changed.clone();
                 changed.borrow_and_update();
-                if check(&self.seen) {
-                    return;
+                async move {
+                    if changed.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
                 }
-                if changed.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-        })
+            },
+        )
         .await
         .is_ok()
-            || check(&self.seen)
     }
 
     fn stop(self) -> BTreeMap<String, Vec<Timestamp>> {

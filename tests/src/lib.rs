@@ -32,3 +32,4 @@ pub mod prometheus;
 pub mod requests;
 pub mod spy;
 pub mod standin;
+pub mod wait;
