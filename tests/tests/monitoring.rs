@@ -356,7 +356,7 @@ async fn every_dashboard_query_returns_series_from_a_real_prometheus() {
 
     // Waits on what Prometheus holds: every query answered with a series, within a
     // deadline long enough for a few scrapes and two renewals per agent.
-    edgebeat_tests::wait::eventually(
+    edgebeat_tests::wait::until(
         "every panel's query answered with a series",
         Duration::from_secs(90),
         || async {
@@ -376,8 +376,11 @@ async fn every_dashboard_query_returns_series_from_a_real_prometheus() {
                 ))
             }
         },
+        // Paced as before: each check queries Prometheus.
+        edgebeat_tests::wait::every(Duration::from_millis(500)),
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     // Both gateways were scraped, and they are the only targets.
     let up = query(prometheus, "up == 1").await;
     assert_eq!(up.len(), 2, "{up:?}");
@@ -456,7 +459,7 @@ async fn the_edge_node_job_keeps_gateway_nodes_and_scrapes_them_through_the_node
     let config = serde_json::json!({"scrape_configs": [job]}).to_string();
     let (prometheus, mut child) = edgebeat_tests::prometheus::start(dir.path(), &config).await;
 
-    let targets = edgebeat_tests::wait::eventually(
+    let targets = edgebeat_tests::wait::until(
         "Prometheus discovering the three Nodes",
         Duration::from_secs(30),
         || async {
@@ -468,8 +471,11 @@ async fn the_edge_node_job_keeps_gateway_nodes_and_scrapes_them_through_the_node
                 Err(targets.to_string())
             }
         },
+        // Paced as before: each check queries Prometheus.
+        edgebeat_tests::wait::every(Duration::from_millis(200)),
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let active = targets["data"]["activeTargets"].as_array().unwrap();
     assert_eq!(active.len(), 1, "{targets:#}");
     assert_eq!(

@@ -14,7 +14,6 @@ use edgebeat_tests::messages::renewal;
 use edgebeat_tests::pki::Ca;
 use edgebeat_tests::process::GatewayProcess;
 use edgebeat_tests::standin::StandIn;
-use edgebeat_tests::wait::eventually;
 use prost::Message as _;
 
 const FLOOD: u64 = 20_000;
@@ -110,7 +109,7 @@ async fn twenty_thousand_refused_messages_write_a_few_kilobytes_of_log() {
             .await
             .unwrap();
     }
-    eventually(
+    edgebeat_tests::wait::until(
         &format!("{FLOOD} refusals counted"),
         Duration::from_secs(60),
         || async {
@@ -121,8 +120,11 @@ async fn twenty_thousand_refused_messages_write_a_few_kilobytes_of_log() {
                 Err(format!("{counted} of {FLOOD}"))
             }
         },
+        // Paced as before: each check scrapes the gateway, which is busy with the flood.
+        edgebeat_tests::wait::every(Duration::from_millis(200)),
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         unsigned_rejections(metrics).await,
         FLOOD,
@@ -216,7 +218,7 @@ async fn two_hundred_thousand_made_up_sites_grow_neither_memory_nor_log() {
         )
         .await
         .unwrap();
-    eventually(
+    edgebeat_tests::wait::until(
         "the marker after the flood counted",
         Duration::from_secs(120),
         || async {
@@ -227,8 +229,11 @@ async fn two_hundred_thousand_made_up_sites_grow_neither_memory_nor_log() {
                 Err(format!("{counted} malformed, as before the marker"))
             }
         },
+        // Paced as before: each check scrapes the gateway, which is busy with the flood.
+        edgebeat_tests::wait::every(Duration::from_millis(200)),
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let took = started.elapsed();
     let rss_after = edgebeat_tests::procfs::vm_rss_kib(pid).unwrap();
     let written = std::fs::metadata(&log).unwrap().len() - log_before;
