@@ -181,3 +181,49 @@ where
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_done_check_gives_its_value() {
+        let mut asked = 0;
+        let value = eventually("the third ask", Duration::from_secs(5), || {
+            asked += 1;
+            std::future::ready(if asked >= 3 { Ok(asked) } else { Err(asked) })
+        })
+        .await;
+        assert_eq!(value, 3);
+    }
+
+    #[tokio::test]
+    async fn a_timed_out_wait_quotes_what_it_last_saw() {
+        let mut asked = 0;
+        let err = until(
+            "a count of ten",
+            Duration::from_millis(50),
+            || {
+                asked += 1;
+                std::future::ready(Err::<(), _>(format!("{asked} so far")))
+            },
+            every(POLL),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.last, format!("\"{asked} so far\""));
+        assert_eq!(
+            err.to_string(),
+            format!("a count of ten: not within 50ms; last seen: \"{asked} so far\"")
+        );
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "Ready: not within 30ms; last seen: None")]
+    async fn eventually_panics_with_the_last_observation() {
+        eventually("Ready", Duration::from_millis(30), || {
+            std::future::ready(None::<()>)
+        })
+        .await;
+    }
+}
