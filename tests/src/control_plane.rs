@@ -223,32 +223,35 @@ impl ControlPlane {
             _ => return Ok(()),
         };
         let exits = self.exits(component);
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let ready = crate::process::output(
-                Command::new(self.bin.join("kubectl"))
-                    .arg("--kubeconfig")
-                    .arg(&self.admin_kubeconfig)
-                    .arg("--request-timeout=5s")
-                    .args(check)
-                    .stdin(Stdio::null()),
-            )
-            .is_ok_and(|out| out.status.success());
-            if ready {
-                return Ok(());
-            }
-            if self.exits(component) != exits || Instant::now() >= deadline {
-                let log = self.dir.join(format!("{component}.log"));
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                bail!(
-                    "{component} is not ready; see {}:\n{}",
-                    log.display(),
-                    lines[lines.len().saturating_sub(30)..].join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
+        // Done: ready (true), or the component exited first (false).
+        let ready = crate::wait::blocking(
+            &format!("{component} ready"),
+            Duration::from_secs(120),
+            Duration::from_millis(200),
+            || {
+                let ready = crate::process::output(
+                    Command::new(self.bin.join("kubectl"))
+                        .arg("--kubeconfig")
+                        .arg(&self.admin_kubeconfig)
+                        .arg("--request-timeout=5s")
+                        .args(check)
+                        .stdin(Stdio::null()),
+                )
+                .is_ok_and(|out| out.status.success());
+                (ready || self.exits(component) != exits).then_some(ready)
+            },
+        );
+        if ready == Ok(true) {
+            return Ok(());
         }
+        let log = self.dir.join(format!("{component}.log"));
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        bail!(
+            "{component} is not ready; see {}:\n{}",
+            log.display(),
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        );
     }
 
     /// The real kubectl of the release, as the cluster admin: its standard output.

@@ -9,7 +9,8 @@
 //! [`until`] is the same wait returning the failure as an error ([`NotWithin`]) and woken
 //! by the caller's own signal (a watch, a notification) where there is one, instead of
 //! polling; the other waits of the crate (the stand-in's `wait_until`, a process's log
-//! lines, [`crate::harness::wait_for`]) are built on it.
+//! lines, [`crate::harness::wait_for`]) are built on it. [`blocking`] is the same for the
+//! synchronous start-up of the control plane and kubelet fixtures.
 //!
 //! A fixed sleep is not a wait: the tests sleep only where they measure a window ("nothing
 //! happens for 3 s"), and say so where they do.
@@ -175,6 +176,35 @@ where
     match until(what, deadline, timed, pause).await {
         Ok(done) => done,
         Err(e) => panic!("{e}"),
+    }
+}
+
+/// [`until`] for code that cannot await (a fixture started from synchronous code): asks
+/// `check` every `pause`, blocking the thread between checks.
+///
+/// # Errors
+/// The deadline passed first: [`NotWithin`], with the last observation.
+pub fn blocking<S: Seen>(
+    what: &str,
+    deadline: Duration,
+    pause: Duration,
+    mut check: impl FnMut() -> S,
+) -> Result<S::Done, NotWithin> {
+    let end = Instant::now() + deadline;
+    loop {
+        let last = match check().done() {
+            Ok(done) => return Ok(done),
+            Err(last) => last,
+        };
+        let now = Instant::now();
+        if now >= end {
+            return Err(NotWithin {
+                what: what.to_owned(),
+                deadline,
+                last,
+            });
+        }
+        std::thread::sleep(pause.min(end - now));
     }
 }
 
