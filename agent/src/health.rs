@@ -236,9 +236,7 @@ fn readonly(facts: &HostFacts) -> Option<Seen> {
 
 fn celsius(millicelsius: i64) -> f64 {
     // Thermal sysfs values fit f64 exactly (|value| < 2^53).
-    #[allow(clippy::cast_precision_loss)]
-    let c = millicelsius as f64 / 1000.0;
-    c
+    millicelsius as f64 / 1000.0
 }
 
 /// The lowest trip point of `zone` that means "too hot": passive, hot or critical. Active
@@ -395,7 +393,6 @@ fn under_voltage(facts: &HostFacts) -> Option<Seen> {
 /// `ClockUnsynchronized`: the kernel's NTP state. `None` when `adjtimex` failed.
 fn clock(facts: &HostFacts) -> Option<Seen> {
     let sync = facts.clock_sync?;
-    #[allow(clippy::cast_precision_loss)]
     let max_error_s = sync.max_error_us as f64 / 1e6;
     Some(Seen {
         signal: !sync.synchronized,

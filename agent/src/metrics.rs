@@ -286,7 +286,6 @@ impl AgentMetrics {
             }
         }
         for z in &facts.thermal_zones {
-            #[allow(clippy::cast_precision_loss)]
             let celsius = z.temp_millicelsius as f64 / 1000.0;
             h.temperature
                 .get_or_create(&vec![("zone", z.zone.clone()), ("type", z.kind.clone())])
@@ -310,7 +309,6 @@ impl AgentMetrics {
         }
         if let Some(sync) = facts.clock_sync {
             h.clock_synchronized.set(i64::from(sync.synchronized));
-            #[allow(clippy::cast_precision_loss)]
             h.clock_max_error.set(sync.max_error_us as f64 / 1e6);
         }
     }

@@ -286,7 +286,6 @@ impl Capacity {
         let cpu = parse("cpu")?;
         let memory = parse("memory")?;
         // Float to integer casts saturate (a negative quantity is 0).
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         Some(Self {
             cpu_millis: (cpu * 1000.0).round() as u64,
             memory_bytes: memory.round() as u64,

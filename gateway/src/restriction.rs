@@ -161,7 +161,7 @@ mod tests {
     #[test]
     fn status_sizes_are_bounded() {
         let mut s = pb::NodeStatus::default();
-        assert!(validate_status_limits(&s).is_ok());
+        validate_status_limits(&s).unwrap();
         s.conditions.push(pb::NodeCondition {
             message: "m".repeat(MAX_TEXT_BYTES + 1),
             ..Default::default()

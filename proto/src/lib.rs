@@ -155,9 +155,7 @@ pub fn boot_tag(boot_id: &[u8]) -> u32 {
     let mut hasher = fnv::FnvHasher::default();
     hasher.write(boot_id);
     // Truncation is the rule: the low 32 bits.
-    #[allow(clippy::cast_possible_truncation)]
-    let tag = hasher.finish() as u32;
-    tag
+    hasher.finish() as u32
 }
 
 impl Header {

@@ -381,27 +381,36 @@ impl Broker {
         )
         .with_context(|| format!("starting {}", self.binary.display()))?;
         self.child = Some(child);
-        // Waiting for an external process to listen: nothing to subscribe to, so poll its
-        // port with short sleeps until a deadline (the one place a sleep loop is acceptable).
-        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-        while tokio::time::Instant::now() < deadline {
-            if tokio::net::TcpStream::connect((self.host(), self.port))
-                .await
-                .is_ok()
-            {
-                return Ok(true);
-            }
-            let exited = match self.child.as_mut() {
-                Some(child) => child.try_wait().ok().flatten().is_some(),
-                None => true,
-            };
-            if exited {
+        // Waiting for an external process to listen: nothing to subscribe to, so its port is
+        // polled. Done: it listens (true), or it exited (false).
+        let listening = crate::wait::until(
+            "Mosquitto listening",
+            READY_TIMEOUT,
+            || {
+                let exited = match self.child.as_mut() {
+                    Some(child) => child.try_wait().ok().flatten().is_some(),
+                    None => true,
+                };
+                let addr = (self.host().to_owned(), self.port);
+                async move {
+                    if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                        Some(true)
+                    } else {
+                        exited.then_some(false)
+                    }
+                }
+            },
+            crate::wait::every(crate::wait::POLL),
+        )
+        .await;
+        match listening {
+            Ok(true) => return Ok(true),
+            Ok(false) => {
                 self.child = None;
                 return Ok(false);
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            Err(_) => self.stop().await,
         }
-        self.stop().await;
         bail!(
             "Mosquitto did not accept connections on port {} within {READY_TIMEOUT:?}; log:\n{}",
             self.port,

@@ -23,11 +23,12 @@
 //! - Whether the components are built: [`built`] (`scripts/control-plane.sh build` builds
 //!   them; `scripts/test.sh` does).
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -222,32 +223,35 @@ impl ControlPlane {
             _ => return Ok(()),
         };
         let exits = self.exits(component);
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let ready = crate::process::output(
-                Command::new(self.bin.join("kubectl"))
-                    .arg("--kubeconfig")
-                    .arg(&self.admin_kubeconfig)
-                    .arg("--request-timeout=5s")
-                    .args(check)
-                    .stdin(Stdio::null()),
-            )
-            .is_ok_and(|out| out.status.success());
-            if ready {
-                return Ok(());
-            }
-            if self.exits(component) != exits || Instant::now() >= deadline {
-                let log = self.dir.join(format!("{component}.log"));
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                bail!(
-                    "{component} is not ready; see {}:\n{}",
-                    log.display(),
-                    lines[lines.len().saturating_sub(30)..].join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
+        // Done: ready (true), or the component exited first (false).
+        let ready = crate::wait::blocking(
+            &format!("{component} ready"),
+            Duration::from_secs(120),
+            Duration::from_millis(200),
+            || {
+                let ready = crate::process::output(
+                    Command::new(self.bin.join("kubectl"))
+                        .arg("--kubeconfig")
+                        .arg(&self.admin_kubeconfig)
+                        .arg("--request-timeout=5s")
+                        .args(check)
+                        .stdin(Stdio::null()),
+                )
+                .is_ok_and(|out| out.status.success());
+                (ready || self.exits(component) != exits).then_some(ready)
+            },
+        );
+        if ready == Ok(true) {
+            return Ok(());
         }
+        let log = self.dir.join(format!("{component}.log"));
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        bail!(
+            "{component} is not ready; see {}:\n{}",
+            log.display(),
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        );
     }
 
     /// The real kubectl of the release, as the cluster admin: its standard output.
@@ -509,8 +513,8 @@ impl Components {
         components
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, Component>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, BTreeMap<&'static str, Component>> {
+        self.state.lock()
     }
 
     /// One look at every component: reaps one that exited, starts again one that is due.
@@ -800,25 +804,6 @@ pub fn deployed_gateway_args(
 
 /// The gateway's ServiceAccount as the audit log names it.
 pub const GATEWAY_USER: &str = "system:serviceaccount:edgebeat-system:edgebeat-gateway";
-
-/// Waits until `condition` holds, asking every 200 ms, for at most `deadline`.
-///
-/// # Panics
-/// When `deadline` passes first, naming `what`.
-pub async fn eventually<F, Fut>(what: &str, deadline: std::time::Duration, condition: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = tokio::time::Instant::now() + deadline;
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-}
 
 /// The gateway's requests (as [`GATEWAY_USER`]) in the audit log, answered at or after
 /// `from`: the binary's, not kubectl's made with the gateway's kubeconfig (a test probing

@@ -10,9 +10,10 @@
 //! exceeded `nodeLeaseDurationSeconds`, which is when kube-controller-manager's node
 //! lifecycle controller would start counting the node as not ready.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -405,7 +406,8 @@ impl Writes {
             loop {
                 changes.borrow_and_update();
                 let now = standin.lease_renew_times();
-                if let Ok(mut seen) = into.lock() {
+                {
+                    let mut seen = into.lock();
                     for (name, t) in now {
                         let times = seen.entry(name).or_default();
                         if times.last() != Some(&t) {
@@ -433,29 +435,28 @@ impl Writes {
         deadline: Duration,
         done: impl Fn(&BTreeMap<String, Vec<Timestamp>>) -> bool,
     ) -> bool {
-        let mut changed = self.changed.clone();
-        let check = |seen: &Mutex<BTreeMap<String, Vec<Timestamp>>>| {
-            seen.lock().map(|s| done(&s)).unwrap_or(false)
-        };
-        tokio::time::timeout(deadline, async {
-            loop {
+        crate::wait::until(
+            "the recorded Lease writes",
+            deadline,
+            || std::future::ready(done(&self.seen.lock())),
+            || {
+                // Up to date before the check: a change during it is seen.
+                let mut changed = self.changed.clone();
                 changed.borrow_and_update();
-                if check(&self.seen) {
-                    return;
+                async move {
+                    if changed.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
                 }
-                if changed.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-        })
+            },
+        )
         .await
         .is_ok()
-            || check(&self.seen)
     }
 
     fn stop(self) -> BTreeMap<String, Vec<Timestamp>> {
         self.cancel.cancel();
-        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+        self.seen.lock().clone()
     }
 }
 

@@ -13,8 +13,9 @@
 //! As the agent, every second renewal attempt (the first included) carries the node's
 //! resource usage ([`FleetOptions::usage`], on by default), with simulated figures.
 
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use edgebeat_proto::{self as pb, agent_message::Kind};
@@ -283,55 +284,35 @@ pub struct FleetStats {
 impl FleetStats {
     /// The renewal answer times recorded since the last call (µs), sorted.
     pub fn take_latencies(&self) -> Vec<u32> {
-        let mut taken = std::mem::take(
-            &mut *self
-                .latencies
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        let mut taken = std::mem::take(&mut *self.latencies.lock());
         taken.sort_unstable();
         taken
     }
 
     /// Failed renewals by why, so far.
     pub fn failures(&self) -> std::collections::BTreeMap<String, u64> {
-        self.failures
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.failures.lock().clone()
     }
 
     /// Lease renewals the transport took so far (each may have been written once), by
     /// node name.
     pub fn renewals_taken_by_node(&self) -> std::collections::BTreeMap<String, u64> {
-        self.renewals_taken_by_node
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.renewals_taken_by_node.lock().clone()
     }
 
     /// When a renewal last failed (answered otherwise than OK, or not answered in time).
     pub fn last_failure(&self) -> Option<Instant> {
-        *self
-            .last_failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self.last_failure.lock()
     }
 
     /// When the last node got its certificate and when the last enrolled node had its
     /// first renewal written ([`FleetOptions::enroll`]).
     pub fn enrollment_times(&self) -> (Option<Instant>, Option<Instant>) {
-        *self
-            .enrollment_times
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self.enrollment_times.lock()
     }
 
     fn enrollment_event(&self, identified: bool) {
-        let mut times = self
-            .enrollment_times
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut times = self.enrollment_times.lock();
         if identified {
             self.identified.fetch_add(1, Ordering::Relaxed);
             times.1 = Some(Instant::now());
@@ -343,34 +324,20 @@ impl FleetStats {
 
     /// Adds `delta` (±1) to the renewals the transport took for `node`.
     fn taken(&self, node: &str, delta: i64) {
-        let mut taken = self
-            .renewals_taken_by_node
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut taken = self.renewals_taken_by_node.lock();
         let n = taken.entry(node.to_owned()).or_default();
         *n = n.saturating_add_signed(delta);
     }
 
     fn failed(&self, why: String) {
         self.renewals_failed.fetch_add(1, Ordering::Relaxed);
-        *self
-            .last_failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
-        *self
-            .failures
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(why)
-            .or_default() += 1;
+        *self.last_failure.lock() = Some(Instant::now());
+        *self.failures.lock().entry(why).or_default() += 1;
     }
 
     fn latency(&self, d: Duration) {
         let us = u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
-        self.latencies
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(us);
+        self.latencies.lock().push(us);
     }
 }
 

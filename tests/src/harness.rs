@@ -1044,20 +1044,15 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, Stri
     Ok((code, body))
 }
 
-/// Waits until `condition` holds, checking every 20 ms, for at most `deadline`.
+/// [`crate::wait::eventually`] for a synchronous yes/no `condition`, checking every 20 ms,
+/// for at most `deadline`.
 ///
 /// For state only observable by looking (counters, an external process); state the
-/// stand-in holds has [`StandInHandle::wait_until`], which is woken by changes.
+/// stand-in holds has [`StandInHandle::wait_until`], which is woken by changes. A check that
+/// can say what it saw instead of `false` is better written with `eventually`.
 ///
 /// # Panics
 /// When the deadline passes, naming `what`.
 pub async fn wait_for(what: &str, deadline: Duration, condition: impl Fn() -> bool) {
-    let end = tokio::time::Instant::now() + deadline;
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::wait::eventually(what, deadline, || std::future::ready(condition())).await;
 }

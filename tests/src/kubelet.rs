@@ -598,31 +598,34 @@ authorization:
         deadline: Duration,
         done: impl Fn(&Self) -> anyhow::Result<bool>,
     ) -> anyhow::Result<()> {
-        let end = Instant::now() + deadline;
-        loop {
-            if done(self)? {
-                return Ok(());
-            }
-            let mut exited = None;
-            for (name, child) in [
-                ("containerd", &mut self.containerd),
-                ("kubelet", &mut self.kubelet),
-            ] {
-                if let Some(c) = child.as_mut()
-                    && let Some(status) = c.try_wait()?
-                {
-                    exited = Some(format!("{name} exited ({status})"));
+        // Done: `done` held (Ok(None)), a process exited (Ok(Some(why))), or an error.
+        let waited = crate::wait::blocking(what, deadline, Duration::from_millis(500), || {
+            let seen = (|| -> anyhow::Result<Option<Option<String>>> {
+                if done(self)? {
+                    return Ok(Some(None));
                 }
-            }
-            if exited.is_some() || Instant::now() >= end {
-                bail!(
-                    "waiting for {what}: {}\n{}",
-                    exited.unwrap_or_else(|| format!("not within {deadline:?}")),
-                    self.logs_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
+                let mut exited = None;
+                for (name, child) in [
+                    ("containerd", &mut self.containerd),
+                    ("kubelet", &mut self.kubelet),
+                ] {
+                    if let Some(c) = child.as_mut()
+                        && let Some(status) = c.try_wait()?
+                    {
+                        exited = Some(format!("{name} exited ({status})"));
+                    }
+                }
+                Ok(exited.map(Some))
+            })();
+            seen.transpose()
+        });
+        let why = match waited {
+            Ok(Ok(None)) => return Ok(()),
+            Ok(Ok(Some(exited))) => exited,
+            Ok(Err(e)) => return Err(e),
+            Err(e) => format!("not within {:?}", e.deadline),
+        };
+        bail!("waiting for {what}: {why}\n{}", self.logs_tail());
     }
 
     /// The last 30 lines of each log.

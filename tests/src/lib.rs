@@ -16,6 +16,8 @@
 //! - [`kubelet`]: a real kubelet and containerd for this host, beside the agent, put back
 //!   as they were found when stopped.
 //! - [`link`]: an edge link of a network namespace and a veth pair, with its counters.
+//! - [`wait`]: the one way the tests wait for something: `eventually`, with a deadline and
+//!   the last value seen in its failure.
 //! - [`webhook`]: a stand-in admission webhook that answers after a delay, to hold
 //!   kube-apiserver's seats in an overload test.
 
@@ -34,4 +36,5 @@ pub mod prometheus;
 pub mod requests;
 pub mod spy;
 pub mod standin;
+pub mod wait;
 pub mod webhook;

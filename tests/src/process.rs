@@ -23,11 +23,12 @@
 //!   with the flags a test gives, its JSON log (`--log-format json`) read line by line, the
 //!   addresses it bound (port 0) taken from that log, killed when dropped.
 
+use parking_lot::Mutex;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -275,14 +276,11 @@ impl GatewayProcess {
                 while let Ok(Some(line)) = reader.next_line().await {
                     {
                         use std::io::Write as _;
-                        let mut file = file.lock().unwrap_or_else(PoisonError::into_inner);
+                        let mut file = file.lock();
                         let _ = writeln!(file, "{line}");
                     }
                     if let Ok(serde_json::Value::Object(parsed)) = serde_json::from_str(&line) {
-                        lines
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push(parsed);
+                        lines.lock().push(parsed);
                         added.notify_waiters();
                     }
                 }
@@ -303,10 +301,7 @@ impl GatewayProcess {
 
     /// Every log line so far.
     pub fn lines(&self) -> Vec<LogLine> {
-        self.lines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.lines.lock().clone()
     }
 
     /// The first log line for which `found` holds, waiting up to `deadline` for it.
@@ -317,26 +312,41 @@ impl GatewayProcess {
         deadline: Duration,
         found: impl Fn(&LogLine) -> bool,
     ) -> anyhow::Result<LogLine> {
-        let until = tokio::time::Instant::now() + deadline;
-        loop {
-            let added = self.added.notified();
-            tokio::pin!(added);
-            added.as_mut().enable();
-            if let Some(line) = self.lines().into_iter().find(|l| found(l)) {
-                return Ok(line);
-            }
-            if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "edgebeat-gateway exited ({status}) first; log:\n{}",
-                    self.log_text()
-                );
-            }
-            if tokio::time::timeout_at(until, added).await.is_err() {
-                bail!(
-                    "no such log line within {deadline:?}; log:\n{}",
-                    self.log_text()
-                );
-            }
+        let Self {
+            child,
+            lines,
+            added,
+            ..
+        } = self;
+        let added: &tokio::sync::Notify = added;
+        let waited = crate::wait::until(
+            "a matching log line",
+            deadline,
+            || {
+                let line = lines.lock().iter().find(|l| found(l)).cloned();
+                std::future::ready(match line {
+                    Some(line) => Some(Ok(line)),
+                    None => match child.try_wait() {
+                        Ok(None) => None,
+                        Ok(Some(status)) => Some(Err(anyhow::anyhow!(
+                            "edgebeat-gateway exited ({status}) first"
+                        ))),
+                        Err(e) => Some(Err(e.into())),
+                    },
+                })
+            },
+            // Made before each check (the notification reaches a `Notified` from its
+            // making on), so a line logged during the check is not missed.
+            move || added.notified(),
+        )
+        .await;
+        match waited {
+            Ok(Ok(line)) => Ok(line),
+            Ok(Err(e)) => bail!("{e:#}; log:\n{}", self.log_text()),
+            Err(_) => bail!(
+                "no such log line within {deadline:?}; log:\n{}",
+                self.log_text()
+            ),
         }
     }
 

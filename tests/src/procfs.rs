@@ -31,7 +31,6 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let after = stat.rsplit_once(')')?.1;
     let fields: Vec<&str> = after.split_whitespace().collect();
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    #[allow(clippy::cast_precision_loss)]
     Some(ticks as f64 / 100.0)
 }
 

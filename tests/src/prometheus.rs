@@ -62,14 +62,13 @@ pub async fn start(dir: &Path, config: &str) -> (SocketAddr, tokio::process::Chi
     // Keep draining its log so it never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     // It answers queries once its storage is open: /-/ready says 200 then.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while get(addr, "/-/ready").await.0 != 200 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "prometheus not ready within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::wait::eventually("prometheus ready", Duration::from_secs(30), || async {
+        match get(addr, "/-/ready").await {
+            (200, _) => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
     (addr, child)
 }
 

@@ -1309,8 +1309,7 @@ async fn gateway_replicas_keep_their_sessions_on_a_listener_of_their_own() {
             true
         }
     };
-    edgebeat_tests::control_plane::eventually("both replicas subscribed", DEADLINE, all_ready)
-        .await;
+    edgebeat_tests::wait::eventually("both replicas subscribed", DEADLINE, all_ready).await;
 
     let intruder = site.node("edge-x");
     let mut intruders = Vec::new();

@@ -21,11 +21,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use edgebeat_tests::broker::{Broker, BrokerTls};
-use edgebeat_tests::control_plane::{
-    AuditEvent, ControlPlane, EnrollingGateway, eventually, gateway_requests,
-};
+use edgebeat_tests::control_plane::{AuditEvent, ControlPlane, EnrollingGateway, gateway_requests};
 use edgebeat_tests::kubelet::Kubelet;
 use edgebeat_tests::pki::Ca;
+use edgebeat_tests::wait::eventually;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;

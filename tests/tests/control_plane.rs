@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use edgebeat_tests::control_plane::{
     AuditEvent, ControlPlane, DeployedGateway, EnrollingGateway, GATEWAY_USER, assert_none_refused,
-    eventually, gateway_requests,
+    gateway_requests,
 };
 use edgebeat_tests::harness::{fixture, grpc_transport, start_agent, test_agent_config};
 use edgebeat_tests::process::GatewayProcess;
+use edgebeat_tests::wait::eventually;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -343,7 +344,8 @@ async fn the_real_node_lifecycle_controller_sees_a_killed_agent_and_its_return()
         ready(&nodes, name).await.as_deref() == Some("True")
     })
     .await;
-    // Kept Ready by the controller across several grace periods.
+    // Kept Ready by the controller across several grace periods (a window measured, not a
+    // wait for state).
     let kept_from = jiff::Timestamp::now();
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert_eq!(ready(&nodes, name).await.as_deref(), Some("True"));
@@ -390,7 +392,8 @@ async fn the_real_node_lifecycle_controller_sees_a_killed_agent_and_its_return()
     )
     .await;
     let recovered = jiff::Timestamp::now();
-    // Steady again: no flapping, and no more status than kubelet writes.
+    // Steady again: no flapping, and no more status than kubelet writes (a window measured,
+    // not a wait for state).
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert_eq!(ready(&nodes, name).await.as_deref(), Some("True"));
     let events = control_plane.audit().unwrap();
@@ -493,7 +496,8 @@ async fn an_apiserver_outage_of_30_s_then_every_lease_fresh_without_a_backlog() 
         200,
         "alive through the outage"
     );
-    // The watches came back with a list each, not a relist storm.
+    // The watches came back with a list each, not a relist storm: the lists counted over a
+    // 10 s window (what is measured, not a wait for state).
     tokio::time::sleep(Duration::from_secs(10)).await;
     let lists = lists_since(&control_plane, up);
     eprintln!("lists after the restart: {lists:?}");
@@ -888,24 +892,25 @@ async fn boards_enroll_under_kubelets_signer_approved_and_signed_by_kube_control
     })
     .await;
     let agent = gateway.agent("enroll-kubelet-1", &token);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    let rotation = loop {
-        let csrs = csrs_of(control_plane, "enroll-kubelet-1");
-        if let Some(csr) = csrs.iter().find(|c| {
-            c["metadata"]["annotations"]["edgebeat.io/proof"] == "certificate"
-                && c["status"]["certificate"]
-                    .as_str()
-                    .is_some_and(|c| !c.is_empty())
-        }) {
-            break csr.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no rotation proved by the kubelet-signed certificate issued within 90 s; CSRs: {csrs:?}\ngateway log:\n{}",
-            gateway.process.log_text()
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
+    let rotation = edgebeat_tests::wait::until(
+        "a rotation proved by the kubelet-signed certificate issued (CSRs)",
+        Duration::from_secs(90),
+        || async {
+            let csrs = csrs_of(control_plane, "enroll-kubelet-1");
+            csrs.iter()
+                .find(|c| {
+                    c["metadata"]["annotations"]["edgebeat.io/proof"] == "certificate"
+                        && c["status"]["certificate"]
+                            .as_str()
+                            .is_some_and(|c| !c.is_empty())
+                })
+                .cloned()
+                .ok_or(csrs)
+        },
+        edgebeat_tests::wait::every(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\ngateway log:\n{}", gateway.process.log_text()));
     let rotated = issued_by_kube_controller_manager(control_plane, &rotation).await;
     assert_ne!(rotated, leaf, "a new certificate");
     eventually(
@@ -1450,7 +1455,7 @@ async fn watches_recover_from_410_gone_with_one_list_each() {
             .await
             .unwrap();
     }
-    // Two compaction intervals.
+    // Two compaction intervals: time itself is the condition (etcd compacts on its clock).
     tokio::time::sleep(Duration::from_secs(11)).await;
     control_plane.restart_component("kube-apiserver").unwrap();
     let resumed = jiff::Timestamp::now();
@@ -1468,7 +1473,8 @@ async fn watches_recover_from_410_gone_with_one_list_each() {
         })
         .await;
     relisted.unwrap();
-    // One list per watch to recover, not a storm.
+    // One list per watch to recover, not a storm: the lists counted over a 5 s window
+    // (what is measured, not a wait for state).
     tokio::time::sleep(Duration::from_secs(5)).await;
     let lists = lists_since(&control_plane, resumed);
     eprintln!("lists after 410: {lists:?}");

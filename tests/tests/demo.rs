@@ -12,7 +12,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use edgebeat_tests::control_plane::{ControlPlane, eventually};
+use edgebeat_tests::control_plane::ControlPlane;
+use edgebeat_tests::wait::eventually;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use tokio::io::AsyncBufReadExt as _;

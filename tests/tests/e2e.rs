@@ -821,16 +821,13 @@ async fn a_deleted_node_is_registered_again_only_by_a_restart(transport: Transpo
         .delete("rpi4-edge-01", &DeleteParams::default())
         .await
         .unwrap();
-    let mut unready = (0, String::new());
-    let end = tokio::time::Instant::now() + DEADLINE;
-    while unready.0 != 503 {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "agent still ready: {unready:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        unready = http_get(observe, "/readyz").await.unwrap();
-    }
+    let unready = edgebeat_tests::wait::eventually("the agent unready", DEADLINE, || async {
+        match http_get(observe, "/readyz").await.unwrap() {
+            (503, body) => Ok((503, body)),
+            still => Err(still),
+        }
+    })
+    .await;
     assert!(unready.1.contains("the Node was deleted"), "{}", unready.1);
     let metrics = http_get(observe, "/metrics").await.unwrap().1;
     assert!(
@@ -1123,17 +1120,10 @@ async fn the_nodes_resource_usage_reaches_its_replica(transport: Transport) {
         .unwrap();
     let started = jiff::Timestamp::now().as_millisecond();
     let samples = cluster.gateway().resource_samples();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let sample = loop {
-        if let Some(sample) = samples.get("rpi4-edge-01") {
-            break sample;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no sample within {DEADLINE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let sample = edgebeat_tests::wait::eventually("a sample of rpi4-edge-01", DEADLINE, || async {
+        samples.get("rpi4-edge-01")
+    })
+    .await;
     agent.stop().await.unwrap();
     assert_eq!(
         (sample.cpu_usage_ms, sample.memory_working_set_bytes),

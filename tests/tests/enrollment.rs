@@ -929,19 +929,16 @@ async fn an_enrolled_agent_takes_answers_only_from_the_answer_ca_it_learnt() {
         }
     }
     let expected = before + (ROUNDS * forgers.len()) as f64;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let now = agent_sample(&agent, refused).await;
-        if now >= expected {
-            assert_eq!(now, expected, "each forgery refused and counted once");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{now} of {expected} forgeries counted"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let counted = edgebeat_tests::wait::eventually(
+        &format!("{expected} forgeries counted"),
+        DEADLINE,
+        || async {
+            let now = agent_sample(&agent, refused).await;
+            if now >= expected { Ok(now) } else { Err(now) }
+        },
+    )
+    .await;
+    assert_eq!(counted, expected, "each forgery refused and counted once");
     cluster.wait_for_renewals(NODE, 4, DEADLINE).await.unwrap();
     assert_eq!(
         agent_sample(&agent, "edgebeat_agent_node_not_found").await,
@@ -1048,14 +1045,11 @@ async fn refusals_of(
     }
     spy.publish(topic, to_someone_else().encode_to_vec(), false)
         .await;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while agent_sample(agent, unsigned).await == controls {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the unsigned control was never refused"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    edgebeat_tests::wait::eventually("the unsigned control refused", DEADLINE, || async {
+        let now = agent_sample(agent, unsigned).await;
+        if now == controls { Err(now) } else { Ok(()) }
+    })
+    .await;
     agent_sample(agent, refused).await - before
 }
 

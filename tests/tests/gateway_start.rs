@@ -237,14 +237,18 @@ async fn with_enrollment_an_unreachable_apiserver_is_retried_not_fatal() {
             && field(l, "level") == "ERROR"
     };
     gateway.wait_for(REPORTED_WITHIN, is_retry).await.unwrap();
-    let deadline = tokio::time::Instant::now() + REPORTED_WITHIN;
-    while gateway.lines().iter().filter(|l| is_retry(l)).count() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "asked once only: {}",
-            gateway.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let asked = edgebeat_tests::wait::until(
+        "asked twice",
+        REPORTED_WITHIN,
+        || async {
+            let asked = gateway.lines().iter().filter(|l| is_retry(l)).count();
+            if asked >= 2 { Ok(()) } else { Err(asked) }
+        },
+        edgebeat_tests::wait::every(Duration::from_millis(100)),
+    )
+    .await;
+    if let Err(e) = asked {
+        panic!("{e}: {}", gateway.log_text());
     }
     assert_eq!(http_get(health, "/healthz").await.unwrap().0, 200);
     let (code, body) = http_get(health, "/readyz").await.unwrap();
@@ -283,14 +287,20 @@ async fn sigterm_drains_every_ingress_and_mqtt_ends_with_disconnect() {
         .address("serving /healthz, /readyz and /metrics")
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while http_get(health, "/readyz").await.map(|r| r.0).unwrap_or(0) != 200 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never ready: {}",
-            gateway.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let ready = edgebeat_tests::wait::until(
+        "/readyz 200",
+        Duration::from_secs(30),
+        || async {
+            match http_get(health, "/readyz").await {
+                Ok((200, _)) => Ok(()),
+                other => Err(other),
+            }
+        },
+        edgebeat_tests::wait::every(Duration::from_millis(100)),
+    )
+    .await;
+    if let Err(e) = ready {
+        panic!("{e}: {}", gateway.log_text());
     }
     let status = gateway.terminate().await.unwrap();
     assert!(status.success(), "{status}: {}", gateway.log_text());

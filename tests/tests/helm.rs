@@ -19,9 +19,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use edgebeat_tests::control_plane::{
-    ControlPlane, EnrollingGateway, assert_none_refused, eventually, gateway_requests,
-    installed_gateway_args,
+    ControlPlane, EnrollingGateway, assert_none_refused, gateway_requests, installed_gateway_args,
 };
+use edgebeat_tests::wait::eventually;
 use serde_json::Value;
 
 const CHART: &str = "deploy/helm/edgebeat-gateway";

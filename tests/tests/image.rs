@@ -17,10 +17,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgebeat_tests::control_plane::{ControlPlane, deployed_agent_config, eventually};
+use edgebeat_tests::control_plane::{ControlPlane, deployed_agent_config};
 use edgebeat_tests::harness::{http_get, start_agent};
 use edgebeat_tests::pki::Ca;
 use edgebeat_tests::process::{output, spawn_async};
+use edgebeat_tests::wait::eventually;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
@@ -334,18 +335,22 @@ async fn the_amd64_image_runs_under_runc_as_deployed_and_writes_a_node() {
     };
     let health = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port));
     let log_text = || std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default();
-    let healthy = tokio::time::timeout(Duration::from_secs(60), async {
-        while http_get(health, "/healthz").await.map(|a| a.0).ok() != Some(200) {
-            // Polling a port the container opens: nothing to subscribe to.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
+    // Polling a port the container opens: nothing to subscribe to.
+    let healthy = edgebeat_tests::wait::until(
+        "/healthz 200 from the container",
+        Duration::from_secs(60),
+        || async {
+            match http_get(health, "/healthz").await {
+                Ok((200, _)) => Ok(()),
+                other => Err(other),
+            }
+        },
+        edgebeat_tests::wait::every(Duration::from_millis(200)),
+    )
     .await;
-    assert!(
-        healthy.is_ok(),
-        "no /healthz from the container:\n{}",
-        log_text()
-    );
+    if let Err(e) = healthy {
+        panic!("{e}; the container's log:\n{}", log_text());
+    }
 
     let node = "image-runc-1";
     let grpc = std::net::SocketAddr::from(([127, 0, 0, 1], grpc_port));

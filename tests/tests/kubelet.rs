@@ -23,9 +23,10 @@ use std::time::Duration;
 
 use edgebeat_agent::config::{AgentConfig, EvictionSignal};
 use edgebeat_agent::quantity::Amount;
-use edgebeat_tests::control_plane::{ControlPlane, DeployedGateway, eventually};
+use edgebeat_tests::control_plane::{ControlPlane, DeployedGateway};
 use edgebeat_tests::harness::start_agent;
 use edgebeat_tests::kubelet::Kubelet;
+use edgebeat_tests::wait::eventually;
 use serde_json::Value;
 
 /// When a listed difference is expected.
@@ -574,7 +575,8 @@ async fn edgebeat_reports_this_host_as_kubelet_does_but_for_the_listed_differenc
         .await;
     }
     // Both past registration: a status update or two (every 10 s), a Lease renewal, the
-    // node lifecycle controller's RegisteredNode.
+    // node lifecycle controller's RegisteredNode. A window both run through before the
+    // snapshots are compared, not a wait for one state.
     tokio::time::sleep(Duration::from_secs(25)).await;
     let theirs = snapshot(
         &control_plane,

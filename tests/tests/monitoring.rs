@@ -356,25 +356,31 @@ async fn every_dashboard_query_returns_series_from_a_real_prometheus() {
 
     // Waits on what Prometheus holds: every query answered with a series, within a
     // deadline long enough for a few scrapes and two renewals per agent.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    let empty = loop {
-        let mut empty = Vec::new();
-        for (title, expr) in &queries {
-            let expr = expr.replace("$__rate_interval", "10s");
-            if query(prometheus, &expr).await.is_empty() {
-                empty.push(format!("{title}: {expr}"));
+    edgebeat_tests::wait::until(
+        "every panel's query answered with a series",
+        Duration::from_secs(90),
+        || async {
+            let mut empty = Vec::new();
+            for (title, expr) in &queries {
+                let expr = expr.replace("$__rate_interval", "10s");
+                if query(prometheus, &expr).await.is_empty() {
+                    empty.push(format!("{title}: {expr}"));
+                }
             }
-        }
-        if empty.is_empty() || tokio::time::Instant::now() > deadline {
-            break empty;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    assert!(
-        empty.is_empty(),
-        "panels whose query returned nothing:\n{}",
-        empty.join("\n")
-    );
+            if empty.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "panels whose query returned nothing:\n{}",
+                    empty.join("\n")
+                ))
+            }
+        },
+        // Paced as before: each check queries Prometheus.
+        edgebeat_tests::wait::every(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     // Both gateways were scraped, and they are the only targets.
     let up = query(prometheus, "up == 1").await;
     assert_eq!(up.len(), 2, "{up:?}");
@@ -453,19 +459,23 @@ async fn the_edge_node_job_keeps_gateway_nodes_and_scrapes_them_through_the_node
     let config = serde_json::json!({"scrape_configs": [job]}).to_string();
     let (prometheus, mut child) = edgebeat_tests::prometheus::start(dir.path(), &config).await;
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let targets = loop {
-        let targets = get_json(prometheus, "/api/v1/targets").await;
-        let seen = |kind: &str| targets["data"][kind].as_array().map_or(0, Vec::len);
-        if seen("activeTargets") + seen("droppedTargets") == 3 {
-            break targets;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "Prometheus never discovered the three Nodes: {targets}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let targets = edgebeat_tests::wait::until(
+        "Prometheus discovering the three Nodes",
+        Duration::from_secs(30),
+        || async {
+            let targets = get_json(prometheus, "/api/v1/targets").await;
+            let seen = |kind: &str| targets["data"][kind].as_array().map_or(0, Vec::len);
+            if seen("activeTargets") + seen("droppedTargets") == 3 {
+                Ok(targets)
+            } else {
+                Err(targets.to_string())
+            }
+        },
+        // Paced as before: each check queries Prometheus.
+        edgebeat_tests::wait::every(Duration::from_millis(200)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let active = targets["data"]["activeTargets"].as_array().unwrap();
     assert_eq!(active.len(), 1, "{targets:#}");
     assert_eq!(

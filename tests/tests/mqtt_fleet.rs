@@ -9,6 +9,7 @@ use std::time::Duration;
 use edgebeat_tests::harness::{Cluster, Transport, fixture};
 use edgebeat_tests::requests::{is_lease_renewed, renew_time};
 use edgebeat_tests::standin::{RecordedRequest, StandInView};
+use edgebeat_tests::wait::eventually;
 use http::Method;
 use jiff::{SignedDuration, Timestamp};
 
@@ -177,16 +178,17 @@ async fn replicas_split_the_fleet_write_each_renewal_once_and_survive_a_loss() {
     cluster.kill_replica(0).await;
     // Killed means all of it: its /healthz port closes too (the task is aborted, so the
     // listener goes within moments).
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        match tokio::net::TcpStream::connect(health).await {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
-            _ if tokio::time::Instant::now() > deadline => {
-                panic!("the killed replica still answers on {health}")
+    eventually(
+        &format!("the killed replica's {health} refusing connections"),
+        DEADLINE,
+        || async {
+            match tokio::net::TcpStream::connect(health).await {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+                other => Err(other.map(|_| "connected")),
             }
-            _ => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
+        },
+    )
+    .await;
     let marks: Vec<usize> = nodes
         .iter()
         .map(|n| {

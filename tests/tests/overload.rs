@@ -39,10 +39,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::api::{Api, PostParams};
 use tokio_util::sync::CancellationToken;
 
-use edgebeat_tests::control_plane::{
-    ControlPlane, DeployedGateway, eventually, gateway_requests, kube_client,
-};
+use edgebeat_tests::control_plane::{ControlPlane, DeployedGateway, gateway_requests, kube_client};
 use edgebeat_tests::kubelet::Kubelet;
+use edgebeat_tests::wait::eventually;
 use edgebeat_tests::webhook::SlowWebhook;
 
 /// ServiceAccounts flooding, each one flow.

@@ -305,11 +305,12 @@ async fn each_package_installs_runs_upgrades_and_purges_clean() {
             })
             .await;
         let _ = agent.kill().await;
-        assert!(
-            seen.is_ok(),
-            "{arch}: {seen:?}\nagent log:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        if let Err(e) = seen {
+            panic!(
+                "{arch}: {e:?}\nagent log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
 
         // An upgrade over an edited conffile keeps the edit, the new one beside it.
         let default = r.join("etc/default/edgebeat-agent");
@@ -422,21 +423,30 @@ impl Booted {
         };
         // The container's PID 1, as this host numbers it.
         let procs = booted.cgroups[0].join("payload/init.scope/cgroup.procs");
-        let end = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(pid) = std::fs::read_to_string(&procs)
-                .ok()
-                .and_then(|p| p.lines().next()?.parse().ok())
-            {
-                booted.init = pid;
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < end && matches!(booted.nspawn.try_wait(), Ok(None)),
-                "the container's systemd never ran; its console:\n{}",
+        // Done: its PID (Some), or systemd-nspawn ended (None).
+        let init = edgebeat_tests::wait::until(
+            "the container's systemd running",
+            Duration::from_secs(30),
+            || {
+                let pid = std::fs::read_to_string(&procs)
+                    .ok()
+                    .and_then(|p| p.lines().next()?.parse().ok());
+                std::future::ready(match (pid, booted.nspawn.try_wait()) {
+                    (Some(pid), _) => Ok(Some(pid)),
+                    (None, Ok(None)) => Err("no process in its init.scope yet"),
+                    (None, _) => Ok(None),
+                })
+            },
+            edgebeat_tests::wait::every(Duration::from_millis(100)),
+        )
+        .await;
+        match init {
+            Ok(Some(pid)) => booted.init = pid,
+            ended => panic!(
+                "the container's systemd never ran ({}); its console:\n{}",
+                ended.map_or_else(|e| e.to_string(), |_| "systemd-nspawn ended".to_owned()),
                 std::fs::read_to_string(log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            ),
         }
         booted
     }
@@ -490,15 +500,14 @@ impl Booted {
     /// included, stopped in time.
     async fn power_off(&mut self, within: Duration) {
         edgebeat_tests::process::signal(self.init, "RTMIN+4").unwrap();
-        let end = tokio::time::Instant::now() + within;
-        while matches!(self.nspawn.try_wait(), Ok(None)) {
-            assert!(
-                tokio::time::Instant::now() < end,
-                "{} still up {within:?} after poweroff",
-                self.machine
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let machine = self.machine.clone();
+        edgebeat_tests::wait::eventually(&format!("{machine} down after poweroff"), within, || {
+            std::future::ready(match self.nspawn.try_wait() {
+                Ok(None) => Err("still up"),
+                _ => Ok(()),
+            })
+        })
+        .await;
     }
 }
 
@@ -650,16 +659,24 @@ async fn under_systemd_an_offline_board_boots_registers_later_and_upgrades_witho
     // and saying it is still registering.
     // (systemctl answers once systemd listens on its private socket, an instant after the
     // container's PID 1 appeared.)
-    let end = tokio::time::Instant::now() + Duration::from_secs(60);
-    let state = loop {
-        let state = booted
-            .exec(&["timeout", "60", "systemctl", "is-system-running", "--wait"])
-            .await;
-        if !state.is_empty() || tokio::time::Instant::now() >= end {
-            break state;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    // No answer in 60 s leaves the state empty, which the assertion below reports.
+    let state = edgebeat_tests::wait::until(
+        "systemctl answering",
+        Duration::from_secs(60),
+        || async {
+            let state = booted
+                .exec(&["timeout", "60", "systemctl", "is-system-running", "--wait"])
+                .await;
+            if state.is_empty() {
+                Err("no answer")
+            } else {
+                Ok(state)
+            }
+        },
+        edgebeat_tests::wait::every(Duration::from_millis(100)),
+    )
+    .await
+    .unwrap_or_default();
     assert_eq!(
         state,
         "running",
@@ -728,12 +745,12 @@ async fn under_systemd_an_offline_board_boots_registers_later_and_upgrades_witho
             v.node(node).is_some_and(|n| ready(&n))
         })
         .await;
-    assert!(seen.is_ok(), "{seen:?}\n{}", booted.journal().await);
-    edgebeat_tests::control_plane::eventually(
-        "STATUS= registered",
-        Duration::from_secs(30),
-        || async { booted.unit("edgebeat-agent", "StatusText").await == STATUS_REGISTERED },
-    )
+    if let Err(e) = seen {
+        panic!("{e:?}\n{}", booted.journal().await);
+    }
+    edgebeat_tests::wait::eventually("STATUS= registered", Duration::from_secs(30), || async {
+        booted.unit("edgebeat-agent", "StatusText").await == STATUS_REGISTERED
+    })
     .await;
 
     // 3. apt's upgrade of the running agent (dpkg inside, under the running systemd: the
@@ -759,16 +776,12 @@ async fn under_systemd_an_offline_board_boots_registers_later_and_upgrades_witho
             .await,
         "0.1.0-2"
     );
-    edgebeat_tests::control_plane::eventually(
-        "the agent restarted",
-        Duration::from_secs(30),
-        || async {
-            let pid = booted.unit("edgebeat-agent", "MainPID").await;
-            pid != before
-                && pid != "0"
-                && booted.unit("edgebeat-agent", "ActiveState").await == "active"
-        },
-    )
+    edgebeat_tests::wait::eventually("the agent restarted", Duration::from_secs(30), || async {
+        let pid = booted.unit("edgebeat-agent", "MainPID").await;
+        pid != before
+            && pid != "0"
+            && booted.unit("edgebeat-agent", "ActiveState").await == "active"
+    })
     .await;
     // Two renewals by the new agent.
     let seen = standin
@@ -778,7 +791,9 @@ async fn under_systemd_an_offline_board_boots_registers_later_and_upgrades_witho
             |v| renew_times(v.requests(), node).len() >= renewed_before + 2,
         )
         .await;
-    assert!(seen.is_ok(), "{seen:?}\n{}", booted.journal().await);
+    if let Err(e) = seen {
+        panic!("{e:?}\n{}", booted.journal().await);
+    }
     let times = renew_times(&standin.requests(), node);
     let gap = times
         .windows(2)

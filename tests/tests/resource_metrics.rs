@@ -21,8 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edgebeat_hw::{HostRoot, read_resource_usage};
-use edgebeat_tests::control_plane::{ControlPlane, DeployedGateway, eventually};
+use edgebeat_tests::control_plane::{ControlPlane, DeployedGateway};
 use edgebeat_tests::harness::start_agent;
+use edgebeat_tests::wait::eventually;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
@@ -249,7 +250,7 @@ fn node_series(body: &str) -> Option<((f64, i64), (f64, i64))> {
 /// arrives.
 struct Forwarder {
     addr: std::net::SocketAddr,
-    target: Arc<std::sync::Mutex<std::net::SocketAddr>>,
+    target: Arc<parking_lot::Mutex<std::net::SocketAddr>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -257,11 +258,11 @@ impl Forwarder {
     async fn start(address: std::net::IpAddr, target: std::net::SocketAddr) -> Self {
         let listener = tokio::net::TcpListener::bind((address, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let target = Arc::new(std::sync::Mutex::new(target));
+        let target = Arc::new(parking_lot::Mutex::new(target));
         let current = target.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
-                let to = *current.lock().unwrap();
+                let to = *current.lock();
                 tokio::spawn(async move {
                     if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
@@ -312,20 +313,24 @@ async fn names_replica(nodes: &Api<Node>, node: &str, served: std::net::SocketAd
 /// # Panics
 /// When it never does, with metrics-server's log.
 async fn top_node(control_plane: &ControlPlane, node: &str, log: &Path) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        match control_plane.kubectl(&["top", "node", node, "--no-headers"]) {
-            Ok(text) if text.starts_with(node) => return text,
-            other => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "kubectl top node never showed the edge node: {other:?}\nmetrics-server's log:\n{}",
-                    std::fs::read_to_string(log).unwrap_or_default()
-                );
-                tokio::time::sleep(Duration::from_millis(500)).await;
+    edgebeat_tests::wait::until(
+        "kubectl top node showing the edge node",
+        Duration::from_secs(120),
+        || async {
+            match control_plane.kubectl(&["top", "node", node, "--no-headers"]) {
+                Ok(text) if text.starts_with(node) => Ok(text),
+                other => Err(other),
             }
-        }
-    }
+        },
+        edgebeat_tests::wait::every(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nmetrics-server's log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        )
+    })
 }
 
 /// The body of `kubectl get --raw /api/v1/nodes/<node>/proxy/metrics/resource` once it holds
@@ -335,20 +340,17 @@ async fn top_node(control_plane: &ControlPlane, node: &str, log: &Path) -> Strin
 /// When it never does, with the last answer.
 async fn through_node_proxy(control_plane: &ControlPlane, node: &str, after: i64) -> String {
     let raw = format!("/api/v1/nodes/{node}/proxy/metrics/resource");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = control_plane.kubectl(&["get", "--raw", &raw]);
-        if let Ok(text) = &out
-            && node_series(text).is_some_and(|((_, at), _)| at > after)
-        {
-            return text.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no sample newer than {after} through the node proxy: {out:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        &format!("a sample newer than {after} through the node proxy"),
+        Duration::from_secs(60),
+        || async {
+            match control_plane.kubectl(&["get", "--raw", &raw]) {
+                Ok(text) if node_series(&text).is_some_and(|((_, at), _)| at > after) => Ok(text),
+                other => Err(other),
+            }
+        },
+    )
+    .await
 }
 
 /// The node's figures in the metrics API (`/apis/metrics.k8s.io/v1beta1/nodes/<node>`,
@@ -406,7 +408,7 @@ async fn busy_loop_figures(control_plane: &ControlPlane, node: &str) -> (f64, f6
     });
     let started = jiff::Timestamp::now().as_millisecond();
     // (ms since the epoch, cumulative CPU ms) of the host, as the agent reads it.
-    let readings = Arc::new(std::sync::Mutex::new(Vec::<(i64, f64)>::new()));
+    let readings = Arc::new(parking_lot::Mutex::new(Vec::<(i64, f64)>::new()));
     let reader = tokio::spawn({
         let readings = readings.clone();
         async move {
@@ -416,34 +418,33 @@ async fn busy_loop_figures(control_plane: &ControlPlane, node: &str) -> (f64, f6
                 tick.tick().await;
                 let at = jiff::Timestamp::now().as_millisecond();
                 if let Some(ms) = read_resource_usage(&root).cpu_usage_ms {
-                    readings.lock().unwrap().push((at, ms as f64));
+                    readings.lock().push((at, ms as f64));
                 }
             }
         }
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let (end, window, cores) = loop {
-        if let Some((end, window, cores)) = metrics_api(control_plane, node)
-            && (end as f64 - window * 1000.0) > started as f64 + 1_000.0
-            && readings
-                .lock()
-                .unwrap()
-                .last()
-                .is_some_and(|(at, _)| *at > end)
-        {
-            break (end, window, cores);
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no metrics API window inside the busy loop: {:?}",
-            metrics_api(control_plane, node)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let (end, window, cores) = edgebeat_tests::wait::until(
+        "a metrics API window inside the busy loop",
+        Duration::from_secs(120),
+        || async {
+            match metrics_api(control_plane, node) {
+                Some((end, window, cores))
+                    if (end as f64 - window * 1000.0) > started as f64 + 1_000.0
+                        && readings.lock().last().is_some_and(|(at, _)| *at > end) =>
+                {
+                    Ok((end, window, cores))
+                }
+                other => Err(other),
+            }
+        },
+        edgebeat_tests::wait::every(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     busy.join().unwrap();
     reader.abort();
-    let readings = readings.lock().unwrap().clone();
+    let readings = readings.lock().clone();
     // The host's CPU ms at `t`, interpolated between the readings around it.
     let at = |t: f64| {
         let after = readings.iter().position(|(at, _)| *at as f64 >= t).unwrap();
@@ -679,22 +680,22 @@ async fn kubectl_top_node_shows_an_edge_node_through_its_replica_and_after_that_
     // itself in the node's status at once (it asks for the whole status), and serves the
     // node's newer samples there: the node proxy and kubectl top node see it again.
     gateway.process.kill().await.unwrap();
-    *service.target.lock().unwrap() = second.grpc;
+    *service.target.lock() = second.grpc;
     let killed = tokio::time::Instant::now();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !names_replica(&nodes, node, served_second).await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the node never named the second replica; its log:\n{}\nthe agent's metrics:\n{}",
-            second.process.log_text(),
-            {
-                let mut text = String::new();
-                prometheus_client::encoding::text::encode(&mut text, &agent.agent.registry())
-                    .unwrap();
-                text
-            }
+    let named = edgebeat_tests::wait::until(
+        "the node naming the second replica",
+        Duration::from_secs(60),
+        || names_replica(&nodes, node, served_second),
+        edgebeat_tests::wait::every(Duration::from_millis(200)),
+    )
+    .await;
+    if let Err(e) = named {
+        let mut metrics = String::new();
+        prometheus_client::encoding::text::encode(&mut metrics, &agent.agent.registry()).unwrap();
+        panic!(
+            "{e}; its log:\n{}\nthe agent's metrics:\n{metrics}",
+            second.process.log_text()
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let renamed = killed.elapsed();
     let body = through_node_proxy(&control_plane, node, cpu_at).await;
@@ -835,7 +836,7 @@ async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_on
     let mut second =
         DeployedGateway::start_as(&control_plane, &flags, site.clone(), "edgebeat-gateway-b").await;
     let [served_first, served_second] = serving(&control_plane, [&mut first, &mut second]).await;
-    *service.target.lock().unwrap() = served_first;
+    *service.target.lock() = served_first;
 
     // The Node exists already, without metrics-server's path annotation (registered before
     // the gateway served resource metrics): the annotation comes with the status write that
@@ -886,24 +887,34 @@ async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_on
             .and_then(|body| node_series(&body))
     };
     let mut agreed = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     // Two samples in a row, each the same at both replicas: each came to one replica, and
     // the other took it from the broker.
-    while agreed.len() < 2 {
-        let (a, b) = (latest(served_first), latest(served_second));
-        if let (Some(a), Some(b)) = (a, b)
-            && a == b
-            && agreed.last() != Some(&a)
-        {
-            agreed.push(a);
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the replicas never served the same latest sample twice: {a:?} and {b:?}, agreed on {agreed:?}\nfirst's log:\n{}\nsecond's log:\n{}",
+    let both = edgebeat_tests::wait::until(
+        "the replicas serving the same latest sample twice",
+        Duration::from_secs(90),
+        || {
+            let (a, b) = (latest(served_first), latest(served_second));
+            if let (Some(a), Some(b)) = (a, b)
+                && a == b
+                && agreed.last() != Some(&a)
+            {
+                agreed.push(a);
+            }
+            std::future::ready(if agreed.len() >= 2 {
+                Ok(())
+            } else {
+                Err(format!("{a:?} and {b:?}, agreed on {agreed:?}"))
+            })
+        },
+        edgebeat_tests::wait::every(Duration::from_millis(500)),
+    )
+    .await;
+    if let Err(e) = both {
+        panic!(
+            "{e}\nfirst's log:\n{}\nsecond's log:\n{}",
             first.process.log_text(),
             second.process.log_text()
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let rejected = |health| async move {
         let metrics = edgebeat_tests::harness::http_get(health, "/metrics")
@@ -934,7 +945,7 @@ async fn kubectl_top_node_shows_an_mqtt_node_through_either_replica_and_after_on
     // sends it every renewal, and the node's status keeps naming the Service.
     let status_before = nodes.get(node).await.unwrap().status;
     first.process.kill().await.unwrap();
-    *service.target.lock().unwrap() = served_second;
+    *service.target.lock() = served_second;
     let killed = tokio::time::Instant::now();
     let before = answered_200(second.health).await;
     eventually(

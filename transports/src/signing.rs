@@ -194,7 +194,7 @@ pub struct ClockSkew {
 }
 
 impl ClockSkew {
-    #[allow(clippy::cast_precision_loss)] // for a message: tenths of a second suffice
+    // For a message: tenths of a second suffice (the cast's precision loss is harmless).
     fn seconds(&self) -> f64 {
         self.ahead_ms.unsigned_abs() as f64 / 1000.0
     }

@@ -107,7 +107,6 @@ impl NodeIdentity {
     /// When to rotate: `fraction` of the way from notBefore to notAfter, Unix seconds.
     pub fn rotation_deadline(&self, fraction: f64) -> i64 {
         let life = (self.not_after - self.not_before).max(0);
-        #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
         let offset = (life as f64 * fraction) as i64;
         self.not_before + offset
     }

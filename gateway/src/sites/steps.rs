@@ -173,7 +173,6 @@ pub(super) fn assess(rule: PartitionRule, members: &[Member], now: Timestamp) ->
             best = group;
         }
     }
-    #[allow(clippy::cast_precision_loss)]
     let enough = best.len() >= rule.min_nodes && best.len() as f64 >= rule.share * live as f64;
     enough.then(|| Partition {
         cause: Cause::Silent,

@@ -63,7 +63,7 @@ fn only_kubelets_and_the_health_conditions_are_accepted() {
         conditions: c,
         ..Default::default()
     };
-    assert!(validate_status(&status(vec![cond("Ready", "True", "KubeletReady")])).is_ok());
+    validate_status(&status(vec![cond("Ready", "True", "KubeletReady")])).unwrap();
     assert!(
         validate_status(&status(vec![cond(
             "ReadonlyFilesystem",

@@ -534,23 +534,28 @@ async fn fleet_token(
 
 /// GETs `/readyz` on `port` until it answers 200, for at most 30 s.
 async fn wait_ready(port: u16) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+    edgebeat_tests::wait::until(
+        "the gateway ready",
+        Duration::from_secs(30),
+        || async {
+            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
             stream
                 .write_all(b"GET /readyz HTTP/1.0\r\nHost: x\r\n\r\n")
                 .await?;
             let mut head = [0u8; 12];
-            if stream.read_exact(&mut head).await.is_ok() && head.ends_with(b"200") {
-                return Ok(());
+            stream.read_exact(&mut head).await?;
+            if head.ends_with(b"200") {
+                Ok(())
+            } else {
+                Err(std::io::Error::other(
+                    String::from_utf8_lossy(&head).into_owned(),
+                ))
             }
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the gateway did not become ready within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        },
+        edgebeat_tests::wait::every(Duration::from_millis(100)),
+    )
+    .await?;
+    Ok(())
 }
 
 /// What the gateway recorded of the sites (its `SiteSilent` Events, each naming its site
@@ -823,8 +828,8 @@ struct ResourceScraper {
     paths: Vec<String>,
     connection: tokio::sync::Mutex<Option<Http2Sender>>,
     connections: std::sync::atomic::AtomicU64,
-    cycles: std::sync::Mutex<Vec<ScrapeCycle>>,
-    error_kinds: std::sync::Mutex<BTreeMap<String, u64>>,
+    cycles: parking_lot::Mutex<Vec<ScrapeCycle>>,
+    error_kinds: parking_lot::Mutex<BTreeMap<String, u64>>,
 }
 
 impl ResourceScraper {
@@ -849,8 +854,8 @@ impl ResourceScraper {
                 .collect(),
             connection: tokio::sync::Mutex::new(None),
             connections: std::sync::atomic::AtomicU64::new(0),
-            cycles: std::sync::Mutex::new(Vec::new()),
-            error_kinds: std::sync::Mutex::new(BTreeMap::new()),
+            cycles: parking_lot::Mutex::new(Vec::new()),
+            error_kinds: parking_lot::Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -938,10 +943,7 @@ impl ResourceScraper {
             duration: started.elapsed(),
             ..ScrapeCycle::default()
         };
-        let mut kinds = self
-            .error_kinds
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut kinds = self.error_kinds.lock();
         for answer in answers {
             match answer {
                 Ok((200, bytes)) => {
@@ -976,27 +978,18 @@ impl ResourceScraper {
                     cycle = self.cycle() => cycle,
                 },
             };
-            self.cycles
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(cycle);
+            self.cycles.lock().push(cycle);
         }
     }
 
     /// The cycles recorded so far.
     fn cycles(&self) -> Vec<ScrapeCycle> {
-        self.cycles
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.cycles.lock().clone()
     }
 
     /// Requests not answered, by why.
     fn error_kinds(&self) -> BTreeMap<String, u64> {
-        self.error_kinds
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.error_kinds.lock().clone()
     }
 
     /// The progress line's figure: cycles, and the last one's 200s of its requests and
@@ -1067,6 +1060,69 @@ async fn main() -> anyhow::Result<()> {
         return serve_ack_only(spec).await;
     }
     anyhow::ensure!(args.nodes > 0, "--nodes must be at least 1");
+    let standin = start_standin(&args).await?;
+    if args.standin_ceiling {
+        return standin_ceiling(&standin, &args).await;
+    }
+    check_args(&args)?;
+    let (broker, brokers) = start_brokers(&args).await?;
+    let pki_dir = tempfile::tempdir()?;
+    let mut gateways = start_gateways(&args, &standin, &brokers, pki_dir.path()).await?;
+    let (_, cpu_start) = figures_of(&gateways.pids);
+    let options = fleet_options(&args, &standin, &mut gateways).await?;
+    let mut run = Run::new(&args, &options, &broker, cpu_start)?;
+    let node_names: Vec<String> = (0..args.nodes).map(|i| options.node_name(i)).collect();
+    let silences = options.silences.clone();
+    let stats = Arc::new(FleetStats::default());
+    let cancel = CancellationToken::new();
+    let fleet = tokio::spawn(run_fleet(options, stats.clone(), cancel.clone()));
+    let scraping = start_scraping(&args, &gateways, &node_names, run.started, &cancel)?;
+    print_header(&args, brokers.len());
+    let mut sample = tokio::time::interval(Duration::from_secs(1));
+    while tokio::time::Instant::now() < run.end {
+        sample.tick().await;
+        if let Some(silences) = &silences {
+            run.churn_and_cut(&args, silences)?;
+        }
+        run.outage_step(&args, &standin)?;
+        run.kill_step(&args, &mut gateways).await?;
+        run.restart_step(&args, &standin, &brokers, &mut gateways)
+            .await?;
+        let messages = Run::messages(&stats);
+        run.sample(&standin, messages);
+        run.progress(&args, &standin, &stats, &gateways, &scraping, messages);
+    }
+    // A cycle in progress at the end is dropped, uncounted.
+    let scraped = match scraping {
+        Some((scraper, stop, task)) => {
+            stop.cancel();
+            let _ = task.await;
+            Some(scraper)
+        }
+        None => None,
+    };
+    let summary = summary(&args, &standin, &stats, &gateways, run, scraped.as_deref()).await?;
+    cancel.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), fleet).await;
+    for (key, value) in &summary {
+        println!("{key}={value}");
+    }
+    for (why, count) in stats.failures() {
+        println!("renewal_failure {count} × {why}");
+    }
+    if let Some(scraper) = &scraped {
+        for (why, count) in scraper.error_kinds() {
+            println!("scrape_error {count} × {why}");
+        }
+    }
+    stop_all(gateways, broker, &standin).await;
+    Ok(())
+}
+
+/// The stand-in apiserver as the run wants it: request recording off (a long run would
+/// hold every request), `--apiserver-latency-ms` and `--apiserver-max-inflight`, and with
+/// `--enroll` the gateway's namespace.
+async fn start_standin(args: &Args) -> anyhow::Result<edgebeat_tests::standin::StandInHandle> {
     let standin = StandIn::start().await?;
     standin.set_recording(false);
     standin.set_latency(Duration::from_millis(args.apiserver_latency_ms));
@@ -1075,9 +1131,13 @@ async fn main() -> anyhow::Result<()> {
         // deploy/gateway's namespace, where the gateway keeps its site CA and tokens.
         standin.create_namespace("edgebeat-system");
     }
-    if args.standin_ceiling {
-        return standin_ceiling(&standin, &args).await;
-    }
+    Ok(standin)
+}
+
+/// The flags that only go together: checked before anything but the stand-in starts.
+///
+/// Errors: the first combination that does not hold, saying why.
+fn check_args(args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.mqtt_brokers.is_empty() || args.transport == Transport::Mqtt,
         "--mqtt-broker is for --transport mqtt"
@@ -1086,6 +1146,35 @@ async fn main() -> anyhow::Result<()> {
         args.broker_pids.is_empty() || args.broker_pids.len() == args.mqtt_brokers.len(),
         "--broker-pid: one per --mqtt-broker, in the same order"
     );
+    anyhow::ensure!(
+        !args.mtls || args.transport == Transport::Grpc,
+        "--mtls is for --transport grpc"
+    );
+    anyhow::ensure!(
+        args.scrape_every != Some(0),
+        "--scrape-every must be at least 1 second"
+    );
+    anyhow::ensure!(
+        !args.enroll || args.transport == Transport::Grpc,
+        "--enroll is for --transport grpc"
+    );
+    anyhow::ensure!(
+        args.replicas >= 1
+            && (args.replicas == 1 || (args.transport == Transport::Mqtt && !args.ack_only)),
+        "--replicas above 1 needs --transport mqtt and a gateway"
+    );
+    anyhow::ensure!(
+        args.kill_replica_after.is_none() || args.replicas >= 2,
+        "--kill-replica-after needs --replicas 2 or more"
+    );
+    Ok(())
+}
+
+/// The MQTT brokers of the run: Mosquitto started here for `--transport mqtt` (returned,
+/// to be stopped at the end), or the `--mqtt-broker` nodes already running; none for gRPC.
+///
+/// Errors: Mosquitto did not start, or a `--mqtt-broker` is not `host:port`.
+async fn start_brokers(args: &Args) -> anyhow::Result<(Option<Broker>, Vec<(String, u16)>)> {
     let broker = match args.transport {
         Transport::Mqtt if args.mqtt_brokers.is_empty() => Some(Broker::start_quiet().await?),
         _ => None,
@@ -1106,23 +1195,53 @@ async fn main() -> anyhow::Result<()> {
             })
             .collect::<anyhow::Result<_>>()?,
     };
-    anyhow::ensure!(
-        !args.mtls || args.transport == Transport::Grpc,
-        "--mtls is for --transport grpc"
-    );
-    let pki_dir = tempfile::tempdir()?;
+    Ok((broker, brokers))
+}
+
+/// The gateway replicas (or the ack-only subscriber) of a run, and what the fleet needs to
+/// reach them.
+struct Gateways {
+    /// The first replica, or the `--ack-only` subscriber.
+    first: tokio::process::Child,
+    /// The other replicas still running.
+    replicas: Vec<tokio::process::Child>,
+    /// The process IDs of every replica running.
+    pids: Vec<u32>,
+    /// The first replica's `/metrics` port.
+    metrics_port: u16,
+    /// The first replica's resource metrics server (`--scrape-every`).
+    scrape_addr: Option<std::net::SocketAddr>,
+    /// The flags serving resource metrics, which every replica gets.
+    resource_metrics_args: Vec<String>,
+    /// `--scrape-every`'s TLS material.
+    scrape_pki: Option<ScrapePki>,
+    /// The transport the fleet takes to the first replica.
+    transport: Option<FleetTransport>,
+    /// The enrollment endpoint (`--enroll`).
+    enroll_url: Option<String>,
+    /// The site CA that signs node certificates (`--mtls`).
+    site_ca: Option<Arc<edgebeat_tests::pki::Ca>>,
+}
+
+/// Starts the first gateway replica (or the ack-only subscriber), waits until it is ready,
+/// then the other `--replicas`.
+///
+/// Errors: a file of the PKI could not be written, or a replica did not start or become
+/// ready.
+async fn start_gateways(
+    args: &Args,
+    standin: &edgebeat_tests::standin::StandInHandle,
+    brokers: &[(String, u16)],
+    pki_dir: &std::path::Path,
+) -> anyhow::Result<Gateways> {
     let site_ca = args
         .mtls
         .then(|| Arc::new(edgebeat_tests::pki::Ca::new("edgebeat-fleet-site-ca")));
-    anyhow::ensure!(
-        args.scrape_every != Some(0),
-        "--scrape-every must be at least 1 second"
-    );
     // --scrape-every: the TLS material of every replica's resource metrics server and of
     // the scraper, and the flags that serve it.
     let scrape_pki = args
         .scrape_every
-        .map(|_| ScrapePki::write(pki_dir.path()))
+        .map(|_| ScrapePki::write(pki_dir))
         .transpose()?;
     let resource_metrics_args = scrape_pki
         .as_ref()
@@ -1137,6 +1256,64 @@ async fn main() -> anyhow::Result<()> {
             std::fs::File::create(path).with_context(|| format!("--gateway-log {}", path.display()))
         })
         .transpose()?;
+    let mut command = gateway_command(
+        args,
+        standin,
+        metrics_port,
+        scrape_pki.is_some(),
+        gateway_log.as_ref(),
+    )?;
+    let (transport, enroll_url) =
+        transport_args(args, &mut command, brokers, site_ca.as_deref(), pki_dir)?;
+    if site_ca.is_none() && !args.enroll {
+        command.arg("--allow-unidentified-agents");
+    }
+    command.args(&resource_metrics_args);
+    command.args(&args.gateway_args);
+    let (first, scrape_addr) = if args.ack_only {
+        (start_ack_only(&transport).await?, None)
+    } else {
+        start_first_replica(args, &mut command, gateway_log, metrics_port).await?
+    };
+    let mut gateways = Gateways {
+        pids: vec![first.id().context("gateway pid")?],
+        first,
+        replicas: Vec::new(),
+        metrics_port,
+        scrape_addr,
+        resource_metrics_args,
+        scrape_pki,
+        transport: Some(transport),
+        enroll_url,
+        site_ca,
+    };
+    for index in 1..args.replicas {
+        let child = spawn_replica(
+            args,
+            standin,
+            brokers,
+            index,
+            &index.to_string(),
+            &gateways.resource_metrics_args,
+        )
+        .await?;
+        gateways.pids.push(child.id().context("gateway pid")?);
+        gateways.replicas.push(child);
+    }
+    Ok(gateways)
+}
+
+/// The first replica's command line but for its transport: the stand-in, its metrics
+/// port, its log level, and where its output goes.
+///
+/// Errors: the log file could not be shared with the child.
+fn gateway_command(
+    args: &Args,
+    standin: &edgebeat_tests::standin::StandInHandle,
+    metrics_port: u16,
+    scraping: bool,
+    gateway_log: Option<&std::fs::File>,
+) -> anyhow::Result<tokio::process::Command> {
     let stdio_log = |log: Option<&std::fs::File>| -> anyhow::Result<std::process::Stdio> {
         Ok(match log {
             Some(file) => std::process::Stdio::from(file.try_clone()?),
@@ -1152,33 +1329,46 @@ async fn main() -> anyhow::Result<()> {
         .arg(if args.apiserver_outage_after.is_some() {
             // What an outage's lines are at the level the gateway runs with by default.
             "--log-level=info"
-        } else if scrape_pki.is_some() {
+        } else if scraping {
             "--log-level=warn,edgebeat_gateway::server=info"
         } else {
             "--log-level=warn"
         })
         .args(apiserver_http(&args.gateway_args))
         .env("NO_COLOR", "1")
-        .stdout(if scrape_pki.is_some() {
+        .stdout(if scraping {
             std::process::Stdio::piped()
         } else {
-            stdio_log(gateway_log.as_ref())?
+            stdio_log(gateway_log)?
         })
-        .stderr(stdio_log(gateway_log.as_ref())?)
+        .stderr(stdio_log(gateway_log)?)
         .kill_on_drop(true);
-    anyhow::ensure!(
-        !args.enroll || args.transport == Transport::Grpc,
-        "--enroll is for --transport grpc"
-    );
-    let mut enroll_url = None;
-    let transport = match args.transport {
+    Ok(command)
+}
+
+/// Adds the first replica's transport flags to `command`: MQTT brokers, or a gRPC port
+/// (with `--enroll` an enrollment port, with `--mtls` the server's certificate, written
+/// into `pki_dir`); gives the fleet's transport and the enrollment URL.
+///
+/// Errors: no free port, or a PKI file could not be written.
+fn transport_args(
+    args: &Args,
+    command: &mut tokio::process::Command,
+    brokers: &[(String, u16)],
+    site_ca: Option<&edgebeat_tests::pki::Ca>,
+    pki_dir: &std::path::Path,
+) -> anyhow::Result<(FleetTransport, Option<String>)> {
+    Ok(match args.transport {
         Transport::Mqtt => {
             command
-                .arg(endpoint_list(&brokers, 0))
+                .arg(endpoint_list(brokers, 0))
                 .arg("--mqtt-client-id=edgebeat-fleet-gateway");
-            FleetTransport::Mqtt {
-                brokers: brokers.clone(),
-            }
+            (
+                FleetTransport::Mqtt {
+                    brokers: brokers.to_vec(),
+                },
+                None,
+            )
         }
         Transport::Grpc if args.enroll => {
             let (port, enroll_port) = (free_port()?, free_port()?);
@@ -1186,19 +1376,21 @@ async fn main() -> anyhow::Result<()> {
                 .arg(format!("--grpc-listen=127.0.0.1:{port}"))
                 .arg("--enrollment")
                 .arg(format!("--grpc-enrollment-listen=127.0.0.1:{enroll_port}"));
-            enroll_url = Some(format!("http://127.0.0.1:{enroll_port}"));
-            FleetTransport::Grpc(format!("https://127.0.0.1:{port}"))
+            (
+                FleetTransport::Grpc(format!("https://127.0.0.1:{port}")),
+                Some(format!("http://127.0.0.1:{enroll_port}")),
+            )
         }
         Transport::Grpc => {
             let port = free_port()?;
             command.arg(format!("--grpc-listen=127.0.0.1:{port}"));
-            match &site_ca {
+            let url = match site_ca {
                 Some(ca) => {
                     let server = ca.server();
                     let (cert, key, client_ca) = (
-                        pki_dir.path().join("tls.crt"),
-                        pki_dir.path().join("tls.key"),
-                        pki_dir.path().join("ca.crt"),
+                        pki_dir.join("tls.crt"),
+                        pki_dir.join("tls.key"),
+                        pki_dir.join("ca.crt"),
                     );
                     std::fs::write(&cert, &server.cert_pem)?;
                     std::fs::write(&key, &server.key_pem)?;
@@ -1207,89 +1399,86 @@ async fn main() -> anyhow::Result<()> {
                         .arg(format!("--grpc-tls-cert={}", cert.display()))
                         .arg(format!("--grpc-tls-key={}", key.display()))
                         .arg(format!("--grpc-client-ca={}", client_ca.display()));
-                    FleetTransport::Grpc(format!("https://127.0.0.1:{port}"))
+                    format!("https://127.0.0.1:{port}")
                 }
-                None => FleetTransport::Grpc(format!("http://127.0.0.1:{port}")),
-            }
+                None => format!("http://127.0.0.1:{port}"),
+            };
+            (FleetTransport::Grpc(url), None)
         }
-    };
-    if site_ca.is_none() && !args.enroll {
-        command.arg("--allow-unidentified-agents");
-    }
-    command.args(&resource_metrics_args);
-    command.args(&args.gateway_args);
-    // The first replica's resource metrics server (--scrape-every).
-    let mut scrape_addr: Option<std::net::SocketAddr> = None;
-    let mut gateway = if args.ack_only {
-        let spec = match &transport {
-            FleetTransport::Grpc(url) => {
-                format!("grpc:{}", url.rsplit(':').next().unwrap_or_default())
-            }
-            FleetTransport::Mqtt { brokers } => {
-                let (host, port) = brokers.first().context("a broker")?;
-                format!("mqtt:{host}:{port}")
-            }
-        };
-        let mut child = spawn_async(
-            tokio::process::Command::new(std::env::current_exe()?)
-                .arg(format!("--serve-ack-only={spec}"))
-                .stdout(std::process::Stdio::piped())
-                .kill_on_drop(true),
-        )
-        .context("starting the ack-only subscriber")?;
-        let stdout = child.stdout.take().context("its stdout")?;
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let ready = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
-        anyhow::ensure!(
-            matches!(ready, Ok(Ok(Some(ref l))) if l == "ready"),
-            "the ack-only subscriber did not become ready within 30 s"
-        );
-        child
-    } else {
-        let mut child = spawn_async(&mut command)
-            .with_context(|| format!("starting {}", args.gateway_bin.display()))?;
-        let resource_metrics_addr = child
-            .stdout
-            .take()
-            .map(|stdout| follow_gateway_log(stdout, gateway_log));
-        wait_ready(metrics_port).await?;
-        if let Some(addr) = resource_metrics_addr {
-            scrape_addr = Some(
-                tokio::time::timeout(Duration::from_secs(30), addr)
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .context("the gateway logged no \"serving resource metrics\" address")?,
-            );
-        }
-        child
-    };
-    let mut pids = vec![gateway.id().context("gateway pid")?];
-    anyhow::ensure!(
-        args.replicas >= 1
-            && (args.replicas == 1 || (args.transport == Transport::Mqtt && !args.ack_only)),
-        "--replicas above 1 needs --transport mqtt and a gateway"
-    );
-    anyhow::ensure!(
-        args.kill_replica_after.is_none() || args.replicas >= 2,
-        "--kill-replica-after needs --replicas 2 or more"
-    );
-    let mut replicas = Vec::new();
-    for index in 1..args.replicas {
-        let child = spawn_replica(
-            &args,
-            &standin,
-            &brokers,
-            index,
-            &index.to_string(),
-            &resource_metrics_args,
-        )
-        .await?;
-        pids.push(child.id().context("gateway pid")?);
-        replicas.push(child);
-    }
-    let (_, cpu_start) = figures_of(&pids);
+    })
+}
 
+/// `--ack-only`: this binary again as a subscriber that answers every renewal at once,
+/// on `transport`'s port or broker, once it says "ready".
+///
+/// Errors: it did not start, or said nothing within 30 s.
+async fn start_ack_only(transport: &FleetTransport) -> anyhow::Result<tokio::process::Child> {
+    let spec = match transport {
+        FleetTransport::Grpc(url) => {
+            format!("grpc:{}", url.rsplit(':').next().unwrap_or_default())
+        }
+        FleetTransport::Mqtt { brokers } => {
+            let (host, port) = brokers.first().context("a broker")?;
+            format!("mqtt:{host}:{port}")
+        }
+    };
+    let mut child = spawn_async(
+        tokio::process::Command::new(std::env::current_exe()?)
+            .arg(format!("--serve-ack-only={spec}"))
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true),
+    )
+    .context("starting the ack-only subscriber")?;
+    let stdout = child.stdout.take().context("its stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+    anyhow::ensure!(
+        matches!(ready, Ok(Ok(Some(ref l))) if l == "ready"),
+        "the ack-only subscriber did not become ready within 30 s"
+    );
+    Ok(child)
+}
+
+/// Starts the first replica with `command` and waits until it is ready; with
+/// `--scrape-every` also for the address its log gives the resource metrics server.
+///
+/// Errors: it did not start, become ready, or log that address within 30 s.
+async fn start_first_replica(
+    args: &Args,
+    command: &mut tokio::process::Command,
+    gateway_log: Option<std::fs::File>,
+    metrics_port: u16,
+) -> anyhow::Result<(tokio::process::Child, Option<std::net::SocketAddr>)> {
+    let mut child =
+        spawn_async(command).with_context(|| format!("starting {}", args.gateway_bin.display()))?;
+    let resource_metrics_addr = child
+        .stdout
+        .take()
+        .map(|stdout| follow_gateway_log(stdout, gateway_log));
+    wait_ready(metrics_port).await?;
+    let mut scrape_addr = None;
+    if let Some(addr) = resource_metrics_addr {
+        scrape_addr = Some(
+            tokio::time::timeout(Duration::from_secs(30), addr)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .context("the gateway logged no \"serving resource metrics\" address")?,
+        );
+    }
+    Ok((child, scrape_addr))
+}
+
+/// The simulated fleet's options from the flags, on the first replica's transport; with
+/// `--enroll` a bootstrap token made for it.
+///
+/// Errors: the token could not be made.
+async fn fleet_options(
+    args: &Args,
+    standin: &edgebeat_tests::standin::StandInHandle,
+    gateways: &mut Gateways,
+) -> anyhow::Result<FleetOptions> {
+    let transport = gateways.transport.take().context("the fleet's transport")?;
     let mut options = FleetOptions::new(args.nodes, transport);
     options.ramp = Duration::from_secs(args.ramp);
     options.renew_interval = Duration::from_secs_f64(args.renew_interval);
@@ -1297,90 +1486,64 @@ async fn main() -> anyhow::Result<()> {
     options.flip_probability = args.flip_probability;
     options.health_conditions = args.health_conditions;
     options.usage = !args.no_usage;
-    let silences = (args.sites > 0).then(|| Arc::new(Silences::new(args.nodes, args.sites)));
-    options.silences = silences.clone();
-    // Site cuts made: (site, start, end), by the wall clock the gateway also stamps with.
-    let mut cuts: Vec<(usize, jiff::Timestamp, jiff::Timestamp)> = Vec::new();
-    let mut next_cut = (args.site_cut_every > 0).then(|| {
-        tokio::time::Instant::now() + Duration::from_secs(args.ramp + args.site_cut_every)
-    });
-    options.site_ca = site_ca;
-    if let Some(url) = enroll_url {
+    options.silences = (args.sites > 0).then(|| Arc::new(Silences::new(args.nodes, args.sites)));
+    options.site_ca = gateways.site_ca.take();
+    if let Some(url) = gateways.enroll_url.take() {
         options.enroll = Some(FleetEnrollment {
             url,
-            token: fleet_token(&args, &standin, &options.prefix).await?,
+            token: fleet_token(args, standin, &options.prefix).await?,
         });
     }
-    let lease_duration = f64::from(options.lease_duration_seconds);
-    let node_names: Vec<String> = (0..args.nodes).map(|i| options.node_name(i)).collect();
-    let stats = Arc::new(FleetStats::default());
-    let cancel = CancellationToken::new();
-    let fleet = tokio::spawn(run_fleet(options, stats.clone(), cancel.clone()));
+    Ok(options)
+}
 
-    let started = tokio::time::Instant::now();
-    // --scrape-every: metrics-server's cycles, from 25 s after the ramp (every node has
-    // sent its first sample by then: the first renewal after registering carries one).
-    let scraping = match (&scrape_pki, scrape_addr, args.scrape_every) {
-        (Some(pki), Some(addr), Some(every)) => {
-            let scraper = Arc::new(ResourceScraper::new(addr, pki, &node_names)?);
-            let first = started + Duration::from_secs(args.ramp + SCRAPE_AFTER_RAMP_S);
-            let stop = cancel.child_token();
-            let task = tokio::spawn(scraper.clone().run(
-                first,
-                Duration::from_secs(every),
-                stop.clone(),
-            ));
-            Some((scraper, stop, task))
-        }
-        _ => None,
-    };
-    let warm_up = Duration::from_secs(args.ramp) + Duration::from_secs_f64(lease_duration);
-    let end = started + Duration::from_secs(args.ramp + args.duration);
-    let mut sample = tokio::time::interval(Duration::from_secs(1));
-    let mut ages: Vec<u32> = Vec::new();
-    let mut all_latencies: Vec<u32> = Vec::new();
-    let mut expired_samples = 0u64;
-    let mut expired_nodes = std::collections::BTreeSet::new();
-    let mut last_report = started;
-    let mut last_messages = 0u64;
-    let measured_from = started + Duration::from_secs(args.ramp);
-    let mut messages_at_measure = None;
-    let mut broker_pids: Vec<u32> = match &broker {
-        Some(b) => b.pid().into_iter().collect(),
-        None => args.broker_pids.clone(),
-    };
-    let mut broker_cpu_at_measure: Option<f64> = None;
-    let broker_kill_at = args
-        .kill_broker_after
-        .map(|after| measured_from + Duration::from_secs(after));
-    let mut soak: Vec<SoakSample> = Vec::new();
-    // Most connections open to the apiserver at a progress line.
-    let mut apiserver_conns_max = 0;
-    let kill_at = args
-        .kill_replica_after
-        .map(|after| measured_from + Duration::from_secs(after));
-    let restart_at = kill_at
-        .zip(args.restart_replica_after)
-        .map(|(k, r)| k + Duration::from_secs(r));
-    let mut killed_at: Option<tokio::time::Instant> = None;
-    let outage_at = args
-        .apiserver_outage_after
-        .map(|after| measured_from + Duration::from_secs(after));
-    if let Some(at) = outage_at {
-        anyhow::ensure!(
-            at + Duration::from_secs(args.apiserver_outage_for + 20) <= end,
-            "--duration must reach 20 s past the outage's end"
-        );
-    }
-    let mut outage: Option<Outage> = None;
-    // CPU seconds of replicas no longer running, so the CPU figure keeps their share.
-    let mut cpu_of_gone = 0.0;
-    let mut broker_cpu_of_gone = 0.0;
+/// The scraper's state, what stops it, and its task.
+type Scraping = (
+    Arc<ResourceScraper>,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+);
+
+/// `--scrape-every`: metrics-server's cycles, from 25 s after the ramp (every node has
+/// sent its first sample by then: the first renewal after registering carries one).
+///
+/// Errors: the scraper's TLS configuration could not be made.
+fn start_scraping(
+    args: &Args,
+    gateways: &Gateways,
+    node_names: &[String],
+    started: tokio::time::Instant,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Option<Scraping>> {
+    Ok(
+        match (
+            &gateways.scrape_pki,
+            gateways.scrape_addr,
+            args.scrape_every,
+        ) {
+            (Some(pki), Some(addr), Some(every)) => {
+                let scraper = Arc::new(ResourceScraper::new(addr, pki, node_names)?);
+                let first = started + Duration::from_secs(args.ramp + SCRAPE_AFTER_RAMP_S);
+                let stop = cancel.child_token();
+                let task = tokio::spawn(scraper.clone().run(
+                    first,
+                    Duration::from_secs(every),
+                    stop.clone(),
+                ));
+                Some((scraper, stop, task))
+            }
+            _ => None,
+        },
+    )
+}
+
+/// The first line: the run's settings.
+fn print_header(args: &Args, brokers: usize) {
     println!(
         "nodes={} transport={:?} brokers={} replicas={} renew_interval_s={} ack_only={} mtls={} apiserver_latency_ms={} gateway_args={:?}",
         args.nodes,
         args.transport,
-        brokers.len(),
+        brokers,
         args.replicas,
         args.renew_interval,
         args.ack_only,
@@ -1388,215 +1551,410 @@ async fn main() -> anyhow::Result<()> {
         args.apiserver_latency_ms,
         args.gateway_args
     );
-    while tokio::time::Instant::now() < end {
-        sample.tick().await;
-        if let Some(silences) = &silences {
-            // Churn: single nodes off, a Poisson process sampled once a second.
-            let mut expected = args.churn_per_minute / 60.0;
-            while expected > 0.0 {
-                if fastrand::f64() < expected.min(1.0) {
-                    silences.down(
-                        fastrand::usize(0..args.nodes),
-                        Duration::from_secs(args.churn_down),
-                    );
-                }
-                expected -= 1.0;
-            }
-            // No cut that the run would end before the gateway could see.
-            if let Some(at) = next_cut
-                && tokio::time::Instant::now() >= at
-                && at + Duration::from_secs(args.site_cut_for) <= end
-            {
-                let busy = |s: usize| {
-                    cuts.iter()
-                        .any(|(c, _, e)| *c == s && *e > jiff::Timestamp::now())
-                };
-                let free: Vec<usize> = (0..silences.sites()).filter(|s| !busy(*s)).collect();
-                if let Some(&site) = free.get(fastrand::usize(0..free.len().max(1))) {
-                    let d = Duration::from_secs(args.site_cut_for);
-                    silences.cut(site, d);
-                    let start = jiff::Timestamp::now();
-                    cuts.push((site, start, start + jiff::SignedDuration::try_from(d)?));
-                }
-                next_cut = Some(at + Duration::from_secs(args.site_cut_every));
-            }
-        }
-        if outage.is_none()
-            && outage_at.is_some_and(|t| tokio::time::Instant::now() >= t)
-            && let Some(log) = &args.gateway_log
-        {
-            outage = Some(Outage::start(&standin, log)?);
-            println!(
-                "t={:>4.0}s apiserver outage: every new request answered 503",
-                started.elapsed().as_secs_f64()
+}
+
+/// A run's schedule (when it started, when its measured window starts, what happens
+/// when) and what it measured so far, second by second.
+struct Run {
+    started: tokio::time::Instant,
+    /// The ramp plus one lease duration: Lease ages are sampled after it.
+    warm_up: Duration,
+    end: tokio::time::Instant,
+    /// The end of the ramp: the figures per second count from here.
+    measured_from: tokio::time::Instant,
+    lease_duration: f64,
+    /// The next site cut (`--site-cut-every`).
+    next_cut: Option<tokio::time::Instant>,
+    /// Site cuts made: (site, start, end), by the wall clock the gateway also stamps with.
+    cuts: Vec<(usize, jiff::Timestamp, jiff::Timestamp)>,
+    outage_at: Option<tokio::time::Instant>,
+    outage: Option<Outage>,
+    kill_at: Option<tokio::time::Instant>,
+    restart_at: Option<tokio::time::Instant>,
+    broker_kill_at: Option<tokio::time::Instant>,
+    killed_at: Option<tokio::time::Instant>,
+    /// CPU seconds of replicas no longer running, so the CPU figure keeps their share.
+    cpu_of_gone: f64,
+    broker_cpu_of_gone: f64,
+    broker_pids: Vec<u32>,
+    broker_cpu_at_measure: Option<f64>,
+    /// Lease ages sampled after the warm-up (ms).
+    ages: Vec<u32>,
+    /// Renewal answer times of the progress lines so far (µs).
+    all_latencies: Vec<u32>,
+    expired_samples: u64,
+    expired_nodes: std::collections::BTreeSet<String>,
+    last_report: tokio::time::Instant,
+    last_messages: u64,
+    messages_at_measure: Option<u64>,
+    soak: Vec<SoakSample>,
+    /// Most connections open to the apiserver at a progress line.
+    apiserver_conns_max: usize,
+    /// The replicas' CPU seconds when the run started.
+    cpu_start: f64,
+}
+
+impl Run {
+    /// A run starting now, its events scheduled from the flags.
+    ///
+    /// Errors: an `--apiserver-outage-after` the run would end less than 20 s after.
+    fn new(
+        args: &Args,
+        options: &FleetOptions,
+        broker: &Option<Broker>,
+        cpu_start: f64,
+    ) -> anyhow::Result<Self> {
+        // Scheduled before the start, as the fleet's first cut always was (a cut due at the
+        // last moment still fits the run).
+        let next_cut = (args.site_cut_every > 0).then(|| {
+            tokio::time::Instant::now() + Duration::from_secs(args.ramp + args.site_cut_every)
+        });
+        let started = tokio::time::Instant::now();
+        let lease_duration = f64::from(options.lease_duration_seconds);
+        let end = started + Duration::from_secs(args.ramp + args.duration);
+        let measured_from = started + Duration::from_secs(args.ramp);
+        let kill_at = args
+            .kill_replica_after
+            .map(|after| measured_from + Duration::from_secs(after));
+        let outage_at = args
+            .apiserver_outage_after
+            .map(|after| measured_from + Duration::from_secs(after));
+        if let Some(at) = outage_at {
+            anyhow::ensure!(
+                at + Duration::from_secs(args.apiserver_outage_for + 20) <= end,
+                "--duration must reach 20 s past the outage's end"
             );
         }
-        if let Some(o) = outage.as_mut()
+        Ok(Self {
+            started,
+            warm_up: Duration::from_secs(args.ramp) + Duration::from_secs_f64(lease_duration),
+            end,
+            measured_from,
+            lease_duration,
+            next_cut,
+            cuts: Vec::new(),
+            outage_at,
+            outage: None,
+            kill_at,
+            restart_at: kill_at
+                .zip(args.restart_replica_after)
+                .map(|(k, r)| k + Duration::from_secs(r)),
+            broker_kill_at: args
+                .kill_broker_after
+                .map(|after| measured_from + Duration::from_secs(after)),
+            killed_at: None,
+            cpu_of_gone: 0.0,
+            broker_cpu_of_gone: 0.0,
+            broker_pids: match broker {
+                Some(b) => b.pid().into_iter().collect(),
+                None => args.broker_pids.clone(),
+            },
+            broker_cpu_at_measure: None,
+            ages: Vec::new(),
+            all_latencies: Vec::new(),
+            expired_samples: 0,
+            expired_nodes: std::collections::BTreeSet::new(),
+            last_report: started,
+            last_messages: 0,
+            messages_at_measure: None,
+            soak: Vec::new(),
+            apiserver_conns_max: 0,
+            cpu_start,
+        })
+    }
+
+    /// Seconds since the start, for the progress lines.
+    fn t(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// `--churn-per-minute`: single nodes off, a Poisson process sampled once a second;
+    /// `--site-cut-every`: a whole site cut when due.
+    ///
+    /// Errors: a cut too long for a timestamp.
+    fn churn_and_cut(&mut self, args: &Args, silences: &Silences) -> anyhow::Result<()> {
+        let mut expected = args.churn_per_minute / 60.0;
+        while expected > 0.0 {
+            if fastrand::f64() < expected.min(1.0) {
+                silences.down(
+                    fastrand::usize(0..args.nodes),
+                    Duration::from_secs(args.churn_down),
+                );
+            }
+            expected -= 1.0;
+        }
+        // No cut that the run would end before the gateway could see.
+        if let Some(at) = self.next_cut
+            && tokio::time::Instant::now() >= at
+            && at + Duration::from_secs(args.site_cut_for) <= self.end
+        {
+            let cuts = &self.cuts;
+            let busy = |s: usize| {
+                cuts.iter()
+                    .any(|(c, _, e)| *c == s && *e > jiff::Timestamp::now())
+            };
+            let free: Vec<usize> = (0..silences.sites()).filter(|s| !busy(*s)).collect();
+            if let Some(&site) = free.get(fastrand::usize(0..free.len().max(1))) {
+                let d = Duration::from_secs(args.site_cut_for);
+                silences.cut(site, d);
+                let start = jiff::Timestamp::now();
+                self.cuts
+                    .push((site, start, start + jiff::SignedDuration::try_from(d)?));
+            }
+            self.next_cut = Some(at + Duration::from_secs(args.site_cut_every));
+        }
+        Ok(())
+    }
+
+    /// `--apiserver-outage-after`: the outage starts when due, and ends after
+    /// `--apiserver-outage-for`.
+    ///
+    /// Errors: the gateway's log could not be read.
+    fn outage_step(
+        &mut self,
+        args: &Args,
+        standin: &edgebeat_tests::standin::StandInHandle,
+    ) -> anyhow::Result<()> {
+        if self.outage.is_none()
+            && self
+                .outage_at
+                .is_some_and(|t| tokio::time::Instant::now() >= t)
+            && let Some(log) = &args.gateway_log
+        {
+            self.outage = Some(Outage::start(standin, log)?);
+            println!(
+                "t={:>4.0}s apiserver outage: every new request answered 503",
+                self.t()
+            );
+        }
+        if let Some(o) = self.outage.as_mut()
             && o.ended.is_none()
             && o.started.elapsed() >= Duration::from_secs(args.apiserver_outage_for)
         {
             standin.clear_faults();
             standin.set_latency(Duration::from_millis(args.apiserver_latency_ms));
             o.ended = Some(tokio::time::Instant::now());
-            println!(
-                "t={:>4.0}s apiserver outage over",
-                started.elapsed().as_secs_f64()
-            );
+            println!("t={:>4.0}s apiserver outage over", self.t());
         }
-        if killed_at.is_none()
-            && kill_at.is_some_and(|t| tokio::time::Instant::now() >= t)
-            && let Some(mut victim) = replicas.pop()
+        Ok(())
+    }
+
+    /// `--kill-replica-after` and `--kill-broker-after`: SIGKILL when due (one kill a run).
+    ///
+    /// Errors: the process could not be killed.
+    async fn kill_step(&mut self, args: &Args, gateways: &mut Gateways) -> anyhow::Result<()> {
+        if self.killed_at.is_none()
+            && self
+                .kill_at
+                .is_some_and(|t| tokio::time::Instant::now() >= t)
+            && let Some(mut victim) = gateways.replicas.pop()
         {
             let pid = victim.id().context("replica pid")?;
-            cpu_of_gone += process_figures(pid).map_or(0.0, |(_, cpu)| cpu);
+            self.cpu_of_gone += process_figures(pid).map_or(0.0, |(_, cpu)| cpu);
             // SIGKILL: no shutdown, writes in flight are cut off where they are.
             victim.start_kill()?;
             victim.wait().await?;
-            pids.retain(|p| *p != pid);
-            killed_at = Some(tokio::time::Instant::now());
-            println!(
-                "t={:>4.0}s replica pid {pid} killed (SIGKILL)",
-                started.elapsed().as_secs_f64()
-            );
+            gateways.pids.retain(|p| *p != pid);
+            self.killed_at = Some(tokio::time::Instant::now());
+            println!("t={:>4.0}s replica pid {pid} killed (SIGKILL)", self.t());
         }
-        if killed_at.is_none()
-            && broker_kill_at.is_some_and(|t| tokio::time::Instant::now() >= t)
-            && let Some(&pid) = broker_pids.first()
+        if self.killed_at.is_none()
+            && self
+                .broker_kill_at
+                .is_some_and(|t| tokio::time::Instant::now() >= t)
+            && let Some(&pid) = self.broker_pids.first()
         {
             // A kill at the start of the measured window comes before the baseline below.
-            if broker_cpu_at_measure.is_none() {
-                broker_cpu_at_measure = Some(figures_of(&broker_pids).1);
+            if self.broker_cpu_at_measure.is_none() {
+                self.broker_cpu_at_measure = Some(figures_of(&self.broker_pids).1);
             }
-            broker_cpu_of_gone += process_figures(pid).map_or(0.0, |(_, cpu)| cpu);
+            self.broker_cpu_of_gone += process_figures(pid).map_or(0.0, |(_, cpu)| cpu);
             edgebeat_tests::process::signal(pid, "KILL").context("kill")?;
-            broker_pids.remove(0);
-            killed_at = Some(tokio::time::Instant::now());
+            self.broker_pids.remove(0);
+            self.killed_at = Some(tokio::time::Instant::now());
             println!(
                 "t={:>4.0}s broker pid {pid} ({}) killed (SIGKILL)",
-                started.elapsed().as_secs_f64(),
+                self.t(),
                 args.mqtt_brokers.first().map_or("", String::as_str),
             );
         }
-        if killed_at.is_some()
+        Ok(())
+    }
+
+    /// `--restart-replica-after`: a new replica in the killed one's place when due.
+    ///
+    /// Errors: it did not start or become ready.
+    async fn restart_step(
+        &mut self,
+        args: &Args,
+        standin: &edgebeat_tests::standin::StandInHandle,
+        brokers: &[(String, u16)],
+        gateways: &mut Gateways,
+    ) -> anyhow::Result<()> {
+        if self.killed_at.is_some()
             && args.kill_replica_after.is_some()
-            && replicas.len() + 1 < args.replicas
-            && restart_at.is_some_and(|t| tokio::time::Instant::now() >= t)
+            && gateways.replicas.len() + 1 < args.replicas
+            && self
+                .restart_at
+                .is_some_and(|t| tokio::time::Instant::now() >= t)
         {
             let index = args.replicas - 1;
             let child = spawn_replica(
-                &args,
-                &standin,
-                &brokers,
+                args,
+                standin,
+                brokers,
                 index,
                 "restarted",
-                &resource_metrics_args,
+                &gateways.resource_metrics_args,
             )
             .await?;
-            pids.push(child.id().context("gateway pid")?);
-            replicas.push(child);
+            gateways.pids.push(child.id().context("gateway pid")?);
+            gateways.replicas.push(child);
             println!(
                 "t={:>4.0}s a new replica took the killed one's place",
-                started.elapsed().as_secs_f64()
+                self.t()
             );
         }
-        let now = jiff::Timestamp::now();
-        let messages = stats.renewals_sent.load(Ordering::Relaxed)
+        Ok(())
+    }
+
+    /// The fleet's messages so far.
+    fn messages(stats: &FleetStats) -> u64 {
+        stats.renewals_sent.load(Ordering::Relaxed)
             + stats.status_sent.load(Ordering::Relaxed)
-            + stats.registrations.load(Ordering::Relaxed);
-        if messages_at_measure.is_none() && tokio::time::Instant::now() >= measured_from {
-            messages_at_measure = Some(messages);
-            if broker_cpu_at_measure.is_none() {
-                broker_cpu_at_measure = Some(figures_of(&broker_pids).1);
+            + stats.registrations.load(Ordering::Relaxed)
+    }
+
+    /// The second's sample: the baselines at the start of the measured window, and after
+    /// the warm-up every Lease's age.
+    fn sample(&mut self, standin: &edgebeat_tests::standin::StandInHandle, messages: u64) {
+        let now = jiff::Timestamp::now();
+        if self.messages_at_measure.is_none() && tokio::time::Instant::now() >= self.measured_from {
+            self.messages_at_measure = Some(messages);
+            if self.broker_cpu_at_measure.is_none() {
+                self.broker_cpu_at_measure = Some(figures_of(&self.broker_pids).1);
             }
         }
-        if started.elapsed() >= warm_up {
+        if self.started.elapsed() >= self.warm_up {
             for (name, renew) in standin.lease_renew_times() {
                 let age = now.duration_since(renew).as_secs_f64().max(0.0);
-                ages.push((age * 1000.0) as u32);
-                if age > lease_duration {
-                    expired_samples += 1;
-                    expired_nodes.insert(name);
+                self.ages.push((age * 1000.0) as u32);
+                if age > self.lease_duration {
+                    self.expired_samples += 1;
+                    self.expired_nodes.insert(name);
                 }
             }
         }
-        if last_report.elapsed() >= Duration::from_secs(args.report_every) {
-            let window = stats.take_latencies();
-            let dt = last_report.elapsed().as_secs_f64();
-            let (rss, cpu) = figures_of(&pids);
-            if args.enroll {
-                println!(
-                    "t={:>4.0}s enrollment_requests={} enrolled={} identified={}",
-                    started.elapsed().as_secs_f64(),
-                    stats.enrollment_requests.load(Ordering::Relaxed),
-                    stats.enrolled.load(Ordering::Relaxed),
-                    stats.identified.load(Ordering::Relaxed),
-                );
-            }
-            let scrape_note = scraping
-                .as_ref()
-                .map(|(scraper, _, _)| scraper.progress())
-                .unwrap_or_default();
-            println!(
-                "t={:>4.0}s msgs/s={:>7.1} renewals_ok={} failed={} ack_p50={:.1}ms p99={:.1}ms max={:.1}ms leases={} expired_samples={} gateway_rss={:.1}MiB cpu={:.1}s gateway_fds={} apiserver_conns={}{scrape_note}",
-                started.elapsed().as_secs_f64(),
-                (messages - last_messages) as f64 / dt,
-                stats.renewals_ok.load(Ordering::Relaxed),
-                stats.renewals_failed.load(Ordering::Relaxed),
-                f64::from(quantile(&window, 0.5)) / 1000.0,
-                f64::from(quantile(&window, 0.99)) / 1000.0,
-                f64::from(quantile(&window, 1.0)) / 1000.0,
-                standin.lease_renew_times().len(),
-                expired_samples,
-                rss as f64 / 1024.0,
-                cpu + cpu_of_gone - cpu_start,
-                pids.iter().map(|p| open_files(*p)).sum::<usize>(),
-                standin.open_connections(),
-            );
-            apiserver_conns_max = apiserver_conns_max.max(standin.open_connections());
-            // A kill or a restart is a step in the summed figures, not a slope.
-            if started.elapsed() >= warm_up
-                && args.kill_replica_after.is_none()
-                && args.kill_broker_after.is_none()
-            {
-                soak.push(SoakSample {
-                    minutes: started.elapsed().as_secs_f64() / 60.0,
-                    gateway_rss_kib: rss as f64,
-                    gateway_fds: pids.iter().map(|p| open_files(*p)).sum(),
-                    broker_rss_kib: broker_pids
-                        .iter()
-                        .filter_map(|p| vm_rss_kib(*p))
-                        .sum::<u64>() as f64,
-                    broker_fds: broker_pids.iter().map(|p| open_files(*p)).sum(),
-                });
-            }
-            all_latencies.extend(window);
-            last_messages = messages;
-            last_report = tokio::time::Instant::now();
-        }
     }
-    // A cycle in progress at the end is dropped, uncounted.
-    let scraped = match scraping {
-        Some((scraper, stop, task)) => {
-            stop.cancel();
-            let _ = task.await;
-            Some(scraper)
+
+    /// Every `--report-every` seconds: a progress line, and after the warm-up a soak
+    /// sample.
+    fn progress(
+        &mut self,
+        args: &Args,
+        standin: &edgebeat_tests::standin::StandInHandle,
+        stats: &FleetStats,
+        gateways: &Gateways,
+        scraping: &Option<Scraping>,
+        messages: u64,
+    ) {
+        if self.last_report.elapsed() < Duration::from_secs(args.report_every) {
+            return;
         }
-        None => None,
+        let window = stats.take_latencies();
+        let dt = self.last_report.elapsed().as_secs_f64();
+        let pids = &gateways.pids;
+        let (rss, cpu) = figures_of(pids);
+        if args.enroll {
+            println!(
+                "t={:>4.0}s enrollment_requests={} enrolled={} identified={}",
+                self.t(),
+                stats.enrollment_requests.load(Ordering::Relaxed),
+                stats.enrolled.load(Ordering::Relaxed),
+                stats.identified.load(Ordering::Relaxed),
+            );
+        }
+        let scrape_note = scraping
+            .as_ref()
+            .map(|(scraper, _, _)| scraper.progress())
+            .unwrap_or_default();
+        println!(
+            "t={:>4.0}s msgs/s={:>7.1} renewals_ok={} failed={} ack_p50={:.1}ms p99={:.1}ms max={:.1}ms leases={} expired_samples={} gateway_rss={:.1}MiB cpu={:.1}s gateway_fds={} apiserver_conns={}{scrape_note}",
+            self.t(),
+            (messages - self.last_messages) as f64 / dt,
+            stats.renewals_ok.load(Ordering::Relaxed),
+            stats.renewals_failed.load(Ordering::Relaxed),
+            f64::from(quantile(&window, 0.5)) / 1000.0,
+            f64::from(quantile(&window, 0.99)) / 1000.0,
+            f64::from(quantile(&window, 1.0)) / 1000.0,
+            standin.lease_renew_times().len(),
+            self.expired_samples,
+            rss as f64 / 1024.0,
+            cpu + self.cpu_of_gone - self.cpu_start,
+            pids.iter().map(|p| open_files(*p)).sum::<usize>(),
+            standin.open_connections(),
+        );
+        self.apiserver_conns_max = self.apiserver_conns_max.max(standin.open_connections());
+        // A kill or a restart is a step in the summed figures, not a slope.
+        if self.started.elapsed() >= self.warm_up
+            && args.kill_replica_after.is_none()
+            && args.kill_broker_after.is_none()
+        {
+            self.soak.push(SoakSample {
+                minutes: self.started.elapsed().as_secs_f64() / 60.0,
+                gateway_rss_kib: rss as f64,
+                gateway_fds: pids.iter().map(|p| open_files(*p)).sum(),
+                broker_rss_kib: self
+                    .broker_pids
+                    .iter()
+                    .filter_map(|p| vm_rss_kib(*p))
+                    .sum::<u64>() as f64,
+                broker_fds: self.broker_pids.iter().map(|p| open_files(*p)).sum(),
+            });
+        }
+        self.all_latencies.extend(window);
+        self.last_messages = messages;
+        self.last_report = tokio::time::Instant::now();
+    }
+}
+
+/// The summary's figures, by key (printed as `key=value` lines, sorted).
+type Summary = BTreeMap<String, String>;
+
+/// What the figures divide by, taken once when the run's loop ended.
+struct Totals {
+    /// Seconds of the measured window (at least 1).
+    measured: f64,
+    /// Seconds since the start.
+    elapsed: f64,
+    /// The fleet's messages.
+    messages: u64,
+}
+
+/// Every figure of the summary (the module docs list them), the fleet still running.
+///
+/// Errors: the outage's log could not be read, or a `/metrics` scrape failed.
+async fn summary(
+    args: &Args,
+    standin: &edgebeat_tests::standin::StandInHandle,
+    stats: &FleetStats,
+    gateways: &Gateways,
+    mut run: Run,
+    scraped: Option<&ResourceScraper>,
+) -> anyhow::Result<Summary> {
+    run.all_latencies.extend(stats.take_latencies());
+    run.all_latencies.sort_unstable();
+    run.ages.sort_unstable();
+    let totals = Totals {
+        measured: tokio::time::Instant::now()
+            .duration_since(run.measured_from)
+            .as_secs_f64()
+            .max(1.0),
+        messages: Run::messages(stats),
+        elapsed: run.started.elapsed().as_secs_f64(),
     };
-    all_latencies.extend(stats.take_latencies());
-    all_latencies.sort_unstable();
-    ages.sort_unstable();
-    let measured = tokio::time::Instant::now()
-        .duration_since(measured_from)
-        .as_secs_f64()
-        .max(1.0);
-    let total_messages = stats.renewals_sent.load(Ordering::Relaxed)
-        + stats.status_sent.load(Ordering::Relaxed)
-        + stats.registrations.load(Ordering::Relaxed);
-    let (gateway_rss, gateway_cpu) = figures_of(&pids);
-    let (sim_rss, _) = process_figures(std::process::id()).unwrap_or_default();
-    let elapsed = started.elapsed().as_secs_f64();
-    let mut summary: BTreeMap<String, String> = BTreeMap::new();
+    let (gateway_rss, gateway_cpu) = figures_of(&gateways.pids);
+    let mut summary = Summary::new();
     let mut put = |k: &str, v: String| {
         summary.insert(k.to_owned(), v);
     };
@@ -1605,58 +1963,19 @@ async fn main() -> anyhow::Result<()> {
         "renewal_usage_every",
         if args.no_usage { "0" } else { "2" }.to_owned(),
     );
-    if let (Some(scraper), Some(every)) = (&scraped, args.scrape_every) {
+    if let (Some(scraper), Some(every)) = (scraped, args.scrape_every) {
         put("scrape_every_s", every.to_string());
         scraper.figures(&mut put);
     }
-    put("apiserver_connections_max", apiserver_conns_max.to_string());
+    put(
+        "apiserver_connections_max",
+        run.apiserver_conns_max.to_string(),
+    );
     put(
         "apiserver_connections_accepted",
         standin.connections().to_string(),
     );
-    put(
-        "renewals_ok",
-        stats.renewals_ok.load(Ordering::Relaxed).to_string(),
-    );
-    put(
-        "renewals_failed",
-        stats.renewals_failed.load(Ordering::Relaxed).to_string(),
-    );
-    put(
-        "status_ok",
-        stats.status_ok.load(Ordering::Relaxed).to_string(),
-    );
-    put(
-        "registrations",
-        stats.registrations.load(Ordering::Relaxed).to_string(),
-    );
-    put(
-        "messages_per_s",
-        format!(
-            "{:.1}",
-            (total_messages - messages_at_measure.unwrap_or(0)) as f64 / measured
-        ),
-    );
-    for (key, q) in [
-        ("ack_p50_ms", 0.5),
-        ("ack_p99_ms", 0.99),
-        ("ack_max_ms", 1.0),
-    ] {
-        put(
-            key,
-            format!("{:.1}", f64::from(quantile(&all_latencies, q)) / 1000.0),
-        );
-    }
-    put(
-        "lease_age_p99_s",
-        format!("{:.1}", f64::from(quantile(&ages, 0.99)) / 1000.0),
-    );
-    put(
-        "lease_age_max_s",
-        format!("{:.1}", f64::from(quantile(&ages, 1.0)) / 1000.0),
-    );
-    put("expired_samples", expired_samples.to_string());
-    put("expired_nodes", expired_nodes.len().to_string());
+    message_figures(stats, &run, &totals, &mut put);
     put(
         "gateway_rss_mib",
         format!("{:.1}", gateway_rss as f64 / 1024.0),
@@ -1667,13 +1986,102 @@ async fn main() -> anyhow::Result<()> {
     );
     put(
         "gateway_cpu_s_per_s",
-        format!("{:.3}", (gateway_cpu + cpu_of_gone - cpu_start) / elapsed),
+        format!(
+            "{:.3}",
+            (gateway_cpu + run.cpu_of_gone - run.cpu_start) / totals.elapsed
+        ),
     );
+    let (sim_rss, _) = process_figures(std::process::id()).unwrap_or_default();
     put("sim_rss_mib", format!("{:.1}", sim_rss as f64 / 1024.0));
     put(
         "sim_rss_per_node_kib",
         format!("{:.1}", sim_rss as f64 / args.nodes as f64),
     );
+    soak_figures(&run, &mut put);
+    lease_write_figures(standin, stats, &mut put);
+    broker_figures(&run, &totals, &mut put);
+    if let Some(o) = run.outage.take() {
+        for (key, value) in o.figures().await? {
+            put(key, value);
+        }
+    }
+    kill_figures(args, stats, &run, &mut put);
+    if args.enroll {
+        enrollment_figures(standin, stats, gateways, &run, &mut put);
+    }
+    let node_hours = args.nodes as f64 * totals.elapsed / 3600.0;
+    for (key, count) in standin.request_counts() {
+        let mut parts = key.split(' ');
+        let (Some(method), Some(resource), Some(status)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let name = format!(
+            "apiserver_{}_{}_{}_per_node_hour",
+            method.to_lowercase(),
+            resource.replace('/', "_"),
+            status
+        );
+        put(&name, format!("{:.1}", count as f64 / node_hours));
+    }
+    if args.sites > 0 {
+        site_figures(&standin.events(), &run.cuts, &mut put);
+    }
+    if !args.ack_only {
+        metrics_scrape_figures(gateways.metrics_port, &mut put).await?;
+    }
+    Ok(summary)
+}
+
+/// The fleet's counts, the message rate, ack times and Lease ages.
+fn message_figures(
+    stats: &FleetStats,
+    run: &Run,
+    totals: &Totals,
+    put: &mut impl FnMut(&str, String),
+) {
+    for (key, counter) in [
+        ("renewals_ok", &stats.renewals_ok),
+        ("renewals_failed", &stats.renewals_failed),
+        ("status_ok", &stats.status_ok),
+        ("registrations", &stats.registrations),
+    ] {
+        put(key, counter.load(Ordering::Relaxed).to_string());
+    }
+    put(
+        "messages_per_s",
+        format!(
+            "{:.1}",
+            (totals.messages - run.messages_at_measure.unwrap_or(0)) as f64 / totals.measured
+        ),
+    );
+    for (key, q) in [
+        ("ack_p50_ms", 0.5),
+        ("ack_p99_ms", 0.99),
+        ("ack_max_ms", 1.0),
+    ] {
+        put(
+            key,
+            format!("{:.1}", f64::from(quantile(&run.all_latencies, q)) / 1000.0),
+        );
+    }
+    put(
+        "lease_age_p99_s",
+        format!("{:.1}", f64::from(quantile(&run.ages, 0.99)) / 1000.0),
+    );
+    put(
+        "lease_age_max_s",
+        format!("{:.1}", f64::from(quantile(&run.ages, 1.0)) / 1000.0),
+    );
+    put("expired_samples", run.expired_samples.to_string());
+    put("expired_nodes", run.expired_nodes.len().to_string());
+}
+
+/// A soak's slopes and first and last descriptor counts, from the progress lines after the
+/// warm-up.
+fn soak_figures(run: &Run, put: &mut impl FnMut(&str, String)) {
+    let soak = &run.soak;
     if let [first, .., last] = soak.as_slice() {
         let slope = |y: fn(&SoakSample) -> f64| {
             let points: Vec<(f64, f64)> = soak.iter().map(|s| (s.minutes, y(s))).collect();
@@ -1685,12 +2093,20 @@ async fn main() -> anyhow::Result<()> {
         );
         put("gateway_fds_first", first.gateway_fds.to_string());
         put("gateway_fds_last", last.gateway_fds.to_string());
-        if !broker_pids.is_empty() {
+        if !run.broker_pids.is_empty() {
             put("broker_rss_slope_kib_per_min", slope(|s| s.broker_rss_kib));
             put("broker_fds_first", first.broker_fds.to_string());
             put("broker_fds_last", last.broker_fds.to_string());
         }
     }
+}
+
+/// The Lease writes the stand-in took, against the renewals sent and answered.
+fn lease_write_figures(
+    standin: &edgebeat_tests::standin::StandInHandle,
+    stats: &FleetStats,
+    put: &mut impl FnMut(&str, String),
+) {
     // Every Lease write of the gateway is one renewal's: more writes than renewals the
     // transport took for a node is a renewal written twice (by two replicas). A renewal
     // taken but not written (answered RETRY, lost) could hide one such duplicate; the
@@ -1713,145 +2129,145 @@ async fn main() -> anyhow::Result<()> {
         "lease_writes_unanswered",
         total_writes.saturating_sub(answered).to_string(),
     );
-    if !broker_pids.is_empty() {
-        let (rss, cpu) = figures_of(&broker_pids);
-        let used = cpu + broker_cpu_of_gone - broker_cpu_at_measure.unwrap_or(0.0);
-        let sent = total_messages - messages_at_measure.unwrap_or(0);
-        put("broker_rss_mib", format!("{:.1}", rss as f64 / 1024.0));
-        put("broker_cpu_s_per_s", format!("{:.3}", used / measured));
-        put(
-            "broker_cpu_us_per_message",
-            format!("{:.1}", used * 1e6 / sent.max(1) as f64),
-        );
+}
+
+/// The broker's memory and CPU over the measured window (with broker processes).
+fn broker_figures(run: &Run, totals: &Totals, put: &mut impl FnMut(&str, String)) {
+    if run.broker_pids.is_empty() {
+        return;
     }
-    if let Some(o) = outage {
-        for (key, value) in o.figures().await? {
-            put(key, value);
-        }
+    let (rss, cpu) = figures_of(&run.broker_pids);
+    let used = cpu + run.broker_cpu_of_gone - run.broker_cpu_at_measure.unwrap_or(0.0);
+    let sent = totals.messages - run.messages_at_measure.unwrap_or(0);
+    put("broker_rss_mib", format!("{:.1}", rss as f64 / 1024.0));
+    put(
+        "broker_cpu_s_per_s",
+        format!("{:.3}", used / totals.measured),
+    );
+    put(
+        "broker_cpu_us_per_message",
+        format!("{:.1}", used * 1e6 / sent.max(1) as f64),
+    );
+}
+
+/// With a kill: when it came, and until when nodes saw failures after it.
+fn kill_figures(args: &Args, stats: &FleetStats, run: &Run, put: &mut impl FnMut(&str, String)) {
+    let Some(killed) = run.killed_at else {
+        return;
+    };
+    put(
+        if args.kill_broker_after.is_some() {
+            "broker_killed_at_s"
+        } else {
+            "replica_killed_at_s"
+        },
+        format!("{:.0}", killed.duration_since(run.started).as_secs_f64()),
+    );
+    // How long nodes saw failures after the kill (0 when none failed after it).
+    let last = stats.last_failure().filter(|t| *t >= killed);
+    put(
+        "renewal_failures_until_s_after_kill",
+        format!(
+            "{:.1}",
+            last.map_or(0.0, |t| t.duration_since(killed).as_secs_f64())
+        ),
+    );
+}
+
+/// `--enroll`: how many enrolled and were identified, when the last did, the requests it
+/// took, and the gateway's peak memory.
+fn enrollment_figures(
+    standin: &edgebeat_tests::standin::StandInHandle,
+    stats: &FleetStats,
+    gateways: &Gateways,
+    run: &Run,
+    put: &mut impl FnMut(&str, String),
+) {
+    let (enrolled_at, identified_at) = stats.enrollment_times();
+    let since = |t: Option<tokio::time::Instant>| {
+        t.map_or_else(
+            || "never".into(),
+            |t| format!("{:.1}", t.duration_since(run.started).as_secs_f64()),
+        )
+    };
+    let enrolled = stats.enrolled.load(Ordering::Relaxed);
+    put("enrolled", enrolled.to_string());
+    put(
+        "identified",
+        stats.identified.load(Ordering::Relaxed).to_string(),
+    );
+    put("last_enrolled_at_s", since(enrolled_at));
+    put("last_identified_at_s", since(identified_at));
+    put(
+        "enrollment_requests",
+        stats
+            .enrollment_requests
+            .load(Ordering::Relaxed)
+            .to_string(),
+    );
+    put(
+        "enrollment_retries",
+        stats.enrollment_retries.load(Ordering::Relaxed).to_string(),
+    );
+    // The apiserver calls of enrollment: Secrets (site CA, tokens) and CSRs.
+    let enrollment_calls: u64 = standin
+        .request_counts()
+        .iter()
+        .filter(|(key, _)| key.contains("secrets") || key.contains("certificatesigningrequests"))
+        .map(|(_, n)| n)
+        .sum();
+    put(
+        "apiserver_requests_per_enrollment",
+        format!("{:.2}", enrollment_calls as f64 / enrolled.max(1) as f64),
+    );
+    let peak: u64 = gateways
+        .pids
+        .iter()
+        .filter_map(|p| edgebeat_tests::procfs::vm_hwm_kib(*p))
+        .sum();
+    put(
+        "gateway_peak_rss_mib",
+        format!("{:.1}", peak as f64 / 1024.0),
+    );
+}
+
+/// What a Prometheus scrape of the first replica costs with this fleet: its series, its
+/// size, and the median of five scrapes' times (fleet still running).
+///
+/// Errors: a scrape failed.
+async fn metrics_scrape_figures(
+    metrics_port: u16,
+    put: &mut impl FnMut(&str, String),
+) -> anyhow::Result<()> {
+    let mut times = Vec::new();
+    let mut body = String::new();
+    for _ in 0..5 {
+        let asked = tokio::time::Instant::now();
+        body = scrape_metrics(metrics_port).await?;
+        times.push(asked.elapsed().as_secs_f64() * 1e3);
     }
-    if let Some(killed) = killed_at {
-        put(
-            if args.kill_broker_after.is_some() {
-                "broker_killed_at_s"
-            } else {
-                "replica_killed_at_s"
-            },
-            format!("{:.0}", killed.duration_since(started).as_secs_f64()),
-        );
-        // How long nodes saw failures after the kill (0 when none failed after it).
-        let last = stats.last_failure().filter(|t| *t >= killed);
-        put(
-            "renewal_failures_until_s_after_kill",
-            format!(
-                "{:.1}",
-                last.map_or(0.0, |t| t.duration_since(killed).as_secs_f64())
-            ),
-        );
-    }
-    if args.enroll {
-        let (enrolled_at, identified_at) = stats.enrollment_times();
-        let since = |t: Option<tokio::time::Instant>| {
-            t.map_or_else(
-                || "never".into(),
-                |t| format!("{:.1}", t.duration_since(started).as_secs_f64()),
-            )
-        };
-        let enrolled = stats.enrolled.load(Ordering::Relaxed);
-        put("enrolled", enrolled.to_string());
-        put(
-            "identified",
-            stats.identified.load(Ordering::Relaxed).to_string(),
-        );
-        put("last_enrolled_at_s", since(enrolled_at));
-        put("last_identified_at_s", since(identified_at));
-        put(
-            "enrollment_requests",
-            stats
-                .enrollment_requests
-                .load(Ordering::Relaxed)
-                .to_string(),
-        );
-        put(
-            "enrollment_retries",
-            stats.enrollment_retries.load(Ordering::Relaxed).to_string(),
-        );
-        // The apiserver calls of enrollment: Secrets (site CA, tokens) and CSRs.
-        let enrollment_calls: u64 = standin
-            .request_counts()
-            .iter()
-            .filter(|(key, _)| {
-                key.contains("secrets") || key.contains("certificatesigningrequests")
-            })
-            .map(|(_, n)| n)
-            .sum();
-        put(
-            "apiserver_requests_per_enrollment",
-            format!("{:.2}", enrollment_calls as f64 / enrolled.max(1) as f64),
-        );
-        let peak: u64 = pids
-            .iter()
-            .filter_map(|p| edgebeat_tests::procfs::vm_hwm_kib(*p))
-            .sum();
-        put(
-            "gateway_peak_rss_mib",
-            format!("{:.1}", peak as f64 / 1024.0),
-        );
-    }
-    let node_hours = args.nodes as f64 * elapsed / 3600.0;
-    for (key, count) in standin.request_counts() {
-        let mut parts = key.split(' ');
-        let (Some(method), Some(resource), Some(status)) =
-            (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        let name = format!(
-            "apiserver_{}_{}_{}_per_node_hour",
-            method.to_lowercase(),
-            resource.replace('/', "_"),
-            status
-        );
-        put(&name, format!("{:.1}", count as f64 / node_hours));
-    }
-    if args.sites > 0 {
-        site_figures(&standin.events(), &cuts, &mut put);
-    }
-    if !args.ack_only {
-        // What a Prometheus scrape of the first replica costs with this fleet: its series,
-        // its size, and the median of five scrapes' times (fleet still running).
-        let mut times = Vec::new();
-        let mut body = String::new();
-        for _ in 0..5 {
-            let asked = tokio::time::Instant::now();
-            body = scrape_metrics(metrics_port).await?;
-            times.push(asked.elapsed().as_secs_f64() * 1e3);
-        }
-        times.sort_by(f64::total_cmp);
-        let series = body
-            .lines()
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .count();
-        put("metrics_series", series.to_string());
-        put("metrics_scrape_bytes", body.len().to_string());
-        put(
-            "metrics_scrape_ms_median",
-            format!("{:.1}", times.get(2).copied().unwrap_or_default()),
-        );
-    }
-    cancel.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(30), fleet).await;
-    for (key, value) in &summary {
-        println!("{key}={value}");
-    }
-    for (why, count) in stats.failures() {
-        println!("renewal_failure {count} × {why}");
-    }
-    if let Some(scraper) = &scraped {
-        for (why, count) in scraper.error_kinds() {
-            println!("scrape_error {count} × {why}");
-        }
-    }
-    for child in std::iter::once(&mut gateway).chain(replicas.iter_mut()) {
+    times.sort_by(f64::total_cmp);
+    let series = body
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .count();
+    put("metrics_series", series.to_string());
+    put("metrics_scrape_bytes", body.len().to_string());
+    put(
+        "metrics_scrape_ms_median",
+        format!("{:.1}", times.get(2).copied().unwrap_or_default()),
+    );
+    Ok(())
+}
+
+/// Stops every replica (SIGKILL: the figures are taken), the broker started here, and the
+/// stand-in.
+async fn stop_all(
+    mut gateways: Gateways,
+    broker: Option<Broker>,
+    standin: &edgebeat_tests::standin::StandInHandle,
+) {
+    for child in std::iter::once(&mut gateways.first).chain(gateways.replicas.iter_mut()) {
         let _ = child.start_kill();
         let _ = child.wait().await;
     }
@@ -1859,5 +2275,4 @@ async fn main() -> anyhow::Result<()> {
         broker.stop().await;
     }
     standin.shutdown();
-    Ok(())
 }

@@ -544,30 +544,36 @@ impl StandInHandle {
         what: &str,
         pred: impl Fn(&StandInView<'_>) -> bool,
     ) -> anyhow::Result<()> {
-        let mut changes = self.shared.changed.subscribe();
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            changes.borrow_and_update();
-            if pred(&StandInView {
-                store: &self.shared.lock(),
-            }) {
-                return Ok(());
-            }
-            tokio::select! {
-                r = changes.changed() => {
-                    if r.is_err() {
-                        anyhow::bail!("stand-in is gone while waiting for {what}");
-                    }
+        // Plain closures (no async closure) keep the wait's future `Send`, so it can be
+        // spawned. The predicate sees the store through the view: it must not lock the
+        // stand-in.
+        let waited = crate::wait::until(
+            what,
+            timeout,
+            || {
+                std::future::ready(pred(&StandInView {
+                    store: &self.shared.lock(),
+                }))
+            },
+            || {
+                // Subscribed before the check: a change during it is seen. The sender lives
+                // in `self.shared`, so it outlives this wait.
+                let mut changes = self.shared.changed.subscribe();
+                async move {
+                    let _ = changes.changed().await;
                 }
-                _ = tokio::time::sleep_until(deadline) => {
-                    let store = self.shared.lock();
-                    if pred(&StandInView { store: &store }) {
-                        return Ok(());
-                    }
-                    anyhow::bail!("timed out after {timeout:?} waiting for {what}; {}", summary(&store));
-                }
-            }
-        }
+            },
+        )
+        .await;
+        waited.map_err(|e| {
+            let store = self.shared.lock();
+            anyhow::anyhow!(
+                "{}: not within {:?}; last seen: {}",
+                e.what,
+                e.deadline,
+                summary(&store)
+            )
+        })
     }
 
     /// Stops the server: no new connections, open watches end, in-flight requests finish.

@@ -1,10 +1,11 @@
 //! HTTP/1.1 serving: accept loop, the request pipeline (record, latency, faults), routing
 //! and the REST handlers, including streaming watches.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -64,7 +65,7 @@ impl Shared {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+        self.store.lock()
     }
 
     /// Runs `f` on the store, then wakes waiters.

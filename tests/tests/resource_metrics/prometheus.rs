@@ -103,19 +103,13 @@ pub async fn scrapes_edge_node_through_the_node_proxy(
 
     // The node as Prometheus's discovery sees it: listed with its token (RBAC may take a
     // moment to reach the authorizer's cache), and watched.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let listed = loop {
-        match control_plane.kubectl_as(&kubeconfig, &["get", "nodes", "-o", "json"]) {
-            Ok(text) => break serde_json::from_str::<Value>(&text).unwrap(),
-            Err(e) => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "Prometheus's ServiceAccount cannot list nodes: {e:#}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    };
+    let listed = edgebeat_tests::wait::eventually(
+        "Prometheus's ServiceAccount listing nodes",
+        Duration::from_secs(30),
+        || async { control_plane.kubectl_as(&kubeconfig, &["get", "nodes", "-o", "json"]) },
+    )
+    .await;
+    let listed = serde_json::from_str::<Value>(&listed).unwrap();
     let watch = control_plane.kubectl_as(&kubeconfig, &["auth", "can-i", "watch", "nodes"]);
     assert_eq!(
         watch.as_ref().map(|s| s.trim()).ok(),
@@ -190,31 +184,41 @@ pub async fn scrapes_edge_node_through_the_node_proxy(
     let (prometheus, _child) = start_prometheus(&data, &config).await;
 
     let queries = edge_node_queries();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let mut values = Vec::new();
-        let mut answers = Vec::new();
-        for expr in &queries {
-            let series = query(prometheus, expr).await;
-            values.push(
-                series
-                    .iter()
-                    .find(|s| s["metric"]["node"] == node)
-                    .and_then(|s| s["value"][1].as_str()?.parse::<f64>().ok()),
-            );
-            answers.push(format!("{expr}: {series:?}"));
-        }
-        if let [Some(cores), Some(bytes)] = values[..] {
-            return (cores, bytes);
-        }
-        if tokio::time::Instant::now() > deadline {
+    // The last round's answers, for the failure message.
+    let answers = parking_lot::Mutex::new(Vec::new());
+    let found = edgebeat_tests::wait::until(
+        &format!("series for node {node}"),
+        Duration::from_secs(90),
+        || async {
+            let (mut values, mut answered) = (Vec::new(), Vec::new());
+            for expr in &queries {
+                let series = query(prometheus, expr).await;
+                values.push(
+                    series
+                        .iter()
+                        .find(|s| s["metric"]["node"] == node)
+                        .and_then(|s| s["value"][1].as_str()?.parse::<f64>().ok()),
+                );
+                answered.push(format!("{expr}: {series:?}"));
+            }
+            *answers.lock() = answered;
+            match values[..] {
+                [Some(cores), Some(bytes)] => Ok((cores, bytes)),
+                _ => Err(values),
+            }
+        },
+        edgebeat_tests::wait::every(Duration::from_millis(500)),
+    )
+    .await;
+    match found {
+        Ok(found) => found,
+        Err(e) => {
             let targets = get_json(prometheus, "/api/v1/targets").await;
             panic!(
-                "no series for node {node} within 90 s:\n{}\nPrometheus's targets: {targets:#}",
-                answers.join("\n")
+                "{e}:\n{}\nPrometheus's targets: {targets:#}",
+                answers.lock().join("\n")
             );
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

@@ -419,7 +419,7 @@ mod tests {
 
     #[test]
     fn prefixes_and_levels_are_checked() {
-        assert!(check_prefix("edgebeat/v1").is_ok());
+        check_prefix("edgebeat/v1").unwrap();
         for (bad, err) in [
             ("", "must not be empty"),
             ("$SYS/x", "must not start with '$' (reserved by MQTT)"),
@@ -430,7 +430,7 @@ mod tests {
         ] {
             assert_eq!(check_prefix(bad), Err(err), "{bad}");
         }
-        assert!(check_level("edge-0001.site").is_ok());
+        check_level("edge-0001.site").unwrap();
         assert_eq!(check_level(""), Err("must not be empty"));
         for bad in ["a/b", "+", "#", "a\0"] {
             assert_eq!(
@@ -443,7 +443,7 @@ mod tests {
             check_keepalive(Duration::from_secs(4)),
             Err("must be at least 5 s")
         );
-        assert!(check_keepalive(Duration::from_secs(30)).is_ok());
+        check_keepalive(Duration::from_secs(30)).unwrap();
         assert_eq!(
             check_keepalive(Duration::from_secs(70_000)),
             Err("must be at most 65535 s")

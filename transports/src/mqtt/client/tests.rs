@@ -26,7 +26,7 @@ async fn only_a_lasting_registered_connection_ends_the_backoff() {
 fn options_are_checked_before_connecting() {
     let ok = MqttUplinkOptions::new("127.0.0.1", 1883);
     assert_eq!(ok.client_id_of("edge-1"), "edgebeat-agent-edge-1");
-    assert!(ok.check("edge-1").is_ok());
+    ok.check("edge-1").unwrap();
     let err = |o: &MqttUplinkOptions, node: &str| match o.check(node) {
         Err(MqttUplinkError::InvalidOption { option, .. }) => option,
         Err(MqttUplinkError::Tls(_) | MqttUplinkError::SigningKey(_)) => "tls",

@@ -273,7 +273,7 @@ fn wills_are_recognised_even_when_garbled() {
 #[test]
 fn options_are_checked_before_connecting() {
     let ok = MqttIngressOptions::new("127.0.0.1", 1883, "gw-0");
-    assert!(ok.check().is_ok());
+    ok.check().unwrap();
     let mut o = ok.clone();
     o.share_group = "a/b".into();
     assert!(matches!(
