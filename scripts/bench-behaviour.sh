@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kubelet beside edgebeat over gRPC and MQTT, from one audit log, at kubelet's default
 # nodeStatusReportFrequency of 5 minutes (the suite runs the same test at 1 minute):
-# tests/tests/behaviour.rs, whose table BENCHMARKS.md holds. About 9 minutes; needs root
+# tests/tests/behaviour.rs, whose table BENCHMARKS.md holds. About 14 minutes; needs root
 # and what scripts/test.sh builds (the control plane, kubelet and containerd, Mosquitto).
 #   scripts/bench-behaviour.sh
 set -euo pipefail
