@@ -34,9 +34,9 @@ const GRPC: &str = "side-grpc";
 const MQTT: &str = "side-mqtt";
 /// `nodeStatusReportFrequency` on both sides: a minute, or
 /// `EDGEBEAT_REPORT_FREQUENCY_SECONDS`. The steady-state window is twice that and 15 s:
-/// each side's periodic reports run from its own last report (its registration, or a
-/// change soon after), whose phase the window cannot choose, so two periods make sure at
-/// least one report falls in it.
+/// on both sides the first periodic report after a change (the registration) comes the
+/// frequency × [0.5, 1.5) later (kubelet's `calculateDelay`, since v1.34), so only two
+/// periods make sure one falls in the window.
 fn report_frequency() -> Duration {
     let seconds = std::env::var("EDGEBEAT_REPORT_FREQUENCY_SECONDS")
         .ok()
