@@ -161,7 +161,6 @@ impl Gateway {
         };
         let lifetime = enrollment.options().lifetime.as_secs_f64();
         let now = self.clock.unix_now().seconds_f64();
-        #[allow(clippy::cast_precision_loss)]
         let age = now - certificate.not_before as f64;
         age > lifetime * 0.8
     }

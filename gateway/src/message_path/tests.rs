@@ -312,7 +312,9 @@ async fn a_flooding_node_waits_in_its_mailbox() {
     drop(held);
     let mut seen = answered.subscribe();
     let all = tokio::time::timeout(Duration::from_secs(60), seen.wait_for(|s| s.len() == 5)).await;
-    assert!(all.is_ok(), "answered: {:?}", answered.borrow());
+    if let Err(elapsed) = all {
+        panic!("{elapsed}: answered {:?}", answered.borrow());
+    }
     assert_eq!(*answered.borrow(), [10, 11, 12, 13, 14], "in order");
 }
 
