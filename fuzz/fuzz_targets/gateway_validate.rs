@@ -1,4 +1,4 @@
-//! The gateway's pure handling of a decoded `AgentMessage`, in `handle_message`'s order and
+//! The gateway's pure handling of a decoded `AgentMessage`, in the message path's order and
 //! without an apiserver: the header checks, then per kind the status checks and the
 //! apiserver bodies built from the message, or the echoed Lease state.
 //!
