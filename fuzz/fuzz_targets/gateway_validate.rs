@@ -1,4 +1,4 @@
-//! The gateway's pure handling of a decoded `AgentMessage`, in `handle_message`'s order and
+//! The gateway's pure handling of a decoded `AgentMessage`, in the message path's order and
 //! without an apiserver: the header checks, then per kind the status checks and the
 //! apiserver bodies built from the message, or the echoed Lease state.
 //!
@@ -7,23 +7,28 @@
 //! - `edgebeat_proto::boot_id_to_string` on the header's boot ID (a 16-byte ID must come
 //!   back from `boot_id_to_bytes` unchanged), `boot_id_to_bytes` on `nodeInfo.bootID`;
 //! - `metrics::clock_skew_seconds` on the agent's wall time, `freshness::Freshness` on `seq`;
-//! - `gateway::validate_status` on every NodeStatus inside (Register, StatusReport); for a
-//!   status and name the gateway accepts, `patch::conditions`, `patch::node_status`,
-//!   `patch::initial_node` and `patch::status_patch` (what it would send the apiserver);
-//! - `gateway::LeaseState::decode` on `lease_state` (a decoded state must survive
-//!   `encode` → `decode`), then `patch::new_lease` / `renewed_lease` / `node_event`.
+//! - `message_path::validate_status` on every NodeStatus inside (Register, StatusReport); for a
+//!   status and name the gateway accepts, `bodies::conditions`, `bodies::node_status`,
+//!   `bodies::initial_node` and `bodies::status_patch` (what it would send the apiserver);
+//! - `message_path::LeaseState::decode` on `lease_state` (a decoded state must survive
+//!   `encode` → `decode`), then `bodies::new_lease` / `renewed_lease` / `node_event`, and
+//!   `bodies::plain_lease_json` (the renewal PUT written as bytes) must equal
+//!   `serde_json::to_vec` of `new_lease` with the echoed resourceVersion, for the node as
+//!   holder and for a holder some other writer set.
 #![no_main]
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
+use edgebeat_gateway::bodies::{self, KnownCondition, KnownConditions};
 use edgebeat_gateway::freshness::Freshness;
 use edgebeat_gateway::message_path::{LeaseState, validate_status};
 use edgebeat_gateway::metrics::clock_skew_seconds;
-use edgebeat_gateway::patch::{self, HeldStatus, KnownCondition, KnownConditions};
 use edgebeat_proto::registration::NodeName;
-use edgebeat_proto::{self as pb, AgentMessage, agent_message::Kind};
+use edgebeat_proto::{
+    self as pb, AgentMessage, ConditionStatus, EventType, NodeConditionType, agent_message::Kind,
+};
 use jiff::Timestamp;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -92,14 +97,23 @@ fn check(msg: &AgentMessage) {
                 );
                 assert_eq!(LeaseState::decode(&wire).as_ref(), Some(&state));
                 if name_ok && renewal.lease_duration_seconds > 0 {
-                    let mut lease = patch::new_lease(
+                    let mut lease = bodies::new_lease(
                         name,
                         "uid",
                         renewal.lease_duration_seconds,
                         state.renew_time,
                     );
                     lease.metadata.resource_version = Some(state.resource_version.clone());
-                    let _ = patch::renewed_lease(
+                    let json = serde_json::to_vec(&lease).expect("a Lease serializes");
+                    plain_lease_agrees(name, name, &json, renewal, &state);
+                    // A holder another writer set (any text: the boot ID as the agent sent it).
+                    let mut other = lease.clone();
+                    if let Some(spec) = other.spec.as_mut() {
+                        spec.holder_identity = Some(boot.clone());
+                    }
+                    let json = serde_json::to_vec(&other).expect("a Lease serializes");
+                    plain_lease_agrees(name, &boot, &json, renewal, &state);
+                    let _ = bodies::renewed_lease(
                         lease,
                         name,
                         Some("uid"),
@@ -109,9 +123,9 @@ fn check(msg: &AgentMessage) {
                 }
             }
             if name_ok {
-                let _ = patch::node_event(
+                let _ = bodies::node_event(
                     name,
-                    "Normal",
+                    EventType::Normal,
                     "NodeReady",
                     format!("Node {name} status is now: NodeReady ({boot})"),
                     now,
@@ -121,6 +135,30 @@ fn check(msg: &AgentMessage) {
         }
         None => {}
     }
+}
+
+/// `bodies::plain_lease_json` against `lease_json`, `serde_json::to_vec` of the Lease it
+/// stands in for.
+fn plain_lease_agrees(
+    name: &str,
+    holder: &str,
+    lease_json: &[u8],
+    renewal: &pb::LeaseRenewal,
+    state: &LeaseState,
+) {
+    let plain = bodies::plain_lease_json(
+        name,
+        holder,
+        "uid",
+        renewal.lease_duration_seconds,
+        &state.resource_version,
+        state.renew_time,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&plain),
+        String::from_utf8_lossy(lease_json),
+        "plain_lease_json differs from the serialized Lease"
+    );
 }
 
 /// `validate_status`, then — for a status and name the gateway accepts — the bodies
@@ -139,32 +177,35 @@ fn status_bodies(
     if validate_status(status).is_err() || !name_ok {
         return;
     }
-    let conditions = patch::conditions(status, now, &KnownConditions::default());
+    let conditions = bodies::conditions(status, now, &KnownConditions::default());
     // Known with the same status (kept transition) and the opposite one (a new transition,
     // clamped against the known one).
     for flip in [false, true] {
         let mut known = KnownConditions::default();
         for c in &status.conditions {
-            let held = match (flip, HeldStatus::parse(&c.status)) {
+            let Some(type_) = NodeConditionType::from_name(&c.r#type) else {
+                continue;
+            };
+            let held = match (flip, ConditionStatus::from_api(&c.status)) {
                 (false, held) => held,
-                (true, HeldStatus::True) => HeldStatus::False,
-                (true, _) => HeldStatus::Unknown,
+                (true, ConditionStatus::True) => ConditionStatus::False,
+                (true, _) => ConditionStatus::Unknown,
             };
             known.insert(
-                &c.r#type,
+                type_,
                 KnownCondition {
                     status: held,
                     last_transition: known_at,
                 },
             );
         }
-        let _ = patch::conditions(status, now, &known);
+        let _ = bodies::conditions(status, now, &known);
     }
-    let ns = patch::node_status(status, conditions);
-    let _ = patch::status_patch(&ns, None);
+    let ns = bodies::node_status(status, conditions);
+    let _ = bodies::status_patch(&ns, None);
     if let Some(register) = register {
         let labels: BTreeMap<String, String> = register.labels.clone().into_iter().collect();
-        let _ = patch::status_patch(&ns, Some(&labels));
-        let _ = patch::initial_node(name, register, ns);
+        let _ = bodies::status_patch(&ns, Some(&labels));
+        let _ = bodies::initial_node(name, register, ns);
     }
 }

@@ -385,7 +385,7 @@ impl Gateway {
     async fn follow_up(
         &self,
         writes: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         peer: &Peer,
         message: &pb::AgentMessage,
         mut answer: Answer,
@@ -426,7 +426,7 @@ impl Gateway {
     /// Records on its Node that `name` speaks with `certificate`, when the view knows the
     /// Node and records none or an older one ([`CertificateId::may_replace`]). A failure is
     /// logged and tried again with the node's next message.
-    async fn record_certificate(&self, name: &str, certificate: CertificateId) {
+    async fn record_certificate(&self, name: &NodeName, certificate: CertificateId) {
         let Some(node) = self.writer.view.node(name) else {
             return;
         };
@@ -437,7 +437,7 @@ impl Gateway {
             return;
         }
         if let Err(error) = self.writer.record_certificate(name, certificate).await {
-            tracing::warn!(node = name, %error, "could not record the node's certificate; trying again with its next message");
+            tracing::warn!(node = name.as_str(), %error, "could not record the node's certificate; trying again with its next message");
         }
     }
 }

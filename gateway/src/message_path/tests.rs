@@ -334,9 +334,12 @@ async fn a_message_future_is_smaller_than_a_registration() {
     let cell = SlotCell::new(NodeName::new("n").unwrap());
     let mut slot = NodeSlot::default();
     let writer = &gateway.writer;
-    let register =
-        std::mem::size_of_val(&writer.register(&mut slot.writes, "n", &pb::Register::default()));
-    let report = std::mem::size_of_val(&writer.report(&mut slot.writes, "n", None, &[]));
+    let register = std::mem::size_of_val(&writer.register(
+        &mut slot.writes,
+        &cell.name,
+        &pb::Register::default(),
+    ));
+    let report = std::mem::size_of_val(&writer.report(&mut slot.writes, &cell.name, None, &[]));
     let renew =
         std::mem::size_of_val(&writer.renew(&mut slot.writes, &cell.name, 40, &[], Instant::now()));
     let message = std::mem::size_of_val(&gateway.handle_letters(&cell));

@@ -8,6 +8,7 @@
 //! node, its boot and its time on that boot's clock (`boot_ms`), and its Event gets that
 //! name on every replica and every resend, so the apiserver keeps one (409 for the rest).
 
+use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{self as pb, ConditionStatus, NodeConditionType};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::NodeCondition;
@@ -99,7 +100,7 @@ pub(super) fn timed<'a>(
     journal: &[&'a pb::ConditionTransition],
     now: Timestamp,
     held: &bodies::KnownConditions,
-    node: &str,
+    node: &NodeName,
     boot_id: &str,
 ) -> Vec<Timed<'a>> {
     journal
@@ -127,7 +128,7 @@ pub(super) fn timed<'a>(
 
 /// The Event name of `entry` of `node` in boot `boot_id`: `{node}.j{hash}`, the hash (FNV-1a,
 /// 64 bits) of the boot, type, status and `boot_ms`.
-fn event_name(node: &str, boot_id: &str, entry: &pb::ConditionTransition) -> String {
+fn event_name(node: &NodeName, boot_id: &str, entry: &pb::ConditionTransition) -> String {
     use std::hash::Hasher as _;
     let mut hash = fnv::FnvHasher::default();
     for part in [boot_id, &entry.r#type, &entry.status] {
@@ -217,11 +218,12 @@ mod tests {
         let first = entry("MemoryPressure", "True", 60_000, 123_456);
         let resent = entry("MemoryPressure", "True", 67_000, 123_456);
         let held = bodies::KnownConditions::default();
-        let a = timed(&[&first], now, &held, "n1", "boot-a");
-        let b = timed(&[&resent], later, &held, "n1", "boot-a");
+        let n1 = NodeName::new("n1").unwrap();
+        let a = timed(&[&first], now, &held, &n1, "boot-a");
+        let b = timed(&[&resent], later, &held, &n1, "boot-a");
         assert_eq!(a[0].name, b[0].name);
         assert_eq!(a[0].at, b[0].at);
-        let other_boot = timed(&[&first], now, &held, "n1", "boot-b");
+        let other_boot = timed(&[&first], now, &held, &n1, "boot-b");
         assert_ne!(a[0].name, other_boot[0].name);
         assert!(a[0].name.starts_with("n1.j"));
     }

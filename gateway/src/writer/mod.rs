@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use edgebeat_hw::Clock;
+use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{self as pb, Answer, ConditionStatus, EventType, NodeConditionType};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
@@ -230,7 +231,7 @@ impl Writer {
     /// What the view holds for `name`, if it can be trusted: a managed Node's record while
     /// the Node watch follows; otherwise for `knowledge_ttl` after this replica's last
     /// write (the node lifecycle controller may have written Unknown since).
-    fn known(&self, w: &NodeWrites, name: &str) -> Option<NodeRecord> {
+    fn known(&self, w: &NodeWrites, name: &NodeName) -> Option<NodeRecord> {
         let record = self.view.node(name)?;
         let fresh = (record.managed && self.view.nodes_watched())
             || (w.registered
@@ -255,7 +256,7 @@ impl Writer {
         before: &NodeRecord,
         written: &Node,
         now: Timestamp,
-        name: &str,
+        name: &NodeName,
         reboot: Reboot,
         journal: &[Timed<'_>],
     ) {
@@ -302,7 +303,7 @@ impl Writer {
         &self,
         before: &NodeRecord,
         now: Timestamp,
-        name: &str,
+        name: &NodeName,
         journal: &[Timed<'_>],
     ) {
         for (i, t) in journal.iter().enumerate() {
@@ -346,13 +347,13 @@ impl Writer {
     /// and logged.
     pub(crate) fn usable_journal<'a>(
         &self,
-        name: &str,
+        name: &NodeName,
         journal: &'a [pb::ConditionTransition],
     ) -> Vec<&'a pb::ConditionTransition> {
         let (taken, skipped) = usable(journal);
         for why in skipped {
             self.counters.count_rejection(RejectReason::Invalid);
-            tracing::warn!(node = name, %why, "journal entry skipped");
+            tracing::warn!(node = name.as_str(), %why, "journal entry skipped");
         }
         taken
     }
@@ -362,7 +363,7 @@ impl Writer {
     pub(crate) async fn report(
         &self,
         w: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         status: Option<&pb::NodeStatus>,
         journal: &[pb::ConditionTransition],
     ) -> Answer {
@@ -394,7 +395,7 @@ impl Writer {
     /// carries only those). Written only when the apiserver's conditions are the agent's
     /// (none `Unknown`): otherwise, or with no condition known, the answer asks for the
     /// whole status (`resend_status`) and nothing is written.
-    pub(crate) async fn report_unchanged(&self, w: &mut NodeWrites, name: &str) -> Answer {
+    pub(crate) async fn report_unchanged(&self, w: &mut NodeWrites, name: &NodeName) -> Answer {
         let held = match self.ensure_known(w, name).await {
             Ok(held) => held,
             Err(answer) => return answer,
@@ -436,7 +437,7 @@ impl Writer {
     async fn write_status(
         &self,
         w: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         status: &pb::NodeStatus,
         held: &NodeRecord,
         now: Timestamp,
@@ -500,7 +501,11 @@ impl Writer {
     ///
     /// Errors: the [`Answer`] to answer with — [`Answer::NodeNotFound`] when the Node does
     /// not exist.
-    async fn ensure_known(&self, w: &mut NodeWrites, name: &str) -> Result<NodeRecord, Answer> {
+    async fn ensure_known(
+        &self,
+        w: &mut NodeWrites,
+        name: &NodeName,
+    ) -> Result<NodeRecord, Answer> {
         if let Some(held) = self.known(w, name) {
             return Ok(held);
         }
@@ -519,13 +524,13 @@ impl Writer {
     /// what leads here): someone deleted it. Forget it, and tell the agent, which stops
     /// sending until restarted instead of creating it again (kubelet registers once per
     /// process: `registrationCompleted` in `pkg/kubelet/kubelet_node_status.go`).
-    fn forget(&self, w: &mut NodeWrites, name: &str) -> Answer {
+    fn forget(&self, w: &mut NodeWrites, name: &NodeName) -> Answer {
         w.registered = false;
         self.view.forget_node(name);
         self.view.forget_lease(name);
         self.counters.nodes_not_found.inc();
         tracing::warn!(
-            node = name,
+            node = name.as_str(),
             "the Node was deleted; its agent stops until it is restarted"
         );
         Answer::NodeNotFound {
@@ -535,7 +540,13 @@ impl Writer {
 
     /// kubelet `recordNodeStatusEvent`: a `Normal` event `reason` with "Node X status is now:
     /// reason".
-    async fn condition_event(&self, name: &str, kind: EventType, reason: &str, now: Timestamp) {
+    async fn condition_event(
+        &self,
+        name: &NodeName,
+        kind: EventType,
+        reason: &str,
+        now: Timestamp,
+    ) {
         self.event(
             name,
             kind,
@@ -548,7 +559,7 @@ impl Writer {
 
     async fn event(
         &self,
-        name: &str,
+        name: &NodeName,
         type_: EventType,
         reason: &str,
         message: String,
@@ -563,11 +574,11 @@ impl Writer {
 
     /// An Event not recorded: a WARN, or DEBUG during an apiserver outage, whose own lines
     /// say it ([`crate::apiserver::outage`]).
-    fn event_failed(&self, name: &str, reason: &str, error: &kube::Error) {
+    fn event_failed(&self, name: &NodeName, reason: &str, error: &kube::Error) {
         if self.api.in_outage() {
-            tracing::debug!(node = name, reason, %error, "could not record event");
+            tracing::debug!(node = name.as_str(), reason, %error, "could not record event");
         } else {
-            tracing::warn!(node = name, reason, %error, "could not record event");
+            tracing::warn!(node = name.as_str(), reason, %error, "could not record event");
         }
     }
 }

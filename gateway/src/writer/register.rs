@@ -10,6 +10,7 @@ use crate::bodies;
 use crate::bodies::MANAGED_LABEL;
 use crate::view::NodeRecord;
 use edgebeat_proto as pb;
+use edgebeat_proto::registration::NodeName;
 use edgebeat_proto::{Answer, ConditionStatus, EventType, NodeConditionType};
 use edgebeat_transports::ingress::RejectReason;
 use jiff::{SignedDuration, Timestamp};
@@ -34,7 +35,7 @@ impl Writer {
     pub(crate) async fn register(
         &self,
         w: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         register: &pb::Register,
     ) -> Answer {
         let status = match self.checked(register) {
@@ -87,7 +88,7 @@ impl Writer {
                     w.registered = true;
                     w.status_written = true;
                     self.counters.registrations.inc();
-                    tracing::info!(node = name, "registered node");
+                    tracing::info!(node = name.as_str(), "registered node");
                     self.start_events(name, register, &usable, now).await;
                     self.journal_events(&NodeRecord::default(), now, name, &journal)
                         .await;
@@ -177,7 +178,7 @@ impl Writer {
     async fn registered_before(
         &self,
         w: &mut NodeWrites,
-        name: &str,
+        name: &NodeName,
         register: &pb::Register,
     ) -> Result<Node, Answer> {
         match self.api.get_node_opt(name).await {
@@ -205,7 +206,7 @@ impl Writer {
     /// every kubelet start).
     pub(super) async fn start_events(
         &self,
-        name: &str,
+        name: &NodeName,
         register: &pb::Register,
         journal: &[&pb::ConditionTransition],
         at: Timestamp,
@@ -252,7 +253,7 @@ impl Writer {
     /// Errors: the PATCH's.
     pub(super) async fn reconcile_hugepages(
         &self,
-        name: &str,
+        name: &NodeName,
         existing: &Node,
         status: &pb::NodeStatus,
     ) -> Result<(), kube::Error> {
@@ -266,7 +267,7 @@ impl Writer {
         if gone.is_empty() {
             return Ok(());
         }
-        tracing::info!(node = name, resources = ?gone, "removing huge page resources no longer supported");
+        tracing::info!(node = name.as_str(), resources = ?gone, "removing huge page resources no longer supported");
         let removed: serde_json::Map<String, serde_json::Value> = gone
             .iter()
             .map(|k| ((*k).clone(), serde_json::Value::Null))
@@ -289,7 +290,7 @@ impl Writer {
     /// Errors: the apiserver's (`kube::Error`).
     pub(crate) async fn record_certificate(
         &self,
-        name: &str,
+        name: &NodeName,
         id: edgebeat_transports::ingress::CertificateId,
     ) -> Result<(), kube::Error> {
         let not_before = jiff::Timestamp::from_second(id.not_before)
@@ -302,7 +303,7 @@ impl Writer {
         let node = self.api.patch_node_status(name, body).await?;
         self.view.observe_node(&node);
         self.counters.certificates_recorded.inc();
-        tracing::info!(node = name, certificate = ?id, "recorded the node's certificate");
+        tracing::info!(node = name.as_str(), certificate = ?id, "recorded the node's certificate");
         Ok(())
     }
 
@@ -314,7 +315,7 @@ impl Writer {
     /// Errors: the apiserver's (`kube::Error`).
     pub(super) async fn reconcile_labels(
         &self,
-        name: &str,
+        name: &NodeName,
         existing: &Node,
         register: &pb::Register,
     ) -> Result<(), kube::Error> {
@@ -345,7 +346,7 @@ impl Writer {
 
 /// The annotation telling metrics-server where on a replica `name`'s resource metrics are
 /// ([`crate::resource_metrics::PATH_ANNOTATION`]).
-pub(super) fn resource_metrics_annotation(name: &str) -> BTreeMap<String, String> {
+pub(super) fn resource_metrics_annotation(name: &NodeName) -> BTreeMap<String, String> {
     BTreeMap::from([(
         crate::resource_metrics::PATH_ANNOTATION.to_owned(),
         crate::resource_metrics::node_path(name),
