@@ -16,15 +16,19 @@ pub enum Stream {
 }
 
 /// Starts `command` with its log `stream` to the file `log` (the other stream discarded)
-/// and returns the log once it holds `lines` whole lines, the child killed. Panics with
-/// what was written if that does not happen within `deadline`.
+/// and returns the log once it holds `lines` whole lines and a field `key` (`key=` in text,
+/// `"key":` in JSON), the child killed: what the caller checks is then written, however
+/// the lines before it came. Panics with what was written if that does not happen within
+/// `deadline`.
 pub fn log_of(
     mut command: Command,
     stream: Stream,
     log: &Path,
     lines: usize,
+    key: &str,
     deadline: Duration,
 ) -> String {
+    let (text_key, json_key) = (format!("{key}="), format!("\"{key}\":"));
     let file = std::fs::File::create(log).unwrap();
     match stream {
         Stream::Stdout => command.stdout(file).stderr(Stdio::null()),
@@ -34,7 +38,10 @@ pub fn log_of(
     let mut waited = Duration::ZERO;
     let text = loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.matches('\n').count() >= lines {
+        let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+        if whole.matches('\n').count() + usize::from(!whole.is_empty()) >= lines
+            && (whole.contains(&text_key) || whole.contains(&json_key))
+        {
             break text;
         }
         if let Ok(Some(status)) = child.try_wait() {
@@ -42,7 +49,7 @@ pub fn log_of(
         }
         if waited > deadline {
             let _ = child.kill();
-            panic!("fewer than {lines} lines within {deadline:?}:\n{text}");
+            panic!("fewer than {lines} lines, or none with {key}, within {deadline:?}:\n{text}");
         }
         // Polls the file: the condition is the file's content, bounded by the deadline.
         std::thread::sleep(Duration::from_millis(50));
@@ -113,6 +120,7 @@ pub fn check_both_formats(
         stream,
         &dir.join("text.log"),
         lines,
+        key,
         deadline,
     );
     assert_plain(&text, level, key);
@@ -121,6 +129,7 @@ pub fn check_both_formats(
         stream,
         &dir.join("json.log"),
         lines,
+        key,
         deadline,
     );
     assert_json(&json, level, key)
