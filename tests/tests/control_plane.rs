@@ -689,7 +689,12 @@ async fn a_board_enrolls_over_signed_mqtt_through_the_real_csr_api() {
     assert_eq!(csrs[0]["spec"]["signerName"], "edgebeat.io/node-client");
     let leases: Api<Lease> = Api::namespaced(admin, "kube-node-lease");
     let renewed = |lease: Lease| lease.spec.and_then(|s| s.renew_time).map(|t| t.0);
-    let first = renewed(leases.get("enroll-mqtt-1").await.unwrap());
+    // Ready comes with the first status; the Lease with the first renewal, which may follow.
+    let first = eventually("the board's Lease", Duration::from_secs(30), || async {
+        leases.get_opt("enroll-mqtt-1").await.ok().flatten()
+    })
+    .await;
+    let first = renewed(first);
     eventually(
         "the Lease renewed again",
         Duration::from_secs(30),
