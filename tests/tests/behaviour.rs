@@ -310,9 +310,10 @@ async fn kubelet_and_edgebeat_side_by_side_in_one_audit_log() {
             reports >= 0.5 && reports <= theirs + 1.5,
             "{edge}: {reports:.0} status PATCHes in the window, kubelet {theirs:.0}"
         );
-        // Fewer calls per node than kubelet in all (its informers, its node GETs).
+        // No more calls per node than kubelet in all, but for one renewal: a window of
+        // whole renewal intervals holds one more of a side whose phase falls right.
         assert!(
-            ours("all calls") <= kubelets("all calls"),
+            ours("all calls") * minutes <= kubelets("all calls") * minutes + 1.5,
             "{edge}: {} calls a minute, kubelet {}",
             ours("all calls"),
             kubelets("all calls")
